@@ -1,0 +1,39 @@
+# shellcheck shell=bash
+# env.sh — source this (". scripts/engines/env.sh") to get the addresses of the
+# test engines that start.sh runs (single-node Kafka in KRaft mode, Cassandra 5)
+# and the paths where install.sh caches their jars and start.sh keeps their data.
+#
+# Every value can be overridden by setting it before sourcing. Nothing here
+# touches the disk or the network. Safe to source under `set -euo pipefail`.
+
+# Where the jars and the private Maven repository live (outside the clone).
+export SLUICE_ENGINES_CACHE="${SLUICE_ENGINES_CACHE:-$HOME/.cache/sluice/engines}"
+# Runtime data (configs, data dirs, logs, pid files); wiped on each fresh start.
+export SLUICE_ENGINES_RUN="${SLUICE_ENGINES_RUN:-$SLUICE_ENGINES_CACHE/run}"
+export SLUICE_KAFKA_RUN="${SLUICE_KAFKA_RUN:-$SLUICE_ENGINES_RUN/kafka}"
+export SLUICE_CASSANDRA_RUN="${SLUICE_CASSANDRA_RUN:-$SLUICE_ENGINES_RUN/cassandra}"
+
+# Versions fetched from Maven Central.
+export SLUICE_KAFKA_VERSION="${SLUICE_KAFKA_VERSION:-4.1.1}"
+export SLUICE_CASSANDRA_VERSION="${SLUICE_CASSANDRA_VERSION:-5.0.9}"
+export SLUICE_KAFKA_LIB="${SLUICE_KAFKA_LIB:-$SLUICE_ENGINES_CACHE/kafka-$SLUICE_KAFKA_VERSION/lib}"
+export SLUICE_CASSANDRA_LIB="${SLUICE_CASSANDRA_LIB:-$SLUICE_ENGINES_CACHE/cassandra-$SLUICE_CASSANDRA_VERSION/lib}"
+
+# Loopback ports, chosen away from the engines' defaults so nothing collides.
+export SLUICE_KAFKA_PORT="${SLUICE_KAFKA_PORT:-19092}"
+export SLUICE_KAFKA_CONTROLLER_PORT="${SLUICE_KAFKA_CONTROLLER_PORT:-19093}"
+export SLUICE_CQL_PORT="${SLUICE_CQL_PORT:-19042}"
+export SLUICE_CASSANDRA_STORAGE_PORT="${SLUICE_CASSANDRA_STORAGE_PORT:-17000}"
+export SLUICE_CASSANDRA_JMX_PORT="${SLUICE_CASSANDRA_JMX_PORT:-17199}"
+
+# Heaps (small on purpose: the machine has 2 cores and is shared with builds).
+# *_HEAP is -Xmx, *_HEAP_MIN is -Xms (lower than -Xmx so an idle engine keeps
+# a smaller resident set). *_JVM_OPTS (unset by default) are appended as-is.
+export SLUICE_KAFKA_HEAP="${SLUICE_KAFKA_HEAP:-512m}"
+export SLUICE_KAFKA_HEAP_MIN="${SLUICE_KAFKA_HEAP_MIN:-256m}"
+export SLUICE_CASSANDRA_HEAP="${SLUICE_CASSANDRA_HEAP:-1g}"
+export SLUICE_CASSANDRA_HEAP_MIN="${SLUICE_CASSANDRA_HEAP_MIN:-256m}"
+
+# What the integration tests read.
+export SLUICE_TEST_KAFKA_BROKERS="127.0.0.1:${SLUICE_KAFKA_PORT}"
+export SLUICE_TEST_CQL_NODES="127.0.0.1:${SLUICE_CQL_PORT}"

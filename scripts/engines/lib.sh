@@ -1,0 +1,182 @@
+# shellcheck shell=bash
+# lib.sh — helpers shared by install.sh, start.sh, stop.sh and kafka-tool.sh.
+# Not meant to be run; sourced after env.sh. Defines functions only.
+
+ENGINES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export ENGINES_DIR
+
+say() { printf '[engines] %s\n' "$*" >&2; }
+die() { printf '[engines] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# parse_engines ARG... — sets the global array ENGINES from kafka|cassandra|all
+# (default all).
+parse_engines() {
+  ENGINES=()
+  local a
+  if [[ $# -eq 0 ]]; then set -- all; fi
+  for a in "$@"; do
+    case "$a" in
+      kafka | cassandra) ENGINES+=("$a") ;;
+      all) ENGINES+=(kafka cassandra) ;;
+      -h | --help) return 2 ;;
+      *) die "unknown engine '$a' (expected kafka, cassandra or all)" ;;
+    esac
+  done
+}
+
+engine_run_dir() {
+  case "$1" in
+    kafka) printf '%s\n' "$SLUICE_KAFKA_RUN" ;;
+    cassandra) printf '%s\n' "$SLUICE_CASSANDRA_RUN" ;;
+  esac
+}
+
+engine_lib_dir() {
+  case "$1" in
+    kafka) printf '%s\n' "$SLUICE_KAFKA_LIB" ;;
+    cassandra) printf '%s\n' "$SLUICE_CASSANDRA_LIB" ;;
+  esac
+}
+
+engine_log() {
+  case "$1" in
+    kafka) printf '%s\n' "$SLUICE_KAFKA_RUN/logs/server.log" ;;
+    cassandra) printf '%s\n' "$SLUICE_CASSANDRA_RUN/logs/system.log" ;;
+  esac
+}
+
+engine_stdout_log() { printf '%s\n' "$(engine_run_dir "$1")/logs/stdout.log"; }
+
+# The pid file sits beside (not inside) the run dir, so wiping the run dir can
+# never lose the pid of a live process.
+engine_pidfile() { printf '%s\n' "$SLUICE_ENGINES_RUN/$1.pid"; }
+
+# A string that appears only in the command line of *our* instance of the
+# engine (the absolute path of its config file), used to recognise it.
+engine_marker() {
+  case "$1" in
+    kafka) printf '%s\n' "$SLUICE_KAFKA_RUN/conf/server.properties" ;;
+    cassandra) printf '%s\n' "$SLUICE_CASSANDRA_RUN/conf/cassandra.yaml" ;;
+  esac
+}
+
+# pid_matches PID MARKER — true if PID is alive and its command line has MARKER.
+pid_matches() {
+  local pid="$1" marker="$2" cmd
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+  [[ -r "/proc/$pid/cmdline" ]] || return 1
+  cmd="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" || return 1
+  [[ "$cmd" == *"$marker"* ]]
+}
+
+# proc_exited PID — true if PID is gone or a zombie (files and sockets closed).
+proc_exited() {
+  local state
+  state="$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null || true)"
+  [[ -z "$state" || "$state" == Z ]]
+}
+
+# engine_pid ENGINE — prints the pid of our running instance, or returns 1.
+# Trusts the pid file only if that process still carries our marker; if the pid
+# file is missing or stale, looks for a java process carrying the marker.
+engine_pid() {
+  local engine="$1" pidfile marker pid d
+  pidfile="$(engine_pidfile "$engine")"
+  marker="$(engine_marker "$engine")"
+  if [[ -f "$pidfile" ]]; then
+    pid="$(<"$pidfile")"
+    if pid_matches "$pid" "$marker"; then
+      printf '%s\n' "$pid"
+      return 0
+    fi
+  fi
+  for d in /proc/[0-9]*; do
+    pid="${d#/proc/}"
+    [[ "$(readlink "$d/exe" 2>/dev/null)" == */java ]] || continue
+    if pid_matches "$pid" "$marker"; then
+      printf '%s\n' "$pid"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# port_open PORT — true if something accepts TCP connections on 127.0.0.1:PORT.
+port_open() {
+  # shellcheck disable=SC2016 # $1 is expanded by the inner bash
+  timeout 3 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$1" 2>/dev/null
+}
+
+# rss_mib PID — resident set size of PID in MiB.
+rss_mib() {
+  local kb
+  kb="$(awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || true)"
+  printf '%s\n' "$(((${kb:-0} + 512) / 1024))"
+}
+
+# safe_wipe DIR — rm -rf DIR, refusing obviously dangerous paths.
+safe_wipe() {
+  local dir="$1"
+  [[ -n "$dir" && "$dir" == /* ]] || die "refusing to wipe non-absolute path '$dir'"
+  case "${dir%/}" in
+    "" | / | /root | /home | /tmp | /usr | /var | /etc | "$HOME" | "$SLUICE_ENGINES_CACHE")
+      die "refusing to wipe '$dir'"
+      ;;
+  esac
+  rm -rf -- "$dir"
+}
+
+# kafka_tool CLASS ARG... — runs a Kafka command-line class (TopicCommand,
+# ConsoleProducer, ...) from the cached jars with a small, quick-starting JVM.
+kafka_tool() {
+  local cls="$1"
+  shift
+  [[ -d "$SLUICE_KAFKA_LIB" ]] || die "Kafka jars missing: run scripts/engines/install.sh kafka"
+  java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto \
+    -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$ENGINES_DIR/conf/tools-log4j2.xml" \
+    -cp "$SLUICE_KAFKA_LIB/*" "$cls" "$@"
+}
+
+# stop_engine ENGINE — SIGTERM our instance, wait for it to exit (Kafka 30 s,
+# Cassandra 60 s: both flush on a clean shutdown), then SIGKILL; removes the pid
+# file. Quiet success if it is not running.
+stop_engine() {
+  local engine="$1" pid grace waited=0
+  case "$engine" in
+    kafka) grace="${SLUICE_KAFKA_STOP_GRACE:-30}" ;;
+    cassandra) grace="${SLUICE_CASSANDRA_STOP_GRACE:-60}" ;;
+  esac
+  if ! pid="$(engine_pid "$engine")"; then
+    say "$engine: not running"
+    rm -f "$(engine_pidfile "$engine")"
+    return 0
+  fi
+  say "$engine: stopping pid $pid (SIGTERM, up to ${grace} s)"
+  kill -TERM "$pid" 2>/dev/null || true
+  # pid_matches is false for a zombie (empty cmdline), so this also ends when
+  # the process has exited but is not yet reaped by its parent.
+  while pid_matches "$pid" "$(engine_marker "$engine")" && ((waited < grace * 2)); do
+    sleep 0.5
+    waited=$((waited + 1))
+  done
+  if pid_matches "$pid" "$(engine_marker "$engine")"; then
+    say "$engine: still alive after ${grace} s, sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    waited=0
+    while pid_matches "$pid" "$(engine_marker "$engine")" && ((waited < 20)); do
+      sleep 0.5
+      waited=$((waited + 1))
+    done
+    pid_matches "$pid" "$(engine_marker "$engine")" && die "$engine: pid $pid survived SIGKILL"
+  fi
+  # Its cmdline empties early in exit; wait until it is reaped or a zombie, by
+  # which point its sockets are closed and the ports are free again.
+  waited=0
+  while ! proc_exited "$pid" && ((waited < 20)); do
+    sleep 0.5
+    waited=$((waited + 1))
+  done
+  rm -f "$(engine_pidfile "$engine")"
+  say "$engine: stopped"
+}

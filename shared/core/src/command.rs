@@ -1,0 +1,395 @@
+//! The command record: one intended side effect, its identity and its mutable state.
+//!
+//! A command's identity (run, key, tool, arguments and their hash) is fixed at reservation and
+//! never changes; everything that moves lives in [`CommandState`], which only the state machine
+//! (`crate::machine`) computes and only a guarded ledger write stores.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::{ArgsHash, BusinessKey, CommandKey, IdempotencyKey, LeaseEpoch, RunId, ToolName};
+use crate::time::Timestamp;
+
+/// What re-calling a tool does to the world, declared per tool in the catalog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum EffectSemantics {
+    /// Re-calling with the same idempotency key is safe: on UNKNOWN, retry with the same key.
+    Idempotent,
+    /// Re-calling may commit twice: on UNKNOWN, reconcile from evidence, never retry blindly.
+    NonIdempotent,
+    /// A pure read: retry freely, never compensated.
+    ObserveOnly,
+}
+
+impl EffectSemantics {
+    pub const ALL: [Self; 3] = [Self::Idempotent, Self::NonIdempotent, Self::ObserveOnly];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Idempotent => "IDEMPOTENT",
+            Self::NonIdempotent => "NON_IDEMPOTENT",
+            Self::ObserveOnly => "OBSERVE_ONLY",
+        }
+    }
+}
+
+impl fmt::Display for EffectSemantics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Every state of DESIGN §2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum CommandStatus {
+    Scheduled,
+    Pending,
+    Blocked,
+    Approved,
+    Leased,
+    Confirmed,
+    Failed,
+    Unknown,
+    Stuck,
+    Cancelled,
+    Compensating,
+    Compensated,
+    CompensationFailed,
+    NoCompensation,
+}
+
+impl CommandStatus {
+    pub const ALL: [Self; 14] = [
+        Self::Scheduled,
+        Self::Pending,
+        Self::Blocked,
+        Self::Approved,
+        Self::Leased,
+        Self::Confirmed,
+        Self::Failed,
+        Self::Unknown,
+        Self::Stuck,
+        Self::Cancelled,
+        Self::Compensating,
+        Self::Compensated,
+        Self::CompensationFailed,
+        Self::NoCompensation,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Scheduled => "SCHEDULED",
+            Self::Pending => "PENDING",
+            Self::Blocked => "BLOCKED",
+            Self::Approved => "APPROVED",
+            Self::Leased => "LEASED",
+            Self::Confirmed => "CONFIRMED",
+            Self::Failed => "FAILED",
+            Self::Unknown => "UNKNOWN",
+            Self::Stuck => "STUCK",
+            Self::Cancelled => "CANCELLED",
+            Self::Compensating => "COMPENSATING",
+            Self::Compensated => "COMPENSATED",
+            Self::CompensationFailed => "COMPENSATION_FAILED",
+            Self::NoCompensation => "NO_COMPENSATION",
+        }
+    }
+
+    /// Terminal: no automatic transition leaves it; only a recorded operator action may.
+    pub fn is_terminal(self) -> bool {
+        match self {
+            Self::Confirmed
+            | Self::Failed
+            | Self::Cancelled
+            | Self::Compensated
+            | Self::CompensationFailed
+            | Self::NoCompensation => true,
+            Self::Scheduled
+            | Self::Pending
+            | Self::Blocked
+            | Self::Approved
+            | Self::Leased
+            | Self::Unknown
+            | Self::Stuck
+            | Self::Compensating => false,
+        }
+    }
+
+    /// Settled from the pipeline's point of view: terminal, or parked for a person (STUCK,
+    /// BLOCKED). A run whose commands are all settled has nothing in flight.
+    pub fn is_settled(self) -> bool {
+        self.is_terminal() || matches!(self, Self::Stuck | Self::Blocked)
+    }
+}
+
+impl fmt::Display for CommandStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for CommandStatus {
+    type Err = UnknownStatus;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|status| status.as_str().eq_ignore_ascii_case(s))
+            .ok_or_else(|| UnknownStatus(s.chars().take(64).collect()))
+    }
+}
+
+/// A status name that is not one of [`CommandStatus::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown command status {0:?}; expected one of SCHEDULED, PENDING, BLOCKED, APPROVED, LEASED, CONFIRMED, FAILED, UNKNOWN, STUCK, CANCELLED, COMPENSATING, COMPENSATED, COMPENSATION_FAILED, NO_COMPENSATION"
+)]
+pub struct UnknownStatus(pub String);
+
+/// What a status check found upstream for an effect whose outcome was ambiguous.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Observation {
+    /// The effect committed once.
+    Present,
+    /// The effect did not commit.
+    Absent,
+    /// The effect committed more than once.
+    Duplicate,
+    /// The upstream could not say.
+    Inconclusive,
+}
+
+impl Observation {
+    pub const ALL: [Self; 4] = [
+        Self::Present,
+        Self::Absent,
+        Self::Duplicate,
+        Self::Inconclusive,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Present => "present",
+            Self::Absent => "absent",
+            Self::Duplicate => "duplicate",
+            Self::Inconclusive => "inconclusive",
+        }
+    }
+}
+
+impl fmt::Display for Observation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who holds the command's lease, and until when. The epoch survives release: it only grows.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Lease {
+    pub epoch: LeaseEpoch,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Timestamp>,
+}
+
+/// A person's decision on a BLOCKED command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    pub approver: String,
+    pub reason: String,
+    pub at: Timestamp,
+    /// The policy version the approval was given under; a newer policy may block again.
+    pub policy_version: String,
+}
+
+/// Progress of a compensation (run rollback or clean-up of a duplicate commit).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompensationInfo {
+    pub started_at: Timestamp,
+    /// Taken after the compensate handler returned, never before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    #[serde(default)]
+    pub attempts: u32,
+}
+
+/// Everything about a command that changes over its life.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandState {
+    pub status: CommandStatus,
+    #[serde(default)]
+    pub lease: Lease,
+    /// Dispatch attempts in the current cycle (a replay starts a new cycle).
+    #[serde(default)]
+    pub attempts: u32,
+    /// Status checks made while UNKNOWN in the current cycle.
+    #[serde(default)]
+    pub checks: u32,
+    /// Operator replays so far.
+    #[serde(default)]
+    pub replays: u32,
+    /// When the command next needs attention from a sweep (scheduled time, lease expiry,
+    /// next status check, stale PENDING); `None` when nothing is due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_at: Option<Timestamp>,
+    /// First `absent` observation of the current UNKNOWN episode (NON_IDEMPOTENT settle rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_absent_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_ref: Option<String>,
+    /// The tool's output, size-capped by the ledger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Needs a person: STUCK, NO_COMPENSATION, a failed compensation, an uncompensated duplicate.
+    #[serde(default)]
+    pub escalated: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compensation: Option<CompensationInfo>,
+    pub updated_at: Timestamp,
+}
+
+impl CommandState {
+    /// The state of a freshly reserved command.
+    pub fn reserved(now: Timestamp, not_before: Option<Timestamp>, stale_after_ms: i64) -> Self {
+        let (status, due_at) = match not_before {
+            Some(at) if at > now => (CommandStatus::Scheduled, at),
+            Some(_) | None => (CommandStatus::Pending, now.plus_millis(stale_after_ms)),
+        };
+        Self {
+            status,
+            lease: Lease::default(),
+            attempts: 0,
+            checks: 0,
+            replays: 0,
+            due_at: Some(due_at),
+            first_absent_at: None,
+            external_ref: None,
+            result: None,
+            last_error: None,
+            escalated: false,
+            approval: None,
+            compensation: None,
+            updated_at: now,
+        }
+    }
+}
+
+/// A durable record of one intended side effect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Command {
+    pub run_id: RunId,
+    pub command_key: CommandKey,
+    pub idempotency_key: IdempotencyKey,
+    pub tool: ToolName,
+    pub semantics: EffectSemantics,
+    pub args: Value,
+    pub args_hash: ArgsHash,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub business_key: Option<BusinessKey>,
+    /// The catalog's policy version when the command was reserved.
+    pub policy_version: String,
+    pub max_attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<Timestamp>,
+    pub created_at: Timestamp,
+    #[serde(flatten)]
+    pub state: CommandState,
+}
+
+/// What an agent asked for, before it becomes a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Intent {
+    pub run_id: RunId,
+    pub command_key: CommandKey,
+    pub semantics: EffectSemantics,
+    pub args: Value,
+    pub business_key: Option<BusinessKey>,
+    pub policy_version: String,
+    pub max_attempts: u32,
+    pub not_before: Option<Timestamp>,
+}
+
+impl Command {
+    /// The command recorded for `intent` at `now`: keys derived from the journal position,
+    /// the arguments' canonical hash beside them, SCHEDULED or PENDING by `not_before`.
+    pub fn from_intent(intent: Intent, now: Timestamp, pending_stale_ms: i64) -> Self {
+        let idempotency_key =
+            IdempotencyKey::new(intent.run_id.clone(), intent.command_key.clone());
+        Self {
+            tool: intent.command_key.tool().clone(),
+            args_hash: crate::canonical::args_hash(&intent.args),
+            state: CommandState::reserved(now, intent.not_before, pending_stale_ms),
+            run_id: intent.run_id,
+            command_key: intent.command_key,
+            idempotency_key,
+            semantics: intent.semantics,
+            args: intent.args,
+            business_key: intent.business_key,
+            policy_version: intent.policy_version,
+            max_attempts: intent.max_attempts,
+            not_before: intent.not_before,
+            created_at: now,
+        }
+    }
+
+    /// The first audit record of the command: its reservation.
+    pub fn reservation_audit(&self, actor: &str) -> crate::audit::AuditDraft {
+        crate::audit::AuditDraft::transition(
+            &self.command_key,
+            None,
+            self.state.status,
+            actor,
+            "reserved",
+        )
+        .with_evidence(serde_json::json!({ "args_hash": self.args_hash }))
+    }
+
+    pub fn status(&self) -> CommandStatus {
+        self.state.status
+    }
+
+    pub fn epoch(&self) -> LeaseEpoch {
+        self.state.lease.epoch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_round_trip_through_their_names() {
+        for status in CommandStatus::ALL {
+            assert_eq!(status.as_str().parse::<CommandStatus>(), Ok(status));
+            let json = serde_json::to_string(&status).expect("serializes");
+            assert_eq!(json, format!("\"{}\"", status.as_str()));
+        }
+        assert!("DONE".parse::<CommandStatus>().is_err());
+    }
+
+    #[test]
+    fn a_future_not_before_schedules_the_command() {
+        let now = Timestamp::from_millis(10_000);
+        let later = Timestamp::from_millis(20_000);
+        let scheduled = CommandState::reserved(now, Some(later), 5_000);
+        assert_eq!(scheduled.status, CommandStatus::Scheduled);
+        assert_eq!(scheduled.due_at, Some(later));
+        let pending = CommandState::reserved(now, Some(now), 5_000);
+        assert_eq!(pending.status, CommandStatus::Pending);
+        assert_eq!(pending.due_at, Some(Timestamp::from_millis(15_000)));
+    }
+}

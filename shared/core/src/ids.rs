@@ -1,0 +1,441 @@
+//! Identifiers of the domain as validated newtypes.
+//!
+//! Every id that crosses a boundary (HTTP, bus, ledger) is parsed here once; past this module a
+//! `RunId` or a `CommandKey` is known to be well formed. The idempotency key is derived from the
+//! journal position (`<run_id>/d-<decision>/<tool>/<call_idx>`), never from the arguments, so the
+//! same call on re-drive produces the same key.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::error::IdError;
+
+/// Longest run id accepted, in bytes.
+pub const MAX_RUN_ID_LEN: usize = 128;
+/// Longest segment of a tool name (namespace or name), in bytes.
+pub const MAX_TOOL_SEGMENT_LEN: usize = 64;
+/// The namespace a bare tool name resolves in unless the catalog says otherwise.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// Implements `Display`, `FromStr` and string serde for a newtype with a `parse` constructor.
+macro_rules! string_id {
+    ($ty:ident) => {
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.to_string_repr(), f)
+            }
+        }
+        impl FromStr for $ty {
+            type Err = IdError;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Self::parse(s)
+            }
+        }
+        impl Serialize for $ty {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let raw = String::deserialize(deserializer)?;
+                Self::parse(&raw).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+/// One agent run. All of a run's commands share a ledger partition and a bus partition.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunId(String);
+
+impl RunId {
+    /// Accepts 1 to 128 characters of `[A-Za-z0-9._:-]`; `/` is reserved as the key separator.
+    pub fn parse(raw: &str) -> Result<Self, IdError> {
+        if raw.is_empty() || raw.len() > MAX_RUN_ID_LEN {
+            return Err(IdError::RunId {
+                value: truncate(raw),
+                why: "must be 1 to 128 characters",
+            });
+        }
+        if !raw
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+        {
+            return Err(IdError::RunId {
+                value: truncate(raw),
+                why: "may contain only letters, digits and . _ : -",
+            });
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    fn to_string_repr(&self) -> &str {
+        &self.0
+    }
+}
+string_id!(RunId);
+
+/// A tool's qualified name, `namespace/name`, both segments snake_case.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ToolName {
+    namespace: String,
+    name: String,
+}
+
+impl ToolName {
+    /// Parses a qualified name; a bare name is refused (use [`ToolName::resolve`]).
+    pub fn parse(raw: &str) -> Result<Self, IdError> {
+        match raw.split_once('/') {
+            Some((namespace, name)) => Self::from_parts(namespace, name),
+            None => Err(IdError::ToolName {
+                value: truncate(raw),
+                why: "must be qualified as namespace/name",
+            }),
+        }
+    }
+
+    /// Parses a qualified name, or places a bare name in `default_namespace`.
+    pub fn resolve(raw: &str, default_namespace: &str) -> Result<Self, IdError> {
+        if raw.contains('/') {
+            Self::parse(raw)
+        } else {
+            Self::from_parts(default_namespace, raw)
+        }
+    }
+
+    pub fn from_parts(namespace: &str, name: &str) -> Result<Self, IdError> {
+        for segment in [namespace, name] {
+            if let Err(why) = check_snake_case(segment) {
+                return Err(IdError::ToolName {
+                    value: truncate(&format!("{namespace}/{name}")),
+                    why,
+                });
+            }
+        }
+        Ok(Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn to_string_repr(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+string_id!(ToolName);
+
+/// Checks one segment of a tool name: `[a-z][a-z0-9_]*`, at most 64 bytes.
+pub fn check_snake_case(segment: &str) -> Result<(), &'static str> {
+    let mut bytes = segment.bytes();
+    match bytes.next() {
+        None => return Err("has an empty segment"),
+        Some(b) if !b.is_ascii_lowercase() => {
+            return Err("segments must start with a lowercase letter (snake_case)");
+        }
+        Some(_) => {}
+    }
+    if segment.len() > MAX_TOOL_SEGMENT_LEN {
+        return Err("segments must be at most 64 characters");
+    }
+    if !bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
+        return Err("segments may contain only lowercase letters, digits and _ (snake_case)");
+    }
+    Ok(())
+}
+
+/// Identity of a command inside its run: `d-<decision>/<namespace>/<name>/<call_idx>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CommandKey {
+    decision: u32,
+    tool: ToolName,
+    call_idx: u32,
+}
+
+impl CommandKey {
+    pub fn new(decision: u32, tool: ToolName, call_idx: u32) -> Self {
+        Self {
+            decision,
+            tool,
+            call_idx,
+        }
+    }
+
+    pub fn parse(raw: &str) -> Result<Self, IdError> {
+        let bad = |why| IdError::CommandKey {
+            value: truncate(raw),
+            why,
+        };
+        let mut parts = raw.split('/');
+        let (Some(decision), Some(namespace), Some(name), Some(call_idx), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
+            return Err(bad(
+                "must look like d-<decision>/<namespace>/<name>/<call_idx>",
+            ));
+        };
+        let decision = decision
+            .strip_prefix("d-")
+            .and_then(parse_index)
+            .ok_or_else(|| bad("decision must be d- followed by a non-negative integer"))?;
+        let call_idx = parse_index(call_idx)
+            .ok_or_else(|| bad("call index must be a non-negative integer"))?;
+        let tool = ToolName::from_parts(namespace, name)?;
+        Ok(Self::new(decision, tool, call_idx))
+    }
+
+    pub fn decision(&self) -> u32 {
+        self.decision
+    }
+
+    pub fn tool(&self) -> &ToolName {
+        &self.tool
+    }
+
+    pub fn call_idx(&self) -> u32 {
+        self.call_idx
+    }
+
+    fn to_string_repr(&self) -> String {
+        format!("d-{}/{}/{}", self.decision, self.tool, self.call_idx)
+    }
+}
+string_id!(CommandKey);
+
+/// Parses a canonical decimal index: no sign, no leading zeros (so one index has one spelling).
+fn parse_index(raw: &str) -> Option<u32> {
+    if raw.is_empty() || (raw.len() > 1 && raw.starts_with('0')) {
+        return None;
+    }
+    if !raw.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    raw.parse().ok()
+}
+
+/// The key sent upstream: `<run_id>/<command_key>`, stable across re-drives of the same call.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdempotencyKey {
+    run_id: RunId,
+    command_key: CommandKey,
+}
+
+impl IdempotencyKey {
+    pub fn new(run_id: RunId, command_key: CommandKey) -> Self {
+        Self {
+            run_id,
+            command_key,
+        }
+    }
+
+    pub fn parse(raw: &str) -> Result<Self, IdError> {
+        let (run, key) = raw.split_once('/').ok_or_else(|| IdError::IdempotencyKey {
+            value: truncate(raw),
+            why: "must look like <run_id>/d-<decision>/<namespace>/<name>/<call_idx>",
+        })?;
+        Ok(Self::new(RunId::parse(run)?, CommandKey::parse(key)?))
+    }
+
+    pub fn run_id(&self) -> &RunId {
+        &self.run_id
+    }
+
+    pub fn command_key(&self) -> &CommandKey {
+        &self.command_key
+    }
+
+    fn to_string_repr(&self) -> String {
+        format!("{}/{}", self.run_id, self.command_key)
+    }
+}
+string_id!(IdempotencyKey);
+
+/// Fencing token of a lease. Every lease acquisition increments it; a write carrying an older
+/// epoch is stale and refused.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct LeaseEpoch(u64);
+
+impl LeaseEpoch {
+    pub const ZERO: Self = Self(0);
+
+    pub fn new(value: u64) -> Self {
+        Self(value)
+    }
+
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    #[must_use]
+    pub fn next(self) -> Self {
+        Self(self.0 + 1)
+    }
+}
+
+impl fmt::Display for LeaseEpoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A tool's business identity of an effect, rendered from its `business_key` template.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct BusinessKey(String);
+
+impl BusinessKey {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for BusinessKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Lowercase hex SHA-256 of the canonical JSON of a command's arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ArgsHash(String);
+
+impl ArgsHash {
+    pub fn from_hex(hex: impl Into<String>) -> Self {
+        Self(hex.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ArgsHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Keeps error messages bounded when a caller sends a huge id.
+fn truncate(raw: &str) -> String {
+    const MAX: usize = 160;
+    if raw.len() <= MAX {
+        return raw.to_owned();
+    }
+    let mut end = MAX;
+    while !raw.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &raw[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idempotency_key_is_run_then_command_key() {
+        let tool = ToolName::parse("payments/wire").expect("valid name");
+        let key = CommandKey::new(3, tool, 0);
+        let idem = IdempotencyKey::new(RunId::parse("r-abc").expect("valid run"), key.clone());
+        assert_eq!(key.to_string(), "d-3/payments/wire/0");
+        assert_eq!(idem.to_string(), "r-abc/d-3/payments/wire/0");
+        assert_eq!(
+            IdempotencyKey::parse("r-abc/d-3/payments/wire/0").expect("round trip"),
+            idem
+        );
+    }
+
+    #[test]
+    fn command_key_round_trips_and_rejects_other_spellings() {
+        let key = CommandKey::parse("d-12/email/send/7").expect("valid");
+        assert_eq!(key.decision(), 12);
+        assert_eq!(key.tool().to_string(), "email/send");
+        assert_eq!(key.call_idx(), 7);
+        for bad in [
+            "d-1/wire/0",
+            "3/payments/wire/0",
+            "d-01/payments/wire/0",
+            "d-1/payments/wire/-1",
+            "d-1/Payments/wire/0",
+            "d-1/payments/wire/0/extra",
+            "d-/payments/wire/0",
+        ] {
+            assert!(CommandKey::parse(bad).is_err(), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn tool_names_are_snake_case_and_bare_names_resolve_in_a_namespace() {
+        assert_eq!(
+            ToolName::resolve("lookup", "search")
+                .expect("valid")
+                .to_string(),
+            "search/lookup"
+        );
+        assert_eq!(
+            ToolName::resolve("email/send", "other")
+                .expect("valid")
+                .to_string(),
+            "email/send"
+        );
+        for bad in [
+            "Email/send",
+            "email/Send",
+            "email/",
+            "/send",
+            "e-mail/send",
+            "9x/y",
+        ] {
+            assert!(ToolName::parse(bad).is_err(), "{bad} should be refused");
+        }
+        assert!(
+            ToolName::parse("send").is_err(),
+            "a bare name is not qualified"
+        );
+    }
+
+    #[test]
+    fn run_ids_are_bounded_and_have_no_separator() {
+        assert!(RunId::parse("r-abc.1:x_y").is_ok());
+        assert!(RunId::parse("").is_err());
+        assert!(RunId::parse("a/b").is_err());
+        assert!(RunId::parse(&"x".repeat(129)).is_err());
+        assert!(RunId::parse(&"x".repeat(128)).is_ok());
+    }
+
+    #[test]
+    fn ids_serialize_as_strings() {
+        let key = CommandKey::parse("d-3/payments/wire/0").expect("valid");
+        let json = serde_json::to_string(&key).expect("serializes");
+        assert_eq!(json, "\"d-3/payments/wire/0\"");
+        let back: CommandKey = serde_json::from_str(&json).expect("deserializes");
+        assert_eq!(back, key);
+        assert!(serde_json::from_str::<CommandKey>("\"nope\"").is_err());
+    }
+}

@@ -1,0 +1,26 @@
+//! The pure core of Sluice: everything every service agrees on, with no IO.
+//!
+//! * [`ids`] — validated identifiers: run id, command key, idempotency key, tool name, epoch.
+//! * [`command`] — the command record, its semantics and statuses.
+//! * [`machine`] — the state machine: `(state, event) -> step | refusal`, pure and total.
+//! * [`canonical`] — canonical JSON and the argument hash that detects drift.
+//! * [`catalog`] — the tool catalog, loaded from TOML and validated once at start.
+//! * [`policy`] — deterministic policy checks against a command's stored arguments.
+//! * [`audit`] — the per-run audit hash chain and its verification.
+//! * [`time`] — millisecond timestamps and the `Clock` port.
+
+pub mod audit;
+pub mod canonical;
+pub mod catalog;
+pub mod command;
+pub mod error;
+pub mod ids;
+pub mod machine;
+pub mod policy;
+pub mod time;
+
+pub use audit::{AuditDraft, AuditEntry, AuditRecord, BrokenLink, ChainHead, Checkpoint};
+pub use command::{Command, CommandState, CommandStatus, EffectSemantics, Observation};
+pub use ids::{ArgsHash, BusinessKey, CommandKey, IdempotencyKey, LeaseEpoch, RunId, ToolName};
+pub use machine::{Action, Event, Refusal, Rules, Step};
+pub use time::{Clock, ManualClock, SystemClock, Timestamp};

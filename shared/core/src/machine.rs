@@ -1,0 +1,1311 @@
+//! The command state machine of DESIGN §2, as one pure and total function.
+//!
+//! [`apply`] takes a command's state, the rules of its tool, an [`Event`] and the current time,
+//! and returns either a [`Step`] (the next state, the [`Action`]s a service must carry out, and
+//! what to write in the audit chain) or a typed [`Refusal`]. It does no IO: the services carry
+//! out the actions and store the next state with a guarded ledger write, so a refusal here and
+//! a failed compare-and-set in the ledger are the only two ways a transition does not happen.
+//!
+//! Every match is exhaustive over states and events, without wildcard arms, so adding a state
+//! or an event fails to compile until each pair is decided.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::audit::AuditDraft;
+use crate::command::{Approval, CommandState, CommandStatus, CompensationInfo, EffectSemantics};
+use crate::command::{Lease, Observation};
+use crate::ids::{CommandKey, LeaseEpoch};
+use crate::time::Timestamp;
+
+/// What to do when a status check finds a NON_IDEMPOTENT effect absent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnAbsent {
+    /// Redispatch once the absence is seen twice, `settle` apart.
+    #[default]
+    Redispatch,
+    /// Fail the command, so a person decides whether to replay it.
+    Fail,
+}
+
+/// The per-tool rules the machine needs, taken from the catalog.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rules {
+    pub semantics: EffectSemantics,
+    /// Dispatch attempts per cycle (a replay starts a new cycle).
+    pub max_attempts: u32,
+    /// Status checks per UNKNOWN episode before the command is STUCK.
+    pub max_checks: u32,
+    /// Operator replays per command.
+    pub max_replays: u32,
+    pub has_status_check: bool,
+    pub has_compensate: bool,
+    pub on_absent: OnAbsent,
+    /// How long an `absent` must hold before a NON_IDEMPOTENT effect is redispatched.
+    pub settle_ms: i64,
+    pub lease_ttl_ms: i64,
+    /// A PENDING command not leased within this long is republished by the sweep.
+    pub pending_stale_ms: i64,
+    /// First delay between status checks or retries; doubles each time up to `backoff_max_ms`.
+    pub backoff_base_ms: i64,
+    pub backoff_max_ms: i64,
+    /// How long a compensation may run before the sweep retries it.
+    pub compensation_timeout_ms: i64,
+}
+
+impl Rules {
+    /// Conservative defaults for a tool of the given semantics.
+    pub fn defaults(semantics: EffectSemantics) -> Self {
+        Self {
+            semantics,
+            max_attempts: 3,
+            max_checks: 5,
+            max_replays: 3,
+            has_status_check: false,
+            has_compensate: false,
+            on_absent: OnAbsent::Redispatch,
+            settle_ms: 2_000,
+            lease_ttl_ms: 30_000,
+            pending_stale_ms: 10_000,
+            backoff_base_ms: 500,
+            backoff_max_ms: 60_000,
+            compensation_timeout_ms: 30_000,
+        }
+    }
+
+    /// Delay before the `n`-th retry or check (n from 0): base·2ⁿ, capped.
+    pub fn backoff_ms(&self, n: u32) -> i64 {
+        let factor = 1_i64.checked_shl(n.min(30)).unwrap_or(i64::MAX);
+        self.backoff_base_ms
+            .saturating_mul(factor)
+            .min(self.backoff_max_ms)
+    }
+}
+
+/// A person's action: who did it and why. The reason is mandatory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Operator {
+    pub actor: String,
+    pub reason: String,
+}
+
+/// What the upstream did with a dispatch, as the connector classified it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum DispatchOutcome {
+    /// 2xx: the effect committed.
+    Committed {
+        external_ref: Option<String>,
+        result: Option<Value>,
+    },
+    /// A definitive refusal (4xx other than 408/425/429): the effect did not happen.
+    Refused { reason: String },
+    /// Timeout, reset after send, 408/425/429, 5xx: the effect may or may not have happened.
+    Ambiguous { reason: String },
+    /// Failed before anything left the process (connection refused, DNS): it did not happen.
+    NotSent { reason: String },
+}
+
+/// What a compensate call did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum CompensationOutcome {
+    /// 2xx: undone.
+    Done { reference: Option<String> },
+    /// 4xx: the upstream says it cannot be undone; a person must act.
+    Impossible { reason: String },
+    /// Anything else: try again later.
+    Retry { reason: String },
+}
+
+/// How a person settles a STUCK command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Resolution {
+    Confirmed { external_ref: String },
+    Failed,
+}
+
+/// Everything that can happen to a command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// A scheduled command's time has come.
+    Due,
+    /// A dispatcher takes the lease.
+    Lease {
+        owner: String,
+    },
+    /// The lease holder extends its lease.
+    ExtendLease {
+        epoch: LeaseEpoch,
+    },
+    /// Policy needs a person's approval first.
+    Block {
+        reason: String,
+        epoch: Option<LeaseEpoch>,
+    },
+    /// Policy forbids the effect outright.
+    Deny {
+        reason: String,
+        epoch: Option<LeaseEpoch>,
+    },
+    /// The lease holder reports what the upstream did.
+    Dispatched {
+        epoch: LeaseEpoch,
+        outcome: DispatchOutcome,
+    },
+    /// The sweep found the lease expired with no outcome written.
+    LeaseExpired,
+    /// A status check answered.
+    Observed {
+        observation: Observation,
+        external_ref: Option<String>,
+        evidence: Value,
+    },
+    /// An IDEMPOTENT or OBSERVE_ONLY tool without a status check is retried with the same key.
+    RetrySameKey,
+    Approve {
+        operator: Operator,
+        policy_version: String,
+    },
+    Reject {
+        operator: Operator,
+    },
+    Cancel {
+        operator: Operator,
+    },
+    /// The run is rolled back: compensate this command.
+    Rollback {
+        operator: Operator,
+    },
+    /// A compensate handler returned (the time passed to [`apply`] is taken after it returned).
+    Compensated {
+        outcome: CompensationOutcome,
+    },
+    /// Clean-up of an extra commit found by a `duplicate` observation finished.
+    DuplicateSettled {
+        outcome: CompensationOutcome,
+    },
+    Resolve {
+        operator: Operator,
+        resolution: Resolution,
+        evidence: Value,
+    },
+    Replay {
+        operator: Operator,
+        evidence: Option<Value>,
+    },
+}
+
+/// The variant of an [`Event`], without its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Due,
+    Lease,
+    ExtendLease,
+    Block,
+    Deny,
+    Dispatched,
+    LeaseExpired,
+    Observed,
+    RetrySameKey,
+    Approve,
+    Reject,
+    Cancel,
+    Rollback,
+    Compensated,
+    DuplicateSettled,
+    Resolve,
+    Replay,
+}
+
+impl Event {
+    pub fn kind(&self) -> EventKind {
+        match self {
+            Self::Due => EventKind::Due,
+            Self::Lease { .. } => EventKind::Lease,
+            Self::ExtendLease { .. } => EventKind::ExtendLease,
+            Self::Block { .. } => EventKind::Block,
+            Self::Deny { .. } => EventKind::Deny,
+            Self::Dispatched { .. } => EventKind::Dispatched,
+            Self::LeaseExpired => EventKind::LeaseExpired,
+            Self::Observed { .. } => EventKind::Observed,
+            Self::RetrySameKey => EventKind::RetrySameKey,
+            Self::Approve { .. } => EventKind::Approve,
+            Self::Reject { .. } => EventKind::Reject,
+            Self::Cancel { .. } => EventKind::Cancel,
+            Self::Rollback { .. } => EventKind::Rollback,
+            Self::Compensated { .. } => EventKind::Compensated,
+            Self::DuplicateSettled { .. } => EventKind::DuplicateSettled,
+            Self::Resolve { .. } => EventKind::Resolve,
+            Self::Replay { .. } => EventKind::Replay,
+        }
+    }
+
+    /// The person behind the event, for operator actions.
+    pub fn operator(&self) -> Option<&Operator> {
+        match self {
+            Self::Approve { operator, .. }
+            | Self::Reject { operator }
+            | Self::Cancel { operator }
+            | Self::Rollback { operator }
+            | Self::Resolve { operator, .. }
+            | Self::Replay { operator, .. } => Some(operator),
+            Self::Due
+            | Self::Lease { .. }
+            | Self::ExtendLease { .. }
+            | Self::Block { .. }
+            | Self::Deny { .. }
+            | Self::Dispatched { .. }
+            | Self::LeaseExpired
+            | Self::Observed { .. }
+            | Self::RetrySameKey
+            | Self::Compensated { .. }
+            | Self::DuplicateSettled { .. } => None,
+        }
+    }
+}
+
+/// Work a service must carry out after storing a step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    /// Publish a dispatch request for the command.
+    Dispatch,
+    /// The lease is held: call the upstream with the idempotency key.
+    CallUpstream,
+    /// Resolve the UNKNOWN outcome from evidence.
+    Reconcile,
+    /// Call the tool's compensate for the command (run rollback).
+    Compensate,
+    /// Call the tool's compensate for the extra commit found by a `duplicate` observation.
+    CompensateDuplicate,
+    /// Publish a lifecycle event for outside consumers.
+    Publish { status: CommandStatus },
+    /// A person must look at the command.
+    Escalate { reason: String },
+}
+
+/// One transition: the next state, the work it implies, and what the audit chain records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub from: CommandStatus,
+    pub state: CommandState,
+    pub actions: Vec<Action>,
+    pub reason: String,
+    pub evidence: Value,
+}
+
+impl Step {
+    pub fn to(&self) -> CommandStatus {
+        self.state.status
+    }
+
+    /// The audit record of this step, written by `actor`.
+    pub fn audit(&self, command_key: &CommandKey, actor: &str) -> AuditDraft {
+        AuditDraft::transition(
+            command_key,
+            Some(self.from),
+            self.state.status,
+            actor,
+            self.reason.clone(),
+        )
+        .with_evidence(self.evidence.clone())
+    }
+}
+
+/// Why an event does not apply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "refusal", rename_all = "snake_case")]
+pub enum Refusal {
+    #[error("{event:?} does not apply to a {status} command")]
+    NotAllowed {
+        status: CommandStatus,
+        event: EventKind,
+    },
+    #[error("stale lease epoch {presented}: the current epoch is {current}")]
+    StaleEpoch {
+        current: LeaseEpoch,
+        presented: LeaseEpoch,
+    },
+    #[error("the command is not due until {due_at}")]
+    NotYetDue { due_at: Timestamp },
+    #[error("the lease is still valid until {expires_at}")]
+    LeaseStillValid { expires_at: Timestamp },
+    #[error("all {max_attempts} dispatch attempts are used")]
+    AttemptsExhausted { max_attempts: u32 },
+    #[error("a NON_IDEMPOTENT command is never retried blindly: it needs a status check")]
+    BlindRetry,
+    #[error("an OBSERVE_ONLY command has nothing to compensate")]
+    NotCompensable,
+    #[error("a reason is required")]
+    ReasonRequired,
+    #[error("evidence (an upstream reference or record) is required")]
+    EvidenceRequired,
+    #[error(
+        "replaying a NON_IDEMPOTENT command whose outcome is unknown needs evidence that it did not commit"
+    )]
+    ReplayNeedsEvidence,
+    #[error("the command was replayed {replays} times already (limit {max_replays})")]
+    ReplayLimit { replays: u32, max_replays: u32 },
+}
+
+/// Computes the transition of `state` under `event` at `now`. Pure and total.
+pub fn apply(
+    state: &CommandState,
+    rules: &Rules,
+    event: &Event,
+    now: Timestamp,
+) -> Result<Step, Refusal> {
+    use CommandStatus as S;
+
+    if let Some(operator) = event.operator()
+        && operator.reason.trim().is_empty()
+    {
+        return Err(Refusal::ReasonRequired);
+    }
+    let from = state.status;
+    let refuse = || Refusal::NotAllowed {
+        status: from,
+        event: event.kind(),
+    };
+    let mut next = state.clone();
+    next.updated_at = now;
+    let step = |next: CommandState, actions: Vec<Action>, reason: String, evidence: Value| Step {
+        from,
+        state: next,
+        actions,
+        reason,
+        evidence,
+    };
+
+    match event {
+        Event::Due => match from {
+            S::Scheduled => {
+                if let Some(due_at) = state.due_at.filter(|at| *at > now) {
+                    return Err(Refusal::NotYetDue { due_at });
+                }
+                next.status = S::Pending;
+                next.due_at = Some(now.plus_millis(rules.pending_stale_ms));
+                Ok(step(
+                    next,
+                    vec![Action::Dispatch],
+                    "due".into(),
+                    Value::Null,
+                ))
+            }
+            S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Leased
+            | S::Confirmed
+            | S::Failed
+            | S::Unknown
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::Lease { owner } => match from {
+            S::Pending | S::Approved => {
+                if state.attempts >= rules.max_attempts {
+                    return Err(Refusal::AttemptsExhausted {
+                        max_attempts: rules.max_attempts,
+                    });
+                }
+                let expires_at = now.plus_millis(rules.lease_ttl_ms);
+                next.status = S::Leased;
+                next.lease = Lease {
+                    epoch: state.lease.epoch.next(),
+                    owner: Some(owner.clone()),
+                    expires_at: Some(expires_at),
+                };
+                next.attempts = state.attempts + 1;
+                next.due_at = Some(expires_at);
+                let reason = format!(
+                    "leased by {owner}, attempt {} of {}",
+                    next.attempts, rules.max_attempts
+                );
+                Ok(step(next, vec![Action::CallUpstream], reason, Value::Null))
+            }
+            S::Scheduled
+            | S::Blocked
+            | S::Leased
+            | S::Confirmed
+            | S::Failed
+            | S::Unknown
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::ExtendLease { epoch } => match from {
+            S::Leased => {
+                check_epoch(state, *epoch)?;
+                let expires_at = now.plus_millis(rules.lease_ttl_ms);
+                next.lease.expires_at = Some(expires_at);
+                next.due_at = Some(expires_at);
+                Ok(step(next, vec![], "lease extended".into(), Value::Null))
+            }
+            S::Scheduled
+            | S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Confirmed
+            | S::Failed
+            | S::Unknown
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::Block { reason, epoch } | Event::Deny { reason, epoch } => {
+            let deny = matches!(event, Event::Deny { .. });
+            match from {
+                S::Pending | S::Approved | S::Leased => {
+                    if from == S::Leased {
+                        check_epoch(state, epoch.unwrap_or(LeaseEpoch::ZERO))?;
+                        // Nothing was sent under this lease: the attempt does not count.
+                        next.attempts = state.attempts.saturating_sub(1);
+                        next.lease = released(&state.lease);
+                    }
+                    next.due_at = None;
+                    let (status, label) = if deny {
+                        next.last_error = Some(format!("denied by policy: {reason}"));
+                        (S::Failed, "denied by policy")
+                    } else {
+                        (S::Blocked, "blocked by policy")
+                    };
+                    next.status = status;
+                    Ok(step(
+                        next,
+                        vec![Action::Publish { status }],
+                        format!("{label}: {reason}"),
+                        Value::Null,
+                    ))
+                }
+                S::Scheduled
+                | S::Blocked
+                | S::Confirmed
+                | S::Failed
+                | S::Unknown
+                | S::Stuck
+                | S::Cancelled
+                | S::Compensating
+                | S::Compensated
+                | S::CompensationFailed
+                | S::NoCompensation => Err(refuse()),
+            }
+        }
+
+        Event::Dispatched { epoch, outcome } => match from {
+            S::Leased => {
+                check_epoch(state, *epoch)?;
+                next.lease = released(&state.lease);
+                Ok(dispatched(next, state, rules, outcome, now, from))
+            }
+            S::Scheduled
+            | S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Confirmed
+            | S::Failed
+            | S::Unknown
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::LeaseExpired => match from {
+            S::Leased => {
+                if let Some(expires_at) = state.lease.expires_at.filter(|at| *at > now) {
+                    return Err(Refusal::LeaseStillValid { expires_at });
+                }
+                next.lease = released(&state.lease);
+                enter_unknown(&mut next, now);
+                Ok(step(
+                    next,
+                    vec![Action::Reconcile],
+                    "lease expired without an outcome".into(),
+                    Value::Null,
+                ))
+            }
+            S::Scheduled
+            | S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Confirmed
+            | S::Failed
+            | S::Unknown
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::Observed {
+            observation,
+            external_ref,
+            evidence,
+        } => match from {
+            S::Unknown => Ok(observed(
+                next,
+                state,
+                rules,
+                *observation,
+                external_ref,
+                evidence,
+                now,
+            )),
+            S::Scheduled
+            | S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Leased
+            | S::Confirmed
+            | S::Failed
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::RetrySameKey => match from {
+            S::Unknown => match rules.semantics {
+                EffectSemantics::NonIdempotent => Err(Refusal::BlindRetry),
+                EffectSemantics::Idempotent | EffectSemantics::ObserveOnly => {
+                    if state.attempts < rules.max_attempts {
+                        next.status = S::Pending;
+                        next.due_at = Some(now.plus_millis(rules.backoff_ms(state.attempts)));
+                        Ok(step(
+                            next,
+                            vec![],
+                            "retry with the same idempotency key".into(),
+                            Value::Null,
+                        ))
+                    } else if rules.semantics == EffectSemantics::ObserveOnly {
+                        // A read that never answered changed nothing: it simply failed.
+                        next.status = S::Failed;
+                        next.due_at = None;
+                        Ok(step(
+                            next,
+                            vec![Action::Publish { status: S::Failed }],
+                            format!("no answer after {} attempts", rules.max_attempts),
+                            Value::Null,
+                        ))
+                    } else {
+                        Ok(stuck(
+                            next,
+                            from,
+                            format!(
+                                "outcome unknown after {} attempts with the same key",
+                                rules.max_attempts
+                            ),
+                        ))
+                    }
+                }
+            },
+            S::Scheduled
+            | S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Leased
+            | S::Confirmed
+            | S::Failed
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::Approve {
+            operator,
+            policy_version,
+        } => match from {
+            S::Blocked => {
+                next.status = S::Approved;
+                next.approval = Some(Approval {
+                    approver: operator.actor.clone(),
+                    reason: operator.reason.clone(),
+                    at: now,
+                    policy_version: policy_version.clone(),
+                });
+                next.due_at = Some(now.plus_millis(rules.pending_stale_ms));
+                Ok(step(
+                    next,
+                    vec![Action::Dispatch],
+                    operator.reason.clone(),
+                    Value::Null,
+                ))
+            }
+            S::Scheduled
+            | S::Pending
+            | S::Approved
+            | S::Leased
+            | S::Confirmed
+            | S::Failed
+            | S::Unknown
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::Reject { operator } => match from {
+            S::Blocked => Ok(cancelled(next, from, operator)),
+            S::Scheduled
+            | S::Pending
+            | S::Approved
+            | S::Leased
+            | S::Confirmed
+            | S::Failed
+            | S::Unknown
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::Cancel { operator } => match from {
+            S::Scheduled | S::Pending | S::Blocked | S::Approved => {
+                Ok(cancelled(next, from, operator))
+            }
+            S::Leased
+            | S::Confirmed
+            | S::Failed
+            | S::Unknown
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::Rollback { operator } => match from {
+            S::Confirmed => match rules.semantics {
+                EffectSemantics::ObserveOnly => Err(Refusal::NotCompensable),
+                EffectSemantics::Idempotent | EffectSemantics::NonIdempotent => {
+                    if rules.has_compensate {
+                        next.status = S::Compensating;
+                        next.compensation = Some(CompensationInfo {
+                            started_at: now,
+                            ended_at: None,
+                            reference: None,
+                            detail: None,
+                            attempts: 0,
+                        });
+                        next.due_at = Some(now.plus_millis(rules.compensation_timeout_ms));
+                        Ok(step(
+                            next,
+                            vec![Action::Compensate],
+                            operator.reason.clone(),
+                            Value::Null,
+                        ))
+                    } else {
+                        next.status = S::NoCompensation;
+                        next.escalated = true;
+                        next.due_at = None;
+                        Ok(step(
+                            next,
+                            vec![
+                                Action::Escalate {
+                                    reason: "rolled back but the tool declares no compensate"
+                                        .into(),
+                                },
+                                Action::Publish {
+                                    status: S::NoCompensation,
+                                },
+                            ],
+                            format!("{} (no compensate declared)", operator.reason),
+                            Value::Null,
+                        ))
+                    }
+                }
+            },
+            S::Scheduled
+            | S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Leased
+            | S::Failed
+            | S::Unknown
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::Compensated { outcome } => match from {
+            S::Compensating => Ok(compensated(next, state, rules, outcome, now, from)),
+            S::Scheduled
+            | S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Leased
+            | S::Confirmed
+            | S::Failed
+            | S::Unknown
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::DuplicateSettled { outcome } => match from {
+            S::Confirmed => {
+                let (actions, reason) = match outcome {
+                    CompensationOutcome::Done { reference } => (
+                        vec![],
+                        format!(
+                            "extra commit compensated{}",
+                            reference
+                                .as_deref()
+                                .map(|r| format!(" ({r})"))
+                                .unwrap_or_default()
+                        ),
+                    ),
+                    CompensationOutcome::Impossible { reason }
+                    | CompensationOutcome::Retry { reason } => {
+                        next.escalated = true;
+                        let why = format!("extra commit could not be compensated: {reason}");
+                        (
+                            vec![Action::Escalate {
+                                reason: why.clone(),
+                            }],
+                            why,
+                        )
+                    }
+                };
+                Ok(step(
+                    next,
+                    actions,
+                    reason,
+                    serde_json::to_value(outcome).unwrap_or(Value::Null),
+                ))
+            }
+            S::Scheduled
+            | S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Leased
+            | S::Failed
+            | S::Unknown
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::Resolve {
+            operator,
+            resolution,
+            evidence,
+        } => match from {
+            S::Stuck => {
+                if is_empty_evidence(evidence) {
+                    return Err(Refusal::EvidenceRequired);
+                }
+                let status = match resolution {
+                    Resolution::Confirmed { external_ref } => {
+                        if external_ref.trim().is_empty() {
+                            return Err(Refusal::EvidenceRequired);
+                        }
+                        next.external_ref = Some(external_ref.clone());
+                        S::Confirmed
+                    }
+                    Resolution::Failed => S::Failed,
+                };
+                next.status = status;
+                next.escalated = false;
+                next.due_at = None;
+                Ok(step(
+                    next,
+                    vec![Action::Publish { status }],
+                    operator.reason.clone(),
+                    evidence.clone(),
+                ))
+            }
+            S::Scheduled
+            | S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Leased
+            | S::Confirmed
+            | S::Failed
+            | S::Unknown
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::Replay { operator, evidence } => match from {
+            S::Stuck | S::Failed => {
+                if state.replays >= rules.max_replays {
+                    return Err(Refusal::ReplayLimit {
+                        replays: state.replays,
+                        max_replays: rules.max_replays,
+                    });
+                }
+                let outcome_unknown = from == S::Stuck;
+                let evidence = evidence.clone().unwrap_or(Value::Null);
+                if outcome_unknown
+                    && rules.semantics == EffectSemantics::NonIdempotent
+                    && is_empty_evidence(&evidence)
+                {
+                    return Err(Refusal::ReplayNeedsEvidence);
+                }
+                next.status = S::Pending;
+                next.attempts = 0;
+                next.checks = 0;
+                next.replays = state.replays + 1;
+                next.first_absent_at = None;
+                next.escalated = false;
+                next.due_at = Some(now.plus_millis(rules.pending_stale_ms));
+                Ok(step(
+                    next,
+                    vec![Action::Dispatch],
+                    operator.reason.clone(),
+                    evidence,
+                ))
+            }
+            S::Scheduled
+            | S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Leased
+            | S::Confirmed
+            | S::Unknown
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+    }
+}
+
+fn check_epoch(state: &CommandState, presented: LeaseEpoch) -> Result<(), Refusal> {
+    if presented == state.lease.epoch {
+        Ok(())
+    } else {
+        Err(Refusal::StaleEpoch {
+            current: state.lease.epoch,
+            presented,
+        })
+    }
+}
+
+/// The lease after release: no holder, and the epoch kept so older holders stay fenced out.
+fn released(lease: &Lease) -> Lease {
+    Lease {
+        epoch: lease.epoch,
+        owner: None,
+        expires_at: None,
+    }
+}
+
+fn enter_unknown(next: &mut CommandState, now: Timestamp) {
+    next.status = CommandStatus::Unknown;
+    next.checks = 0;
+    next.first_absent_at = None;
+    next.due_at = Some(now);
+}
+
+fn is_empty_evidence(evidence: &Value) -> bool {
+    match evidence {
+        Value::Null => true,
+        Value::String(text) => text.trim().is_empty(),
+        Value::Object(map) => map.is_empty(),
+        Value::Array(items) => items.is_empty(),
+        Value::Bool(_) | Value::Number(_) => false,
+    }
+}
+
+fn stuck(mut next: CommandState, from: CommandStatus, reason: String) -> Step {
+    next.status = CommandStatus::Stuck;
+    next.escalated = true;
+    next.due_at = None;
+    Step {
+        from,
+        state: next,
+        actions: vec![
+            Action::Escalate {
+                reason: reason.clone(),
+            },
+            Action::Publish {
+                status: CommandStatus::Stuck,
+            },
+        ],
+        reason,
+        evidence: Value::Null,
+    }
+}
+
+fn cancelled(mut next: CommandState, from: CommandStatus, operator: &Operator) -> Step {
+    next.status = CommandStatus::Cancelled;
+    next.due_at = None;
+    Step {
+        from,
+        state: next,
+        actions: vec![Action::Publish {
+            status: CommandStatus::Cancelled,
+        }],
+        reason: operator.reason.clone(),
+        evidence: Value::Null,
+    }
+}
+
+fn failed(mut next: CommandState, from: CommandStatus, reason: String) -> Step {
+    next.status = CommandStatus::Failed;
+    next.due_at = None;
+    next.last_error = Some(reason.clone());
+    Step {
+        from,
+        state: next,
+        actions: vec![Action::Publish {
+            status: CommandStatus::Failed,
+        }],
+        reason,
+        evidence: Value::Null,
+    }
+}
+
+fn confirmed(
+    mut next: CommandState,
+    from: CommandStatus,
+    external_ref: Option<String>,
+    reason: String,
+    evidence: Value,
+) -> Step {
+    next.status = CommandStatus::Confirmed;
+    next.due_at = None;
+    if external_ref.is_some() {
+        next.external_ref = external_ref;
+    }
+    Step {
+        from,
+        state: next,
+        actions: vec![Action::Publish {
+            status: CommandStatus::Confirmed,
+        }],
+        reason,
+        evidence,
+    }
+}
+
+fn dispatched(
+    mut next: CommandState,
+    state: &CommandState,
+    rules: &Rules,
+    outcome: &DispatchOutcome,
+    now: Timestamp,
+    from: CommandStatus,
+) -> Step {
+    match outcome {
+        DispatchOutcome::Committed {
+            external_ref,
+            result,
+        } => {
+            next.result = result.clone();
+            next.last_error = None;
+            confirmed(
+                next,
+                from,
+                external_ref.clone(),
+                "upstream committed".into(),
+                Value::Null,
+            )
+        }
+        DispatchOutcome::Refused { reason } => failed(next, from, format!("refused: {reason}")),
+        DispatchOutcome::Ambiguous { reason } => {
+            enter_unknown(&mut next, now);
+            next.last_error = Some(reason.clone());
+            Step {
+                from,
+                state: next,
+                actions: vec![Action::Reconcile],
+                reason: format!("outcome ambiguous: {reason}"),
+                evidence: Value::Null,
+            }
+        }
+        DispatchOutcome::NotSent { reason } => {
+            if state.attempts < rules.max_attempts {
+                next.status = CommandStatus::Pending;
+                next.last_error = Some(reason.clone());
+                // The stale-PENDING sweep republishes it after the backoff, so an upstream
+                // that refuses connections is not hammered in a loop.
+                let delay = rules.backoff_ms(state.attempts.saturating_sub(1));
+                next.due_at = Some(now.plus_millis(delay));
+                Step {
+                    from,
+                    state: next,
+                    actions: vec![],
+                    reason: format!("not sent, will retry: {reason}"),
+                    evidence: Value::Null,
+                }
+            } else {
+                failed(
+                    next,
+                    from,
+                    format!("not sent after {} attempts: {reason}", rules.max_attempts),
+                )
+            }
+        }
+    }
+}
+
+fn observed(
+    mut next: CommandState,
+    state: &CommandState,
+    rules: &Rules,
+    observation: Observation,
+    external_ref: &Option<String>,
+    evidence: &Value,
+    now: Timestamp,
+) -> Step {
+    let from = state.status;
+    next.checks = state.checks + 1;
+    match observation {
+        Observation::Present => confirmed(
+            next,
+            from,
+            external_ref.clone(),
+            "status check: present".into(),
+            evidence.clone(),
+        ),
+        Observation::Duplicate => {
+            let mut step = confirmed(
+                next,
+                from,
+                external_ref.clone(),
+                "status check: duplicate commit".into(),
+                evidence.clone(),
+            );
+            if rules.has_compensate && rules.semantics != EffectSemantics::ObserveOnly {
+                step.actions.insert(0, Action::CompensateDuplicate);
+            } else {
+                step.state.escalated = true;
+                step.actions.insert(
+                    0,
+                    Action::Escalate {
+                        reason: "duplicate commit and no compensate declared".into(),
+                    },
+                );
+            }
+            step
+        }
+        Observation::Absent => {
+            let redispatch = |mut next: CommandState, reason: String| {
+                if state.attempts < rules.max_attempts {
+                    next.status = CommandStatus::Pending;
+                    next.first_absent_at = None;
+                    next.due_at = Some(now.plus_millis(rules.pending_stale_ms));
+                    Step {
+                        from,
+                        state: next,
+                        actions: vec![Action::Dispatch],
+                        reason,
+                        evidence: evidence.clone(),
+                    }
+                } else {
+                    let mut step = failed(
+                        next,
+                        from,
+                        format!("{reason}; all {} attempts used", rules.max_attempts),
+                    );
+                    step.evidence = evidence.clone();
+                    step
+                }
+            };
+            match rules.semantics {
+                EffectSemantics::Idempotent | EffectSemantics::ObserveOnly => {
+                    redispatch(next, "status check: absent, redispatch".into())
+                }
+                EffectSemantics::NonIdempotent => match (rules.on_absent, state.first_absent_at) {
+                    (OnAbsent::Fail, _) => {
+                        let mut step = failed(
+                            next,
+                            from,
+                            "status check: absent; the tool asks a person to decide (on_absent = fail)"
+                                .into(),
+                        );
+                        step.evidence = evidence.clone();
+                        step
+                    }
+                    (OnAbsent::Redispatch, Some(first))
+                        if now.millis_since(first) >= rules.settle_ms =>
+                    {
+                        redispatch(
+                            next,
+                            format!(
+                                "status check: absent, confirmed {} ms after the first look; redispatch",
+                                now.millis_since(first)
+                            ),
+                        )
+                    }
+                    (OnAbsent::Redispatch, first) => {
+                        let first = first.unwrap_or(now);
+                        next.first_absent_at = Some(first);
+                        next.due_at = Some(first.plus_millis(rules.settle_ms));
+                        Step {
+                            from,
+                            state: next,
+                            actions: vec![],
+                            reason: "status check: absent; look again after the settle interval"
+                                .into(),
+                            evidence: evidence.clone(),
+                        }
+                    }
+                },
+            }
+        }
+        Observation::Inconclusive => {
+            if next.checks >= rules.max_checks {
+                let mut step = stuck(
+                    next,
+                    from,
+                    format!(
+                        "status check inconclusive {} times; a person must decide",
+                        rules.max_checks
+                    ),
+                );
+                step.evidence = evidence.clone();
+                step
+            } else {
+                next.due_at = Some(now.plus_millis(rules.backoff_ms(state.checks)));
+                Step {
+                    from,
+                    state: next,
+                    actions: vec![],
+                    reason: "status check inconclusive; look again later".into(),
+                    evidence: evidence.clone(),
+                }
+            }
+        }
+    }
+}
+
+fn compensated(
+    mut next: CommandState,
+    state: &CommandState,
+    rules: &Rules,
+    outcome: &CompensationOutcome,
+    now: Timestamp,
+    from: CommandStatus,
+) -> Step {
+    let mut info = state.compensation.clone().unwrap_or(CompensationInfo {
+        started_at: now,
+        ended_at: None,
+        reference: None,
+        detail: None,
+        attempts: 0,
+    });
+    info.attempts += 1;
+    let evidence = serde_json::to_value(outcome).unwrap_or(Value::Null);
+    let (status, actions, reason) = match outcome {
+        CompensationOutcome::Done { reference } => {
+            info.ended_at = Some(now);
+            info.reference = reference.clone();
+            (
+                CommandStatus::Compensated,
+                vec![Action::Publish {
+                    status: CommandStatus::Compensated,
+                }],
+                "compensated".to_owned(),
+            )
+        }
+        CompensationOutcome::Impossible { reason } => {
+            info.ended_at = Some(now);
+            info.detail = Some(reason.clone());
+            next.escalated = true;
+            (
+                CommandStatus::CompensationFailed,
+                vec![
+                    Action::Escalate {
+                        reason: format!("compensation refused: {reason}"),
+                    },
+                    Action::Publish {
+                        status: CommandStatus::CompensationFailed,
+                    },
+                ],
+                format!("compensation refused: {reason}"),
+            )
+        }
+        CompensationOutcome::Retry { reason } if info.attempts >= rules.max_attempts => {
+            info.ended_at = Some(now);
+            info.detail = Some(reason.clone());
+            next.escalated = true;
+            let why = format!("compensation failed {} times: {reason}", rules.max_attempts);
+            (
+                CommandStatus::CompensationFailed,
+                vec![
+                    Action::Escalate {
+                        reason: why.clone(),
+                    },
+                    Action::Publish {
+                        status: CommandStatus::CompensationFailed,
+                    },
+                ],
+                why,
+            )
+        }
+        CompensationOutcome::Retry { reason } => {
+            info.detail = Some(reason.clone());
+            next.due_at = Some(now.plus_millis(rules.backoff_ms(info.attempts - 1)));
+            next.compensation = Some(info);
+            return Step {
+                from,
+                state: next,
+                actions: vec![],
+                reason: format!("compensation will be retried: {reason}"),
+                evidence,
+            };
+        }
+    };
+    next.status = status;
+    next.due_at = None;
+    next.compensation = Some(info);
+    Step {
+        from,
+        state: next,
+        actions,
+        reason,
+        evidence,
+    }
+}
+
+#[cfg(test)]
+mod tests;

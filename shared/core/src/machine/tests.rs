@@ -1,0 +1,842 @@
+//! Tests of the state machine: one table over every (state, event) pair, targeted tests of the
+//! rules that matter most for money, and property tests of the invariants over random event
+//! sequences.
+
+use proptest::prelude::*;
+use serde_json::json;
+
+use super::*;
+use crate::command::{CommandState, CommandStatus as S, EffectSemantics as E, Observation as O};
+
+const NOW: i64 = 1_000_000;
+
+fn now() -> Timestamp {
+    Timestamp::from_millis(NOW)
+}
+
+fn op(reason: &str) -> Operator {
+    Operator {
+        actor: "alice".into(),
+        reason: reason.into(),
+    }
+}
+
+/// Rules of a NON_IDEMPOTENT tool with every resolution strategy declared.
+fn wire_rules() -> Rules {
+    Rules {
+        has_status_check: true,
+        has_compensate: true,
+        ..Rules::defaults(E::NonIdempotent)
+    }
+}
+
+/// A representative state for each status: one attempt used, lease epoch 1, due now.
+fn state_in(status: CommandStatus) -> CommandState {
+    let mut state = CommandState::reserved(now(), None, 10_000);
+    state.status = status;
+    state.attempts = 1;
+    state.lease.epoch = LeaseEpoch::new(1);
+    state.due_at = Some(now());
+    if status == S::Leased {
+        state.lease.owner = Some("dispatcher-1".into());
+        state.lease.expires_at = Some(now());
+    }
+    if status == S::Compensating {
+        state.compensation = Some(CompensationInfo {
+            started_at: now(),
+            ended_at: None,
+            reference: None,
+            detail: None,
+            attempts: 0,
+        });
+    }
+    state
+}
+
+/// One concrete event per column of the table.
+fn samples() -> Vec<(&'static str, Event)> {
+    let epoch = LeaseEpoch::new(1);
+    let dispatched = |outcome| Event::Dispatched { epoch, outcome };
+    let observed = |observation| Event::Observed {
+        observation,
+        external_ref: Some("w-1".into()),
+        evidence: json!({"checked": true}),
+    };
+    vec![
+        ("Due", Event::Due),
+        (
+            "Lse",
+            Event::Lease {
+                owner: "dispatcher-2".into(),
+            },
+        ),
+        ("Ext", Event::ExtendLease { epoch }),
+        (
+            "Blk",
+            Event::Block {
+                reason: "over limit".into(),
+                epoch: Some(epoch),
+            },
+        ),
+        (
+            "Dny",
+            Event::Deny {
+                reason: "blocked account".into(),
+                epoch: Some(epoch),
+            },
+        ),
+        (
+            "Cmt",
+            dispatched(DispatchOutcome::Committed {
+                external_ref: Some("w-1".into()),
+                result: Some(json!({"id": "w-1"})),
+            }),
+        ),
+        (
+            "Ref",
+            dispatched(DispatchOutcome::Refused {
+                reason: "400".into(),
+            }),
+        ),
+        (
+            "Amb",
+            dispatched(DispatchOutcome::Ambiguous {
+                reason: "timeout".into(),
+            }),
+        ),
+        (
+            "NoS",
+            dispatched(DispatchOutcome::NotSent {
+                reason: "connection refused".into(),
+            }),
+        ),
+        ("Exp", Event::LeaseExpired),
+        ("Pre", observed(O::Present)),
+        ("Abs", observed(O::Absent)),
+        ("Dup", observed(O::Duplicate)),
+        ("Inc", observed(O::Inconclusive)),
+        ("Rty", Event::RetrySameKey),
+        (
+            "Apv",
+            Event::Approve {
+                operator: op("checked the beneficiary"),
+                policy_version: "1".into(),
+            },
+        ),
+        (
+            "Rej",
+            Event::Reject {
+                operator: op("wrong account"),
+            },
+        ),
+        (
+            "Can",
+            Event::Cancel {
+                operator: op("agent changed its mind"),
+            },
+        ),
+        (
+            "Rbk",
+            Event::Rollback {
+                operator: op("run aborted"),
+            },
+        ),
+        (
+            "Cmp",
+            Event::Compensated {
+                outcome: CompensationOutcome::Done {
+                    reference: Some("rev-1".into()),
+                },
+            },
+        ),
+        (
+            "Dst",
+            Event::DuplicateSettled {
+                outcome: CompensationOutcome::Done {
+                    reference: Some("rev-2".into()),
+                },
+            },
+        ),
+        (
+            "Res",
+            Event::Resolve {
+                operator: op("bank statement shows the wire"),
+                resolution: Resolution::Confirmed {
+                    external_ref: "w-9".into(),
+                },
+                evidence: json!({"statement": "2026-11-22 line 4"}),
+            },
+        ),
+        (
+            "Rpl",
+            Event::Replay {
+                operator: op("bank confirmed no wire"),
+                evidence: Some(json!({"ticket": "BANK-77"})),
+            },
+        ),
+    ]
+}
+
+/// Expected outcome of every (state, event) pair, for a NON_IDEMPOTENT tool with a status
+/// check and a compensate: the next status, `-` for "does not apply", `!` for another refusal.
+const TABLE: &str = "
+                     Due Lse Ext Blk Dny Cmt Ref Amb NoS Exp Pre Abs Dup Inc Rty Apv Rej Can Rbk Cmp Dst Res Rpl
+SCHEDULED            PEN -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -
+PENDING              -   LSD -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -
+BLOCKED              -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   APR CAN CAN -   -   -   -   -
+APPROVED             -   LSD -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -
+LEASED               -   -   LSD BLK FLD CNF FLD UNK PEN UNK -   -   -   -   -   -   -   -   -   -   -   -   -
+CONFIRMED            -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMG -   CNF -   -
+FAILED               -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   PEN
+UNKNOWN              -   -   -   -   -   -   -   -   -   -   CNF UNK CNF UNK !   -   -   -   -   -   -   -   -
+STUCK                -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CNF PEN
+CANCELLED            -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+COMPENSATING         -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMD -   -   -
+COMPENSATED          -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+COMPENSATION_FAILED  -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+NO_COMPENSATION      -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+";
+
+fn abbreviation(status: CommandStatus) -> &'static str {
+    match status {
+        S::Scheduled => "SCH",
+        S::Pending => "PEN",
+        S::Blocked => "BLK",
+        S::Approved => "APR",
+        S::Leased => "LSD",
+        S::Confirmed => "CNF",
+        S::Failed => "FLD",
+        S::Unknown => "UNK",
+        S::Stuck => "STK",
+        S::Cancelled => "CAN",
+        S::Compensating => "CMG",
+        S::Compensated => "CMD",
+        S::CompensationFailed => "CMF",
+        S::NoCompensation => "NOC",
+    }
+}
+
+#[test]
+fn every_state_and_event_pair_matches_the_table() {
+    let samples = samples();
+    let mut lines = TABLE.lines().filter(|line| !line.trim().is_empty());
+    let header: Vec<&str> = lines.next().expect("header").split_whitespace().collect();
+    let names: Vec<&str> = samples.iter().map(|(name, _)| *name).collect();
+    assert_eq!(header, names, "table columns follow the samples");
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), S::ALL.len(), "one row per status");
+    let rules = wire_rules();
+    let mut checked = 0;
+    for (row, status) in rows.iter().zip(S::ALL) {
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells[0], status.as_str(), "rows follow CommandStatus::ALL");
+        assert_eq!(
+            cells.len(),
+            samples.len() + 1,
+            "row {status} has every column"
+        );
+        let state = state_in(status);
+        for ((name, event), expected) in samples.iter().zip(&cells[1..]) {
+            let got = match apply(&state, &rules, event, now()) {
+                Ok(step) => {
+                    assert_eq!(step.from, status);
+                    abbreviation(step.to()).to_owned()
+                }
+                Err(Refusal::NotAllowed {
+                    status: refused,
+                    event: kind,
+                }) => {
+                    assert_eq!((refused, kind), (status, event.kind()));
+                    "-".to_owned()
+                }
+                Err(_) => "!".to_owned(),
+            };
+            assert_eq!(&got, expected, "{status} + {name}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, S::ALL.len() * samples.len());
+}
+
+fn step(state: &CommandState, rules: &Rules, event: Event) -> Step {
+    apply(state, rules, &event, now()).expect("transition applies")
+}
+
+#[test]
+fn a_lease_bumps_the_epoch_and_counts_the_attempt() {
+    let state = state_in(S::Pending);
+    let leased = step(
+        &state,
+        &wire_rules(),
+        Event::Lease {
+            owner: "d-1".into(),
+        },
+    );
+    assert_eq!(leased.state.lease.epoch, LeaseEpoch::new(2));
+    assert_eq!(leased.state.attempts, 2);
+    assert_eq!(leased.state.due_at, Some(now().plus_millis(30_000)));
+    assert_eq!(leased.actions, vec![Action::CallUpstream]);
+}
+
+#[test]
+fn a_stale_epoch_can_never_finalize() {
+    let state = state_in(S::Leased);
+    for stale in [0, 2, 7] {
+        let refused = apply(
+            &state,
+            &wire_rules(),
+            &Event::Dispatched {
+                epoch: LeaseEpoch::new(stale),
+                outcome: DispatchOutcome::Committed {
+                    external_ref: None,
+                    result: None,
+                },
+            },
+            now(),
+        );
+        assert_eq!(
+            refused,
+            Err(Refusal::StaleEpoch {
+                current: LeaseEpoch::new(1),
+                presented: LeaseEpoch::new(stale)
+            })
+        );
+    }
+}
+
+#[test]
+fn no_more_leases_once_attempts_are_used() {
+    let mut state = state_in(S::Pending);
+    state.attempts = 3;
+    let refused = apply(
+        &state,
+        &wire_rules(),
+        &Event::Lease { owner: "d".into() },
+        now(),
+    );
+    assert_eq!(refused, Err(Refusal::AttemptsExhausted { max_attempts: 3 }));
+}
+
+#[test]
+fn not_sent_goes_back_to_pending_with_backoff_until_attempts_run_out() {
+    let rules = wire_rules();
+    let not_sent = Event::Dispatched {
+        epoch: LeaseEpoch::new(1),
+        outcome: DispatchOutcome::NotSent {
+            reason: "connection refused".into(),
+        },
+    };
+    let retried = step(&state_in(S::Leased), &rules, not_sent.clone());
+    assert_eq!(retried.to(), S::Pending);
+    assert_eq!(retried.state.due_at, Some(now().plus_millis(500)));
+    assert_eq!(retried.state.lease.owner, None);
+    let mut last = state_in(S::Leased);
+    last.attempts = 3;
+    let failed = step(&last, &rules, not_sent);
+    assert_eq!(failed.to(), S::Failed);
+    assert!(failed.reason.contains("not sent after 3 attempts"));
+}
+
+#[test]
+fn an_unexpired_lease_is_not_taken_away() {
+    let mut state = state_in(S::Leased);
+    state.lease.expires_at = Some(now().plus_millis(1));
+    assert_eq!(
+        apply(&state, &wire_rules(), &Event::LeaseExpired, now()),
+        Err(Refusal::LeaseStillValid {
+            expires_at: now().plus_millis(1)
+        })
+    );
+}
+
+fn absent() -> Event {
+    Event::Observed {
+        observation: O::Absent,
+        external_ref: None,
+        evidence: json!({"status": 404}),
+    }
+}
+
+#[test]
+fn non_idempotent_redispatch_needs_absent_twice_a_settle_interval_apart() {
+    let rules = wire_rules();
+    let first = step(&state_in(S::Unknown), &rules, absent());
+    assert_eq!(first.to(), S::Unknown);
+    assert_eq!(first.state.first_absent_at, Some(now()));
+    assert_eq!(first.state.due_at, Some(now().plus_millis(rules.settle_ms)));
+
+    let too_soon = apply(&first.state, &rules, &absent(), now().plus_millis(1_999))
+        .expect("observation is recorded");
+    assert_eq!(too_soon.to(), S::Unknown, "not trusted before settle");
+    assert_eq!(too_soon.state.first_absent_at, Some(now()));
+
+    let settled = apply(&too_soon.state, &rules, &absent(), now().plus_millis(2_000))
+        .expect("observation is recorded");
+    assert_eq!(settled.to(), S::Pending);
+    assert_eq!(settled.actions, vec![Action::Dispatch]);
+    assert_eq!(settled.state.first_absent_at, None);
+}
+
+#[test]
+fn on_absent_fail_hands_the_decision_to_a_person() {
+    let rules = Rules {
+        on_absent: OnAbsent::Fail,
+        ..wire_rules()
+    };
+    let failed = step(&state_in(S::Unknown), &rules, absent());
+    assert_eq!(failed.to(), S::Failed);
+    assert!(failed.reason.contains("on_absent = fail"));
+}
+
+#[test]
+fn idempotent_absent_redispatches_at_once_but_not_past_max_attempts() {
+    let rules = Rules::defaults(E::Idempotent);
+    assert_eq!(
+        step(&state_in(S::Unknown), &rules, absent()).to(),
+        S::Pending
+    );
+    let mut exhausted = state_in(S::Unknown);
+    exhausted.attempts = rules.max_attempts;
+    assert_eq!(step(&exhausted, &rules, absent()).to(), S::Failed);
+}
+
+#[test]
+fn inconclusive_checks_back_off_then_get_stuck_and_escalate() {
+    let rules = Rules {
+        max_checks: 3,
+        ..wire_rules()
+    };
+    let inconclusive = Event::Observed {
+        observation: O::Inconclusive,
+        external_ref: None,
+        evidence: json!({"status": 503}),
+    };
+    let mut state = state_in(S::Unknown);
+    let mut delays = vec![];
+    for _ in 0..2 {
+        let next = step(&state, &rules, inconclusive.clone());
+        assert_eq!(next.to(), S::Unknown);
+        delays.push(next.state.due_at.expect("due").millis_since(now()));
+        state = next.state;
+    }
+    assert_eq!(delays, vec![500, 1_000], "exponential backoff");
+    let stuck = step(&state, &rules, inconclusive);
+    assert_eq!(stuck.to(), S::Stuck);
+    assert!(stuck.state.escalated);
+    assert!(matches!(stuck.actions[0], Action::Escalate { .. }));
+    assert!(
+        stuck
+            .actions
+            .contains(&Action::Publish { status: S::Stuck })
+    );
+}
+
+#[test]
+fn a_duplicate_is_confirmed_and_its_extra_commit_compensated() {
+    let duplicate = Event::Observed {
+        observation: O::Duplicate,
+        external_ref: Some("w-1".into()),
+        evidence: json!({"refs": ["w-1", "w-2"]}),
+    };
+    let with = step(&state_in(S::Unknown), &wire_rules(), duplicate.clone());
+    assert_eq!(with.to(), S::Confirmed);
+    assert_eq!(with.actions[0], Action::CompensateDuplicate);
+    let without = step(
+        &state_in(S::Unknown),
+        &Rules {
+            has_compensate: false,
+            ..wire_rules()
+        },
+        duplicate,
+    );
+    assert_eq!(without.to(), S::Confirmed);
+    assert!(without.state.escalated, "nobody can undo the extra commit");
+}
+
+#[test]
+fn blind_retry_is_refused_for_non_idempotent_and_bounded_for_the_rest() {
+    assert_eq!(
+        apply(
+            &state_in(S::Unknown),
+            &wire_rules(),
+            &Event::RetrySameKey,
+            now()
+        ),
+        Err(Refusal::BlindRetry)
+    );
+    let idempotent = Rules::defaults(E::Idempotent);
+    let retried = step(&state_in(S::Unknown), &idempotent, Event::RetrySameKey);
+    assert_eq!(retried.to(), S::Pending);
+    let mut exhausted = state_in(S::Unknown);
+    exhausted.attempts = 3;
+    assert_eq!(
+        step(&exhausted, &idempotent, Event::RetrySameKey).to(),
+        S::Stuck
+    );
+    let read = Rules::defaults(E::ObserveOnly);
+    assert_eq!(step(&exhausted, &read, Event::RetrySameKey).to(), S::Failed);
+}
+
+#[test]
+fn rollback_compensates_escalates_or_skips_by_semantics() {
+    let rollback = Event::Rollback {
+        operator: op("run aborted"),
+    };
+    let compensating = step(&state_in(S::Confirmed), &wire_rules(), rollback.clone());
+    assert_eq!(compensating.to(), S::Compensating);
+    assert_eq!(
+        compensating
+            .state
+            .compensation
+            .as_ref()
+            .map(|c| c.started_at),
+        Some(now())
+    );
+    let no_comp = step(
+        &state_in(S::Confirmed),
+        &Rules::defaults(E::Idempotent),
+        rollback.clone(),
+    );
+    assert_eq!(no_comp.to(), S::NoCompensation);
+    assert!(no_comp.state.escalated);
+    assert_eq!(
+        apply(
+            &state_in(S::Confirmed),
+            &Rules {
+                has_compensate: true,
+                ..Rules::defaults(E::ObserveOnly)
+            },
+            &rollback,
+            now()
+        ),
+        Err(Refusal::NotCompensable)
+    );
+}
+
+#[test]
+fn compensation_records_its_end_after_the_handler_and_retries_are_bounded() {
+    let rules = wire_rules();
+    let started = step(
+        &state_in(S::Confirmed),
+        &rules,
+        Event::Rollback {
+            operator: op("abort"),
+        },
+    )
+    .state;
+    let ended_at = now().plus_millis(1_234);
+    let done = apply(
+        &started,
+        &rules,
+        &Event::Compensated {
+            outcome: CompensationOutcome::Done {
+                reference: Some("rev-1".into()),
+            },
+        },
+        ended_at,
+    )
+    .expect("applies");
+    let info = done.state.compensation.expect("recorded");
+    assert_eq!((info.started_at, info.ended_at), (now(), Some(ended_at)));
+
+    let retry = Event::Compensated {
+        outcome: CompensationOutcome::Retry {
+            reason: "503".into(),
+        },
+    };
+    let mut state = started;
+    for _ in 0..2 {
+        let next = step(&state, &rules, retry.clone());
+        assert_eq!(next.to(), S::Compensating);
+        state = next.state;
+    }
+    let failed = step(&state, &rules, retry);
+    assert_eq!(failed.to(), S::CompensationFailed);
+    assert!(failed.state.escalated);
+}
+
+#[test]
+fn operator_actions_need_a_reason() {
+    for event in [
+        Event::Cancel { operator: op(" ") },
+        Event::Approve {
+            operator: op(""),
+            policy_version: "1".into(),
+        },
+    ] {
+        assert_eq!(
+            apply(&state_in(S::Blocked), &wire_rules(), &event, now()),
+            Err(Refusal::ReasonRequired)
+        );
+    }
+}
+
+#[test]
+fn resolve_needs_evidence_and_replay_of_an_unknown_wire_needs_evidence_too() {
+    let rules = wire_rules();
+    assert_eq!(
+        apply(
+            &state_in(S::Stuck),
+            &rules,
+            &Event::Resolve {
+                operator: op("looked"),
+                resolution: Resolution::Failed,
+                evidence: json!(null),
+            },
+            now()
+        ),
+        Err(Refusal::EvidenceRequired)
+    );
+    assert_eq!(
+        apply(
+            &state_in(S::Stuck),
+            &rules,
+            &Event::Replay {
+                operator: op("try again"),
+                evidence: None,
+            },
+            now()
+        ),
+        Err(Refusal::ReplayNeedsEvidence)
+    );
+    // A FAILED command definitively did not commit, so its replay needs no evidence.
+    let replayed = step(
+        &state_in(S::Failed),
+        &rules,
+        Event::Replay {
+            operator: op("fixed the account"),
+            evidence: None,
+        },
+    );
+    assert_eq!(replayed.to(), S::Pending);
+    assert_eq!((replayed.state.attempts, replayed.state.replays), (0, 1));
+    let mut worn = state_in(S::Failed);
+    worn.replays = rules.max_replays;
+    assert!(matches!(
+        apply(
+            &worn,
+            &rules,
+            &Event::Replay {
+                operator: op("again"),
+                evidence: None
+            },
+            now()
+        ),
+        Err(Refusal::ReplayLimit { .. })
+    ));
+}
+
+#[test]
+fn approval_records_who_and_under_which_policy() {
+    let approved = step(
+        &state_in(S::Blocked),
+        &wire_rules(),
+        Event::Approve {
+            operator: op("called the customer"),
+            policy_version: "2026-11".into(),
+        },
+    );
+    let approval = approved.state.approval.clone().expect("recorded");
+    assert_eq!(approval.approver, "alice");
+    assert_eq!(approval.policy_version, "2026-11");
+    assert_eq!(approved.actions, vec![Action::Dispatch]);
+    let audit = approved.audit(
+        &crate::ids::CommandKey::parse("d-1/payments/wire/0").expect("valid"),
+        "alice",
+    );
+    assert_eq!(
+        (audit.from, audit.to),
+        (Some(S::Blocked), Some(S::Approved))
+    );
+    assert_eq!(audit.reason, "called the customer");
+}
+
+// ---- property tests over random event sequences ----
+
+fn arb_rules() -> impl Strategy<Value = Rules> {
+    (
+        prop::sample::select(E::ALL.to_vec()),
+        1u32..5,
+        1u32..5,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        0i64..3_000,
+    )
+        .prop_map(
+            |(semantics, max_attempts, max_checks, check, compensate, fail_on_absent, settle)| {
+                Rules {
+                    max_attempts,
+                    max_checks,
+                    has_status_check: check,
+                    has_compensate: compensate,
+                    on_absent: if fail_on_absent {
+                        OnAbsent::Fail
+                    } else {
+                        OnAbsent::Redispatch
+                    },
+                    settle_ms: settle,
+                    ..Rules::defaults(semantics)
+                }
+            },
+        )
+}
+
+fn arb_operator() -> impl Strategy<Value = Operator> {
+    prop::sample::select(vec!["", "because"]).prop_map(op)
+}
+
+fn arb_compensation() -> impl Strategy<Value = CompensationOutcome> {
+    prop_oneof![
+        Just(CompensationOutcome::Done { reference: None }),
+        Just(CompensationOutcome::Impossible {
+            reason: "409".into()
+        }),
+        Just(CompensationOutcome::Retry {
+            reason: "503".into()
+        }),
+    ]
+}
+
+fn arb_event() -> impl Strategy<Value = Event> {
+    let epoch = (0u64..5).prop_map(LeaseEpoch::new);
+    let outcome = prop_oneof![
+        Just(DispatchOutcome::Committed {
+            external_ref: Some("x".into()),
+            result: None
+        }),
+        Just(DispatchOutcome::Refused {
+            reason: "400".into()
+        }),
+        Just(DispatchOutcome::Ambiguous {
+            reason: "timeout".into()
+        }),
+        Just(DispatchOutcome::NotSent {
+            reason: "refused".into()
+        }),
+    ];
+    let evidence = prop_oneof![Just(json!(null)), Just(json!({"ref": "x"}))];
+    prop_oneof![
+        Just(Event::Due),
+        Just(Event::Lease { owner: "d".into() }),
+        epoch.clone().prop_map(|epoch| Event::ExtendLease { epoch }),
+        prop::option::of(epoch.clone()).prop_map(|epoch| Event::Block {
+            reason: "policy".into(),
+            epoch
+        }),
+        prop::option::of(epoch.clone()).prop_map(|epoch| Event::Deny {
+            reason: "policy".into(),
+            epoch
+        }),
+        (epoch.clone(), outcome.clone())
+            .prop_map(|(epoch, outcome)| Event::Dispatched { epoch, outcome }),
+        // Weight the lease holder's own epoch up so sequences reach the later states.
+        (epoch, outcome).prop_map(|(_, outcome)| Event::Dispatched {
+            epoch: LeaseEpoch::new(u64::MAX),
+            outcome
+        }),
+        Just(Event::LeaseExpired),
+        (prop::sample::select(O::ALL.to_vec()), evidence.clone()).prop_map(
+            |(observation, evidence)| Event::Observed {
+                observation,
+                external_ref: Some("x".into()),
+                evidence
+            }
+        ),
+        Just(Event::RetrySameKey),
+        arb_operator().prop_map(|operator| Event::Approve {
+            operator,
+            policy_version: "1".into()
+        }),
+        arb_operator().prop_map(|operator| Event::Reject { operator }),
+        arb_operator().prop_map(|operator| Event::Cancel { operator }),
+        arb_operator().prop_map(|operator| Event::Rollback { operator }),
+        arb_compensation().prop_map(|outcome| Event::Compensated { outcome }),
+        arb_compensation().prop_map(|outcome| Event::DuplicateSettled { outcome }),
+        (arb_operator(), any::<bool>(), evidence.clone()).prop_map(|(operator, ok, evidence)| {
+            Event::Resolve {
+                operator,
+                resolution: if ok {
+                    Resolution::Confirmed {
+                        external_ref: "x".into(),
+                    }
+                } else {
+                    Resolution::Failed
+                },
+                evidence,
+            }
+        }),
+        (arb_operator(), prop::option::of(evidence))
+            .prop_map(|(operator, evidence)| { Event::Replay { operator, evidence } }),
+    ]
+}
+
+fn is_compensation_state(status: CommandStatus) -> bool {
+    matches!(
+        status,
+        S::Compensating | S::Compensated | S::CompensationFailed | S::NoCompensation
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_over_random_event_sequences(
+        rules in arb_rules(),
+        scheduled in any::<bool>(),
+        events in prop::collection::vec((arb_event(), 0i64..5_000), 1..60),
+    ) {
+        let start = now();
+        let not_before = scheduled.then(|| start.plus_millis(1_000));
+        let mut state = CommandState::reserved(start, not_before, rules.pending_stale_ms);
+        let mut clock = start;
+        for (mut event, advance) in events {
+            clock = clock.plus_millis(advance);
+            // The sentinel epoch stands for "the current holder's epoch".
+            if let Event::Dispatched { epoch, .. } = &mut event
+                && epoch.get() == u64::MAX
+            {
+                *epoch = state.lease.epoch;
+            }
+            let result = apply(&state, &rules, &event, clock);
+            if let Event::Dispatched { epoch, .. } = &event
+                && *epoch != state.lease.epoch
+            {
+                prop_assert!(result.is_err(), "a stale epoch finalized: {event:?}");
+            }
+            let Ok(step) = result else { continue };
+            let (from, to) = (state.status, step.to());
+
+            if rules.semantics == E::NonIdempotent && from == S::Unknown && to == S::Pending {
+                let absent = matches!(
+                    event,
+                    Event::Observed { observation: O::Absent, .. }
+                );
+                prop_assert!(absent, "non-idempotent left UNKNOWN for redispatch on {event:?}");
+            }
+            if rules.semantics == E::ObserveOnly {
+                prop_assert!(!is_compensation_state(to), "observe-only compensated: {to}");
+                prop_assert!(!step.actions.iter().any(|a| matches!(
+                    a,
+                    Action::Compensate | Action::CompensateDuplicate
+                )));
+            }
+            prop_assert!(step.state.attempts <= rules.max_attempts);
+            if from.is_terminal() && to != from {
+                prop_assert!(event.operator().is_some(), "{from} -> {to} without an operator");
+            }
+            if let Some(operator) = event.operator() {
+                prop_assert!(!operator.reason.trim().is_empty(), "operator action without reason");
+            }
+            prop_assert!(step.state.lease.epoch >= state.lease.epoch, "epoch went back");
+            if to != S::Leased {
+                prop_assert_eq!(&step.state.lease.owner, &None, "lease held outside LEASED");
+            }
+            if to.is_terminal() {
+                prop_assert_eq!(step.state.due_at, None, "terminal command still due");
+            }
+            state = step.state;
+        }
+    }
+}

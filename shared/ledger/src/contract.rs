@@ -1,0 +1,856 @@
+//! The ledger contract suite: written once, run against every [`Ledger`] implementation.
+//!
+//! Each check is a public async function taking a fresh ledger; [`ledger_contract_tests!`]
+//! turns the whole list into one `#[tokio::test]` per check for an implementation:
+//!
+//! ```text
+//! sluice_ledger::ledger_contract_tests!(|| async { my_ledger().await });
+//! ```
+//!
+//! The maker returns `(Arc<dyn Ledger>, keep_alive)`; `keep_alive` (a temporary directory, a
+//! keyspace guard) is dropped when the test ends. Every check works in run ids of its own, so
+//! implementations backed by a shared server can run them side by side.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::{Value, json};
+
+use sluice_core::audit::{AuditDraft, verify};
+use sluice_core::command::{Command, CommandStatus, EffectSemantics, Intent, Observation};
+use sluice_core::ids::{BusinessKey, CommandKey, LeaseEpoch, RunId, ToolName};
+use sluice_core::machine::{self, DispatchOutcome, Event, Rules};
+use sluice_core::time::{Clock, SystemClock, Timestamp};
+
+use crate::{Cas, Claim, Ledger, LedgerError, MAX_RESULT_BYTES, Reserved, SYSTEM_RUN, Transition};
+
+/// Generates one test per contract check for the ledger made by `$make`.
+#[macro_export]
+macro_rules! ledger_contract_tests {
+    ($make:expr) => {
+        $crate::ledger_contract_tests!(@each $make;
+            reserve_is_insert_if_absent,
+            reserve_with_other_arguments_is_drift,
+            concurrent_reserves_yield_one_command,
+            business_key_returns_the_existing_command,
+            business_key_claims_are_idempotent_for_the_holder,
+            sixteen_racing_leases_have_one_winner,
+            a_stale_epoch_never_finalizes,
+            extend_lease_needs_the_current_epoch,
+            lease_and_finalize_refuse_the_wrong_shape,
+            transitions_are_audited_and_conflicts_are_not,
+            list_run_is_in_journal_order_and_filters_by_status,
+            due_index_returns_what_is_due_in_time_order,
+            results_are_size_capped,
+            unknown_commands_conflict_with_none,
+            audit_append_records_run_level_facts,
+            purge_removes_finished_runs_and_leaves_checkpoints,
+            list_runs_shows_recent_runs_with_open_counts
+        );
+    };
+    (@each $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let (ledger, _keep_alive) = ($make)().await;
+                $crate::contract::$name(ledger).await;
+            }
+        )*
+    };
+}
+
+static RUNS: AtomicU64 = AtomicU64::new(0);
+
+/// A run id no other check (or concurrent test process) uses.
+pub fn fresh_run(label: &str) -> RunId {
+    let n = RUNS.fetch_add(1, Ordering::Relaxed);
+    let unique = uuid::Uuid::new_v4().simple().to_string();
+    RunId::parse(&format!("r-{label}-{n}-{}", &unique[..12])).expect("generated run ids are valid")
+}
+
+fn now() -> Timestamp {
+    SystemClock.now()
+}
+
+/// A wire: NON_IDEMPOTENT, with status check and compensate.
+pub fn wire_rules() -> Rules {
+    Rules {
+        has_status_check: true,
+        has_compensate: true,
+        ..Rules::defaults(EffectSemantics::NonIdempotent)
+    }
+}
+
+/// A command for `run` at journal position `decision`/`call_idx` of tool `tool`.
+pub fn command(run: &RunId, decision: u32, tool: &str, call_idx: u32, args: Value) -> Command {
+    command_with_key(run, decision, tool, call_idx, args, None)
+}
+
+pub fn command_with_key(
+    run: &RunId,
+    decision: u32,
+    tool: &str,
+    call_idx: u32,
+    args: Value,
+    business_key: Option<&str>,
+) -> Command {
+    let tool = ToolName::parse(tool).expect("fixture tool names are valid");
+    let semantics = match tool.namespace() {
+        "payments" => EffectSemantics::NonIdempotent,
+        "search" => EffectSemantics::ObserveOnly,
+        _ => EffectSemantics::Idempotent,
+    };
+    Command::from_intent(
+        Intent {
+            run_id: run.clone(),
+            command_key: CommandKey::new(decision, tool, call_idx),
+            semantics,
+            args,
+            business_key: business_key.map(BusinessKey::new),
+            policy_version: "1".into(),
+            max_attempts: 3,
+            not_before: None,
+        },
+        now(),
+        10_000,
+    )
+}
+
+async fn reserve_new(ledger: &dyn Ledger, command: Command) -> Command {
+    let audit = command.reservation_audit("contract");
+    match ledger.reserve(command, audit).await.expect("reserve") {
+        Reserved::Created(command) => command,
+        other => panic!("expected a new command, got {other:?}"),
+    }
+}
+
+/// Applies `event` through the state machine and writes it with `write`.
+fn step(command: &Command, event: Event) -> Transition {
+    let step = machine::apply(&command.state, &wire_rules(), &event, now())
+        .unwrap_or_else(|refusal| panic!("{event:?} refused: {refusal}"));
+    Transition::from_step(command, &step, "contract")
+}
+
+async fn lease(ledger: &dyn Ledger, command: &Command, owner: &str) -> Cas {
+    ledger
+        .acquire_lease(step(
+            command,
+            Event::Lease {
+                owner: owner.into(),
+            },
+        ))
+        .await
+        .expect("lease request is well formed")
+}
+
+fn committed(epoch: LeaseEpoch, result: Value) -> Event {
+    Event::Dispatched {
+        epoch,
+        outcome: DispatchOutcome::Committed {
+            external_ref: Some("w-1".into()),
+            result: Some(result),
+        },
+    }
+}
+
+pub async fn reserve_is_insert_if_absent(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("reserve");
+    let wire = command(
+        &run,
+        3,
+        "payments/wire",
+        0,
+        json!({"account": "a-1", "amount": 5}),
+    );
+    let created = reserve_new(&*ledger, wire.clone()).await;
+    assert_eq!(created.status(), CommandStatus::Pending);
+    assert_eq!(
+        created.idempotency_key.to_string(),
+        format!("{run}/d-3/payments/wire/0")
+    );
+
+    // Same key, same arguments in another key order: the stored command, nothing new.
+    let again = command(
+        &run,
+        3,
+        "payments/wire",
+        0,
+        json!({"amount": 5, "account": "a-1"}),
+    );
+    let audit = again.reservation_audit("contract");
+    match ledger.reserve(again, audit).await.expect("reserve") {
+        Reserved::Existing(existing) => assert_eq!(existing, created),
+        other => panic!("expected the existing command, got {other:?}"),
+    }
+    let stored = ledger
+        .get(&run, &created.command_key)
+        .await
+        .expect("get")
+        .expect("stored");
+    assert_eq!(stored, created);
+    assert_eq!(
+        ledger.audit_read(&run).await.expect("audit").entries.len(),
+        1
+    );
+}
+
+pub async fn reserve_with_other_arguments_is_drift(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("drift");
+    let original = reserve_new(
+        &*ledger,
+        command(&run, 1, "payments/wire", 0, json!({"amount": 5})),
+    )
+    .await;
+    let drifted = command(&run, 1, "payments/wire", 0, json!({"amount": 500}));
+    let audit = drifted.reservation_audit("contract");
+    let err = ledger
+        .reserve(drifted, audit)
+        .await
+        .expect_err("drift is refused");
+    match &err {
+        LedgerError::ArgumentDrift {
+            run_id,
+            command_key,
+            stored,
+            presented,
+        } => {
+            assert_eq!(run_id, run.as_str());
+            assert_eq!(command_key, "d-1/payments/wire/0");
+            assert_eq!(stored, original.args_hash.as_str());
+            assert_ne!(presented, stored);
+        }
+        other => panic!("expected ArgumentDrift, got {other:?}"),
+    }
+    let stored = ledger
+        .get(&run, &original.command_key)
+        .await
+        .expect("get")
+        .expect("stored");
+    assert_eq!(stored.args, json!({"amount": 5}), "never merged");
+}
+
+pub async fn concurrent_reserves_yield_one_command(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("race-reserve");
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let ledger = Arc::clone(&ledger);
+            let wire = command(&run, 0, "payments/wire", 0, json!({"amount": 1}));
+            tokio::spawn(async move {
+                let audit = wire.reservation_audit("contract");
+                ledger.reserve(wire, audit).await
+            })
+        })
+        .collect();
+    let mut created = 0;
+    let mut keys = Vec::new();
+    for task in tasks {
+        let reserved = task.await.expect("task").expect("reserve");
+        created += usize::from(reserved.is_created());
+        keys.push(reserved.command().idempotency_key.clone());
+    }
+    assert_eq!(created, 1, "exactly one reservation creates the command");
+    assert!(keys.windows(2).all(|w| w[0] == w[1]));
+    assert_eq!(ledger.list_run(&run, None).await.expect("list").len(), 1);
+    assert_eq!(
+        ledger.audit_read(&run).await.expect("audit").entries.len(),
+        1
+    );
+}
+
+pub async fn business_key_returns_the_existing_command(ledger: Arc<dyn Ledger>) {
+    let (first_run, second_run) = (fresh_run("bk-a"), fresh_run("bk-b"));
+    let business_key = format!("acc-1:125000:2026-11-22:{first_run}");
+    let first = reserve_new(
+        &*ledger,
+        command_with_key(
+            &first_run,
+            1,
+            "payments/wire",
+            0,
+            json!({"n": 1}),
+            Some(&business_key),
+        ),
+    )
+    .await;
+    // The same logical wire under a fresh call index, even from another run.
+    let second = command_with_key(
+        &second_run,
+        4,
+        "payments/wire",
+        2,
+        json!({"n": 1}),
+        Some(&business_key),
+    );
+    let audit = second.reservation_audit("contract");
+    match ledger.reserve(second, audit).await.expect("reserve") {
+        Reserved::BusinessKeyHeld(held) => assert_eq!(held, first),
+        other => panic!("expected the holder of the business key, got {other:?}"),
+    }
+    assert!(
+        ledger
+            .list_run(&second_run, None)
+            .await
+            .expect("list")
+            .is_empty()
+    );
+    // Another tool may use the same business key.
+    reserve_new(
+        &*ledger,
+        command_with_key(
+            &second_run,
+            5,
+            "email/send",
+            0,
+            json!({}),
+            Some(&business_key),
+        ),
+    )
+    .await;
+}
+
+pub async fn business_key_claims_are_idempotent_for_the_holder(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("claim");
+    let holder = reserve_new(&*ledger, command(&run, 1, "payments/wire", 0, json!({}))).await;
+    let tool = ToolName::parse("payments/wire").expect("valid");
+    let key = BusinessKey::new(format!("claim-{run}"));
+    for _ in 0..2 {
+        let claim = ledger
+            .claim_business_key(&tool, &key, &run, &holder.command_key)
+            .await
+            .expect("claim");
+        assert_eq!(claim, Claim::Claimed);
+    }
+    let other = CommandKey::parse("d-9/payments/wire/0").expect("valid");
+    let claim = ledger
+        .claim_business_key(&tool, &key, &run, &other)
+        .await
+        .expect("claim");
+    assert_eq!(
+        claim,
+        Claim::HeldBy {
+            run_id: run.clone(),
+            command_key: holder.command_key.clone()
+        }
+    );
+}
+
+pub async fn sixteen_racing_leases_have_one_winner(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("race-lease");
+    let pending = reserve_new(&*ledger, command(&run, 0, "payments/wire", 0, json!({}))).await;
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let ledger = Arc::clone(&ledger);
+            let pending = pending.clone();
+            tokio::spawn(async move { lease(&*ledger, &pending, &format!("dispatcher-{i}")).await })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for task in tasks {
+        match task.await.expect("task") {
+            Cas::Applied(leased) => winners.push(leased),
+            Cas::Conflict(current) => {
+                let current = current.expect("the command exists");
+                assert_eq!(current.status(), CommandStatus::Leased);
+            }
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one dispatcher holds the lease");
+    let stored = ledger
+        .get(&run, &pending.command_key)
+        .await
+        .expect("get")
+        .expect("stored");
+    assert_eq!(stored, winners[0]);
+    assert_eq!(stored.epoch(), LeaseEpoch::new(1));
+    assert_eq!(stored.state.attempts, 1);
+}
+
+pub async fn a_stale_epoch_never_finalizes(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("fence");
+    let rules = Rules::defaults(EffectSemantics::Idempotent);
+    let pending = reserve_new(&*ledger, command(&run, 0, "email/send", 0, json!({}))).await;
+    let first = lease(&*ledger, &pending, "zombie")
+        .await
+        .applied()
+        .cloned()
+        .expect("first lease");
+
+    // The zombie's lease expires; the sweep marks it UNKNOWN; it is retried and re-leased.
+    let expired = machine::apply(
+        &first.state,
+        &rules,
+        &Event::LeaseExpired,
+        first.state.lease.expires_at.expect("leased"),
+    )
+    .expect("expired");
+    let unknown = ledger
+        .transition(Transition::from_step(&first, &expired, "sweep"))
+        .await
+        .expect("write")
+        .applied()
+        .cloned()
+        .expect("applied");
+    let retry = machine::apply(&unknown.state, &rules, &Event::RetrySameKey, now()).expect("retry");
+    let pending_again = ledger
+        .transition(Transition::from_step(&unknown, &retry, "reconciler"))
+        .await
+        .expect("write")
+        .applied()
+        .cloned()
+        .expect("applied");
+    let second = lease(&*ledger, &pending_again, "fresh")
+        .await
+        .applied()
+        .cloned()
+        .expect("second lease");
+    assert_eq!(second.epoch(), LeaseEpoch::new(2));
+
+    // The zombie wakes up and reports under epoch 1: refused, whatever it claims.
+    let zombie_step = machine::apply(
+        &first.state,
+        &rules,
+        &committed(first.epoch(), json!({"by": "zombie"})),
+        now(),
+    )
+    .expect("valid from the zombie's point of view");
+    let zombie = ledger
+        .finalize(Transition::from_step(&first, &zombie_step, "zombie"))
+        .await
+        .expect("write");
+    match zombie {
+        Cas::Conflict(Some(current)) => assert_eq!(current.epoch(), LeaseEpoch::new(2)),
+        other => panic!("a stale epoch finalized: {other:?}"),
+    }
+    let fresh = ledger
+        .finalize(step(
+            &second,
+            committed(second.epoch(), json!({"by": "fresh"})),
+        ))
+        .await
+        .expect("write");
+    let confirmed = fresh.applied().expect("the holder finalizes");
+    assert_eq!(confirmed.status(), CommandStatus::Confirmed);
+    assert_eq!(confirmed.state.result, Some(json!({"by": "fresh"})));
+}
+
+pub async fn extend_lease_needs_the_current_epoch(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("extend");
+    let pending = reserve_new(&*ledger, command(&run, 0, "payments/wire", 0, json!({}))).await;
+    let leased = lease(&*ledger, &pending, "d")
+        .await
+        .applied()
+        .cloned()
+        .expect("lease");
+    let later = now().plus_millis(120_000);
+    let extended = ledger.extend_lease(&leased, later).await.expect("extend");
+    let extended = extended.applied().expect("holder extends");
+    assert_eq!(extended.state.lease.expires_at, Some(later));
+    assert_eq!(extended.state.due_at, Some(later));
+    let mut stale = leased.clone();
+    stale.state.lease.epoch = LeaseEpoch::ZERO;
+    assert!(
+        !ledger
+            .extend_lease(&stale, later)
+            .await
+            .expect("write")
+            .is_applied()
+    );
+    assert!(
+        ledger.extend_lease(&pending, later).await.is_err(),
+        "not leased"
+    );
+    // An extension is not a transition: reservation + lease only.
+    assert_eq!(
+        ledger.audit_read(&run).await.expect("audit").entries.len(),
+        2
+    );
+}
+
+pub async fn lease_and_finalize_refuse_the_wrong_shape(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("shape");
+    let pending = reserve_new(&*ledger, command(&run, 0, "payments/wire", 0, json!({}))).await;
+    let cancel = step(
+        &pending,
+        Event::Cancel {
+            operator: machine::Operator {
+                actor: "ops".into(),
+                reason: "test".into(),
+            },
+        },
+    );
+    assert!(matches!(
+        ledger.acquire_lease(cancel.clone()).await,
+        Err(LedgerError::InvalidRequest { .. })
+    ));
+    assert!(matches!(
+        ledger.finalize(cancel).await,
+        Err(LedgerError::InvalidRequest { .. })
+    ));
+    let mut backwards = step(&pending, Event::Lease { owner: "d".into() });
+    backwards.next.lease.epoch = LeaseEpoch::ZERO;
+    backwards.guard.epoch = LeaseEpoch::new(1);
+    assert!(
+        ledger.transition(backwards).await.is_err(),
+        "epochs never go back"
+    );
+    let stored = ledger
+        .get(&run, &pending.command_key)
+        .await
+        .expect("get")
+        .expect("stored");
+    assert_eq!(stored, pending, "a refused request changes nothing");
+}
+
+pub async fn transitions_are_audited_and_conflicts_are_not(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("audit");
+    let pending = reserve_new(&*ledger, command(&run, 0, "payments/wire", 0, json!({}))).await;
+    let leased = lease(&*ledger, &pending, "d")
+        .await
+        .applied()
+        .cloned()
+        .expect("lease");
+    // A second lease from the stale PENDING view conflicts and records nothing.
+    assert!(!lease(&*ledger, &pending, "other").await.is_applied());
+    let ambiguous = Event::Dispatched {
+        epoch: leased.epoch(),
+        outcome: DispatchOutcome::Ambiguous {
+            reason: "timeout after send".into(),
+        },
+    };
+    let unknown = ledger
+        .finalize(step(&leased, ambiguous))
+        .await
+        .expect("write")
+        .applied()
+        .cloned()
+        .expect("applied");
+    let present = Event::Observed {
+        observation: Observation::Present,
+        external_ref: Some("w-77".into()),
+        evidence: json!({"status": 200}),
+    };
+    let confirmed = ledger
+        .transition(step(&unknown, present))
+        .await
+        .expect("write")
+        .applied()
+        .cloned()
+        .expect("applied");
+    assert_eq!(confirmed.state.external_ref.as_deref(), Some("w-77"));
+
+    let trail = ledger.audit_read(&run).await.expect("audit");
+    let path: Vec<_> = trail
+        .entries
+        .iter()
+        .map(|e| (e.record.from, e.record.to))
+        .collect();
+    use CommandStatus as S;
+    assert_eq!(
+        path,
+        vec![
+            (None, Some(S::Pending)),
+            (Some(S::Pending), Some(S::Leased)),
+            (Some(S::Leased), Some(S::Unknown)),
+            (Some(S::Unknown), Some(S::Confirmed)),
+        ]
+    );
+    assert_eq!(trail.entries[3].record.evidence, json!({"status": 200}));
+    let verified = verify(&run, trail.checkpoint.as_ref(), &trail.entries).expect("verifies");
+    assert_eq!(verified.records, 4);
+}
+
+pub async fn list_run_is_in_journal_order_and_filters_by_status(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("list");
+    for (decision, call) in [(10, 0), (2, 1), (2, 0), (1, 5)] {
+        reserve_new(
+            &*ledger,
+            command(&run, decision, "email/send", call, json!({})),
+        )
+        .await;
+    }
+    let confirmed_one = ledger
+        .get(&run, &CommandKey::parse("d-2/email/send/1").expect("valid"))
+        .await
+        .expect("get")
+        .expect("stored");
+    let leased = lease(&*ledger, &confirmed_one, "d")
+        .await
+        .applied()
+        .cloned()
+        .expect("lease");
+    ledger
+        .finalize(step(&leased, committed(leased.epoch(), json!({}))))
+        .await
+        .expect("write");
+    let keys: Vec<String> = ledger
+        .list_run(&run, None)
+        .await
+        .expect("list")
+        .iter()
+        .map(|c| c.command_key.to_string())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "d-1/email/send/5",
+            "d-2/email/send/0",
+            "d-2/email/send/1",
+            "d-10/email/send/0"
+        ]
+    );
+    let confirmed = ledger
+        .list_run(&run, Some(CommandStatus::Confirmed))
+        .await
+        .expect("list");
+    assert_eq!(confirmed.len(), 1);
+    assert_eq!(confirmed[0].command_key.to_string(), "d-2/email/send/1");
+    assert!(
+        ledger
+            .list_run(&fresh_run("empty"), None)
+            .await
+            .expect("list")
+            .is_empty()
+    );
+}
+
+pub async fn due_index_returns_what_is_due_in_time_order(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("due");
+    let base = now();
+    let mut scheduled = command(&run, 1, "email/send", 0, json!({}));
+    let at = base.plus_millis(3_600_000);
+    scheduled.not_before = Some(at);
+    scheduled.state = sluice_core::command::CommandState::reserved(base, Some(at), 10_000);
+    let scheduled = reserve_new(&*ledger, scheduled).await;
+    assert_eq!(scheduled.status(), CommandStatus::Scheduled);
+    let pending = reserve_new(&*ledger, command(&run, 2, "email/send", 0, json!({}))).await;
+
+    let mine = |items: Vec<crate::DueItem>| -> Vec<(String, CommandStatus)> {
+        items
+            .into_iter()
+            .filter(|item| item.run_id == run)
+            .map(|item| (item.command_key.to_string(), item.status))
+            .collect()
+    };
+    assert!(
+        mine(ledger.due(base, 10_000).await.expect("due")).is_empty(),
+        "nothing due yet"
+    );
+    let stale_at = pending
+        .state
+        .due_at
+        .expect("a PENDING command is due when stale");
+    let stale = mine(ledger.due(stale_at, 10_000).await.expect("due"));
+    assert_eq!(
+        stale,
+        vec![("d-2/email/send/0".to_owned(), CommandStatus::Pending)]
+    );
+    let both = ledger.due(at, 100_000).await.expect("due");
+    let ours: Vec<_> = both.iter().filter(|i| i.run_id == run).collect();
+    assert_eq!(ours.len(), 2);
+    assert!(ours[0].due_at <= ours[1].due_at, "earliest first");
+    assert!(both.windows(2).all(|w| w[0].due_at <= w[1].due_at));
+
+    // Leased: due at lease expiry. Confirmed: leaves the index.
+    let leased = lease(&*ledger, &pending, "d")
+        .await
+        .applied()
+        .cloned()
+        .expect("lease");
+    let expiry = leased.state.lease.expires_at.expect("expiry");
+    let at_expiry = mine(ledger.due(expiry, 100_000).await.expect("due"));
+    assert!(at_expiry.contains(&("d-2/email/send/0".to_owned(), CommandStatus::Leased)));
+    ledger
+        .finalize(step(&leased, committed(leased.epoch(), json!({}))))
+        .await
+        .expect("write");
+    let after = mine(ledger.due(at, 100_000).await.expect("due"));
+    assert_eq!(
+        after,
+        vec![("d-1/email/send/0".to_owned(), CommandStatus::Scheduled)]
+    );
+}
+
+pub async fn results_are_size_capped(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("cap");
+    let pending = reserve_new(&*ledger, command(&run, 0, "email/send", 0, json!({}))).await;
+    let leased = lease(&*ledger, &pending, "d")
+        .await
+        .applied()
+        .cloned()
+        .expect("lease");
+    let huge = json!({"body": "x".repeat(MAX_RESULT_BYTES * 2)});
+    let confirmed = ledger
+        .finalize(step(&leased, committed(leased.epoch(), huge)))
+        .await
+        .expect("write")
+        .applied()
+        .cloned()
+        .expect("applied");
+    let stored = ledger
+        .get(&run, &confirmed.command_key)
+        .await
+        .expect("get")
+        .expect("stored");
+    let result = stored.state.result.expect("kept");
+    assert_eq!(result["truncated"], json!(true));
+    assert!(result.to_string().len() <= MAX_RESULT_BYTES);
+    assert_eq!(
+        result["bytes"].as_u64(),
+        Some((MAX_RESULT_BYTES * 2 + 11) as u64)
+    );
+}
+
+pub async fn unknown_commands_conflict_with_none(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("ghost");
+    let ghost = command(&run, 0, "payments/wire", 0, json!({}));
+    assert_eq!(
+        ledger.get(&run, &ghost.command_key).await.expect("get"),
+        None
+    );
+    let write = ledger
+        .acquire_lease(step(&ghost, Event::Lease { owner: "d".into() }))
+        .await;
+    assert_eq!(write.expect("well formed"), Cas::Conflict(None));
+    assert!(
+        ledger
+            .audit_read(&run)
+            .await
+            .expect("audit")
+            .entries
+            .is_empty()
+    );
+}
+
+pub async fn audit_append_records_run_level_facts(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("note");
+    reserve_new(&*ledger, command(&run, 0, "payments/wire", 0, json!({}))).await;
+    let entry = ledger
+        .audit_append(
+            &run,
+            AuditDraft {
+                command_key: None,
+                from: None,
+                to: None,
+                actor: "alice".into(),
+                reason: "rollback requested".into(),
+                evidence: json!({"ticket": "OPS-1"}),
+            },
+            now(),
+        )
+        .await
+        .expect("append");
+    assert_eq!(entry.record.seq, 1);
+    let trail = ledger.audit_read(&run).await.expect("audit");
+    assert_eq!(trail.entries.last(), Some(&entry));
+    verify(&run, None, &trail.entries).expect("verifies");
+}
+
+pub async fn purge_removes_finished_runs_and_leaves_checkpoints(ledger: Arc<dyn Ledger>) {
+    let (done, open) = (fresh_run("purge-done"), fresh_run("purge-open"));
+    let key = format!("purge-{done}");
+    let finished = reserve_new(
+        &*ledger,
+        command_with_key(&done, 0, "payments/wire", 0, json!({}), Some(&key)),
+    )
+    .await;
+    let leased = lease(&*ledger, &finished, "d")
+        .await
+        .applied()
+        .cloned()
+        .expect("lease");
+    ledger
+        .finalize(step(&leased, committed(leased.epoch(), json!({}))))
+        .await
+        .expect("write");
+    reserve_new(&*ledger, command(&open, 0, "payments/wire", 0, json!({}))).await;
+    let before = ledger.audit_read(&done).await.expect("audit");
+    let head = before.entries.last().expect("records").hash.clone();
+
+    let cutoff = now().plus_millis(1_000);
+    let mut report = crate::PurgeReport::default();
+    // Other tests' finished runs may be purged too; loop until ours is gone.
+    for _ in 0..100 {
+        let batch = ledger
+            .purge(cutoff, 10_000, "retention", now())
+            .await
+            .expect("purge");
+        let found = batch.checkpoints.iter().any(|c| c.run_id == done);
+        if found {
+            report = batch;
+            break;
+        }
+        assert!(batch.runs > 0, "our finished run was not purged");
+    }
+    let checkpoint = report
+        .checkpoints
+        .iter()
+        .find(|c| c.run_id == done)
+        .expect("checkpoint left")
+        .clone();
+    assert_eq!(
+        (checkpoint.last_hash.as_str(), checkpoint.count),
+        (head.as_str(), 3)
+    );
+    assert_eq!(
+        ledger.get(&done, &finished.command_key).await.expect("get"),
+        None
+    );
+    assert!(
+        ledger.list_run(&open, None).await.expect("list").len() == 1,
+        "open runs stay"
+    );
+
+    // The business key is free again, and the run's chain continues after the checkpoint.
+    let tool = ToolName::parse("payments/wire").expect("valid");
+    let again = command_with_key(&done, 7, "payments/wire", 0, json!({}), Some(&key));
+    let claim = ledger
+        .claim_business_key(
+            &tool,
+            &BusinessKey::new(key.clone()),
+            &done,
+            &again.command_key,
+        )
+        .await
+        .expect("claim");
+    assert_eq!(claim, Claim::Claimed);
+    reserve_new(&*ledger, again).await;
+    let trail = ledger.audit_read(&done).await.expect("audit");
+    assert_eq!(trail.checkpoint.as_ref(), Some(&checkpoint));
+    assert_eq!(trail.entries[0].record.seq, 3);
+    verify(&done, trail.checkpoint.as_ref(), &trail.entries).expect("verifies after purge");
+
+    // The purge itself is in the system chain, which verifies.
+    let system = RunId::parse(SYSTEM_RUN).expect("valid");
+    let log = ledger.audit_read(&system).await.expect("audit");
+    assert!(log.entries.iter().any(|e| {
+        e.record.actor == "retention"
+            && e.record.evidence["checkpoints"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["run_id"] == json!(done.as_str())))
+    }));
+    verify(&system, log.checkpoint.as_ref(), &log.entries).expect("system chain verifies");
+}
+
+pub async fn list_runs_shows_recent_runs_with_open_counts(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("runs");
+    let since = now().plus_millis(-1);
+    let first = reserve_new(&*ledger, command(&run, 0, "email/send", 0, json!({}))).await;
+    reserve_new(&*ledger, command(&run, 1, "email/send", 0, json!({}))).await;
+    let leased = lease(&*ledger, &first, "d")
+        .await
+        .applied()
+        .cloned()
+        .expect("lease");
+    ledger
+        .finalize(step(&leased, committed(leased.epoch(), json!({}))))
+        .await
+        .expect("write");
+    let runs = ledger.list_runs(since, 100_000).await.expect("runs");
+    let ours = runs.iter().find(|r| r.run_id == run).expect("listed");
+    assert_eq!(ours.open_commands, 1);
+    assert!(runs.iter().all(|r| r.run_id.as_str() != SYSTEM_RUN));
+    assert!(
+        runs.windows(2).all(|w| w[0].updated_at >= w[1].updated_at),
+        "newest first"
+    );
+}

@@ -1,0 +1,81 @@
+//! Ledger errors. Each names what it concerns (run, command, file) and what to do about it.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum LedgerError {
+    /// The same command key was reserved before with other arguments. Never merged.
+    #[error(
+        "command {run_id}/{command_key} was reserved with other arguments (stored hash {stored}, presented {presented}); use a new call index for a new effect"
+    )]
+    ArgumentDrift {
+        run_id: String,
+        command_key: String,
+        stored: String,
+        presented: String,
+    },
+    /// The caller asked for something the contract does not allow.
+    #[error("invalid ledger request for {run_id}/{command_key}: {why}")]
+    InvalidRequest {
+        run_id: String,
+        command_key: String,
+        why: String,
+    },
+    /// The file exists but is not a Sluice ledger, or is damaged.
+    #[error(
+        "{path} is not a usable Sluice ledger: {why}; point data_dir at another directory or restore the file from a backup"
+    )]
+    Corrupt { path: PathBuf, why: String },
+    /// The file was written by a newer Sluice.
+    #[error(
+        "{path} has ledger schema version {found}, this build understands up to {supported}; upgrade Sluice"
+    )]
+    SchemaTooNew {
+        path: PathBuf,
+        found: i64,
+        supported: i64,
+    },
+    /// Another process kept the database locked longer than the busy timeout.
+    #[error(
+        "{path} stayed locked by another process for longer than {timeout_ms} ms; nothing was written, try again"
+    )]
+    Locked { path: PathBuf, timeout_ms: u64 },
+    /// The disk (or the configured size limit) is full. Nothing of the operation was written.
+    #[error(
+        "{path} is full (disk or configured size limit); nothing was written, free space and try again"
+    )]
+    Full { path: PathBuf },
+    /// The ledger directory or file could not be opened or created.
+    #[error("cannot open ledger at {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A stored value could not be decoded.
+    #[error("stored {what} of {run_id} cannot be decoded: {why}")]
+    Decode {
+        what: &'static str,
+        run_id: String,
+        why: String,
+    },
+    /// Any other storage failure, with the operation it happened in.
+    #[error("ledger storage failed during {op}")]
+    Storage {
+        op: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The ledger is shutting down or its writer stopped.
+    #[error("the ledger is closed")]
+    Closed,
+}
+
+impl LedgerError {
+    /// Worth retrying the same request later (nothing was written).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Locked { .. } | Self::Full { .. } | Self::Closed)
+    }
+}

@@ -1,0 +1,377 @@
+//! The command ledger: the source of truth for every command, its lease and its audit chain.
+//!
+//! * [`Ledger`] — the port: compare-and-set operations that every service uses.
+//! * [`sqlite`] — the embedded implementation (WAL, one writer thread, group commit).
+//! * [`contract`] — the one contract suite every implementation must pass, races included.
+//!
+//! # The contract
+//!
+//! Every write is a compare-and-set on one run's partition: a reservation is "insert if absent",
+//! a transition applies only if the stored status and lease epoch are still the ones the caller
+//! read (its [`Guard`]). Nothing in the contract needs a transaction across runs, so a ScyllaDB
+//! implementation can map each operation onto lightweight transactions on one partition.
+//!
+//! The state a transition writes is computed by the pure state machine in `sluice_core`; the
+//! ledger stores it and appends the audit record in the same atomic step, so the chain holds
+//! one record for every transition that applied and none for one that did not.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use sluice_core::audit::{AuditDraft, AuditEntry, Checkpoint};
+use sluice_core::command::{Command, CommandState, CommandStatus};
+use sluice_core::ids::{BusinessKey, CommandKey, LeaseEpoch, RunId, ToolName};
+use sluice_core::machine::Step;
+use sluice_core::time::Timestamp;
+
+pub mod contract;
+mod error;
+pub mod sqlite;
+
+pub use error::LedgerError;
+
+/// Largest stored tool result, in bytes of JSON; larger results are replaced by a marker that
+/// keeps a prefix, so an agent can still see what came back.
+pub const MAX_RESULT_BYTES: usize = 64 * 1024;
+
+/// The run id under which the ledger records its own actions, such as purges.
+pub const SYSTEM_RUN: &str = "sluice.system";
+
+/// What the caller last read of a command: a transition applies only if both still hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Guard {
+    pub status: CommandStatus,
+    pub epoch: LeaseEpoch,
+}
+
+impl Guard {
+    pub fn of(command: &Command) -> Self {
+        Self {
+            status: command.state.status,
+            epoch: command.state.lease.epoch,
+        }
+    }
+}
+
+/// The outcome of a compare-and-set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cas {
+    /// The write applied; this is the command as stored now.
+    Applied(Command),
+    /// The guard no longer held; this is the command as stored now (`None` if there is none).
+    Conflict(Option<Command>),
+}
+
+impl Cas {
+    pub fn applied(&self) -> Option<&Command> {
+        match self {
+            Self::Applied(command) => Some(command),
+            Self::Conflict(_) => None,
+        }
+    }
+
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Self::Applied(_))
+    }
+
+    /// The command as stored now, whichever way the write went.
+    pub fn current(&self) -> Option<&Command> {
+        match self {
+            Self::Applied(command) => Some(command),
+            Self::Conflict(current) => current.as_ref(),
+        }
+    }
+}
+
+/// A guarded write of a command's next state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    pub run_id: RunId,
+    pub command_key: CommandKey,
+    pub guard: Guard,
+    pub next: CommandState,
+    /// The audit record; `None` only for writes that are not transitions (a lease extension,
+    /// a sweep moving a stale command's due time).
+    pub audit: Option<AuditDraft>,
+}
+
+impl Transition {
+    /// The write that stores a state machine step, audited as `actor`.
+    pub fn from_step(command: &Command, step: &Step, actor: &str) -> Self {
+        Self {
+            run_id: command.run_id.clone(),
+            command_key: command.command_key.clone(),
+            guard: Guard::of(command),
+            next: step.state.clone(),
+            audit: Some(step.audit(&command.command_key, actor)),
+        }
+    }
+
+    /// Checks the shape of the request; implementations call this before writing.
+    pub fn validate(&self) -> Result<(), LedgerError> {
+        let invalid = |why: &str| {
+            Err(LedgerError::InvalidRequest {
+                run_id: self.run_id.to_string(),
+                command_key: self.command_key.to_string(),
+                why: why.to_owned(),
+            })
+        };
+        if self.next.lease.epoch < self.guard.epoch {
+            return invalid("the lease epoch may not go back");
+        }
+        if self.audit.is_none() && self.next.status != self.guard.status {
+            return invalid("a change of status must be audited");
+        }
+        if let Some(audit) = &self.audit
+            && audit.to.is_some_and(|to| to != self.next.status)
+        {
+            return invalid("the audit record names another status than the one written");
+        }
+        Ok(())
+    }
+}
+
+/// The answer to a reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reserved {
+    /// A new command was recorded.
+    Created(Command),
+    /// The same key was reserved before with the same arguments: this is that command.
+    Existing(Command),
+    /// Another command already holds the tool's business key: this is that command, and no
+    /// second intent was recorded.
+    BusinessKeyHeld(Command),
+}
+
+impl Reserved {
+    pub fn command(&self) -> &Command {
+        match self {
+            Self::Created(command) | Self::Existing(command) | Self::BusinessKeyHeld(command) => {
+                command
+            }
+        }
+    }
+
+    pub fn into_command(self) -> Command {
+        match self {
+            Self::Created(command) | Self::Existing(command) | Self::BusinessKeyHeld(command) => {
+                command
+            }
+        }
+    }
+
+    pub fn is_created(&self) -> bool {
+        matches!(self, Self::Created(_))
+    }
+}
+
+/// The answer to a business key claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The key is held by the claimant now (newly, or it already was).
+    Claimed,
+    /// Another command holds it.
+    HeldBy {
+        run_id: RunId,
+        command_key: CommandKey,
+    },
+}
+
+/// A command that needs a sweep's attention at or before `due_at`. Items may be stale by the
+/// time they are read: the sweeper re-reads the command and acts through a guarded write.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DueItem {
+    pub run_id: RunId,
+    pub command_key: CommandKey,
+    pub status: CommandStatus,
+    pub due_at: Timestamp,
+}
+
+/// A run's audit chain as stored: the checkpoint left by a purge, then the records after it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AuditTrail {
+    pub checkpoint: Option<Checkpoint>,
+    pub entries: Vec<AuditEntry>,
+}
+
+/// What a purge removed.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PurgeReport {
+    pub runs: u64,
+    pub commands: u64,
+    pub audit_records: u64,
+    pub business_keys: u64,
+    pub checkpoints: Vec<Checkpoint>,
+}
+
+/// A run and where it stands, for listings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSummary {
+    pub run_id: RunId,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    /// Commands not yet in a terminal state.
+    pub open_commands: u64,
+}
+
+/// The command ledger port.
+///
+/// All writes are compare-and-set on one run; all reads are by key or through an index.
+#[async_trait]
+pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
+    /// Records a new command, atomically with its first audit record and, when it has one, the
+    /// claim of its tool's business key. Insert-if-absent: a second reservation of the same key
+    /// with the same argument hash returns the stored command; with a different hash it fails
+    /// with [`LedgerError::ArgumentDrift`] and changes nothing.
+    async fn reserve(&self, command: Command, audit: AuditDraft) -> Result<Reserved, LedgerError>;
+
+    /// The generic guarded write: stores `next` and appends the audit record if the stored
+    /// status and epoch equal the guard.
+    async fn transition(&self, transition: Transition) -> Result<Cas, LedgerError>;
+
+    /// Takes the lease: a transition from PENDING or APPROVED to LEASED whose epoch is exactly
+    /// one more than the guard's. Of any number of racing callers with the same guard, exactly
+    /// one is applied.
+    async fn acquire_lease(&self, transition: Transition) -> Result<Cas, LedgerError> {
+        let ok = matches!(
+            transition.guard.status,
+            CommandStatus::Pending | CommandStatus::Approved
+        ) && transition.next.status == CommandStatus::Leased
+            && transition.next.lease.epoch == transition.guard.epoch.next()
+            && transition.next.lease.expires_at.is_some();
+        if !ok {
+            return Err(misuse(
+                &transition,
+                "a lease goes from PENDING or APPROVED to LEASED with the next epoch and an expiry",
+            ));
+        }
+        self.transition(transition).await
+    }
+
+    /// Moves the expiry of a lease the caller holds; not an audited transition.
+    async fn extend_lease(
+        &self,
+        command: &Command,
+        expires_at: Timestamp,
+    ) -> Result<Cas, LedgerError> {
+        if command.state.status != CommandStatus::Leased {
+            return Err(LedgerError::InvalidRequest {
+                run_id: command.run_id.to_string(),
+                command_key: command.command_key.to_string(),
+                why: "only a LEASED command has a lease to extend".into(),
+            });
+        }
+        let mut next = command.state.clone();
+        next.lease.expires_at = Some(expires_at);
+        next.due_at = Some(expires_at);
+        self.transition(Transition {
+            run_id: command.run_id.clone(),
+            command_key: command.command_key.clone(),
+            guard: Guard::of(command),
+            next,
+            audit: None,
+        })
+        .await
+    }
+
+    /// Writes the outcome of a dispatch, fenced by the lease epoch: applies only while the
+    /// caller's epoch is still the current one.
+    async fn finalize(&self, transition: Transition) -> Result<Cas, LedgerError> {
+        let ok = transition.guard.status == CommandStatus::Leased
+            && transition.next.lease.epoch == transition.guard.epoch
+            && transition.next.status != CommandStatus::Leased
+            && transition.audit.is_some();
+        if !ok {
+            return Err(misuse(
+                &transition,
+                "a finalize leaves LEASED under the same epoch, with an audit record",
+            ));
+        }
+        self.transition(transition).await
+    }
+
+    /// Reads one command.
+    async fn get(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+    ) -> Result<Option<Command>, LedgerError>;
+
+    /// A run's commands in journal order (decision, then call index, then tool), optionally
+    /// only those in `status`.
+    async fn list_run(
+        &self,
+        run_id: &RunId,
+        status: Option<CommandStatus>,
+    ) -> Result<Vec<Command>, LedgerError>;
+
+    /// Runs updated at or after `since`, newest first, at most `limit`.
+    async fn list_runs(
+        &self,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<RunSummary>, LedgerError>;
+
+    /// Claims a tool's business key for a command; idempotent for the holder.
+    async fn claim_business_key(
+        &self,
+        tool: &ToolName,
+        business_key: &BusinessKey,
+        run_id: &RunId,
+        command_key: &CommandKey,
+    ) -> Result<Claim, LedgerError>;
+
+    /// Commands due at or before `now`, earliest first, read through the due index (never a
+    /// scan of all commands).
+    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<DueItem>, LedgerError>;
+
+    /// Appends a record that is not a command transition (a run rollback request, a
+    /// compensation of an extra commit, an operator note).
+    async fn audit_append(
+        &self,
+        run_id: &RunId,
+        draft: AuditDraft,
+        at: Timestamp,
+    ) -> Result<AuditEntry, LedgerError>;
+
+    /// A run's chain: its checkpoint, if purged before, and the records after it in order.
+    async fn audit_read(&self, run_id: &RunId) -> Result<AuditTrail, LedgerError>;
+
+    /// Removes whole runs whose commands are all terminal and that have not changed since
+    /// `older_than`, with their audit records and business keys, leaving a checkpoint per run
+    /// and recording the purge in the [`SYSTEM_RUN`] chain. At most `max_runs` per call.
+    async fn purge(
+        &self,
+        older_than: Timestamp,
+        max_runs: usize,
+        actor: &str,
+        now: Timestamp,
+    ) -> Result<PurgeReport, LedgerError>;
+}
+
+fn misuse(transition: &Transition, why: &str) -> LedgerError {
+    LedgerError::InvalidRequest {
+        run_id: transition.run_id.to_string(),
+        command_key: transition.command_key.to_string(),
+        why: why.to_owned(),
+    }
+}
+
+/// Caps a tool result at [`MAX_RESULT_BYTES`] of JSON, keeping a prefix of its text.
+pub fn cap_result(result: Option<Value>) -> Option<Value> {
+    let value = result?;
+    let text = value.to_string();
+    if text.len() <= MAX_RESULT_BYTES {
+        return Some(value);
+    }
+    let mut end = MAX_RESULT_BYTES / 2;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(serde_json::json!({
+        "truncated": true,
+        "bytes": text.len(),
+        "prefix": &text[..end],
+    }))
+}

@@ -1,0 +1,1429 @@
+//! The embedded ledger: one SQLite file in WAL mode, one writer thread with group commit.
+//!
+//! Writes go through a channel to a single writer thread. The writer takes every request
+//! waiting (up to `max_batch`), applies them in one `BEGIN IMMEDIATE` transaction and commits
+//! once, then answers each caller: a caller hears "applied" only after its write is durable, and
+//! one fsync serves the whole batch. Compare-and-set is an `UPDATE … WHERE status = ? AND
+//! lease_epoch = ?` that changed one row.
+//!
+//! Failure handling: logical refusals (argument drift, a guard that no longer holds) are
+//! decided before anything is written, so they never disturb the batch. A storage error (disk
+//! full, lock timeout, corruption) rolls the whole batch back and each request is then retried
+//! alone, so the caller whose request cannot be written gets the error and the others are not
+//! punished for it. No request is ever half-applied.
+//!
+//! Several processes may share the file: each has its own writer, and SQLite's lock serialises
+//! them (waiting up to `busy_timeout`). The writer caches each run's audit head; it drops the
+//! cache whenever `PRAGMA data_version` shows that another connection wrote in between.
+//! Reads run on a small pool of connections on the blocking thread pool and never wait for the
+//! writer.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use sluice_core::audit::{AuditDraft, AuditEntry, AuditRecord, ChainHead, Checkpoint};
+use sluice_core::command::{Command, CommandState, CommandStatus, EffectSemantics};
+use sluice_core::ids::{ArgsHash, BusinessKey, CommandKey, IdempotencyKey, RunId, ToolName};
+use sluice_core::time::{Clock, SystemClock, Timestamp};
+
+use crate::{
+    AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, PurgeReport, Reserved, RunSummary,
+    SYSTEM_RUN, Transition, cap_result,
+};
+
+/// The directory the embedded ledger lives in unless configured otherwise.
+pub const DEFAULT_DATA_DIR: &str = ".sluice";
+/// The ledger's file name inside the data directory.
+pub const LEDGER_FILE: &str = "ledger.db";
+/// `PRAGMA application_id` of a Sluice ledger: "SLCE".
+const APPLICATION_ID: i64 = 0x534C_4345;
+/// Schema version this build writes.
+const SCHEMA_VERSION: i64 = 1;
+
+// Layout notes. Run ids are random, so every index keyed by run id puts each write on a
+// random page, and a group commit then rewrites pages all over the file. Instead each run gets
+// a `run_seq` (the rowid of its `runs` row) when it is first seen: runs are created over time
+// and do most of their work soon after, so rows and index entries keyed by `run_seq` land on a
+// few recent pages. Only `runs_id` (run id → run_seq) is random, and it changes once per run.
+// `commands` and `audit` are rowid tables, appended at the end. Journal order within a run is
+// sorted in memory (a run has few commands).
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS runs (
+    run_seq       INTEGER PRIMARY KEY,
+    run_id        TEXT    NOT NULL,
+    created_at    INTEGER NOT NULL,
+    updated_at    INTEGER NOT NULL,
+    open_commands INTEGER NOT NULL,
+    audit_seq     INTEGER NOT NULL,
+    audit_head    TEXT    NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS runs_id ON runs (run_id);
+CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated_at);
+CREATE TABLE IF NOT EXISTS commands (
+    run_seq     INTEGER NOT NULL,
+    run_id      TEXT    NOT NULL,
+    command_key TEXT    NOT NULL,
+    decision    INTEGER NOT NULL,
+    call_idx    INTEGER NOT NULL,
+    status      TEXT    NOT NULL,
+    lease_epoch INTEGER NOT NULL,
+    due_at      INTEGER,
+    args_hash   TEXT    NOT NULL,
+    identity    TEXT    NOT NULL,
+    state       TEXT    NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS commands_key ON commands (run_seq, command_key);
+CREATE INDEX IF NOT EXISTS commands_due ON commands (due_at) WHERE due_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS audit (
+    run_seq   INTEGER NOT NULL,
+    seq       INTEGER NOT NULL,
+    record    TEXT    NOT NULL,
+    prev_hash TEXT    NOT NULL,
+    hash      TEXT    NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS audit_chain ON audit (run_seq, seq);
+CREATE TABLE IF NOT EXISTS business_keys (
+    tool         TEXT    NOT NULL,
+    business_key TEXT    NOT NULL,
+    run_id       TEXT    NOT NULL,
+    command_key  TEXT    NOT NULL,
+    claimed_at   INTEGER NOT NULL,
+    PRIMARY KEY (tool, business_key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS business_keys_run ON business_keys (run_id);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    run_id    TEXT    NOT NULL PRIMARY KEY,
+    last_hash TEXT    NOT NULL,
+    count     INTEGER NOT NULL,
+    purged_at INTEGER NOT NULL
+) WITHOUT ROWID;
+";
+
+/// The `run_seq` of a run id, for read queries.
+const RUN_SEQ: &str = "(SELECT run_seq FROM runs WHERE run_id = ?1)";
+
+/// How hard SQLite syncs a commit to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// fsync on every commit (every group): a confirmed write survives power loss.
+    #[default]
+    Full,
+    /// fsync at checkpoints only: survives a process crash, may lose the last commits on power
+    /// loss. For benchmarks and throwaway environments.
+    Normal,
+}
+
+/// Settings of the embedded ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SqliteConfig {
+    /// The data directory; the file is `<data_dir>/ledger.db`.
+    pub data_dir: PathBuf,
+    /// How long to wait for another process's lock before giving up, in milliseconds.
+    pub busy_timeout_ms: u64,
+    /// Most requests committed in one transaction.
+    pub max_batch: usize,
+    /// Requests waiting for the writer before callers are slowed down.
+    pub queue_capacity: usize,
+    pub durability: Durability,
+    /// Upper bound of the file in pages (4 KiB); `None` for no limit but the disk's.
+    pub max_pages: Option<u64>,
+}
+
+impl Default for SqliteConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            busy_timeout_ms: 5_000,
+            max_batch: 2_048,
+            queue_capacity: 16_384,
+            durability: Durability::Full,
+            max_pages: None,
+        }
+    }
+}
+
+impl SqliteConfig {
+    pub fn in_dir(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            ..Self::default()
+        }
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.data_dir.join(LEDGER_FILE)
+    }
+}
+
+/// The embedded ledger. Cheap to clone; all clones share the writer and the readers.
+#[derive(Debug, Clone)]
+pub struct SqliteLedger {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    path: PathBuf,
+    config: SqliteConfig,
+    writer: mpsc::Sender<Job>,
+    readers: Mutex<Vec<Connection>>,
+    clock: Arc<dyn Clock>,
+}
+
+/// A command's fixed part, stored once in the `identity` column.
+#[derive(Debug, Serialize, Deserialize)]
+struct Identity {
+    run_id: RunId,
+    command_key: CommandKey,
+    idempotency_key: IdempotencyKey,
+    tool: ToolName,
+    semantics: EffectSemantics,
+    args: Value,
+    args_hash: ArgsHash,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    business_key: Option<BusinessKey>,
+    policy_version: String,
+    max_attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    not_before: Option<Timestamp>,
+    created_at: Timestamp,
+}
+
+impl Identity {
+    fn of(command: &Command) -> Self {
+        Self {
+            run_id: command.run_id.clone(),
+            command_key: command.command_key.clone(),
+            idempotency_key: command.idempotency_key.clone(),
+            tool: command.tool.clone(),
+            semantics: command.semantics,
+            args: command.args.clone(),
+            args_hash: command.args_hash.clone(),
+            business_key: command.business_key.clone(),
+            policy_version: command.policy_version.clone(),
+            max_attempts: command.max_attempts,
+            not_before: command.not_before,
+            created_at: command.created_at,
+        }
+    }
+
+    fn with_state(self, state: CommandState) -> Command {
+        Command {
+            run_id: self.run_id,
+            command_key: self.command_key,
+            idempotency_key: self.idempotency_key,
+            tool: self.tool,
+            semantics: self.semantics,
+            args: self.args,
+            args_hash: self.args_hash,
+            business_key: self.business_key,
+            policy_version: self.policy_version,
+            max_attempts: self.max_attempts,
+            not_before: self.not_before,
+            created_at: self.created_at,
+            state,
+        }
+    }
+}
+
+/// A stored row as text; decoded by the caller, off the writer thread.
+type RawRow = (String, String);
+
+enum Op {
+    /// The command, its audit record, and its identity and state already encoded as JSON by
+    /// the caller, so the single writer thread spends its time on SQL only.
+    Reserve {
+        command: Box<Command>,
+        audit: AuditDraft,
+        identity: String,
+        state: String,
+    },
+    Transition(Box<Transition>, String),
+    Claim {
+        tool: ToolName,
+        business_key: BusinessKey,
+        run_id: RunId,
+        command_key: CommandKey,
+        at: Timestamp,
+    },
+    Append(RunId, AuditDraft, Timestamp),
+    Purge {
+        older_than: Timestamp,
+        max_runs: usize,
+        actor: String,
+        now: Timestamp,
+    },
+}
+
+enum ReserveReply {
+    Created,
+    Existing(RawRow),
+    Held(RawRow),
+}
+
+enum CasReply {
+    Applied { identity: String },
+    Conflict(Option<RawRow>),
+}
+
+enum Reply {
+    Reserved(ReserveReply),
+    Cas(CasReply),
+    Claim(Claim),
+    Entry(AuditEntry),
+    Purged(PurgeReport),
+}
+
+struct Job {
+    op: Op,
+    reply: oneshot::Sender<Result<Reply, LedgerError>>,
+}
+
+impl SqliteLedger {
+    /// Opens (creating if needed) the ledger in `config.data_dir`, on the system clock.
+    pub fn open(config: SqliteConfig) -> Result<Self, LedgerError> {
+        Self::open_with_clock(config, Arc::new(SystemClock))
+    }
+
+    /// Opens the ledger with a clock of the caller's (for the time of run records).
+    pub fn open_with_clock(
+        config: SqliteConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, LedgerError> {
+        let path = config.path();
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| LedgerError::Open {
+            path: config.data_dir.clone(),
+            source,
+        })?;
+        let conn = open_connection(&path, &config)?;
+        prepare_schema(&conn, &path)?;
+        let (writer, rx) = mpsc::channel(config.queue_capacity.max(1));
+        let writer_state = Writer {
+            conn,
+            path: path.clone(),
+            config: config.clone(),
+            heads: HashMap::new(),
+            dirty: HashSet::new(),
+            data_version: None,
+        };
+        std::thread::Builder::new()
+            .name("sluice-ledger-writer".into())
+            .spawn(move || writer_state.run(rx))
+            .map_err(|source| LedgerError::Open {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                path,
+                config,
+                writer,
+                readers: Mutex::new(Vec::new()),
+                clock,
+            }),
+        })
+    }
+
+    /// The file this ledger lives in.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    async fn submit(&self, op: Op) -> Result<Reply, LedgerError> {
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .writer
+            .send(Job { op, reply })
+            .await
+            .map_err(|_| LedgerError::Closed)?;
+        answer.await.map_err(|_| LedgerError::Closed)?
+    }
+
+    /// Runs `read` on a pooled read connection on the blocking pool.
+    async fn read<T, F>(&self, op: &'static str, read: F) -> Result<T, LedgerError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, LedgerError> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            let pooled = inner.readers.lock().map_err(|_| LedgerError::Closed)?.pop();
+            let conn = match pooled {
+                Some(conn) => conn,
+                None => {
+                    let conn = open_connection(&inner.path, &inner.config)?;
+                    conn.pragma_update(None, "query_only", true)
+                        .map_err(|e| map_err(e, op, &inner.path, &inner.config))?;
+                    conn
+                }
+            };
+            let result = read(&conn);
+            if let Ok(mut pool) = inner.readers.lock()
+                && pool.len() < 8
+            {
+                pool.push(conn);
+            }
+            result
+        })
+        .await
+        .map_err(|join| LedgerError::Storage {
+            op,
+            source: Box::new(join),
+        })?
+    }
+}
+
+fn open_connection(path: &Path, config: &SqliteConfig) -> Result<Connection, LedgerError> {
+    let conn = Connection::open(path).map_err(|e| map_err(e, "open", path, config))?;
+    conn.busy_timeout(Duration::from_millis(config.busy_timeout_ms))
+        .map_err(|e| map_err(e, "open", path, config))?;
+    // Every statement the writer uses stays prepared (the default cache holds only 16).
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+/// Checks that the file is ours (or empty), turns WAL on and creates the schema.
+fn prepare_schema(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
+    let corrupt = |why: String| LedgerError::Corrupt {
+        path: path.to_owned(),
+        why,
+    };
+    let not_a_ledger = |e: rusqlite::Error| match e.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase) => corrupt("the file is not an SQLite database".into()),
+        Some(ErrorCode::DatabaseCorrupt) => corrupt("the database file is damaged".into()),
+        _ => LedgerError::Storage {
+            op: "open",
+            source: Box::new(e),
+        },
+    };
+    let app_id: i64 = conn
+        .pragma_query_value(None, "application_id", |row| row.get(0))
+        .map_err(not_a_ledger)?;
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(not_a_ledger)?;
+    let tables: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_master", [], |row| row.get(0))
+        .map_err(not_a_ledger)?;
+    if app_id != APPLICATION_ID && (app_id != 0 || tables > 0) {
+        return Err(corrupt(format!(
+            "it belongs to another application (application_id {app_id:#x}, {tables} schema objects)"
+        )));
+    }
+    if version > SCHEMA_VERSION {
+        return Err(LedgerError::SchemaTooNew {
+            path: path.to_owned(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))
+        .map_err(not_a_ledger)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(corrupt(format!("cannot switch to WAL mode (got {mode})")));
+    }
+    if version < SCHEMA_VERSION {
+        // IF NOT EXISTS and the immediate lock make concurrent first opens by several
+        // processes safe: the second one finds the schema in place.
+        let script = format!(
+            "BEGIN IMMEDIATE; {SCHEMA} PRAGMA application_id = {APPLICATION_ID}; \
+             PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        );
+        conn.execute_batch(&script).map_err(|e| {
+            let _ = conn.execute_batch("ROLLBACK");
+            not_a_ledger(e)
+        })?;
+    }
+    Ok(())
+}
+
+/// Maps a SQLite error to the ledger error a caller can act on.
+fn map_err(
+    e: rusqlite::Error,
+    op: &'static str,
+    path: &Path,
+    config: &SqliteConfig,
+) -> LedgerError {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DiskFull) => LedgerError::Full {
+            path: path.to_owned(),
+        },
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => LedgerError::Locked {
+            path: path.to_owned(),
+            timeout_ms: config.busy_timeout_ms,
+        },
+        Some(ErrorCode::NotADatabase) => LedgerError::Corrupt {
+            path: path.to_owned(),
+            why: "the file is not an SQLite database".into(),
+        },
+        Some(ErrorCode::DatabaseCorrupt) => LedgerError::Corrupt {
+            path: path.to_owned(),
+            why: "the database file is damaged".into(),
+        },
+        Some(ErrorCode::CannotOpen | ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => {
+            LedgerError::Open {
+                path: path.to_owned(),
+                source: std::io::Error::other(e),
+            }
+        }
+        _ => LedgerError::Storage {
+            op,
+            source: Box::new(e),
+        },
+    }
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(
+    what: &'static str,
+    run_id: &str,
+    text: &str,
+) -> Result<T, LedgerError> {
+    serde_json::from_str(text).map_err(|e| LedgerError::Decode {
+        what,
+        run_id: run_id.to_owned(),
+        why: e.to_string(),
+    })
+}
+
+fn encode<T: Serialize>(value: &T) -> String {
+    // Serializing our own types to a String cannot fail: they hold no maps with non-string
+    // keys and no failing Serialize impls.
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+fn row_command(run_id: &str, identity: &str, state: &str) -> Result<Command, LedgerError> {
+    let identity: Identity = decode("command", run_id, identity)?;
+    let state: CommandState = decode("command state", run_id, state)?;
+    Ok(identity.with_state(state))
+}
+
+/// Inner result of a write: the outer error aborts the batch, the inner one is the caller's.
+type WriteResult<T> = Result<Result<T, LedgerError>, rusqlite::Error>;
+
+struct Writer {
+    conn: Connection,
+    path: PathBuf,
+    config: SqliteConfig,
+    /// Audit head and open count per run, valid while `data_version` is unchanged.
+    heads: HashMap<RunId, RunHead>,
+    /// Runs whose head changed in the open transaction and must be written before commit.
+    dirty: HashSet<RunId>,
+    data_version: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+struct RunHead {
+    run_seq: i64,
+    chain: ChainHead,
+    open_commands: i64,
+    updated_at: Timestamp,
+}
+
+impl Writer {
+    fn run(mut self, mut rx: mpsc::Receiver<Job>) {
+        if let Some(pages) = self.config.max_pages
+            && let Err(e) = self.conn.pragma_update(
+                None,
+                "max_page_count",
+                i64::try_from(pages).unwrap_or(i64::MAX),
+            )
+        {
+            tracing::warn!(error = %e, "cannot set the ledger size limit");
+        }
+        let sync = match self.config.durability {
+            Durability::Full => "FULL",
+            Durability::Normal => "NORMAL",
+        };
+        if let Err(e) = self.conn.pragma_update(None, "synchronous", sync) {
+            tracing::warn!(error = %e, "cannot set ledger durability");
+        }
+        // A group commit touches many pages: keep them in memory until the commit instead of
+        // spilling to the WAL mid-transaction, and checkpoint in larger steps.
+        for (pragma, value) in [
+            ("cache_size", -65_536_i64),
+            ("wal_autocheckpoint", 8_192),
+            ("temp_store", 2),
+        ] {
+            if let Err(e) = self.conn.pragma_update(None, pragma, value) {
+                tracing::warn!(error = %e, pragma, "cannot tune the ledger writer");
+            }
+        }
+        while let Some(first) = rx.blocking_recv() {
+            let mut batch = vec![first];
+            while batch.len() < self.config.max_batch {
+                match rx.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.run_batch(batch);
+        }
+        tracing::debug!(path = %self.path.display(), "ledger writer stopped");
+    }
+
+    fn run_batch(&mut self, batch: Vec<Job>) {
+        match self.try_batch(&batch) {
+            Ok(replies) => {
+                for (job, reply) in batch.into_iter().zip(replies) {
+                    // A caller that stopped waiting does not need its answer.
+                    let _ = job.reply.send(reply);
+                }
+            }
+            Err(e) if batch.len() == 1 => {
+                let error = map_err(e, "write", &self.path, &self.config);
+                for job in batch {
+                    let _ = job.reply.send(Err(clone_error(&error)));
+                }
+            }
+            Err(_) => {
+                // Find the request that cannot be written; the others commit on their own.
+                for job in batch {
+                    self.run_batch(vec![job]);
+                }
+            }
+        }
+    }
+
+    fn try_batch(
+        &mut self,
+        batch: &[Job],
+    ) -> Result<Vec<Result<Reply, LedgerError>>, rusqlite::Error> {
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        let version: i64 = self
+            .conn
+            .pragma_query_value(None, "data_version", |row| row.get(0))?;
+        if self.data_version != Some(version) {
+            // Another connection committed since our last transaction: our cache may be stale.
+            self.heads.clear();
+        }
+        let applied = (|| {
+            let mut replies = Vec::with_capacity(batch.len());
+            for job in batch {
+                replies.push(self.apply(&job.op)?);
+            }
+            self.flush_heads()?;
+            self.conn.execute_batch("COMMIT")?;
+            Ok(replies)
+        })();
+        match applied {
+            Ok(replies) => {
+                self.data_version = Some(self.conn.pragma_query_value(
+                    None,
+                    "data_version",
+                    |row| row.get(0),
+                )?);
+                if self.heads.len() > 100_000 {
+                    self.heads.clear();
+                }
+                Ok(replies)
+            }
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                self.heads.clear();
+                self.dirty.clear();
+                self.data_version = None;
+                Err(e)
+            }
+        }
+    }
+
+    fn apply(&mut self, op: &Op) -> Result<Result<Reply, LedgerError>, rusqlite::Error> {
+        Ok(match op {
+            Op::Reserve {
+                command,
+                audit,
+                identity,
+                state,
+            } => self
+                .reserve(command, audit, identity, state)?
+                .map(Reply::Reserved),
+            Op::Transition(transition, state) => {
+                self.transition(transition, state)?.map(Reply::Cas)
+            }
+            Op::Claim {
+                tool,
+                business_key,
+                run_id,
+                command_key,
+                at,
+            } => self
+                .claim(tool, business_key, run_id, command_key, *at)?
+                .map(Reply::Claim),
+            Op::Append(run_id, draft, at) => {
+                let entry = self.append(run_id, draft.clone(), *at, 0)?;
+                Ok(Reply::Entry(entry))
+            }
+            Op::Purge {
+                older_than,
+                max_runs,
+                actor,
+                now,
+            } => self
+                .purge(*older_than, *max_runs, actor, *now)?
+                .map(Reply::Purged),
+        })
+    }
+
+    fn load_row(&self, run_id: &str, command_key: &str) -> Result<Option<RawRow>, rusqlite::Error> {
+        self.conn
+            .prepare_cached(&format!(
+                "SELECT identity, state FROM commands WHERE run_seq = {RUN_SEQ} AND command_key = ?2"
+            ))?
+            .query_row(params![run_id, command_key], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
+            .optional()
+    }
+
+    /// The run's cached or stored head; `None` for a run the ledger has never seen.
+    fn stored_head(&mut self, run_id: &RunId) -> Result<Option<&mut RunHead>, rusqlite::Error> {
+        if !self.heads.contains_key(run_id) {
+            let stored = self
+                .conn
+                .prepare_cached(
+                    "SELECT run_seq, audit_seq, audit_head, open_commands, updated_at \
+                     FROM runs WHERE run_id = ?1",
+                )?
+                .query_row([run_id.as_str()], |row| {
+                    Ok(RunHead {
+                        run_seq: row.get(0)?,
+                        chain: ChainHead {
+                            next_seq: row.get::<_, i64>(1)? as u64,
+                            hash: row.get(2)?,
+                        },
+                        open_commands: row.get(3)?,
+                        updated_at: Timestamp::from_millis(row.get(4)?),
+                    })
+                })
+                .optional()?;
+            match stored {
+                Some(head) => {
+                    self.heads.insert(run_id.clone(), head);
+                }
+                None => return Ok(None),
+            }
+        }
+        Ok(self.heads.get_mut(run_id))
+    }
+
+    /// The run's head, creating the run (continuing after a checkpoint) if it is new. The
+    /// caller is about to change it: it is written back before the batch commits.
+    fn head(&mut self, run_id: &RunId, now: Timestamp) -> Result<&mut RunHead, rusqlite::Error> {
+        if self.stored_head(run_id)?.is_none() {
+            let chain = self
+                .conn
+                .prepare_cached("SELECT last_hash, count FROM checkpoints WHERE run_id = ?1")?
+                .query_row([run_id.as_str()], |row| {
+                    Ok(ChainHead {
+                        hash: row.get(0)?,
+                        next_seq: row.get::<_, i64>(1)? as u64,
+                    })
+                })
+                .optional()?
+                .unwrap_or_else(ChainHead::genesis);
+            self.conn
+                .prepare_cached(
+                    "INSERT INTO runs (run_id, created_at, updated_at, open_commands, audit_seq, audit_head) \
+                     VALUES (?1, ?2, ?2, 0, ?3, ?4)",
+                )?
+                .execute(params![
+                    run_id.as_str(),
+                    now.as_millis(),
+                    chain.next_seq as i64,
+                    chain.hash
+                ])?;
+            let head = RunHead {
+                run_seq: self.conn.last_insert_rowid(),
+                chain,
+                open_commands: 0,
+                updated_at: now,
+            };
+            self.heads.insert(run_id.clone(), head);
+        }
+        self.dirty.insert(run_id.clone());
+        Ok(self
+            .heads
+            .get_mut(run_id)
+            .expect("stored_head or the insert above put it there"))
+    }
+
+    /// Appends to the run's chain, moving its open-command count by `open_delta`.
+    fn append(
+        &mut self,
+        run_id: &RunId,
+        draft: AuditDraft,
+        at: Timestamp,
+        open_delta: i64,
+    ) -> Result<AuditEntry, rusqlite::Error> {
+        let head = self.head(run_id, at)?;
+        let entry = head.chain.append(run_id, draft, at);
+        head.open_commands += open_delta;
+        head.updated_at = head.updated_at.max(at);
+        let run_seq = head.run_seq;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO audit (run_seq, seq, record, prev_hash, hash) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![
+                run_seq,
+                entry.record.seq as i64,
+                encode(&entry.record),
+                entry.prev_hash,
+                entry.hash,
+            ])?;
+        Ok(entry)
+    }
+
+    /// Writes every changed run head; called once per batch, before commit.
+    fn flush_heads(&mut self) -> Result<(), rusqlite::Error> {
+        let mut update = self.conn.prepare_cached(
+            "UPDATE runs SET updated_at = ?2, open_commands = ?3, audit_seq = ?4, audit_head = ?5 \
+             WHERE run_seq = ?1",
+        )?;
+        for run_id in self.dirty.drain() {
+            if let Some(head) = self.heads.get(&run_id) {
+                update.execute(params![
+                    head.run_seq,
+                    head.updated_at.as_millis(),
+                    head.open_commands,
+                    head.chain.next_seq as i64,
+                    head.chain.hash,
+                ])?;
+            }
+        }
+        Ok(())
+    }
+
+    fn reserve(
+        &mut self,
+        command: &Command,
+        audit: &AuditDraft,
+        identity: &str,
+        state: &str,
+    ) -> WriteResult<ReserveReply> {
+        let run = command.run_id.as_str();
+        let key = command.command_key.to_string();
+        let run_seq = self.stored_head(&command.run_id)?.map(|head| head.run_seq);
+        let existing: Option<(String, String, String)> = match run_seq {
+            None => None,
+            Some(run_seq) => self
+                .conn
+                .prepare_cached(
+                    "SELECT args_hash, identity, state FROM commands \
+                     WHERE run_seq = ?1 AND command_key = ?2",
+                )?
+                .query_row(params![run_seq, key], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                })
+                .optional()?,
+        };
+        if let Some((stored_hash, identity, state)) = existing {
+            return Ok(if stored_hash == command.args_hash.as_str() {
+                Ok(ReserveReply::Existing((identity, state)))
+            } else {
+                Err(LedgerError::ArgumentDrift {
+                    run_id: run.to_owned(),
+                    command_key: key,
+                    stored: stored_hash,
+                    presented: command.args_hash.to_string(),
+                })
+            });
+        }
+        if let Some(business_key) = &command.business_key {
+            match self.claim(
+                &command.tool,
+                business_key,
+                &command.run_id,
+                &command.command_key,
+                command.created_at,
+            )? {
+                Ok(Claim::Claimed) => {}
+                Ok(Claim::HeldBy {
+                    run_id,
+                    command_key,
+                }) => {
+                    // claim() frees orphaned claims, so the holder exists.
+                    return Ok(self
+                        .load_row(run_id.as_str(), &command_key.to_string())?
+                        .map(ReserveReply::Held)
+                        .ok_or_else(|| LedgerError::Decode {
+                            what: "business key holder",
+                            run_id: run_id.to_string(),
+                            why: "vanished inside the transaction".into(),
+                        }));
+                }
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        let run_seq = self
+            .head(&command.run_id, command.state.updated_at)?
+            .run_seq;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO commands (run_seq, run_id, command_key, decision, call_idx, status, \
+                 lease_epoch, due_at, args_hash, identity, state) \
+                 VALUES (?11, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            )?
+            .execute(params![
+                run,
+                key,
+                command.command_key.decision(),
+                command.command_key.call_idx(),
+                command.state.status.as_str(),
+                command.state.lease.epoch.get() as i64,
+                command.state.due_at.map(Timestamp::as_millis),
+                command.args_hash.as_str(),
+                identity,
+                state,
+                run_seq,
+            ])?;
+        let open = i64::from(!command.state.status.is_terminal());
+        self.append(
+            &command.run_id,
+            audit.clone(),
+            command.state.updated_at,
+            open,
+        )?;
+        Ok(Ok(ReserveReply::Created))
+    }
+
+    fn transition(&mut self, transition: &Transition, state: &str) -> WriteResult<CasReply> {
+        let run = transition.run_id.as_str();
+        let key = transition.command_key.to_string();
+        let next = &transition.next;
+        let Some(run_seq) = self
+            .stored_head(&transition.run_id)?
+            .map(|head| head.run_seq)
+        else {
+            return Ok(Ok(CasReply::Conflict(None)));
+        };
+        let identity: Option<String> = self
+            .conn
+            .prepare_cached(
+                "UPDATE commands SET status = ?1, lease_epoch = ?2, due_at = ?3, state = ?4 \
+                 WHERE run_seq = ?5 AND command_key = ?6 AND status = ?7 AND lease_epoch = ?8 \
+                 RETURNING identity",
+            )?
+            .query_row(
+                params![
+                    next.status.as_str(),
+                    next.lease.epoch.get() as i64,
+                    next.due_at.map(Timestamp::as_millis),
+                    state,
+                    run_seq,
+                    key,
+                    transition.guard.status.as_str(),
+                    transition.guard.epoch.get() as i64,
+                ],
+                |row| row.get(0),
+            )
+            .optional()?;
+        let Some(identity) = identity else {
+            return Ok(Ok(CasReply::Conflict(self.load_row(run, &key)?)));
+        };
+        if let Some(audit) = &transition.audit {
+            let delta = i64::from(!next.status.is_terminal())
+                - i64::from(!transition.guard.status.is_terminal());
+            self.append(&transition.run_id, audit.clone(), next.updated_at, delta)?;
+        }
+        Ok(Ok(CasReply::Applied { identity }))
+    }
+
+    fn claim(
+        &mut self,
+        tool: &ToolName,
+        business_key: &BusinessKey,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        at: Timestamp,
+    ) -> WriteResult<Claim> {
+        let tool_name = tool.to_string();
+        let key = command_key.to_string();
+        let holder: Option<(String, String)> = self
+            .conn
+            .prepare_cached(
+                "SELECT run_id, command_key FROM business_keys WHERE tool = ?1 AND business_key = ?2",
+            )?
+            .query_row(params![tool_name, business_key.as_str()], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
+            .optional()?;
+        if let Some((held_run, held_key)) = holder {
+            if held_run == run_id.as_str() && held_key == key {
+                return Ok(Ok(Claim::Claimed));
+            }
+            let alive: Option<i64> = self
+                .conn
+                .prepare_cached(&format!(
+                    "SELECT 1 FROM commands WHERE run_seq = {RUN_SEQ} AND command_key = ?2"
+                ))?
+                .query_row(params![held_run, held_key], |row| row.get(0))
+                .optional()?;
+            if alive.is_some() {
+                let parsed = RunId::parse(&held_run)
+                    .and_then(|run| CommandKey::parse(&held_key).map(|key| (run, key)));
+                return Ok(match parsed {
+                    Ok((run_id, command_key)) => Ok(Claim::HeldBy {
+                        run_id,
+                        command_key,
+                    }),
+                    Err(e) => Err(LedgerError::Decode {
+                        what: "business key holder",
+                        run_id: held_run,
+                        why: e.to_string(),
+                    }),
+                });
+            }
+            // The holder was never recorded (a claim whose reservation did not follow):
+            // the claim is free.
+        }
+        self.conn
+            .prepare_cached(
+                "INSERT OR REPLACE INTO business_keys (tool, business_key, run_id, command_key, claimed_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![
+                tool_name,
+                business_key.as_str(),
+                run_id.as_str(),
+                key,
+                at.as_millis()
+            ])?;
+        Ok(Ok(Claim::Claimed))
+    }
+
+    fn purge(
+        &mut self,
+        older_than: Timestamp,
+        max_runs: usize,
+        actor: &str,
+        now: Timestamp,
+    ) -> WriteResult<PurgeReport> {
+        let runs: Vec<String> = self
+            .conn
+            .prepare_cached(
+                "SELECT run_id FROM runs WHERE updated_at < ?1 AND open_commands = 0 \
+                 AND run_id <> ?2 ORDER BY updated_at LIMIT ?3",
+            )?
+            .query_map(
+                params![
+                    older_than.as_millis(),
+                    SYSTEM_RUN,
+                    i64::try_from(max_runs).unwrap_or(i64::MAX)
+                ],
+                |row| row.get(0),
+            )?
+            .collect::<Result<_, _>>()?;
+        let mut report = PurgeReport::default();
+        for run in runs {
+            let run_id = match RunId::parse(&run) {
+                Ok(run_id) => run_id,
+                Err(e) => {
+                    return Ok(Err(LedgerError::Decode {
+                        what: "run id",
+                        run_id: run,
+                        why: e.to_string(),
+                    }));
+                }
+            };
+            let head = self.head(&run_id, now)?.clone();
+            let chain = head.chain;
+            self.heads.remove(&run_id);
+            self.dirty.remove(&run_id);
+            report.commands += self
+                .conn
+                .prepare_cached("DELETE FROM commands WHERE run_seq = ?1")?
+                .execute([head.run_seq])? as u64;
+            report.business_keys += self
+                .conn
+                .prepare_cached("DELETE FROM business_keys WHERE run_id = ?1")?
+                .execute([&run])? as u64;
+            report.audit_records += self
+                .conn
+                .prepare_cached("DELETE FROM audit WHERE run_seq = ?1")?
+                .execute([head.run_seq])? as u64;
+            self.conn
+                .prepare_cached("DELETE FROM runs WHERE run_seq = ?1")?
+                .execute([head.run_seq])?;
+            let checkpoint = Checkpoint {
+                run_id,
+                last_hash: chain.hash,
+                count: chain.next_seq,
+                purged_at: now,
+            };
+            self.conn
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO checkpoints (run_id, last_hash, count, purged_at) \
+                     VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(params![
+                    run,
+                    checkpoint.last_hash,
+                    checkpoint.count as i64,
+                    now.as_millis()
+                ])?;
+            report.runs += 1;
+            report.checkpoints.push(checkpoint);
+        }
+        if report.runs > 0 {
+            let system = RunId::parse(SYSTEM_RUN).expect("SYSTEM_RUN is a valid run id");
+            let draft = AuditDraft {
+                command_key: None,
+                from: None,
+                to: None,
+                actor: actor.to_owned(),
+                reason: format!("purged finished runs older than {older_than}"),
+                evidence: serde_json::json!({
+                    "older_than": older_than,
+                    "runs": report.runs,
+                    "commands": report.commands,
+                    "audit_records": report.audit_records,
+                    "business_keys": report.business_keys,
+                    "checkpoints": report.checkpoints,
+                }),
+            };
+            self.append(&system, draft, now, 0)?;
+        }
+        Ok(Ok(report))
+    }
+}
+
+/// `LedgerError` holds boxed sources and is not `Clone`; a batch-wide failure is reported to
+/// each caller with the same meaning.
+fn clone_error(error: &LedgerError) -> LedgerError {
+    match error {
+        LedgerError::Full { path } => LedgerError::Full { path: path.clone() },
+        LedgerError::Locked { path, timeout_ms } => LedgerError::Locked {
+            path: path.clone(),
+            timeout_ms: *timeout_ms,
+        },
+        LedgerError::Corrupt { path, why } => LedgerError::Corrupt {
+            path: path.clone(),
+            why: why.clone(),
+        },
+        other => LedgerError::Storage {
+            op: "write",
+            source: other.to_string().into(),
+        },
+    }
+}
+
+#[async_trait]
+impl Ledger for SqliteLedger {
+    async fn reserve(
+        &self,
+        mut command: Command,
+        audit: AuditDraft,
+    ) -> Result<Reserved, LedgerError> {
+        command.state.result = cap_result(command.state.result.take());
+        let identity = encode(&Identity::of(&command));
+        let state = encode(&command.state);
+        let run = command.run_id.to_string();
+        let op = Op::Reserve {
+            command: Box::new(command.clone()),
+            audit,
+            identity,
+            state,
+        };
+        match self.submit(op).await? {
+            Reply::Reserved(ReserveReply::Created) => Ok(Reserved::Created(command)),
+            Reply::Reserved(ReserveReply::Existing((identity, state))) => {
+                row_command(&run, &identity, &state).map(Reserved::Existing)
+            }
+            Reply::Reserved(ReserveReply::Held((identity, state))) => {
+                row_command(&run, &identity, &state).map(Reserved::BusinessKeyHeld)
+            }
+            _ => Err(LedgerError::Closed),
+        }
+    }
+
+    async fn transition(&self, mut transition: Transition) -> Result<Cas, LedgerError> {
+        transition.validate()?;
+        transition.next.result = cap_result(transition.next.result.take());
+        let state = encode(&transition.next);
+        let run = transition.run_id.to_string();
+        let next = transition.next.clone();
+        match self
+            .submit(Op::Transition(Box::new(transition), state))
+            .await?
+        {
+            Reply::Cas(CasReply::Applied { identity }) => {
+                let identity: Identity = decode("command", &run, &identity)?;
+                Ok(Cas::Applied(identity.with_state(next)))
+            }
+            Reply::Cas(CasReply::Conflict(row)) => row
+                .map(|(identity, state)| row_command(&run, &identity, &state))
+                .transpose()
+                .map(Cas::Conflict),
+            _ => Err(LedgerError::Closed),
+        }
+    }
+
+    async fn get(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+    ) -> Result<Option<Command>, LedgerError> {
+        let (run, key) = (run_id.to_string(), command_key.to_string());
+        let (path, config) = (self.inner.path.clone(), self.inner.config.clone());
+        self.read("get", move |conn| {
+            let row: Option<(String, String)> = conn
+                .prepare_cached(
+                    "SELECT identity, state FROM commands \
+                     WHERE run_seq = (SELECT run_seq FROM runs WHERE run_id = ?1) AND command_key = ?2",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_row(params![run, key], |row| Ok((row.get(0)?, row.get(1)?)))
+                        .optional()
+                })
+                .map_err(|e| map_err(e, "get", &path, &config))?;
+            row.map(|(identity, state)| row_command(&run, &identity, &state))
+                .transpose()
+        })
+        .await
+    }
+
+    async fn list_run(
+        &self,
+        run_id: &RunId,
+        status: Option<CommandStatus>,
+    ) -> Result<Vec<Command>, LedgerError> {
+        let run = run_id.to_string();
+        let (path, config) = (self.inner.path.clone(), self.inner.config.clone());
+        self.read("list_run", move |conn| {
+            type Row = (i64, i64, String, String, String);
+            let mut rows: Vec<Row> = conn
+                .prepare_cached(
+                    "SELECT decision, call_idx, command_key, identity, state FROM commands \
+                     WHERE run_seq = (SELECT run_seq FROM runs WHERE run_id = ?1) \
+                     AND (?2 IS NULL OR status = ?2)",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map(params![run, status.map(CommandStatus::as_str)], |row| {
+                        Ok((
+                            row.get(0)?,
+                            row.get(1)?,
+                            row.get(2)?,
+                            row.get(3)?,
+                            row.get(4)?,
+                        ))
+                    })?
+                    .collect()
+                })
+                .map_err(|e| map_err(e, "list_run", &path, &config))?;
+            // Journal order: decision, then call index, then the key for a stable tie-break.
+            rows.sort_unstable_by(|a, b| (a.0, a.1, &a.2).cmp(&(b.0, b.1, &b.2)));
+            rows.iter()
+                .map(|(_, _, _, identity, state)| row_command(&run, identity, state))
+                .collect()
+        })
+        .await
+    }
+
+    async fn list_runs(
+        &self,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<RunSummary>, LedgerError> {
+        let (path, config) = (self.inner.path.clone(), self.inner.config.clone());
+        self.read("list_runs", move |conn| {
+            let rows: Vec<(String, i64, i64, i64)> = conn
+                .prepare_cached(
+                    "SELECT run_id, created_at, updated_at, open_commands FROM runs \
+                     WHERE updated_at >= ?1 AND run_id <> ?2 ORDER BY updated_at DESC LIMIT ?3",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map(
+                        params![
+                            since.as_millis(),
+                            SYSTEM_RUN,
+                            i64::try_from(limit).unwrap_or(i64::MAX)
+                        ],
+                        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+                    )?
+                    .collect()
+                })
+                .map_err(|e| map_err(e, "list_runs", &path, &config))?;
+            rows.into_iter()
+                .map(|(run, created, updated, open)| {
+                    Ok(RunSummary {
+                        run_id: RunId::parse(&run).map_err(|e| LedgerError::Decode {
+                            what: "run id",
+                            run_id: run.clone(),
+                            why: e.to_string(),
+                        })?,
+                        created_at: Timestamp::from_millis(created),
+                        updated_at: Timestamp::from_millis(updated),
+                        open_commands: open.max(0) as u64,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn claim_business_key(
+        &self,
+        tool: &ToolName,
+        business_key: &BusinessKey,
+        run_id: &RunId,
+        command_key: &CommandKey,
+    ) -> Result<Claim, LedgerError> {
+        let op = Op::Claim {
+            tool: tool.clone(),
+            business_key: business_key.clone(),
+            run_id: run_id.clone(),
+            command_key: command_key.clone(),
+            at: self.inner.clock.now(),
+        };
+        match self.submit(op).await? {
+            Reply::Claim(claim) => Ok(claim),
+            _ => Err(LedgerError::Closed),
+        }
+    }
+
+    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<DueItem>, LedgerError> {
+        let (path, config) = (self.inner.path.clone(), self.inner.config.clone());
+        self.read("due", move |conn| {
+            let rows: Vec<(String, String, String, i64)> = conn
+                .prepare_cached(
+                    "SELECT run_id, command_key, status, due_at FROM commands \
+                     WHERE due_at IS NOT NULL AND due_at <= ?1 ORDER BY due_at LIMIT ?2",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map(
+                        params![now.as_millis(), i64::try_from(limit).unwrap_or(i64::MAX)],
+                        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+                    )?
+                    .collect()
+                })
+                .map_err(|e| map_err(e, "due", &path, &config))?;
+            rows.into_iter()
+                .map(|(run, key, status, due_at)| {
+                    let bad = |why: String| LedgerError::Decode {
+                        what: "due item",
+                        run_id: run.clone(),
+                        why,
+                    };
+                    Ok(DueItem {
+                        run_id: RunId::parse(&run).map_err(|e| bad(e.to_string()))?,
+                        command_key: CommandKey::parse(&key).map_err(|e| bad(e.to_string()))?,
+                        status: status
+                            .parse()
+                            .map_err(|e: sluice_core::command::UnknownStatus| bad(e.to_string()))?,
+                        due_at: Timestamp::from_millis(due_at),
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn audit_append(
+        &self,
+        run_id: &RunId,
+        draft: AuditDraft,
+        at: Timestamp,
+    ) -> Result<AuditEntry, LedgerError> {
+        match self.submit(Op::Append(run_id.clone(), draft, at)).await? {
+            Reply::Entry(entry) => Ok(entry),
+            _ => Err(LedgerError::Closed),
+        }
+    }
+
+    async fn audit_read(&self, run_id: &RunId) -> Result<AuditTrail, LedgerError> {
+        let run = run_id.to_string();
+        let (path, config) = (self.inner.path.clone(), self.inner.config.clone());
+        self.read("audit_read", move |conn| {
+            let fail = |e| map_err(e, "audit_read", &path, &config);
+            let checkpoint = conn
+                .prepare_cached(
+                    "SELECT last_hash, count, purged_at FROM checkpoints WHERE run_id = ?1",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_row([&run], |row| {
+                        Ok((
+                            row.get::<_, String>(0)?,
+                            row.get::<_, i64>(1)?,
+                            row.get::<_, i64>(2)?,
+                        ))
+                    })
+                    .optional()
+                })
+                .map_err(fail)?;
+            let rows: Vec<(String, String, String)> = conn
+                .prepare_cached(
+                    "SELECT record, prev_hash, hash FROM audit \
+                     WHERE run_seq = (SELECT run_seq FROM runs WHERE run_id = ?1) ORDER BY seq",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map([&run], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
+                        .collect()
+                })
+                .map_err(fail)?;
+            let run_id = RunId::parse(&run).map_err(|e| LedgerError::Decode {
+                what: "run id",
+                run_id: run.clone(),
+                why: e.to_string(),
+            })?;
+            let entries = rows
+                .into_iter()
+                .map(|(record, prev_hash, hash)| {
+                    Ok(AuditEntry {
+                        record: decode::<AuditRecord>("audit record", &run, &record)?,
+                        prev_hash,
+                        hash,
+                    })
+                })
+                .collect::<Result<_, LedgerError>>()?;
+            Ok(AuditTrail {
+                checkpoint: checkpoint.map(|(last_hash, count, purged_at)| Checkpoint {
+                    run_id,
+                    last_hash,
+                    count: count.max(0) as u64,
+                    purged_at: Timestamp::from_millis(purged_at),
+                }),
+                entries,
+            })
+        })
+        .await
+    }
+
+    async fn purge(
+        &self,
+        older_than: Timestamp,
+        max_runs: usize,
+        actor: &str,
+        now: Timestamp,
+    ) -> Result<PurgeReport, LedgerError> {
+        let op = Op::Purge {
+            older_than,
+            max_runs,
+            actor: actor.to_owned(),
+            now,
+        };
+        match self.submit(op).await? {
+            Reply::Purged(report) => Ok(report),
+            _ => Err(LedgerError::Closed),
+        }
+    }
+}
+
+impl SqliteLedger {
+    /// The clock this ledger was opened with.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+}

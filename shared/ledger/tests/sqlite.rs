@@ -1,0 +1,197 @@
+//! The embedded SQLite ledger: the shared contract suite, then what only a file can show —
+//! several processes on one file, foreign and damaged files, a full disk, a held lock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_core::command::CommandStatus;
+use sluice_ledger::contract::{command, fresh_run};
+use sluice_ledger::sqlite::{SqliteConfig, SqliteLedger};
+use sluice_ledger::{Ledger, LedgerError, Reserved};
+
+async fn fresh() -> (Arc<dyn Ledger>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ledger = SqliteLedger::open(SqliteConfig::in_dir(dir.path())).expect("open");
+    (Arc::new(ledger), dir)
+}
+
+sluice_ledger::ledger_contract_tests!(fresh);
+
+/// Set by the parent test when it re-runs this binary as a second process.
+const CHILD_DIR: &str = "SLUICE_TEST_CHILD_LEDGER_DIR";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_share_one_ledger_file() {
+    if let Ok(dir) = std::env::var(CHILD_DIR) {
+        // Child side: write 200 commands of its own run.
+        let ledger = SqliteLedger::open(SqliteConfig::in_dir(&dir)).expect("child opens");
+        let run = sluice_core::ids::RunId::parse("r-child").expect("valid");
+        for i in 0..200 {
+            let c = command(&run, i, "email/send", 0, json!({"i": i}));
+            let audit = c.reservation_audit("child");
+            ledger.reserve(c, audit).await.expect("child writes");
+        }
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ledger = SqliteLedger::open(SqliteConfig::in_dir(dir.path())).expect("open");
+    let exe = std::env::current_exe().expect("test binary path");
+    let child = std::process::Command::new(exe)
+        .args([
+            "two_processes_share_one_ledger_file",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(CHILD_DIR, dir.path())
+        .spawn()
+        .expect("spawn the second process");
+    let run = fresh_run("parent");
+    for i in 0..200 {
+        let c = command(&run, i, "email/send", 0, json!({"i": i}));
+        let audit = c.reservation_audit("parent");
+        ledger.reserve(c, audit).await.expect("parent writes");
+    }
+    let status = tokio::task::spawn_blocking(move || {
+        let mut child = child;
+        child.wait()
+    })
+    .await
+    .expect("join")
+    .expect("wait");
+    assert!(status.success(), "the second process failed");
+    let child_run = sluice_core::ids::RunId::parse("r-child").expect("valid");
+    assert_eq!(
+        ledger.list_run(&child_run, None).await.expect("list").len(),
+        200
+    );
+    assert_eq!(ledger.list_run(&run, None).await.expect("list").len(), 200);
+    // Both chains are intact although two writers interleaved on the file.
+    for run in [&run, &child_run] {
+        let trail = ledger.audit_read(run).await.expect("audit");
+        sluice_core::audit::verify(run, None, &trail.entries).expect("chain verifies");
+        assert_eq!(trail.entries.len(), 200);
+    }
+}
+
+#[test]
+fn a_foreign_sqlite_file_is_refused_by_name() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("ledger.db");
+    let other = rusqlite::Connection::open(&path).expect("create");
+    other
+        .execute_batch("CREATE TABLE invoices (id INTEGER PRIMARY KEY);")
+        .expect("foreign schema");
+    drop(other);
+    let err = SqliteLedger::open(SqliteConfig::in_dir(dir.path())).expect_err("refused");
+    assert!(matches!(err, LedgerError::Corrupt { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("ledger.db") && text.contains("another application"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_file_that_is_not_sqlite_is_refused_by_name() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("ledger.db"), vec![0x5a_u8; 8192]).expect("garbage");
+    let err = SqliteLedger::open(SqliteConfig::in_dir(dir.path())).expect_err("refused");
+    assert!(matches!(err, LedgerError::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains("not an SQLite database"), "{err}");
+}
+
+#[tokio::test]
+async fn reopening_keeps_everything() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let run = fresh_run("reopen");
+    {
+        let ledger = SqliteLedger::open(SqliteConfig::in_dir(dir.path())).expect("open");
+        let c = command(&run, 0, "payments/wire", 0, json!({"amount": 1}));
+        let audit = c.reservation_audit("test");
+        ledger.reserve(c, audit).await.expect("reserve");
+    }
+    let ledger = SqliteLedger::open(SqliteConfig::in_dir(dir.path())).expect("reopen");
+    let commands = ledger.list_run(&run, None).await.expect("list");
+    assert_eq!(commands.len(), 1);
+    assert_eq!(commands[0].status(), CommandStatus::Pending);
+}
+
+#[tokio::test]
+async fn a_full_ledger_refuses_whole_operations_and_keeps_the_rest() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = SqliteConfig {
+        max_pages: Some(64),
+        ..SqliteConfig::in_dir(dir.path())
+    };
+    let ledger = SqliteLedger::open(config).expect("open");
+    let run = fresh_run("full");
+    let mut written = 0u32;
+    let err = loop {
+        let c = command(
+            &run,
+            written,
+            "email/send",
+            0,
+            json!({"pad": "p".repeat(2_000)}),
+        );
+        let audit = c.reservation_audit("test");
+        match ledger.reserve(c, audit).await {
+            Ok(Reserved::Created(_)) => written += 1,
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(e) => break e,
+        }
+        assert!(written < 10_000, "the size limit never hit");
+    };
+    assert!(matches!(err, LedgerError::Full { .. }), "{err:?}");
+    assert!(err.to_string().contains("nothing was written"));
+    // Whatever was confirmed is there, with a chain that verifies: no half-written command.
+    let commands = ledger.list_run(&run, None).await.expect("list");
+    assert_eq!(commands.len() as u32, written);
+    let trail = ledger.audit_read(&run).await.expect("audit");
+    assert_eq!(trail.entries.len() as u32, written);
+    sluice_core::audit::verify(&run, None, &trail.entries).expect("verifies");
+}
+
+#[tokio::test]
+async fn a_lock_held_too_long_is_a_clear_error_and_writes_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = SqliteConfig {
+        busy_timeout_ms: 200,
+        ..SqliteConfig::in_dir(dir.path())
+    };
+    let ledger = SqliteLedger::open(config.clone()).expect("open");
+    let blocker = rusqlite::Connection::open(config.path()).expect("second connection");
+    blocker
+        .execute_batch("BEGIN IMMEDIATE")
+        .expect("hold the write lock");
+    let run = fresh_run("locked");
+    let c = command(&run, 0, "email/send", 0, json!({}));
+    let audit = c.reservation_audit("test");
+    let err = ledger
+        .reserve(c.clone(), audit.clone())
+        .await
+        .expect_err("locked");
+    assert!(
+        matches!(
+            err,
+            LedgerError::Locked {
+                timeout_ms: 200,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.is_transient());
+    blocker.execute_batch("ROLLBACK").expect("release");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(ledger.list_run(&run, None).await.expect("list").is_empty());
+    // Once the lock is gone the same request goes through.
+    assert!(
+        ledger
+            .reserve(c, audit)
+            .await
+            .expect("reserve")
+            .is_created()
+    );
+}
