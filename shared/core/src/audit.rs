@@ -145,6 +145,12 @@ impl ChainHead {
 
 /// `sha256(prev_hash || canonical_json(record))`, in lowercase hex.
 pub fn link_hash(prev_hash: &str, record: &AuditRecord) -> String {
+    let record = serde_json::to_value(record).unwrap_or(Value::Null);
+    link_hash_canonical(prev_hash, &to_canonical_bytes(&record))
+}
+
+/// [`link_hash`] of a record already in canonical form.
+pub fn link_hash_canonical(prev_hash: &str, canonical_record: &[u8]) -> String {
     let mut hasher = Sha256::new();
     match hex::decode(prev_hash) {
         Ok(bytes) => hasher.update(&bytes),
@@ -152,9 +158,77 @@ pub fn link_hash(prev_hash: &str, record: &AuditRecord) -> String {
         // well-formed chain, so verification reports the link instead of panicking.
         Err(_) => hasher.update(prev_hash.as_bytes()),
     }
-    let record = serde_json::to_value(record).unwrap_or(Value::Null);
-    hasher.update(to_canonical_bytes(&record));
+    hasher.update(canonical_record);
     hex::encode(hasher.finalize())
+}
+
+/// A record whose canonical form is computed except for its place in the chain.
+///
+/// A ledger appends records on one serialising writer; preparing the record beforehand on the
+/// caller's thread leaves the writer only to splice in the sequence number and hash. The
+/// canonical form sorts keys, and `seq` sorts after every other key but `to`, so the text is
+/// `prefix + seq + suffix`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedRecord {
+    record: AuditRecord,
+    prefix: String,
+    suffix: String,
+}
+
+impl PreparedRecord {
+    pub fn new(run_id: &RunId, draft: AuditDraft, at: Timestamp) -> Self {
+        let record = AuditRecord {
+            run_id: run_id.clone(),
+            seq: 0,
+            at,
+            command_key: draft.command_key,
+            from: draft.from,
+            to: draft.to,
+            actor: draft.actor,
+            reason: draft.reason,
+            evidence: draft.evidence,
+        };
+        let mut before = match serde_json::to_value(&record) {
+            Ok(Value::Object(map)) => map,
+            // AuditRecord always serializes to an object.
+            Ok(_) | Err(_) => serde_json::Map::new(),
+        };
+        let to = before.remove("to").unwrap_or(Value::Null);
+        before.remove("seq");
+        let mut prefix = crate::canonical::to_canonical_string(&Value::Object(before));
+        prefix.pop(); // the closing brace: `seq` and `to` follow
+        prefix.push_str(",\"seq\":");
+        let suffix = format!(",\"to\":{}}}", crate::canonical::to_canonical_string(&to));
+        Self {
+            record,
+            prefix,
+            suffix,
+        }
+    }
+
+    pub fn run_id(&self) -> &RunId {
+        &self.record.run_id
+    }
+
+    pub fn at(&self) -> Timestamp {
+        self.record.at
+    }
+
+    /// Places the record at `head`: returns the entry and its canonical text, and moves the
+    /// head past it.
+    pub fn seal(&self, head: &mut ChainHead) -> (AuditEntry, String) {
+        let canonical = format!("{}{}{}", self.prefix, head.next_seq, self.suffix);
+        let hash = link_hash_canonical(&head.hash, canonical.as_bytes());
+        let mut record = self.record.clone();
+        record.seq = head.next_seq;
+        let entry = AuditEntry {
+            record,
+            prev_hash: std::mem::replace(&mut head.hash, hash.clone()),
+            hash,
+        };
+        head.next_seq += 1;
+        (entry, canonical)
+    }
 }
 
 /// A chain that verified: how many records, and its head.
@@ -282,6 +356,33 @@ mod tests {
                 head.append(&run(), draft, Timestamp::from_millis(i64::from(i)))
             })
             .collect()
+    }
+
+    #[test]
+    fn a_prepared_record_seals_to_the_same_chain() {
+        let mut by_append = ChainHead::genesis();
+        let mut by_seal = ChainHead::genesis();
+        for i in 0..4u32 {
+            let draft = AuditDraft::transition(
+                &key(i),
+                Some(CommandStatus::Leased),
+                CommandStatus::Confirmed,
+                "dispatcher",
+                "committed",
+            )
+            .with_evidence(json!({"seq": 99, "nested": {"to": "x"}, "n": 1.0}));
+            let at = Timestamp::from_millis(7);
+            let appended = by_append.append(&run(), draft.clone(), at);
+            let (sealed, text) = PreparedRecord::new(&run(), draft, at).seal(&mut by_seal);
+            assert_eq!(sealed, appended);
+            // The stored text reads back to a record that hashes to the same link (numbers
+            // keep their canonical spelling, so `1.0` reads back as `1`).
+            let parsed: AuditRecord = serde_json::from_str(&text).expect("canonical text parses");
+            assert_eq!(link_hash(&sealed.prev_hash, &parsed), sealed.hash);
+            let reparsed: Value = serde_json::from_str(&text).expect("json");
+            assert_eq!(crate::canonical::to_canonical_string(&reparsed), text);
+        }
+        assert_eq!(by_append, by_seal);
     }
 
     #[test]

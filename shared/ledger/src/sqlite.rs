@@ -29,7 +29,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use sluice_core::audit::{AuditDraft, AuditEntry, AuditRecord, ChainHead, Checkpoint};
+use sluice_core::audit::{
+    AuditDraft, AuditEntry, AuditRecord, ChainHead, Checkpoint, PreparedRecord,
+};
 use sluice_core::command::{Command, CommandState, CommandStatus, EffectSemantics};
 use sluice_core::ids::{ArgsHash, BusinessKey, CommandKey, IdempotencyKey, RunId, ToolName};
 use sluice_core::time::{Clock, SystemClock, Timestamp};
@@ -244,11 +246,11 @@ enum Op {
     /// the caller, so the single writer thread spends its time on SQL only.
     Reserve {
         command: Box<Command>,
-        audit: AuditDraft,
+        audit: PreparedRecord,
         identity: String,
         state: String,
     },
-    Transition(Box<Transition>, String),
+    Transition(Box<Transition>, String, Option<PreparedRecord>),
     Claim {
         tool: ToolName,
         business_key: BusinessKey,
@@ -256,7 +258,7 @@ enum Op {
         command_key: CommandKey,
         at: Timestamp,
     },
-    Append(RunId, AuditDraft, Timestamp),
+    Append(PreparedRecord),
     Purge {
         older_than: Timestamp,
         max_runs: usize,
@@ -648,9 +650,9 @@ impl Writer {
             } => self
                 .reserve(command, audit, identity, state)?
                 .map(Reply::Reserved),
-            Op::Transition(transition, state) => {
-                self.transition(transition, state)?.map(Reply::Cas)
-            }
+            Op::Transition(transition, state, audit) => self
+                .transition(transition, state, audit.as_ref())?
+                .map(Reply::Cas),
             Op::Claim {
                 tool,
                 business_key,
@@ -660,10 +662,7 @@ impl Writer {
             } => self
                 .claim(tool, business_key, run_id, command_key, *at)?
                 .map(Reply::Claim),
-            Op::Append(run_id, draft, at) => {
-                let entry = self.append(run_id, draft.clone(), *at, 0)?;
-                Ok(Reply::Entry(entry))
-            }
+            Op::Append(record) => Ok(Reply::Entry(self.append(record, 0)?)),
             Op::Purge {
                 older_than,
                 max_runs,
@@ -761,13 +760,12 @@ impl Writer {
     /// Appends to the run's chain, moving its open-command count by `open_delta`.
     fn append(
         &mut self,
-        run_id: &RunId,
-        draft: AuditDraft,
-        at: Timestamp,
+        record: &PreparedRecord,
         open_delta: i64,
     ) -> Result<AuditEntry, rusqlite::Error> {
-        let head = self.head(run_id, at)?;
-        let entry = head.chain.append(run_id, draft, at);
+        let at = record.at();
+        let head = self.head(record.run_id(), at)?;
+        let (entry, text) = record.seal(&mut head.chain);
         head.open_commands += open_delta;
         head.updated_at = head.updated_at.max(at);
         let run_seq = head.run_seq;
@@ -779,7 +777,7 @@ impl Writer {
             .execute(params![
                 run_seq,
                 entry.record.seq as i64,
-                encode(&entry.record),
+                text,
                 entry.prev_hash,
                 entry.hash,
             ])?;
@@ -809,7 +807,7 @@ impl Writer {
     fn reserve(
         &mut self,
         command: &Command,
-        audit: &AuditDraft,
+        audit: &PreparedRecord,
         identity: &str,
         state: &str,
     ) -> WriteResult<ReserveReply> {
@@ -890,16 +888,16 @@ impl Writer {
                 run_seq,
             ])?;
         let open = i64::from(!command.state.status.is_terminal());
-        self.append(
-            &command.run_id,
-            audit.clone(),
-            command.state.updated_at,
-            open,
-        )?;
+        self.append(audit, open)?;
         Ok(Ok(ReserveReply::Created))
     }
 
-    fn transition(&mut self, transition: &Transition, state: &str) -> WriteResult<CasReply> {
+    fn transition(
+        &mut self,
+        transition: &Transition,
+        state: &str,
+        audit: Option<&PreparedRecord>,
+    ) -> WriteResult<CasReply> {
         let run = transition.run_id.as_str();
         let key = transition.command_key.to_string();
         let next = &transition.next;
@@ -933,10 +931,10 @@ impl Writer {
         let Some(identity) = identity else {
             return Ok(Ok(CasReply::Conflict(self.load_row(run, &key)?)));
         };
-        if let Some(audit) = &transition.audit {
+        if let Some(audit) = audit {
             let delta = i64::from(!next.status.is_terminal())
                 - i64::from(!transition.guard.status.is_terminal());
-            self.append(&transition.run_id, audit.clone(), next.updated_at, delta)?;
+            self.append(audit, delta)?;
         }
         Ok(Ok(CasReply::Applied { identity }))
     }
@@ -1094,7 +1092,7 @@ impl Writer {
                     "checkpoints": report.checkpoints,
                 }),
             };
-            self.append(&system, draft, now, 0)?;
+            self.append(&PreparedRecord::new(&system, draft, now), 0)?;
         }
         Ok(Ok(report))
     }
@@ -1131,6 +1129,7 @@ impl Ledger for SqliteLedger {
         let identity = encode(&Identity::of(&command));
         let state = encode(&command.state);
         let run = command.run_id.to_string();
+        let audit = PreparedRecord::new(&command.run_id, audit, command.state.updated_at);
         let op = Op::Reserve {
             command: Box::new(command.clone()),
             audit,
@@ -1155,8 +1154,12 @@ impl Ledger for SqliteLedger {
         let state = encode(&transition.next);
         let run = transition.run_id.to_string();
         let next = transition.next.clone();
+        let audit = transition
+            .audit
+            .take()
+            .map(|draft| PreparedRecord::new(&transition.run_id, draft, next.updated_at));
         match self
-            .submit(Op::Transition(Box::new(transition), state))
+            .submit(Op::Transition(Box::new(transition), state, audit))
             .await?
         {
             Reply::Cas(CasReply::Applied { identity }) => {
@@ -1337,7 +1340,8 @@ impl Ledger for SqliteLedger {
         draft: AuditDraft,
         at: Timestamp,
     ) -> Result<AuditEntry, LedgerError> {
-        match self.submit(Op::Append(run_id.clone(), draft, at)).await? {
+        let record = PreparedRecord::new(run_id, draft, at);
+        match self.submit(Op::Append(record)).await? {
             Reply::Entry(entry) => Ok(entry),
             _ => Err(LedgerError::Closed),
         }
