@@ -166,6 +166,11 @@ pub enum Event {
     },
     /// An IDEMPOTENT or OBSERVE_ONLY tool without a status check is retried with the same key.
     RetrySameKey,
+    /// The outcome cannot be resolved from evidence at all (the tool declares no status check
+    /// and may not be retried blindly): a person must decide.
+    GiveUp {
+        reason: String,
+    },
     Approve {
         operator: Operator,
         policy_version: String,
@@ -212,6 +217,7 @@ pub enum EventKind {
     LeaseExpired,
     Observed,
     RetrySameKey,
+    GiveUp,
     Approve,
     Reject,
     Cancel,
@@ -234,6 +240,7 @@ impl Event {
             Self::LeaseExpired => EventKind::LeaseExpired,
             Self::Observed { .. } => EventKind::Observed,
             Self::RetrySameKey => EventKind::RetrySameKey,
+            Self::GiveUp { .. } => EventKind::GiveUp,
             Self::Approve { .. } => EventKind::Approve,
             Self::Reject { .. } => EventKind::Reject,
             Self::Cancel { .. } => EventKind::Cancel,
@@ -263,6 +270,7 @@ impl Event {
             | Self::LeaseExpired
             | Self::Observed { .. }
             | Self::RetrySameKey
+            | Self::GiveUp { .. }
             | Self::Compensated { .. }
             | Self::DuplicateSettled { .. } => None,
         }
@@ -624,6 +632,23 @@ pub fn apply(
                     }
                 }
             },
+            S::Scheduled
+            | S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Leased
+            | S::Confirmed
+            | S::Failed
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::GiveUp { reason } => match from {
+            S::Unknown => Ok(stuck(next, from, reason.clone())),
             S::Scheduled
             | S::Pending
             | S::Blocked

@@ -117,6 +117,12 @@ fn samples() -> Vec<(&'static str, Event)> {
         ("Inc", observed(O::Inconclusive)),
         ("Rty", Event::RetrySameKey),
         (
+            "Giv",
+            Event::GiveUp {
+                reason: "no status check".into(),
+            },
+        ),
+        (
             "Apv",
             Event::Approve {
                 operator: op("checked the beneficiary"),
@@ -180,21 +186,21 @@ fn samples() -> Vec<(&'static str, Event)> {
 /// Expected outcome of every (state, event) pair, for a NON_IDEMPOTENT tool with a status
 /// check and a compensate: the next status, `-` for "does not apply", `!` for another refusal.
 const TABLE: &str = "
-                     Due Lse Ext Blk Dny Cmt Ref Amb NoS Exp Pre Abs Dup Inc Rty Apv Rej Can Rbk Cmp Dst Res Rpl
-SCHEDULED            PEN -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -
-PENDING              -   LSD -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -
-BLOCKED              -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   APR CAN CAN -   -   -   -   -
-APPROVED             -   LSD -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -
-LEASED               -   -   LSD BLK FLD CNF FLD UNK PEN UNK -   -   -   -   -   -   -   -   -   -   -   -   -
-CONFIRMED            -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMG -   CNF -   -
-FAILED               -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   PEN
-UNKNOWN              -   -   -   -   -   -   -   -   -   -   CNF UNK CNF UNK !   -   -   -   -   -   -   -   -
-STUCK                -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CNF PEN
-CANCELLED            -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
-COMPENSATING         -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMD -   -   -
-COMPENSATED          -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
-COMPENSATION_FAILED  -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
-NO_COMPENSATION      -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+                     Due Lse Ext Blk Dny Cmt Ref Amb NoS Exp Pre Abs Dup Inc Rty Giv Apv Rej Can Rbk Cmp Dst Res Rpl
+SCHEDULED            PEN -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -
+PENDING              -   LSD -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -
+BLOCKED              -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   APR CAN CAN -   -   -   -   -
+APPROVED             -   LSD -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -
+LEASED               -   -   LSD BLK FLD CNF FLD UNK PEN UNK -   -   -   -   -   -   -   -   -   -   -   -   -   -
+CONFIRMED            -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMG -   CNF -   -
+FAILED               -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   PEN
+UNKNOWN              -   -   -   -   -   -   -   -   -   -   CNF UNK CNF UNK !   STK -   -   -   -   -   -   -   -
+STUCK                -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CNF PEN
+CANCELLED            -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+COMPENSATING         -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMD -   -   -
+COMPENSATED          -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+COMPENSATION_FAILED  -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+NO_COMPENSATION      -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
 ";
 
 fn abbreviation(status: CommandStatus) -> &'static str {
@@ -744,6 +750,9 @@ fn arb_event() -> impl Strategy<Value = Event> {
             }
         ),
         Just(Event::RetrySameKey),
+        Just(Event::GiveUp {
+            reason: "no status check".into()
+        }),
         arb_operator().prop_map(|operator| Event::Approve {
             operator,
             policy_version: "1".into()

@@ -1,0 +1,283 @@
+//! The compensator: rolls runs back and cleans up duplicate commits.
+//!
+//! Run rollback (Fuze's saga semantics): the run's commands that have not started are
+//! cancelled; then its CONFIRMED commands are compensated one at a time in reverse journal
+//! order (last effect first). OBSERVE_ONLY commands are skipped — a read has nothing to undo; a
+//! tool without `compensate` ends NO_COMPENSATION with `escalated = true`. Each compensation's
+//! start and end are recorded, the end taken after the compensate call returned, and every step
+//! is in the run's audit chain. Commands still in flight (LEASED, UNKNOWN) when the rollback
+//! runs are named in the rollback's audit record; rolling back again after they settle
+//! compensates them.
+//!
+//! A compensate call that fails transiently leaves its command COMPENSATING with a due time;
+//! the sweep brings it back, so a retried compensation may run after an earlier one of the run.
+
+use sluice_bus::{BusError, Delivery, Topic};
+use sluice_connector::CompensationTarget;
+use sluice_core::audit::AuditDraft;
+use sluice_core::command::{Command, CommandStatus, EffectSemantics};
+use sluice_core::ids::{CommandKey, RunId};
+use sluice_core::machine::{CompensationOutcome, Event, Operator};
+use sluice_runtime::config::CompensatorConfig;
+use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
+use sluice_runtime::messages::{Cause, CompensateJob, CompensateRequest, decode};
+use sluice_runtime::{Context, Driven, PipelineError, Shutdown};
+
+/// The actor named in the audit chain for compensation steps.
+pub const ACTOR: &str = "compensator";
+/// The consumer group of all compensators.
+pub const GROUP: &str = "sluice-compensator";
+
+/// Consumes compensation requests until `shutdown`.
+pub async fn run(
+    ctx: Context,
+    config: CompensatorConfig,
+    shutdown: Shutdown,
+) -> Result<(), BusError> {
+    let spec = ConsumerSpec {
+        topic: Topic::Compensate,
+        group: GROUP.into(),
+        member: format!("{ACTOR}-{}", std::process::id()),
+        concurrency: config.concurrency,
+    };
+    let (bus, metrics) = (ctx.bus.clone(), ctx.metrics.clone());
+    consume(bus, metrics, spec, shutdown, move |delivery: Delivery| {
+        let ctx = ctx.clone();
+        async move {
+            let request: CompensateRequest = match decode("compensate request", delivery.payload())
+            {
+                Ok(request) => request,
+                Err(e) => return Ok(Handled::Reject(e)),
+            };
+            handle(&ctx, request).await?;
+            Ok(Handled::Done)
+        }
+    })
+    .await
+}
+
+/// Carries out one compensation request.
+pub async fn handle(ctx: &Context, request: CompensateRequest) -> Result<(), PipelineError> {
+    match request.job {
+        CompensateJob::Rollback { actor, reason } => {
+            rollback(ctx, &request.run_id, &actor, &reason).await
+        }
+        CompensateJob::Command { command_key } => {
+            if let Some(command) = ctx.ledger.get(&request.run_id, &command_key).await? {
+                compensate(ctx, command).await?;
+            }
+            Ok(())
+        }
+        CompensateJob::Duplicate {
+            command_key,
+            extra_refs,
+        } => settle_duplicate(ctx, &request.run_id, &command_key, &extra_refs).await,
+    }
+}
+
+/// Rolls a run back: cancel what has not started, compensate what committed, last first.
+#[tracing::instrument(skip(ctx, actor, reason), fields(run_id = %run_id))]
+pub async fn rollback(
+    ctx: &Context,
+    run_id: &RunId,
+    actor: &str,
+    reason: &str,
+) -> Result<(), PipelineError> {
+    let commands = ctx.ledger.list_run(run_id, None).await?;
+    let in_flight: Vec<String> = commands
+        .iter()
+        .filter(|c| {
+            matches!(
+                c.status(),
+                CommandStatus::Leased | CommandStatus::Unknown | CommandStatus::Compensating
+            )
+        })
+        .map(|c| c.command_key.to_string())
+        .collect();
+    ctx.ledger
+        .audit_append(
+            run_id,
+            AuditDraft {
+                command_key: None,
+                from: None,
+                to: None,
+                actor: actor.to_owned(),
+                reason: format!("run rollback: {reason}"),
+                evidence: serde_json::json!({
+                    "commands": commands.len(),
+                    "in_flight": in_flight,
+                }),
+            },
+            ctx.clock.now(),
+        )
+        .await?;
+    let operator = Operator {
+        actor: actor.to_owned(),
+        reason: format!("run rolled back: {reason}"),
+    };
+    for command in &commands {
+        if matches!(
+            command.status(),
+            CommandStatus::Scheduled
+                | CommandStatus::Pending
+                | CommandStatus::Blocked
+                | CommandStatus::Approved
+        ) {
+            let cancel = Event::Cancel {
+                operator: operator.clone(),
+            };
+            if let Driven::Applied(command, step) = ctx
+                .drive_from(command.clone(), actor, |_| Some(cancel.clone()))
+                .await?
+            {
+                ctx.carry_out(ACTOR, &command, &step, Cause::Reserved)
+                    .await?;
+            }
+        }
+    }
+    // Journal order reversed: the last effect is undone first.
+    for command in commands.into_iter().rev() {
+        if command.status() != CommandStatus::Confirmed
+            || command.semantics == EffectSemantics::ObserveOnly
+        {
+            continue;
+        }
+        let event = Event::Rollback {
+            operator: operator.clone(),
+        };
+        match ctx
+            .drive_from(command, actor, |current| {
+                (current.status() == CommandStatus::Confirmed).then(|| event.clone())
+            })
+            .await?
+        {
+            Driven::Applied(command, step) if command.status() == CommandStatus::Compensating => {
+                // Compensated here, in order, rather than through the bus.
+                let _ = step;
+                compensate(ctx, command).await?;
+            }
+            Driven::Applied(command, step) => {
+                ctx.carry_out(ACTOR, &command, &step, Cause::Reserved)
+                    .await?;
+            }
+            Driven::Refused(command, refusal) => {
+                tracing::warn!(command_key = %command.command_key, %refusal, "rollback refused");
+            }
+            Driven::Skipped(_) | Driven::Missing => {}
+        }
+    }
+    Ok(())
+}
+
+/// Calls compensate for a COMPENSATING command and records what happened.
+#[tracing::instrument(skip(ctx, command), fields(run_id = %command.run_id, command_key = %command.command_key))]
+pub async fn compensate(ctx: &Context, command: Command) -> Result<(), PipelineError> {
+    if command.status() != CommandStatus::Compensating {
+        return Ok(());
+    }
+    let outcome = match ctx.catalog.get(&command.tool) {
+        Some(tool) => {
+            ctx.connector
+                .compensate(tool, &command, CompensationTarget::OwnCommit)
+                .await
+        }
+        None => CompensationOutcome::Impossible {
+            reason: format!("tool {} is no longer in the catalog", command.tool),
+        },
+    };
+    // `drive` takes "now" after the call returned: that is the compensation's end time.
+    let event = Event::Compensated { outcome };
+    if let Driven::Applied(command, step) = ctx
+        .drive_from(command, ACTOR, |current| {
+            (current.status() == CommandStatus::Compensating).then(|| event.clone())
+        })
+        .await?
+    {
+        ctx.carry_out(ACTOR, &command, &step, Cause::Reserved)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Undoes the extra commits a `duplicate` observation found, retrying transient failures a few
+/// times, and records the result on the (CONFIRMED) command.
+#[tracing::instrument(skip(ctx, extra_refs), fields(run_id = %run_id, command_key = %command_key))]
+pub async fn settle_duplicate(
+    ctx: &Context,
+    run_id: &RunId,
+    command_key: &CommandKey,
+    extra_refs: &[String],
+) -> Result<(), PipelineError> {
+    let Some(command) = ctx.ledger.get(run_id, command_key).await? else {
+        return Ok(());
+    };
+    let rules = ctx.rules_of(&command);
+    let outcome = match ctx.catalog.get(&command.tool) {
+        None => CompensationOutcome::Impossible {
+            reason: format!("tool {} is no longer in the catalog", command.tool),
+        },
+        Some(_) if extra_refs.is_empty() => CompensationOutcome::Impossible {
+            reason: "the status check named no extra commit to undo".into(),
+        },
+        Some(tool) => {
+            let mut undone = Vec::new();
+            let mut failure = None;
+            for reference in extra_refs {
+                let mut attempt = 0;
+                let outcome = loop {
+                    let outcome = ctx
+                        .connector
+                        .compensate(
+                            tool,
+                            &command,
+                            CompensationTarget::ExtraCommit {
+                                external_ref: reference.clone(),
+                            },
+                        )
+                        .await;
+                    match outcome {
+                        CompensationOutcome::Retry { .. } if attempt + 1 < rules.max_attempts => {
+                            tokio::time::sleep(std::time::Duration::from_millis(
+                                u64::try_from(rules.backoff_ms(attempt)).unwrap_or(1_000),
+                            ))
+                            .await;
+                            attempt += 1;
+                        }
+                        other => break other,
+                    }
+                };
+                match outcome {
+                    CompensationOutcome::Done { reference: undo } => {
+                        undone.push(format!("{reference} -> {}", undo.unwrap_or_default()));
+                    }
+                    other => failure = Some((reference.clone(), other)),
+                }
+            }
+            match failure {
+                None => CompensationOutcome::Done {
+                    reference: Some(undone.join(", ")),
+                },
+                Some((reference, CompensationOutcome::Impossible { reason })) => {
+                    CompensationOutcome::Impossible {
+                        reason: format!("{reference}: {reason}"),
+                    }
+                }
+                Some((reference, CompensationOutcome::Retry { reason })) => {
+                    CompensationOutcome::Retry {
+                        reason: format!("{reference}: {reason}"),
+                    }
+                }
+                Some((_, done @ CompensationOutcome::Done { .. })) => done,
+            }
+        }
+    };
+    let event = Event::DuplicateSettled { outcome };
+    if let Driven::Applied(command, step) = ctx
+        .drive_from(command, ACTOR, |_| Some(event.clone()))
+        .await?
+    {
+        ctx.carry_out(ACTOR, &command, &step, Cause::Reserved)
+            .await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,35 @@
+//! The compensator binary: configuration and telemetry, then `sluice_compensator::run`.
+
+use clap::Parser;
+use sluice_runtime::assemble::{assemble, load_catalog};
+use sluice_runtime::cli::{ServiceArgs, require_shared_bus};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice-compensator",
+    version,
+    about = "The Sluice compensator service"
+)]
+struct Args {
+    #[command(flatten)]
+    service: ServiceArgs,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let config = args.service.load()?;
+    sluice_runtime::telemetry::init(&config.telemetry);
+    require_shared_bus(&config, "compensator")?;
+    let ctx = assemble(&config, load_catalog(&config.catalog)?)?;
+    sluice_compensator::run(
+        ctx,
+        config.compensator.clone(),
+        sluice_runtime::shutdown_on_signals(),
+    )
+    .await?;
+    Ok(())
+}

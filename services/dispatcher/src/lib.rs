@@ -1,0 +1,183 @@
+//! The dispatcher: leases a requested command, re-checks policy against its stored arguments,
+//! calls the tool with the command's idempotency key and writes the outcome fenced by the lease
+//! epoch.
+//!
+//! Guarantees: a command is called only under a lease this dispatcher holds (the lease is a
+//! compare-and-set on status and epoch, so of any number of replicas exactly one wins); the
+//! outcome is written only while that lease's epoch is still current, so a dispatcher that
+//! lost its lease (it stalled past the expiry and the sweep marked the command UNKNOWN) cannot
+//! overwrite what the reconciler decides. An outcome it could not write is not lost: the
+//! reconciler finds it from evidence.
+
+use std::time::Instant;
+
+use sluice_bus::{BusError, Delivery, Topic};
+use sluice_core::command::{Command, CommandStatus};
+use sluice_core::ids::{CommandKey, RunId};
+use sluice_core::machine::{DispatchOutcome, Event, Refusal};
+use sluice_core::policy::{self, PolicyDecision};
+use sluice_runtime::config::DispatcherConfig;
+use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
+use sluice_runtime::messages::{Cause, DispatchRequest, decode};
+use sluice_runtime::{Context, Driven, PipelineError, Shutdown};
+
+/// The actor named in the audit chain for the dispatcher's transitions.
+pub const ACTOR: &str = "dispatcher";
+/// The consumer group of all dispatchers.
+pub const GROUP: &str = "sluice-dispatcher";
+
+/// The name a dispatcher leases under unless configured: host and process id.
+pub fn default_owner() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
+    format!("{ACTOR}-{host}-{}", std::process::id())
+}
+
+/// Consumes dispatch requests until `shutdown`; in-flight calls finish first.
+pub async fn run(
+    ctx: Context,
+    config: DispatcherConfig,
+    shutdown: Shutdown,
+) -> Result<(), BusError> {
+    let owner = config.owner.clone().unwrap_or_else(default_owner);
+    let spec = ConsumerSpec {
+        topic: Topic::Requested,
+        group: GROUP.into(),
+        member: owner.clone(),
+        concurrency: config.concurrency,
+    };
+    let (bus, metrics) = (ctx.bus.clone(), ctx.metrics.clone());
+    consume(bus, metrics, spec, shutdown, move |delivery: Delivery| {
+        let (ctx, owner) = (ctx.clone(), owner.clone());
+        async move {
+            let request: DispatchRequest = match decode("dispatch request", delivery.payload()) {
+                Ok(request) => request,
+                Err(e) => return Ok(Handled::Reject(e)),
+            };
+            dispatch(&ctx, &owner, &request.run_id, &request.command_key).await?;
+            Ok(Handled::Done)
+        }
+    })
+    .await
+}
+
+/// Dispatches one command if it is waiting for dispatch; returns it as it stands afterwards.
+#[tracing::instrument(skip(ctx, owner), fields(run_id = %run_id, command_key = %command_key))]
+pub async fn dispatch(
+    ctx: &Context,
+    owner: &str,
+    run_id: &RunId,
+    command_key: &CommandKey,
+) -> Result<Option<Command>, PipelineError> {
+    let catalog = ctx.catalog.clone();
+    let leased = ctx
+        .drive(run_id, command_key, ACTOR, |command| {
+            if !matches!(
+                command.status(),
+                CommandStatus::Pending | CommandStatus::Approved
+            ) {
+                return None;
+            }
+            let Some(tool) = catalog.get(&command.tool) else {
+                return Some(Event::Deny {
+                    reason: format!("tool {} is no longer in the catalog", command.tool),
+                    epoch: None,
+                });
+            };
+            // Policy is deterministic over the stored arguments and the current policy
+            // version; checking it right before the lease is the same as right after, since
+            // the lease is guarded by the status read here.
+            Some(
+                match policy::evaluate(
+                    tool,
+                    &command.args,
+                    command.state.approval.as_ref(),
+                    catalog.policy_version(),
+                ) {
+                    PolicyDecision::Allow => Event::Lease {
+                        owner: owner.to_owned(),
+                    },
+                    PolicyDecision::RequireApproval { reason } => Event::Block {
+                        reason,
+                        epoch: None,
+                    },
+                    PolicyDecision::Deny { reason } => Event::Deny {
+                        reason,
+                        epoch: None,
+                    },
+                },
+            )
+        })
+        .await?;
+    let leased = match leased {
+        Driven::Applied(command, _) if command.status() == CommandStatus::Leased => command,
+        Driven::Applied(command, step) => {
+            ctx.carry_out(ACTOR, &command, &step, Cause::Reserved)
+                .await?;
+            return Ok(Some(command));
+        }
+        Driven::Refused(command, refusal) => {
+            tracing::warn!(%refusal, status = %command.status(), "dispatch refused");
+            return Ok(Some(command));
+        }
+        Driven::Skipped(command) => return Ok(Some(command)),
+        Driven::Missing => {
+            tracing::warn!("dispatch request for a command the ledger does not have");
+            return Ok(None);
+        }
+    };
+
+    let outcome = match catalog.get(&leased.tool) {
+        Some(tool) => {
+            let started = Instant::now();
+            let outcome = ctx.connector.dispatch(tool, &leased).await;
+            ctx.metrics
+                .dispatch_seconds
+                .with_label_values(&[&leased.tool.to_string(), outcome_label(&outcome)])
+                .observe(started.elapsed().as_secs_f64());
+            outcome
+        }
+        // Checked before the lease; a catalog swapped in between counts as not sent.
+        None => DispatchOutcome::NotSent {
+            reason: format!("tool {} is no longer in the catalog", leased.tool),
+        },
+    };
+
+    let epoch = leased.epoch();
+    let written = ctx
+        .drive_from(leased, ACTOR, |_| {
+            Some(Event::Dispatched {
+                epoch,
+                outcome: outcome.clone(),
+            })
+        })
+        .await?;
+    match written {
+        Driven::Applied(command, step) => {
+            ctx.carry_out(ACTOR, &command, &step, Cause::Retry).await?;
+            Ok(Some(command))
+        }
+        Driven::Refused(command, refusal @ Refusal::StaleEpoch { .. }) => {
+            tracing::warn!(
+                %refusal,
+                outcome = outcome_label(&outcome),
+                "lease lost before the outcome was written; the reconciler resolves it from evidence"
+            );
+            Ok(Some(command))
+        }
+        Driven::Refused(command, refusal) => {
+            tracing::warn!(%refusal, "outcome refused");
+            Ok(Some(command))
+        }
+        Driven::Skipped(command) => Ok(Some(command)),
+        Driven::Missing => Ok(None),
+    }
+}
+
+fn outcome_label(outcome: &DispatchOutcome) -> &'static str {
+    match outcome {
+        DispatchOutcome::Committed { .. } => "committed",
+        DispatchOutcome::Refused { .. } => "refused",
+        DispatchOutcome::Ambiguous { .. } => "ambiguous",
+        DispatchOutcome::NotSent { .. } => "not_sent",
+    }
+}

@@ -1,0 +1,35 @@
+//! The dispatcher binary: configuration and telemetry, then `sluice_dispatcher::run`.
+
+use clap::Parser;
+use sluice_runtime::assemble::{assemble, load_catalog};
+use sluice_runtime::cli::{ServiceArgs, require_shared_bus};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice-dispatcher",
+    version,
+    about = "The Sluice dispatcher service"
+)]
+struct Args {
+    #[command(flatten)]
+    service: ServiceArgs,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let config = args.service.load()?;
+    sluice_runtime::telemetry::init(&config.telemetry);
+    require_shared_bus(&config, "dispatcher")?;
+    let ctx = assemble(&config, load_catalog(&config.catalog)?)?;
+    sluice_dispatcher::run(
+        ctx,
+        config.dispatcher.clone(),
+        sluice_runtime::shutdown_on_signals(),
+    )
+    .await?;
+    Ok(())
+}

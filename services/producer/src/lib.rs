@@ -1,0 +1,642 @@
+//! The producer: Sluice's HTTP front door. It validates a submission against the tool catalog,
+//! derives the command's keys from its journal position, records the command in the ledger
+//! *before* anything runs, and then asks for dispatch.
+//!
+//! Answers: 201 a new command; 200 the same key with the same arguments (or the same business
+//! key) — the stored command, nothing new; 409 the same key with other arguments; 404 an
+//! unknown tool; 422 invalid arguments or ids (naming the JSON pointer); 413 over the size
+//! limit; 400 malformed JSON.
+//!
+//! Nothing accepted is lost: a command is answered 201 only once it is durable in the ledger.
+//! If publishing the dispatch request fails afterwards, the command still is PENDING with a due
+//! time, and the reconciler's sweep republishes it.
+//!
+//! `GET …/effects/{key}?wait=30s` long-polls until the command settles (terminal, STUCK or
+//! BLOCKED). Waiters are woken by the lifecycle events this producer reads from the bus as a
+//! group of its own, with a periodic ledger re-read as the fallback.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sluice_bus::Topic;
+use sluice_core::catalog::CatalogError;
+use sluice_core::command::{Command, CommandStatus, Intent};
+use sluice_core::ids::{CommandKey, RunId};
+use sluice_core::time::Timestamp;
+use sluice_ledger::{LedgerError, Reserved};
+use sluice_runtime::config::ProducerConfig;
+use sluice_runtime::messages::{
+    Cause, CompensateJob, CompensateRequest, DispatchRequest, encode, header,
+};
+use sluice_runtime::{Context, Shutdown};
+use tokio::sync::broadcast;
+
+/// The actor named in the audit chain for reservations.
+pub const ACTOR: &str = "producer";
+
+/// Shared state of the HTTP handlers.
+#[derive(Debug, Clone)]
+pub struct Api {
+    ctx: Context,
+    config: ProducerConfig,
+    /// `<run_id>/<command_key>` of every lifecycle event seen.
+    settled: broadcast::Sender<String>,
+}
+
+/// One effect as an agent submits it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EffectRequest {
+    pub run_id: String,
+    pub decision: u32,
+    pub tool: String,
+    pub call_idx: u32,
+    pub args: Value,
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+    #[serde(default)]
+    pub not_before: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchRequest {
+    effects: Vec<Value>,
+}
+
+/// An error answer: `{"error": {"code", "message", "details"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    details: Value,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            details: Value::Null,
+        }
+    }
+
+    fn with_details(mut self, details: Value) -> Self {
+        self.details = details;
+        self
+    }
+
+    fn body(&self) -> Value {
+        let mut error = json!({"code": self.code, "message": self.message});
+        if !self.details.is_null() {
+            error["details"] = self.details.clone();
+        }
+        json!({ "error": error })
+    }
+
+    fn unavailable(e: &LedgerError) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ledger_unavailable",
+            e.to_string(),
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+/// The answer to one submission: the status code and the command.
+struct Submitted {
+    status: StatusCode,
+    command: Command,
+}
+
+impl Api {
+    pub fn new(ctx: Context, config: ProducerConfig) -> Self {
+        let (settled, _) = broadcast::channel(4_096);
+        Self {
+            ctx,
+            config,
+            settled,
+        }
+    }
+
+    /// Validates, reserves and requests dispatch of one effect.
+    async fn submit(&self, raw: Value) -> Result<Submitted, ApiError> {
+        let request: EffectRequest = serde_json::from_value(raw).map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                format!("invalid effect: {e}"),
+            )
+        })?;
+        let invalid = |field: &str, message: String| {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+                .with_details(json!({ "pointer": format!("/{field}") }))
+        };
+        let run_id = RunId::parse(&request.run_id).map_err(|e| invalid("run_id", e.to_string()))?;
+        let catalog = &self.ctx.catalog;
+        let tool = catalog.resolve(&request.tool).map_err(|e| match e {
+            CatalogError::UnknownTool { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "unknown_tool", e.to_string())
+            }
+            other => invalid("tool", other.to_string()),
+        })?;
+        tool.validate_args(&request.args).map_err(|e| {
+            let violations: Vec<Value> = e
+                .violations()
+                .iter()
+                .map(|v| json!({"pointer": format!("/args{}", v.pointer), "message": v.message}))
+                .collect();
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_arguments",
+                format!("arguments of {} do not match its schema: {e}", tool.name()),
+            )
+            .with_details(json!({ "violations": violations }))
+        })?;
+        let business_key = tool
+            .business_key(&request.args)
+            .map_err(|e| invalid("args", e.to_string()))?;
+        let now = self.ctx.clock.now();
+        let not_before = match (request.delay_ms, request.not_before.as_deref()) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "not_before",
+                    "give delay_ms or not_before, not both".into(),
+                ));
+            }
+            (Some(delay), None) => Some(
+                now.plus_millis(
+                    i64::try_from(delay)
+                        .map_err(|_| invalid("delay_ms", "delay_ms is too large".into()))?,
+                ),
+            ),
+            (None, Some(at)) => Some(
+                Timestamp::parse_rfc3339(at).map_err(|e| invalid("not_before", e.to_string()))?,
+            ),
+            (None, None) => None,
+        };
+        let rules = tool.rules();
+        let command = Command::from_intent(
+            Intent {
+                run_id,
+                command_key: CommandKey::new(
+                    request.decision,
+                    tool.name().clone(),
+                    request.call_idx,
+                ),
+                semantics: tool.semantics(),
+                args: request.args,
+                business_key,
+                policy_version: catalog.policy_version().to_owned(),
+                max_attempts: rules.max_attempts,
+                not_before,
+            },
+            now,
+            rules.pending_stale_ms,
+        );
+        let tool_label = tool.name().to_string();
+        let audit = command.reservation_audit(ACTOR);
+        let reserved = match self.ctx.ledger.reserve(command, audit).await {
+            Ok(reserved) => reserved,
+            Err(e @ LedgerError::ArgumentDrift { .. }) => {
+                self.count(&tool_label, "drift");
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "argument_drift",
+                    e.to_string(),
+                ));
+            }
+            Err(e) => return Err(ApiError::unavailable(&e)),
+        };
+        match reserved {
+            Reserved::Created(command) => {
+                self.count(&tool_label, "created");
+                if command.status() == CommandStatus::Pending {
+                    let request = DispatchRequest {
+                        run_id: command.run_id.clone(),
+                        command_key: command.command_key.clone(),
+                        cause: Cause::Reserved,
+                    };
+                    if let Err(e) = self
+                        .ctx
+                        .bus
+                        .publish(
+                            Topic::Requested,
+                            command.run_id.as_str(),
+                            encode(&request),
+                            vec![],
+                        )
+                        .await
+                    {
+                        // Recorded all the same: the stale-PENDING sweep republishes it.
+                        tracing::warn!(
+                            run_id = %command.run_id,
+                            command_key = %command.command_key,
+                            error = %e,
+                            "dispatch request not published; the sweep will"
+                        );
+                    }
+                }
+                Ok(Submitted {
+                    status: StatusCode::CREATED,
+                    command,
+                })
+            }
+            Reserved::Existing(command) | Reserved::BusinessKeyHeld(command) => {
+                self.count(&tool_label, "replayed");
+                Ok(Submitted {
+                    status: StatusCode::OK,
+                    command,
+                })
+            }
+        }
+    }
+
+    fn count(&self, tool: &str, outcome: &str) {
+        self.ctx
+            .metrics
+            .submissions
+            .with_label_values(&[tool, outcome])
+            .inc();
+    }
+}
+
+/// The routes of the producer.
+pub fn router(api: Api) -> Router {
+    let limit = api.config.max_body_bytes;
+    Router::new()
+        .route("/v1/effects", post(submit_one))
+        .route("/v1/effects/batch", post(submit_batch))
+        .route("/v1/runs/{run_id}/effects", get(list_effects))
+        .route("/v1/runs/{run_id}/effects/{*command_key}", get(get_effect))
+        .route("/v1/runs/{run_id}/rollback", post(rollback))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(api)
+}
+
+fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+            format!("request body is not valid JSON: {e}"),
+        )
+    })
+}
+
+async fn submit_one(State(api): State<Api>, body: Bytes) -> Response {
+    let answer = match parse_json(&body) {
+        Ok(raw) => match api.submit(raw).await {
+            Ok(submitted) => (submitted.status, Json(&submitted.command)).into_response(),
+            Err(e) => e.into_response(),
+        },
+        Err(e) => e.into_response(),
+    };
+    api.ctx
+        .metrics
+        .http_requests
+        .with_label_values(&["submit", answer.status().as_str()])
+        .inc();
+    answer
+}
+
+async fn submit_batch(State(api): State<Api>, body: Bytes) -> Result<Response, ApiError> {
+    let batch: BatchRequest = serde_json::from_value(parse_json(&body)?).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            format!("a batch is {{\"effects\": [...]}}: {e}"),
+        )
+    })?;
+    if batch.effects.len() > api.config.max_batch {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "batch_too_large",
+            format!(
+                "{} effects in one batch; the limit is {}",
+                batch.effects.len(),
+                api.config.max_batch
+            ),
+        ));
+    }
+    // Submitted concurrently, so the ledger commits them in a few groups.
+    let results = futures::future::join_all(batch.effects.into_iter().map(|raw| {
+        let api = api.clone();
+        async move {
+            match api.submit(raw).await {
+                Ok(submitted) => json!({
+                    "status": submitted.status.as_u16(),
+                    "command": submitted.command,
+                }),
+                Err(e) => {
+                    let mut body = e.body();
+                    body["status"] = json!(e.status.as_u16());
+                    body
+                }
+            }
+        }
+    }))
+    .await;
+    api.ctx
+        .metrics
+        .http_requests
+        .with_label_values(&["submit_batch", "200"])
+        .inc();
+    Ok(Json(json!({ "results": results })).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    status: Option<String>,
+}
+
+async fn list_effects(
+    State(api): State<Api>,
+    Path(run_id): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    let run_id = RunId::parse(&run_id).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            e.to_string(),
+        )
+    })?;
+    let status = query
+        .status
+        .as_deref()
+        .map(str::parse::<CommandStatus>)
+        .transpose()
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                e.to_string(),
+            )
+        })?;
+    let effects = api
+        .ctx
+        .ledger
+        .list_run(&run_id, status)
+        .await
+        .map_err(|e| ApiError::unavailable(&e))?;
+    Ok(Json(json!({ "run_id": run_id, "effects": effects })).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RollbackRequest {
+    reason: String,
+    #[serde(default)]
+    actor: Option<String>,
+}
+
+/// Asks the compensator to roll the run back; answers 202 with the run's commands as they are.
+async fn rollback(
+    State(api): State<Api>,
+    Path(run_id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let bad = |e: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", e);
+    let run_id = RunId::parse(&run_id).map_err(|e| bad(e.to_string()))?;
+    let request: RollbackRequest = serde_json::from_value(parse_json(&body)?)
+        .map_err(|e| bad(format!("a rollback is {{\"reason\": \"...\"}}: {e}")))?;
+    if request.reason.trim().is_empty() {
+        return Err(bad("a rollback needs a reason".into()));
+    }
+    let effects = api
+        .ctx
+        .ledger
+        .list_run(&run_id, None)
+        .await
+        .map_err(|e| ApiError::unavailable(&e))?;
+    if effects.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_run",
+            format!("run {run_id} has no commands"),
+        ));
+    }
+    let job = CompensateRequest {
+        run_id: run_id.clone(),
+        job: CompensateJob::Rollback {
+            actor: request.actor.unwrap_or_else(|| "api".into()),
+            reason: request.reason,
+        },
+    };
+    api.ctx
+        .bus
+        .publish(Topic::Compensate, run_id.as_str(), encode(&job), vec![])
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "bus_unavailable",
+                e.to_string(),
+            )
+        })?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "run_id": run_id, "effects": effects })),
+    )
+        .into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct GetQuery {
+    wait: Option<String>,
+}
+
+/// Parses `30s`, `500ms`, `2m` or a plain number of milliseconds.
+pub fn parse_wait(raw: &str) -> Option<Duration> {
+    let raw = raw.trim();
+    let (number, unit) = match raw.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => raw.split_at(at),
+        None => (raw, "ms"),
+    };
+    let value: u64 = number.parse().ok()?;
+    match unit {
+        "ms" => Some(Duration::from_millis(value)),
+        "s" => Some(Duration::from_secs(value)),
+        "m" => Some(Duration::from_secs(value.checked_mul(60)?)),
+        _ => None,
+    }
+}
+
+async fn get_effect(
+    State(api): State<Api>,
+    Path((run_id, command_key)): Path<(String, String)>,
+    Query(query): Query<GetQuery>,
+) -> Result<Response, ApiError> {
+    let bad = |e: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", e);
+    let run_id = RunId::parse(&run_id).map_err(|e| bad(e.to_string()))?;
+    let command_key = CommandKey::parse(&command_key).map_err(|e| bad(e.to_string()))?;
+    let wait = match query.wait.as_deref() {
+        None => Duration::ZERO,
+        Some(raw) => parse_wait(raw)
+            .ok_or_else(|| {
+                bad(format!(
+                    "wait {raw:?} is not a duration such as 30s or 500ms"
+                ))
+            })?
+            .min(Duration::from_millis(api.config.max_wait_ms)),
+    };
+    let subject = format!("{run_id}/{command_key}");
+    let mut woken = api.settled.subscribe();
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let command = api
+            .ctx
+            .ledger
+            .get(&run_id, &command_key)
+            .await
+            .map_err(|e| ApiError::unavailable(&e))?
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "unknown_command",
+                    format!("no command {subject}"),
+                )
+            })?;
+        if command.status().is_settled() || tokio::time::Instant::now() >= deadline {
+            return Ok(Json(command).into_response());
+        }
+        // Woken by this command's lifecycle event, or re-read every second regardless.
+        let _ = tokio::time::timeout_at(
+            deadline.min(tokio::time::Instant::now() + Duration::from_secs(1)),
+            async {
+                loop {
+                    match woken.recv().await {
+                        Ok(seen) if seen == subject => return,
+                        Ok(_) => {}
+                        Err(broadcast::error::RecvError::Lagged(_)) => return,
+                        Err(broadcast::error::RecvError::Closed) => {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                }
+            },
+        )
+        .await;
+    }
+}
+
+async fn ready(State(api): State<Api>) -> Response {
+    match api
+        .ctx
+        .ledger
+        .list_runs(Timestamp::from_millis(i64::MAX), 1)
+        .await
+    {
+        Ok(_) => (StatusCode::OK, "ready").into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    }
+}
+
+async fn metrics(State(api): State<Api>) -> Response {
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        api.ctx.metrics.render(),
+    )
+        .into_response()
+}
+
+/// Reads the lifecycle events as a group of this producer's own, waking long-poll waiters.
+async fn watch_events(api: Api, shutdown: Shutdown) {
+    let group = format!("sluice-producer-{}", uuid::Uuid::new_v4().simple());
+    let mut subscription = match api.ctx.bus.subscribe(Topic::Events, &group, &group).await {
+        Ok(subscription) => subscription,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch lifecycle events; long polls re-read the ledger");
+            return;
+        }
+    };
+    loop {
+        let delivery = tokio::select! {
+            () = shutdown.cancelled() => return,
+            delivery = subscription.next() => match delivery {
+                Some(delivery) => delivery,
+                None => return,
+            },
+        };
+        if let Some(subject) = header(&delivery.message.headers, "ce_subject") {
+            let _ = api.settled.send(subject.to_owned());
+        }
+        let _ = delivery.ack().await;
+    }
+}
+
+/// Serves the API on `listener` until `shutdown`.
+pub async fn serve(
+    ctx: Context,
+    config: ProducerConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: Shutdown,
+) -> std::io::Result<()> {
+    let api = Api::new(ctx, config);
+    let watcher = tokio::spawn(watch_events(api.clone(), shutdown.clone()));
+    let stop = shutdown.clone();
+    let served = axum::serve(listener, router(api))
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await;
+    shutdown.cancel();
+    let _ = watcher.await;
+    served
+}
+
+/// Binds `config.listen` and serves until `shutdown`.
+pub async fn run(ctx: Context, config: ProducerConfig, shutdown: Shutdown) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    tracing::info!(listen = %local(&listener), "producer listening");
+    serve(ctx, config, listener, shutdown).await
+}
+
+fn local(listener: &tokio::net::TcpListener) -> String {
+    listener
+        .local_addr()
+        .map_or_else(|_| "?".into(), |a: SocketAddr| a.to_string())
+}
+
+/// The JSON shape of an answer, for clients.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BatchResult {
+    pub status: u16,
+    #[serde(default)]
+    pub command: Option<Command>,
+    #[serde(default)]
+    pub error: Option<Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_parse_in_common_units() {
+        assert_eq!(parse_wait("30s"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_wait("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_wait("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_wait("250"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_wait("soon"), None);
+        assert_eq!(parse_wait("5h"), None);
+    }
+}

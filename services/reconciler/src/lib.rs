@@ -1,0 +1,263 @@
+//! The reconciler: resolves ambiguous outcomes from evidence, and runs the sweeps that keep
+//! everything accepted moving.
+//!
+//! Resolution (DESIGN §2): a status check answers present → CONFIRMED, absent → redispatch
+//! (for NON_IDEMPOTENT tools only once the absence held over the tool's settle interval),
+//! duplicate → CONFIRMED plus compensation of the extra commit, inconclusive → look again with
+//! backoff, then STUCK for a person. IDEMPOTENT and OBSERVE_ONLY tools without a status check
+//! are retried with the same key; a NON_IDEMPOTENT tool without one goes to a person at once.
+//!
+//! Sweeps read the ledger's due index (never a scan of all commands): scheduled commands that
+//! are due become PENDING; PENDING commands nobody leased are republished; expired leases
+//! become UNKNOWN; UNKNOWN and COMPENSATING commands whose next look is due are republished.
+//! A sweep moves a command's due time forward before republishing it, so two sweeps in a row
+//! do not flood the bus, and a lost message is republished by a later sweep.
+
+use std::time::Duration;
+
+use sluice_bus::{BusError, Delivery, Topic};
+use sluice_core::command::{Command, CommandStatus, EffectSemantics};
+use sluice_core::ids::{CommandKey, RunId};
+use sluice_core::machine::Event;
+use sluice_ledger::{Guard, Transition};
+use sluice_runtime::config::ReconcilerConfig;
+use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
+use sluice_runtime::messages::{Cause, ReconcileRequest, decode};
+use sluice_runtime::{Context, Driven, PipelineError, Shutdown};
+
+/// The actor named in the audit chain for the reconciler's transitions.
+pub const ACTOR: &str = "reconciler";
+/// The consumer group of all reconcilers.
+pub const GROUP: &str = "sluice-reconciler";
+/// The actor of sweep transitions.
+pub const SWEEP_ACTOR: &str = "sweep";
+
+/// Consumes reconcile requests and sweeps until `shutdown`.
+pub async fn run(
+    ctx: Context,
+    config: ReconcilerConfig,
+    shutdown: Shutdown,
+) -> Result<(), BusError> {
+    let spec = ConsumerSpec {
+        topic: Topic::Unknown,
+        group: GROUP.into(),
+        member: format!("{ACTOR}-{}", std::process::id()),
+        concurrency: config.concurrency,
+    };
+    let sweeper = tokio::spawn(sweep_loop(ctx.clone(), config.clone(), shutdown.clone()));
+    let (bus, metrics) = (ctx.bus.clone(), ctx.metrics.clone());
+    let consumed = consume(bus, metrics, spec, shutdown, move |delivery: Delivery| {
+        let ctx = ctx.clone();
+        async move {
+            let request: ReconcileRequest = match decode("reconcile request", delivery.payload()) {
+                Ok(request) => request,
+                Err(e) => return Ok(Handled::Reject(e)),
+            };
+            reconcile(&ctx, &request.run_id, &request.command_key).await?;
+            Ok(Handled::Done)
+        }
+    })
+    .await;
+    let _ = sweeper.await;
+    consumed
+}
+
+/// Resolves one UNKNOWN command whose next look is due; returns it as it stands afterwards.
+#[tracing::instrument(skip(ctx), fields(run_id = %run_id, command_key = %command_key))]
+pub async fn reconcile(
+    ctx: &Context,
+    run_id: &RunId,
+    command_key: &CommandKey,
+) -> Result<Option<Command>, PipelineError> {
+    let Some(command) = ctx.ledger.get(run_id, command_key).await? else {
+        return Ok(None);
+    };
+    if command.status() != CommandStatus::Unknown {
+        return Ok(Some(command));
+    }
+    if command.state.due_at.is_some_and(|at| at > ctx.clock.now()) {
+        // Backing off or waiting out the settle interval; the sweep brings it back when due.
+        return Ok(Some(command));
+    }
+    resolve(ctx, command).await
+}
+
+/// Looks for evidence of an UNKNOWN command's outcome and stores what it shows.
+async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, PipelineError> {
+    let event = match ctx.catalog.get(&command.tool) {
+        None => Event::GiveUp {
+            reason: format!(
+                "tool {} is no longer in the catalog; a person must find out whether the effect happened",
+                command.tool
+            ),
+        },
+        Some(tool) if tool.status_check().is_none() => match command.semantics {
+            EffectSemantics::NonIdempotent => Event::GiveUp {
+                reason: "the tool declares no status check; a person must find out whether the effect happened".into(),
+            },
+            EffectSemantics::Idempotent | EffectSemantics::ObserveOnly => Event::RetrySameKey,
+        },
+        Some(tool) => ctx.connector.status_check(tool, &command).await.into(),
+    };
+    let driven = ctx
+        .drive_from(command, ACTOR, |current| {
+            (current.status() == CommandStatus::Unknown).then(|| event.clone())
+        })
+        .await?;
+    Ok(match driven {
+        Driven::Applied(command, step) => {
+            ctx.carry_out(ACTOR, &command, &step, Cause::Redispatch)
+                .await?;
+            Some(command)
+        }
+        Driven::Refused(command, refusal) => {
+            tracing::warn!(%refusal, "resolution refused");
+            Some(command)
+        }
+        Driven::Skipped(command) => Some(command),
+        Driven::Missing => None,
+    })
+}
+
+async fn sweep_loop(ctx: Context, config: ReconcilerConfig, shutdown: Shutdown) {
+    let mut tick = tokio::time::interval(Duration::from_millis(config.sweep_interval_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match sweep_once(&ctx, &config).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(items = n, "sweep"),
+            Err(e) => tracing::warn!(error = %e, "sweep failed; trying again next interval"),
+        }
+    }
+}
+
+/// One pass over the due index; returns how many items it acted on.
+pub async fn sweep_once(ctx: &Context, config: &ReconcilerConfig) -> Result<usize, PipelineError> {
+    let now = ctx.clock.now();
+    let items = ctx.ledger.due(now, config.sweep_batch).await?;
+    let count = items.len();
+    // A republished request gets this long to be handled before the next sweep repeats it.
+    let grace = i64::try_from(config.sweep_interval_ms.saturating_mul(5))
+        .unwrap_or(i64::MAX)
+        .max(5_000);
+    for item in items {
+        ctx.metrics
+            .sweep_items
+            .with_label_values(&[item.status.as_str()])
+            .inc();
+        let result = match item.status {
+            CommandStatus::Scheduled => {
+                step_due(ctx, &item.run_id, &item.command_key, Event::Due, Cause::Due).await
+            }
+            CommandStatus::Leased => {
+                step_due(
+                    ctx,
+                    &item.run_id,
+                    &item.command_key,
+                    Event::LeaseExpired,
+                    Cause::Retry,
+                )
+                .await
+            }
+            CommandStatus::Pending
+            | CommandStatus::Approved
+            | CommandStatus::Unknown
+            | CommandStatus::Compensating => {
+                republish(ctx, &item.run_id, &item.command_key, grace).await
+            }
+            CommandStatus::Blocked
+            | CommandStatus::Confirmed
+            | CommandStatus::Failed
+            | CommandStatus::Stuck
+            | CommandStatus::Cancelled
+            | CommandStatus::Compensated
+            | CommandStatus::CompensationFailed
+            | CommandStatus::NoCompensation => Ok(()),
+        };
+        if let Err(e) = result {
+            tracing::warn!(
+                run_id = %item.run_id,
+                command_key = %item.command_key,
+                error = %e,
+                "sweep item failed"
+            );
+        }
+    }
+    Ok(count)
+}
+
+async fn step_due(
+    ctx: &Context,
+    run_id: &RunId,
+    command_key: &CommandKey,
+    event: Event,
+    cause: Cause,
+) -> Result<(), PipelineError> {
+    let now = ctx.clock.now();
+    let driven = ctx
+        .drive(run_id, command_key, SWEEP_ACTOR, |command| {
+            command
+                .state
+                .due_at
+                .is_some_and(|at| at <= now)
+                .then(|| event.clone())
+        })
+        .await?;
+    if let Driven::Applied(command, step) = driven {
+        ctx.carry_out(SWEEP_ACTOR, &command, &step, cause).await?;
+    }
+    Ok(())
+}
+
+/// Moves the command's due time past `grace` (a quiet write, not a transition) and
+/// republishes the request it waits for.
+async fn republish(
+    ctx: &Context,
+    run_id: &RunId,
+    command_key: &CommandKey,
+    grace: i64,
+) -> Result<(), PipelineError> {
+    let Some(command) = ctx.ledger.get(run_id, command_key).await? else {
+        return Ok(());
+    };
+    let now = ctx.clock.now();
+    if command.state.due_at.is_none_or(|at| at > now) {
+        return Ok(());
+    }
+    let delay = match command.status() {
+        CommandStatus::Pending | CommandStatus::Approved => {
+            ctx.rules_of(&command).pending_stale_ms.max(grace)
+        }
+        _ => grace,
+    };
+    let mut next = command.state.clone();
+    next.due_at = Some(now.plus_millis(delay));
+    let moved = ctx
+        .ledger
+        .transition(Transition {
+            run_id: command.run_id.clone(),
+            command_key: command.command_key.clone(),
+            guard: Guard::of(&command),
+            next,
+            audit: None,
+        })
+        .await?;
+    if let Some(moved) = moved.applied() {
+        match moved.status() {
+            // Resolved right here: a republished request would reach a handler that sees the
+            // due time just moved and waits.
+            CommandStatus::Unknown => {
+                resolve(ctx, moved.clone()).await?;
+            }
+            CommandStatus::Pending | CommandStatus::Approved => {
+                ctx.nudge(moved, Cause::Stale).await?;
+            }
+            _ => ctx.nudge(moved, Cause::Retry).await?,
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,35 @@
+//! The reconciler binary: configuration and telemetry, then `sluice_reconciler::run`.
+
+use clap::Parser;
+use sluice_runtime::assemble::{assemble, load_catalog};
+use sluice_runtime::cli::{ServiceArgs, require_shared_bus};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice-reconciler",
+    version,
+    about = "The Sluice reconciler service"
+)]
+struct Args {
+    #[command(flatten)]
+    service: ServiceArgs,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let config = args.service.load()?;
+    sluice_runtime::telemetry::init(&config.telemetry);
+    require_shared_bus(&config, "reconciler")?;
+    let ctx = assemble(&config, load_catalog(&config.catalog)?)?;
+    sluice_reconciler::run(
+        ctx,
+        config.reconciler.clone(),
+        sluice_runtime::shutdown_on_signals(),
+    )
+    .await?;
+    Ok(())
+}

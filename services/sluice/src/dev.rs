@@ -1,0 +1,142 @@
+//! The single-process pipeline: all four services on one ledger and one embedded bus.
+//!
+//! This is what `sluice dev`, `sluice demo`, `sluice bench` and the end-to-end tests start.
+//! Stopping it cancels the shared shutdown token: the producer stops accepting, every consume
+//! loop stops taking messages and waits for the handlers in flight; anything left unfinished is
+//! in the ledger with a due time, and the next start's sweeps pick it up.
+
+use std::net::SocketAddr;
+
+use sluice_core::catalog::Catalog;
+use sluice_runtime::assemble::{AssembleError, assemble};
+use sluice_runtime::{Config, Context, Shutdown};
+use tokio::task::JoinHandle;
+
+/// A running pipeline.
+#[derive(Debug)]
+pub struct Pipeline {
+    /// Where the producer listens.
+    pub addr: SocketAddr,
+    pub ctx: Context,
+    shutdown: Shutdown,
+    tasks: Vec<(&'static str, JoinHandle<Result<(), String>>)>,
+}
+
+/// Starts the four services with `config` and `catalog`.
+pub async fn start(
+    config: &Config,
+    catalog: Catalog,
+    shutdown: Shutdown,
+) -> Result<Pipeline, StartError> {
+    let ctx = assemble(config, catalog)?;
+    let listener = tokio::net::TcpListener::bind(config.producer.listen)
+        .await
+        .map_err(|source| StartError::Listen {
+            addr: config.producer.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Listen {
+        addr: config.producer.listen,
+        source,
+    })?;
+    let mut tasks = Vec::new();
+    {
+        let (ctx, producer, shutdown) = (ctx.clone(), config.producer.clone(), shutdown.clone());
+        tasks.push((
+            "producer",
+            tokio::spawn(async move {
+                sluice_producer::serve(ctx, producer, listener, shutdown)
+                    .await
+                    .map_err(|e| e.to_string())
+            }),
+        ));
+    }
+    {
+        let (ctx, dispatcher, shutdown) =
+            (ctx.clone(), config.dispatcher.clone(), shutdown.clone());
+        tasks.push((
+            "dispatcher",
+            tokio::spawn(async move {
+                sluice_dispatcher::run(ctx, dispatcher, shutdown)
+                    .await
+                    .map_err(|e| e.to_string())
+            }),
+        ));
+    }
+    {
+        let (ctx, reconciler, shutdown) =
+            (ctx.clone(), config.reconciler.clone(), shutdown.clone());
+        tasks.push((
+            "reconciler",
+            tokio::spawn(async move {
+                sluice_reconciler::run(ctx, reconciler, shutdown)
+                    .await
+                    .map_err(|e| e.to_string())
+            }),
+        ));
+    }
+    {
+        let (ctx, compensator, shutdown) =
+            (ctx.clone(), config.compensator.clone(), shutdown.clone());
+        tasks.push((
+            "compensator",
+            tokio::spawn(async move {
+                sluice_compensator::run(ctx, compensator, shutdown)
+                    .await
+                    .map_err(|e| e.to_string())
+            }),
+        ));
+    }
+    Ok(Pipeline {
+        addr,
+        ctx,
+        shutdown,
+        tasks,
+    })
+}
+
+impl Pipeline {
+    /// The producer's base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Waits until a service stops or `shutdown` is cancelled; a service that stops on its
+    /// own stops the others.
+    pub async fn wait(self) -> Result<(), String> {
+        let shutdown = self.shutdown.clone();
+        shutdown.cancelled().await;
+        self.stop().await
+    }
+
+    /// Stops every service and waits for them; returns the first failure.
+    pub async fn stop(self) -> Result<(), String> {
+        self.shutdown.cancel();
+        let mut first = Ok(());
+        for (name, task) in self.tasks {
+            let result = match task.await {
+                Ok(result) => result,
+                Err(join) => Err(join.to_string()),
+            };
+            if let Err(e) = result {
+                tracing::error!(service = name, error = %e, "service failed");
+                if first.is_ok() {
+                    first = Err(format!("{name}: {e}"));
+                }
+            }
+        }
+        first
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Assemble(#[from] AssembleError),
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}

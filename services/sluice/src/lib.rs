@@ -1,0 +1,4 @@
+//! The `sluice` command: `sluice dev` (the four services in one process on the embedded ledger
+//! and bus), `sluice demo` and `sluice bench`.
+
+pub mod dev;

@@ -1,0 +1,46 @@
+//! The `sluice` command line.
+
+use clap::{Parser, Subcommand};
+use sluice_runtime::assemble::load_catalog;
+use sluice_runtime::cli::ServiceArgs;
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about = "Safe side effects for AI agents")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run all four services in one process on the embedded ledger and bus.
+    Dev {
+        #[command(flatten)]
+        service: ServiceArgs,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Dev { service } => {
+            let config = service.load()?;
+            sluice_runtime::telemetry::init(&config.telemetry);
+            let catalog = load_catalog(&config.catalog)?;
+            let tools = catalog.len();
+            let shutdown = sluice_runtime::shutdown_on_signals();
+            let pipeline = sluice::dev::start(&config, catalog, shutdown).await?;
+            tracing::info!(
+                url = %pipeline.url(),
+                data_dir = %config.ledger.data_dir.display(),
+                tools,
+                "sluice dev is running; Ctrl-C stops it"
+            );
+            pipeline.wait().await.map_err(anyhow::Error::msg)?;
+        }
+    }
+    Ok(())
+}

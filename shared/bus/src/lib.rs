@@ -1,0 +1,394 @@
+//! The message bus: how the four services hand work to each other (DESIGN §3).
+//!
+//! * [`Bus`] — the port: publish keyed messages, subscribe as a member of a consumer group.
+//! * [`partitioner`] — Kafka's default partitioner for keyed messages (murmur2), so Java, Go
+//!   and Rust producers put a run on the same partition.
+//! * [`embedded`] — the in-process implementation behind `sluice dev`.
+//! * [`contract`] — the one contract suite every implementation must pass.
+//!
+//! # The contract
+//!
+//! A topic ([`Topic`], named under a configurable prefix, default `sluice.`) has a fixed number
+//! of partitions. A message's partition is [`partition_for`]`(key, partitions)`; every message
+//! is keyed by its run id, so all of a run's messages share one partition and keep the order
+//! they were published in.
+//!
+//! A subscription is a member of a consumer group on one topic. The group's members split the
+//! partitions between them — each partition is owned by one member at a time, and ownership
+//! moves (a rebalance) when members join or leave. Different groups are independent: each gets
+//! every message.
+//!
+//! Delivery is at-least-once and ordered per partition: a member is handed a partition's next
+//! message only after it acknowledged the previous one, so a run's messages are processed one
+//! after another while different partitions proceed concurrently. A message that was handed
+//! out but not acknowledged when its partition moved (the member left, or a rebalance gave the
+//! partition to another member) is delivered again to the partition's next owner. Handlers
+//! must therefore be idempotent, which they are in Sluice: every one is a compare-and-set
+//! against the ledger, and the ledger — not the bus — is the source of truth.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+pub mod contract;
+pub mod embedded;
+mod error;
+pub mod partitioner;
+
+pub use embedded::{EmbeddedBus, EmbeddedConfig};
+pub use error::BusError;
+pub use partitioner::{murmur2, partition_for};
+
+/// The topic prefix used unless configured otherwise.
+pub const DEFAULT_PREFIX: &str = "sluice.";
+
+/// Longest topic name Kafka accepts.
+pub const MAX_TOPIC_NAME_LEN: usize = 249;
+
+/// The topics of the pipeline (DESIGN §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Topic {
+    /// Dispatch requests: producer and reconciler → dispatcher.
+    Requested,
+    /// Commands whose outcome is ambiguous: dispatcher → reconciler.
+    Unknown,
+    /// Run rollbacks and duplicate clean-ups: reconciler → compensator.
+    Compensate,
+    /// Lifecycle events (CloudEvents) for outside consumers and long-polling producers.
+    Events,
+    /// Messages that failed to parse or validate, with the reason; never silently dropped.
+    Dlq,
+}
+
+impl Topic {
+    /// Every topic, in a fixed order.
+    pub const ALL: [Self; 5] = [
+        Self::Requested,
+        Self::Unknown,
+        Self::Compensate,
+        Self::Events,
+        Self::Dlq,
+    ];
+
+    /// The name without the prefix.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Self::Requested => "requested",
+            Self::Unknown => "unknown",
+            Self::Compensate => "compensate",
+            Self::Events => "events",
+            Self::Dlq => "dlq",
+        }
+    }
+
+    /// The full topic name under `prefix`, e.g. `sluice.requested`.
+    pub fn name(self, prefix: &str) -> String {
+        format!("{prefix}{}", self.suffix())
+    }
+
+    /// The position in [`Topic::ALL`], for implementations that keep per-topic state in arrays.
+    pub fn index(self) -> usize {
+        match self {
+            Self::Requested => 0,
+            Self::Unknown => 1,
+            Self::Compensate => 2,
+            Self::Events => 3,
+            Self::Dlq => 4,
+        }
+    }
+}
+
+impl fmt::Display for Topic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.suffix())
+    }
+}
+
+/// Checks a topic prefix: Kafka topic names are `[A-Za-z0-9._-]`, at most 249 characters.
+pub fn validate_prefix(prefix: &str) -> Result<(), BusError> {
+    let longest = Topic::ALL
+        .iter()
+        .map(|topic| topic.suffix().len())
+        .max()
+        .unwrap_or_default();
+    if prefix.len() + longest > MAX_TOPIC_NAME_LEN {
+        return Err(BusError::InvalidConfig {
+            key: "prefix",
+            why: format!(
+                "{prefix:?} makes topic names longer than {MAX_TOPIC_NAME_LEN} characters"
+            ),
+        });
+    }
+    if !prefix
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(BusError::InvalidConfig {
+            key: "prefix",
+            why: format!("{prefix:?} may contain only letters, digits and . _ -"),
+        });
+    }
+    Ok(())
+}
+
+/// A header: a name and an opaque value. Names may repeat; order is kept.
+pub type Header = (String, Vec<u8>);
+
+/// One message as published and as delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub topic: Topic,
+    /// The partitioning key: the run id (a DLQ message may carry whatever key arrived).
+    pub key: String,
+    pub payload: Vec<u8>,
+    pub headers: Vec<Header>,
+}
+
+impl Message {
+    /// The value of the last header named `name` (Kafka's `lastHeader`).
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, value)| value.as_slice())
+    }
+}
+
+/// Where a published message was stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    pub partition: u32,
+    pub offset: u64,
+}
+
+/// Acknowledges one delivery: the implementation side of [`Delivery::ack`].
+#[async_trait]
+pub trait Acknowledge: Send + Sync + fmt::Debug + 'static {
+    /// Commits the delivery's offset for its group. See [`Delivery::ack`] for the contract.
+    async fn ack(&self) -> Result<(), BusError>;
+}
+
+/// A message handed to one member of a group, to be acknowledged once handled.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub message: Message,
+    pub partition: u32,
+    pub offset: u64,
+    acknowledge: Arc<dyn Acknowledge>,
+}
+
+impl Delivery {
+    /// For implementations: a delivery acknowledged through `acknowledge`.
+    pub fn new(
+        message: Message,
+        partition: u32,
+        offset: u64,
+        acknowledge: Arc<dyn Acknowledge>,
+    ) -> Self {
+        Self {
+            message,
+            partition,
+            offset,
+            acknowledge,
+        }
+    }
+
+    pub fn key(&self) -> &str {
+        &self.message.key
+    }
+
+    pub fn payload(&self) -> &[u8] {
+        &self.message.payload
+    }
+
+    /// Commits this message for the group: it will not be delivered to the group again, and
+    /// the member is handed the partition's next message.
+    ///
+    /// Acknowledge only after the work the message asked for is durable (the ledger write).
+    /// Acknowledging twice is harmless. If the partition moved to another member since the
+    /// message was handed out, the acknowledgement is refused with [`BusError::Revoked`] and
+    /// the message is (or was) delivered to the new owner; a handler may log that and go on,
+    /// since its ledger write is a compare-and-set that the redelivery will find done.
+    pub async fn ack(&self) -> Result<(), BusError> {
+        self.acknowledge.ack().await
+    }
+}
+
+/// The implementation side of a [`Subscription`].
+#[async_trait]
+pub trait DeliverySource: Send + Sync + fmt::Debug + 'static {
+    /// The next delivery; `None` once the bus is closed. Must be cancel-safe.
+    async fn next(&mut self) -> Option<Delivery>;
+
+    /// The partitions this member owns now.
+    fn assignment(&self) -> Vec<u32>;
+}
+
+/// One member of a consumer group on one topic. Dropping it leaves the group: its partitions
+/// move to the remaining members, with its unacknowledged messages.
+#[derive(Debug)]
+pub struct Subscription {
+    topic: Topic,
+    group: String,
+    member: String,
+    source: Box<dyn DeliverySource>,
+}
+
+impl Subscription {
+    /// For implementations: a subscription fed by `source`.
+    pub fn new(
+        topic: Topic,
+        group: impl Into<String>,
+        member: impl Into<String>,
+        source: Box<dyn DeliverySource>,
+    ) -> Self {
+        Self {
+            topic,
+            group: group.into(),
+            member: member.into(),
+            source,
+        }
+    }
+
+    /// Waits for the next message of a partition this member owns whose previous message was
+    /// acknowledged. Returns `None` once the bus is closed.
+    ///
+    /// Cancel-safe: dropping the future (in a `select!` with a shutdown signal, a timeout)
+    /// loses nothing — a message is handed out only when the future completes.
+    pub async fn next(&mut self) -> Option<Delivery> {
+        self.source.next().await
+    }
+
+    /// The same as [`Delivery::ack`].
+    pub async fn ack(&self, delivery: &Delivery) -> Result<(), BusError> {
+        delivery.ack().await
+    }
+
+    /// The partitions this member owns now (it changes on rebalances).
+    pub fn assignment(&self) -> Vec<u32> {
+        self.source.assignment()
+    }
+
+    pub fn topic(&self) -> Topic {
+        self.topic
+    }
+
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    pub fn member(&self) -> &str {
+        &self.member
+    }
+}
+
+/// The message bus port. See the crate documentation for the delivery contract.
+#[async_trait]
+pub trait Bus: Send + Sync + fmt::Debug + 'static {
+    /// The prefix of every topic name, e.g. `sluice.`.
+    fn prefix(&self) -> &str;
+
+    /// The full name of `topic` on this bus.
+    fn topic_name(&self, topic: Topic) -> String {
+        topic.name(self.prefix())
+    }
+
+    /// The number of partitions of `topic`.
+    async fn partitions(&self, topic: Topic) -> Result<u32, BusError>;
+
+    /// Appends a message to partition [`partition_for`]`(key, partitions)`. Returns once the
+    /// bus has durably accepted it; messages with the same key published one after another
+    /// (each awaited) are delivered in that order.
+    async fn publish(
+        &self,
+        topic: Topic,
+        key: &str,
+        payload: Vec<u8>,
+        headers: Vec<Header>,
+    ) -> Result<Published, BusError>;
+
+    /// Joins consumer group `group` on `topic` as `member` (a name for logs). A group seen for
+    /// the first time starts at the oldest message the bus still holds; a known group resumes
+    /// after its last acknowledged message of each partition.
+    async fn subscribe(
+        &self,
+        topic: Topic,
+        group: &str,
+        member: &str,
+    ) -> Result<Subscription, BusError>;
+}
+
+/// Checks a consumer group name: not empty, at most 255 bytes, no control characters.
+pub fn validate_group(group: &str) -> Result<(), BusError> {
+    let why = if group.is_empty() {
+        "must not be empty"
+    } else if group.len() > 255 {
+        "must be at most 255 bytes"
+    } else if group.chars().any(char::is_control) {
+        "must not contain control characters"
+    } else {
+        return Ok(());
+    };
+    Err(BusError::InvalidGroup {
+        group: group.chars().take(64).collect(),
+        why,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_names_follow_the_design() {
+        let names: Vec<String> = Topic::ALL.iter().map(|t| t.name(DEFAULT_PREFIX)).collect();
+        assert_eq!(
+            names,
+            [
+                "sluice.requested",
+                "sluice.unknown",
+                "sluice.compensate",
+                "sluice.events",
+                "sluice.dlq"
+            ]
+        );
+        assert_eq!(Topic::Events.name("acme-"), "acme-events");
+        for (i, topic) in Topic::ALL.iter().enumerate() {
+            assert_eq!(topic.index(), i);
+        }
+    }
+
+    #[test]
+    fn prefixes_and_groups_are_checked() {
+        assert!(validate_prefix("sluice.").is_ok());
+        assert!(validate_prefix("").is_ok());
+        assert!(matches!(
+            validate_prefix("sluice/"),
+            Err(BusError::InvalidConfig { key: "prefix", .. })
+        ));
+        assert!(validate_prefix(&"p".repeat(MAX_TOPIC_NAME_LEN)).is_err());
+        assert!(validate_group("dispatcher").is_ok());
+        assert!(validate_group("").is_err());
+        assert!(validate_group("a\nb").is_err());
+        assert!(validate_group(&"g".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn the_last_header_of_a_name_wins() {
+        let message = Message {
+            topic: Topic::Events,
+            key: "r-1".into(),
+            payload: vec![],
+            headers: vec![
+                ("a".into(), b"1".to_vec()),
+                ("b".into(), b"x".to_vec()),
+                ("a".into(), b"2".to_vec()),
+            ],
+        };
+        assert_eq!(message.header("a"), Some(&b"2"[..]));
+        assert_eq!(message.header("b"), Some(&b"x"[..]));
+        assert_eq!(message.header("c"), None);
+    }
+}

@@ -1,0 +1,575 @@
+//! What an upstream's answer means: the classification table of DESIGN §6, as pure functions.
+//!
+//! | answer | dispatch | status check | compensate |
+//! |---|---|---|---|
+//! | 2xx | `Committed` (reference, result) | `present` (reference) | `Done` (reference) |
+//! | 2xx, body cut off by the transport | `Ambiguous` | `inconclusive` | `Done` |
+//! | 404 | `Refused` | `absent` | `Impossible` |
+//! | 409 | `Refused` | `duplicate` (refs in evidence) | `Impossible` |
+//! | other 4xx | `Refused` | `inconclusive` | `Impossible` |
+//! | 408, 425, 429 | `Ambiguous` | `inconclusive` | `Retry` |
+//! | 5xx | `Ambiguous` | `inconclusive` | `Retry` |
+//! | 1xx, 3xx (redirects are not followed) | `Ambiguous` | `inconclusive` | `Retry` |
+//! | no answer: nothing was sent | `NotSent` | `inconclusive` | `Retry` |
+//! | no answer: the request may have been processed | `Ambiguous` | `inconclusive` | `Retry` |
+//!
+//! 408, 425 and 429 are 4xx codes that mean "not now", not "no": the upstream may have
+//! started the work, or will accept the same request later, so a dispatch answered with one
+//! is ambiguous and a compensation is retried rather than escalated as impossible.
+//!
+//! A 3xx is ambiguous because the connector does not follow redirects: following one would
+//! turn a POST into a GET (301–303) or replay a side effect at a second URL.
+//!
+//! The status line is the upstream's verdict, so a body cut off part-way (a reset or the
+//! timeout while reading it) changes the verdict only where the body carries what the verdict
+//! needs: the reference and result of a 2xx dispatch (reported `Ambiguous`, so reconciliation
+//! can recover the reference instead of confirming without one) and the reference or list of
+//! commits of a 2xx or 409 status check (`inconclusive`; a status check can simply be asked
+//! again). A body longer than the cap is not a failure: it is read up to the cap, and a
+//! reference that lay beyond it is simply not found.
+
+use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
+use serde_json::{Map, Value, json};
+use sluice_core::catalog::ReferenceSource;
+use sluice_core::command::Observation;
+use sluice_core::machine::{CompensationOutcome, DispatchOutcome};
+
+use crate::port::StatusReport;
+
+/// Longest body excerpt kept in a reason or in evidence, in bytes.
+pub const DEFAULT_EXCERPT_BYTES: usize = 512;
+
+/// An upstream's answer: the status line, the headers and the body read up to a cap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+    /// The body was longer than the cap; `body` is its beginning.
+    pub truncated: bool,
+    /// Reading the body failed part-way (timeout, reset); `body` is what had arrived.
+    pub body_error: Option<String>,
+}
+
+/// A call that got no answer, split by the one question that matters: could the upstream
+/// have seen the request?
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoAnswer {
+    /// Nothing left the process: the request could not be built, or no connection was
+    /// established. The effect did not happen.
+    NotSent { reason: String },
+    /// The request was, or may have been, written, and no complete answer came back.
+    Lost { reason: String, timed_out: bool },
+}
+
+impl NoAnswer {
+    pub fn reason(&self) -> &str {
+        match self {
+            Self::NotSent { reason } | Self::Lost { reason, .. } => reason,
+        }
+    }
+}
+
+/// The classes of status codes the table distinguishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusClass {
+    /// 2xx.
+    Success,
+    /// 4xx other than 408, 425 and 429: the upstream definitively said no.
+    Refusal,
+    /// 408, 425, 429 and 5xx: the upstream did not decide, or did not say what it decided.
+    Transient,
+    /// 1xx and 3xx: nothing the contract defines.
+    Unexpected,
+}
+
+impl StatusClass {
+    pub fn of(status: StatusCode) -> Self {
+        match status.as_u16() {
+            200..=299 => Self::Success,
+            408 | 425 | 429 => Self::Transient,
+            400..=499 => Self::Refusal,
+            500..=599 => Self::Transient,
+            _ => Self::Unexpected,
+        }
+    }
+}
+
+/// What a dispatch answer means for the effect.
+pub fn dispatch(
+    answer: &Answer,
+    reference: &ReferenceSource,
+    excerpt_bytes: usize,
+) -> DispatchOutcome {
+    match StatusClass::of(answer.status) {
+        StatusClass::Success => match &answer.body_error {
+            None => {
+                let json = answer.json();
+                DispatchOutcome::Committed {
+                    external_ref: read_reference(reference, &answer.headers, json.as_ref()),
+                    result: json.or_else(|| answer.text()),
+                }
+            }
+            Some(error) => DispatchOutcome::Ambiguous {
+                reason: format!(
+                    "HTTP {}, but the response body was cut off ({error}): the effect most likely committed and its reference is unknown",
+                    answer.status.as_u16()
+                ),
+            },
+        },
+        StatusClass::Refusal => DispatchOutcome::Refused {
+            reason: answer.summary(excerpt_bytes),
+        },
+        StatusClass::Transient | StatusClass::Unexpected => DispatchOutcome::Ambiguous {
+            reason: answer.summary(excerpt_bytes),
+        },
+    }
+}
+
+/// A dispatch that got no answer.
+pub fn dispatch_without_answer(no_answer: NoAnswer) -> DispatchOutcome {
+    match no_answer {
+        NoAnswer::NotSent { reason } => DispatchOutcome::NotSent { reason },
+        NoAnswer::Lost { reason, .. } => DispatchOutcome::Ambiguous { reason },
+    }
+}
+
+/// What a status check answer says about the effect.
+///
+/// A `duplicate` answer's commits are collected into `evidence.refs` from a `refs` array in
+/// the body (strings or numbers) and from the tool's reference source. The command's own
+/// commit is the one the reference source names, else the first listed; the others are the
+/// extra commits to compensate.
+pub fn status_check(
+    answer: &Answer,
+    reference: &ReferenceSource,
+    excerpt_bytes: usize,
+) -> StatusReport {
+    let mut evidence = answer.evidence(excerpt_bytes);
+    let observation = match answer.status.as_u16() {
+        200..=299 | 409 if answer.body_error.is_some() => Observation::Inconclusive,
+        200..=299 => Observation::Present,
+        404 => Observation::Absent,
+        409 => Observation::Duplicate,
+        _ => Observation::Inconclusive,
+    };
+    let json = answer.json();
+    let named = read_reference(reference, &answer.headers, json.as_ref());
+    let external_ref = match observation {
+        Observation::Present => named,
+        Observation::Duplicate => {
+            let mut refs: Vec<String> = json
+                .as_ref()
+                .and_then(|body| body.get("refs"))
+                .and_then(Value::as_array)
+                .map(|listed| listed.iter().filter_map(reference_text).collect())
+                .unwrap_or_default();
+            match &named {
+                Some(own) if !refs.contains(own) => refs.insert(0, own.clone()),
+                Some(_) | None => {}
+            }
+            let own = named.or_else(|| refs.first().cloned());
+            evidence.insert("refs".into(), json!(refs));
+            own
+        }
+        Observation::Absent | Observation::Inconclusive => None,
+    };
+    StatusReport {
+        observation,
+        external_ref,
+        evidence: Value::Object(evidence),
+    }
+}
+
+/// A status check that got no answer: inconclusive, with the transport error as evidence.
+pub fn status_check_without_answer(no_answer: &NoAnswer) -> StatusReport {
+    let timed_out = matches!(
+        no_answer,
+        NoAnswer::Lost {
+            timed_out: true,
+            ..
+        }
+    );
+    StatusReport::inconclusive(json!({
+        "error": no_answer.reason(),
+        "timed_out": timed_out,
+    }))
+}
+
+/// What a compensate answer means.
+pub fn compensation(
+    answer: &Answer,
+    reference: &ReferenceSource,
+    excerpt_bytes: usize,
+) -> CompensationOutcome {
+    match StatusClass::of(answer.status) {
+        // The reference of a compensation is informational (the refund's id): a body cut off
+        // after a 2xx does not make the undo any less done.
+        StatusClass::Success => CompensationOutcome::Done {
+            reference: read_reference(reference, &answer.headers, answer.json().as_ref()),
+        },
+        StatusClass::Refusal => CompensationOutcome::Impossible {
+            reason: answer.summary(excerpt_bytes),
+        },
+        StatusClass::Transient | StatusClass::Unexpected => CompensationOutcome::Retry {
+            reason: answer.summary(excerpt_bytes),
+        },
+    }
+}
+
+/// A compensate call that got no answer: it may or may not have run, so try again later.
+pub fn compensation_without_answer(no_answer: NoAnswer) -> CompensationOutcome {
+    match no_answer {
+        NoAnswer::NotSent { reason } | NoAnswer::Lost { reason, .. } => {
+            CompensationOutcome::Retry { reason }
+        }
+    }
+}
+
+/// The external reference in a response: a non-empty string (or a number, as its JSON text)
+/// at the JSON pointer, or a non-empty header value.
+pub fn read_reference(
+    source: &ReferenceSource,
+    headers: &HeaderMap,
+    body: Option<&Value>,
+) -> Option<String> {
+    match source {
+        ReferenceSource::JsonPointer(pointer) => body?.pointer(pointer).and_then(reference_text),
+        ReferenceSource::Header(name) => {
+            let value = headers.get(name.as_str())?.to_str().ok()?.trim();
+            (!value.is_empty()).then(|| value.to_owned())
+        }
+    }
+}
+
+fn reference_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(text) if !text.is_empty() => Some(text.clone()),
+        Value::Number(number) => Some(number.to_string()),
+        Value::String(_) | Value::Null | Value::Bool(_) | Value::Array(_) | Value::Object(_) => {
+            None
+        }
+    }
+}
+
+/// At most `max` bytes of `body` as text, cut at a character boundary, `…` marking a cut.
+pub fn excerpt(body: &[u8], max: usize) -> String {
+    // Three bytes of slack so a character split by the byte cut is not turned into U+FFFD.
+    let window = &body[..body.len().min(max.saturating_add(3))];
+    let text = String::from_utf8_lossy(window);
+    let text = text.trim();
+    if text.len() <= max && window.len() == body.len() {
+        return text.to_owned();
+    }
+    let mut end = max.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+impl Answer {
+    /// The body as JSON, when it was read in full and is JSON.
+    fn json(&self) -> Option<Value> {
+        if self.truncated || self.body_error.is_some() || self.body.is_empty() {
+            return None;
+        }
+        serde_json::from_slice(&self.body).ok()
+    }
+
+    /// The body as a JSON string, for a result that is not JSON; `None` when empty.
+    fn text(&self) -> Option<Value> {
+        (!self.body.is_empty())
+            .then(|| Value::String(String::from_utf8_lossy(&self.body).into_owned()))
+    }
+
+    /// `HTTP <code>: <body excerpt>`, the reason of a refusal or an ambiguous status.
+    fn summary(&self, excerpt_bytes: usize) -> String {
+        let code = self.status.as_u16();
+        match excerpt(&self.body, excerpt_bytes) {
+            text if text.is_empty() => format!("HTTP {code} (empty body)"),
+            text => format!("HTTP {code}: {text}"),
+        }
+    }
+
+    /// The evidence of a status check answer: its status and a body excerpt.
+    fn evidence(&self, excerpt_bytes: usize) -> Map<String, Value> {
+        let mut evidence = Map::new();
+        evidence.insert("http_status".into(), json!(self.status.as_u16()));
+        evidence.insert("body".into(), json!(excerpt(&self.body, excerpt_bytes)));
+        evidence.insert(
+            "body_truncated".into(),
+            json!(self.truncated || self.body.len() > excerpt_bytes),
+        );
+        if let Some(error) = &self.body_error {
+            evidence.insert("error".into(), json!(error));
+        }
+        evidence
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use reqwest::header::HeaderValue;
+
+    use super::*;
+
+    fn answer(status: u16, body: &str) -> Answer {
+        Answer {
+            status: StatusCode::from_u16(status).expect("a valid status code"),
+            headers: HeaderMap::new(),
+            body: body.as_bytes().to_vec(),
+            truncated: false,
+            body_error: None,
+        }
+    }
+
+    fn id() -> ReferenceSource {
+        ReferenceSource::JsonPointer("/id".into())
+    }
+
+    #[test]
+    fn status_classes_follow_the_design_table() {
+        let table = [
+            (200, StatusClass::Success),
+            (201, StatusClass::Success),
+            (204, StatusClass::Success),
+            (299, StatusClass::Success),
+            (100, StatusClass::Unexpected),
+            (301, StatusClass::Unexpected),
+            (303, StatusClass::Unexpected),
+            (400, StatusClass::Refusal),
+            (401, StatusClass::Refusal),
+            (404, StatusClass::Refusal),
+            (409, StatusClass::Refusal),
+            (422, StatusClass::Refusal),
+            (408, StatusClass::Transient),
+            (425, StatusClass::Transient),
+            (429, StatusClass::Transient),
+            (499, StatusClass::Refusal),
+            (500, StatusClass::Transient),
+            (503, StatusClass::Transient),
+            (599, StatusClass::Transient),
+        ];
+        for (code, class) in table {
+            let status = StatusCode::from_u16(code).expect("valid");
+            assert_eq!(StatusClass::of(status), class, "HTTP {code}");
+        }
+    }
+
+    #[test]
+    fn a_2xx_dispatch_commits_with_the_reference_and_the_result() {
+        let outcome = dispatch(&answer(201, r#"{"id": "w-1", "n": 2}"#), &id(), 512);
+        assert_eq!(
+            outcome,
+            DispatchOutcome::Committed {
+                external_ref: Some("w-1".into()),
+                result: Some(json!({"id": "w-1", "n": 2})),
+            }
+        );
+        let text = dispatch(&answer(200, "ok"), &id(), 512);
+        assert_eq!(
+            text,
+            DispatchOutcome::Committed {
+                external_ref: None,
+                result: Some(json!("ok")),
+            }
+        );
+        let empty = dispatch(&answer(204, ""), &id(), 512);
+        assert_eq!(
+            empty,
+            DispatchOutcome::Committed {
+                external_ref: None,
+                result: None,
+            }
+        );
+    }
+
+    #[test]
+    fn a_2xx_dispatch_whose_body_was_cut_off_is_ambiguous() {
+        let mut cut = answer(201, r#"{"id": "w"#);
+        cut.body_error = Some("connection reset".into());
+        let outcome = dispatch(&cut, &id(), 512);
+        let DispatchOutcome::Ambiguous { reason } = outcome else {
+            panic!("expected ambiguous, got {outcome:?}");
+        };
+        assert!(
+            reason.starts_with("HTTP 201, but the response body was cut off (connection reset)"),
+            "{reason}"
+        );
+        // A 4xx whose body was cut off is still a refusal: the status line is the verdict.
+        let mut refused = answer(400, "bad");
+        refused.body_error = Some("reset".into());
+        assert!(matches!(
+            dispatch(&refused, &id(), 512),
+            DispatchOutcome::Refused { .. }
+        ));
+    }
+
+    #[test]
+    fn refusals_and_ambiguous_statuses_carry_a_capped_excerpt() {
+        let long = "x".repeat(2_000);
+        let DispatchOutcome::Refused { reason } = dispatch(&answer(422, &long), &id(), 16) else {
+            panic!("422 is a refusal");
+        };
+        assert_eq!(reason, format!("HTTP 422: {}…", "x".repeat(16)));
+        let DispatchOutcome::Ambiguous { reason } = dispatch(&answer(503, ""), &id(), 16) else {
+            panic!("503 is ambiguous");
+        };
+        assert_eq!(reason, "HTTP 503 (empty body)");
+    }
+
+    #[test]
+    fn references_come_from_the_pointer_or_the_header() {
+        let body = json!({"data": {"id": 42}, "empty": "", "flag": true});
+        let mut headers = HeaderMap::new();
+        headers.insert("location", HeaderValue::from_static(" /wires/w-9 "));
+        let pointer = |p: &str| ReferenceSource::JsonPointer(p.into());
+        assert_eq!(
+            read_reference(&pointer("/data/id"), &headers, Some(&body)),
+            Some("42".into())
+        );
+        assert_eq!(
+            read_reference(&pointer("/empty"), &headers, Some(&body)),
+            None
+        );
+        assert_eq!(
+            read_reference(&pointer("/flag"), &headers, Some(&body)),
+            None
+        );
+        assert_eq!(
+            read_reference(&pointer("/missing"), &headers, Some(&body)),
+            None
+        );
+        assert_eq!(read_reference(&pointer("/id"), &headers, None), None);
+        let header = ReferenceSource::Header("Location".into());
+        assert_eq!(
+            read_reference(&header, &headers, None),
+            Some("/wires/w-9".into())
+        );
+        let absent = ReferenceSource::Header("X-Ref".into());
+        assert_eq!(read_reference(&absent, &headers, Some(&body)), None);
+    }
+
+    #[test]
+    fn status_answers_map_to_observations() {
+        let table = [
+            (200, Observation::Present),
+            (204, Observation::Present),
+            (404, Observation::Absent),
+            (409, Observation::Duplicate),
+            (400, Observation::Inconclusive),
+            (410, Observation::Inconclusive),
+            (429, Observation::Inconclusive),
+            (302, Observation::Inconclusive),
+            (500, Observation::Inconclusive),
+            (503, Observation::Inconclusive),
+        ];
+        for (code, observation) in table {
+            let report = status_check(&answer(code, "{}"), &id(), 512);
+            assert_eq!(report.observation, observation, "HTTP {code}");
+            assert_eq!(report.evidence["http_status"], json!(code));
+        }
+    }
+
+    #[test]
+    fn a_duplicate_lists_every_commit_and_keeps_the_named_one() {
+        let report = status_check(
+            &answer(409, r#"{"refs": ["w-1", 7, null, "w-3"]}"#),
+            &id(),
+            512,
+        );
+        assert_eq!(report.observation, Observation::Duplicate);
+        assert_eq!(report.external_ref.as_deref(), Some("w-1"));
+        assert_eq!(report.evidence["refs"], json!(["w-1", "7", "w-3"]));
+        assert_eq!(report.extra_commits(), ["7", "w-3"]);
+
+        let named = status_check(
+            &answer(409, r#"{"id": "w-3", "refs": ["w-1", "w-3"]}"#),
+            &id(),
+            512,
+        );
+        assert_eq!(named.external_ref.as_deref(), Some("w-3"));
+        assert_eq!(named.extra_commits(), ["w-1"]);
+
+        let only_pointer = status_check(&answer(409, r#"{"id": "w-5"}"#), &id(), 512);
+        assert_eq!(only_pointer.evidence["refs"], json!(["w-5"]));
+        assert!(only_pointer.extra_commits().is_empty());
+    }
+
+    #[test]
+    fn a_present_answer_whose_body_was_cut_off_is_inconclusive() {
+        let mut cut = answer(200, r#"{"id""#);
+        cut.body_error = Some("timed out".into());
+        let report = status_check(&cut, &id(), 512);
+        assert_eq!(report.observation, Observation::Inconclusive);
+        assert_eq!(report.evidence["error"], json!("timed out"));
+        assert_eq!(report.external_ref, None);
+    }
+
+    #[test]
+    fn compensation_answers_map_to_outcomes() {
+        assert_eq!(
+            compensation(&answer(200, r#"{"id": "rev-1"}"#), &id(), 512),
+            CompensationOutcome::Done {
+                reference: Some("rev-1".into())
+            }
+        );
+        assert_eq!(
+            compensation(&answer(422, "already settled"), &id(), 512),
+            CompensationOutcome::Impossible {
+                reason: "HTTP 422: already settled".into()
+            }
+        );
+        for code in [408, 425, 429, 500, 503, 307] {
+            assert!(
+                matches!(
+                    compensation(&answer(code, ""), &id(), 512),
+                    CompensationOutcome::Retry { .. }
+                ),
+                "HTTP {code}"
+            );
+        }
+    }
+
+    #[test]
+    fn no_answer_is_not_sent_only_when_nothing_left_the_process() {
+        let not_sent = NoAnswer::NotSent {
+            reason: "refused".into(),
+        };
+        let lost = NoAnswer::Lost {
+            reason: "reset".into(),
+            timed_out: false,
+        };
+        assert_eq!(
+            dispatch_without_answer(not_sent.clone()),
+            DispatchOutcome::NotSent {
+                reason: "refused".into()
+            }
+        );
+        assert_eq!(
+            dispatch_without_answer(lost.clone()),
+            DispatchOutcome::Ambiguous {
+                reason: "reset".into()
+            }
+        );
+        assert_eq!(
+            status_check_without_answer(&lost).observation,
+            Observation::Inconclusive
+        );
+        assert!(matches!(
+            compensation_without_answer(not_sent),
+            CompensationOutcome::Retry { .. }
+        ));
+    }
+
+    #[test]
+    fn excerpts_are_capped_at_a_character_boundary() {
+        assert_eq!(excerpt(b"  short  ", 512), "short");
+        assert_eq!(excerpt("ééé".as_bytes(), 3), "é…");
+        assert_eq!(excerpt(b"abcdef", 3), "abc…");
+        assert_eq!(excerpt(b"abc", 3), "abc");
+        assert_eq!(excerpt(&[0xff, b'a'], 8), "\u{fffd}a");
+    }
+}

@@ -1,0 +1,397 @@
+//! [`HttpConnector`]: the wire contract of DESIGN §6 over one shared HTTP client.
+//!
+//! This is the only code in the crate that does IO. It sends the calls built by
+//! [`crate::request`], reads each answer up to a size cap and hands it to
+//! [`crate::classify`]; its own judgement is limited to one question, answered in
+//! [`no_answer`]: when a call failed without an answer, could the upstream have seen it?
+//!
+//! Guarantees:
+//! * one call is at most one request on the wire: reqwest's retries are off and redirects are
+//!   not followed, so the state machine alone decides when to call again;
+//! * `NotSent` is reported only when no connection was established (or the request could not
+//!   even be built), so nothing reached the upstream;
+//! * each call, body included, ends within the endpoint's `timeout_ms`;
+//! * no header value is logged: spans carry `run_id`, `command_key` and `tool`, events the
+//!   outcome and the HTTP status. Only the contract's own headers are sent (no credentials).
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::{Client, Response};
+use serde_json::{Value, json};
+use sluice_core::catalog::Tool;
+use sluice_core::command::Command;
+use sluice_core::machine::{CompensationOutcome, DispatchOutcome};
+use tracing::{Span, field, info, instrument, warn};
+
+use crate::classify::{self, Answer, DEFAULT_EXCERPT_BYTES, NoAnswer};
+use crate::error::ConnectorError;
+use crate::port::{CompensationTarget, Connector, StatusReport};
+use crate::request::{self, Call};
+
+/// Default cap on how much of a response body is read (1 MiB).
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+
+/// Settings of the HTTP client shared by every tool. Per-tool settings (URL, method,
+/// `timeout_ms`) come from the catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpOptions {
+    /// How long establishing a connection (TCP and TLS) may take. A connect that fails within
+    /// it is `NotSent`; a tool whose `timeout_ms` is shorter cuts the connect off first, and
+    /// that is reported as ambiguous (see [`no_answer`]), so keep it below the tools' timeouts.
+    pub connect_timeout: Duration,
+    /// How long an idle pooled connection is kept. Short, because a request written to a
+    /// connection the upstream closes at the same moment (Node.js closes idle keep-alive
+    /// connections after 5 s) fails after sending and is reported as ambiguous.
+    pub pool_idle_timeout: Duration,
+    /// A response body is read up to this many bytes; the rest is not read.
+    pub max_response_bytes: usize,
+    /// Longest body excerpt in a reason or in evidence, in bytes.
+    pub excerpt_bytes: usize,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(5),
+            pool_idle_timeout: Duration::from_secs(4),
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            excerpt_bytes: DEFAULT_EXCERPT_BYTES,
+        }
+    }
+}
+
+/// The HTTP connector: one client (one connection pool, rustls for TLS) for every tool.
+/// Cheap to clone; clones share the pool.
+#[derive(Debug, Clone)]
+pub struct HttpConnector {
+    client: Client,
+    options: HttpOptions,
+}
+
+impl HttpConnector {
+    /// A connector with [`HttpOptions::default`].
+    pub fn new() -> Result<Self, ConnectorError> {
+        Self::with_options(HttpOptions::default())
+    }
+
+    pub fn with_options(options: HttpOptions) -> Result<Self, ConnectorError> {
+        let client = Client::builder()
+            // A redirect would be followed as a second request (and 301–303 turn a POST into
+            // a GET): a 3xx is returned to the classifier instead.
+            .redirect(reqwest::redirect::Policy::none())
+            // One call, one request: the state machine owns retries, with the same key.
+            .retry(reqwest::retry::never())
+            .connect_timeout(options.connect_timeout)
+            .pool_idle_timeout(options.pool_idle_timeout)
+            .user_agent(concat!("sluice-connector/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|source| ConnectorError::Client { source })?;
+        Ok(Self { client, options })
+    }
+
+    pub fn options(&self) -> &HttpOptions {
+        &self.options
+    }
+
+    /// Sends `call` and reads the answer, body capped at `max_response_bytes`.
+    async fn send(&self, call: Call) -> Result<Answer, NoAnswer> {
+        let timeout = call.timeout;
+        let mut builder = self
+            .client
+            .request(call.method, call.url)
+            .headers(call.headers)
+            // The total budget: connect, write, response headers and the body read below.
+            .timeout(timeout);
+        if let Some(body) = &call.body {
+            builder = builder.json(body);
+        }
+        let mut response = builder
+            .send()
+            .await
+            .map_err(|error| no_answer(&error, timeout))?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let (body, truncated, body_error) =
+            read_capped(&mut response, self.options.max_response_bytes, timeout).await;
+        Ok(Answer {
+            status,
+            headers,
+            body,
+            truncated,
+            body_error,
+        })
+    }
+}
+
+/// Reads at most `cap` bytes of the body; a larger body is left unread (the connection is
+/// then dropped rather than reused). A failure part-way keeps what had arrived.
+async fn read_capped(
+    response: &mut Response,
+    cap: usize,
+    timeout: Duration,
+) -> (Vec<u8>, bool, Option<String>) {
+    let mut body = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = cap - body.len();
+                if chunk.len() > room {
+                    body.extend_from_slice(&chunk[..room]);
+                    return (body, true, None);
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return (body, false, None),
+            Err(error) => {
+                let reason = if error.is_timeout() {
+                    format!(
+                        "timed out after {} ms reading the body",
+                        timeout.as_millis()
+                    )
+                } else {
+                    chain(&error)
+                };
+                return (body, false, Some(reason));
+            }
+        }
+    }
+}
+
+/// Where the line runs between "nothing was sent" and "the upstream may have processed it".
+///
+/// reqwest reports `is_connect()` for every failure inside its connector: DNS resolution, the
+/// TCP connect (refused, unreachable, `connect_timeout`), the TLS handshake, a proxy's
+/// CONNECT. The connector hands hyper a connection only once all of that succeeded, and hyper
+/// writes no byte of the request before it has one, so a connect error means the upstream
+/// never saw the request: `NotSent`, which the state machine retries as PENDING. The TLS
+/// ClientHello does reach the server, but it carries no request. `is_builder()` means the
+/// request was never built. `is_connect()` is checked before `is_timeout()` because a
+/// `connect_timeout` is both, and it too happened before anything was written.
+///
+/// Every other failure happened after hyper had a connection, while it was writing the request
+/// or waiting for the answer: a reset or close before a complete response (`is_request()`:
+/// hyper's "connection closed before message completed", a broken pipe), a body error, or
+/// the total timeout. The upstream may have received and acted on the request, so the answer
+/// is `Lost` (ambiguous). The total timeout is the one imprecise case: it is a timer around
+/// the whole exchange and does not say which phase it interrupted, so a connect still pending
+/// when it fires is reported as ambiguous too — the safe side of the line (a reconciliation
+/// too many, never a blind retry of an effect that may have happened).
+///
+/// hyper's own retry (a pooled connection found closed before the request was written, so
+/// the request was provably not sent) stays within this contract.
+fn no_answer(error: &reqwest::Error, timeout: Duration) -> NoAnswer {
+    if error.is_builder() {
+        NoAnswer::NotSent {
+            reason: format!("not sent: the request could not be built: {}", chain(error)),
+        }
+    } else if error.is_connect() {
+        NoAnswer::NotSent {
+            reason: format!("not sent: could not connect: {}", chain(error)),
+        }
+    } else if error.is_timeout() {
+        NoAnswer::Lost {
+            reason: format!(
+                "no answer within {} ms; the request may have been processed",
+                timeout.as_millis()
+            ),
+            timed_out: true,
+        }
+    } else {
+        NoAnswer::Lost {
+            reason: format!(
+                "the connection failed after the request was sent; it may have been processed: {}",
+                chain(error)
+            ),
+            timed_out: false,
+        }
+    }
+}
+
+/// An error and its sources as one line, `a: b: c`, skipping a source that repeats its parent.
+fn chain(error: &dyn StdError) -> String {
+    let mut text = error.to_string();
+    let mut last = text.clone();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let shown = cause.to_string();
+        if shown != last && !last.ends_with(&shown) {
+            text.push_str(": ");
+            text.push_str(&shown);
+        }
+        last = shown;
+        source = cause.source();
+    }
+    text
+}
+
+/// The request part of status check evidence.
+fn request_evidence(call: &Call) -> Value {
+    json!({ "method": call.method.as_str(), "url": call.url.as_str() })
+}
+
+fn with_request(mut report: StatusReport, request: Value) -> StatusReport {
+    if let Value::Object(evidence) = &mut report.evidence {
+        evidence.insert("request".into(), request);
+    }
+    report
+}
+
+#[async_trait]
+impl Connector for HttpConnector {
+    #[instrument(
+        name = "connector.dispatch",
+        skip_all,
+        fields(
+            run_id = %command.run_id,
+            command_key = %command.command_key,
+            tool = %tool.name(),
+            http_status = field::Empty,
+        )
+    )]
+    async fn dispatch(&self, tool: &Tool, command: &Command) -> DispatchOutcome {
+        let call = match request::dispatch(tool, command) {
+            Ok(call) => call,
+            Err(error) => {
+                let reason = format!("not sent: {}", chain(&error));
+                warn!(outcome = "not_sent", %reason, "dispatch could not be sent");
+                return DispatchOutcome::NotSent { reason };
+            }
+        };
+        let outcome = match self.send(call).await {
+            Ok(answer) => {
+                Span::current().record("http_status", answer.status.as_u16());
+                classify::dispatch(
+                    &answer,
+                    &tool.dispatch().reference,
+                    self.options.excerpt_bytes,
+                )
+            }
+            Err(no_answer) => classify::dispatch_without_answer(no_answer),
+        };
+        match &outcome {
+            DispatchOutcome::Committed { external_ref, .. } => {
+                info!(outcome = "committed", external_ref = ?external_ref, "dispatch committed");
+            }
+            DispatchOutcome::Refused { reason } => {
+                info!(outcome = "refused", %reason, "dispatch refused");
+            }
+            DispatchOutcome::Ambiguous { reason } => {
+                warn!(outcome = "ambiguous", %reason, "dispatch outcome unknown");
+            }
+            DispatchOutcome::NotSent { reason } => {
+                warn!(outcome = "not_sent", %reason, "dispatch not sent");
+            }
+        }
+        outcome
+    }
+
+    #[instrument(
+        name = "connector.status_check",
+        skip_all,
+        fields(
+            run_id = %command.run_id,
+            command_key = %command.command_key,
+            tool = %tool.name(),
+            http_status = field::Empty,
+        )
+    )]
+    async fn status_check(&self, tool: &Tool, command: &Command) -> StatusReport {
+        let Some(endpoint) = tool.status_check() else {
+            let error = format!(
+                "tool {} declares no status_check, so the effect cannot be observed",
+                tool.name()
+            );
+            warn!(observation = "inconclusive", %error, "no status check");
+            return StatusReport::inconclusive(json!({ "error": error }));
+        };
+        let call = match request::status_check(tool, endpoint, command) {
+            Ok(call) => call,
+            Err(error) => {
+                let error = chain(&error);
+                warn!(observation = "inconclusive", %error, "status check could not be sent");
+                return StatusReport::inconclusive(json!({ "error": error }));
+            }
+        };
+        let request = request_evidence(&call);
+        let report = match self.send(call).await {
+            Ok(answer) => {
+                Span::current().record("http_status", answer.status.as_u16());
+                classify::status_check(
+                    &answer,
+                    &tool.dispatch().reference,
+                    self.options.excerpt_bytes,
+                )
+            }
+            Err(no_answer) => classify::status_check_without_answer(&no_answer),
+        };
+        info!(
+            observation = report.observation.as_str(),
+            external_ref = ?report.external_ref,
+            "status checked"
+        );
+        with_request(report, request)
+    }
+
+    #[instrument(
+        name = "connector.compensate",
+        skip_all,
+        fields(
+            run_id = %command.run_id,
+            command_key = %command.command_key,
+            tool = %tool.name(),
+            target = ?target,
+            http_status = field::Empty,
+        )
+    )]
+    async fn compensate(
+        &self,
+        tool: &Tool,
+        command: &Command,
+        target: CompensationTarget,
+    ) -> CompensationOutcome {
+        let Some(endpoint) = tool.compensate() else {
+            let reason = format!(
+                "tool {} declares no compensate, so the commit cannot be undone automatically",
+                tool.name()
+            );
+            warn!(outcome = "impossible", %reason, "no compensate");
+            return CompensationOutcome::Impossible { reason };
+        };
+        // A call that cannot be built now never can (the URL needs a reference the command
+        // lacks, or a value that cannot be sent): a person must act, so it is not retried.
+        let call = match request::compensate(tool, endpoint, command, target.external_ref(command))
+        {
+            Ok(call) => call,
+            Err(error) => {
+                let reason = format!("cannot call compensate: {}", chain(&error));
+                warn!(outcome = "impossible", %reason, "compensate could not be sent");
+                return CompensationOutcome::Impossible { reason };
+            }
+        };
+        let outcome = match self.send(call).await {
+            Ok(answer) => {
+                Span::current().record("http_status", answer.status.as_u16());
+                classify::compensation(
+                    &answer,
+                    &tool.dispatch().reference,
+                    self.options.excerpt_bytes,
+                )
+            }
+            Err(no_answer) => classify::compensation_without_answer(no_answer),
+        };
+        match &outcome {
+            CompensationOutcome::Done { reference } => {
+                info!(outcome = "done", reference = ?reference, "compensated");
+            }
+            CompensationOutcome::Impossible { reason } => {
+                warn!(outcome = "impossible", %reason, "compensation impossible");
+            }
+            CompensationOutcome::Retry { reason } => {
+                warn!(outcome = "retry", %reason, "compensation to be retried");
+            }
+        }
+        outcome
+    }
+}

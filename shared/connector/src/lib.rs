@@ -1,0 +1,31 @@
+//! Connectors: the one place where Sluice touches the outside world on a command's behalf.
+//!
+//! A connector carries out what the state machine asks (`CallUpstream`, `Reconcile`,
+//! `Compensate`, `CompensateDuplicate`) and answers in the core's own words — a
+//! [`DispatchOutcome`], an [`Observation`] with evidence, a [`CompensationOutcome`] — so the
+//! services hold no rules about HTTP status codes or socket errors.
+//!
+//! * [`port`] — the [`Connector`] trait, the [`StatusReport`] and the [`CompensationTarget`].
+//! * [`request`] — pure: the HTTP call of each operation (URL, headers, body) for a command.
+//! * [`classify`] — pure: what an upstream's answer means (the classification table of
+//!   DESIGN §6), from a status code, headers and a size-capped body.
+//! * [`http`] — [`HttpConnector`], the only code here that does IO: it sends the calls and
+//!   tells "nothing was sent" apart from "the request may have been processed".
+//! * [`error`] — [`ConnectorError`], for the one fallible step: building the HTTP client.
+//!
+//! The connector calls never fail: every transport problem is an outcome the state machine
+//! knows how to handle (`NotSent`, `Ambiguous`, `inconclusive`, `Retry`).
+//!
+//! [`DispatchOutcome`]: sluice_core::machine::DispatchOutcome
+//! [`CompensationOutcome`]: sluice_core::machine::CompensationOutcome
+//! [`Observation`]: sluice_core::Observation
+
+pub mod classify;
+pub mod error;
+pub mod http;
+pub mod port;
+pub mod request;
+
+pub use error::ConnectorError;
+pub use http::{HttpConnector, HttpOptions};
+pub use port::{CompensationTarget, Connector, StatusReport};

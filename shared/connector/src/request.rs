@@ -1,0 +1,378 @@
+//! The HTTP call of each connector operation for one command, built without IO.
+//!
+//! Everything about the wire contract that does not depend on the network lives here: which
+//! URL (the tool's template rendered by `catalog::render_url`), which method, which headers
+//! and which body. A command that cannot be turned into a call (a URL that does not render or
+//! parse, a business key that is not a valid header value) is refused here, before anything
+//! could be sent — which is what lets the caller report it as `NotSent`.
+
+use std::fmt;
+use std::time::Duration;
+
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Method, Url};
+use serde_json::{Value, json};
+use sluice_core::catalog::{HttpEndpoint, HttpMethod, RenderError, Tool, UrlKeys, render_url};
+use sluice_core::command::Command;
+use sluice_core::ids::{CommandKey, ToolName};
+
+/// The idempotency key of the command (`<run_id>/d-<decision>/<tool>/<call_idx>`).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub const RUN_ID: &str = "x-sluice-run-id";
+pub const COMMAND_KEY: &str = "x-sluice-command-key";
+/// Sent only when the command has a business key.
+pub const BUSINESS_KEY: &str = "x-sluice-business-key";
+
+/// The three things a connector does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    Dispatch,
+    StatusCheck,
+    Compensate,
+}
+
+impl Operation {
+    /// The catalog section that declares the operation's endpoint.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Dispatch => "dispatch",
+            Self::StatusCheck => "status_check",
+            Self::Compensate => "compensate",
+        }
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One HTTP request, ready to send.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub operation: Operation,
+    pub method: Method,
+    pub url: Url,
+    /// Only the contract's headers: no credentials, so the map may be logged by name.
+    pub headers: HeaderMap,
+    /// The JSON body; `None` for GET and DELETE.
+    pub body: Option<Value>,
+    /// The whole call — connect, request, response headers and body — must fit in this.
+    pub timeout: Duration,
+}
+
+/// Why a command could not be turned into a call. Nothing was sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// A caller bug: a command may only be sent with the tool it was recorded for.
+    #[error("command {command_key} is for tool {}, not {tool}", command_key.tool())]
+    WrongTool {
+        command_key: CommandKey,
+        tool: ToolName,
+    },
+    #[error("{operation}.url of tool {tool} cannot be rendered for this command")]
+    Render {
+        operation: Operation,
+        tool: ToolName,
+        #[source]
+        source: RenderError,
+    },
+    #[error(
+        "{operation}.url of tool {tool} rendered to {url:?}, which is not a valid url: {detail}"
+    )]
+    InvalidUrl {
+        operation: Operation,
+        tool: ToolName,
+        url: String,
+        detail: String,
+    },
+    #[error(
+        "{header} cannot be sent: its value is not a valid HTTP header value (control characters)"
+    )]
+    HeaderValue { header: &'static str },
+}
+
+/// The dispatch call: the tool's dispatch endpoint with the arguments as the JSON body.
+pub fn dispatch(tool: &Tool, command: &Command) -> Result<Call, CallError> {
+    check_tool(tool, command)?;
+    let endpoint = &tool.dispatch().endpoint;
+    build(
+        Operation::Dispatch,
+        tool,
+        endpoint,
+        command,
+        None,
+        command.args.clone(),
+    )
+}
+
+/// The status check call: the given endpoint (the tool's `status_check`).
+pub fn status_check(
+    tool: &Tool,
+    endpoint: &HttpEndpoint,
+    command: &Command,
+) -> Result<Call, CallError> {
+    check_tool(tool, command)?;
+    build(
+        Operation::StatusCheck,
+        tool,
+        endpoint,
+        command,
+        None,
+        command.args.clone(),
+    )
+}
+
+/// The compensate call for the commit named `external_ref`, with
+/// `{"args": …, "external_ref": …}` as the JSON body.
+pub fn compensate(
+    tool: &Tool,
+    endpoint: &HttpEndpoint,
+    command: &Command,
+    external_ref: Option<&str>,
+) -> Result<Call, CallError> {
+    check_tool(tool, command)?;
+    let body = json!({ "args": command.args, "external_ref": external_ref });
+    build(
+        Operation::Compensate,
+        tool,
+        endpoint,
+        command,
+        external_ref,
+        body,
+    )
+}
+
+fn check_tool(tool: &Tool, command: &Command) -> Result<(), CallError> {
+    if &command.tool == tool.name() {
+        Ok(())
+    } else {
+        Err(CallError::WrongTool {
+            command_key: command.command_key.clone(),
+            tool: tool.name().clone(),
+        })
+    }
+}
+
+fn build(
+    operation: Operation,
+    tool: &Tool,
+    endpoint: &HttpEndpoint,
+    command: &Command,
+    external_ref: Option<&str>,
+    body: Value,
+) -> Result<Call, CallError> {
+    let keys = UrlKeys {
+        idempotency_key: &command.idempotency_key,
+        business_key: command.business_key.as_ref(),
+        external_ref,
+    };
+    let rendered =
+        render_url(&endpoint.url, &command.args, &keys).map_err(|source| CallError::Render {
+            operation,
+            tool: tool.name().clone(),
+            source,
+        })?;
+    let url = Url::parse(&rendered).map_err(|error| CallError::InvalidUrl {
+        operation,
+        tool: tool.name().clone(),
+        url: rendered.clone(),
+        detail: error.to_string(),
+    })?;
+    let carries_content = carries_content(endpoint.method);
+    Ok(Call {
+        operation,
+        method: method(endpoint.method),
+        url,
+        headers: headers(command, carries_content)?,
+        body: carries_content.then_some(body),
+        timeout: Duration::from_millis(endpoint.timeout_ms),
+    })
+}
+
+/// GET and DELETE carry no body: RFC 9110 gives content on them no meaning and
+/// intermediaries may drop it, so such an endpoint takes what it needs from its URL template.
+fn carries_content(method: HttpMethod) -> bool {
+    match method {
+        HttpMethod::Post | HttpMethod::Put | HttpMethod::Patch => true,
+        HttpMethod::Get | HttpMethod::Delete => false,
+    }
+}
+
+fn method(method: HttpMethod) -> Method {
+    match method {
+        HttpMethod::Get => Method::GET,
+        HttpMethod::Post => Method::POST,
+        HttpMethod::Put => Method::PUT,
+        HttpMethod::Patch => Method::PATCH,
+        HttpMethod::Delete => Method::DELETE,
+    }
+}
+
+/// The contract's headers. Every operation sends the same ones, so an upstream can tie a
+/// status check or a compensation to the dispatch it is about.
+fn headers(command: &Command, carries_content: bool) -> Result<HeaderMap, CallError> {
+    let mut headers = HeaderMap::new();
+    headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
+    if carries_content {
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    }
+    let mut insert = |header: &'static str, text: &str| {
+        // `from_bytes` also admits UTF-8 (RFC 9110 obs-text): a business key is free text and
+        // is passed through unchanged; only control characters cannot be sent.
+        let value = HeaderValue::from_bytes(text.as_bytes())
+            .map_err(|_| CallError::HeaderValue { header })?;
+        headers.insert(HeaderName::from_static(header), value);
+        Ok(())
+    };
+    insert(IDEMPOTENCY_KEY, &command.idempotency_key.to_string())?;
+    insert(RUN_ID, command.run_id.as_str())?;
+    insert(COMMAND_KEY, &command.command_key.to_string())?;
+    if let Some(business_key) = &command.business_key {
+        insert(BUSINESS_KEY, business_key.as_str())?;
+    }
+    Ok(headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_core::catalog::Catalog;
+    use sluice_core::command::{EffectSemantics, Intent};
+    use sluice_core::ids::{BusinessKey, RunId};
+    use sluice_core::time::Timestamp;
+
+    use super::*;
+
+    const CATALOG: &str = r#"
+        [[tool]]
+        name = "payments/wire"
+        semantics = "NON_IDEMPOTENT"
+        business_key = "{account}:{amount_minor}"
+        schema = { type = "object", required = ["account", "amount_minor"], properties = { account = { type = "string" }, amount_minor = { type = "integer" } } }
+        [tool.dispatch]
+        url = "http://bank.test/accounts/{account}/wires"
+        timeout_ms = 1500
+        [tool.status_check]
+        url = "http://bank.test/wires/by-key/{business_key}"
+        [tool.compensate]
+        url = "http://bank.test/wires/{external_ref}/reverse"
+        method = "DELETE"
+    "#;
+
+    fn tool() -> Tool {
+        let catalog = Catalog::from_toml_str(CATALOG, "test.toml").expect("the catalog is valid");
+        catalog.tools()[0].clone()
+    }
+
+    fn command(business_key: &str) -> Command {
+        let intent = Intent {
+            run_id: RunId::parse("r-1").expect("valid run id"),
+            command_key: CommandKey::parse("d-2/payments/wire/0").expect("valid command key"),
+            semantics: EffectSemantics::NonIdempotent,
+            args: json!({"account": "acc 1", "amount_minor": 5}),
+            business_key: Some(BusinessKey::new(business_key)),
+            policy_version: "1".into(),
+            max_attempts: 3,
+            not_before: None,
+        };
+        Command::from_intent(intent, Timestamp::from_millis(1_000), 10_000)
+    }
+
+    #[test]
+    fn dispatch_posts_the_args_with_the_contract_headers_and_the_tool_timeout() {
+        let call = dispatch(&tool(), &command("acc 1:5")).expect("renders");
+        assert_eq!(call.method, Method::POST);
+        assert_eq!(call.url.as_str(), "http://bank.test/accounts/acc%201/wires");
+        assert_eq!(
+            call.body,
+            Some(json!({"account": "acc 1", "amount_minor": 5}))
+        );
+        assert_eq!(call.timeout, Duration::from_millis(1_500));
+        let header = |name: &str| call.headers.get(name).map(HeaderValue::as_bytes);
+        assert_eq!(
+            header(IDEMPOTENCY_KEY),
+            Some(&b"r-1/d-2/payments/wire/0"[..])
+        );
+        assert_eq!(header(RUN_ID), Some(&b"r-1"[..]));
+        assert_eq!(header(COMMAND_KEY), Some(&b"d-2/payments/wire/0"[..]));
+        assert_eq!(header(BUSINESS_KEY), Some(&b"acc 1:5"[..]));
+        assert_eq!(
+            header(CONTENT_TYPE.as_str()),
+            Some(&b"application/json"[..])
+        );
+    }
+
+    #[test]
+    fn bodiless_methods_send_no_body_and_no_content_type() {
+        let tool = tool();
+        let command = command("k");
+        let status =
+            status_check(&tool, tool.status_check().expect("declared"), &command).expect("renders");
+        assert_eq!(status.method, Method::GET);
+        assert_eq!(status.body, None);
+        assert!(status.headers.get(CONTENT_TYPE).is_none());
+        let compensation = compensate(
+            &tool,
+            tool.compensate().expect("declared"),
+            &command,
+            Some("w-1"),
+        )
+        .expect("renders");
+        assert_eq!(compensation.method, Method::DELETE);
+        assert_eq!(compensation.body, None);
+    }
+
+    #[test]
+    fn a_business_key_that_is_not_a_header_value_is_refused_before_sending() {
+        let err = dispatch(&tool(), &command("a\nb")).expect_err("newline in a header");
+        assert_eq!(
+            err,
+            CallError::HeaderValue {
+                header: BUSINESS_KEY
+            }
+        );
+        // UTF-8 is passed through as it is.
+        let call = dispatch(&tool(), &command("café")).expect("utf-8 is obs-text");
+        assert_eq!(
+            call.headers.get(BUSINESS_KEY).map(HeaderValue::as_bytes),
+            Some("café".as_bytes())
+        );
+    }
+
+    #[test]
+    fn compensate_without_a_reference_cannot_render_a_url_that_needs_one() {
+        let tool = tool();
+        let err = compensate(
+            &tool,
+            tool.compensate().expect("declared"),
+            &command("k"),
+            None,
+        )
+        .expect_err("no external_ref");
+        assert!(
+            matches!(
+                err,
+                CallError::Render {
+                    operation: Operation::Compensate,
+                    source: RenderError::MissingKey {
+                        key: "external_ref"
+                    },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_command_is_only_sent_with_its_own_tool() {
+        let other = CATALOG.replace("payments/wire", "payments/refund");
+        let catalog = Catalog::from_toml_str(&other, "other.toml").expect("valid");
+        let err = dispatch(&catalog.tools()[0], &command("k")).expect_err("wrong tool");
+        assert_eq!(
+            err.to_string(),
+            "command d-2/payments/wire/0 is for tool payments/wire, not payments/refund"
+        );
+    }
+}

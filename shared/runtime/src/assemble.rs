@@ -1,0 +1,89 @@
+//! Builds a service [`Context`] from a [`Config`]: the ledger, the bus, the connector and the
+//! catalog it names.
+
+use std::sync::Arc;
+
+use sluice_bus::{Bus, BusError, EmbeddedBus, EmbeddedConfig};
+use sluice_connector::{ConnectorError, HttpConnector};
+use sluice_core::catalog::{Catalog, CatalogError};
+use sluice_core::time::{Clock, SystemClock};
+use sluice_ledger::LedgerError;
+use sluice_ledger::sqlite::{SqliteConfig, SqliteLedger};
+use thiserror::Error;
+
+use crate::config::{BusKind, CatalogConfig, Config, LedgerKind};
+use crate::{Context, Metrics};
+
+/// The example catalog shipped in `deploy/catalog.toml`, used when no catalog is configured.
+pub const EXAMPLE_CATALOG: &str = include_str!("../../../deploy/catalog.toml");
+
+#[derive(Debug, Error)]
+pub enum AssembleError {
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error(transparent)]
+    Connector(#[from] ConnectorError),
+}
+
+/// Loads the configured catalog, or the example one.
+pub fn load_catalog(config: &CatalogConfig) -> Result<Catalog, CatalogError> {
+    match &config.path {
+        Some(path) => Catalog::load(path),
+        None => Catalog::from_toml_str(EXAMPLE_CATALOG, "deploy/catalog.toml (built in)"),
+    }
+}
+
+/// Where the example catalog expects its upstream (the demo upstream's default address).
+pub const EXAMPLE_UPSTREAM: &str = "http://127.0.0.1:8787";
+
+/// The example catalog with its upstream at `base_url` (e.g. `http://127.0.0.1:41234`), for
+/// the demo and tests that start the demo upstream on a free port.
+pub fn example_catalog_at(base_url: &str) -> Result<Catalog, CatalogError> {
+    let text = EXAMPLE_CATALOG.replace(EXAMPLE_UPSTREAM, base_url.trim_end_matches('/'));
+    Catalog::from_toml_str(&text, "deploy/catalog.toml (built in)")
+}
+
+/// Opens the configured ledger.
+pub fn open_ledger(
+    config: &Config,
+    clock: Arc<dyn Clock>,
+) -> Result<Arc<dyn sluice_ledger::Ledger>, LedgerError> {
+    match config.ledger.kind {
+        LedgerKind::Sqlite => {
+            let sqlite = SqliteConfig {
+                durability: config.ledger.durability,
+                busy_timeout_ms: config.ledger.busy_timeout_ms,
+                ..SqliteConfig::in_dir(&config.ledger.data_dir)
+            };
+            Ok(Arc::new(SqliteLedger::open_with_clock(sqlite, clock)?))
+        }
+    }
+}
+
+/// Opens the configured bus.
+pub fn open_bus(config: &Config) -> Result<Arc<dyn Bus>, BusError> {
+    match config.bus.kind {
+        BusKind::Embedded => Ok(Arc::new(EmbeddedBus::new(EmbeddedConfig {
+            prefix: config.bus.topic_prefix.clone(),
+            partitions: config.bus.partitions,
+            ..EmbeddedConfig::default()
+        })?)),
+    }
+}
+
+/// Everything a service needs, from configuration, with `catalog` already loaded.
+pub fn assemble(config: &Config, catalog: Catalog) -> Result<Context, AssembleError> {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    Ok(Context {
+        ledger: open_ledger(config, Arc::clone(&clock))?,
+        bus: open_bus(config)?,
+        catalog: Arc::new(catalog),
+        connector: Arc::new(HttpConnector::new()?),
+        clock,
+        metrics: Arc::new(Metrics::new()),
+    })
+}

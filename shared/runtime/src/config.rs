@@ -1,0 +1,382 @@
+//! One configuration for every service, layered: defaults → TOML file → `SLUICE_` environment
+//! (`__` between nesting levels, e.g. `SLUICE_PRODUCER__LISTEN=0.0.0.0:8700`) → flags, then
+//! validated once. Every error names the key that is wrong.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sluice_ledger::sqlite::Durability;
+use thiserror::Error;
+
+/// The environment prefix of configuration overrides.
+pub const ENV_PREFIX: &str = "SLUICE_";
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub ledger: LedgerConfig,
+    pub bus: BusConfig,
+    pub catalog: CatalogConfig,
+    pub producer: ProducerConfig,
+    pub dispatcher: DispatcherConfig,
+    pub reconciler: ReconcilerConfig,
+    pub compensator: CompensatorConfig,
+    pub telemetry: TelemetryConfig,
+}
+
+/// Which ledger, and its settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LedgerConfig {
+    pub kind: LedgerKind,
+    /// The embedded ledger's directory.
+    pub data_dir: PathBuf,
+    pub durability: Durability,
+    pub busy_timeout_ms: u64,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        Self {
+            kind: LedgerKind::Sqlite,
+            data_dir: PathBuf::from(sluice_ledger::sqlite::DEFAULT_DATA_DIR),
+            durability: Durability::Full,
+            busy_timeout_ms: 5_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LedgerKind {
+    Sqlite,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BusConfig {
+    pub kind: BusKind,
+    pub topic_prefix: String,
+    pub partitions: u32,
+}
+
+impl Default for BusConfig {
+    fn default() -> Self {
+        Self {
+            kind: BusKind::Embedded,
+            topic_prefix: "sluice.".into(),
+            partitions: 8,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BusKind {
+    Embedded,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CatalogConfig {
+    /// The tool catalog; `None` uses the example catalog built into the binary.
+    pub path: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProducerConfig {
+    pub listen: SocketAddr,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Most effects in one batch submission.
+    pub max_batch: usize,
+    /// Longest `?wait=` a client may ask for, in milliseconds.
+    pub max_wait_ms: u64,
+}
+
+impl Default for ProducerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8700)),
+            max_body_bytes: 1024 * 1024,
+            max_batch: 1_000,
+            max_wait_ms: 60_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DispatcherConfig {
+    /// Runs dispatched at the same time (a run's own commands go one at a time, in order).
+    pub concurrency: usize,
+    /// The name this dispatcher leases under; default `<host>-<pid>`.
+    pub owner: Option<String>,
+}
+
+impl Default for DispatcherConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 64,
+            owner: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReconcilerConfig {
+    pub concurrency: usize,
+    /// How often the sweeps read the due index.
+    pub sweep_interval_ms: u64,
+    /// Most due items handled per sweep.
+    pub sweep_batch: usize,
+}
+
+impl Default for ReconcilerConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 32,
+            sweep_interval_ms: 1_000,
+            sweep_batch: 1_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompensatorConfig {
+    pub concurrency: usize,
+}
+
+impl Default for CompensatorConfig {
+    fn default() -> Self {
+        Self { concurrency: 16 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// `text` or `json`.
+    pub log_format: LogFormat,
+    /// A `tracing` filter such as `info` or `sluice=debug,info`.
+    pub log_level: String,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            log_format: LogFormat::Text,
+            log_level: "info".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{source_name}: {message}")]
+    Parse {
+        source_name: String,
+        message: String,
+    },
+    #[error("environment variable {var}: {message}")]
+    Env { var: String, message: String },
+    #[error("configuration key {key}: {message}")]
+    Invalid { key: String, message: String },
+}
+
+impl Config {
+    /// Loads the file (if any), then the `SLUICE_` variables of `env`, then validates.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut table = toml::Table::new();
+        let mut source_name = String::from("defaults");
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
+            table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                source_name: path.display().to_string(),
+                message: e.message().to_owned(),
+            })?;
+            source_name = path.display().to_string();
+        }
+        // Only `SLUICE_<SECTION>__<KEY>` names are configuration: every key lives in a
+        // section, and other `SLUICE_` variables (test settings, scripts) are left alone.
+        let overrides: BTreeMap<String, String> = env
+            .into_iter()
+            .filter(|(var, _)| var.starts_with(ENV_PREFIX) && var.contains("__"))
+            .collect();
+        for (var, value) in &overrides {
+            apply_env(&mut table, var, value)?;
+        }
+        if !overrides.is_empty() {
+            source_name = format!("{source_name} with SLUICE_ overrides");
+        }
+        let config: Config =
+            toml::Table::try_into(table).map_err(|e: toml::de::Error| ConfigError::Parse {
+                source_name,
+                message: e.message().to_owned(),
+            })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what types alone cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: &str| {
+            Err(ConfigError::Invalid {
+                key: key.to_owned(),
+                message: message.to_owned(),
+            })
+        };
+        if self.bus.partitions == 0 || self.bus.partitions > 4_096 {
+            return invalid("bus.partitions", "must be between 1 and 4096");
+        }
+        if self.bus.topic_prefix.is_empty()
+            || !self
+                .bus
+                .topic_prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return invalid(
+                "bus.topic_prefix",
+                "must be non-empty and use only letters, digits, '.', '_' and '-'",
+            );
+        }
+        if self.producer.max_body_bytes < 1_024 {
+            return invalid("producer.max_body_bytes", "must be at least 1024");
+        }
+        if self.producer.max_batch == 0 {
+            return invalid("producer.max_batch", "must be at least 1");
+        }
+        for (key, value) in [
+            ("dispatcher.concurrency", self.dispatcher.concurrency),
+            ("reconciler.concurrency", self.reconciler.concurrency),
+            ("reconciler.sweep_batch", self.reconciler.sweep_batch),
+            ("compensator.concurrency", self.compensator.concurrency),
+        ] {
+            if value == 0 {
+                return invalid(key, "must be at least 1");
+            }
+        }
+        if self.reconciler.sweep_interval_ms < 10 {
+            return invalid("reconciler.sweep_interval_ms", "must be at least 10");
+        }
+        Ok(())
+    }
+}
+
+/// Sets `SLUICE_A__B=value` as `a.b = value` in `table`: the value is read as a TOML value
+/// when it parses as one (numbers, booleans, arrays), else taken as a string.
+fn apply_env(table: &mut toml::Table, var: &str, value: &str) -> Result<(), ConfigError> {
+    let env_error = |message: &str| ConfigError::Env {
+        var: var.to_owned(),
+        message: message.to_owned(),
+    };
+    let path: Vec<String> = var[ENV_PREFIX.len()..]
+        .split("__")
+        .map(str::to_ascii_lowercase)
+        .collect();
+    if path.iter().any(String::is_empty) {
+        return Err(env_error("has an empty key segment"));
+    }
+    let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_owned()));
+    let (last, parents) = path.split_last().ok_or_else(|| env_error("names no key"))?;
+    let mut node = table;
+    for segment in parents {
+        let entry = node
+            .entry(segment.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        node = entry
+            .as_table_mut()
+            .ok_or_else(|| env_error(&format!("{segment} is not a section")))?;
+    }
+    node.insert(last.clone(), parsed);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_validate_and_listen_on_loopback() {
+        let config = Config::load(None, env(&[])).expect("defaults are valid");
+        assert!(config.producer.listen.ip().is_loopback());
+        assert_eq!(config.ledger.kind, LedgerKind::Sqlite);
+    }
+
+    #[test]
+    fn file_then_environment_then_validation() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("sluice.toml");
+        std::fs::write(
+            &path,
+            "[producer]\nlisten = \"127.0.0.1:9000\"\n[bus]\npartitions = 4\n",
+        )
+        .expect("write");
+        let config = Config::load(
+            Some(&path),
+            env(&[
+                ("SLUICE_BUS__PARTITIONS", "16"),
+                ("SLUICE_LEDGER__DATA_DIR", "/tmp/x"),
+                ("OTHER", "ignored"),
+            ]),
+        )
+        .expect("valid");
+        assert_eq!(config.producer.listen.port(), 9000);
+        assert_eq!(
+            config.bus.partitions, 16,
+            "the environment wins over the file"
+        );
+        assert_eq!(config.ledger.data_dir, PathBuf::from("/tmp/x"));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let err =
+            Config::load(None, env(&[("SLUICE_BUS__PARTITION", "3")])).expect_err("unknown key");
+        assert!(err.to_string().contains("partition"), "{err}");
+        let err = Config::load(None, env(&[("SLUICE_BUS__PARTITIONS", "0")])).expect_err("zero");
+        assert!(err.to_string().contains("bus.partitions"), "{err}");
+        let err = Config::load(None, env(&[("SLUICE_PRODUCER__LISTEN", "nowhere")]))
+            .expect_err("bad address");
+        assert!(
+            err.to_string().contains("listen") || err.to_string().contains("address"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,51 @@
+//! What the four services share at run time: configuration, the bus messages, the pipeline
+//! loop (read → state machine → guarded write → actions), metrics, telemetry and shutdown.
+
+pub mod assemble;
+pub mod cli;
+pub mod config;
+pub mod consumer;
+pub mod messages;
+pub mod metrics;
+pub mod pipeline;
+pub mod telemetry;
+
+pub use config::Config;
+pub use metrics::Metrics;
+pub use pipeline::{Context, Driven, PipelineError};
+
+/// The root cancellation token: cancelled by SIGTERM or Ctrl-C, watched by every loop.
+pub use tokio_util::sync::CancellationToken as Shutdown;
+
+/// A token cancelled when the process receives SIGTERM or Ctrl-C.
+pub fn shutdown_on_signals() -> Shutdown {
+    let token = Shutdown::new();
+    let trigger = token.clone();
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(term) => term,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot watch SIGTERM; Ctrl-C only");
+                        let _ = ctrl_c.await;
+                        trigger.cancel();
+                        return;
+                    }
+                };
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = ctrl_c.await;
+        }
+        tracing::info!("shutting down");
+        trigger.cancel();
+    });
+    token
+}

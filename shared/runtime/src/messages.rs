@@ -1,0 +1,231 @@
+//! What travels on the bus: requests between the services and lifecycle events for the world.
+//!
+//! Requests carry only identities: every handler re-reads the command from the ledger, which is
+//! the source of truth, so a stale, duplicated or reordered message is harmless. Each message is
+//! keyed by its run id. Their JSON Schemas are in `schemas/messages/`.
+//!
+//! Lifecycle events follow CloudEvents 1.0 in binary mode: the attributes travel as `ce_`
+//! headers and the payload is the command as JSON.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use thiserror::Error;
+
+use sluice_core::command::{Command, CommandStatus};
+use sluice_core::ids::{CommandKey, RunId};
+use sluice_core::time::Timestamp;
+
+/// Largest message accepted from the bus.
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+
+/// Why a dispatch was requested (for logs and metrics; handlers do not depend on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    Reserved,
+    Due,
+    Stale,
+    Redispatch,
+    Retry,
+    Approved,
+    Replayed,
+}
+
+/// `requested`: lease this command and call its tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DispatchRequest {
+    pub run_id: RunId,
+    pub command_key: CommandKey,
+    pub cause: Cause,
+}
+
+/// `unknown`: resolve this command's ambiguous outcome from evidence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileRequest {
+    pub run_id: RunId,
+    pub command_key: CommandKey,
+}
+
+/// `compensate`: undo effects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompensateRequest {
+    pub run_id: RunId,
+    pub job: CompensateJob,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum CompensateJob {
+    /// Roll the whole run back: its CONFIRMED commands, last first.
+    Rollback { actor: String, reason: String },
+    /// Call compensate for one command already moved to COMPENSATING.
+    Command { command_key: CommandKey },
+    /// Undo the extra commits a `duplicate` observation found for this command.
+    Duplicate {
+        command_key: CommandKey,
+        extra_refs: Vec<String>,
+    },
+}
+
+/// A message that cannot be used; it goes to the dead-letter topic with this reason.
+#[derive(Debug, Error)]
+pub enum MessageError {
+    #[error("message of {size} bytes is over the {max} byte limit")]
+    TooLarge { size: usize, max: usize },
+    #[error("message is not a valid {what}: {reason}")]
+    Invalid { what: &'static str, reason: String },
+}
+
+/// Decodes a request, refusing oversized or malformed payloads.
+pub fn decode<T: for<'de> Deserialize<'de>>(
+    what: &'static str,
+    payload: &[u8],
+) -> Result<T, MessageError> {
+    if payload.len() > MAX_MESSAGE_BYTES {
+        return Err(MessageError::TooLarge {
+            size: payload.len(),
+            max: MAX_MESSAGE_BYTES,
+        });
+    }
+    serde_json::from_slice(payload).map_err(|e| MessageError::Invalid {
+        what,
+        reason: e.to_string(),
+    })
+}
+
+/// Encodes a request; our own types always serialize.
+pub fn encode<T: Serialize>(message: &T) -> Vec<u8> {
+    serde_json::to_vec(message).unwrap_or_default()
+}
+
+/// The CloudEvents `type` of a command reaching `status`.
+pub fn event_type(status: CommandStatus) -> String {
+    format!("dev.sluice.effect.{}", status.as_str().to_ascii_lowercase())
+}
+
+/// A lifecycle event in CloudEvents binary mode: `ce_` headers and the command as payload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LifecycleEvent {
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub payload: Vec<u8>,
+}
+
+impl LifecycleEvent {
+    pub fn new(source: &str, command: &Command, at: Timestamp) -> Self {
+        let subject = format!("{}/{}", command.run_id, command.command_key);
+        let headers = [
+            ("ce_specversion", "1.0".to_owned()),
+            ("ce_id", uuid::Uuid::new_v4().to_string()),
+            ("ce_source", format!("/sluice/{source}")),
+            ("ce_type", event_type(command.status())),
+            ("ce_subject", subject),
+            ("ce_time", at.to_string()),
+            ("content-type", "application/json".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.into_bytes()))
+        .collect();
+        Self {
+            headers,
+            payload: serde_json::to_vec(command).unwrap_or_default(),
+        }
+    }
+
+    /// The value of a header, as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        header(&self.headers, name)
+    }
+}
+
+/// The value of a header, as text.
+pub fn header<'a>(headers: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(key, _)| key == name)
+        .and_then(|(_, value)| std::str::from_utf8(value).ok())
+}
+
+/// The header carrying the reason a message was dead-lettered.
+pub const DLQ_REASON_HEADER: &str = "sluice-dlq-reason";
+/// The header naming the topic a dead-lettered message came from.
+pub const DLQ_TOPIC_HEADER: &str = "sluice-dlq-topic";
+
+/// A structured view of an event payload, for consumers that want the command back.
+pub fn event_command(payload: &[u8]) -> Result<Command, MessageError> {
+    decode("lifecycle event", payload)
+}
+
+/// Evidence attached to an event or audit record, capped to keep records small.
+pub fn cap_evidence(value: Value) -> Value {
+    const MAX: usize = 4 * 1024;
+    let text = value.to_string();
+    if text.len() <= MAX {
+        return value;
+    }
+    let mut end = MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    serde_json::json!({ "truncated": true, "prefix": &text[..end] })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_and_refuse_unknown_fields() {
+        let request = DispatchRequest {
+            run_id: RunId::parse("r-1").expect("valid"),
+            command_key: CommandKey::parse("d-1/payments/wire/0").expect("valid"),
+            cause: Cause::Reserved,
+        };
+        let bytes = encode(&request);
+        assert_eq!(
+            decode::<DispatchRequest>("dispatch request", &bytes).expect("ok"),
+            request
+        );
+        let extra = br#"{"run_id":"r-1","command_key":"d-1/payments/wire/0","cause":"due","x":1}"#;
+        let err = decode::<DispatchRequest>("dispatch request", extra).expect_err("refused");
+        assert!(err.to_string().contains("unknown field"), "{err}");
+        let bad_key = br#"{"run_id":"r-1","command_key":"wire","cause":"due"}"#;
+        assert!(decode::<DispatchRequest>("dispatch request", bad_key).is_err());
+        let huge = vec![b' '; MAX_MESSAGE_BYTES + 1];
+        assert!(matches!(
+            decode::<DispatchRequest>("dispatch request", &huge),
+            Err(MessageError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn compensate_jobs_are_tagged() {
+        let job = CompensateRequest {
+            run_id: RunId::parse("r-1").expect("valid"),
+            job: CompensateJob::Rollback {
+                actor: "alice".into(),
+                reason: "abort".into(),
+            },
+        };
+        let text = String::from_utf8(encode(&job)).expect("utf8");
+        assert!(text.contains(r#""kind":"rollback""#), "{text}");
+        assert_eq!(
+            decode::<CompensateRequest>("compensate request", text.as_bytes()).expect("ok"),
+            job
+        );
+    }
+
+    #[test]
+    fn event_types_name_the_state() {
+        assert_eq!(
+            event_type(CommandStatus::NoCompensation),
+            "dev.sluice.effect.no_compensation"
+        );
+        assert_eq!(
+            event_type(CommandStatus::Confirmed),
+            "dev.sluice.effect.confirmed"
+        );
+    }
+}

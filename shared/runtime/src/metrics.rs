@@ -1,0 +1,131 @@
+//! Every metric of the services, named in one place: `sluice_<thing>_<unit>`, labels bounded
+//! (tool, status, outcome, topic, route — never a run id).
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+};
+
+use sluice_core::command::{Command, CommandStatus};
+
+/// The services' metrics, registered in their own registry.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    /// `sluice_transitions_total{tool, from, to}`
+    pub transitions: IntCounterVec,
+    /// `sluice_cas_conflicts_total`: guarded writes that found the command changed.
+    pub cas_conflicts: IntCounter,
+    /// `sluice_escalations_total`: commands handed to a person.
+    pub escalations: IntCounter,
+    /// `sluice_dispatch_duration_seconds{tool, outcome}`: upstream calls.
+    pub dispatch_seconds: HistogramVec,
+    /// `sluice_dead_letters_total{topic}`: messages that could not be used.
+    pub dead_letters: IntCounterVec,
+    /// `sluice_sweep_items_total{status}`: due items the sweeps acted on.
+    pub sweep_items: IntCounterVec,
+    /// `sluice_http_requests_total{route, status}`
+    pub http_requests: IntCounterVec,
+    /// `sluice_effects_submitted_total{tool, outcome}`: created, replayed, drift, invalid.
+    pub submissions: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new_custom(Some("sluice".into()), None)
+            .expect("a static prefix is a valid metric prefix");
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let vec = IntCounterVec::new(Opts::new(name, help), labels)
+                .expect("metric definitions are static and valid");
+            registry
+                .register(Box::new(vec.clone()))
+                .expect("each metric is registered once");
+            vec
+        };
+        let transitions = counter(
+            "transitions_total",
+            "Command state transitions stored",
+            &["tool", "from", "to"],
+        );
+        let dead_letters = counter(
+            "dead_letters_total",
+            "Bus messages sent to the dead-letter topic",
+            &["topic"],
+        );
+        let sweep_items = counter(
+            "sweep_items_total",
+            "Due commands the sweeps acted on",
+            &["status"],
+        );
+        let http_requests = counter(
+            "http_requests_total",
+            "HTTP requests answered by the producer",
+            &["route", "status"],
+        );
+        let submissions = counter(
+            "effects_submitted_total",
+            "Effect submissions by outcome",
+            &["tool", "outcome"],
+        );
+        let single = |name: &str, help: &str| {
+            let counter =
+                IntCounter::new(name, help).expect("metric definitions are static and valid");
+            registry
+                .register(Box::new(counter.clone()))
+                .expect("each metric is registered once");
+            counter
+        };
+        let cas_conflicts = single(
+            "cas_conflicts_total",
+            "Guarded ledger writes that found the command changed",
+        );
+        let escalations = single("escalations_total", "Commands escalated to a person");
+        let dispatch_seconds = HistogramVec::new(
+            HistogramOpts::new("dispatch_duration_seconds", "Upstream dispatch calls").buckets(
+                vec![
+                    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
+                ],
+            ),
+            &["tool", "outcome"],
+        )
+        .expect("metric definitions are static and valid");
+        registry
+            .register(Box::new(dispatch_seconds.clone()))
+            .expect("each metric is registered once");
+        Self {
+            registry,
+            transitions,
+            cas_conflicts,
+            escalations,
+            dispatch_seconds,
+            dead_letters,
+            sweep_items,
+            http_requests,
+            submissions,
+        }
+    }
+
+    /// Counts a stored transition.
+    pub fn transition(&self, command: &Command, from: CommandStatus) {
+        self.transitions
+            .with_label_values(&[
+                &command.tool.to_string(),
+                from.as_str(),
+                command.status().as_str(),
+            ])
+            .inc();
+    }
+
+    /// The registry in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        // Encoding our own registry into a Vec cannot fail.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,322 @@
+//! What every service does with a command: read it, ask the state machine, write the step
+//! through a guarded ledger write, then carry out the actions the step returned.
+//!
+//! [`Context::drive`] is that loop. On a lost compare-and-set it re-reads and asks again, so a
+//! handler racing another replica (or a zombie) either applies to the state it actually found
+//! or learns the event no longer applies. [`Context::carry_out`] turns actions into bus
+//! messages; it runs only after the ledger write, so a crash in between leaves a stored state
+//! whose due time makes the sweep redo the publication (nothing is lost, at worst repeated).
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use sluice_bus::{Bus, BusError, Topic};
+use sluice_connector::Connector;
+use sluice_core::catalog::{Catalog, Tool};
+use sluice_core::command::{Command, CommandStatus};
+use sluice_core::ids::{CommandKey, RunId};
+use sluice_core::machine::{self, Action, Event, Refusal, Step};
+use sluice_core::time::Clock;
+use sluice_ledger::{Cas, Ledger, LedgerError, Transition};
+use thiserror::Error;
+
+use crate::messages::{
+    Cause, CompensateJob, CompensateRequest, DispatchRequest, LifecycleEvent, ReconcileRequest,
+    encode,
+};
+use crate::metrics::Metrics;
+
+/// How often a handler re-reads and retries after losing a compare-and-set.
+const MAX_CAS_RETRIES: usize = 8;
+
+/// Everything a service needs, shared by the four of them when they run in one process.
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub ledger: Arc<dyn Ledger>,
+    pub bus: Arc<dyn Bus>,
+    pub catalog: Arc<Catalog>,
+    pub connector: Arc<dyn Connector>,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// A failure that stops a handler; the message is not acknowledged and comes back.
+#[derive(Debug, Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error("command {run_id}/{command_key} kept changing under {attempts} attempts")]
+    Contended {
+        run_id: RunId,
+        command_key: CommandKey,
+        attempts: usize,
+    },
+}
+
+/// What [`Context::drive`] did. Short-lived and moved once, so its size does not matter.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum Driven {
+    /// The step was stored; this is the command as stored and the step.
+    Applied(Command, Step),
+    /// The event does not apply to the command as it is now.
+    Refused(Command, Refusal),
+    /// The caller chose not to act on the command as it is now.
+    Skipped(Command),
+    /// No such command.
+    Missing,
+}
+
+/// The tool of a command, or a reason the command cannot run any more.
+pub fn tool_of<'c>(catalog: &'c Catalog, command: &Command) -> Option<&'c Tool> {
+    catalog.get(&command.tool)
+}
+
+impl Context {
+    /// Reads the command, lets `decide` pick an event for it as it is now (or `None` to leave
+    /// it), applies the event and stores the step, retrying on a lost compare-and-set.
+    pub async fn drive<F>(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        actor: &str,
+        decide: F,
+    ) -> Result<Driven, PipelineError>
+    where
+        F: FnMut(&Command) -> Option<Event> + Send,
+    {
+        let current = self.ledger.get(run_id, command_key).await?;
+        self.drive_inner(run_id, command_key, actor, current, decide)
+            .await
+    }
+
+    /// [`Context::drive`] starting from a command the caller just read or wrote, saving a
+    /// ledger read; a stale copy only costs a lost compare-and-set and a re-read.
+    pub async fn drive_from<F>(
+        &self,
+        command: Command,
+        actor: &str,
+        decide: F,
+    ) -> Result<Driven, PipelineError>
+    where
+        F: FnMut(&Command) -> Option<Event> + Send,
+    {
+        let (run_id, command_key) = (command.run_id.clone(), command.command_key.clone());
+        self.drive_inner(&run_id, &command_key, actor, Some(command), decide)
+            .await
+    }
+
+    async fn drive_inner<F>(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        actor: &str,
+        mut current: Option<Command>,
+        mut decide: F,
+    ) -> Result<Driven, PipelineError>
+    where
+        F: FnMut(&Command) -> Option<Event> + Send,
+    {
+        for _ in 0..MAX_CAS_RETRIES {
+            let Some(command) = current else {
+                return Ok(Driven::Missing);
+            };
+            let Some(event) = decide(&command) else {
+                return Ok(Driven::Skipped(command));
+            };
+            let rules = self.rules_of(&command);
+            let step = match machine::apply(&command.state, &rules, &event, self.clock.now()) {
+                Ok(step) => step,
+                Err(refusal) => return Ok(Driven::Refused(command, refusal)),
+            };
+            let write = Transition::from_step(&command, &step, actor);
+            let cas = match &event {
+                Event::Lease { .. } => self.ledger.acquire_lease(write).await?,
+                Event::Dispatched { .. } => self.ledger.finalize(write).await?,
+                _ => self.ledger.transition(write).await?,
+            };
+            match cas {
+                Cas::Applied(stored) => {
+                    self.metrics.transition(&stored, step.from);
+                    return Ok(Driven::Applied(stored, step));
+                }
+                Cas::Conflict(now) => {
+                    self.metrics.cas_conflicts.inc();
+                    // A fenced write never retries: the caller's lease is gone for good.
+                    if matches!(event, Event::Dispatched { .. } | Event::ExtendLease { .. }) {
+                        return match now {
+                            Some(now) => Ok(Driven::Refused(
+                                now.clone(),
+                                Refusal::StaleEpoch {
+                                    current: now.epoch(),
+                                    presented: command.epoch(),
+                                },
+                            )),
+                            None => Ok(Driven::Missing),
+                        };
+                    }
+                    current = now;
+                }
+            }
+        }
+        Err(PipelineError::Contended {
+            run_id: run_id.clone(),
+            command_key: command_key.clone(),
+            attempts: MAX_CAS_RETRIES,
+        })
+    }
+
+    /// The state machine rules of a command's tool; a tool gone from the catalog keeps the
+    /// command's own semantics and attempts with no status check or compensate.
+    pub fn rules_of(&self, command: &Command) -> machine::Rules {
+        let mut rules = match tool_of(&self.catalog, command) {
+            Some(tool) => tool.rules(),
+            None => machine::Rules::defaults(command.semantics),
+        };
+        rules.max_attempts = command.max_attempts;
+        rules
+    }
+
+    /// Publishes the work a stored step implies. `CallUpstream` is the dispatcher's own job
+    /// and is not handled here.
+    pub async fn carry_out(
+        &self,
+        service: &str,
+        command: &Command,
+        step: &Step,
+        cause: Cause,
+    ) -> Result<(), BusError> {
+        for action in &step.actions {
+            match action {
+                Action::Dispatch => {
+                    let request = DispatchRequest {
+                        run_id: command.run_id.clone(),
+                        command_key: command.command_key.clone(),
+                        cause,
+                    };
+                    self.publish(Topic::Requested, command, encode(&request), vec![])
+                        .await?;
+                }
+                Action::Reconcile => {
+                    let request = ReconcileRequest {
+                        run_id: command.run_id.clone(),
+                        command_key: command.command_key.clone(),
+                    };
+                    self.publish(Topic::Unknown, command, encode(&request), vec![])
+                        .await?;
+                }
+                Action::Compensate => {
+                    let request = CompensateRequest {
+                        run_id: command.run_id.clone(),
+                        job: CompensateJob::Command {
+                            command_key: command.command_key.clone(),
+                        },
+                    };
+                    self.publish(Topic::Compensate, command, encode(&request), vec![])
+                        .await?;
+                }
+                Action::CompensateDuplicate => {
+                    let request = CompensateRequest {
+                        run_id: command.run_id.clone(),
+                        job: CompensateJob::Duplicate {
+                            command_key: command.command_key.clone(),
+                            extra_refs: extra_refs(&step.evidence, command),
+                        },
+                    };
+                    self.publish(Topic::Compensate, command, encode(&request), vec![])
+                        .await?;
+                }
+                Action::Publish { status } => {
+                    let event = LifecycleEvent::new(service, command, self.clock.now());
+                    debug_assert_eq!(*status, command.status());
+                    self.publish(Topic::Events, command, event.payload, event.headers)
+                        .await?;
+                }
+                Action::Escalate { reason } => {
+                    self.metrics.escalations.inc();
+                    tracing::warn!(
+                        run_id = %command.run_id,
+                        command_key = %command.command_key,
+                        status = %command.status(),
+                        reason = %reason,
+                        "escalated to a person"
+                    );
+                }
+                Action::CallUpstream => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn publish(
+        &self,
+        topic: Topic,
+        command: &Command,
+        payload: Vec<u8>,
+        headers: Vec<(String, Vec<u8>)>,
+    ) -> Result<(), BusError> {
+        self.bus
+            .publish(topic, command.run_id.as_str(), payload, headers)
+            .await?;
+        Ok(())
+    }
+
+    /// Republishes the request a command in `status` waits for (used by the sweeps).
+    pub async fn nudge(&self, command: &Command, cause: Cause) -> Result<(), BusError> {
+        let (topic, payload) = match command.status() {
+            CommandStatus::Pending | CommandStatus::Approved => (
+                Topic::Requested,
+                encode(&DispatchRequest {
+                    run_id: command.run_id.clone(),
+                    command_key: command.command_key.clone(),
+                    cause,
+                }),
+            ),
+            CommandStatus::Unknown => (
+                Topic::Unknown,
+                encode(&ReconcileRequest {
+                    run_id: command.run_id.clone(),
+                    command_key: command.command_key.clone(),
+                }),
+            ),
+            CommandStatus::Compensating => (
+                Topic::Compensate,
+                encode(&CompensateRequest {
+                    run_id: command.run_id.clone(),
+                    job: CompensateJob::Command {
+                        command_key: command.command_key.clone(),
+                    },
+                }),
+            ),
+            CommandStatus::Scheduled
+            | CommandStatus::Blocked
+            | CommandStatus::Leased
+            | CommandStatus::Confirmed
+            | CommandStatus::Failed
+            | CommandStatus::Stuck
+            | CommandStatus::Cancelled
+            | CommandStatus::Compensated
+            | CommandStatus::CompensationFailed
+            | CommandStatus::NoCompensation => return Ok(()),
+        };
+        self.publish(topic, command, payload, vec![]).await
+    }
+}
+
+/// The extra commits named by a `duplicate` observation's evidence: every reference it lists
+/// except the command's own.
+fn extra_refs(evidence: &Value, command: &Command) -> Vec<String> {
+    evidence
+        .get("refs")
+        .and_then(Value::as_array)
+        .map(|refs| {
+            refs.iter()
+                .filter_map(Value::as_str)
+                .filter(|r| Some(*r) != command.state.external_ref.as_deref())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
