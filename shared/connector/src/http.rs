@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use sluice_core::catalog::Tool;
 use sluice_core::command::Command;
 use sluice_core::machine::{CompensationOutcome, DispatchOutcome};
-use tracing::{Span, field, info, instrument, warn};
+use tracing::{Span, debug, field, instrument, warn};
 
 use crate::classify::{self, Answer, DEFAULT_EXCERPT_BYTES, NoAnswer};
 use crate::error::ConnectorError;
@@ -272,10 +272,10 @@ impl Connector for HttpConnector {
         };
         match &outcome {
             DispatchOutcome::Committed { external_ref, .. } => {
-                info!(outcome = "committed", external_ref = ?external_ref, "dispatch committed");
+                debug!(outcome = "committed", external_ref = ?external_ref, "dispatch committed");
             }
             DispatchOutcome::Refused { reason } => {
-                info!(outcome = "refused", %reason, "dispatch refused");
+                debug!(outcome = "refused", %reason, "dispatch refused");
             }
             DispatchOutcome::Ambiguous { reason } => {
                 warn!(outcome = "ambiguous", %reason, "dispatch outcome unknown");
@@ -326,7 +326,7 @@ impl Connector for HttpConnector {
             }
             Err(no_answer) => classify::status_check_without_answer(&no_answer),
         };
-        info!(
+        debug!(
             observation = report.observation.as_str(),
             external_ref = ?report.external_ref,
             "status checked"
@@ -383,7 +383,7 @@ impl Connector for HttpConnector {
         };
         match &outcome {
             CompensationOutcome::Done { reference } => {
-                info!(outcome = "done", reference = ?reference, "compensated");
+                debug!(outcome = "done", reference = ?reference, "compensated");
             }
             CompensationOutcome::Impossible { reason } => {
                 warn!(outcome = "impossible", %reason, "compensation impossible");
