@@ -22,6 +22,9 @@ pub const RUN_ID: &str = "x-sluice-run-id";
 pub const COMMAND_KEY: &str = "x-sluice-command-key";
 /// Sent only when the command has a business key.
 pub const BUSINESS_KEY: &str = "x-sluice-business-key";
+/// On a compensate call: the dispatch's idempotency key, so the upstream can tie the
+/// compensation to the effect it undoes.
+pub const DISPATCH_KEY: &str = "x-sluice-dispatch-idempotency-key";
 
 /// The three things a connector does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -134,14 +137,41 @@ pub fn compensate(
 ) -> Result<Call, CallError> {
     check_tool(tool, command)?;
     let body = json!({ "args": command.args, "external_ref": external_ref });
-    build(
+    let mut call = build(
         Operation::Compensate,
         tool,
         endpoint,
         command,
         external_ref,
         body,
-    )
+    )?;
+    // A compensation is a request of its own: an upstream that remembers idempotency keys
+    // (and refuses a key reused on another endpoint, as payment APIs do) must not see the
+    // dispatch's key again. Its key is derived from the dispatch's and the commit it undoes,
+    // so a retried compensation of the same commit reuses it.
+    let key = compensation_key(command, external_ref);
+    let value = HeaderValue::from_str(&key).map_err(|_| CallError::HeaderValue {
+        header: IDEMPOTENCY_KEY,
+    })?;
+    let dispatch = HeaderValue::from_str(&command.idempotency_key.to_string()).map_err(|_| {
+        CallError::HeaderValue {
+            header: DISPATCH_KEY,
+        }
+    })?;
+    call.headers
+        .insert(HeaderName::from_static(IDEMPOTENCY_KEY), value);
+    call.headers
+        .insert(HeaderName::from_static(DISPATCH_KEY), dispatch);
+    Ok(call)
+}
+
+/// The idempotency key of a compensate call: `<dispatch key>/compensate[/<commit>]`, the
+/// commit named only when it is not the command's own.
+pub fn compensation_key(command: &Command, external_ref: Option<&str>) -> String {
+    match external_ref.filter(|r| Some(*r) != command.state.external_ref.as_deref()) {
+        Some(extra) => format!("{}/compensate/{extra}", command.idempotency_key),
+        None => format!("{}/compensate", command.idempotency_key),
+    }
 }
 
 fn check_tool(tool: &Tool, command: &Command) -> Result<(), CallError> {

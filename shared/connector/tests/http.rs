@@ -888,8 +888,14 @@ async fn a_2xx_compensation_is_done_and_sends_args_and_reference() {
         "the reference is one path segment"
     );
     assert_eq!(seen.json(), json!({"args": args(), "external_ref": "w/1"}));
+    // A key of its own, tied to the dispatch by a header: an upstream that refuses a key
+    // reused on another endpoint accepts it.
     assert_eq!(
         seen.header("idempotency-key"),
+        Some("r-abc/d-3/payments/wire/0/compensate")
+    );
+    assert_eq!(
+        seen.header("x-sluice-dispatch-idempotency-key"),
         Some("r-abc/d-3/payments/wire/0")
     );
     assert_eq!(seen.header("x-sluice-run-id"), Some("r-abc"));
@@ -920,6 +926,11 @@ async fn an_extra_commit_is_compensated_by_its_own_reference() {
     let seen = upstream.only();
     assert_eq!(seen.target, "/wires/w-2/reverse");
     assert_eq!(seen.json()["external_ref"], json!("w-2"));
+    assert_eq!(
+        seen.header("idempotency-key"),
+        Some("r-abc/d-3/payments/wire/0/compensate/w-2"),
+        "each extra commit's compensation has a key of its own"
+    );
 }
 
 #[tokio::test]
