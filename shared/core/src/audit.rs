@@ -214,21 +214,47 @@ impl PreparedRecord {
         self.record.at
     }
 
-    /// Places the record at `head`: returns the entry and its canonical text, and moves the
-    /// head past it.
-    pub fn seal(&self, head: &mut ChainHead) -> (AuditEntry, String) {
+    /// Places the record at `head` and moves the head past it: the link as stored (its
+    /// canonical text and hashes), without building the entry.
+    pub fn seal_link(&self, head: &mut ChainHead) -> SealedLink {
         let canonical = format!("{}{}{}", self.prefix, head.next_seq, self.suffix);
         let hash = link_hash_canonical(&head.hash, canonical.as_bytes());
-        let mut record = self.record.clone();
-        record.seq = head.next_seq;
-        let entry = AuditEntry {
-            record,
+        let link = SealedLink {
+            seq: head.next_seq,
+            canonical,
             prev_hash: std::mem::replace(&mut head.hash, hash.clone()),
             hash,
         };
         head.next_seq += 1;
-        (entry, canonical)
+        link
     }
+
+    /// The entry of a sealed link.
+    pub fn entry(&self, link: &SealedLink) -> AuditEntry {
+        let mut record = self.record.clone();
+        record.seq = link.seq;
+        AuditEntry {
+            record,
+            prev_hash: link.prev_hash.clone(),
+            hash: link.hash.clone(),
+        }
+    }
+
+    /// Places the record at `head`: returns the entry and its canonical text, and moves the
+    /// head past it.
+    pub fn seal(&self, head: &mut ChainHead) -> (AuditEntry, String) {
+        let link = self.seal_link(head);
+        (self.entry(&link), link.canonical)
+    }
+}
+
+/// A record placed in its chain, as stored: its canonical text and the hashes around it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealedLink {
+    pub seq: u64,
+    pub canonical: String,
+    pub prev_hash: String,
+    pub hash: String,
 }
 
 /// A chain that verified: how many records, and its head.

@@ -850,7 +850,7 @@ pub async fn list_runs_shows_recent_runs_with_open_counts(ledger: Arc<dyn Ledger
     assert_eq!(ours.open_commands, 1);
     assert!(runs.iter().all(|r| r.run_id.as_str() != SYSTEM_RUN));
     assert!(
-        runs.windows(2).all(|w| w[0].updated_at >= w[1].updated_at),
+        runs.windows(2).all(|w| w[0].created_at >= w[1].created_at),
         "newest first"
     );
 }

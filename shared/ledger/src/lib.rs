@@ -306,7 +306,8 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
         status: Option<CommandStatus>,
     ) -> Result<Vec<Command>, LedgerError>;
 
-    /// Runs updated at or after `since`, newest first, at most `limit`.
+    /// Runs created at or after `since`, newest first, at most `limit`. (Ordered by creation:
+    /// an index on a time that changes with every write would cost every write.)
     async fn list_runs(
         &self,
         since: Timestamp,

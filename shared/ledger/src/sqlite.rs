@@ -30,7 +30,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use sluice_core::audit::{
-    AuditDraft, AuditEntry, AuditRecord, ChainHead, Checkpoint, PreparedRecord,
+    AuditDraft, AuditEntry, AuditRecord, ChainHead, Checkpoint, PreparedRecord, SealedLink,
 };
 use sluice_core::command::{Command, CommandState, CommandStatus, EffectSemantics};
 use sluice_core::ids::{ArgsHash, BusinessKey, CommandKey, IdempotencyKey, RunId, ToolName};
@@ -68,7 +68,7 @@ CREATE TABLE IF NOT EXISTS runs (
     audit_head    TEXT    NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS runs_id ON runs (run_id);
-CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated_at);
+CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at);
 CREATE TABLE IF NOT EXISTS commands (
     run_seq     INTEGER NOT NULL,
     run_id      TEXT    NOT NULL,
@@ -662,7 +662,10 @@ impl Writer {
             } => self
                 .claim(tool, business_key, run_id, command_key, *at)?
                 .map(Reply::Claim),
-            Op::Append(record) => Ok(Reply::Entry(self.append(record, 0)?)),
+            Op::Append(record) => {
+                let link = self.append(record, 0)?;
+                Ok(Reply::Entry(record.entry(&link)))
+            }
             Op::Purge {
                 older_than,
                 max_runs,
@@ -762,10 +765,10 @@ impl Writer {
         &mut self,
         record: &PreparedRecord,
         open_delta: i64,
-    ) -> Result<AuditEntry, rusqlite::Error> {
+    ) -> Result<SealedLink, rusqlite::Error> {
         let at = record.at();
         let head = self.head(record.run_id(), at)?;
-        let (entry, text) = record.seal(&mut head.chain);
+        let link = record.seal_link(&mut head.chain);
         head.open_commands += open_delta;
         head.updated_at = head.updated_at.max(at);
         let run_seq = head.run_seq;
@@ -776,12 +779,12 @@ impl Writer {
             )?
             .execute(params![
                 run_seq,
-                entry.record.seq as i64,
-                text,
-                entry.prev_hash,
-                entry.hash,
+                link.seq as i64,
+                link.canonical,
+                link.prev_hash,
+                link.hash,
             ])?;
-        Ok(entry)
+        Ok(link)
     }
 
     /// Writes every changed run head; called once per batch, before commit.
@@ -811,33 +814,22 @@ impl Writer {
         identity: &str,
         state: &str,
     ) -> WriteResult<ReserveReply> {
-        let run = command.run_id.as_str();
         let key = command.command_key.to_string();
-        let run_seq = self.stored_head(&command.run_id)?.map(|head| head.run_seq);
-        let existing: Option<(String, String, String)> = match run_seq {
-            None => None,
-            Some(run_seq) => self
-                .conn
-                .prepare_cached(
-                    "SELECT args_hash, identity, state FROM commands \
-                     WHERE run_seq = ?1 AND command_key = ?2",
-                )?
-                .query_row(params![run_seq, key], |row| {
-                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-                })
-                .optional()?,
-        };
-        if let Some((stored_hash, identity, state)) = existing {
-            return Ok(if stored_hash == command.args_hash.as_str() {
-                Ok(ReserveReply::Existing((identity, state)))
-            } else {
-                Err(LedgerError::ArgumentDrift {
-                    run_id: run.to_owned(),
-                    command_key: key,
-                    stored: stored_hash,
-                    presented: command.args_hash.to_string(),
-                })
-            });
+        if command.business_key.is_none() {
+            // Insert first: the unique key says whether the command existed, which saves a
+            // lookup for every new command.
+            if self.insert_command(command, &key, identity, state)? {
+                let open = i64::from(!command.state.status.is_terminal());
+                self.append(audit, open)?;
+                return Ok(Ok(ReserveReply::Created));
+            }
+            return self.existing(command, &key);
+        }
+        // With a business key the claim decides first, so look before inserting.
+        if self.stored_head(&command.run_id)?.is_some()
+            && self.load_row(command.run_id.as_str(), &key)?.is_some()
+        {
+            return self.existing(command, &key);
         }
         if let Some(business_key) = &command.business_key {
             match self.claim(
@@ -865,17 +857,35 @@ impl Writer {
                 Err(e) => return Ok(Err(e)),
             }
         }
+        if !self.insert_command(command, &key, identity, state)? {
+            return self.existing(command, &key);
+        }
+        let open = i64::from(!command.state.status.is_terminal());
+        self.append(audit, open)?;
+        Ok(Ok(ReserveReply::Created))
+    }
+
+    /// Inserts the command unless its key exists; `true` if it was inserted.
+    fn insert_command(
+        &mut self,
+        command: &Command,
+        key: &str,
+        identity: &str,
+        state: &str,
+    ) -> Result<bool, rusqlite::Error> {
         let run_seq = self
             .head(&command.run_id, command.state.updated_at)?
             .run_seq;
-        self.conn
+        let inserted = self
+            .conn
             .prepare_cached(
                 "INSERT INTO commands (run_seq, run_id, command_key, decision, call_idx, status, \
                  lease_epoch, due_at, args_hash, identity, state) \
-                 VALUES (?11, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                 VALUES (?11, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+                 ON CONFLICT (run_seq, command_key) DO NOTHING",
             )?
             .execute(params![
-                run,
+                command.run_id.as_str(),
                 key,
                 command.command_key.decision(),
                 command.command_key.call_idx(),
@@ -887,9 +897,42 @@ impl Writer {
                 state,
                 run_seq,
             ])?;
-        let open = i64::from(!command.state.status.is_terminal());
-        self.append(audit, open)?;
-        Ok(Ok(ReserveReply::Created))
+        Ok(inserted == 1)
+    }
+
+    /// The stored command under `key`: the same arguments replay it, others are drift.
+    fn existing(&mut self, command: &Command, key: &str) -> WriteResult<ReserveReply> {
+        let run_seq = self.stored_head(&command.run_id)?.map(|head| head.run_seq);
+        let stored: Option<(String, String, String)> = match run_seq {
+            None => None,
+            Some(run_seq) => self
+                .conn
+                .prepare_cached(
+                    "SELECT args_hash, identity, state FROM commands \
+                     WHERE run_seq = ?1 AND command_key = ?2",
+                )?
+                .query_row(params![run_seq, key], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                })
+                .optional()?,
+        };
+        let Some((stored_hash, identity, state)) = stored else {
+            return Ok(Err(LedgerError::Decode {
+                what: "command",
+                run_id: command.run_id.to_string(),
+                why: format!("{key} conflicted on insert but cannot be read"),
+            }));
+        };
+        Ok(if stored_hash == command.args_hash.as_str() {
+            Ok(ReserveReply::Existing((identity, state)))
+        } else {
+            Err(LedgerError::ArgumentDrift {
+                run_id: command.run_id.to_string(),
+                command_key: key.to_owned(),
+                stored: stored_hash,
+                presented: command.args_hash.to_string(),
+            })
+        })
     }
 
     fn transition(
@@ -1013,7 +1056,7 @@ impl Writer {
             .conn
             .prepare_cached(
                 "SELECT run_id FROM runs WHERE updated_at < ?1 AND open_commands = 0 \
-                 AND run_id <> ?2 ORDER BY updated_at LIMIT ?3",
+                 AND run_id <> ?2 ORDER BY run_seq LIMIT ?3",
             )?
             .query_map(
                 params![
@@ -1245,7 +1288,7 @@ impl Ledger for SqliteLedger {
             let rows: Vec<(String, i64, i64, i64)> = conn
                 .prepare_cached(
                     "SELECT run_id, created_at, updated_at, open_commands FROM runs \
-                     WHERE updated_at >= ?1 AND run_id <> ?2 ORDER BY updated_at DESC LIMIT ?3",
+                     WHERE created_at >= ?1 AND run_id <> ?2 ORDER BY created_at DESC LIMIT ?3",
                 )
                 .and_then(|mut stmt| {
                     stmt.query_map(
