@@ -18,7 +18,7 @@
 //! Reads run on a small pool of connections on the blocking thread pool and never wait for the
 //! writer.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -55,17 +55,15 @@ const SCHEMA_VERSION: i64 = 1;
 // a `run_seq` (the rowid of its `runs` row) when it is first seen: runs are created over time
 // and do most of their work soon after, so rows and index entries keyed by `run_seq` land on a
 // few recent pages. Only `runs_id` (run id → run_seq) is random, and it changes once per run.
+// A run's audit head is the last row of its chain, and whether it is finished is read from its
+// commands, so no per-run row is rewritten on every transition.
 // `commands` and `audit` are rowid tables, appended at the end. Journal order within a run is
 // sorted in memory (a run has few commands).
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
-    run_seq       INTEGER PRIMARY KEY,
-    run_id        TEXT    NOT NULL,
-    created_at    INTEGER NOT NULL,
-    updated_at    INTEGER NOT NULL,
-    open_commands INTEGER NOT NULL,
-    audit_seq     INTEGER NOT NULL,
-    audit_head    TEXT    NOT NULL
+    run_seq    INTEGER PRIMARY KEY,
+    run_id     TEXT    NOT NULL,
+    created_at INTEGER NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS runs_id ON runs (run_id);
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at);
@@ -87,6 +85,7 @@ CREATE INDEX IF NOT EXISTS commands_due ON commands (due_at) WHERE due_at IS NOT
 CREATE TABLE IF NOT EXISTS audit (
     run_seq   INTEGER NOT NULL,
     seq       INTEGER NOT NULL,
+    at        INTEGER NOT NULL,
     record    TEXT    NOT NULL,
     prev_hash TEXT    NOT NULL,
     hash      TEXT    NOT NULL
@@ -108,6 +107,20 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     purged_at INTEGER NOT NULL
 ) WITHOUT ROWID;
 ";
+
+/// The terminal statuses as an SQL list: `('CONFIRMED', …)`.
+static TERMINAL_STATUSES: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let names: Vec<String> = CommandStatus::ALL
+        .iter()
+        .filter(|status| status.is_terminal())
+        .map(|status| format!("'{}'", status.as_str()))
+        .collect();
+    format!("({})", names.join(", "))
+});
+
+/// The time of a run's last audit record (run `r`), for read queries.
+const LAST_AUDIT_AT: &str =
+    "(SELECT a.at FROM audit a WHERE a.run_seq = r.run_seq ORDER BY a.seq DESC LIMIT 1)";
 
 /// The `run_seq` of a run id, for read queries.
 const RUN_SEQ: &str = "(SELECT run_seq FROM runs WHERE run_id = ?1)";
@@ -315,7 +328,6 @@ impl SqliteLedger {
             path: path.clone(),
             config: config.clone(),
             heads: HashMap::new(),
-            dirty: HashSet::new(),
             data_version: None,
         };
         std::thread::Builder::new()
@@ -517,10 +529,8 @@ struct Writer {
     conn: Connection,
     path: PathBuf,
     config: SqliteConfig,
-    /// Audit head and open count per run, valid while `data_version` is unchanged.
+    /// Audit head per run, valid while `data_version` is unchanged.
     heads: HashMap<RunId, RunHead>,
-    /// Runs whose head changed in the open transaction and must be written before commit.
-    dirty: HashSet<RunId>,
     data_version: Option<i64>,
 }
 
@@ -528,8 +538,6 @@ struct Writer {
 struct RunHead {
     run_seq: i64,
     chain: ChainHead,
-    open_commands: i64,
-    updated_at: Timestamp,
 }
 
 impl Writer {
@@ -614,7 +622,6 @@ impl Writer {
             for job in batch {
                 replies.push(self.apply(&job.op)?);
             }
-            self.flush_heads()?;
             self.conn.execute_batch("COMMIT")?;
             Ok(replies)
         })();
@@ -633,7 +640,6 @@ impl Writer {
             Err(e) => {
                 let _ = self.conn.execute_batch("ROLLBACK");
                 self.heads.clear();
-                self.dirty.clear();
                 self.data_version = None;
                 Err(e)
             }
@@ -663,7 +669,7 @@ impl Writer {
                 .claim(tool, business_key, run_id, command_key, *at)?
                 .map(Reply::Claim),
             Op::Append(record) => {
-                let link = self.append(record, 0)?;
+                let link = self.append(record)?;
                 Ok(Reply::Entry(record.entry(&link)))
             }
             Op::Purge {
@@ -691,69 +697,60 @@ impl Writer {
     /// The run's cached or stored head; `None` for a run the ledger has never seen.
     fn stored_head(&mut self, run_id: &RunId) -> Result<Option<&mut RunHead>, rusqlite::Error> {
         if !self.heads.contains_key(run_id) {
-            let stored = self
+            let run_seq: Option<i64> = self
+                .conn
+                .prepare_cached("SELECT run_seq FROM runs WHERE run_id = ?1")?
+                .query_row([run_id.as_str()], |row| row.get(0))
+                .optional()?;
+            let Some(run_seq) = run_seq else {
+                return Ok(None);
+            };
+            let last: Option<(i64, String)> = self
                 .conn
                 .prepare_cached(
-                    "SELECT run_seq, audit_seq, audit_head, open_commands, updated_at \
-                     FROM runs WHERE run_id = ?1",
+                    "SELECT seq, hash FROM audit WHERE run_seq = ?1 ORDER BY seq DESC LIMIT 1",
                 )?
-                .query_row([run_id.as_str()], |row| {
-                    Ok(RunHead {
-                        run_seq: row.get(0)?,
-                        chain: ChainHead {
-                            next_seq: row.get::<_, i64>(1)? as u64,
-                            hash: row.get(2)?,
-                        },
-                        open_commands: row.get(3)?,
-                        updated_at: Timestamp::from_millis(row.get(4)?),
-                    })
-                })
+                .query_row([run_seq], |row| Ok((row.get(0)?, row.get(1)?)))
                 .optional()?;
-            match stored {
-                Some(head) => {
-                    self.heads.insert(run_id.clone(), head);
-                }
-                None => return Ok(None),
-            }
+            let chain = match last {
+                Some((seq, hash)) => ChainHead {
+                    next_seq: seq as u64 + 1,
+                    hash,
+                },
+                None => self.checkpoint_head(run_id)?,
+            };
+            self.heads
+                .insert(run_id.clone(), RunHead { run_seq, chain });
         }
         Ok(self.heads.get_mut(run_id))
     }
 
-    /// The run's head, creating the run (continuing after a checkpoint) if it is new. The
-    /// caller is about to change it: it is written back before the batch commits.
+    /// Where a run's chain starts: after its checkpoint if it was purged before, else genesis.
+    fn checkpoint_head(&self, run_id: &RunId) -> Result<ChainHead, rusqlite::Error> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT last_hash, count FROM checkpoints WHERE run_id = ?1")?
+            .query_row([run_id.as_str()], |row| {
+                Ok(ChainHead {
+                    hash: row.get(0)?,
+                    next_seq: row.get::<_, i64>(1)? as u64,
+                })
+            })
+            .optional()?
+            .unwrap_or_else(ChainHead::genesis))
+    }
+
+    /// The run's head, creating the run (continuing after a checkpoint) if it is new.
     fn head(&mut self, run_id: &RunId, now: Timestamp) -> Result<&mut RunHead, rusqlite::Error> {
         if self.stored_head(run_id)?.is_none() {
-            let chain = self
-                .conn
-                .prepare_cached("SELECT last_hash, count FROM checkpoints WHERE run_id = ?1")?
-                .query_row([run_id.as_str()], |row| {
-                    Ok(ChainHead {
-                        hash: row.get(0)?,
-                        next_seq: row.get::<_, i64>(1)? as u64,
-                    })
-                })
-                .optional()?
-                .unwrap_or_else(ChainHead::genesis);
+            let chain = self.checkpoint_head(run_id)?;
             self.conn
-                .prepare_cached(
-                    "INSERT INTO runs (run_id, created_at, updated_at, open_commands, audit_seq, audit_head) \
-                     VALUES (?1, ?2, ?2, 0, ?3, ?4)",
-                )?
-                .execute(params![
-                    run_id.as_str(),
-                    now.as_millis(),
-                    chain.next_seq as i64,
-                    chain.hash
-                ])?;
-            let head = RunHead {
-                run_seq: self.conn.last_insert_rowid(),
-                chain,
-                open_commands: 0,
-                updated_at: now,
-            };
-            self.heads.insert(run_id.clone(), head);
+                .prepare_cached("INSERT INTO runs (run_id, created_at) VALUES (?1, ?2)")?
+                .execute(params![run_id.as_str(), now.as_millis()])?;
+            let run_seq = self.conn.last_insert_rowid();
+            self.heads
+                .insert(run_id.clone(), RunHead { run_seq, chain });
         }
-        self.dirty.insert(run_id.clone());
         Ok(self
             .heads
             .get_mut(run_id)
@@ -761,50 +758,25 @@ impl Writer {
     }
 
     /// Appends to the run's chain, moving its open-command count by `open_delta`.
-    fn append(
-        &mut self,
-        record: &PreparedRecord,
-        open_delta: i64,
-    ) -> Result<SealedLink, rusqlite::Error> {
+    fn append(&mut self, record: &PreparedRecord) -> Result<SealedLink, rusqlite::Error> {
         let at = record.at();
         let head = self.head(record.run_id(), at)?;
         let link = record.seal_link(&mut head.chain);
-        head.open_commands += open_delta;
-        head.updated_at = head.updated_at.max(at);
         let run_seq = head.run_seq;
         self.conn
             .prepare_cached(
-                "INSERT INTO audit (run_seq, seq, record, prev_hash, hash) \
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO audit (run_seq, seq, at, record, prev_hash, hash) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?
             .execute(params![
                 run_seq,
                 link.seq as i64,
+                at.as_millis(),
                 link.canonical,
                 link.prev_hash,
                 link.hash,
             ])?;
         Ok(link)
-    }
-
-    /// Writes every changed run head; called once per batch, before commit.
-    fn flush_heads(&mut self) -> Result<(), rusqlite::Error> {
-        let mut update = self.conn.prepare_cached(
-            "UPDATE runs SET updated_at = ?2, open_commands = ?3, audit_seq = ?4, audit_head = ?5 \
-             WHERE run_seq = ?1",
-        )?;
-        for run_id in self.dirty.drain() {
-            if let Some(head) = self.heads.get(&run_id) {
-                update.execute(params![
-                    head.run_seq,
-                    head.updated_at.as_millis(),
-                    head.open_commands,
-                    head.chain.next_seq as i64,
-                    head.chain.hash,
-                ])?;
-            }
-        }
-        Ok(())
     }
 
     fn reserve(
@@ -819,8 +791,7 @@ impl Writer {
             // Insert first: the unique key says whether the command existed, which saves a
             // lookup for every new command.
             if self.insert_command(command, &key, identity, state)? {
-                let open = i64::from(!command.state.status.is_terminal());
-                self.append(audit, open)?;
+                self.append(audit)?;
                 return Ok(Ok(ReserveReply::Created));
             }
             return self.existing(command, &key);
@@ -860,8 +831,7 @@ impl Writer {
         if !self.insert_command(command, &key, identity, state)? {
             return self.existing(command, &key);
         }
-        let open = i64::from(!command.state.status.is_terminal());
-        self.append(audit, open)?;
+        self.append(audit)?;
         Ok(Ok(ReserveReply::Created))
     }
 
@@ -975,9 +945,7 @@ impl Writer {
             return Ok(Ok(CasReply::Conflict(self.load_row(run, &key)?)));
         };
         if let Some(audit) = audit {
-            let delta = i64::from(!next.status.is_terminal())
-                - i64::from(!transition.guard.status.is_terminal());
-            self.append(audit, delta)?;
+            self.append(audit)?;
         }
         Ok(Ok(CasReply::Applied { identity }))
     }
@@ -1054,10 +1022,16 @@ impl Writer {
     ) -> WriteResult<PurgeReport> {
         let runs: Vec<String> = self
             .conn
-            .prepare_cached(
-                "SELECT run_id FROM runs WHERE updated_at < ?1 AND open_commands = 0 \
-                 AND run_id <> ?2 ORDER BY run_seq LIMIT ?3",
-            )?
+            .prepare_cached(&format!(
+                "SELECT r.run_id FROM runs r \
+                 WHERE r.created_at < ?1 AND r.run_id <> ?2 \
+                 AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.run_seq = r.run_seq \
+                                 AND c.status NOT IN {terminal}) \
+                 AND COALESCE({last_at}, 0) < ?1 \
+                 ORDER BY r.run_seq LIMIT ?3",
+                terminal = &*TERMINAL_STATUSES,
+                last_at = LAST_AUDIT_AT,
+            ))?
             .query_map(
                 params![
                     older_than.as_millis(),
@@ -1082,7 +1056,6 @@ impl Writer {
             let head = self.head(&run_id, now)?.clone();
             let chain = head.chain;
             self.heads.remove(&run_id);
-            self.dirty.remove(&run_id);
             report.commands += self
                 .conn
                 .prepare_cached("DELETE FROM commands WHERE run_seq = ?1")?
@@ -1135,7 +1108,7 @@ impl Writer {
                     "checkpoints": report.checkpoints,
                 }),
             };
-            self.append(&PreparedRecord::new(&system, draft, now), 0)?;
+            self.append(&PreparedRecord::new(&system, draft, now))?;
         }
         Ok(Ok(report))
     }
@@ -1286,10 +1259,15 @@ impl Ledger for SqliteLedger {
         let (path, config) = (self.inner.path.clone(), self.inner.config.clone());
         self.read("list_runs", move |conn| {
             let rows: Vec<(String, i64, i64, i64)> = conn
-                .prepare_cached(
-                    "SELECT run_id, created_at, updated_at, open_commands FROM runs \
-                     WHERE created_at >= ?1 AND run_id <> ?2 ORDER BY created_at DESC LIMIT ?3",
-                )
+                .prepare_cached(&format!(
+                    "SELECT r.run_id, r.created_at, COALESCE({last_at}, r.created_at), \
+                         (SELECT count(*) FROM commands c WHERE c.run_seq = r.run_seq \
+                          AND c.status NOT IN {terminal}) \
+                         FROM runs r WHERE r.created_at >= ?1 AND r.run_id <> ?2 \
+                         ORDER BY r.created_at DESC LIMIT ?3",
+                    terminal = &*TERMINAL_STATUSES,
+                    last_at = LAST_AUDIT_AT,
+                ))
                 .and_then(|mut stmt| {
                     stmt.query_map(
                         params![
