@@ -21,6 +21,11 @@ enum Command {
         #[command(flatten)]
         service: ServiceArgs,
     },
+    /// Play agents against a fault-injecting upstream through the whole pipeline, and check
+    /// that nothing is lost, committed twice or missing from the audit chain.
+    Demo(sluice::demo::DemoArgs),
+    /// Measure effects per second from submission to CONFIRMED, and their latency.
+    Bench(sluice::bench::BenchArgs),
 }
 
 #[tokio::main]
@@ -40,6 +45,12 @@ async fn main() -> anyhow::Result<()> {
                 "sluice dev is running; Ctrl-C stops it"
             );
             pipeline.wait().await.map_err(anyhow::Error::msg)?;
+        }
+        Command::Demo(args) => {
+            sluice::demo::run(args, sluice_runtime::shutdown_on_signals()).await?;
+        }
+        Command::Bench(args) => {
+            sluice::bench::run(args, sluice_runtime::shutdown_on_signals()).await?;
         }
     }
     Ok(())

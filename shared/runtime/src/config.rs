@@ -67,7 +67,9 @@ impl Default for BusConfig {
         Self {
             kind: BusKind::Embedded,
             topic_prefix: "sluice.".into(),
-            partitions: 8,
+            // A partition hands out one message at a time, so partitions bound how many runs
+            // each service works on at once.
+            partitions: 64,
         }
     }
 }
