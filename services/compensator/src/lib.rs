@@ -14,10 +14,9 @@
 
 use sluice_bus::{BusError, Delivery, Topic};
 use sluice_connector::CompensationTarget;
-use sluice_core::audit::AuditDraft;
-use sluice_core::command::{Command, CommandStatus, EffectSemantics};
+use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::{CompensationOutcome, Event, Operator};
+use sluice_core::machine::{CompensationOutcome, Event};
 use sluice_runtime::config::CompensatorConfig;
 use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
 use sluice_runtime::messages::{Cause, CompensateJob, CompensateRequest, decode};
@@ -59,9 +58,7 @@ pub async fn run(
 /// Carries out one compensation request.
 pub async fn handle(ctx: &Context, request: CompensateRequest) -> Result<(), PipelineError> {
     match request.job {
-        CompensateJob::Rollback { actor, reason } => {
-            rollback(ctx, &request.run_id, &actor, &reason).await
-        }
+        CompensateJob::Rollback { .. } => compensate_run(ctx, &request.run_id).await,
         CompensateJob::Command { command_key } => {
             if let Some(command) = ctx.ledger.get(&request.run_id, &command_key).await? {
                 compensate(ctx, command).await?;
@@ -75,98 +72,31 @@ pub async fn handle(ctx: &Context, request: CompensateRequest) -> Result<(), Pip
     }
 }
 
-/// Rolls a run back: cancel what has not started, compensate what committed, last first.
-#[tracing::instrument(skip(ctx, actor, reason), fields(run_id = %run_id))]
+/// Compensates a run's COMPENSATING commands one at a time, last in the journal first. The
+/// rollback itself was begun durably by whoever asked for it (`Context::begin_rollback`):
+/// every command to undo is already COMPENSATING in the ledger, so this job, lost or
+/// repeated, changes nothing but the order — the sweep finishes what it leaves.
+#[tracing::instrument(skip(ctx), fields(run_id = %run_id))]
+pub async fn compensate_run(ctx: &Context, run_id: &RunId) -> Result<(), PipelineError> {
+    let commands = ctx
+        .ledger
+        .list_run(run_id, Some(CommandStatus::Compensating))
+        .await?;
+    for command in commands.into_iter().rev() {
+        compensate(ctx, command).await?;
+    }
+    Ok(())
+}
+
+/// Rolls a run back: begins it durably, then compensates in reverse journal order.
 pub async fn rollback(
     ctx: &Context,
     run_id: &RunId,
     actor: &str,
     reason: &str,
 ) -> Result<(), PipelineError> {
-    let commands = ctx.ledger.list_run(run_id, None).await?;
-    let in_flight: Vec<String> = commands
-        .iter()
-        .filter(|c| {
-            matches!(
-                c.status(),
-                CommandStatus::Leased | CommandStatus::Unknown | CommandStatus::Compensating
-            )
-        })
-        .map(|c| c.command_key.to_string())
-        .collect();
-    ctx.ledger
-        .audit_append(
-            run_id,
-            AuditDraft {
-                command_key: None,
-                from: None,
-                to: None,
-                actor: actor.to_owned(),
-                reason: format!("run rollback: {reason}"),
-                evidence: serde_json::json!({
-                    "commands": commands.len(),
-                    "in_flight": in_flight,
-                }),
-            },
-            ctx.clock.now(),
-        )
-        .await?;
-    let operator = Operator {
-        actor: actor.to_owned(),
-        reason: format!("run rolled back: {reason}"),
-    };
-    for command in &commands {
-        if matches!(
-            command.status(),
-            CommandStatus::Scheduled
-                | CommandStatus::Pending
-                | CommandStatus::Blocked
-                | CommandStatus::Approved
-        ) {
-            let cancel = Event::Cancel {
-                operator: operator.clone(),
-            };
-            if let Driven::Applied(command, step) = ctx
-                .drive_from(command.clone(), actor, |_| Some(cancel.clone()))
-                .await?
-            {
-                ctx.carry_out(ACTOR, &command, &step, Cause::Reserved)
-                    .await?;
-            }
-        }
-    }
-    // Journal order reversed: the last effect is undone first.
-    for command in commands.into_iter().rev() {
-        if command.status() != CommandStatus::Confirmed
-            || command.semantics == EffectSemantics::ObserveOnly
-        {
-            continue;
-        }
-        let event = Event::Rollback {
-            operator: operator.clone(),
-        };
-        match ctx
-            .drive_from(command, actor, |current| {
-                (current.status() == CommandStatus::Confirmed).then(|| event.clone())
-            })
-            .await?
-        {
-            Driven::Applied(command, step) if command.status() == CommandStatus::Compensating => {
-                // Compensated here, in order, rather than through the bus.
-                let _ = step;
-                compensate(ctx, command).await?;
-            }
-            Driven::Applied(command, step) => {
-                ctx.carry_out(ACTOR, &command, &step, Cause::Reserved)
-                    .await?;
-            }
-            Driven::Refused(command, refusal) => {
-                tracing::warn!(command_key = %command.command_key, %refusal, "rollback refused");
-            }
-            Driven::Skipped(_) | Driven::Missing => {}
-        }
-    }
-    Ok(())
+    ctx.begin_rollback(run_id, actor, reason).await?;
+    compensate_run(ctx, run_id).await
 }
 
 /// Calls compensate for a COMPENSATING command and records what happened.
@@ -175,11 +105,52 @@ pub async fn compensate(ctx: &Context, command: Command) -> Result<(), PipelineE
     if command.status() != CommandStatus::Compensating {
         return Ok(());
     }
+    // Claimed first: one compensation call at a time per command (a rollback job and a sweep
+    // may both get here), and its start is when the call starts.
+    let hold = ctx.rules_of(&command).compensation_timeout_ms;
+    let now = ctx.clock.now();
+    let Some(command) = ctx
+        .claim_with(&command, hold, |state| {
+            if let Some(info) = state.compensation.as_mut() {
+                info.started_at = now;
+            }
+        })
+        .await?
+    else {
+        return Ok(());
+    };
     let outcome = match ctx.catalog.get(&command.tool) {
         Some(tool) => {
-            ctx.connector
+            // Extra commits a status check found and not yet undone go first: undoing the
+            // effect means undoing every commit of it.
+            let mut failed_extra = None;
+            for extra in &command.state.owed_duplicates {
+                let target = CompensationTarget::ExtraCommit {
+                    external_ref: extra.clone(),
+                };
+                match ctx.connector.compensate(tool, &command, target).await {
+                    CompensationOutcome::Done { .. } => {}
+                    other => failed_extra = Some((extra.clone(), other)),
+                }
+            }
+            let own = ctx
+                .connector
                 .compensate(tool, &command, CompensationTarget::OwnCommit)
-                .await
+                .await;
+            match (failed_extra, own) {
+                (None, own) => own,
+                (Some((extra, CompensationOutcome::Retry { reason })), _) => {
+                    CompensationOutcome::Retry {
+                        reason: format!("extra commit {extra}: {reason}"),
+                    }
+                }
+                (Some((extra, CompensationOutcome::Impossible { reason })), _) => {
+                    CompensationOutcome::Impossible {
+                        reason: format!("extra commit {extra}: {reason}"),
+                    }
+                }
+                (Some((_, CompensationOutcome::Done { .. })), own) => own,
+            }
         }
         None => CompensationOutcome::Impossible {
             reason: format!("tool {} is no longer in the catalog", command.tool),
@@ -201,17 +172,29 @@ pub async fn compensate(ctx: &Context, command: Command) -> Result<(), PipelineE
 
 /// Undoes the extra commits a `duplicate` observation found, retrying transient failures a few
 /// times, and records the result on the (CONFIRMED) command.
-#[tracing::instrument(skip(ctx, extra_refs), fields(run_id = %run_id, command_key = %command_key))]
+#[tracing::instrument(skip(ctx, requested), fields(run_id = %run_id, command_key = %command_key))]
 pub async fn settle_duplicate(
     ctx: &Context,
     run_id: &RunId,
     command_key: &CommandKey,
-    extra_refs: &[String],
+    requested: &[String],
 ) -> Result<(), PipelineError> {
     let Some(command) = ctx.ledger.get(run_id, command_key).await? else {
         return Ok(());
     };
+    if command.status() != CommandStatus::Confirmed || command.state.owed_duplicates.is_empty() {
+        return Ok(());
+    }
     let rules = ctx.rules_of(&command);
+    // One clean-up at a time: the request and a sweep may both get here.
+    let Some(command) = ctx.claim(&command, rules.compensation_timeout_ms).await? else {
+        return Ok(());
+    };
+    // The ledger's list is the one owed (the request may be older than a retried look).
+    let extra_refs = command.state.owed_duplicates.clone();
+    if requested != extra_refs.as_slice() {
+        tracing::debug!(?requested, owed = ?extra_refs, "clean-up request differs from the ledger");
+    }
     let outcome = match ctx.catalog.get(&command.tool) {
         None => CompensationOutcome::Impossible {
             reason: format!("tool {} is no longer in the catalog", command.tool),

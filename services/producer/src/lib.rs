@@ -423,40 +423,58 @@ async fn rollback(
     if request.reason.trim().is_empty() {
         return Err(bad("a rollback needs a reason".into()));
     }
-    let effects = api
+    let known = api
         .ctx
         .ledger
         .list_run(&run_id, None)
         .await
         .map_err(|e| ApiError::unavailable(&e))?;
-    if effects.is_empty() {
+    if known.is_empty() {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_run",
             format!("run {run_id} has no commands"),
         ));
     }
-    let job = CompensateRequest {
-        run_id: run_id.clone(),
-        job: CompensateJob::Rollback {
-            actor: request.actor.unwrap_or_else(|| "api".into()),
-            reason: request.reason,
-        },
-    };
-    api.ctx
-        .bus
-        .publish(Topic::Compensate, run_id.as_str(), encode(&job), vec![])
+    let actor = request.actor.clone().unwrap_or_else(|| "api".into());
+    // Durable before the answer: every command to undo is COMPENSATING in the ledger (the
+    // sweep finishes the work if the compensator never gets the job below).
+    let begun = api
+        .ctx
+        .begin_rollback(&run_id, &actor, &request.reason)
         .await
         .map_err(|e| {
             ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "bus_unavailable",
+                "ledger_unavailable",
                 e.to_string(),
             )
         })?;
+    let job = CompensateRequest {
+        run_id: run_id.clone(),
+        job: CompensateJob::Rollback {
+            actor,
+            reason: request.reason,
+        },
+    };
+    if let Err(e) = api
+        .ctx
+        .bus
+        .publish(Topic::Compensate, run_id.as_str(), encode(&job), vec![])
+        .await
+    {
+        // Begun all the same: the sweep compensates each COMPENSATING command when due.
+        tracing::warn!(run_id = %run_id, error = %e, "rollback job not published; the sweep will finish it");
+    }
+    let effects = api
+        .ctx
+        .ledger
+        .list_run(&run_id, None)
+        .await
+        .map_err(|e| ApiError::unavailable(&e))?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "run_id": run_id, "effects": effects })),
+        Json(json!({ "run_id": run_id, "rollback": begun, "effects": effects })),
     )
         .into_response())
 }

@@ -62,7 +62,17 @@ pub async fn run(
     consumed
 }
 
-/// Resolves one UNKNOWN command whose next look is due; returns it as it stands afterwards.
+/// Whether a command waits for a look at the world: an UNKNOWN outcome, or a commit to verify.
+fn needs_look(command: &Command) -> bool {
+    match command.status() {
+        CommandStatus::Unknown => true,
+        CommandStatus::Confirmed => command.state.verify_pending,
+        _ => false,
+    }
+}
+
+/// Resolves one UNKNOWN command (or verifies a CONFIRMED one) whose next look is due;
+/// returns it as it stands afterwards.
 #[tracing::instrument(skip(ctx), fields(run_id = %run_id, command_key = %command_key))]
 pub async fn reconcile(
     ctx: &Context,
@@ -72,19 +82,32 @@ pub async fn reconcile(
     let Some(command) = ctx.ledger.get(run_id, command_key).await? else {
         return Ok(None);
     };
-    if command.status() != CommandStatus::Unknown {
+    if !needs_look(&command) {
         return Ok(Some(command));
     }
     if command.state.due_at.is_some_and(|at| at > ctx.clock.now()) {
-        // Backing off or waiting out the settle interval; the sweep brings it back when due.
+        // Backing off, waiting out the settle interval, or another reconciler is looking; the
+        // sweep brings it back when due.
         return Ok(Some(command));
     }
     resolve(ctx, command).await
 }
 
-/// Looks for evidence of an UNKNOWN command's outcome and stores what it shows.
+/// Claims the command, looks for evidence of its outcome and stores what it shows. Only the
+/// claimer's result is written: a concurrent look (a sweep, another replica) loses its claim.
 async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, PipelineError> {
-    let event = match ctx.catalog.get(&command.tool) {
+    let tool = ctx.catalog.get(&command.tool);
+    // Hold the command for two status-check timeouts, so a slow check is not repeated.
+    let hold = tool
+        .and_then(|tool| tool.status_check())
+        .map_or(5_000, |check| {
+            i64::try_from(check.timeout_ms.saturating_mul(2)).unwrap_or(i64::MAX)
+        })
+        .max(1_000);
+    let Some(command) = ctx.claim(&command, hold).await? else {
+        return Ok(None);
+    };
+    let event = match tool {
         None => Event::GiveUp {
             reason: format!(
                 "tool {} is no longer in the catalog; a person must find out whether the effect happened",
@@ -99,9 +122,10 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
         },
         Some(tool) => ctx.connector.status_check(tool, &command).await.into(),
     };
+    let claimed_epoch = command.epoch();
     let driven = ctx
         .drive_from(command, ACTOR, |current| {
-            (current.status() == CommandStatus::Unknown).then(|| event.clone())
+            (needs_look(current) && current.epoch() == claimed_epoch).then(|| event.clone())
         })
         .await?;
     Ok(match driven {
@@ -166,11 +190,11 @@ pub async fn sweep_once(ctx: &Context, config: &ReconcilerConfig) -> Result<usiz
             CommandStatus::Pending
             | CommandStatus::Approved
             | CommandStatus::Unknown
+            | CommandStatus::Confirmed
             | CommandStatus::Compensating => {
                 republish(ctx, &item.run_id, &item.command_key, grace).await
             }
             CommandStatus::Blocked
-            | CommandStatus::Confirmed
             | CommandStatus::Failed
             | CommandStatus::Stuck
             | CommandStatus::Cancelled
@@ -213,8 +237,9 @@ async fn step_due(
     Ok(())
 }
 
-/// Moves the command's due time past `grace` (a quiet write, not a transition) and
-/// republishes the request it waits for.
+/// Republishes the request a due command waits for, after moving its due time past `grace`
+/// (a quiet write, not a transition) so the next sweeps leave it alone meanwhile. A command
+/// waiting for a look at the world is looked at right here instead.
 async fn republish(
     ctx: &Context,
     run_id: &RunId,
@@ -226,6 +251,10 @@ async fn republish(
     };
     let now = ctx.clock.now();
     if command.state.due_at.is_none_or(|at| at > now) {
+        return Ok(());
+    }
+    if needs_look(&command) {
+        resolve(ctx, command).await?;
         return Ok(());
     }
     let delay = match command.status() {
@@ -247,17 +276,11 @@ async fn republish(
         })
         .await?;
     if let Some(moved) = moved.applied() {
-        match moved.status() {
-            // Resolved right here: a republished request would reach a handler that sees the
-            // due time just moved and waits.
-            CommandStatus::Unknown => {
-                resolve(ctx, moved.clone()).await?;
-            }
-            CommandStatus::Pending | CommandStatus::Approved => {
-                ctx.nudge(moved, Cause::Stale).await?;
-            }
-            _ => ctx.nudge(moved, Cause::Retry).await?,
-        }
+        let cause = match moved.status() {
+            CommandStatus::Pending | CommandStatus::Approved => Cause::Stale,
+            _ => Cause::Retry,
+        };
+        ctx.nudge(moved, cause).await?;
     }
     Ok(())
 }

@@ -73,10 +73,12 @@ impl StatusReport {
 
 impl From<StatusReport> for Event {
     fn from(report: StatusReport) -> Self {
+        let extra_refs = report.extra_commits();
         Event::Observed {
             observation: report.observation,
             external_ref: report.external_ref,
             evidence: report.evidence,
+            extra_refs,
         }
     }
 }

@@ -1062,6 +1062,7 @@ fn the_status_report_becomes_the_machine_event() {
             observation: Observation::Duplicate,
             external_ref: Some("w-1".into()),
             evidence: json!({"refs": ["w-1", "w-2"]}),
+            extra_refs: vec!["w-2".into()],
         }
     );
 }

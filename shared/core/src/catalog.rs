@@ -30,6 +30,7 @@
 //! settle_ms = 2000                  # an `absent` must hold this long before a redispatch
 //! on_absent = "redispatch"          # or "fail" (NON_IDEMPOTENT only)
 //! lease_ttl_ms = 30000              # must exceed the dispatch timeout
+//! verify_after_commit = false       # look a 2xx commit up once more (needs a status check)
 //!
 //! [tool.dispatch]                   # required
 //! url = "http://127.0.0.1:8787/bank/wires"
@@ -468,6 +469,7 @@ pub struct ToolPolicy {
     pub settle_ms: u64,
     pub on_absent: OnAbsent,
     pub lease_ttl_ms: u64,
+    pub verify_after_commit: bool,
 }
 
 /// One argument that does not fit: where (a JSON pointer into the arguments) and why.
@@ -707,15 +709,14 @@ impl Tool {
     pub fn rules(&self) -> Rules {
         let defaults = Rules::defaults(self.semantics);
         let millis = |ms: u64| i64::try_from(ms).unwrap_or(i64::MAX);
-        // The sweep retries a compensation that outlives this; leave room for one whole call.
-        let compensation_timeout_ms =
-            self.compensate
-                .as_ref()
-                .map_or(defaults.compensation_timeout_ms, |endpoint| {
-                    defaults
-                        .compensation_timeout_ms
-                        .max(millis(endpoint.timeout_ms).saturating_mul(2))
-                });
+        // The sweep redoes a compensation that outlives this: twice the call's own timeout
+        // leaves room for one whole call, and no more, so a crash delays it only that long.
+        let compensation_timeout_ms = self
+            .compensate
+            .as_ref()
+            .map_or(defaults.compensation_timeout_ms, |endpoint| {
+                millis(endpoint.timeout_ms).saturating_mul(2).max(1_000)
+            });
         Rules {
             max_attempts: self.policy.max_attempts,
             max_checks: self.policy.max_checks,
@@ -726,6 +727,7 @@ impl Tool {
             settle_ms: millis(self.policy.settle_ms),
             lease_ttl_ms: millis(self.policy.lease_ttl_ms),
             compensation_timeout_ms,
+            verify_after_commit: self.policy.verify_after_commit && self.status_check.is_some(),
             ..defaults
         }
     }
@@ -946,6 +948,8 @@ struct RawPolicy {
     settle_ms: Option<u64>,
     on_absent: Option<OnAbsent>,
     lease_ttl_ms: Option<u64>,
+    #[serde(default)]
+    verify_after_commit: bool,
 }
 
 #[derive(Deserialize)]
@@ -1061,6 +1065,14 @@ fn build_tool(
     };
 
     let policy = build_policy(&at, raw.policy, raw.semantics, &schema)?;
+    if policy.verify_after_commit && raw.status_check.is_none() {
+        return Err(CatalogError::MalformedTool {
+            file: at.file(),
+            tool: at.tool(),
+            detail: "policy.verify_after_commit needs a [tool.status_check] to look the commit up"
+                .into(),
+        });
+    }
 
     let Some(dispatch) = raw.dispatch else {
         return Err(CatalogError::MissingDispatch {
@@ -1351,6 +1363,7 @@ fn build_policy(
         settle_ms: raw.settle_ms.unwrap_or(millis(defaults.settle_ms)),
         on_absent: raw.on_absent.unwrap_or(defaults.on_absent),
         lease_ttl_ms: raw.lease_ttl_ms.unwrap_or(millis(defaults.lease_ttl_ms)),
+        verify_after_commit: raw.verify_after_commit,
     };
     for (key, value) in [
         ("policy.max_attempts", u64::from(policy.max_attempts)),

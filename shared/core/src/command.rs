@@ -100,7 +100,9 @@ impl CommandStatus {
         }
     }
 
-    /// Terminal: no automatic transition leaves it; only a recorded operator action may.
+    /// Terminal: no automatic transition leaves it; only a recorded operator action may. (A
+    /// CONFIRMED command may still owe a verification or a duplicate clean-up; those leave it
+    /// CONFIRMED.)
     pub fn is_terminal(self) -> bool {
         match self {
             Self::Confirmed
@@ -259,6 +261,14 @@ pub struct CommandState {
     pub approval: Option<Approval>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compensation: Option<CompensationInfo>,
+    /// Extra commits of this command that a status check found and that are still to be
+    /// compensated. Kept in the ledger (with a due time) so the clean-up survives a crash.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owed_duplicates: Vec<String>,
+    /// The upstream answered 2xx, and the tool asks for the commit to be looked up once more
+    /// (`verify_after_commit`): a double commit behind a single 2xx is caught this way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub verify_pending: bool,
     pub updated_at: Timestamp,
 }
 
@@ -283,6 +293,8 @@ impl CommandState {
             escalated: false,
             approval: None,
             compensation: None,
+            owed_duplicates: Vec::new(),
+            verify_pending: false,
             updated_at: now,
         }
     }

@@ -52,6 +52,10 @@ pub struct Rules {
     pub backoff_max_ms: i64,
     /// How long a compensation may run before the sweep retries it.
     pub compensation_timeout_ms: i64,
+    /// Look a 2xx commit up once more (after `settle_ms`) to catch a double commit the
+    /// upstream did not report; needs a status check.
+    #[serde(default)]
+    pub verify_after_commit: bool,
 }
 
 impl Rules {
@@ -71,6 +75,7 @@ impl Rules {
             backoff_base_ms: 500,
             backoff_max_ms: 60_000,
             compensation_timeout_ms: 30_000,
+            verify_after_commit: false,
         }
     }
 
@@ -158,11 +163,14 @@ pub enum Event {
     },
     /// The sweep found the lease expired with no outcome written.
     LeaseExpired,
-    /// A status check answered.
+    /// A status check answered (for an UNKNOWN command, or to verify a CONFIRMED one).
     Observed {
         observation: Observation,
         external_ref: Option<String>,
         evidence: Value,
+        /// For `duplicate`: the commits other than the command's own.
+        #[serde(default)]
+        extra_refs: Vec<String>,
     },
     /// An IDEMPOTENT or OBSERVE_ONLY tool without a status check is retried with the same key.
     RetrySameKey,
@@ -572,6 +580,7 @@ pub fn apply(
             observation,
             external_ref,
             evidence,
+            extra_refs,
         } => match from {
             S::Unknown => Ok(observed(
                 next,
@@ -580,14 +589,24 @@ pub fn apply(
                 *observation,
                 external_ref,
                 evidence,
+                extra_refs,
                 now,
             )),
+            S::Confirmed if state.verify_pending => Ok(verified(
+                next,
+                state,
+                rules,
+                *observation,
+                evidence,
+                extra_refs,
+                now,
+            )),
+            S::Confirmed => Err(refuse()),
             S::Scheduled
             | S::Pending
             | S::Blocked
             | S::Approved
             | S::Leased
-            | S::Confirmed
             | S::Failed
             | S::Stuck
             | S::Cancelled
@@ -736,6 +755,9 @@ pub fn apply(
             S::Confirmed => match rules.semantics {
                 EffectSemantics::ObserveOnly => Err(Refusal::NotCompensable),
                 EffectSemantics::Idempotent | EffectSemantics::NonIdempotent => {
+                    // Undoing the commit makes its verification moot; owed duplicate
+                    // clean-ups travel with the compensation.
+                    next.verify_pending = false;
                     if rules.has_compensate {
                         next.status = S::Compensating;
                         next.compensation = Some(CompensationInfo {
@@ -806,7 +828,9 @@ pub fn apply(
         },
 
         Event::DuplicateSettled { outcome } => match from {
-            S::Confirmed => {
+            S::Confirmed if !state.owed_duplicates.is_empty() => {
+                next.owed_duplicates.clear();
+                next.due_at = None;
                 let (actions, reason) = match outcome {
                     CompensationOutcome::Done { reference } => (
                         vec![],
@@ -837,6 +861,7 @@ pub fn apply(
                     serde_json::to_value(outcome).unwrap_or(Value::Null),
                 ))
             }
+            S::Confirmed => Err(refuse()),
             S::Scheduled
             | S::Pending
             | S::Blocked
@@ -1066,13 +1091,20 @@ fn dispatched(
         } => {
             next.result = result.clone();
             next.last_error = None;
-            confirmed(
+            let mut step = confirmed(
                 next,
                 from,
                 external_ref.clone(),
                 "upstream committed".into(),
                 Value::Null,
-            )
+            );
+            if rules.verify_after_commit && rules.has_status_check {
+                // Upstream lookups can lag their writes: look after the settle interval.
+                step.state.verify_pending = true;
+                step.state.checks = 0;
+                step.state.due_at = Some(now.plus_millis(rules.settle_ms));
+            }
+            step
         }
         DispatchOutcome::Refused { reason } => failed(next, from, format!("refused: {reason}")),
         DispatchOutcome::Ambiguous { reason } => {
@@ -1112,6 +1144,7 @@ fn dispatched(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn observed(
     mut next: CommandState,
     state: &CommandState,
@@ -1119,6 +1152,7 @@ fn observed(
     observation: Observation,
     external_ref: &Option<String>,
     evidence: &Value,
+    extra_refs: &[String],
     now: Timestamp,
 ) -> Step {
     let from = state.status;
@@ -1132,25 +1166,14 @@ fn observed(
             evidence.clone(),
         ),
         Observation::Duplicate => {
-            let mut step = confirmed(
+            let step = confirmed(
                 next,
                 from,
                 external_ref.clone(),
                 "status check: duplicate commit".into(),
                 evidence.clone(),
             );
-            if rules.has_compensate && rules.semantics != EffectSemantics::ObserveOnly {
-                step.actions.insert(0, Action::CompensateDuplicate);
-            } else {
-                step.state.escalated = true;
-                step.actions.insert(
-                    0,
-                    Action::Escalate {
-                        reason: "duplicate commit and no compensate declared".into(),
-                    },
-                );
-            }
-            step
+            owe_duplicates(step, rules, extra_refs, now)
         }
         Observation::Absent => {
             let redispatch = |mut next: CommandState, reason: String| {
@@ -1243,6 +1266,88 @@ fn observed(
     }
 }
 
+/// Records the extra commits a `duplicate` observation named as owed clean-up (durable, with a
+/// due time the sweep honours), or escalates when nobody can undo them.
+fn owe_duplicates(mut step: Step, rules: &Rules, extra_refs: &[String], now: Timestamp) -> Step {
+    let undoable = rules.has_compensate && rules.semantics != EffectSemantics::ObserveOnly;
+    if undoable && !extra_refs.is_empty() {
+        step.state.owed_duplicates = extra_refs.to_vec();
+        // Soon: the compensator claims the command (moving this) before it calls; if the
+        // request is lost, the sweep takes the clean-up up from here.
+        step.state.due_at = Some(now.plus_millis(rules.compensation_timeout_ms.min(5_000)));
+        step.actions.insert(0, Action::CompensateDuplicate);
+    } else {
+        step.state.escalated = true;
+        let reason = if undoable {
+            "duplicate commit reported without naming the extra commit"
+        } else {
+            "duplicate commit and no compensate declared"
+        };
+        step.actions.insert(
+            0,
+            Action::Escalate {
+                reason: reason.into(),
+            },
+        );
+    }
+    step
+}
+
+/// A CONFIRMED command's post-commit lookup answered.
+fn verified(
+    mut next: CommandState,
+    state: &CommandState,
+    rules: &Rules,
+    observation: Observation,
+    evidence: &Value,
+    extra_refs: &[String],
+    now: Timestamp,
+) -> Step {
+    let from = state.status;
+    next.checks = state.checks + 1;
+    let step = |next: CommandState, actions: Vec<Action>, reason: &str| Step {
+        from,
+        state: next,
+        actions,
+        reason: reason.to_owned(),
+        evidence: evidence.clone(),
+    };
+    match observation {
+        Observation::Present => {
+            next.verify_pending = false;
+            next.due_at = None;
+            step(next, vec![], "verified: the commit is there once")
+        }
+        Observation::Duplicate => {
+            next.verify_pending = false;
+            next.due_at = None;
+            let verified = step(next, vec![], "verified: duplicate commit");
+            owe_duplicates(verified, rules, extra_refs, now)
+        }
+        Observation::Absent | Observation::Inconclusive if next.checks >= rules.max_checks => {
+            next.verify_pending = false;
+            next.due_at = None;
+            next.escalated = true;
+            let reason = format!(
+                "the commit could not be verified after {} looks ({observation})",
+                rules.max_checks
+            );
+            step(
+                next,
+                vec![Action::Escalate {
+                    reason: reason.clone(),
+                }],
+                &reason,
+            )
+        }
+        Observation::Absent | Observation::Inconclusive => {
+            next.due_at =
+                Some(now.plus_millis(rules.backoff_ms(state.checks).max(rules.settle_ms)));
+            step(next, vec![], "verification: look again later")
+        }
+    }
+}
+
 fn compensated(
     mut next: CommandState,
     state: &CommandState,
@@ -1323,6 +1428,7 @@ fn compensated(
     next.status = status;
     next.due_at = None;
     next.compensation = Some(info);
+    next.owed_duplicates.clear();
     Step {
         from,
         state: next,

@@ -66,6 +66,10 @@ fn deploy_wire_is_non_idempotent_with_every_resolution_strategy() {
 
     let rules = wire.rules();
     assert!(rules.has_status_check && rules.has_compensate);
+    assert!(
+        rules.verify_after_commit,
+        "wires are looked up once more after a 2xx"
+    );
     assert_eq!(rules.max_attempts, 3);
     assert_eq!(rules.max_checks, 5);
     assert_eq!(rules.settle_ms, 2_000);
@@ -670,4 +674,28 @@ fn invalid_toml_is_a_syntax_error_naming_the_file() {
     let err = Catalog::from_toml_str("[[tool]\nname = ", "fixture.toml").expect_err("bad toml");
     assert!(matches!(err, CatalogError::Syntax { .. }));
     assert!(err.to_string().starts_with("fixture.toml: "), "{err}");
+}
+
+#[test]
+fn verify_after_commit_needs_a_status_check() {
+    let text = BASE
+        .replacen(
+            "max_attempts = 3",
+            "max_attempts = 3\nverify_after_commit = true",
+            1,
+        )
+        .replacen(
+            "[tool.status_check]\nurl = \"http://127.0.0.1:8787/bank/wires/by-key/{business_key}\"\n",
+            "",
+            1,
+        );
+    let err = Catalog::from_toml_str(&text, "fixture.toml").expect_err("refused");
+    assert_names(&err.to_string(), &["verify_after_commit", "status_check"]);
+    let with_check = BASE.replacen(
+        "max_attempts = 3",
+        "max_attempts = 3\nverify_after_commit = true",
+        1,
+    );
+    let catalog = Catalog::from_toml_str(&with_check, "fixture.toml").expect("valid");
+    assert!(catalog.tools()[0].rules().verify_after_commit);
 }

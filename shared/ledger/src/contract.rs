@@ -528,6 +528,7 @@ pub async fn transitions_are_audited_and_conflicts_are_not(ledger: Arc<dyn Ledge
         observation: Observation::Present,
         external_ref: Some("w-77".into()),
         evidence: json!({"status": 200}),
+        extra_refs: vec![],
     };
     let confirmed = ledger
         .transition(step(&unknown, present))

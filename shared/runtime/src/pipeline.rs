@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-use serde_json::Value;
 use sluice_bus::{Bus, BusError, Topic};
 use sluice_connector::Connector;
 use sluice_core::catalog::{Catalog, Tool};
@@ -67,6 +66,16 @@ pub enum Driven {
     Skipped(Command),
     /// No such command.
     Missing,
+}
+
+/// What [`Context::begin_rollback`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RollbackBegun {
+    pub cancelled: usize,
+    pub compensating: usize,
+    pub no_compensation: usize,
+    /// Commands leased or UNKNOWN at the time: roll back again once they settle.
+    pub in_flight: Vec<String>,
 }
 
 /// The tool of a command, or a reason the command cannot run any more.
@@ -222,7 +231,7 @@ impl Context {
                         run_id: command.run_id.clone(),
                         job: CompensateJob::Duplicate {
                             command_key: command.command_key.clone(),
-                            extra_refs: extra_refs(&step.evidence, command),
+                            extra_refs: command.state.owed_duplicates.clone(),
                         },
                     };
                     self.publish(Topic::Compensate, command, encode(&request), vec![])
@@ -263,6 +272,127 @@ impl Context {
         Ok(())
     }
 
+    /// Takes exclusive charge of a command for a look at the world (a status check): a quiet
+    /// write that bumps the command's epoch, so whoever else read the same state loses its
+    /// later write, and moves its due time `hold_ms` ahead, so the sweep leaves it alone while
+    /// the check runs (and takes it up again if this process dies). `None`: someone else did.
+    pub async fn claim(
+        &self,
+        command: &Command,
+        hold_ms: i64,
+    ) -> Result<Option<Command>, PipelineError> {
+        self.claim_with(command, hold_ms, |_| {}).await
+    }
+
+    /// [`Context::claim`], also editing the state (not its status) in the same write.
+    pub async fn claim_with(
+        &self,
+        command: &Command,
+        hold_ms: i64,
+        edit: impl FnOnce(&mut sluice_core::command::CommandState),
+    ) -> Result<Option<Command>, PipelineError> {
+        let mut next = command.state.clone();
+        next.lease.epoch = next.lease.epoch.next();
+        next.due_at = Some(self.clock.now().plus_millis(hold_ms));
+        edit(&mut next);
+        let write = Transition {
+            run_id: command.run_id.clone(),
+            command_key: command.command_key.clone(),
+            guard: sluice_ledger::Guard::of(command),
+            next,
+            audit: None,
+        };
+        Ok(match self.ledger.transition(write).await? {
+            Cas::Applied(claimed) => Some(claimed),
+            Cas::Conflict(_) => {
+                self.metrics.cas_conflicts.inc();
+                None
+            }
+        })
+    }
+
+    /// Starts a run rollback durably: records it in the run's audit chain, cancels the commands
+    /// that have not started, and moves every CONFIRMED command that can be undone to
+    /// COMPENSATING (with a due time, so the sweep finishes the work if the process dies) or to
+    /// NO_COMPENSATION. The compensate calls themselves are the compensator's job.
+    pub async fn begin_rollback(
+        &self,
+        run_id: &RunId,
+        actor: &str,
+        reason: &str,
+    ) -> Result<RollbackBegun, PipelineError> {
+        let commands = self.ledger.list_run(run_id, None).await?;
+        let in_flight: Vec<String> = commands
+            .iter()
+            .filter(|c| matches!(c.status(), CommandStatus::Leased | CommandStatus::Unknown))
+            .map(|c| c.command_key.to_string())
+            .collect();
+        self.ledger
+            .audit_append(
+                run_id,
+                sluice_core::audit::AuditDraft {
+                    command_key: None,
+                    from: None,
+                    to: None,
+                    actor: actor.to_owned(),
+                    reason: format!("run rollback: {reason}"),
+                    evidence: serde_json::json!({
+                        "commands": commands.len(),
+                        "in_flight": in_flight,
+                    }),
+                },
+                self.clock.now(),
+            )
+            .await?;
+        let operator = machine::Operator {
+            actor: actor.to_owned(),
+            reason: format!("run rolled back: {reason}"),
+        };
+        let mut begun = RollbackBegun {
+            in_flight,
+            ..RollbackBegun::default()
+        };
+        // Last in the journal first, as the compensations will run.
+        for command in commands.iter().rev() {
+            let event = match command.status() {
+                CommandStatus::Scheduled
+                | CommandStatus::Pending
+                | CommandStatus::Blocked
+                | CommandStatus::Approved => Event::Cancel {
+                    operator: operator.clone(),
+                },
+                CommandStatus::Confirmed
+                    if command.semantics != sluice_core::command::EffectSemantics::ObserveOnly =>
+                {
+                    Event::Rollback {
+                        operator: operator.clone(),
+                    }
+                }
+                _ => continue,
+            };
+            let expected = command.status();
+            let driven = self
+                .drive_from(command.clone(), actor, |current| {
+                    (current.status() == expected).then(|| event.clone())
+                })
+                .await?;
+            if let Driven::Applied(command, step) = driven {
+                match command.status() {
+                    CommandStatus::Cancelled => begun.cancelled += 1,
+                    CommandStatus::Compensating => begun.compensating += 1,
+                    _ => begun.no_compensation += 1,
+                }
+                // Publish the lifecycle events; the compensations run in order in one job.
+                let mut step = step;
+                step.actions
+                    .retain(|action| !matches!(action, Action::Compensate));
+                self.carry_out("producer", &command, &step, Cause::Reserved)
+                    .await?;
+            }
+        }
+        Ok(begun)
+    }
+
     /// Republishes the request a command in `status` waits for (used by the sweeps).
     pub async fn nudge(&self, command: &Command, cause: Cause) -> Result<(), BusError> {
         let (topic, payload) = match command.status() {
@@ -290,6 +420,23 @@ impl Context {
                     },
                 }),
             ),
+            CommandStatus::Confirmed if !command.state.owed_duplicates.is_empty() => (
+                Topic::Compensate,
+                encode(&CompensateRequest {
+                    run_id: command.run_id.clone(),
+                    job: CompensateJob::Duplicate {
+                        command_key: command.command_key.clone(),
+                        extra_refs: command.state.owed_duplicates.clone(),
+                    },
+                }),
+            ),
+            CommandStatus::Confirmed if command.state.verify_pending => (
+                Topic::Unknown,
+                encode(&ReconcileRequest {
+                    run_id: command.run_id.clone(),
+                    command_key: command.command_key.clone(),
+                }),
+            ),
             CommandStatus::Scheduled
             | CommandStatus::Blocked
             | CommandStatus::Leased
@@ -303,20 +450,4 @@ impl Context {
         };
         self.publish(topic, command, payload, vec![]).await
     }
-}
-
-/// The extra commits named by a `duplicate` observation's evidence: every reference it lists
-/// except the command's own.
-fn extra_refs(evidence: &Value, command: &Command) -> Vec<String> {
-    evidence
-        .get("refs")
-        .and_then(Value::as_array)
-        .map(|refs| {
-            refs.iter()
-                .filter_map(Value::as_str)
-                .filter(|r| Some(*r) != command.state.external_ref.as_deref())
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
 }

@@ -41,6 +41,10 @@ fn state_in(status: CommandStatus) -> CommandState {
         state.lease.owner = Some("dispatcher-1".into());
         state.lease.expires_at = Some(now());
     }
+    if status == S::Confirmed {
+        // A CONFIRMED command that still owes the clean-up of a duplicate commit.
+        state.owed_duplicates = vec!["w-2".into()];
+    }
     if status == S::Compensating {
         state.compensation = Some(CompensationInfo {
             started_at: now(),
@@ -61,6 +65,11 @@ fn samples() -> Vec<(&'static str, Event)> {
         observation,
         external_ref: Some("w-1".into()),
         evidence: json!({"checked": true}),
+        extra_refs: if observation == O::Duplicate {
+            vec!["w-2".into()]
+        } else {
+            vec![]
+        },
     };
     vec![
         ("Due", Event::Due),
@@ -360,6 +369,7 @@ fn absent() -> Event {
         observation: O::Absent,
         external_ref: None,
         evidence: json!({"status": 404}),
+        extra_refs: vec![],
     }
 }
 
@@ -416,6 +426,7 @@ fn inconclusive_checks_back_off_then_get_stuck_and_escalate() {
         observation: O::Inconclusive,
         external_ref: None,
         evidence: json!({"status": 503}),
+        extra_refs: vec![],
     };
     let mut state = state_in(S::Unknown);
     let mut delays = vec![];
@@ -443,10 +454,25 @@ fn a_duplicate_is_confirmed_and_its_extra_commit_compensated() {
         observation: O::Duplicate,
         external_ref: Some("w-1".into()),
         evidence: json!({"refs": ["w-1", "w-2"]}),
+        extra_refs: vec!["w-2".into()],
     };
     let with = step(&state_in(S::Unknown), &wire_rules(), duplicate.clone());
     assert_eq!(with.to(), S::Confirmed);
     assert_eq!(with.actions[0], Action::CompensateDuplicate);
+    // The clean-up is owed in the ledger, with a due time, so it survives a crash.
+    assert_eq!(with.state.owed_duplicates, vec!["w-2".to_owned()]);
+    assert!(with.state.due_at.is_some());
+    let settled = step(
+        &with.state,
+        &wire_rules(),
+        Event::DuplicateSettled {
+            outcome: CompensationOutcome::Done {
+                reference: Some("rev-1".into()),
+            },
+        },
+    );
+    assert!(settled.state.owed_duplicates.is_empty());
+    assert_eq!(settled.state.due_at, None);
     let without = step(
         &state_in(S::Unknown),
         &Rules {
@@ -657,6 +683,83 @@ fn approval_records_who_and_under_which_policy() {
     assert_eq!(audit.reason, "called the customer");
 }
 
+#[test]
+fn a_verified_commit_catches_a_double_commit_behind_a_2xx() {
+    let rules = Rules {
+        verify_after_commit: true,
+        ..wire_rules()
+    };
+    let committed = step(
+        &state_in(S::Leased),
+        &rules,
+        Event::Dispatched {
+            epoch: LeaseEpoch::new(1),
+            outcome: DispatchOutcome::Committed {
+                external_ref: Some("w-1".into()),
+                result: None,
+            },
+        },
+    );
+    assert_eq!(committed.to(), S::Confirmed);
+    assert!(committed.state.verify_pending);
+    assert_eq!(
+        committed.state.due_at,
+        Some(now().plus_millis(rules.settle_ms))
+    );
+    let duplicate = step(
+        &committed.state,
+        &rules,
+        Event::Observed {
+            observation: O::Duplicate,
+            external_ref: Some("w-1".into()),
+            evidence: json!({"refs": ["w-1", "w-2"]}),
+            extra_refs: vec!["w-2".into()],
+        },
+    );
+    assert_eq!(duplicate.to(), S::Confirmed);
+    assert!(!duplicate.state.verify_pending);
+    assert_eq!(duplicate.actions[0], Action::CompensateDuplicate);
+    let present = step(
+        &committed.state,
+        &rules,
+        Event::Observed {
+            observation: O::Present,
+            external_ref: Some("w-1".into()),
+            evidence: json!({}),
+            extra_refs: vec![],
+        },
+    );
+    assert!(!present.state.verify_pending);
+    assert_eq!(present.state.due_at, None);
+    // Without a pending verification a CONFIRMED command takes no observation.
+    assert!(apply(&present.state, &rules, &absent(), now()).is_err());
+}
+
+#[test]
+fn a_commit_that_cannot_be_verified_is_escalated_not_retried() {
+    let rules = Rules {
+        verify_after_commit: true,
+        max_checks: 2,
+        ..wire_rules()
+    };
+    let mut state = state_in(S::Confirmed);
+    state.verify_pending = true;
+    let first = step(&state, &rules, absent());
+    assert!(first.state.verify_pending);
+    let second = step(&first.state, &rules, absent());
+    assert_eq!(
+        second.to(),
+        S::Confirmed,
+        "a 2xx is never undone by a lagging lookup"
+    );
+    assert!(!second.state.verify_pending);
+    assert!(second.state.escalated);
+    assert_eq!(
+        second.state.attempts, state.attempts,
+        "nothing is redispatched"
+    );
+}
+
 // ---- property tests over random event sequences ----
 
 fn arb_rules() -> impl Strategy<Value = Rules> {
@@ -682,6 +785,7 @@ fn arb_rules() -> impl Strategy<Value = Rules> {
                         OnAbsent::Redispatch
                     },
                     settle_ms: settle,
+                    verify_after_commit: check,
                     ..Rules::defaults(semantics)
                 }
             },
@@ -746,7 +850,8 @@ fn arb_event() -> impl Strategy<Value = Event> {
             |(observation, evidence)| Event::Observed {
                 observation,
                 external_ref: Some("x".into()),
-                evidence
+                evidence,
+                extra_refs: vec!["y".into()],
             }
         ),
         Just(Event::RetrySameKey),
@@ -842,8 +947,25 @@ proptest! {
             if to != S::Leased {
                 prop_assert_eq!(&step.state.lease.owner, &None, "lease held outside LEASED");
             }
-            if to.is_terminal() {
+            if to.is_terminal()
+                && !step.state.verify_pending
+                && step.state.owed_duplicates.is_empty()
+            {
                 prop_assert_eq!(step.state.due_at, None, "terminal command still due");
+            }
+            if step.state.verify_pending {
+                prop_assert_eq!(to, S::Confirmed, "only a CONFIRMED command is verified");
+            }
+            if !step.state.owed_duplicates.is_empty() {
+                prop_assert!(
+                    matches!(to, S::Confirmed | S::Compensating),
+                    "owed clean-up in {}", to
+                );
+            }
+            if to == S::Confirmed
+                && (step.state.verify_pending || !step.state.owed_duplicates.is_empty())
+            {
+                prop_assert!(step.state.due_at.is_some(), "owed work without a due time");
             }
             state = step.state;
         }

@@ -1,0 +1,735 @@
+//! The end-to-end harness: the demo upstream and the embedded pipeline on loopback, a real
+//! SQLite ledger in a temporary directory, and an HTTP agent — written once, used by every suite
+//! in `tests/`.
+//!
+//! * [`start_upstream`] — the demo bank, mail, ticket and search service on a free port.
+//! * [`CatalogEdit`] — the example catalog pointed at that upstream, with per-test policy
+//!   overrides (short timeouts, settle intervals, leases) applied to its TOML before it is
+//!   parsed and validated like any catalog.
+//! * [`test_config`], [`Harness`] — the four services in one process (`sluice::dev::start`)
+//!   with a fast sweep, and [`Detached`]: a pipeline on a runtime of its own, so a test can
+//!   kill it mid-flight the way a crash would (nothing finishes, nothing is drained).
+//! * [`Agent`] — what an agent does over HTTP: submit, read, long-poll, roll back.
+//! * [`verified_audit`] and [`Trail`] — a run's audit chain, verified, and read back as steps.
+//!
+//! Every wait here has a deadline and fails the test with what it was waiting for; nothing
+//! sleeps to let time pass as a substitute for an observation.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+use sluice::dev::Pipeline;
+use sluice_core::audit::{AuditEntry, verify};
+use sluice_core::catalog::Catalog;
+use sluice_core::command::{Command, CommandStatus};
+use sluice_core::ids::{CommandKey, RunId};
+use sluice_ledger::Ledger;
+use sluice_ledger::sqlite::{SqliteConfig, SqliteLedger};
+use sluice_runtime::assemble::{EXAMPLE_CATALOG, EXAMPLE_UPSTREAM, example_catalog_at};
+use sluice_runtime::{Config, Context, Shutdown};
+use sluice_upstream::{Faults, Upstream};
+use tempfile::TempDir;
+
+/// The longest any single wait in a suite may take before the test fails.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// How often a poll looks again.
+const POLL: Duration = Duration::from_millis(20);
+
+/// The sweep interval of every test pipeline: short, so that recovery is quick.
+pub const SWEEP_INTERVAL_MS: u64 = 100;
+
+/// A free loopback port.
+pub const ANY_PORT: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+
+/// The upstream's fault dice seed: faults at rate 0 or 1 do not depend on it.
+const SEED: u64 = 7;
+
+/// Logs to the test output when `SLUICE_TEST_LOG` holds a filter (e.g. `info`).
+pub fn init_tracing() {
+    if let Ok(filter) = std::env::var("SLUICE_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
+    }
+}
+
+/// Starts the demo upstream on a free loopback port.
+pub async fn start_upstream(faults: Faults) -> Upstream {
+    Upstream::start(ANY_PORT, faults, SEED)
+        .await
+        .expect("the demo upstream binds a free loopback port")
+}
+
+/// The example catalog (deploy/catalog.toml) pointed at a test upstream, with edits.
+///
+/// Unedited, it builds with `example_catalog_at` itself; edits are made on the parsed TOML
+/// document (not by text substitution, which a reformatted catalog would silently defeat) and
+/// the result goes through the same parser and validation as any catalog.
+#[derive(Debug, Clone)]
+pub struct CatalogEdit {
+    base_url: String,
+    table: toml::Table,
+    edited: bool,
+}
+
+impl CatalogEdit {
+    /// The example catalog with its URLs at `base_url`, as `example_catalog_at` builds it.
+    pub fn example(base_url: &str) -> Self {
+        let base_url = base_url.trim_end_matches('/').to_owned();
+        let text = EXAMPLE_CATALOG.replace(EXAMPLE_UPSTREAM, &base_url);
+        assert!(
+            base_url == EXAMPLE_UPSTREAM || !text.contains(EXAMPLE_UPSTREAM),
+            "every upstream URL of the example catalog points at the test upstream"
+        );
+        let table = toml::from_str(&text).expect("the example catalog is valid TOML");
+        Self {
+            base_url,
+            table,
+            edited: false,
+        }
+    }
+
+    /// Sets a top-level key, such as `default_namespace`.
+    pub fn top(mut self, key: &str, value: impl Into<toml::Value>) -> Self {
+        self.table.insert(key.to_owned(), value.into());
+        self.edited = true;
+        self
+    }
+
+    /// Sets `[tool.policy] key = value` of the tool named `tool`.
+    pub fn policy(self, tool: &str, key: &str, value: impl Into<toml::Value>) -> Self {
+        self.section(tool, "policy", key, value.into())
+    }
+
+    /// Sets `[tool.dispatch] key = value` of the tool named `tool`.
+    pub fn dispatch(self, tool: &str, key: &str, value: impl Into<toml::Value>) -> Self {
+        self.section(tool, "dispatch", key, value.into())
+    }
+
+    /// Sets `[tool.status_check] key = value` of the tool named `tool`.
+    pub fn status_check(self, tool: &str, key: &str, value: impl Into<toml::Value>) -> Self {
+        self.section(tool, "status_check", key, value.into())
+    }
+
+    /// Sets `[tool.compensate] key = value` of the tool named `tool`.
+    pub fn compensate(self, tool: &str, key: &str, value: impl Into<toml::Value>) -> Self {
+        self.section(tool, "compensate", key, value.into())
+    }
+
+    fn section(mut self, tool: &str, section: &str, key: &str, value: toml::Value) -> Self {
+        let tools = self
+            .table
+            .get_mut("tool")
+            .and_then(toml::Value::as_array_mut)
+            .expect("the example catalog has [[tool]] entries");
+        let entry = tools
+            .iter_mut()
+            .filter_map(toml::Value::as_table_mut)
+            .find(|t| t.get("name").and_then(toml::Value::as_str) == Some(tool))
+            .unwrap_or_else(|| panic!("the example catalog has no tool {tool}"));
+        entry
+            .entry(section.to_owned())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .unwrap_or_else(|| panic!("{tool}.{section} is a table"))
+            .insert(key.to_owned(), value);
+        self.edited = true;
+        self
+    }
+
+    /// The catalog text after the edits.
+    pub fn text(&self) -> String {
+        toml::to_string(&self.table).expect("a TOML table serializes")
+    }
+
+    /// Parses and validates the edited catalog, as the services would at start.
+    pub fn build(&self) -> Catalog {
+        if !self.edited {
+            return example_catalog(&self.base_url);
+        }
+        Catalog::from_toml_str(&self.text(), "deploy/catalog.toml (edited for a test)")
+            .unwrap_or_else(|e| panic!("the edited catalog is valid: {e}"))
+    }
+}
+
+/// The example catalog at `base_url`, unedited.
+pub fn example_catalog(base_url: &str) -> Catalog {
+    example_catalog_at(base_url).expect("the example catalog is valid")
+}
+
+/// A test configuration: the ledger in `data_dir`, the producer on a free port, a fast sweep.
+pub fn test_config(data_dir: &Path) -> Config {
+    let mut config = Config::default();
+    config.ledger.data_dir = data_dir.to_owned();
+    config.producer.listen = ANY_PORT;
+    config.reconciler.sweep_interval_ms = SWEEP_INTERVAL_MS;
+    config.validate().expect("the test configuration is valid");
+    config
+}
+
+/// Starts the four services in this runtime.
+pub async fn start_pipeline(config: &Config, catalog: Catalog) -> Pipeline {
+    sluice::dev::start(config, catalog, Shutdown::new())
+        .await
+        .expect("the pipeline starts")
+}
+
+/// The upstream, a pipeline on a fresh data directory, and an agent.
+#[derive(Debug)]
+pub struct Harness {
+    pub upstream: Upstream,
+    pub pipeline: Pipeline,
+    pub agent: Agent,
+    pub config: Config,
+    /// Kept so the ledger directory lives as long as the harness.
+    pub data: TempDir,
+}
+
+impl Harness {
+    /// The upstream with `faults`, the example catalog edited by `edit`, the test config.
+    pub async fn start(faults: Faults, edit: impl FnOnce(CatalogEdit) -> CatalogEdit) -> Self {
+        Self::start_with(faults, edit, |_| {}).await
+    }
+
+    /// As [`Harness::start`], with `tune` applied to the configuration too.
+    pub async fn start_with(
+        faults: Faults,
+        edit: impl FnOnce(CatalogEdit) -> CatalogEdit,
+        tune: impl FnOnce(&mut Config),
+    ) -> Self {
+        init_tracing();
+        let upstream = start_upstream(faults).await;
+        let catalog = edit(CatalogEdit::example(&upstream.base_url())).build();
+        let data = tempfile::tempdir().expect("a temporary directory");
+        let mut config = test_config(data.path());
+        tune(&mut config);
+        config.validate().expect("the tuned configuration is valid");
+        let pipeline = start_pipeline(&config, catalog).await;
+        let agent = Agent::new(&pipeline.url());
+        Self {
+            upstream,
+            pipeline,
+            agent,
+            config,
+            data,
+        }
+    }
+
+    pub fn ctx(&self) -> &Context {
+        &self.pipeline.ctx
+    }
+
+    /// The run's audit chain, verified.
+    pub async fn audit(&self, run: &str) -> Trail {
+        verified_audit(self.ctx().ledger.as_ref(), run).await
+    }
+
+    /// Stops the pipeline and the upstream, failing if a service failed.
+    pub async fn stop(self) {
+        self.pipeline
+            .stop()
+            .await
+            .expect("every service stops cleanly");
+        self.upstream.shutdown().await;
+    }
+}
+
+/// A pipeline on a runtime of its own, which [`Detached::crash`] tears down without waiting:
+/// every task is dropped at its next await, as if the process had been killed, so leases stay
+/// held and bus messages are lost. The ledger (SQLite, on disk) keeps what was committed.
+#[derive(Debug)]
+pub struct Detached {
+    runtime: Option<tokio::runtime::Runtime>,
+    pub url: String,
+}
+
+impl Detached {
+    /// Starts the four services on a new two-thread runtime.
+    pub async fn start(config: &Config, catalog: Catalog) -> Self {
+        let config = config.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // A plain thread: a runtime cannot be started from inside another one's worker.
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("a runtime for the detached pipeline");
+            let pipeline = runtime.block_on(start_pipeline(&config, catalog));
+            let url = pipeline.url();
+            // The services run as tasks of this runtime; the handle is not needed (a crash
+            // never calls `stop`), and dropping it neither stops nor detaches them.
+            drop(pipeline);
+            let _ = tx.send((runtime, url));
+        });
+        let (runtime, url) = rx.await.expect("the detached pipeline starts");
+        Self {
+            runtime: Some(runtime),
+            url,
+        }
+    }
+
+    /// Kills the pipeline: its runtime is shut down in the background, dropping every task.
+    pub fn crash(mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        // Dropping a runtime inside another one panics; shutting it down in the background
+        // does not.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// A TCP listener that accepts connections and never answers on them: an upstream endpoint
+/// that hangs. Counts the connections it accepted, so a test can tell that a call is in flight.
+#[derive(Debug)]
+pub struct BlackHole {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BlackHole {
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind(ANY_PORT)
+            .await
+            .expect("a free loopback port");
+        let addr = listener
+            .local_addr()
+            .expect("a bound listener has an address");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                held.push(socket);
+            }
+        });
+        Self {
+            addr,
+            accepted,
+            task,
+        }
+    }
+
+    /// `http://<addr>`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for BlackHole {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Opens the ledger in `data_dir` directly, as an operator tool would, without any service.
+pub fn open_ledger(data_dir: &Path) -> SqliteLedger {
+    SqliteLedger::open(SqliteConfig::in_dir(data_dir)).expect("the ledger reopens")
+}
+
+/// One HTTP answer: status and JSON body (`Null` when the body is not JSON).
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Value,
+    pub text: String,
+}
+
+impl Answer {
+    /// The body as a command.
+    pub fn command(&self) -> Command {
+        serde_json::from_value(self.body.clone()).unwrap_or_else(|e| {
+            panic!(
+                "answer {} is not a command ({e}): {}",
+                self.status, self.text
+            )
+        })
+    }
+
+    /// `error.code` of an error answer.
+    pub fn error_code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("")
+    }
+}
+
+/// An agent (and operator) speaking the producer's HTTP API.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    http: Client,
+    base: String,
+}
+
+impl Agent {
+    pub fn new(base_url: &str) -> Self {
+        let http = Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("a plain HTTP client builds");
+        Self {
+            http,
+            base: base_url.trim_end_matches('/').to_owned(),
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    async fn answer(response: reqwest::Result<reqwest::Response>) -> reqwest::Result<Answer> {
+        let response = response?;
+        let status = response.status();
+        let text = response.text().await?;
+        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Ok(Answer { status, body, text })
+    }
+
+    /// `POST /v1/effects` with `effect` as JSON; errors are transport errors.
+    pub async fn try_submit(&self, effect: &Value) -> reqwest::Result<Answer> {
+        Self::answer(
+            self.http
+                .post(format!("{}/v1/effects", self.base))
+                .json(effect)
+                .send()
+                .await,
+        )
+        .await
+    }
+
+    /// `POST /v1/effects`.
+    pub async fn submit(&self, effect: &Value) -> Answer {
+        self.try_submit(effect)
+            .await
+            .expect("the producer answers a submission")
+    }
+
+    /// `POST /v1/effects` with a body of raw bytes.
+    pub async fn submit_raw(&self, body: Vec<u8>) -> Answer {
+        Self::answer(
+            self.http
+                .post(format!("{}/v1/effects", self.base))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await,
+        )
+        .await
+        .expect("the producer answers a raw submission")
+    }
+
+    /// `POST /v1/effects/batch` with `{"effects": effects}`.
+    pub async fn batch(&self, effects: Vec<Value>) -> Answer {
+        Self::answer(
+            self.http
+                .post(format!("{}/v1/effects/batch", self.base))
+                .json(&json!({ "effects": effects }))
+                .send()
+                .await,
+        )
+        .await
+        .expect("the producer answers a batch")
+    }
+
+    /// `GET /v1/runs/{run}/effects/{path}` where `path` is the command key as it should appear
+    /// in the URL (raw or percent-encoded), with an optional `?wait=`.
+    pub async fn get_path(&self, run: &str, path: &str, wait: Option<&str>) -> Answer {
+        let mut url = format!("{}/v1/runs/{run}/effects/{path}", self.base);
+        if let Some(wait) = wait {
+            url.push_str("?wait=");
+            url.push_str(wait);
+        }
+        Self::answer(self.http.get(url).send().await)
+            .await
+            .expect("the producer answers a read")
+    }
+
+    /// The command `run`/`key`, read with the key percent-encoded as one path segment.
+    pub async fn get(&self, run: &str, key: &str) -> Command {
+        let answer = self.get_path(run, &encode_key(key), None).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::OK,
+            "GET {run}/{key}: {}",
+            answer.text
+        );
+        answer.command()
+    }
+
+    /// `GET /v1/runs/{run}/effects[?status=…]`.
+    pub async fn list(&self, run: &str, status: Option<&str>) -> Answer {
+        let mut url = format!("{}/v1/runs/{run}/effects", self.base);
+        if let Some(status) = status {
+            url.push_str("?status=");
+            url.push_str(status);
+        }
+        Self::answer(self.http.get(url).send().await)
+            .await
+            .expect("the producer answers a listing")
+    }
+
+    /// The run's commands, in journal order.
+    pub async fn commands(&self, run: &str, status: Option<&str>) -> Vec<Command> {
+        let answer = self.list(run, status).await;
+        assert_eq!(answer.status, StatusCode::OK, "list {run}: {}", answer.text);
+        serde_json::from_value(answer.body["effects"].clone())
+            .unwrap_or_else(|e| panic!("the listing holds commands ({e}): {}", answer.text))
+    }
+
+    /// `POST /v1/runs/{run}/rollback`.
+    pub async fn rollback(&self, run: &str, reason: &str) -> Answer {
+        Self::answer(
+            self.http
+                .post(format!("{}/v1/runs/{run}/rollback", self.base))
+                .json(&json!({ "reason": reason, "actor": "e2e-operator" }))
+                .send()
+                .await,
+        )
+        .await
+        .expect("the producer answers a rollback")
+    }
+
+    /// Long-polls (`?wait=`) until the command is settled (terminal, STUCK or BLOCKED).
+    pub async fn wait_settled(&self, run: &str, key: &str) -> Command {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        let path = encode_key(key);
+        loop {
+            let answer = self.get_path(run, &path, Some("5s")).await;
+            assert_eq!(
+                answer.status,
+                StatusCode::OK,
+                "long poll of {run}/{key}: {}",
+                answer.text
+            );
+            let command = answer.command();
+            if command.status().is_settled() {
+                return command;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{run}/{key} did not settle within {DEADLINE:?}; it is {}: {}",
+                command.status(),
+                answer.text
+            );
+        }
+    }
+
+    /// Polls until `accept` holds for the command (for changes after it settled, such as a
+    /// rollback of a CONFIRMED command).
+    pub async fn wait_until(
+        &self,
+        run: &str,
+        key: &str,
+        what: &str,
+        accept: impl Fn(&Command) -> bool,
+    ) -> Command {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let command = self.get(run, key).await;
+            if accept(&command) {
+                return command;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{run}/{key} never became {what} within {DEADLINE:?}; it is {}: {command:?}",
+                command.status()
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Submits `effect`, expecting 201, and returns the command.
+    pub async fn submit_created(&self, effect: &Value) -> Command {
+        let answer = self.submit(effect).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::CREATED,
+            "submission of {effect} answered {}",
+            answer.text
+        );
+        answer.command()
+    }
+}
+
+/// A command key as one URL path segment (`/` → `%2F`).
+pub fn encode_key(key: &str) -> String {
+    key.replace('%', "%25").replace('/', "%2F")
+}
+
+/// The submission of one effect.
+pub fn effect(run: &str, decision: u32, tool: &str, call_idx: u32, args: Value) -> Value {
+    json!({
+        "run_id": run,
+        "decision": decision,
+        "tool": tool,
+        "call_idx": call_idx,
+        "args": args,
+    })
+}
+
+/// Arguments of `payments/wire`; the business key is `{account}:{amount_minor}:{date}`.
+pub fn wire_args(account: &str, amount_minor: i64) -> Value {
+    json!({
+        "account": account,
+        "amount_minor": amount_minor,
+        "beneficiary": "b-9",
+        "date": "2026-11-22",
+        "reference": "invoice 42",
+    })
+}
+
+/// The business key of [`wire_args`].
+pub fn wire_business_key(account: &str, amount_minor: i64) -> String {
+    format!("{account}:{amount_minor}:2026-11-22")
+}
+
+pub fn email_args(subject: &str) -> Value {
+    json!({ "to": "ops@example.com", "subject": subject, "body": "hello" })
+}
+
+pub fn ticket_args(title: &str) -> Value {
+    json!({ "title": title, "priority": "high" })
+}
+
+pub fn search_args(query: &str) -> Value {
+    json!({ "query": query, "limit": 2 })
+}
+
+/// Polls `check` until it returns `Some`, failing with `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    poll_for(timeout, check)
+        .await
+        .unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
+}
+
+/// Polls `check` until it returns `Some`; `None` once `timeout` has passed.
+pub async fn poll_for<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return Some(value);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A run's audit chain after verification.
+#[derive(Debug, Clone)]
+pub struct Trail {
+    pub entries: Vec<AuditEntry>,
+}
+
+impl Trail {
+    /// The records of one command, in chain order.
+    pub fn of(&self, key: &str) -> Vec<&AuditEntry> {
+        self.entries
+            .iter()
+            .filter(|e| {
+                e.record
+                    .command_key
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .as_deref()
+                    == Some(key)
+            })
+            .collect()
+    }
+
+    /// The `(from, to)` statuses of one command's records, in chain order.
+    pub fn path(&self, key: &str) -> Vec<(Option<CommandStatus>, Option<CommandStatus>)> {
+        self.of(key)
+            .into_iter()
+            .map(|e| (e.record.from, e.record.to))
+            .collect()
+    }
+
+    /// The first record of `key` going `from` → `to`, failing when there is none.
+    pub fn find(&self, key: &str, from: CommandStatus, to: CommandStatus) -> &AuditEntry {
+        self.of(key)
+            .into_iter()
+            .find(|e| e.record.from == Some(from) && e.record.to == Some(to))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {from} -> {to} record for {key}; its records: {:#?}",
+                    self.describe(key)
+                )
+            })
+    }
+
+    /// One line per record of `key`, for failure messages.
+    pub fn describe(&self, key: &str) -> Vec<String> {
+        self.of(key)
+            .into_iter()
+            .map(|e| {
+                format!(
+                    "#{} {} {:?} -> {:?} by {}: {} {}",
+                    e.record.seq,
+                    e.record.at,
+                    e.record.from,
+                    e.record.to,
+                    e.record.actor,
+                    e.record.reason,
+                    e.record.evidence
+                )
+            })
+            .collect()
+    }
+}
+
+/// Reads a run's audit chain from `ledger` and verifies every link.
+pub async fn verified_audit(ledger: &dyn Ledger, run: &str) -> Trail {
+    let run_id = RunId::parse(run).expect("a valid run id");
+    let trail = ledger
+        .audit_read(&run_id)
+        .await
+        .expect("the ledger reads the audit chain");
+    let verified = verify(&run_id, trail.checkpoint.as_ref(), &trail.entries)
+        .unwrap_or_else(|broken| panic!("the audit chain of {run} verifies: {broken}"));
+    assert_eq!(verified.records, trail.entries.len() as u64);
+    Trail {
+        entries: trail.entries,
+    }
+}
+
+/// Reads one command straight from a ledger.
+pub async fn ledger_get(ledger: &dyn Ledger, run: &str, key: &str) -> Option<Command> {
+    let run_id = RunId::parse(run).expect("a valid run id");
+    let key = CommandKey::parse(key).expect("a valid command key");
+    ledger
+        .get(&run_id, &key)
+        .await
+        .expect("the ledger reads a command")
+}

@@ -1,0 +1,449 @@
+//! The submission contract of DESIGN §7 over real HTTP: the status codes an agent relies on
+//! (201/200/409/404/422/413/400), bare tool names, batches, reads by key and by status, and
+//! business-key deduplication — each checked against the ledger and the bank, not just the
+//! answer.
+
+use reqwest::StatusCode;
+use serde_json::json;
+use sluice_core::command::CommandStatus;
+use sluice_tests::*;
+use sluice_upstream::Faults;
+
+/// The producer refuses bodies over this.
+const MAX_BODY: usize = 4_096;
+/// Most effects in one batch.
+const MAX_BATCH: usize = 8;
+
+async fn harness() -> Harness {
+    Harness::start_with(
+        Faults::none(),
+        // Bare names resolve in `payments`, so `wire` is `payments/wire` and `send` is unknown.
+        |c| c.top("default_namespace", "payments"),
+        |config| {
+            config.producer.max_body_bytes = MAX_BODY;
+            config.producer.max_batch = MAX_BATCH;
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_reserved_once_and_other_arguments_under_it_are_refused() {
+    let h = harness().await;
+    let run = "r-contract";
+    let first = h
+        .agent
+        .submit_created(&effect(
+            run,
+            3,
+            "payments/wire",
+            0,
+            wire_args("acc-1", 125_000),
+        ))
+        .await;
+
+    // The same submission again, and once more with the arguments' keys in another order (sent
+    // as raw text, so no JSON library can normalise the order on the way).
+    let again = h
+        .agent
+        .submit(&effect(
+            run,
+            3,
+            "payments/wire",
+            0,
+            wire_args("acc-1", 125_000),
+        ))
+        .await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.text);
+    let reordered = h
+        .agent
+        .submit_raw(
+            br#"{"call_idx": 0, "args": {"reference": "invoice 42", "date": "2026-11-22",
+                 "beneficiary": "b-9", "amount_minor": 125000, "account": "acc-1"},
+                 "tool": "payments/wire", "decision": 3, "run_id": "r-contract"}"#
+                .to_vec(),
+        )
+        .await;
+    assert_eq!(reordered.status, StatusCode::OK, "{}", reordered.text);
+    for answer in [&again, &reordered] {
+        let command = answer.command();
+        assert_eq!(command.command_key, first.command_key);
+        assert_eq!(command.idempotency_key, first.idempotency_key);
+        assert_eq!(command.args_hash, first.args_hash);
+        assert_eq!(
+            command.created_at, first.created_at,
+            "the stored command, not a new one"
+        );
+    }
+
+    // Other arguments under the same key: refused, never merged.
+    let mut drifted = wire_args("acc-1", 125_000);
+    drifted["beneficiary"] = json!("someone-else");
+    let conflict = h
+        .agent
+        .submit(&effect(run, 3, "payments/wire", 0, drifted))
+        .await;
+    assert_eq!(conflict.status, StatusCode::CONFLICT, "{}", conflict.text);
+    assert_eq!(conflict.error_code(), "argument_drift");
+
+    let settled = h.agent.wait_settled(run, "d-3/payments/wire/0").await;
+    assert_eq!(settled.status(), CommandStatus::Confirmed);
+    assert_eq!(
+        settled.args["beneficiary"], "b-9",
+        "the first arguments stand"
+    );
+    let stats = h.upstream.stats();
+    assert_eq!(
+        stats.wires, 1,
+        "three submissions of one key, one wire: {stats:?}"
+    );
+
+    // Read by key: percent-encoded and raw paths name the same command; bad keys are told apart.
+    let encoded = h
+        .agent
+        .get_path(run, "d-3%2Fpayments%2Fwire%2F0", None)
+        .await;
+    let raw = h.agent.get_path(run, "d-3/payments/wire/0", None).await;
+    for answer in [&encoded, &raw] {
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);
+        assert_eq!(answer.command().command_key, first.command_key);
+        assert_eq!(answer.command().status(), CommandStatus::Confirmed);
+    }
+    let missing = h.agent.get_path(run, "d-9/payments/wire/0", None).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.text);
+    let malformed = h.agent.get_path(run, "wire", None).await;
+    assert_eq!(
+        malformed.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        malformed.text
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_submissions_are_refused_with_the_status_and_pointer_that_say_why() {
+    let h = harness().await;
+    let run = "r-invalid";
+
+    let unknown = h
+        .agent
+        .submit(&effect(run, 1, "payments/teleport", 0, json!({})))
+        .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{}", unknown.text);
+    assert_eq!(unknown.error_code(), "unknown_tool");
+
+    let bad_args = h
+        .agent
+        .submit(&effect(run, 1, "payments/wire", 0, wire_args("acc-1", 0)))
+        .await;
+    assert_eq!(
+        bad_args.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        bad_args.text
+    );
+    assert_eq!(bad_args.error_code(), "invalid_arguments");
+    let pointers: Vec<&str> = bad_args.body["error"]["details"]["violations"]
+        .as_array()
+        .expect("violations are listed")
+        .iter()
+        .filter_map(|v| v["pointer"].as_str())
+        .collect();
+    assert_eq!(pointers, ["/args/amount_minor"], "{}", bad_args.text);
+
+    let bad_run = h
+        .agent
+        .submit(&effect(
+            "bad run!",
+            1,
+            "payments/wire",
+            0,
+            wire_args("acc-1", 5),
+        ))
+        .await;
+    assert_eq!(
+        bad_run.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        bad_run.text
+    );
+    assert_eq!(bad_run.body["error"]["details"]["pointer"], "/run_id");
+
+    let unknown_field = h
+        .agent
+        .submit(
+            &json!({"run_id": run, "decision": 1, "tool": "payments/wire",
+                        "call_idx": 0, "args": wire_args("acc-1", 5), "priority": "now"}),
+        )
+        .await;
+    assert_eq!(
+        unknown_field.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        unknown_field.text
+    );
+
+    let both_times = h
+        .agent
+        .submit(
+            &json!({"run_id": run, "decision": 1, "tool": "payments/wire", "call_idx": 0,
+                        "args": wire_args("acc-1", 5), "delay_ms": 10,
+                        "not_before": "2030-01-01T00:00:00Z"}),
+        )
+        .await;
+    assert_eq!(
+        both_times.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        both_times.text
+    );
+
+    let malformed = h
+        .agent
+        .submit_raw(br#"{"run_id": "r-invalid", "#.to_vec())
+        .await;
+    assert_eq!(
+        malformed.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        malformed.text
+    );
+    assert_eq!(malformed.error_code(), "malformed_json");
+
+    // Valid JSON, valid arguments, but over the body limit.
+    let oversized = effect(
+        run,
+        1,
+        "email/send",
+        0,
+        json!({"to": "a@example.com", "subject": "big", "body": "x".repeat(2 * MAX_BODY)}),
+    );
+    let too_large = h
+        .agent
+        .submit_raw(serde_json::to_vec(&oversized).expect("json"))
+        .await;
+    assert_eq!(
+        too_large.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        too_large.text
+    );
+
+    let too_many = h
+        .agent
+        .batch(
+            (0..=MAX_BATCH as u32)
+                .map(|i| {
+                    effect(
+                        run,
+                        100 + i,
+                        "tickets/create",
+                        0,
+                        ticket_args("one too many"),
+                    )
+                })
+                .collect(),
+        )
+        .await;
+    assert_eq!(
+        too_many.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        too_many.text
+    );
+    assert_eq!(too_many.error_code(), "batch_too_large");
+    let bad_wait = h
+        .agent
+        .get_path(run, &encode_key("d-1/payments/wire/0"), Some("soon"))
+        .await;
+    assert_eq!(
+        bad_wait.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        bad_wait.text
+    );
+
+    // Nothing of the above was recorded or sent.
+    let listed = h.agent.list(run, None).await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.text);
+    assert_eq!(listed.body["effects"], json!([]), "{}", listed.text);
+    let stats = h.upstream.stats();
+    assert_eq!((stats.wires, stats.emails), (0, 0));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_names_batches_status_filters_and_business_keys() {
+    let h = harness().await;
+    let run = "r-batch";
+
+    // A bare name resolves in the catalog's default namespace (`payments` here).
+    let bare = h
+        .agent
+        .submit_created(&effect(run, 1, "wire", 0, wire_args("acc-bare", 700)))
+        .await;
+    assert_eq!(bare.tool.to_string(), "payments/wire");
+    assert_eq!(bare.command_key.to_string(), "d-1/payments/wire/0");
+    let not_there = h
+        .agent
+        .submit(&effect(run, 1, "send", 0, email_args("hi")))
+        .await;
+    assert_eq!(
+        not_there.status,
+        StatusCode::NOT_FOUND,
+        "{}",
+        not_there.text
+    );
+    assert!(
+        not_there.text.contains("payments/send"),
+        "the error names the resolved tool: {}",
+        not_there.text
+    );
+
+    // A batch answers per item, in order.
+    let mut drifted = wire_args("acc-bare", 700);
+    drifted["reference"] = json!("other");
+    let batch = h
+        .agent
+        .batch(vec![
+            effect(run, 2, "email/send", 0, email_args("batch")),
+            effect(run, 1, "payments/wire", 0, wire_args("acc-bare", 700)),
+            effect(run, 1, "payments/wire", 0, drifted),
+            effect(run, 3, "payments/teleport", 0, json!({})),
+            effect(run, 4, "tickets/create", 0, json!({"title": ""})),
+            json!({"run_id": run}),
+            effect(run, 5, "tickets/create", 0, ticket_args("later")),
+        ])
+        .await;
+    assert_eq!(batch.status, StatusCode::OK, "{}", batch.text);
+    let statuses: Vec<u64> = batch.body["results"]
+        .as_array()
+        .expect("results per item")
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(
+        statuses,
+        [201, 200, 409, 404, 422, 422, 201],
+        "{}",
+        batch.text
+    );
+    assert_eq!(
+        batch.body["results"][0]["command"]["command_key"],
+        "d-2/email/send/0"
+    );
+    assert_eq!(
+        batch.body["results"][4]["error"]["details"]["violations"][0]["pointer"], "/args/title",
+        "{}",
+        batch.text
+    );
+
+    // A scheduled effect is listed under its status too.
+    let later = h
+        .agent
+        .submit(
+            &json!({"run_id": run, "decision": 6, "tool": "email/send", "call_idx": 0,
+                        "args": email_args("tomorrow"), "delay_ms": 3_600_000}),
+        )
+        .await;
+    assert_eq!(later.status, StatusCode::CREATED, "{}", later.text);
+    assert_eq!(later.command().status(), CommandStatus::Scheduled);
+
+    // The same business key under a fresh call index (and from another run) is the same wire:
+    // the existing command answers 200 and no second intent is recorded.
+    let wire = h
+        .agent
+        .submit_created(&effect(
+            run,
+            7,
+            "payments/wire",
+            0,
+            wire_args("acc-7", 1_234),
+        ))
+        .await;
+    let same_wire = h
+        .agent
+        .submit(&effect(
+            run,
+            7,
+            "payments/wire",
+            1,
+            wire_args("acc-7", 1_234),
+        ))
+        .await;
+    assert_eq!(same_wire.status, StatusCode::OK, "{}", same_wire.text);
+    assert_eq!(same_wire.command().command_key, wire.command_key);
+    let other_run = h
+        .agent
+        .submit(&effect(
+            "r-batch-other",
+            1,
+            "payments/wire",
+            0,
+            wire_args("acc-7", 1_234),
+        ))
+        .await;
+    assert_eq!(other_run.status, StatusCode::OK, "{}", other_run.text);
+    assert_eq!(other_run.command().run_id.to_string(), run);
+    assert_eq!(other_run.command().command_key, wire.command_key);
+    let never_reserved = h
+        .agent
+        .get_path(run, &encode_key("d-7/payments/wire/1"), None)
+        .await;
+    assert_eq!(
+        never_reserved.status,
+        StatusCode::NOT_FOUND,
+        "{}",
+        never_reserved.text
+    );
+
+    for key in [
+        "d-1/payments/wire/0",
+        "d-2/email/send/0",
+        "d-5/tickets/create/0",
+        "d-7/payments/wire/0",
+    ] {
+        let settled = h.agent.wait_settled(run, key).await;
+        assert_eq!(
+            settled.status(),
+            CommandStatus::Confirmed,
+            "{key}: {settled:?}"
+        );
+    }
+    let stats = h.upstream.stats();
+    assert_eq!(stats.standing_wires(&wire_business_key("acc-7", 1_234)), 1);
+    assert_eq!(stats.wires, 2, "one wire per business key: {stats:?}");
+    assert!(
+        h.agent.commands("r-batch-other", None).await.is_empty(),
+        "the other run recorded nothing"
+    );
+
+    // Filters by status, journal order kept.
+    let keys = |commands: Vec<sluice_core::command::Command>| -> Vec<String> {
+        commands.iter().map(|c| c.command_key.to_string()).collect()
+    };
+    assert_eq!(
+        keys(h.agent.commands(run, Some("CONFIRMED")).await),
+        [
+            "d-1/payments/wire/0",
+            "d-2/email/send/0",
+            "d-5/tickets/create/0",
+            "d-7/payments/wire/0"
+        ]
+    );
+    assert_eq!(
+        keys(h.agent.commands(run, Some("SCHEDULED")).await),
+        ["d-6/email/send/0"]
+    );
+    assert!(h.agent.commands(run, Some("PENDING")).await.is_empty());
+    assert_eq!(h.agent.commands(run, None).await.len(), 5);
+    let bogus = h.agent.list(run, Some("DONE")).await;
+    assert_eq!(
+        bogus.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        bogus.text
+    );
+    h.stop().await;
+}
