@@ -1,5 +1,7 @@
 //! The `sluice` command line.
 
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 use sluice_runtime::assemble::load_catalog;
 use sluice_runtime::cli::ServiceArgs;
@@ -29,7 +31,7 @@ enum Command {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
     match Cli::parse().command {
         Command::Dev { service } => {
             let config = service.load()?;
@@ -47,11 +49,29 @@ async fn main() -> anyhow::Result<()> {
             pipeline.wait().await.map_err(anyhow::Error::msg)?;
         }
         Command::Demo(args) => {
-            sluice::demo::run(args, sluice_runtime::shutdown_on_signals()).await?;
+            let outcome = sluice::demo::run(args, sluice_runtime::shutdown_on_signals()).await;
+            return Ok(exit_code(outcome));
         }
         Command::Bench(args) => {
-            sluice::bench::run(args, sluice_runtime::shutdown_on_signals()).await?;
+            let outcome = sluice::bench::run(args, sluice_runtime::shutdown_on_signals()).await;
+            return Ok(exit_code(outcome));
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints a failed demo or bench as one message with its causes (no backtrace: the failure is
+/// a finding about the pipeline, not a crash of this command) and fails the process.
+fn exit_code(outcome: Result<(), impl std::error::Error>) -> ExitCode {
+    let Err(error) = outcome else {
+        return ExitCode::SUCCESS;
+    };
+    let mut message = format!("error: {error}");
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    eprintln!("{message}");
+    ExitCode::FAILURE
 }

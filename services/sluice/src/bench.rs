@@ -1,0 +1,957 @@
+//! `sluice bench`: effects per second from submission to CONFIRMED, and their latency.
+//!
+//! One process starts the demo upstream without faults and, for each pass, a fresh pipeline on
+//! its own ledger (so one pass's rows do not slow the next). Clients submit IDEMPOTENT
+//! `email/send` effects spread over many runs through the real HTTP API — one per request
+//! (`POST /v1/effects`) or in batches (`POST /v1/effects/batch`) — and the bench watches the
+//! pipeline's lifecycle events in-process, as a consumer group of its own on the events topic.
+//! An effect's latency is the time its CONFIRMED event was read minus the time its submission
+//! was sent; throughput is the effects of a pass over the time from the first submission to
+//! the last CONFIRMED.
+//!
+//! The closed-loop passes (each client task waits for its answer before sending again) find
+//! the pipeline's capacity; a last open-loop pass offers half the measured batch throughput at
+//! a steady pace, where the latency is that of a pipeline that is not saturated. Its latency is
+//! measured from when each submission was *due*, so a client that falls behind does not hide
+//! the wait (no coordinated omission).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use indicatif::ProgressBar;
+use reqwest::StatusCode;
+use serde::Serialize;
+use serde_json::{Value, json};
+use sluice_bus::{BusError, Subscription, Topic};
+use sluice_core::catalog::CatalogError;
+use sluice_ledger::sqlite::Durability;
+use sluice_runtime::assemble::example_catalog_at;
+use sluice_runtime::config::TelemetryConfig;
+use sluice_runtime::messages::{event_type, header};
+use sluice_runtime::{Config, Shutdown};
+use sluice_upstream::{Faults, Upstream};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+use crate::demo::{DataDir, DataDirError, Progress, http_client, local_config};
+use crate::dev::StartError;
+
+/// The tool every bench effect calls.
+const TOOL: &str = "email/send";
+/// The consumer group the bench reads lifecycle events as.
+const EVENTS_GROUP: &str = "sluice-bench";
+/// A pass gives up when no effect settled for this long.
+const STALL: Duration = Duration::from_secs(30);
+/// The paced pass sends a batch this often (or less often at low rates).
+const PACE_TICK: Duration = Duration::from_millis(10);
+
+/// Which submission paths to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// One effect per `POST /v1/effects`.
+    Single,
+    /// `--batch` effects per `POST /v1/effects/batch`.
+    Batch,
+    /// Both, single first.
+    Both,
+}
+
+/// How hard the ledger syncs (`ledger.durability`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DurabilityArg {
+    /// fsync every commit group.
+    Full,
+    /// fsync at checkpoints only.
+    Normal,
+}
+
+impl DurabilityArg {
+    /// The configuration value, as written in a config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Normal => "normal",
+        }
+    }
+}
+
+impl From<DurabilityArg> for Durability {
+    fn from(value: DurabilityArg) -> Self {
+        match value {
+            DurabilityArg::Full => Durability::Full,
+            DurabilityArg::Normal => Durability::Normal,
+        }
+    }
+}
+
+/// Flags of `sluice bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Effects per pass.
+    #[arg(long, default_value_t = 20_000)]
+    pub effects: usize,
+    /// Effects per batch submission.
+    #[arg(long, default_value_t = 500)]
+    pub batch: usize,
+    /// Client tasks submitting at once.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Which submission paths to measure.
+    #[arg(long, value_enum, default_value_t = Mode::Both)]
+    pub mode: Mode,
+    /// Ledger durability.
+    #[arg(long, value_enum, default_value_t = DurabilityArg::Full)]
+    pub durability: DurabilityArg,
+    /// Bus partitions (`bus.partitions`): each hands out one message at a time.
+    #[arg(long, default_value_t = 64)]
+    pub partitions: u32,
+    /// Dispatcher concurrency (`dispatcher.concurrency`).
+    #[arg(long, default_value_t = 256)]
+    pub dispatcher_concurrency: usize,
+    /// Effects per run (a run's effects are dispatched one after another).
+    #[arg(long, default_value_t = 4)]
+    pub effects_per_run: usize,
+    /// Skip the paced pass at half the measured throughput.
+    #[arg(long)]
+    pub no_paced: bool,
+    /// Where the ledgers live; default a fresh temporary directory.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Keep the temporary data directory at the end.
+    #[arg(long)]
+    pub keep: bool,
+    /// Print the results as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Log filter of the pipeline's own logs (stderr).
+    #[arg(long, default_value = "error")]
+    pub log_level: String,
+}
+
+impl BenchArgs {
+    /// The defaults of the flags, for tests and embedding.
+    pub fn defaults() -> Self {
+        Self {
+            effects: 20_000,
+            batch: 500,
+            concurrency: 32,
+            mode: Mode::Both,
+            durability: DurabilityArg::Full,
+            partitions: 64,
+            dispatcher_concurrency: 256,
+            effects_per_run: 4,
+            no_paced: false,
+            data_dir: None,
+            keep: false,
+            json: false,
+            log_level: "error".into(),
+        }
+    }
+
+    fn validate(&self) -> Result<(), BenchError> {
+        let invalid = |flag: &'static str, why: &str| {
+            Err(BenchError::InvalidFlag {
+                flag,
+                why: why.to_owned(),
+            })
+        };
+        if self.effects == 0 {
+            return invalid("--effects", "must be at least 1");
+        }
+        if self.batch == 0 {
+            return invalid("--batch", "must be at least 1");
+        }
+        if self.concurrency == 0 {
+            return invalid("--concurrency", "must be at least 1");
+        }
+        if self.effects_per_run == 0 {
+            return invalid("--effects-per-run", "must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The pipeline configuration of one pass.
+    pub fn config(&self, data_dir: &Path) -> Config {
+        let mut config = local_config(data_dir);
+        config.bus.partitions = self.partitions;
+        config.dispatcher.concurrency = self.dispatcher_concurrency;
+        config.ledger.durability = self.durability.into();
+        config.producer.max_batch = config.producer.max_batch.max(self.batch);
+        config.producer.max_body_bytes = config.producer.max_body_bytes.max(self.batch * 1_024);
+        config
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("flag {flag} {why}")]
+    InvalidFlag { flag: &'static str, why: String },
+    #[error("invalid pipeline configuration")]
+    Config(#[from] sluice_runtime::config::ConfigError),
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
+    #[error("cannot start the demo upstream")]
+    Upstream(#[source] std::io::Error),
+    #[error("the example catalog does not load")]
+    Catalog(#[from] CatalogError),
+    #[error("cannot start the pipeline")]
+    Start(#[from] StartError),
+    #[error("cannot watch the lifecycle events")]
+    Bus(#[from] BusError),
+    #[error("bench {pass}: {what} failed")]
+    Http {
+        pass: String,
+        what: &'static str,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("bench {pass}: {refused} of {effects} submissions were refused, first: {first}")]
+    Refused {
+        pass: String,
+        refused: usize,
+        effects: usize,
+        first: String,
+    },
+    #[error(
+        "bench {pass}: only {confirmed} of {effects} effects were confirmed ({failed} ended otherwise){}",
+        stall_note(*.stalled)
+    )]
+    Incomplete {
+        pass: String,
+        confirmed: usize,
+        failed: usize,
+        effects: usize,
+        stalled: bool,
+    },
+    #[error("bench {pass}: the pipeline stopped with an error: {error}")]
+    Stopped { pass: String, error: String },
+    #[error("interrupted")]
+    Interrupted,
+}
+
+fn stall_note(stalled: bool) -> String {
+    if stalled {
+        format!("; then nothing settled for {} s", STALL.as_secs())
+    } else {
+        String::new()
+    }
+}
+
+/// The settings a bench ran with.
+#[derive(Debug, Clone, Serialize)]
+pub struct Settings {
+    pub effects: usize,
+    pub effects_per_run: usize,
+    pub tool: &'static str,
+    pub batch: usize,
+    pub concurrency: usize,
+    pub partitions: u32,
+    pub dispatcher_concurrency: usize,
+    pub durability: DurabilityArg,
+    pub sweep_interval_ms: u64,
+    pub data_dir: PathBuf,
+}
+
+/// The result of one pass.
+#[derive(Debug, Clone, Serialize)]
+pub struct PassResult {
+    /// `single`, `batch`, or `<mode> paced`.
+    pub pass: String,
+    pub effects: usize,
+    /// Effects per second offered by a paced pass.
+    pub offered_per_sec: Option<f64>,
+    /// From the first submission to the last answer.
+    pub submit_secs: f64,
+    /// From the first submission to the last CONFIRMED.
+    pub secs: f64,
+    pub confirmed_per_sec: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl PassResult {
+    /// The one-line summary, e.g. `bench batch: 20000 effects in 3.2 s: …`.
+    pub fn line(&self) -> String {
+        let offered = self
+            .offered_per_sec
+            .map(|rate| format!(" ({rate:.0} effects/s offered)"))
+            .unwrap_or_default();
+        format!(
+            "bench {}{offered}: {} effects in {:.1} s: {:.0} effects/s confirmed; latency p50 {:.1} ms p99 {:.1} ms (max {:.1} ms; all submitted in {:.1} s)",
+            self.pass,
+            self.effects,
+            self.secs,
+            self.confirmed_per_sec,
+            self.p50_ms,
+            self.p99_ms,
+            self.max_ms,
+            self.submit_secs
+        )
+    }
+}
+
+/// Everything a bench measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub settings: Settings,
+    pub results: Vec<PassResult>,
+}
+
+/// Runs `sluice bench` as the flags say and prints the results.
+pub async fn run(args: BenchArgs, shutdown: Shutdown) -> Result<(), BenchError> {
+    sluice_runtime::telemetry::init(&TelemetryConfig {
+        log_level: args.log_level.clone(),
+        ..TelemetryConfig::default()
+    });
+    args.validate()?;
+    let data_dir = DataDir::prepare(args.data_dir.as_deref(), "sluice-bench-")?;
+    let progress = Progress::new(!args.json);
+    let json = args.json;
+    let outcome = execute(&args, data_dir.path(), &shutdown, &progress, |settings| {
+        if !json {
+            print_settings(settings);
+        }
+    })
+    .await;
+    progress.clear();
+    let kept = data_dir.finish(args.keep);
+    let report = outcome?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else if let Ok(Some(path)) = kept {
+        println!("data kept in {}", path.display());
+    }
+    Ok(())
+}
+
+/// Starts the upstream, runs the passes the flags ask for, each on a fresh pipeline under
+/// `data_dir`, and stops everything. `announce` is called before the first pass, and each
+/// result line is printed as its pass ends unless `args.json`.
+pub async fn execute(
+    args: &BenchArgs,
+    data_dir: &Path,
+    shutdown: &Shutdown,
+    progress: &Progress,
+    announce: impl FnOnce(&Settings),
+) -> Result<BenchReport, BenchError> {
+    args.validate()?;
+    let probe = args.config(data_dir);
+    probe.validate()?;
+    let settings = Settings {
+        effects: args.effects,
+        effects_per_run: args.effects_per_run,
+        tool: TOOL,
+        batch: args.batch,
+        concurrency: args.concurrency,
+        partitions: probe.bus.partitions,
+        dispatcher_concurrency: probe.dispatcher.concurrency,
+        durability: args.durability,
+        sweep_interval_ms: probe.reconciler.sweep_interval_ms,
+        data_dir: data_dir.to_owned(),
+    };
+    announce(&settings);
+    let upstream = Upstream::start(
+        std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0)),
+        Faults::none(),
+        0,
+    )
+    .await
+    .map_err(BenchError::Upstream)?;
+    let passes = async {
+        let mut results: Vec<PassResult> = Vec::new();
+        let mut closed = Vec::new();
+        if matches!(args.mode, Mode::Single | Mode::Both) {
+            closed.push(Submission::Single);
+        }
+        if matches!(args.mode, Mode::Batch | Mode::Both) {
+            closed.push(Submission::Batch);
+        }
+        for submission in closed {
+            let result =
+                run_pass(args, submission, &upstream, data_dir, shutdown, progress).await?;
+            if !args.json {
+                println!("{}", result.line());
+            }
+            results.push(result);
+        }
+        if !args.no_paced {
+            // Half of the last closed-loop pass: the batch one when it ran.
+            if let Some(last) = results.last() {
+                let rate = last.confirmed_per_sec / 2.0;
+                let paced = Submission::Paced {
+                    rate,
+                    of: last.pass.clone(),
+                };
+                let result = run_pass(args, paced, &upstream, data_dir, shutdown, progress).await?;
+                if !args.json {
+                    println!("{}", result.line());
+                }
+                results.push(result);
+            }
+        }
+        Ok::<_, BenchError>(results)
+    };
+    let results = tokio::select! {
+        results = passes => results,
+        () = shutdown.cancelled() => Err(BenchError::Interrupted),
+    };
+    upstream.shutdown().await;
+    Ok(BenchReport {
+        settings,
+        results: results?,
+    })
+}
+
+/// How a pass submits its effects.
+#[derive(Debug, Clone)]
+enum Submission {
+    Single,
+    Batch,
+    /// Open loop: batches sent on a fixed schedule at `rate` effects per second.
+    Paced {
+        rate: f64,
+        of: String,
+    },
+}
+
+impl Submission {
+    fn name(&self) -> String {
+        match self {
+            Self::Single => "single".into(),
+            Self::Batch => "batch".into(),
+            Self::Paced { of, .. } => format!("{of} at half rate, paced"),
+        }
+    }
+
+    fn slug(&self) -> &'static str {
+        match self {
+            Self::Single => "single",
+            Self::Batch => "batch",
+            Self::Paced { .. } => "paced",
+        }
+    }
+}
+
+/// The effects of one pass and where each one's events are expected.
+#[derive(Debug)]
+struct Workload {
+    bodies: Vec<Value>,
+    /// `<run_id>/<command_key>` (the events' `ce_subject`) to the effect's index.
+    index: HashMap<String, usize>,
+}
+
+impl Workload {
+    fn new(slug: &str, effects: usize, per_run: usize) -> Self {
+        let nonce = &uuid::Uuid::new_v4().simple().to_string()[..8];
+        let mut bodies = Vec::with_capacity(effects);
+        let mut index = HashMap::with_capacity(effects);
+        for i in 0..effects {
+            let run_id = format!("bench-{nonce}-{slug}-{}", i / per_run);
+            let decision = i % per_run;
+            index.insert(format!("{run_id}/d-{decision}/{TOOL}/0"), i);
+            bodies.push(json!({
+                "run_id": run_id,
+                "decision": decision,
+                "tool": TOOL,
+                "call_idx": 0,
+                "args": {
+                    "to": format!("user{i}@example.com"),
+                    "subject": format!("bench {i}"),
+                    "body": "a benchmark effect",
+                },
+            }));
+        }
+        Self { bodies, index }
+    }
+}
+
+/// When each effect was sent and confirmed, in nanoseconds since `origin` plus one (0: not
+/// yet), written by the submitting tasks and the events reader.
+#[derive(Debug)]
+struct Tracker {
+    origin: Instant,
+    sent: Vec<AtomicU64>,
+    confirmed: Vec<AtomicU64>,
+    confirmed_count: AtomicUsize,
+    /// Effects that settled otherwise (FAILED, STUCK, BLOCKED, CANCELLED).
+    failed: AtomicUsize,
+    refused: AtomicUsize,
+    first_refusal: std::sync::Mutex<Option<String>>,
+    settled: Notify,
+}
+
+impl Tracker {
+    fn new(effects: usize) -> Self {
+        Self {
+            origin: Instant::now(),
+            sent: (0..effects).map(|_| AtomicU64::new(0)).collect(),
+            confirmed: (0..effects).map(|_| AtomicU64::new(0)).collect(),
+            confirmed_count: AtomicUsize::new(0),
+            failed: AtomicUsize::new(0),
+            refused: AtomicUsize::new(0),
+            first_refusal: std::sync::Mutex::new(None),
+            settled: Notify::new(),
+        }
+    }
+
+    fn stamp(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX - 1)
+            + 1
+    }
+
+    fn mark_sent(&self, effect: usize, at: Instant) {
+        self.sent[effect].store(self.stamp(at), Ordering::Relaxed);
+    }
+
+    fn refuse(&self, count: usize, why: String) {
+        self.refused.fetch_add(count, Ordering::Relaxed);
+        if let Ok(mut first) = self.first_refusal.lock() {
+            first.get_or_insert(why);
+        }
+    }
+
+    fn settled(&self) -> usize {
+        self.confirmed_count.load(Ordering::Relaxed) + self.failed.load(Ordering::Relaxed)
+    }
+}
+
+/// Starts a pipeline on a fresh ledger, measures one pass and stops the pipeline.
+async fn run_pass(
+    args: &BenchArgs,
+    submission: Submission,
+    upstream: &Upstream,
+    data_dir: &Path,
+    shutdown: &Shutdown,
+    progress: &Progress,
+) -> Result<PassResult, BenchError> {
+    let pass = submission.name();
+    let config = args.config(&data_dir.join(submission.slug()));
+    let catalog = example_catalog_at(&upstream.base_url())?;
+    let pipeline = crate::dev::start(&config, catalog, shutdown.child_token()).await?;
+    let measured = async {
+        // Subscribed before the first submission, so no event is missed: a new group reads
+        // the topic from its oldest message.
+        let events = pipeline
+            .ctx
+            .bus
+            .subscribe(Topic::Events, EVENTS_GROUP, "bench")
+            .await?;
+        let workload = Arc::new(Workload::new(
+            submission.slug(),
+            args.effects,
+            args.effects_per_run,
+        ));
+        let tracker = Arc::new(Tracker::new(args.effects));
+        let bar = progress.bar(args.effects as u64, submission.slug());
+        let reader = tokio::spawn(read_events(
+            events,
+            Arc::clone(&workload),
+            Arc::clone(&tracker),
+            bar.clone(),
+        ));
+        let client = http_client();
+        let url = pipeline.url();
+        let submitted = submit(&client, &url, &submission, args, &pass, &workload, &tracker).await;
+        let submit_secs = tracker.origin.elapsed().as_secs_f64();
+        let stalled = submitted.is_ok() && !wait_settled(&tracker, args.effects).await;
+        reader.abort();
+        bar.finish_and_clear();
+        submitted?;
+        let refused = tracker.refused.load(Ordering::Relaxed);
+        if refused > 0 {
+            return Err(BenchError::Refused {
+                pass: pass.clone(),
+                refused,
+                effects: args.effects,
+                first: tracker
+                    .first_refusal
+                    .lock()
+                    .ok()
+                    .and_then(|first| first.clone())
+                    .unwrap_or_default(),
+            });
+        }
+        let confirmed = tracker.confirmed_count.load(Ordering::Relaxed);
+        if confirmed < args.effects {
+            return Err(BenchError::Incomplete {
+                pass: pass.clone(),
+                confirmed,
+                failed: tracker.failed.load(Ordering::Relaxed),
+                effects: args.effects,
+                stalled,
+            });
+        }
+        Ok(summarize(&pass, &submission, &tracker, submit_secs))
+    };
+    let result = measured.await;
+    let stopped = pipeline.stop().await;
+    let result = result?;
+    stopped.map_err(|error| BenchError::Stopped { pass, error })?;
+    Ok(result)
+}
+
+/// Reads lifecycle events and stamps the effects they confirm.
+async fn read_events(
+    mut events: Subscription,
+    workload: Arc<Workload>,
+    tracker: Arc<Tracker>,
+    bar: ProgressBar,
+) {
+    let confirmed = event_type(sluice_core::command::CommandStatus::Confirmed);
+    while let Some(delivery) = events.next().await {
+        let at = Instant::now();
+        let headers = &delivery.message.headers;
+        if let (Some(subject), Some(kind)) =
+            (header(headers, "ce_subject"), header(headers, "ce_type"))
+        {
+            if let Some(&effect) = workload.index.get(subject) {
+                if kind == confirmed {
+                    // The first CONFIRMED counts; a repeated event (at-least-once) does not.
+                    if tracker.confirmed[effect]
+                        .compare_exchange(
+                            0,
+                            tracker.stamp(at),
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok()
+                    {
+                        tracker.confirmed_count.fetch_add(1, Ordering::Relaxed);
+                        bar.inc(1);
+                        tracker.settled.notify_one();
+                    }
+                } else {
+                    tracker.failed.fetch_add(1, Ordering::Relaxed);
+                    tracker.settled.notify_one();
+                }
+            }
+        }
+        // Acknowledged so the partition hands out its next event; a refusal only means the
+        // partition moved, which cannot happen to the group's only member.
+        let _ = delivery.ack().await;
+    }
+}
+
+/// Waits until every effect settled (true), or nothing settled for [`STALL`] (false).
+async fn wait_settled(tracker: &Tracker, effects: usize) -> bool {
+    let mut last = tracker.settled();
+    let mut quiet_since = Instant::now();
+    while tracker.settled() < effects {
+        let _ = tokio::time::timeout(Duration::from_millis(200), tracker.settled.notified()).await;
+        let now = tracker.settled();
+        if now != last {
+            last = now;
+            quiet_since = Instant::now();
+        } else if quiet_since.elapsed() >= STALL {
+            return false;
+        }
+    }
+    true
+}
+
+/// Sends the workload as `submission` says; returns when every submission was answered.
+async fn submit(
+    client: &reqwest::Client,
+    url: &str,
+    submission: &Submission,
+    args: &BenchArgs,
+    pass: &str,
+    workload: &Arc<Workload>,
+    tracker: &Arc<Tracker>,
+) -> Result<(), BenchError> {
+    let effects = workload.bodies.len();
+    let mut tasks: JoinSet<Result<(), BenchError>> = JoinSet::new();
+    match submission {
+        Submission::Single => {
+            let next = Arc::new(AtomicUsize::new(0));
+            for _ in 0..args.concurrency.min(effects) {
+                let (client, url, pass) = (client.clone(), url.to_owned(), pass.to_owned());
+                let (workload, tracker, next) =
+                    (Arc::clone(workload), Arc::clone(tracker), Arc::clone(&next));
+                tasks.spawn(async move {
+                    loop {
+                        let effect = next.fetch_add(1, Ordering::Relaxed);
+                        if effect >= workload.bodies.len() {
+                            return Ok(());
+                        }
+                        tracker.mark_sent(effect, Instant::now());
+                        post_one(&client, &url, &pass, &workload.bodies[effect], &tracker).await?;
+                    }
+                });
+            }
+        }
+        Submission::Batch => {
+            let batches: Arc<Vec<std::ops::Range<usize>>> = Arc::new(
+                (0..effects)
+                    .step_by(args.batch)
+                    .map(|start| start..(start + args.batch).min(effects))
+                    .collect(),
+            );
+            let next = Arc::new(AtomicUsize::new(0));
+            for _ in 0..args.concurrency.min(batches.len()) {
+                let (client, url, pass) = (client.clone(), url.to_owned(), pass.to_owned());
+                let (workload, tracker, next, batches) = (
+                    Arc::clone(workload),
+                    Arc::clone(tracker),
+                    Arc::clone(&next),
+                    Arc::clone(&batches),
+                );
+                tasks.spawn(async move {
+                    loop {
+                        let Some(range) = batches.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                            return Ok(());
+                        };
+                        let now = Instant::now();
+                        for effect in range.clone() {
+                            tracker.mark_sent(effect, now);
+                        }
+                        post_batch(&client, &url, &pass, &workload, range.clone(), &tracker)
+                            .await?;
+                    }
+                });
+            }
+        }
+        Submission::Paced { rate, .. } => {
+            // A batch per tick; at low rates one effect every 1/rate seconds.
+            let rate = rate.max(1.0);
+            let tick = PACE_TICK.max(Duration::from_secs_f64(1.0 / rate));
+            let per_tick = rate * tick.as_secs_f64();
+            let start = tokio::time::Instant::now();
+            let (mut sent, mut owed, mut ticks) = (0_usize, 0.0_f64, 0_u32);
+            while sent < effects {
+                let due = start + tick * ticks;
+                tokio::time::sleep_until(due).await;
+                ticks += 1;
+                owed += per_tick;
+                let count = (owed.floor() as usize).min(effects - sent);
+                if count == 0 {
+                    continue;
+                }
+                owed -= count as f64;
+                let range = sent..sent + count;
+                sent += count;
+                // Stamped with when it was due, not when the task got to send it.
+                let due = due.into_std();
+                for effect in range.clone() {
+                    tracker.mark_sent(effect, due);
+                }
+                let (client, url, pass) = (client.clone(), url.to_owned(), pass.to_owned());
+                let (workload, tracker) = (Arc::clone(workload), Arc::clone(tracker));
+                tasks.spawn(async move {
+                    post_batch(&client, &url, &pass, &workload, range, &tracker).await
+                });
+                while let Some(done) = tasks.try_join_next() {
+                    flatten(done)?;
+                }
+            }
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        flatten(done)?;
+    }
+    Ok(())
+}
+
+fn flatten(done: Result<Result<(), BenchError>, tokio::task::JoinError>) -> Result<(), BenchError> {
+    match done {
+        Ok(result) => result,
+        // A submitting task panicked: that is a bug in the bench, not a measurement.
+        Err(join) => std::panic::resume_unwind(join.into_panic()),
+    }
+}
+
+async fn post_one(
+    client: &reqwest::Client,
+    url: &str,
+    pass: &str,
+    body: &Value,
+    tracker: &Tracker,
+) -> Result<(), BenchError> {
+    let response = client
+        .post(format!("{url}/v1/effects"))
+        .json(body)
+        .send()
+        .await
+        .map_err(|source| BenchError::Http {
+            pass: pass.to_owned(),
+            what: "POST /v1/effects",
+            source,
+        })?;
+    let status = response.status();
+    if status != StatusCode::CREATED {
+        let text = response.text().await.unwrap_or_default();
+        tracker.refuse(1, format!("{status} {text}"));
+    }
+    Ok(())
+}
+
+async fn post_batch(
+    client: &reqwest::Client,
+    url: &str,
+    pass: &str,
+    workload: &Workload,
+    range: std::ops::Range<usize>,
+    tracker: &Tracker,
+) -> Result<(), BenchError> {
+    let count = range.len();
+    let body = json!({ "effects": &workload.bodies[range] });
+    let http = |source| BenchError::Http {
+        pass: pass.to_owned(),
+        what: "POST /v1/effects/batch",
+        source,
+    };
+    let response = client
+        .post(format!("{url}/v1/effects/batch"))
+        .json(&body)
+        .send()
+        .await
+        .map_err(http)?;
+    let status = response.status();
+    if status != StatusCode::OK {
+        let text = response.text().await.unwrap_or_default();
+        tracker.refuse(count, format!("{status} {text}"));
+        return Ok(());
+    }
+    let answer: Value = response.json().await.map_err(http)?;
+    let results = answer["results"].as_array().map_or(&[][..], Vec::as_slice);
+    for result in results {
+        if result["status"] != 201 {
+            tracker.refuse(1, result.to_string());
+        }
+    }
+    if results.len() != count {
+        tracker.refuse(
+            count.saturating_sub(results.len()),
+            format!("{} results for {count} effects", results.len()),
+        );
+    }
+    Ok(())
+}
+
+/// Throughput and latency percentiles of a finished pass.
+fn summarize(
+    pass: &str,
+    submission: &Submission,
+    tracker: &Tracker,
+    submit_secs: f64,
+) -> PassResult {
+    let mut latencies: Vec<u64> = Vec::with_capacity(tracker.sent.len());
+    let (mut first_sent, mut last_confirmed) = (u64::MAX, 0);
+    for (sent, confirmed) in tracker.sent.iter().zip(&tracker.confirmed) {
+        let (sent, confirmed) = (
+            sent.load(Ordering::Relaxed),
+            confirmed.load(Ordering::Relaxed),
+        );
+        if sent == 0 || confirmed == 0 {
+            continue;
+        }
+        first_sent = first_sent.min(sent);
+        last_confirmed = last_confirmed.max(confirmed);
+        latencies.push(confirmed.saturating_sub(sent));
+    }
+    latencies.sort_unstable();
+    let secs = last_confirmed.saturating_sub(first_sent) as f64 / 1e9;
+    let ms = |nanos: u64| nanos as f64 / 1e6;
+    PassResult {
+        pass: pass.to_owned(),
+        effects: latencies.len(),
+        offered_per_sec: match submission {
+            Submission::Paced { rate, .. } => Some(*rate),
+            Submission::Single | Submission::Batch => None,
+        },
+        submit_secs,
+        secs,
+        confirmed_per_sec: if secs > 0.0 {
+            latencies.len() as f64 / secs
+        } else {
+            0.0
+        },
+        p50_ms: ms(percentile(&latencies, 0.50)),
+        p99_ms: ms(percentile(&latencies, 0.99)),
+        max_ms: ms(latencies.last().copied().unwrap_or(0)),
+    }
+}
+
+/// The nearest-rank percentile of sorted `values` (0 when empty).
+fn percentile(sorted: &[u64], quantile: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (quantile * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn print_settings(settings: &Settings) {
+    println!(
+        "sluice bench: {} {} effects per pass, {} per run; client: {} tasks, batches of {}",
+        settings.effects,
+        settings.tool,
+        settings.effects_per_run,
+        settings.concurrency,
+        settings.batch
+    );
+    println!(
+        "  pipeline: bus.partitions = {}, dispatcher.concurrency = {}, ledger.durability = {}, \
+         reconciler.sweep_interval_ms = {}; a fresh ledger per pass under {}",
+        settings.partitions,
+        settings.dispatcher_concurrency,
+        settings.durability.as_str(),
+        settings.sweep_interval_ms,
+        settings.data_dir.display()
+    );
+    println!(
+        "  upstream: the demo upstream on loopback, no faults; latency = CONFIRMED event read \
+         in-process - submission sent"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let values: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&values, 0.50), 50);
+        assert_eq!(percentile(&values, 0.99), 99);
+        assert_eq!(percentile(&values, 1.0), 100);
+        assert_eq!(percentile(&[7], 0.99), 7);
+        assert_eq!(percentile(&[], 0.5), 0);
+    }
+
+    #[test]
+    fn workload_subjects_match_the_command_keys() {
+        let workload = Workload::new("single", 10, 4);
+        assert_eq!(workload.bodies.len(), 10);
+        assert_eq!(workload.index.len(), 10);
+        let body = &workload.bodies[5];
+        let subject = format!(
+            "{}/d-{}/{TOOL}/0",
+            body["run_id"].as_str().expect("run id"),
+            body["decision"]
+        );
+        assert_eq!(workload.index.get(&subject), Some(&5));
+    }
+
+    #[test]
+    fn the_config_fits_the_batch_and_validates() {
+        let args = BenchArgs {
+            batch: 5_000,
+            ..BenchArgs::defaults()
+        };
+        let config = args.config(Path::new("/tmp/x"));
+        assert_eq!(config.producer.max_batch, 5_000);
+        assert_eq!(config.bus.partitions, 64);
+        assert_eq!(config.dispatcher.concurrency, 256);
+        config.validate().expect("valid");
+    }
+}
