@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs Sluice's whole test suite: formatting, lints, and every test of the workspace.
+# Runs Sluice's whole test suite: formatting, lints, and every test of the workspace, with the
+# real engines the integration suites need (started here, stopped at the end).
 # The build is cached outside the clone (CARGO_TARGET_DIR, default ~/.cache/sluice/target).
 # Ends with one summary line: "N passed, N failed, N skipped".
 set -euo pipefail
@@ -8,7 +9,22 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 log="$(mktemp -t sluice-test.XXXXXX)"
-trap 'rm -f "$log"' EXIT
+
+# The CQL ledger's and the Kafka bus's suites run against a real Apache Cassandra 5 and Apache
+# Kafka (KRaft), installed from Maven Central into ~/.cache/sluice/engines and started here on
+# loopback (scripts/engines). Set SLUICE_SKIP_ENGINES=1 to run everything else without them.
+engines="all"
+if [ "${SLUICE_SKIP_ENGINES:-0}" = 1 ]; then
+  export SLUICE_SKIP_CQL=1 SLUICE_SKIP_KAFKA=1
+  trap 'rm -f "$log"' EXIT
+else
+  echo "== engines: $engines"
+  scripts/engines/install.sh $engines
+  trap 'scripts/engines/stop.sh '"$engines"' >/dev/null 2>&1 || true; rm -f "$log"' EXIT
+  scripts/engines/start.sh $engines
+fi
+# shellcheck source=engines/env.sh
+. scripts/engines/env.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -1,0 +1,424 @@
+//! [`KafkaBus`]: the topics (created at start), the producer, and one consumer per
+//! subscription (see [`crate::consumer`] for how a member hands out and acknowledges).
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::Consumer;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
+use rdkafka::metadata::Metadata;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use sluice_bus::{Bus, BusError, Header, Published, Subscription, Topic, validate_group};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::config::KafkaConfig;
+use crate::consumer::{KafkaConsumer, KafkaSource, Member, MemberContext, drive};
+
+/// How long a publish may wait for room in librdkafka's local queue before it fails; the
+/// delivery itself is bounded by librdkafka's `message.timeout.ms`.
+const QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long [`KafkaBus::close`] waits for unsent messages.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
+/// Between two looks at the metadata while topics are being created.
+const METADATA_RETRY: Duration = Duration::from_millis(200);
+
+/// The bus on Kafka. Cheap to clone; clones share the producer and the topics.
+#[derive(Clone)]
+pub struct KafkaBus {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: KafkaConfig,
+    /// Indexed by [`Topic::index`].
+    names: [String; 5],
+    /// Indexed by [`Topic::index`]: the partition counts found at start.
+    partitions: [u32; 5],
+    producer: FutureProducer,
+    admin: AdminClient<DefaultClientContext>,
+    closed: watch::Sender<bool>,
+    /// The members' driver tasks, awaited by [`KafkaBus::close`].
+    drivers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl fmt::Debug for KafkaBus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaBus")
+            .field("brokers", &self.inner.config.brokers)
+            .field("prefix", &self.inner.config.prefix)
+            .field("partitions", &self.inner.partitions)
+            .finish_non_exhaustive()
+    }
+}
+
+fn backend(op: &'static str, topic: &str, error: KafkaError) -> BusError {
+    BusError::Backend {
+        op,
+        topic: topic.to_owned(),
+        source: Box::new(error),
+    }
+}
+
+impl KafkaBus {
+    /// Validates `config`, checks that a broker answers, creates the topics that do not exist
+    /// yet and waits until every topic has a leader for each partition.
+    ///
+    /// Fails with [`BusError::InvalidConfig`] naming the key for a bad value (a replication
+    /// factor larger than the cluster included), or [`BusError::Backend`] if no broker
+    /// answered or the topics did not become ready within `config.start_timeout`.
+    pub async fn connect(config: KafkaConfig) -> Result<Self, BusError> {
+        config.validate()?;
+        let deadline = Instant::now() + config.start_timeout;
+        let names = Topic::ALL.map(|topic| topic.name(&config.prefix));
+        let producer: FutureProducer = config
+            .producer()
+            .create()
+            .map_err(|e| backend("connect", &config.prefix, e))?;
+        let admin: AdminClient<DefaultClientContext> = config
+            .admin()
+            .create()
+            .map_err(|e| backend("connect", &config.prefix, e))?;
+
+        // A broker that does not answer shows here, named, rather than as a topic timeout.
+        let probe = producer.clone();
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        blocking(move || probe.client().fetch_metadata(None, timeout))
+            .await
+            .map_err(|e| BusError::Backend {
+                op: "connect",
+                topic: format!("brokers {}", config.brokers),
+                source: Box::new(e),
+            })?;
+
+        create_topics(&admin, &config, &names, deadline).await?;
+        let partitions = wait_for_topics(&producer, &config, &names, deadline).await?;
+        tracing::info!(
+            brokers = %config.brokers,
+            prefix = %config.prefix,
+            ?partitions,
+            "kafka bus ready"
+        );
+        let (closed, _) = watch::channel(false);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                names,
+                partitions,
+                producer,
+                admin,
+                closed,
+                drivers: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// The configuration the bus was started with.
+    pub fn config(&self) -> &KafkaConfig {
+        &self.inner.config
+    }
+
+    /// Shuts the bus down: publishing and subscribing fail with [`BusError::Closed`], every
+    /// member commits what was acknowledged and leaves its group (its `next` then returns
+    /// `None`, its later acknowledgements are refused), and messages not yet sent are flushed.
+    /// Returns once all of that is done.
+    pub async fn close(&self) {
+        self.inner.closed.send_replace(true);
+        let drivers = std::mem::take(
+            &mut *self
+                .inner
+                .drivers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for driver in drivers {
+            if let Err(error) = driver.await {
+                tracing::warn!(error = %error, "a consumer driver failed");
+            }
+        }
+        let producer = self.inner.producer.clone();
+        if let Err(error) = blocking(move || producer.flush(FLUSH_TIMEOUT)).await {
+            tracing::warn!(error = %error, "unsent messages were not flushed");
+        }
+    }
+
+    /// Deletes this bus's topics and everything in them. For tests and tooling; the services
+    /// never delete topics.
+    pub async fn delete_topics(&self) -> Result<(), BusError> {
+        let names: Vec<&str> = self.inner.names.iter().map(String::as_str).collect();
+        let options = AdminOptions::new().operation_timeout(Some(self.inner.config.start_timeout));
+        let results = self
+            .inner
+            .admin
+            .delete_topics(&names, &options)
+            .await
+            .map_err(|e| backend("delete topics", &self.inner.config.prefix, e))?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+                Err((topic, code)) => {
+                    return Err(backend("delete topic", &topic, KafkaError::AdminOp(code)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn is_closed(&self) -> bool {
+        *self.inner.closed.borrow()
+    }
+}
+
+/// Runs a blocking librdkafka call (metadata, flush, commit) off the async workers.
+async fn blocking<T: Send + 'static>(
+    call: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
+) -> Result<T, KafkaError> {
+    tokio::task::spawn_blocking(call)
+        .await
+        .unwrap_or(Err(KafkaError::Canceled))
+}
+
+/// Creates the topics; one that exists already is fine (another service created it first).
+async fn create_topics(
+    admin: &AdminClient<DefaultClientContext>,
+    config: &KafkaConfig,
+    names: &[String; 5],
+    deadline: Instant,
+) -> Result<(), BusError> {
+    // -1 asks for the broker's `default.replication.factor`.
+    let replication = config.replication_factor.map_or(-1, i32::from);
+    let partitions = i32::try_from(config.partitions).unwrap_or(i32::MAX);
+    let max_bytes = config.wire_max_message_bytes().to_string();
+    let topics: Vec<NewTopic<'_>> = names
+        .iter()
+        .map(|name| {
+            NewTopic::new(name, partitions, TopicReplication::Fixed(replication))
+                .set("max.message.bytes", &max_bytes)
+        })
+        .collect();
+    let timeout = deadline.saturating_duration_since(Instant::now());
+    let options = AdminOptions::new()
+        .request_timeout(Some(timeout))
+        .operation_timeout(Some(timeout));
+    let results = admin
+        .create_topics(&topics, &options)
+        .await
+        .map_err(|e| backend("create topics", &config.prefix, e))?;
+    for result in results {
+        match result {
+            Ok(topic) => tracing::info!(topic, partitions, "topic created"),
+            Err((topic, RDKafkaErrorCode::TopicAlreadyExists)) => {
+                tracing::debug!(topic, "topic exists");
+            }
+            Err((topic, RDKafkaErrorCode::InvalidReplicationFactor)) => {
+                return Err(BusError::InvalidConfig {
+                    key: "replication_factor",
+                    why: format!(
+                        "{:?} cannot be met by the cluster for topic {topic}",
+                        config.replication_factor
+                    ),
+                });
+            }
+            Err((topic, RDKafkaErrorCode::InvalidPartitions)) => {
+                return Err(BusError::InvalidConfig {
+                    key: "partitions",
+                    why: format!(
+                        "the cluster refused {} partitions for topic {topic}",
+                        config.partitions
+                    ),
+                });
+            }
+            Err((topic, code)) => {
+                return Err(backend("create topic", &topic, KafkaError::AdminOp(code)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits until the metadata shows every topic with a leader for each partition, and returns
+/// the partition counts. A freshly created topic takes a moment to get its leaders; until then
+/// a publish would wait and a consumer would see no partitions.
+async fn wait_for_topics(
+    producer: &FutureProducer,
+    config: &KafkaConfig,
+    names: &[String; 5],
+    deadline: Instant,
+) -> Result<[u32; 5], BusError> {
+    let mut partitions = [0u32; 5];
+    for (index, name) in names.iter().enumerate() {
+        loop {
+            let client = producer.clone();
+            let topic = name.clone();
+            let timeout = deadline.saturating_duration_since(Instant::now());
+            let metadata: Metadata =
+                blocking(move || client.client().fetch_metadata(Some(&topic), timeout))
+                    .await
+                    .map_err(|e| backend("connect", name, e))?;
+            let ready = metadata
+                .topics()
+                .iter()
+                .find(|t| t.name() == name)
+                .and_then(|t| {
+                    let all_led = t.error().is_none()
+                        && !t.partitions().is_empty()
+                        && t.partitions()
+                            .iter()
+                            .all(|p| p.error().is_none() && p.leader() >= 0);
+                    all_led.then(|| u32::try_from(t.partitions().len()).unwrap_or(u32::MAX))
+                });
+            if let Some(count) = ready {
+                if count != config.partitions {
+                    tracing::warn!(
+                        topic = %name,
+                        count,
+                        configured = config.partitions,
+                        "the topic existed with another partition count; keeping its own"
+                    );
+                }
+                partitions[index] = count;
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(backend(
+                    "connect",
+                    name,
+                    KafkaError::MetadataFetch(RDKafkaErrorCode::LeaderNotAvailable),
+                ));
+            }
+            tokio::time::sleep(METADATA_RETRY).await;
+        }
+    }
+    Ok(partitions)
+}
+
+fn message_bytes(key: &str, payload: &[u8], headers: &[Header]) -> usize {
+    key.len()
+        + payload.len()
+        + headers
+            .iter()
+            .map(|(name, value)| name.len() + value.len())
+            .sum::<usize>()
+}
+
+#[async_trait]
+impl Bus for KafkaBus {
+    fn prefix(&self) -> &str {
+        &self.inner.config.prefix
+    }
+
+    fn topic_name(&self, topic: Topic) -> String {
+        self.inner.names[topic.index()].clone()
+    }
+
+    async fn partitions(&self, topic: Topic) -> Result<u32, BusError> {
+        Ok(self.inner.partitions[topic.index()])
+    }
+
+    async fn publish(
+        &self,
+        topic: Topic,
+        key: &str,
+        payload: Vec<u8>,
+        headers: Vec<Header>,
+    ) -> Result<Published, BusError> {
+        if self.is_closed() {
+            return Err(BusError::Closed);
+        }
+        let name = &self.inner.names[topic.index()];
+        let bytes = message_bytes(key, &payload, &headers);
+        let max = self.inner.config.max_message_bytes;
+        let too_large = || BusError::MessageTooLarge {
+            topic: name.clone(),
+            key: key.chars().take(128).collect(),
+            bytes,
+            max,
+        };
+        if bytes > max {
+            return Err(too_large());
+        }
+        let headers = headers.iter().fold(
+            OwnedHeaders::new_with_capacity(headers.len()),
+            |kafka, (name, value)| {
+                kafka.insert(KafkaHeader {
+                    key: name,
+                    value: Some(value.as_slice()),
+                })
+            },
+        );
+        let record = FutureRecord::to(name)
+            .key(key)
+            .payload(payload.as_slice())
+            .headers(headers);
+        // Partitioned by librdkafka's murmur2_random, which is `partition_for` for a key.
+        match self.inner.producer.send(record, QUEUE_TIMEOUT).await {
+            Ok(delivery) => {
+                let (Ok(partition), Ok(offset)) = (
+                    u32::try_from(delivery.partition),
+                    u64::try_from(delivery.offset),
+                ) else {
+                    return Err(backend(
+                        "publish",
+                        name,
+                        KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
+                    ));
+                };
+                Ok(Published { partition, offset })
+            }
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge), _)) => {
+                Err(too_large())
+            }
+            Err((error, _)) => Err(backend("publish", name, error)),
+        }
+    }
+
+    async fn subscribe(
+        &self,
+        topic: Topic,
+        group: &str,
+        member: &str,
+    ) -> Result<Subscription, BusError> {
+        validate_group(group)?;
+        if self.is_closed() {
+            return Err(BusError::Closed);
+        }
+        let name = self.inner.names[topic.index()].clone();
+        let shared = Arc::new(Member::new(topic, name.clone(), group, member));
+        let consumer: KafkaConsumer = self
+            .inner
+            .config
+            .consumer(group, member)
+            .create_with_context(MemberContext {
+                member: Arc::clone(&shared),
+            })
+            .map_err(|e| backend("subscribe", &name, e))?;
+        consumer
+            .subscribe(&[&name])
+            .map_err(|e| backend("subscribe", &name, e))?;
+        let consumer = Arc::new(consumer);
+        let (leave, left) = oneshot::channel();
+        let source = KafkaSource {
+            member: Arc::clone(&shared),
+            consumer: Arc::downgrade(&consumer),
+            _leave: leave,
+        };
+        let driver = tokio::spawn(drive(consumer, shared, left, self.inner.closed.subscribe()));
+        {
+            let mut drivers = self
+                .inner
+                .drivers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            drivers.retain(|driver| !driver.is_finished());
+            drivers.push(driver);
+        }
+        tracing::debug!(topic = %name, group, member, "joined the group");
+        Ok(Subscription::new(topic, group, member, Box::new(source)))
+    }
+}

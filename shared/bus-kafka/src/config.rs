@@ -1,0 +1,417 @@
+//! The configuration of a [`KafkaBus`](crate::KafkaBus), validated once, and the librdkafka
+//! properties it turns into. The properties the delivery contract depends on are set here and
+//! cannot be overridden through [`KafkaConfig::extra`].
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use sluice_bus::{BusError, DEFAULT_PREFIX, validate_prefix};
+
+/// Brokers used unless configured otherwise.
+pub const DEFAULT_BROKERS: &str = "127.0.0.1:9092";
+/// Partitions per topic unless configured otherwise (the embedded bus's default too).
+pub const DEFAULT_PARTITIONS: u32 = 8;
+/// Most partitions a topic may be created with.
+pub const MAX_PARTITIONS: u32 = 10_000;
+/// Largest message accepted unless configured otherwise, counting key, payload and header
+/// names and values: librdkafka's default `message.max.bytes`, which a broker with default
+/// settings accepts once the record batch framing is added.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1_000_000;
+/// Largest `max_message_bytes` allowed.
+pub const MAX_MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Framing a record batch adds around a message's key, payload and headers, with room to
+/// spare; added to `max_message_bytes` for librdkafka's own limit and the topics' limit so that
+/// neither refuses a message this bus accepted.
+const FRAMING_BYTES: usize = 16 * 1024;
+
+/// librdkafka properties that [`KafkaConfig::extra`] may not set: they are what makes the bus
+/// keep its contract (partitioning, durability, offsets stored only on acknowledgement, a new
+/// group starting at the oldest message), or they have their own field.
+const RESERVED: &[(&str, &str)] = &[
+    ("bootstrap.servers", "set `brokers` instead"),
+    ("metadata.broker.list", "set `brokers` instead"),
+    ("client.id", "set `client_id` instead"),
+    ("group.id", "the group is given to `subscribe`"),
+    ("message.max.bytes", "set `max_message_bytes` instead"),
+    (
+        "partitioner",
+        "murmur2_random keeps partitions equal to the Java client's",
+    ),
+    (
+        "enable.idempotence",
+        "the producer must be idempotent (no duplicates or reordering on retry)",
+    ),
+    ("acks", "every publish waits for all in-sync replicas"),
+    (
+        "request.required.acks",
+        "every publish waits for all in-sync replicas",
+    ),
+    (
+        "enable.auto.offset.store",
+        "offsets are stored only when a delivery is acknowledged",
+    ),
+    (
+        "enable.auto.commit",
+        "stored (acknowledged) offsets are committed automatically and on rebalance",
+    ),
+    (
+        "auto.offset.reset",
+        "a new group starts at the oldest message (the bus contract)",
+    ),
+    (
+        "enable.partition.eof",
+        "end-of-partition events are not deliveries",
+    ),
+];
+
+/// How to reach Kafka and lay out the topics.
+///
+/// Every field is checked by [`KafkaConfig::validate`], which names the offending key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaConfig {
+    /// Bootstrap brokers, `host:port` separated by commas.
+    pub brokers: String,
+    /// Prefix of every topic name (`sluice.` gives `sluice.requested`, …).
+    pub prefix: String,
+    /// Partitions of each topic created at start. A topic that already exists keeps its own
+    /// count, which [`Bus::partitions`](sluice_bus::Bus::partitions) reports.
+    pub partitions: u32,
+    /// Replicas of each topic created at start; `None` takes the broker's
+    /// `default.replication.factor`. Use 1 against a single broker.
+    pub replication_factor: Option<u16>,
+    /// Client id reported to the brokers; consumers add their member name to it.
+    pub client_id: String,
+    /// Largest message accepted, counting key, payload, header names and values; a larger one
+    /// is refused with [`BusError::MessageTooLarge`] before anything is sent.
+    pub max_message_bytes: usize,
+    /// How long [`KafkaBus::connect`](crate::KafkaBus::connect) waits for the brokers to
+    /// answer and the topics to be ready.
+    pub start_timeout: Duration,
+    /// Further librdkafka properties for the producer and every consumer (e.g. TLS and SASL
+    /// settings, `session.timeout.ms`, `linger.ms`). A property meant for only one of them is
+    /// ignored by the other with a warning in the log. Those the contract depends on are
+    /// refused.
+    pub extra: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            brokers: DEFAULT_BROKERS.to_owned(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            partitions: DEFAULT_PARTITIONS,
+            replication_factor: None,
+            client_id: "sluice".to_owned(),
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            start_timeout: Duration::from_secs(30),
+            extra: BTreeMap::new(),
+        }
+    }
+}
+
+fn invalid(key: &'static str, why: impl Into<String>) -> BusError {
+    BusError::InvalidConfig {
+        key,
+        why: why.into(),
+    }
+}
+
+impl KafkaConfig {
+    /// Checks every field; the error names the key and says what is expected.
+    pub fn validate(&self) -> Result<(), BusError> {
+        let brokers: Vec<&str> = self.brokers.split(',').map(str::trim).collect();
+        if brokers.iter().any(|b| b.is_empty()) {
+            return Err(invalid(
+                "brokers",
+                format!(
+                    "{:?} must list host:port pairs separated by commas",
+                    self.brokers
+                ),
+            ));
+        }
+        if let Some(bad) = brokers
+            .iter()
+            .find(|b| b.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            return Err(invalid(
+                "brokers",
+                format!("{bad:?} is not a host:port pair"),
+            ));
+        }
+        validate_prefix(&self.prefix)?;
+        if self.partitions == 0 || self.partitions > MAX_PARTITIONS {
+            return Err(invalid(
+                "partitions",
+                format!("must be 1 to {MAX_PARTITIONS}, got {}", self.partitions),
+            ));
+        }
+        if self.replication_factor == Some(0) {
+            return Err(invalid(
+                "replication_factor",
+                "must be at least 1 (or unset for the broker's default)",
+            ));
+        }
+        if self.client_id.is_empty()
+            || !self
+                .client_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return Err(invalid(
+                "client_id",
+                format!(
+                    "{:?} must be non-empty letters, digits and . _ -",
+                    self.client_id
+                ),
+            ));
+        }
+        if self.max_message_bytes == 0 || self.max_message_bytes > MAX_MAX_MESSAGE_BYTES {
+            return Err(invalid(
+                "max_message_bytes",
+                format!(
+                    "must be 1 to {MAX_MAX_MESSAGE_BYTES}, got {}",
+                    self.max_message_bytes
+                ),
+            ));
+        }
+        if self.start_timeout.is_zero() {
+            return Err(invalid("start_timeout", "must be longer than zero"));
+        }
+        for (name, value) in &self.extra {
+            if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(invalid(
+                    "extra",
+                    format!("{name:?} is not a librdkafka property name"),
+                ));
+            }
+            if let Some((_, why)) = RESERVED.iter().find(|(reserved, _)| reserved == name) {
+                return Err(invalid(
+                    "extra",
+                    format!("`{name}` may not be set here: {why}"),
+                ));
+            }
+            if value.chars().any(char::is_control) {
+                return Err(invalid(
+                    "extra",
+                    format!("the value of `{name}` contains control characters"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// librdkafka's limit on one message and the topics' `max.message.bytes`: ours plus the
+    /// record batch framing, so that only this bus's own check refuses a message.
+    pub(crate) fn wire_max_message_bytes(&self) -> usize {
+        self.max_message_bytes + FRAMING_BYTES
+    }
+
+    /// What every client shares: the brokers, then `extra`.
+    fn base(&self, client_id: &str) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &self.brokers)
+            .set("client.id", client_id);
+        for (name, value) in &self.extra {
+            config.set(name, value);
+        }
+        config
+    }
+
+    /// The producer: idempotent, `acks=all`, Kafka's murmur2 partitioner.
+    pub(crate) fn producer(&self) -> ClientConfig {
+        let mut config = self.base(&self.client_id);
+        config
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("partitioner", "murmur2_random")
+            .set(
+                "message.max.bytes",
+                self.wire_max_message_bytes().to_string(),
+            );
+        config
+    }
+
+    /// The admin client that creates (and in tests deletes) the topics.
+    pub(crate) fn admin(&self) -> ClientConfig {
+        self.base(&format!("{}-admin", self.client_id))
+    }
+
+    /// A consumer in `group`: offsets are stored by the bus when a delivery is acknowledged,
+    /// and librdkafka commits what was stored (every `auto.commit.interval.ms`, and on revoke
+    /// and close); the bus also commits synchronously on revoke and close.
+    pub(crate) fn consumer(&self, group: &str, member: &str) -> ClientConfig {
+        let member: String = member
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .take(64)
+            .collect();
+        let mut config = self.base(&format!("{}-{member}", self.client_id));
+        config
+            .set("group.id", group)
+            .set("enable.auto.commit", "true")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("enable.partition.eof", "false");
+        config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_of(config: KafkaConfig) -> &'static str {
+        match config.validate() {
+            Err(BusError::InvalidConfig { key, .. }) => key,
+            other => panic!("expected an invalid configuration, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_default_is_valid() {
+        KafkaConfig::default()
+            .validate()
+            .expect("the default configuration is valid");
+    }
+
+    #[test]
+    fn each_bad_value_names_its_key() {
+        let d = KafkaConfig::default;
+        let cases = [
+            (
+                KafkaConfig {
+                    brokers: String::new(),
+                    ..d()
+                },
+                "brokers",
+            ),
+            (
+                KafkaConfig {
+                    brokers: "a:1,,b:2".into(),
+                    ..d()
+                },
+                "brokers",
+            ),
+            (
+                KafkaConfig {
+                    brokers: "a :1".into(),
+                    ..d()
+                },
+                "brokers",
+            ),
+            (
+                KafkaConfig {
+                    prefix: "no spaces".into(),
+                    ..d()
+                },
+                "prefix",
+            ),
+            (
+                KafkaConfig {
+                    partitions: 0,
+                    ..d()
+                },
+                "partitions",
+            ),
+            (
+                KafkaConfig {
+                    partitions: MAX_PARTITIONS + 1,
+                    ..d()
+                },
+                "partitions",
+            ),
+            (
+                KafkaConfig {
+                    replication_factor: Some(0),
+                    ..d()
+                },
+                "replication_factor",
+            ),
+            (
+                KafkaConfig {
+                    client_id: String::new(),
+                    ..d()
+                },
+                "client_id",
+            ),
+            (
+                KafkaConfig {
+                    client_id: "a/b".into(),
+                    ..d()
+                },
+                "client_id",
+            ),
+            (
+                KafkaConfig {
+                    max_message_bytes: 0,
+                    ..d()
+                },
+                "max_message_bytes",
+            ),
+            (
+                KafkaConfig {
+                    start_timeout: Duration::ZERO,
+                    ..d()
+                },
+                "start_timeout",
+            ),
+        ];
+        for (config, key) in cases {
+            assert_eq!(key_of(config), key);
+        }
+    }
+
+    #[test]
+    fn extra_may_not_override_the_contract() {
+        for name in [
+            "enable.auto.offset.store",
+            "enable.idempotence",
+            "acks",
+            "partitioner",
+            "group.id",
+            "auto.offset.reset",
+        ] {
+            let config = KafkaConfig {
+                extra: BTreeMap::from([(name.to_owned(), "x".to_owned())]),
+                ..KafkaConfig::default()
+            };
+            match config.validate() {
+                Err(BusError::InvalidConfig { key: "extra", why }) => {
+                    assert!(why.contains(name), "{why:?} names {name}");
+                }
+                other => panic!("{name} was accepted: {other:?}"),
+            }
+        }
+        let fine = KafkaConfig {
+            extra: BTreeMap::from([("session.timeout.ms".to_owned(), "6000".to_owned())]),
+            ..KafkaConfig::default()
+        };
+        fine.validate().expect("tuning properties are allowed");
+    }
+
+    #[test]
+    fn clients_get_the_contract_properties() {
+        let config = KafkaConfig {
+            extra: BTreeMap::from([("linger.ms".to_owned(), "1".to_owned())]),
+            ..KafkaConfig::default()
+        };
+        let producer = config.producer();
+        assert_eq!(producer.get("partitioner"), Some("murmur2_random"));
+        assert_eq!(producer.get("enable.idempotence"), Some("true"));
+        assert_eq!(producer.get("acks"), Some("all"));
+        assert_eq!(producer.get("linger.ms"), Some("1"));
+        let consumer = config.consumer("g", "m 1/x");
+        assert_eq!(consumer.get("enable.auto.offset.store"), Some("false"));
+        assert_eq!(consumer.get("auto.offset.reset"), Some("earliest"));
+        assert_eq!(consumer.get("group.id"), Some("g"));
+        assert_eq!(consumer.get("client.id"), Some("sluice-m_1_x"));
+    }
+}

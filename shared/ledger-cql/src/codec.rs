@@ -1,0 +1,216 @@
+//! How commands and rows are encoded: the command's fixed part and its state as JSON text, and
+//! untyped result rows read by column name (LWT answers carry different columns depending on
+//! whether they applied).
+
+use std::sync::Arc;
+
+use scylla::response::query_result::QueryResult;
+use scylla::value::{CqlValue, Row};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use sluice_core::command::{Command, CommandState, CommandStatus, EffectSemantics};
+use sluice_core::ids::{ArgsHash, BusinessKey, CommandKey, IdempotencyKey, RunId, ToolName};
+use sluice_core::time::Timestamp;
+use sluice_ledger::LedgerError;
+
+/// A command's fixed part, stored once in the `identity` column.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Identity {
+    run_id: RunId,
+    command_key: CommandKey,
+    idempotency_key: IdempotencyKey,
+    tool: ToolName,
+    semantics: EffectSemantics,
+    args: Value,
+    args_hash: ArgsHash,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    business_key: Option<BusinessKey>,
+    policy_version: String,
+    max_attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    not_before: Option<Timestamp>,
+    created_at: Timestamp,
+}
+
+impl Identity {
+    pub(crate) fn of(command: &Command) -> Self {
+        Self {
+            run_id: command.run_id.clone(),
+            command_key: command.command_key.clone(),
+            idempotency_key: command.idempotency_key.clone(),
+            tool: command.tool.clone(),
+            semantics: command.semantics,
+            args: command.args.clone(),
+            args_hash: command.args_hash.clone(),
+            business_key: command.business_key.clone(),
+            policy_version: command.policy_version.clone(),
+            max_attempts: command.max_attempts,
+            not_before: command.not_before,
+            created_at: command.created_at,
+        }
+    }
+
+    pub(crate) fn command_key(&self) -> &CommandKey {
+        &self.command_key
+    }
+
+    pub(crate) fn with_state(self, state: CommandState) -> Command {
+        Command {
+            run_id: self.run_id,
+            command_key: self.command_key,
+            idempotency_key: self.idempotency_key,
+            tool: self.tool,
+            semantics: self.semantics,
+            args: self.args,
+            args_hash: self.args_hash,
+            business_key: self.business_key,
+            policy_version: self.policy_version,
+            max_attempts: self.max_attempts,
+            not_before: self.not_before,
+            created_at: self.created_at,
+            state,
+        }
+    }
+}
+
+pub(crate) fn encode<T: Serialize>(value: &T) -> String {
+    // Our own types serialize to a String without failing: no maps with non-string keys and no
+    // failing Serialize impls.
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+pub(crate) fn decode<T: for<'de> Deserialize<'de>>(
+    what: &'static str,
+    run_id: &str,
+    text: &str,
+) -> Result<T, LedgerError> {
+    serde_json::from_str(text).map_err(|e| LedgerError::Decode {
+        what,
+        run_id: run_id.to_owned(),
+        why: e.to_string(),
+    })
+}
+
+pub(crate) fn bad(what: &'static str, run_id: &str, why: impl Into<String>) -> LedgerError {
+    LedgerError::Decode {
+        what,
+        run_id: run_id.to_owned(),
+        why: why.into(),
+    }
+}
+
+pub(crate) fn parse_status(run_id: &str, raw: &str) -> Result<CommandStatus, LedgerError> {
+    raw.parse()
+        .map_err(|e: sluice_core::command::UnknownStatus| {
+            bad("command status", run_id, e.to_string())
+        })
+}
+
+/// One result row, its values looked up by column name.
+#[derive(Debug, Clone)]
+pub(crate) struct Fields {
+    names: Arc<[String]>,
+    values: Vec<Option<CqlValue>>,
+}
+
+impl Fields {
+    fn get(&self, name: &str) -> Option<&CqlValue> {
+        let index = self.names.iter().position(|n| n == name)?;
+        self.values.get(index)?.as_ref()
+    }
+
+    pub(crate) fn text(&self, name: &str) -> Option<&str> {
+        self.get(name)
+            .and_then(CqlValue::as_text)
+            .map(String::as_str)
+    }
+
+    pub(crate) fn bigint(&self, name: &str) -> Option<i64> {
+        self.get(name).and_then(CqlValue::as_bigint)
+    }
+
+    pub(crate) fn int(&self, name: &str) -> Option<i32> {
+        self.get(name).and_then(CqlValue::as_int)
+    }
+
+    pub(crate) fn uuid(&self, name: &str) -> Option<Uuid> {
+        self.get(name).and_then(CqlValue::as_uuid)
+    }
+
+    pub(crate) fn boolean(&self, name: &str) -> Option<bool> {
+        self.get(name).and_then(CqlValue::as_boolean)
+    }
+}
+
+/// The rows of a result, untyped; a result that is not rows (a write) has none.
+pub(crate) fn rows_of(result: QueryResult) -> Result<Vec<Fields>, String> {
+    if !result.is_rows() {
+        return Ok(Vec::new());
+    }
+    let rows = result.into_rows_result().map_err(|e| e.to_string())?;
+    let names: Arc<[String]> = rows
+        .column_specs()
+        .iter()
+        .map(|spec| spec.name().to_owned())
+        .collect();
+    rows.rows::<Row>()
+        .map_err(|e| e.to_string())?
+        .map(|row| {
+            row.map(|row| Fields {
+                names: Arc::clone(&names),
+                values: row.columns,
+            })
+            .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+/// Minutes and days since the epoch, for the due index and the runs index.
+pub(crate) const MINUTE_MS: i64 = 60_000;
+pub(crate) const DAY_MS: i64 = 86_400_000;
+
+pub(crate) fn minute_of(at: Timestamp) -> i64 {
+    at.as_millis().div_euclid(MINUTE_MS)
+}
+
+pub(crate) fn day_of(millis: i64) -> i64 {
+    millis.div_euclid(DAY_MS)
+}
+
+/// FNV-1a: a hash that stays the same across builds and platforms, so every writer and
+/// sweeper files a run in the same due shard.
+pub(crate) fn shard_of(run_id: &str, shards: u32) -> i32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in run_id.bytes() {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    // `shards` is at most 1024 (validated), so the remainder fits an i32.
+    i32::try_from(hash % shards.max(1)).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_stable_and_in_range() {
+        // Pinned: changing the hash would re-file every run of a live keyspace.
+        assert_eq!(shard_of("r-abc", 4), shard_of("r-abc", 4));
+        assert_eq!(shard_of("", 1024), (0x811c_9dc5_u32 % 1024) as i32);
+        for i in 0..100 {
+            let shard = shard_of(&format!("r-{i}"), 4);
+            assert!((0..4).contains(&shard));
+        }
+    }
+
+    #[test]
+    fn minutes_and_days_floor_negative_times_too() {
+        assert_eq!(minute_of(Timestamp::from_millis(59_999)), 0);
+        assert_eq!(minute_of(Timestamp::from_millis(60_000)), 1);
+        assert_eq!(minute_of(Timestamp::from_millis(-1)), -1);
+        assert_eq!(day_of(DAY_MS * 3 + 5), 3);
+    }
+}

@@ -1,0 +1,39 @@
+//! Errors of setting the CQL ledger up. Errors of ledger operations are
+//! [`sluice_ledger::LedgerError`]s, like those of every other ledger.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum CqlError {
+    /// A setting is wrong; the key names it.
+    #[error("invalid CQL ledger setting `{key}`: {why}")]
+    Config { key: &'static str, why: String },
+    /// No node of the cluster answered.
+    #[error(
+        "cannot connect to the CQL cluster at {nodes}; check that it runs and that the addresses are right"
+    )]
+    Connect {
+        nodes: String,
+        #[source]
+        source: Box<scylla::errors::NewSessionError>,
+    },
+    /// A schema statement failed.
+    #[error("schema migration of keyspace {keyspace} failed at: {statement}")]
+    Migrate {
+        keyspace: String,
+        statement: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The keyspace has no Sluice schema, or one from a newer Sluice.
+    #[error("keyspace {keyspace} {why}")]
+    Schema { keyspace: String, why: String },
+    /// A statement could not be prepared (the schema is not the one this build expects).
+    #[error("cannot prepare a ledger statement on keyspace {keyspace}: {statement}")]
+    Prepare {
+        keyspace: String,
+        statement: String,
+        #[source]
+        source: Box<scylla::errors::PrepareError>,
+    },
+}

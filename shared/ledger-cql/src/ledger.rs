@@ -1,0 +1,1387 @@
+//! [`CqlLedger`]: the [`Ledger`] port on ScyllaDB / Cassandra.
+//!
+//! Every write that the contract makes atomic is one lightweight transaction (LWT) on one run's
+//! partition of `commands`: the command row and, in static columns, the run's audit head. The
+//! audit record itself is then a plain insert whose seq and hash the LWT fixed. The write
+//! protocol of an audited write is:
+//!
+//! 1. read the row and the head (plain, QUORUM);
+//! 2. before the LWT, write what must exist if it applies: the due entry for a new due time, the
+//!    run's `runs` entry for a new run, and the record the head still holds in `audit_pending`
+//!    unless this process already knows it is in `audit` (the repair rule, below);
+//! 3. the LWT, guarded by status, epoch and `audit_seq`: it stores the state, moves the head
+//!    and keeps the new record whole in `audit_pending`;
+//! 4. the plain insert of the new record into `audit`.
+//!
+//! **Repair rule.** The record at `audit_seq - 1` may be missing from `audit` (its writer died
+//! between 3 and 4); every other record is there, because the writer of a record made sure of
+//! the one before it (step 2) before moving the head past it. So a reader (`audit_read`) and the
+//! next writer insert `audit_pending` when `audit` lacks it; the insert is idempotent.
+//!
+//! **Unknown outcomes.** An LWT that times out (or loses its connection) may or may not have
+//! applied. It is settled by a SERIAL read of the partition: the record at the seq it wrote
+//! carries the LWT's `write_id` (in `audit_write_id`, or in `audit` once the head moved on), and
+//! a write that is not audited leaves its `write_id` on the row. Only then is it reported as
+//! applied or retried; never "not applied" on a guess.
+//!
+//! `sweep` holds the due index walk, `runs` the runs index and the purge.
+
+mod runs;
+mod sweep;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use scylla::client::execution_profile::ExecutionProfile;
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
+use scylla::errors::{DbError, ExecutionError, RequestAttemptError};
+use scylla::response::{PagingState, PagingStateResponse};
+use scylla::serialize::row::SerializeRow;
+use scylla::statement::prepared::PreparedStatement;
+use uuid::Uuid;
+
+use sluice_core::audit::{
+    AuditDraft, AuditEntry, AuditRecord, ChainHead, Checkpoint, GENESIS_HASH, PreparedRecord,
+    SealedLink,
+};
+use sluice_core::command::{Command, CommandState, CommandStatus};
+use sluice_core::ids::{BusinessKey, CommandKey, LeaseEpoch, RunId, ToolName};
+use sluice_core::time::{Clock, SystemClock, Timestamp};
+use sluice_ledger::{
+    AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, PurgeReport, Reserved, RunSummary,
+    SYSTEM_RUN, Transition, cap_result,
+};
+
+use crate::CqlError;
+use crate::codec::{Fields, Identity, bad, day_of, decode, encode, minute_of, rows_of, shard_of};
+use crate::config::CqlConfig;
+use crate::schema::{migrate_with, read_meta};
+use crate::statements::Statements;
+use crate::stats::{CqlStats, Kind, Op, StatsSnapshot};
+
+/// Reads issued at once by one operation (due-entry checks, run summaries).
+const FAN_OUT: usize = 32;
+/// A `runs` entry whose run never got registered is dropped after this long: the LWT that
+/// registers the run follows the entry within a request timeout.
+const STALE_RUN_ENTRY_MS: i64 = 10 * 60_000;
+/// Runs whose audit records this process tracks as flushed; the map is cleared past this.
+const FLUSHED_CAPACITY: usize = 100_000;
+
+/// The ledger on a CQL cluster. Cheap to clone; clones share the session and the counters.
+#[derive(Debug, Clone)]
+pub struct CqlLedger {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    session: Session,
+    config: CqlConfig,
+    st: Statements,
+    stats: CqlStats,
+    clock: Arc<dyn Clock>,
+    /// Per run, the highest seq this process knows is in `audit` (every record before it is
+    /// too, by the repair rule); lets a writer skip re-inserting `audit_pending`.
+    flushed: Mutex<HashMap<String, i64>>,
+    /// The first minute of the due index (written by `migrate`).
+    due_origin: i64,
+}
+
+impl fmt::Debug for Inner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CqlLedger")
+            .field("nodes", &self.config.nodes)
+            .field("keyspace", &self.config.keyspace)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A record of a run's chain as the LWT fixed it: everything `audit` stores.
+#[derive(Debug, Clone)]
+struct Link {
+    seq: i64,
+    record: String,
+    prev_hash: String,
+    hash: String,
+    write_id: Option<Uuid>,
+}
+
+/// A run's partition-level state, from its static columns.
+#[derive(Debug, Clone)]
+struct Head {
+    /// `audit_seq` as stored (`None`: the run was never written).
+    stored_seq: Option<i64>,
+    chain: ChainHead,
+    /// The record at `audit_seq - 1`, kept whole until the head moves on.
+    pending: Option<Link>,
+    run_created_at: Option<i64>,
+    updated_at: Option<i64>,
+    checkpoint: Option<(i64, String, i64)>,
+}
+
+impl Head {
+    fn empty() -> Self {
+        Self {
+            stored_seq: None,
+            chain: ChainHead::genesis(),
+            pending: None,
+            run_created_at: None,
+            updated_at: None,
+            checkpoint: None,
+        }
+    }
+
+    fn of(fields: &Fields) -> Self {
+        let stored_seq = fields.bigint("audit_seq");
+        let hash = fields.text("audit_head").unwrap_or(GENESIS_HASH).to_owned();
+        let chain = match stored_seq {
+            Some(seq) => ChainHead {
+                next_seq: u64::try_from(seq).unwrap_or(0),
+                hash: hash.clone(),
+            },
+            None => ChainHead::genesis(),
+        };
+        let pending = match (stored_seq, fields.text("audit_pending")) {
+            (Some(seq), Some(record)) if seq > 0 => Some(Link {
+                seq: seq - 1,
+                record: record.to_owned(),
+                prev_hash: fields
+                    .text("audit_pending_prev")
+                    .unwrap_or_default()
+                    .to_owned(),
+                hash,
+                write_id: fields.uuid("audit_write_id"),
+            }),
+            _ => None,
+        };
+        let checkpoint = match (fields.bigint("ckpt_count"), fields.text("ckpt_hash")) {
+            (Some(count), Some(hash)) => Some((
+                count,
+                hash.to_owned(),
+                fields.bigint("ckpt_at").unwrap_or_default(),
+            )),
+            _ => None,
+        };
+        Self {
+            stored_seq,
+            chain,
+            pending,
+            run_created_at: fields.bigint("run_created_at"),
+            updated_at: fields.bigint("updated_at"),
+            checkpoint,
+        }
+    }
+
+    /// Records below this seq were purged.
+    fn floor(&self) -> i64 {
+        self.checkpoint.as_ref().map_or(0, |c| c.0)
+    }
+}
+
+/// A command row as read, with the run's head.
+#[derive(Debug, Clone)]
+struct StoredRow {
+    identity: Identity,
+    state: CommandState,
+    due_at: Option<i64>,
+    args_hash: String,
+    write_id: Option<Uuid>,
+    head: Head,
+}
+
+impl StoredRow {
+    fn command(&self) -> Command {
+        self.identity.clone().with_state(self.state.clone())
+    }
+}
+
+/// How a lightweight transaction went.
+enum Lwt {
+    Applied,
+    /// Not applied; the row holds the current values of the columns in the condition.
+    NotApplied(Fields),
+    /// It timed out or lost its connection: it may have applied.
+    Unknown,
+}
+
+/// How a claim went, for reserve.
+enum Claimed {
+    /// The key is the claimant's; `fresh` if this call claimed it.
+    Mine {
+        fresh: bool,
+    },
+    HeldBy(RunId, CommandKey),
+}
+
+#[derive(scylla::SerializeRow)]
+struct ReserveValues<'a> {
+    status: &'a str,
+    lease_epoch: i64,
+    due_at: Option<i64>,
+    args_hash: &'a str,
+    identity: &'a str,
+    state: &'a str,
+    write_id: Uuid,
+    next_seq: i64,
+    head: &'a str,
+    pending: &'a str,
+    pending_prev: &'a str,
+    audit_write_id: Uuid,
+    updated_at: i64,
+    new_run_created_at: i64,
+    run_id: &'a str,
+    command_key: &'a str,
+    seq: Option<i64>,
+    run_created_at: Option<i64>,
+}
+
+#[derive(scylla::SerializeRow)]
+struct TransitionValues<'a> {
+    status: &'a str,
+    lease_epoch: i64,
+    due_at: Option<i64>,
+    state: &'a str,
+    write_id: Uuid,
+    next_seq: i64,
+    head: &'a str,
+    pending: &'a str,
+    pending_prev: &'a str,
+    audit_write_id: Uuid,
+    updated_at: i64,
+    run_id: &'a str,
+    command_key: &'a str,
+    guard_status: &'a str,
+    guard_epoch: i64,
+    seq: i64,
+}
+
+#[derive(scylla::SerializeRow)]
+struct AppendValues<'a> {
+    next_seq: i64,
+    head: &'a str,
+    pending: &'a str,
+    pending_prev: &'a str,
+    audit_write_id: Uuid,
+    updated_at: i64,
+    new_run_created_at: i64,
+    run_id: &'a str,
+    seq: Option<i64>,
+    run_created_at: Option<i64>,
+}
+
+fn epoch_i64(epoch: LeaseEpoch) -> i64 {
+    i64::try_from(epoch.get()).unwrap_or(i64::MAX)
+}
+
+fn seq_i64(seq: u64) -> i64 {
+    i64::try_from(seq).unwrap_or(i64::MAX)
+}
+
+fn storage(op: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> LedgerError {
+    LedgerError::Storage {
+        op,
+        source: Box::new(e),
+    }
+}
+
+fn storage_msg(op: &'static str, why: impl Into<String>) -> LedgerError {
+    LedgerError::Storage {
+        op,
+        source: why.into().into(),
+    }
+}
+
+/// Whether a failed LWT may still have applied. Only errors that prove the request was never
+/// acted on (refused before the Paxos round, or never sent) are "not applied"; anything else,
+/// including errors this build does not know, is treated as unknown and settled by a read.
+fn outcome_unknown(error: &ExecutionError) -> bool {
+    match error {
+        ExecutionError::BadQuery(_)
+        | ExecutionError::EmptyPlan
+        | ExecutionError::PrepareError(_)
+        | ExecutionError::ConnectionPoolError(_)
+        | ExecutionError::UseKeyspaceError(_) => false,
+        ExecutionError::LastAttemptError(attempt) => match attempt {
+            RequestAttemptError::SerializationError(_)
+            | RequestAttemptError::CqlRequestSerialization(_)
+            | RequestAttemptError::UnableToAllocStreamId => false,
+            RequestAttemptError::DbError(db, _) => !matches!(
+                db,
+                DbError::SyntaxError
+                    | DbError::Invalid
+                    | DbError::AlreadyExists { .. }
+                    | DbError::FunctionFailure { .. }
+                    | DbError::AuthenticationError
+                    | DbError::Unauthorized
+                    | DbError::ConfigError
+                    | DbError::Unavailable { .. }
+                    | DbError::Overloaded
+                    | DbError::IsBootstrapping
+                    | DbError::TruncateError
+                    | DbError::Unprepared { .. }
+                    | DbError::RateLimitReached { .. }
+                    | DbError::ProtocolError
+            ),
+            _ => true,
+        },
+        _ => true,
+    }
+}
+
+/// Which operation a transition is, for the counters.
+fn classify(transition: &Transition) -> Op {
+    let (guard, next) = (&transition.guard, &transition.next);
+    if transition.audit.is_none() {
+        Op::QuietWrite
+    } else if matches!(
+        guard.status,
+        CommandStatus::Pending | CommandStatus::Approved
+    ) && next.status == CommandStatus::Leased
+        && next.lease.epoch == guard.epoch.next()
+    {
+        Op::Lease
+    } else if guard.status == CommandStatus::Leased
+        && next.status != CommandStatus::Leased
+        && next.lease.epoch == guard.epoch
+    {
+        Op::Finalize
+    } else {
+        Op::Transition
+    }
+}
+
+/// A short random pause before trying again under contention (grows with the attempt).
+async fn back_off(attempt: u32) {
+    let ceiling = 2u128 << attempt.min(6);
+    let jitter = Uuid::new_v4().as_u128() % ceiling;
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(jitter).unwrap_or(1) + 1,
+    ))
+    .await;
+}
+
+impl CqlLedger {
+    /// Connects to the cluster, applies the schema (creating the keyspace if needed; see
+    /// `migrate_on_start`) and prepares every statement.
+    pub async fn connect(config: CqlConfig) -> Result<Self, CqlError> {
+        Self::connect_with_clock(config, Arc::new(SystemClock)).await
+    }
+
+    /// [`CqlLedger::connect`] with a clock of the caller's (due buckets, claim ages, purges).
+    pub async fn connect_with_clock(
+        config: CqlConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, CqlError> {
+        config.validate()?;
+        let profile = ExecutionProfile::builder()
+            .consistency(config.consistency.driver())
+            .serial_consistency(Some(config.serial_consistency.driver()))
+            .request_timeout(Some(Duration::from_millis(config.request_timeout_ms)))
+            .build();
+        let session = SessionBuilder::new()
+            .known_nodes(&config.nodes)
+            .connection_timeout(Duration::from_millis(config.connect_timeout_ms))
+            .default_execution_profile_handle(profile.into_handle())
+            .build()
+            .await
+            .map_err(|source| CqlError::Connect {
+                nodes: config.nodes.join(","),
+                source: Box::new(source),
+            })?;
+        Self::open(session, config, clock).await
+    }
+
+    /// Uses a session the caller built: applies the schema (unless `migrate_on_start` is off)
+    /// and prepares every statement.
+    pub async fn open(
+        session: Session,
+        config: CqlConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, CqlError> {
+        config.validate()?;
+        if config.migrate_on_start {
+            migrate_with(
+                &session,
+                &config.keyspace,
+                &config.replication,
+                config.tablets,
+            )
+            .await?;
+        }
+        let due_origin = read_meta(&session, &config.keyspace, "due_origin")
+            .await
+            .map_err(|e| CqlError::Schema {
+                keyspace: config.keyspace.clone(),
+                why: format!("cannot be read ({e}); run `sluice migrate` first"),
+            })?
+            .ok_or_else(|| CqlError::Schema {
+                keyspace: config.keyspace.clone(),
+                why: "has no Sluice ledger schema; run `sluice migrate` first".into(),
+            })?;
+        let st = Statements::prepare(&session, &config).await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                session,
+                config,
+                st,
+                stats: CqlStats::default(),
+                clock,
+                flushed: Mutex::new(HashMap::new()),
+                due_origin,
+            }),
+        })
+    }
+
+    /// Round trips so far, by operation.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+
+    /// The driver session (for `sluice migrate`, health checks).
+    pub fn session(&self) -> &Session {
+        &self.inner.session
+    }
+
+    pub fn config(&self) -> &CqlConfig {
+        &self.inner.config
+    }
+
+    fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    // ---- round trips -------------------------------------------------------------------
+
+    async fn plain(
+        &self,
+        op: Op,
+        what: &'static str,
+        statement: &PreparedStatement,
+        values: impl SerializeRow,
+    ) -> Result<Vec<Fields>, LedgerError> {
+        self.inner.stats.round_trip(op, Kind::Plain);
+        let result = self
+            .inner
+            .session
+            .execute_unpaged(statement, values)
+            .await
+            .map_err(|e| storage(what, e))?;
+        rows_of(result).map_err(|why| storage_msg(what, why))
+    }
+
+    /// A read that may span pages; one round trip per page.
+    async fn paged(
+        &self,
+        op: Op,
+        what: &'static str,
+        statement: &PreparedStatement,
+        values: impl SerializeRow,
+        kind: Kind,
+    ) -> Result<Vec<Fields>, LedgerError> {
+        let mut rows = Vec::new();
+        let mut paging = PagingState::start();
+        loop {
+            self.inner.stats.round_trip(op, kind);
+            let (result, next) = self
+                .inner
+                .session
+                .execute_single_page(statement, &values, paging)
+                .await
+                .map_err(|e| storage(what, e))?;
+            rows.extend(rows_of(result).map_err(|why| storage_msg(what, why))?);
+            match next {
+                PagingStateResponse::HasMorePages { state } => paging = state,
+                PagingStateResponse::NoMorePages => return Ok(rows),
+            }
+        }
+    }
+
+    async fn lwt(
+        &self,
+        op: Op,
+        what: &'static str,
+        statement: &PreparedStatement,
+        values: impl SerializeRow,
+    ) -> Result<Lwt, LedgerError> {
+        self.inner.stats.round_trip(op, Kind::Lwt);
+        match self.inner.session.execute_unpaged(statement, values).await {
+            Ok(result) => {
+                let row = rows_of(result)
+                    .map_err(|why| storage_msg(what, why))?
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| {
+                        storage_msg(what, "the LWT answered without an [applied] row")
+                    })?;
+                Ok(if row.boolean("[applied]") == Some(true) {
+                    Lwt::Applied
+                } else {
+                    Lwt::NotApplied(row)
+                })
+            }
+            Err(e) if outcome_unknown(&e) => {
+                self.inner.stats.unknown(op);
+                tracing::warn!(op = what, error = %e, "LWT outcome unknown; settling it with a SERIAL read");
+                // The request may still start its round at the coordinator: wait until it can
+                // no longer apply before the read that decides.
+                tokio::time::sleep(Duration::from_millis(
+                    self.inner.config.unknown_settle_delay_ms,
+                ))
+                .await;
+                Ok(Lwt::Unknown)
+            }
+            Err(e) => Err(storage(what, e)),
+        }
+    }
+
+    // ---- reads -------------------------------------------------------------------------
+
+    async fn read_head(&self, op: Op, run: &str, serial: bool) -> Result<Head, LedgerError> {
+        let (statement, kind) = if serial {
+            (&self.inner.st.read_head_serial, Kind::Serial)
+        } else {
+            (&self.inner.st.read_head, Kind::Plain)
+        };
+        let rows = self.paged(op, "read head", statement, (run,), kind).await?;
+        Ok(rows.first().map_or_else(Head::empty, Head::of))
+    }
+
+    fn stored_row(run: &str, fields: &Fields) -> Result<Option<StoredRow>, LedgerError> {
+        let (Some(identity), Some(state)) = (fields.text("identity"), fields.text("state")) else {
+            // The partition's static row: the run exists, this command does not.
+            return Ok(None);
+        };
+        Ok(Some(StoredRow {
+            identity: decode("command", run, identity)?,
+            state: decode("command state", run, state)?,
+            due_at: fields.bigint("due_at"),
+            args_hash: fields.text("args_hash").unwrap_or_default().to_owned(),
+            write_id: fields.uuid("write_id"),
+            head: Head::of(fields),
+        }))
+    }
+
+    async fn read_row(
+        &self,
+        op: Op,
+        run: &str,
+        key: &str,
+        serial: bool,
+    ) -> Result<Option<StoredRow>, LedgerError> {
+        let rows = if serial {
+            self.paged(
+                op,
+                "read command",
+                &self.inner.st.read_command_serial,
+                (run, key),
+                Kind::Serial,
+            )
+            .await?
+        } else {
+            self.plain(op, "read command", &self.inner.st.read_command, (run, key))
+                .await?
+        };
+        match rows.first() {
+            Some(fields) => Self::stored_row(run, fields),
+            None => Ok(None),
+        }
+    }
+
+    // ---- the audit chain ---------------------------------------------------------------
+
+    fn known_flushed(&self, run: &str, seq: i64) -> bool {
+        self.inner
+            .flushed
+            .lock()
+            .map(|map| map.get(run).is_some_and(|&done| done >= seq))
+            .unwrap_or(false)
+    }
+
+    fn mark_flushed(&self, run: &str, seq: i64) {
+        if let Ok(mut map) = self.inner.flushed.lock() {
+            if map.len() >= FLUSHED_CAPACITY {
+                map.clear();
+            }
+            let done = map.entry(run.to_owned()).or_insert(seq);
+            *done = (*done).max(seq);
+        }
+    }
+
+    async fn insert_link(&self, op: Op, run: &str, link: &Link) -> Result<(), LedgerError> {
+        self.plain(
+            op,
+            "insert audit record",
+            &self.inner.st.insert_audit,
+            (
+                run,
+                link.seq,
+                link.record.as_str(),
+                link.prev_hash.as_str(),
+                link.hash.as_str(),
+                link.write_id,
+            ),
+        )
+        .await?;
+        self.mark_flushed(run, link.seq);
+        Ok(())
+    }
+
+    /// The repair rule, writer side: the record the head still holds must be in `audit`
+    /// before an LWT moves the head past it.
+    async fn flush_pending(&self, op: Op, run: &str, head: &Head) -> Result<(), LedgerError> {
+        match &head.pending {
+            Some(link) if link.seq >= head.floor() && !self.known_flushed(run, link.seq) => {
+                self.insert_link(op, run, link).await
+            }
+            Some(_) | None => Ok(()),
+        }
+    }
+
+    /// Inserts the record an applied LWT fixed. A failure here loses nothing (the record is
+    /// in `audit_pending` until the repair rule writes it), so it is logged, not returned.
+    async fn insert_own(&self, op: Op, run: &str, sealed: &SealedLink, write_id: Uuid) {
+        let link = Link {
+            seq: seq_i64(sealed.seq),
+            record: sealed.canonical.clone(),
+            prev_hash: sealed.prev_hash.clone(),
+            hash: sealed.hash.clone(),
+            write_id: Some(write_id),
+        };
+        if let Err(e) = self.insert_link(op, run, &link).await {
+            tracing::warn!(run_id = run, seq = link.seq, error = %e,
+                "audit record not inserted yet; the next writer or reader of the run repairs it");
+        }
+    }
+
+    /// Settles an audited LWT whose outcome was unknown: did the record at `seq` come from
+    /// the LWT `write_id`?
+    async fn settle_audited(
+        &self,
+        op: Op,
+        run: &str,
+        write_id: Uuid,
+        seq: i64,
+    ) -> Result<bool, LedgerError> {
+        let mut last_error = None;
+        for attempt in 0..3 {
+            match self.read_head(op, run, true).await {
+                Ok(head) => {
+                    let Some(stored) = head.stored_seq else {
+                        return Ok(false);
+                    };
+                    if stored == seq + 1 {
+                        return Ok(head.pending.and_then(|p| p.write_id) == Some(write_id));
+                    }
+                    if stored <= seq {
+                        return Ok(false);
+                    }
+                    // The head moved on, so the record at `seq` is in `audit` (repair rule).
+                    let rows = self
+                        .plain(
+                            op,
+                            "read audit record",
+                            &self.inner.st.read_audit_one,
+                            (run, seq),
+                        )
+                        .await?;
+                    return match rows.first() {
+                        Some(row) => Ok(row.uuid("write_id") == Some(write_id)),
+                        None => Err(storage_msg(
+                            "settle unknown outcome",
+                            format!("audit record {seq} of run {run} is missing"),
+                        )),
+                    };
+                }
+                Err(e) => {
+                    last_error = Some(e);
+                    back_off(attempt + 3).await;
+                }
+            }
+        }
+        Err(storage_msg(
+            "settle unknown outcome",
+            format!(
+                "an LWT on run {run} timed out and the SERIAL read that settles it failed too ({}); its outcome is unknown, read the command before acting",
+                last_error.map(|e| e.to_string()).unwrap_or_default()
+            ),
+        ))
+    }
+
+    // ---- indexes -----------------------------------------------------------------------
+
+    /// Files a due entry. An entry already due goes in the writer's current minute, never in
+    /// a bucket a sweep may have passed (see `due`).
+    async fn write_due(
+        &self,
+        op: Op,
+        run: &str,
+        key: &str,
+        due_at: Timestamp,
+        status: CommandStatus,
+    ) -> Result<(), LedgerError> {
+        let minute = minute_of(due_at).max(minute_of(self.now()));
+        let shard = shard_of(run, self.inner.config.due_shards);
+        self.plain(
+            op,
+            "write due entry",
+            &self.inner.st.insert_due,
+            (minute, shard, due_at.as_millis(), run, key, status.as_str()),
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn register_run(&self, op: Op, run: &str, created_at: i64) -> Result<(), LedgerError> {
+        self.plain(
+            op,
+            "register run",
+            &self.inner.st.insert_run,
+            (day_of(created_at), created_at, run),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Everything that must exist before an LWT that may apply: run in parallel.
+    async fn before_lwt(
+        &self,
+        op: Op,
+        run: &str,
+        head: Option<&Head>,
+        due: Option<(&str, Timestamp, CommandStatus)>,
+        register: Option<i64>,
+    ) -> Result<(), LedgerError> {
+        let flush = async {
+            match head {
+                Some(head) => self.flush_pending(op, run, head).await,
+                None => Ok(()),
+            }
+        };
+        let due = async {
+            match due {
+                Some((key, at, status)) => self.write_due(op, run, key, at, status).await,
+                None => Ok(()),
+            }
+        };
+        let register = async {
+            match register {
+                Some(created_at) => self.register_run(op, run, created_at).await,
+                None => Ok(()),
+            }
+        };
+        futures::try_join!(flush, due, register).map(drop)
+    }
+
+    fn too_contended(&self, op: Op, run: &str) -> LedgerError {
+        storage_msg(
+            op.as_str(),
+            format!(
+                "run {run}: the audit head kept moving under {} attempts; nothing was written, try again",
+                self.inner.config.max_attempts
+            ),
+        )
+    }
+
+    // ---- reserve and claims ------------------------------------------------------------
+
+    async fn reserve_row(
+        &self,
+        command: &Command,
+        record: &PreparedRecord,
+    ) -> Result<Reserved, LedgerError> {
+        let op = Op::Reserve;
+        let run = command.run_id.as_str();
+        let key = command.command_key.to_string();
+        let identity = encode(&Identity::of(command));
+        let state = encode(&command.state);
+        for attempt in 0..self.inner.config.max_attempts {
+            let head = self.read_head(op, run, false).await?;
+            let created_at = head
+                .run_created_at
+                .unwrap_or_else(|| command.created_at.as_millis());
+            let register =
+                (head.run_created_at.is_none() && run != SYSTEM_RUN).then_some(created_at);
+            let due = command
+                .state
+                .due_at
+                .map(|at| (key.as_str(), at, command.state.status));
+            self.before_lwt(op, run, Some(&head), due, register).await?;
+            let mut chain = head.chain.clone();
+            let sealed = record.seal_link(&mut chain);
+            let write_id = Uuid::new_v4();
+            let values = ReserveValues {
+                status: command.state.status.as_str(),
+                lease_epoch: epoch_i64(command.state.lease.epoch),
+                due_at: command.state.due_at.map(Timestamp::as_millis),
+                args_hash: command.args_hash.as_str(),
+                identity: &identity,
+                state: &state,
+                write_id,
+                next_seq: seq_i64(chain.next_seq),
+                head: &sealed.hash,
+                pending: &sealed.canonical,
+                pending_prev: &sealed.prev_hash,
+                audit_write_id: write_id,
+                updated_at: command.state.updated_at.as_millis(),
+                new_run_created_at: created_at,
+                run_id: run,
+                command_key: &key,
+                seq: head.stored_seq,
+                run_created_at: head.run_created_at,
+            };
+            match self
+                .lwt(op, "reserve", &self.inner.st.reserve, values)
+                .await?
+            {
+                Lwt::Applied => {
+                    self.insert_own(op, run, &sealed, write_id).await;
+                    return Ok(Reserved::Created(command.clone()));
+                }
+                Lwt::NotApplied(row) if row.text("status").is_some() => {
+                    return self.existing(command, &key).await;
+                }
+                Lwt::NotApplied(_) => {
+                    self.inner.stats.retry(op);
+                    back_off(attempt).await;
+                }
+                Lwt::Unknown => {
+                    if self
+                        .settle_audited(op, run, write_id, seq_i64(sealed.seq))
+                        .await?
+                    {
+                        self.insert_own(op, run, &sealed, write_id).await;
+                        return Ok(Reserved::Created(command.clone()));
+                    }
+                    if self.read_row(op, run, &key, false).await?.is_some() {
+                        return self.existing(command, &key).await;
+                    }
+                }
+            }
+        }
+        Err(self.too_contended(op, run))
+    }
+
+    /// The stored command under the key: the same arguments replay it, others are drift.
+    async fn existing(&self, command: &Command, key: &str) -> Result<Reserved, LedgerError> {
+        let run = command.run_id.as_str();
+        let stored = self
+            .read_row(Op::Reserve, run, key, false)
+            .await?
+            .ok_or_else(|| bad("command", run, format!("{key} exists but cannot be read")))?;
+        if stored.args_hash == command.args_hash.as_str() {
+            Ok(Reserved::Existing(stored.command()))
+        } else {
+            Err(LedgerError::ArgumentDrift {
+                run_id: run.to_owned(),
+                command_key: key.to_owned(),
+                stored: stored.args_hash,
+                presented: command.args_hash.to_string(),
+            })
+        }
+    }
+
+    async fn claim(
+        &self,
+        op: Op,
+        tool: &ToolName,
+        business_key: &BusinessKey,
+        run_id: &RunId,
+        command_key: &CommandKey,
+    ) -> Result<Claimed, LedgerError> {
+        let (tool, bk) = (tool.to_string(), business_key.as_str());
+        let (run, key) = (run_id.as_str(), command_key.to_string());
+        let ttl = self.inner.config.business_key_ttl();
+        let grace = i64::try_from(self.inner.config.orphan_claim_grace_ms).unwrap_or(i64::MAX);
+        // How long to wait for a holder whose reservation is still in flight.
+        let patience = Duration::from_millis(self.inner.config.orphan_claim_grace_ms.min(5_000));
+        let started = tokio::time::Instant::now();
+        for attempt in 0..self.inner.config.max_attempts {
+            let now = self.now().as_millis();
+            let holder = match self
+                .lwt(
+                    op,
+                    "claim business key",
+                    &self.inner.st.claim,
+                    (tool.as_str(), bk, run, key.as_str(), now, ttl),
+                )
+                .await?
+            {
+                Lwt::Applied => return Ok(Claimed::Mine { fresh: true }),
+                Lwt::NotApplied(row) => row,
+                Lwt::Unknown => {
+                    let rows = self
+                        .paged(
+                            op,
+                            "read business key",
+                            &self.inner.st.read_claim_serial,
+                            (tool.as_str(), bk),
+                            Kind::Serial,
+                        )
+                        .await?;
+                    match rows.into_iter().next() {
+                        Some(row) => row,
+                        None => continue,
+                    }
+                }
+            };
+            let (Some(held_run), Some(held_key)) =
+                (holder.text("run_id"), holder.text("command_key"))
+            else {
+                continue;
+            };
+            if held_run == run && held_key == key {
+                return Ok(Claimed::Mine { fresh: false });
+            }
+            let holder_id = RunId::parse(held_run)
+                .and_then(|r| CommandKey::parse(held_key).map(|k| (r, k)))
+                .map_err(|e| bad("business key holder", held_run, e.to_string()))?;
+            if self
+                .read_row(op, held_run, held_key, false)
+                .await?
+                .is_some()
+            {
+                return Ok(Claimed::HeldBy(holder_id.0, holder_id.1));
+            }
+            // The holder does not exist: its reservation is in flight, or died after its claim.
+            let claimed_at = holder.bigint("claimed_at").unwrap_or(0);
+            if now.saturating_sub(claimed_at) >= grace {
+                let taken = self
+                    .lwt(
+                        op,
+                        "take over business key",
+                        &self.inner.st.take_over_claim,
+                        (
+                            ttl,
+                            run,
+                            key.as_str(),
+                            now,
+                            tool.as_str(),
+                            bk,
+                            held_run,
+                            held_key,
+                        ),
+                    )
+                    .await?;
+                if matches!(taken, Lwt::Applied) {
+                    return Ok(Claimed::Mine { fresh: true });
+                }
+                // Lost the race or unknown: the next round reads who holds it now.
+                continue;
+            }
+            if started.elapsed() >= patience {
+                return Err(storage_msg(
+                    "claim business key",
+                    format!(
+                        "business key {bk} of {tool} is claimed by {held_run}/{held_key}, whose reservation has not landed yet; try again"
+                    ),
+                ));
+            }
+            back_off(attempt.min(4) + 2).await;
+        }
+        Err(self.too_contended(op, run))
+    }
+
+    async fn release_claim(&self, op: Op, command: &Command) {
+        let Some(bk) = &command.business_key else {
+            return;
+        };
+        let key = command.command_key.to_string();
+        let tool = command.tool.to_string();
+        if let Err(e) = self
+            .lwt(
+                op,
+                "release business key",
+                &self.inner.st.release_claim,
+                (
+                    tool.as_str(),
+                    bk.as_str(),
+                    command.run_id.as_str(),
+                    key.as_str(),
+                ),
+            )
+            .await
+        {
+            // The claim outlives its failed reservation; the orphan rule frees it later.
+            tracing::warn!(run_id = %command.run_id, command_key = %key, error = %e,
+                "could not release a business key after a refused reservation");
+        }
+    }
+
+    // ---- transitions -------------------------------------------------------------------
+
+    async fn write(&self, op: Op, mut transition: Transition) -> Result<Cas, LedgerError> {
+        transition.next.result = cap_result(transition.next.result.take());
+        let state = encode(&transition.next);
+        let next = &transition.next;
+        let record = transition
+            .audit
+            .take()
+            .map(|draft| PreparedRecord::new(&transition.run_id, draft, next.updated_at));
+        let run = transition.run_id.as_str();
+        let key = transition.command_key.to_string();
+        let guard = transition.guard;
+        for attempt in 0..self.inner.config.max_attempts {
+            let Some(row) = self.read_row(op, run, &key, false).await? else {
+                return Ok(Cas::Conflict(None));
+            };
+            if row.state.status != guard.status || row.state.lease.epoch != guard.epoch {
+                return Ok(Cas::Conflict(Some(row.command())));
+            }
+            let new_due = next
+                .due_at
+                .filter(|at| Some(at.as_millis()) != row.due_at)
+                .map(|at| (key.as_str(), at, next.status));
+            let write_id = Uuid::new_v4();
+            let applied =
+                |row: &StoredRow| Cas::Applied(row.identity.clone().with_state(next.clone()));
+            match &record {
+                None => {
+                    self.before_lwt(op, run, None, new_due, None).await?;
+                    let values = (
+                        next.status.as_str(),
+                        epoch_i64(next.lease.epoch),
+                        next.due_at.map(Timestamp::as_millis),
+                        state.as_str(),
+                        write_id,
+                        run,
+                        key.as_str(),
+                        guard.status.as_str(),
+                        epoch_i64(guard.epoch),
+                    );
+                    match self.lwt(op, "write", &self.inner.st.quiet, values).await? {
+                        Lwt::Applied => return Ok(applied(&row)),
+                        Lwt::NotApplied(_) => {}
+                        Lwt::Unknown => {
+                            let now = self.read_row(op, run, &key, true).await?;
+                            if now.as_ref().and_then(|r| r.write_id) == Some(write_id) {
+                                return Ok(applied(&row));
+                            }
+                        }
+                    }
+                }
+                Some(record) => {
+                    self.before_lwt(op, run, Some(&row.head), new_due, None)
+                        .await?;
+                    let mut chain = row.head.chain.clone();
+                    let sealed = record.seal_link(&mut chain);
+                    let values = TransitionValues {
+                        status: next.status.as_str(),
+                        lease_epoch: epoch_i64(next.lease.epoch),
+                        due_at: next.due_at.map(Timestamp::as_millis),
+                        state: &state,
+                        write_id,
+                        next_seq: seq_i64(chain.next_seq),
+                        head: &sealed.hash,
+                        pending: &sealed.canonical,
+                        pending_prev: &sealed.prev_hash,
+                        audit_write_id: write_id,
+                        updated_at: next.updated_at.as_millis(),
+                        run_id: run,
+                        command_key: &key,
+                        guard_status: guard.status.as_str(),
+                        guard_epoch: epoch_i64(guard.epoch),
+                        seq: seq_i64(sealed.seq),
+                    };
+                    match self
+                        .lwt(op, "transition", &self.inner.st.transition, values)
+                        .await?
+                    {
+                        Lwt::Applied => {
+                            self.insert_own(op, run, &sealed, write_id).await;
+                            return Ok(applied(&row));
+                        }
+                        Lwt::NotApplied(now) => {
+                            let guard_holds = now.text("status") == Some(guard.status.as_str())
+                                && now.bigint("lease_epoch") == Some(epoch_i64(guard.epoch));
+                            if guard_holds {
+                                // Only the head moved (another command of the run): again.
+                                self.inner.stats.retry(op);
+                                back_off(attempt).await;
+                            }
+                        }
+                        Lwt::Unknown => {
+                            if self
+                                .settle_audited(op, run, write_id, seq_i64(sealed.seq))
+                                .await?
+                            {
+                                self.insert_own(op, run, &sealed, write_id).await;
+                                return Ok(applied(&row));
+                            }
+                        }
+                    }
+                }
+            }
+            // Not applied: the next round re-reads and either conflicts or tries again.
+        }
+        Err(self.too_contended(op, run))
+    }
+}
+
+#[async_trait]
+impl Ledger for CqlLedger {
+    async fn reserve(
+        &self,
+        mut command: Command,
+        audit: AuditDraft,
+    ) -> Result<Reserved, LedgerError> {
+        let op = Op::Reserve;
+        self.inner.stats.call(op);
+        command.state.result = cap_result(command.state.result.take());
+        let record = PreparedRecord::new(&command.run_id, audit, command.state.updated_at);
+        let mut fresh_claim = false;
+        if let Some(business_key) = &command.business_key {
+            match self
+                .claim(
+                    op,
+                    &command.tool,
+                    business_key,
+                    &command.run_id,
+                    &command.command_key,
+                )
+                .await?
+            {
+                Claimed::Mine { fresh } => fresh_claim = fresh,
+                Claimed::HeldBy(run, key) => {
+                    let holder = self
+                        .read_row(op, run.as_str(), &key.to_string(), false)
+                        .await?
+                        .ok_or_else(|| {
+                            bad(
+                                "business key holder",
+                                run.as_str(),
+                                format!("{key} vanished"),
+                            )
+                        })?;
+                    return Ok(Reserved::BusinessKeyHeld(holder.command()));
+                }
+            }
+        }
+        let reserved = self.reserve_row(&command, &record).await;
+        if fresh_claim && matches!(reserved, Err(LedgerError::ArgumentDrift { .. })) {
+            self.release_claim(op, &command).await;
+        }
+        reserved
+    }
+
+    async fn transition(&self, transition: Transition) -> Result<Cas, LedgerError> {
+        transition.validate()?;
+        let op = classify(&transition);
+        self.inner.stats.call(op);
+        self.write(op, transition).await
+    }
+
+    async fn get(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+    ) -> Result<Option<Command>, LedgerError> {
+        self.inner.stats.call(Op::Get);
+        Ok(self
+            .read_row(Op::Get, run_id.as_str(), &command_key.to_string(), false)
+            .await?
+            .map(|row| row.command()))
+    }
+
+    async fn list_run(
+        &self,
+        run_id: &RunId,
+        status: Option<CommandStatus>,
+    ) -> Result<Vec<Command>, LedgerError> {
+        let op = Op::ListRun;
+        self.inner.stats.call(op);
+        let run = run_id.as_str();
+        let rows = self
+            .paged(op, "list run", &self.inner.st.read_run, (run,), Kind::Plain)
+            .await?;
+        let mut commands = Vec::with_capacity(rows.len());
+        for fields in &rows {
+            if let Some(row) = Self::stored_row(run, fields)?
+                && status.is_none_or(|s| s == row.state.status)
+            {
+                commands.push(row.command());
+            }
+        }
+        // Journal order: decision, then call index, then the key for a stable tie-break.
+        commands.sort_by(|a, b| {
+            let key = |c: &Command| {
+                (
+                    c.command_key.decision(),
+                    c.command_key.call_idx(),
+                    c.command_key.to_string(),
+                )
+            };
+            key(a).cmp(&key(b))
+        });
+        Ok(commands)
+    }
+
+    async fn list_runs(
+        &self,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<RunSummary>, LedgerError> {
+        self.list_runs_by_day(since, limit).await
+    }
+
+    async fn claim_business_key(
+        &self,
+        tool: &ToolName,
+        business_key: &BusinessKey,
+        run_id: &RunId,
+        command_key: &CommandKey,
+    ) -> Result<Claim, LedgerError> {
+        let op = Op::ClaimBusinessKey;
+        self.inner.stats.call(op);
+        Ok(
+            match self
+                .claim(op, tool, business_key, run_id, command_key)
+                .await?
+            {
+                Claimed::Mine { .. } => Claim::Claimed,
+                Claimed::HeldBy(run_id, command_key) => Claim::HeldBy {
+                    run_id,
+                    command_key,
+                },
+            },
+        )
+    }
+
+    /// Walks the due buckets from the oldest unswept minute (per shard, `sweep_cursor`) to
+    /// `now`. Entries are checked against their command; stale ones are deleted. Live entries
+    /// in a bucket older than the sweep lag are carried forward into the current minute, so a
+    /// cursor never waits behind a command that stays due, and can move past the bucket.
+    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<DueItem>, LedgerError> {
+        self.sweep_due(now, limit).await
+    }
+
+    async fn audit_append(
+        &self,
+        run_id: &RunId,
+        draft: AuditDraft,
+        at: Timestamp,
+    ) -> Result<AuditEntry, LedgerError> {
+        let op = Op::AuditAppend;
+        self.inner.stats.call(op);
+        let record = PreparedRecord::new(run_id, draft, at);
+        let run = run_id.as_str();
+        for attempt in 0..self.inner.config.max_attempts {
+            let head = self.read_head(op, run, false).await?;
+            let created_at = head.run_created_at.unwrap_or_else(|| at.as_millis());
+            let register =
+                (head.run_created_at.is_none() && run != SYSTEM_RUN).then_some(created_at);
+            self.before_lwt(op, run, Some(&head), None, register)
+                .await?;
+            let mut chain = head.chain.clone();
+            let sealed = record.seal_link(&mut chain);
+            let write_id = Uuid::new_v4();
+            let values = AppendValues {
+                next_seq: seq_i64(chain.next_seq),
+                head: &sealed.hash,
+                pending: &sealed.canonical,
+                pending_prev: &sealed.prev_hash,
+                audit_write_id: write_id,
+                updated_at: at.as_millis(),
+                new_run_created_at: created_at,
+                run_id: run,
+                seq: head.stored_seq,
+                run_created_at: head.run_created_at,
+            };
+            let applied = match self
+                .lwt(op, "audit append", &self.inner.st.append, values)
+                .await?
+            {
+                Lwt::Applied => true,
+                Lwt::NotApplied(_) => {
+                    self.inner.stats.retry(op);
+                    back_off(attempt).await;
+                    false
+                }
+                Lwt::Unknown => {
+                    self.settle_audited(op, run, write_id, seq_i64(sealed.seq))
+                        .await?
+                }
+            };
+            if applied {
+                self.insert_own(op, run, &sealed, write_id).await;
+                return Ok(record.entry(&sealed));
+            }
+        }
+        Err(self.too_contended(op, run))
+    }
+
+    async fn audit_read(&self, run_id: &RunId) -> Result<AuditTrail, LedgerError> {
+        let op = Op::AuditRead;
+        self.inner.stats.call(op);
+        let run = run_id.as_str();
+        let head = self.read_head(op, run, false).await?;
+        let Some(next_seq) = head.stored_seq else {
+            return Ok(AuditTrail::default());
+        };
+        let floor = head.floor();
+        let rows = self
+            .paged(
+                op,
+                "read audit",
+                &self.inner.st.read_audit,
+                (run, floor),
+                Kind::Plain,
+            )
+            .await?;
+        let mut links: Vec<Link> = rows
+            .iter()
+            .filter_map(|row| {
+                Some(Link {
+                    seq: row.bigint("seq")?,
+                    record: row.text("record")?.to_owned(),
+                    prev_hash: row.text("prev_hash")?.to_owned(),
+                    hash: row.text("hash")?.to_owned(),
+                    write_id: row.uuid("write_id"),
+                })
+            })
+            // A consistent snapshot: the chain as of the head read, nothing appended after.
+            .filter(|link| link.seq < next_seq)
+            .collect();
+        if let Some(pending) = &head.pending
+            && pending.seq >= floor
+            && !links.iter().any(|link| link.seq == pending.seq)
+        {
+            // The repair rule, reader side: its writer died before inserting it.
+            self.insert_link(op, run, pending).await?;
+            links.push(pending.clone());
+        }
+        links.sort_by_key(|link| link.seq);
+        let entries = links
+            .into_iter()
+            .map(|link| {
+                Ok(AuditEntry {
+                    record: decode::<AuditRecord>("audit record", run, &link.record)?,
+                    prev_hash: link.prev_hash,
+                    hash: link.hash,
+                })
+            })
+            .collect::<Result<Vec<_>, LedgerError>>()?;
+        Ok(AuditTrail {
+            checkpoint: head.checkpoint.map(|(count, last_hash, at)| Checkpoint {
+                run_id: run_id.clone(),
+                last_hash,
+                count: u64::try_from(count).unwrap_or(0),
+                purged_at: Timestamp::from_millis(at),
+            }),
+            entries,
+        })
+    }
+
+    async fn purge(
+        &self,
+        older_than: Timestamp,
+        max_runs: usize,
+        actor: &str,
+        now: Timestamp,
+    ) -> Result<PurgeReport, LedgerError> {
+        self.purge_runs(older_than, max_runs, actor, now).await
+    }
+}

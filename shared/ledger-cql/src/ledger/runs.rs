@@ -1,0 +1,389 @@
+//! The runs index: `list_runs`, and `purge` of finished runs with the checkpoint it leaves
+//! (docs/cql.md, "Runs and purge").
+
+use futures::StreamExt;
+
+use sluice_core::audit::{AuditDraft, Checkpoint};
+use sluice_core::ids::RunId;
+use sluice_core::time::Timestamp;
+use sluice_ledger::{Ledger, LedgerError, PurgeReport, RunSummary, SYSTEM_RUN};
+
+use super::{CqlLedger, FAN_OUT, Head, Lwt, STALE_RUN_ENTRY_MS, epoch_i64};
+use crate::codec::{DAY_MS, MINUTE_MS, bad, day_of, parse_status};
+use crate::stats::{Kind, Op};
+
+impl CqlLedger {
+    /// [`Ledger::list_runs`]: day buckets newest first, each entry checked against its run.
+    pub(super) async fn list_runs_by_day(
+        &self,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<RunSummary>, LedgerError> {
+        let op = Op::ListRuns;
+        self.inner.stats.call(op);
+        let now = self.now().as_millis();
+        let first_day = day_of(since.as_millis()).max(day_of(self.inner.due_origin * MINUTE_MS));
+        let last_day = day_of(now + DAY_MS);
+        let mut summaries = Vec::new();
+        let mut day = last_day;
+        while day >= first_day && summaries.len() < limit {
+            let entries = self
+                .paged(
+                    op,
+                    "list runs",
+                    &self.inner.st.read_runs_day,
+                    (day, since.as_millis(), i64::MAX),
+                    Kind::Plain,
+                )
+                .await?;
+            let checked: Vec<Result<Option<RunSummary>, LedgerError>> =
+                futures::stream::iter(entries)
+                    .map(|entry| async move {
+                        let (Some(created_at), Some(run)) =
+                            (entry.bigint("created_at"), entry.text("run_id"))
+                        else {
+                            return Ok(None);
+                        };
+                        self.summarise(op, day, created_at, run, now).await
+                    })
+                    .buffered(FAN_OUT)
+                    .collect()
+                    .await;
+            for summary in checked {
+                if let Some(summary) = summary? {
+                    summaries.push(summary);
+                }
+            }
+            day -= 1;
+        }
+        summaries.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+        summaries.truncate(limit);
+        Ok(summaries)
+    }
+
+    /// [`Ledger::purge`]: day buckets oldest first from the purge cursor; see `purge_run`.
+    pub(super) async fn purge_runs(
+        &self,
+        older_than: Timestamp,
+        max_runs: usize,
+        actor: &str,
+        now: Timestamp,
+    ) -> Result<PurgeReport, LedgerError> {
+        let op = Op::Purge;
+        self.inner.stats.call(op);
+        let mut report = PurgeReport::default();
+        let cursor_day = self
+            .plain(
+                op,
+                "read purge cursor",
+                &self.inner.st.read_meta,
+                ("purge_day",),
+            )
+            .await?
+            .first()
+            .and_then(|row| row.bigint("value"))
+            .unwrap_or_else(|| day_of(self.inner.due_origin * MINUTE_MS));
+        let clock = self.now().as_millis();
+        let last_day = day_of(older_than.as_millis());
+        // The cursor moves past the leading days left without runs (and no longer written to).
+        let mut new_cursor = None;
+        let mut leading_empty = true;
+        let mut day = cursor_day;
+        while day <= last_day && (report.runs as usize) < max_runs {
+            let entries = self
+                .paged(
+                    op,
+                    "read runs",
+                    &self.inner.st.read_runs_day,
+                    (day, i64::MIN, older_than.as_millis()),
+                    Kind::Plain,
+                )
+                .await?;
+            let mut remaining = 0usize;
+            // Oldest first.
+            for entry in entries.iter().rev() {
+                let (Some(created_at), Some(run)) =
+                    (entry.bigint("created_at"), entry.text("run_id"))
+                else {
+                    continue;
+                };
+                let gone = (report.runs as usize) < max_runs
+                    && self
+                        .purge_run(
+                            op,
+                            run,
+                            day,
+                            created_at,
+                            older_than,
+                            now,
+                            clock,
+                            &mut report,
+                        )
+                        .await?;
+                remaining += usize::from(!gone);
+            }
+            leading_empty = leading_empty && remaining == 0 && day < day_of(clock) - 1;
+            if leading_empty {
+                new_cursor = Some(day + 1);
+            }
+            day += 1;
+        }
+        if let Some(next) = new_cursor {
+            self.plain(
+                op,
+                "move purge cursor",
+                &self.inner.st.write_meta,
+                (next, "purge_day"),
+            )
+            .await?;
+        }
+        if report.runs > 0 {
+            let system =
+                RunId::parse(SYSTEM_RUN).map_err(|e| bad("run id", SYSTEM_RUN, e.to_string()))?;
+            let draft = AuditDraft {
+                command_key: None,
+                from: None,
+                to: None,
+                actor: actor.to_owned(),
+                reason: format!("purged finished runs older than {older_than}"),
+                evidence: serde_json::json!({
+                    "older_than": older_than,
+                    "runs": report.runs,
+                    "commands": report.commands,
+                    "audit_records": report.audit_records,
+                    "business_keys": report.business_keys,
+                    "checkpoints": report.checkpoints,
+                }),
+            };
+            self.audit_append(&system, draft, now).await?;
+        }
+        Ok(report)
+    }
+
+    /// Summary of a run listed in `runs` under `created_at`, or `None` if the entry is stale
+    /// (the run was purged, or its registration never applied; such entries are dropped once
+    /// old enough).
+    async fn summarise(
+        &self,
+        op: Op,
+        day: i64,
+        created_at: i64,
+        run: &str,
+        now: i64,
+    ) -> Result<Option<RunSummary>, LedgerError> {
+        let rows = self
+            .paged(
+                op,
+                "read run",
+                &self.inner.st.read_run_brief,
+                (run,),
+                Kind::Plain,
+            )
+            .await?;
+        let registered = rows.first().and_then(|row| row.bigint("run_created_at"));
+        if registered != Some(created_at) {
+            if created_at < now - STALE_RUN_ENTRY_MS {
+                self.plain(
+                    op,
+                    "delete stale run entry",
+                    &self.inner.st.delete_run,
+                    (day, created_at, run),
+                )
+                .await?;
+            }
+            return Ok(None);
+        }
+        let mut open = 0u64;
+        for row in &rows {
+            if let Some(status) = row.text("status")
+                && !parse_status(run, status)?.is_terminal()
+            {
+                open += 1;
+            }
+        }
+        let updated_at = rows
+            .first()
+            .and_then(|row| row.bigint("updated_at"))
+            .unwrap_or(created_at);
+        Ok(Some(RunSummary {
+            run_id: RunId::parse(run).map_err(|e| bad("run id", run, e.to_string()))?,
+            created_at: Timestamp::from_millis(created_at),
+            updated_at: Timestamp::from_millis(updated_at),
+            open_commands: open,
+        }))
+    }
+
+    /// Purges one run if it is finished and unchanged since `older_than`; `true` if its
+    /// `runs` entry is gone (purged, or stale and dropped).
+    #[allow(clippy::too_many_arguments)]
+    async fn purge_run(
+        &self,
+        op: Op,
+        run: &str,
+        day: i64,
+        created_at: i64,
+        older_than: Timestamp,
+        now: Timestamp,
+        clock: i64,
+        report: &mut PurgeReport,
+    ) -> Result<bool, LedgerError> {
+        if run == SYSTEM_RUN {
+            return Ok(false);
+        }
+        let rows = self
+            .paged(op, "read run", &self.inner.st.read_run, (run,), Kind::Plain)
+            .await?;
+        let head = rows.first().map_or_else(Head::empty, Head::of);
+        if head.run_created_at != Some(created_at) {
+            if created_at < clock - STALE_RUN_ENTRY_MS {
+                self.plain(
+                    op,
+                    "delete stale run entry",
+                    &self.inner.st.delete_run,
+                    (day, created_at, run),
+                )
+                .await?;
+                return Ok(true);
+            }
+            return Ok(false);
+        }
+        let mut commands = Vec::new();
+        for fields in &rows {
+            if let Some(row) = Self::stored_row(run, fields)? {
+                commands.push(row);
+            }
+        }
+        let finished = commands.iter().all(|c| c.state.status.is_terminal());
+        let quiet = head.updated_at.unwrap_or(created_at) < older_than.as_millis();
+        let Some(count) = head.stored_seq.filter(|_| finished && quiet) else {
+            return Ok(false);
+        };
+        // The fence: the checkpoint is written, and the run unregistered, only if nothing was
+        // appended since the read. A reservation that read the head before now fails its LWT
+        // (run_created_at changed) and registers the run afresh, continuing the chain.
+        let hash = head.chain.hash.clone();
+        let fenced = self
+            .lwt(
+                op,
+                "purge fence",
+                &self.inner.st.purge_fence,
+                (
+                    count,
+                    hash.as_str(),
+                    now.as_millis(),
+                    run,
+                    count,
+                    created_at,
+                ),
+            )
+            .await?;
+        let fenced = match fenced {
+            Lwt::Applied => true,
+            Lwt::NotApplied(_) => false,
+            Lwt::Unknown => {
+                let after = self.read_head(op, run, true).await?;
+                after
+                    .checkpoint
+                    .as_ref()
+                    .is_some_and(|c| c.0 == count && c.1 == hash)
+                    && after.run_created_at.is_none()
+            }
+        };
+        if !fenced {
+            return Ok(false);
+        }
+        // Row by row, each guarded by the state read: an operator action on one of them in the
+        // meantime keeps it (and the run) alive.
+        let mut deleted = 0u64;
+        let mut kept = false;
+        for command in &commands {
+            let key = command.identity.command_key().to_string();
+            let gone = self
+                .lwt(
+                    op,
+                    "purge command",
+                    &self.inner.st.purge_row,
+                    (
+                        run,
+                        key.as_str(),
+                        command.state.status.as_str(),
+                        epoch_i64(command.state.lease.epoch),
+                    ),
+                )
+                .await?;
+            match gone {
+                Lwt::Applied => deleted += 1,
+                Lwt::NotApplied(_) => kept = true,
+                Lwt::Unknown => {
+                    if self.read_row(op, run, &key, true).await?.is_some() {
+                        kept = true;
+                    } else {
+                        deleted += 1;
+                    }
+                }
+            }
+        }
+        if kept {
+            // Register the run again: it lives on.
+            self.lwt(
+                op,
+                "restore run",
+                &self.inner.st.restore_run,
+                (created_at, run),
+            )
+            .await?;
+            tracing::warn!(
+                run_id = run,
+                "a command changed during its purge; the run stays"
+            );
+            report.commands += deleted;
+            return Ok(false);
+        }
+        self.plain(
+            op,
+            "purge audit records",
+            &self.inner.st.delete_audit_below,
+            (run, count),
+        )
+        .await?;
+        for command in &commands {
+            let command = command.command();
+            if let Some(bk) = &command.business_key {
+                let released = self
+                    .lwt(
+                        op,
+                        "purge business key",
+                        &self.inner.st.release_claim,
+                        (
+                            command.tool.to_string().as_str(),
+                            bk.as_str(),
+                            run,
+                            command.command_key.to_string().as_str(),
+                        ),
+                    )
+                    .await?;
+                if matches!(released, Lwt::Applied) {
+                    report.business_keys += 1;
+                }
+            }
+        }
+        self.plain(
+            op,
+            "unregister run",
+            &self.inner.st.delete_run,
+            (day, created_at, run),
+        )
+        .await?;
+        let run_id = RunId::parse(run).map_err(|e| bad("run id", run, e.to_string()))?;
+        report.runs += 1;
+        report.commands += deleted;
+        report.audit_records += u64::try_from(count - head.floor()).unwrap_or(0);
+        report.checkpoints.push(Checkpoint {
+            run_id,
+            last_hash: hash,
+            count: u64::try_from(count).unwrap_or(0),
+            purged_at: now,
+        });
+        Ok(true)
+    }
+}

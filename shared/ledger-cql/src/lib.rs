@@ -1,0 +1,27 @@
+//! The Sluice command ledger on ScyllaDB / Cassandra ([`CqlLedger`]), with its schema
+//! ([`migrate`]) and its round-trip counters ([`CqlStats`]).
+//!
+//! * [`config`] — [`CqlConfig`]: nodes, keyspace, replication, consistency levels.
+//! * [`schema`] — `schemas/cql/*.cql`, applied idempotently by [`migrate`].
+//! * `ledger` — the [`sluice_ledger::Ledger`] implementation: one lightweight transaction per
+//!   contract write on one run's partition, the audit head in static columns.
+//! * [`stats`] — LWT / SERIAL / plain round trips per operation.
+//!
+//! It passes the same contract suite as the embedded SQLite ledger
+//! (`sluice_ledger::ledger_contract_tests!`), against a real Cassandra 5 node in
+//! `tests/cassandra.rs`. docs/cql.md explains the schema, the write protocol and where
+//! ScyllaDB differs.
+
+mod codec;
+pub mod config;
+mod error;
+mod ledger;
+pub mod schema;
+mod statements;
+pub mod stats;
+
+pub use config::{Consistency, CqlConfig, Replication, Serial, Tablets};
+pub use error::CqlError;
+pub use ledger::CqlLedger;
+pub use schema::{SCHEMA_VERSION, migrate, migrate_with, schema_statements};
+pub use stats::{CqlStats, Op, OpCounts, StatsSnapshot};

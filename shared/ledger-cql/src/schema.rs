@@ -1,0 +1,175 @@
+//! The CQL schema (`schemas/cql/`) and its idempotent application: what `sluice migrate` runs.
+
+use scylla::client::session::Session;
+use scylla::frame::types::Consistency;
+use scylla::statement::unprepared::Statement;
+
+use crate::CqlError;
+use crate::codec::MINUTE_MS;
+use crate::config::{Replication, Tablets, validate_keyspace};
+
+/// The schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Schema files in order; each is applied whole, every statement idempotent.
+const SCHEMA_FILES: [(&str, &str); 1] = [(
+    "001_schema.cql",
+    include_str!("../../../schemas/cql/001_schema.cql"),
+)];
+
+/// The statements of the schema for `keyspace`, in order, comments removed.
+pub fn schema_statements(
+    keyspace: &str,
+    replication: &Replication,
+    tablets: Tablets,
+) -> Vec<String> {
+    let replication = format!("{replication}{}", tablets.clause());
+    SCHEMA_FILES
+        .iter()
+        .flat_map(|(_, text)| {
+            let without_comments: String = text
+                .lines()
+                .map(|line| line.split("--").next().unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join("\n");
+            without_comments
+                .split(';')
+                .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
+                .filter(|s| !s.is_empty())
+                .map(|s| {
+                    s.replace("{keyspace}", keyspace)
+                        .replace("{replication}", &replication)
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Creates the keyspace (with `replication`, if it does not exist yet) and every table, and
+/// records the schema version and the origin of the due index. Safe to run again and from
+/// several processes at once: every statement is `IF NOT EXISTS`.
+pub async fn migrate(
+    session: &Session,
+    keyspace: &str,
+    replication: &Replication,
+) -> Result<(), CqlError> {
+    migrate_with(session, keyspace, replication, Tablets::ServerDefault).await
+}
+
+/// [`migrate`], choosing whether a new keyspace has tablets (ScyllaDB: it must not).
+pub async fn migrate_with(
+    session: &Session,
+    keyspace: &str,
+    replication: &Replication,
+    tablets: Tablets,
+) -> Result<(), CqlError> {
+    validate_keyspace(keyspace)?;
+    replication.validate()?;
+    let failed =
+        |statement: &str, source: Box<dyn std::error::Error + Send + Sync>| CqlError::Migrate {
+            keyspace: keyspace.to_owned(),
+            statement: statement.chars().take(120).collect(),
+            source,
+        };
+    for statement in schema_statements(keyspace, replication, tablets) {
+        let mut ddl = Statement::new(statement.as_str());
+        ddl.set_consistency(Consistency::All);
+        session
+            .query_unpaged(ddl, ())
+            .await
+            .map_err(|e| failed(&statement, Box::new(e)))?;
+    }
+    session
+        .await_schema_agreement()
+        .await
+        .map_err(|e| failed("await schema agreement", Box::new(e)))?;
+
+    // The first minute a due entry can be filed in: sweeps never look before it.
+    let now = sluice_core::time::SystemClock;
+    let now = sluice_core::time::Clock::now(&now);
+    let origin = now.as_millis() / MINUTE_MS - 1;
+    let facts = [
+        ("schema_version", SCHEMA_VERSION),
+        ("due_origin", origin),
+        ("purge_day", origin / (24 * 60)),
+    ];
+    let insert = format!("INSERT INTO {keyspace}.meta (name, value) VALUES (?, ?) IF NOT EXISTS");
+    for (name, value) in facts {
+        let mut statement = Statement::new(insert.as_str());
+        statement.set_consistency(Consistency::Quorum);
+        session
+            .query_unpaged(statement, (name, value))
+            .await
+            .map_err(|e| failed(&insert, Box::new(e)))?;
+    }
+    let found = read_meta(session, keyspace, "schema_version")
+        .await
+        .map_err(|e| failed("read schema_version", e))?;
+    if let Some(found) = found
+        && found > SCHEMA_VERSION
+    {
+        return Err(CqlError::Schema {
+            keyspace: keyspace.to_owned(),
+            why: format!(
+                "has ledger schema version {found}, this build understands up to {SCHEMA_VERSION}; upgrade Sluice"
+            ),
+        });
+    }
+    tracing::info!(keyspace, %replication, "CQL ledger schema is in place");
+    Ok(())
+}
+
+/// One value of the `meta` table.
+pub(crate) async fn read_meta(
+    session: &Session,
+    keyspace: &str,
+    name: &str,
+) -> Result<Option<i64>, Box<dyn std::error::Error + Send + Sync>> {
+    let mut statement = Statement::new(format!("SELECT value FROM {keyspace}.meta WHERE name = ?"));
+    statement.set_consistency(Consistency::Quorum);
+    let rows = session
+        .query_unpaged(statement, (name,))
+        .await?
+        .into_rows_result()?;
+    Ok(rows.maybe_first_row::<(Option<i64>,)>()?.and_then(|(v,)| v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schema_splits_into_keyspace_then_tables() {
+        let statements = schema_statements(
+            "sluice_test",
+            &Replication::default(),
+            Tablets::ServerDefault,
+        );
+        assert!(statements[0].starts_with("CREATE KEYSPACE IF NOT EXISTS sluice_test WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}"));
+        let tables: Vec<_> = statements[1..]
+            .iter()
+            .map(|s| {
+                s.strip_prefix("CREATE TABLE IF NOT EXISTS sluice_test.")
+                    .and_then(|rest| rest.split_whitespace().next())
+                    .unwrap_or(s)
+            })
+            .collect();
+        assert_eq!(
+            tables,
+            [
+                "commands",
+                "audit",
+                "due",
+                "sweep_cursor",
+                "business_keys",
+                "runs",
+                "meta"
+            ]
+        );
+        assert!(
+            statements
+                .iter()
+                .all(|s| !s.contains("--") && !s.contains('{') || s.starts_with("CREATE KEYSPACE"))
+        );
+    }
+}

@@ -1,0 +1,352 @@
+//! Every statement the ledger runs, prepared once when it connects.
+//!
+//! Plain statements are marked idempotent (the driver may retry them); lightweight transactions
+//! are not: a retried LWT could apply twice, so the ledger settles their timeouts itself with a
+//! SERIAL read. LWTs run with the session's serial consistency (SERIAL or LOCAL_SERIAL) for the
+//! Paxos phase and its consistency (QUORUM or LOCAL_QUORUM) for the commit.
+
+use std::time::Duration;
+
+use scylla::client::session::Session;
+use scylla::statement::prepared::PreparedStatement;
+
+use crate::CqlError;
+use crate::config::CqlConfig;
+
+/// The static columns of a run's partition, as every head read selects them.
+pub(crate) const STATICS: &str = "audit_seq, audit_head, audit_pending, audit_pending_prev, \
+     audit_write_id, run_created_at, updated_at, ckpt_count, ckpt_hash, ckpt_at";
+/// A command row's own columns.
+const ROW: &str = "command_key, identity, state, status, lease_epoch, due_at, args_hash, write_id";
+
+/// Rows per page of a partition read.
+const PAGE_SIZE: i32 = 1_000;
+
+#[derive(Debug)]
+pub(crate) struct Statements {
+    // Reads.
+    pub read_head: PreparedStatement,
+    pub read_head_serial: PreparedStatement,
+    pub read_command: PreparedStatement,
+    pub read_command_serial: PreparedStatement,
+    pub read_run: PreparedStatement,
+    pub read_run_brief: PreparedStatement,
+    pub read_due_at: PreparedStatement,
+    pub read_audit: PreparedStatement,
+    pub read_audit_one: PreparedStatement,
+    pub read_due: PreparedStatement,
+    pub read_cursors: PreparedStatement,
+    pub read_claim_serial: PreparedStatement,
+    pub read_runs_day: PreparedStatement,
+    pub read_meta: PreparedStatement,
+    // Lightweight transactions.
+    pub reserve: PreparedStatement,
+    pub transition: PreparedStatement,
+    pub quiet: PreparedStatement,
+    pub append: PreparedStatement,
+    pub claim: PreparedStatement,
+    pub take_over_claim: PreparedStatement,
+    pub release_claim: PreparedStatement,
+    pub purge_fence: PreparedStatement,
+    pub purge_row: PreparedStatement,
+    pub restore_run: PreparedStatement,
+    // Plain writes.
+    pub insert_audit: PreparedStatement,
+    pub delete_audit_below: PreparedStatement,
+    pub insert_due: PreparedStatement,
+    pub delete_due: PreparedStatement,
+    pub write_cursor: PreparedStatement,
+    pub insert_run: PreparedStatement,
+    pub delete_run: PreparedStatement,
+    pub write_meta: PreparedStatement,
+}
+
+impl Statements {
+    pub(crate) async fn prepare(session: &Session, config: &CqlConfig) -> Result<Self, CqlError> {
+        let ks = config.keyspace.as_str();
+        let serial_read = config.serial_consistency.as_read();
+        let lwt_timeout =
+            (config.lwt_timeout_ms > 0).then(|| Duration::from_millis(config.lwt_timeout_ms));
+        let prepare = |cql: String, kind: Kind| async move {
+            let mut statement =
+                session
+                    .prepare(cql.as_str())
+                    .await
+                    .map_err(|source| CqlError::Prepare {
+                        keyspace: ks.to_owned(),
+                        statement: cql.clone(),
+                        source: Box::new(source),
+                    })?;
+            match kind {
+                Kind::Read => {
+                    statement.set_is_idempotent(true);
+                    statement.set_page_size(PAGE_SIZE);
+                }
+                Kind::SerialRead => {
+                    // A SERIAL read runs a Paxos round: never retried behind our back either.
+                    statement.set_consistency(serial_read);
+                    statement.set_page_size(PAGE_SIZE);
+                }
+                Kind::Write => statement.set_is_idempotent(true),
+                Kind::Lwt => {
+                    statement.set_is_idempotent(false);
+                    if lwt_timeout.is_some() {
+                        statement.set_request_timeout(lwt_timeout);
+                    }
+                }
+            }
+            Ok::<_, CqlError>(statement)
+        };
+        use Kind::{Lwt, Read, SerialRead, Write};
+        Ok(Self {
+            read_head: prepare(
+                format!("SELECT {STATICS} FROM {ks}.commands WHERE run_id = ? LIMIT 1"),
+                Read,
+            )
+            .await?,
+            read_head_serial: prepare(
+                format!("SELECT {STATICS} FROM {ks}.commands WHERE run_id = ? LIMIT 1"),
+                SerialRead,
+            )
+            .await?,
+            read_command: prepare(
+                format!(
+                    "SELECT {ROW}, {STATICS} FROM {ks}.commands WHERE run_id = ? AND command_key = ?"
+                ),
+                Read,
+            )
+            .await?,
+            read_command_serial: prepare(
+                format!(
+                    "SELECT {ROW}, {STATICS} FROM {ks}.commands WHERE run_id = ? AND command_key = ?"
+                ),
+                SerialRead,
+            )
+            .await?,
+            read_run: prepare(
+                format!("SELECT {ROW}, {STATICS} FROM {ks}.commands WHERE run_id = ?"),
+                Read,
+            )
+            .await?,
+            read_run_brief: prepare(
+                format!(
+                    "SELECT status, run_created_at, updated_at FROM {ks}.commands WHERE run_id = ?"
+                ),
+                Read,
+            )
+            .await?,
+            read_due_at: prepare(
+                format!(
+                    "SELECT status, due_at FROM {ks}.commands WHERE run_id = ? AND command_key = ?"
+                ),
+                Read,
+            )
+            .await?,
+            read_audit: prepare(
+                format!(
+                    "SELECT seq, record, prev_hash, hash, write_id FROM {ks}.audit \
+                     WHERE run_id = ? AND seq >= ?"
+                ),
+                Read,
+            )
+            .await?,
+            read_audit_one: prepare(
+                format!(
+                    "SELECT seq, record, prev_hash, hash, write_id FROM {ks}.audit \
+                     WHERE run_id = ? AND seq = ?"
+                ),
+                Read,
+            )
+            .await?,
+            read_due: prepare(
+                format!(
+                    "SELECT due_at, run_id, command_key, WRITETIME(status) AS written FROM {ks}.due \
+                     WHERE minute = ? AND shard = ?"
+                ),
+                Read,
+            )
+            .await?,
+            read_cursors: prepare(
+                format!("SELECT shard, minute FROM {ks}.sweep_cursor WHERE shard IN ?"),
+                Read,
+            )
+            .await?,
+            read_claim_serial: prepare(
+                format!(
+                    "SELECT run_id, command_key, claimed_at FROM {ks}.business_keys \
+                     WHERE tool = ? AND business_key = ?"
+                ),
+                SerialRead,
+            )
+            .await?,
+            read_runs_day: prepare(
+                format!(
+                    "SELECT created_at, run_id FROM {ks}.runs \
+                     WHERE day = ? AND created_at >= ? AND created_at < ?"
+                ),
+                Read,
+            )
+            .await?,
+            read_meta: prepare(
+                format!("SELECT value FROM {ks}.meta WHERE name = ?"),
+                Read,
+            )
+            .await?,
+            reserve: prepare(
+                format!(
+                    "UPDATE {ks}.commands SET status = :status, lease_epoch = :lease_epoch, due_at = :due_at, \
+                     args_hash = :args_hash, identity = :identity, state = :state, \
+                     write_id = :write_id, audit_seq = :next_seq, audit_head = :head, \
+                     audit_pending = :pending, audit_pending_prev = :pending_prev, \
+                     audit_write_id = :audit_write_id, updated_at = :updated_at, \
+                     run_created_at = :new_run_created_at \
+                     WHERE run_id = :run_id AND command_key = :command_key \
+                     IF status = null AND audit_seq = :seq AND run_created_at = :run_created_at"
+                ),
+                Lwt,
+            )
+            .await?,
+            transition: prepare(
+                format!(
+                    "UPDATE {ks}.commands SET status = :status, lease_epoch = :lease_epoch, \
+                     due_at = :due_at, state = :state, write_id = :write_id, \
+                     audit_seq = :next_seq, audit_head = :head, audit_pending = :pending, \
+                     audit_pending_prev = :pending_prev, audit_write_id = :audit_write_id, \
+                     updated_at = :updated_at \
+                     WHERE run_id = :run_id AND command_key = :command_key \
+                     IF status = :guard_status AND lease_epoch = :guard_epoch AND audit_seq = :seq"
+                ),
+                Lwt,
+            )
+            .await?,
+            quiet: prepare(
+                format!(
+                    "UPDATE {ks}.commands SET status = ?, lease_epoch = ?, due_at = ?, state = ?, \
+                     write_id = ? WHERE run_id = ? AND command_key = ? \
+                     IF status = ? AND lease_epoch = ?"
+                ),
+                Lwt,
+            )
+            .await?,
+            append: prepare(
+                format!(
+                    "UPDATE {ks}.commands SET audit_seq = :next_seq, audit_head = :head, \
+                     audit_pending = :pending, audit_pending_prev = :pending_prev, \
+                     audit_write_id = :audit_write_id, updated_at = :updated_at, \
+                     run_created_at = :new_run_created_at \
+                     WHERE run_id = :run_id \
+                     IF audit_seq = :seq AND run_created_at = :run_created_at"
+                ),
+                Lwt,
+            )
+            .await?,
+            claim: prepare(
+                format!(
+                    "INSERT INTO {ks}.business_keys (tool, business_key, run_id, command_key, claimed_at) \
+                     VALUES (?, ?, ?, ?, ?) IF NOT EXISTS USING TTL ?"
+                ),
+                Lwt,
+            )
+            .await?,
+            take_over_claim: prepare(
+                format!(
+                    "UPDATE {ks}.business_keys USING TTL ? SET run_id = ?, command_key = ?, \
+                     claimed_at = ? WHERE tool = ? AND business_key = ? \
+                     IF run_id = ? AND command_key = ?"
+                ),
+                Lwt,
+            )
+            .await?,
+            release_claim: prepare(
+                format!(
+                    "DELETE FROM {ks}.business_keys WHERE tool = ? AND business_key = ? \
+                     IF run_id = ? AND command_key = ?"
+                ),
+                Lwt,
+            )
+            .await?,
+            purge_fence: prepare(
+                format!(
+                    "UPDATE {ks}.commands SET ckpt_count = ?, ckpt_hash = ?, ckpt_at = ?, \
+                     run_created_at = null WHERE run_id = ? \
+                     IF audit_seq = ? AND run_created_at = ?"
+                ),
+                Lwt,
+            )
+            .await?,
+            purge_row: prepare(
+                format!(
+                    "DELETE FROM {ks}.commands WHERE run_id = ? AND command_key = ? \
+                     IF status = ? AND lease_epoch = ?"
+                ),
+                Lwt,
+            )
+            .await?,
+            restore_run: prepare(
+                format!(
+                    "UPDATE {ks}.commands SET run_created_at = ? WHERE run_id = ? \
+                     IF run_created_at = null"
+                ),
+                Lwt,
+            )
+            .await?,
+            insert_audit: prepare(
+                format!(
+                    "INSERT INTO {ks}.audit (run_id, seq, record, prev_hash, hash, write_id) \
+                     VALUES (?, ?, ?, ?, ?, ?)"
+                ),
+                Write,
+            )
+            .await?,
+            delete_audit_below: prepare(
+                format!("DELETE FROM {ks}.audit WHERE run_id = ? AND seq < ?"),
+                Write,
+            )
+            .await?,
+            insert_due: prepare(
+                format!(
+                    "INSERT INTO {ks}.due (minute, shard, due_at, run_id, command_key, status) \
+                     VALUES (?, ?, ?, ?, ?, ?)"
+                ),
+                Write,
+            )
+            .await?,
+            delete_due: prepare(
+                format!(
+                    "DELETE FROM {ks}.due USING TIMESTAMP ? WHERE minute = ? AND shard = ? \
+                     AND due_at = ? AND run_id = ? AND command_key = ?"
+                ),
+                Write,
+            )
+            .await?,
+            write_cursor: prepare(
+                format!("UPDATE {ks}.sweep_cursor SET minute = ? WHERE shard = ?"),
+                Write,
+            )
+            .await?,
+            insert_run: prepare(
+                format!("INSERT INTO {ks}.runs (day, created_at, run_id) VALUES (?, ?, ?)"),
+                Write,
+            )
+            .await?,
+            delete_run: prepare(
+                format!("DELETE FROM {ks}.runs WHERE day = ? AND created_at = ? AND run_id = ?"),
+                Write,
+            )
+            .await?,
+            write_meta: prepare(
+                format!("UPDATE {ks}.meta SET value = ? WHERE name = ?"),
+                Write,
+            )
+            .await?,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Read,
+    SerialRead,
+    Write,
+    Lwt,
+}

@@ -1,0 +1,202 @@
+//! Round trips to the cluster per ledger operation, split into lightweight transactions (a
+//! Paxos round each), SERIAL reads (the same Paxos read, used to settle unknown outcomes) and
+//! plain reads and writes. Counted with atomics on every call; [`CqlStats::snapshot`] is what a
+//! metrics exporter reads (`sluice_ledger_round_trips_total{op, kind}`).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+/// A ledger operation, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Op {
+    Reserve,
+    ClaimBusinessKey,
+    /// `acquire_lease`: PENDING/APPROVED → LEASED with the next epoch.
+    Lease,
+    /// `finalize`: LEASED → outcome under the same epoch.
+    Finalize,
+    /// Any other audited transition (observe, approve, cancel, compensate, …).
+    Transition,
+    /// A write that is not a transition: a lease extension, a sweep moving a due time.
+    QuietWrite,
+    Get,
+    ListRun,
+    ListRuns,
+    Due,
+    AuditAppend,
+    AuditRead,
+    Purge,
+}
+
+impl Op {
+    pub const ALL: [Self; 13] = [
+        Self::Reserve,
+        Self::ClaimBusinessKey,
+        Self::Lease,
+        Self::Finalize,
+        Self::Transition,
+        Self::QuietWrite,
+        Self::Get,
+        Self::ListRun,
+        Self::ListRuns,
+        Self::Due,
+        Self::AuditAppend,
+        Self::AuditRead,
+        Self::Purge,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reserve => "reserve",
+            Self::ClaimBusinessKey => "claim_business_key",
+            Self::Lease => "lease",
+            Self::Finalize => "finalize",
+            Self::Transition => "transition",
+            Self::QuietWrite => "quiet_write",
+            Self::Get => "get",
+            Self::ListRun => "list_run",
+            Self::ListRuns => "list_runs",
+            Self::Due => "due",
+            Self::AuditAppend => "audit_append",
+            Self::AuditRead => "audit_read",
+            Self::Purge => "purge",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What a round trip was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Lwt,
+    Serial,
+    Plain,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    calls: AtomicU64,
+    lwt: AtomicU64,
+    serial: AtomicU64,
+    plain: AtomicU64,
+    /// LWTs that did not apply because the run's audit head moved, and were tried again.
+    retries: AtomicU64,
+    /// LWTs whose outcome was unknown (a timeout) and was settled by a SERIAL read.
+    unknown: AtomicU64,
+}
+
+/// Round-trip counters of one ledger; shared by its clones.
+#[derive(Debug, Default)]
+pub struct CqlStats {
+    ops: [Counters; Op::ALL.len()],
+}
+
+/// The counts of one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct OpCounts {
+    pub calls: u64,
+    pub lwt: u64,
+    pub serial: u64,
+    pub plain: u64,
+    pub retries: u64,
+    pub unknown: u64,
+}
+
+impl std::ops::Sub for OpCounts {
+    type Output = Self;
+    fn sub(self, earlier: Self) -> Self {
+        Self {
+            calls: self.calls - earlier.calls,
+            lwt: self.lwt - earlier.lwt,
+            serial: self.serial - earlier.serial,
+            plain: self.plain - earlier.plain,
+            retries: self.retries - earlier.retries,
+            unknown: self.unknown - earlier.unknown,
+        }
+    }
+}
+
+/// All counts at one moment, by operation name.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct StatsSnapshot {
+    pub ops: BTreeMap<&'static str, OpCounts>,
+}
+
+impl StatsSnapshot {
+    pub fn op(&self, op: Op) -> OpCounts {
+        self.ops.get(op.as_str()).copied().unwrap_or_default()
+    }
+
+    /// Lightweight transactions of all operations.
+    pub fn total_lwt(&self) -> u64 {
+        self.ops.values().map(|c| c.lwt).sum()
+    }
+
+    /// Plain round trips of all operations.
+    pub fn total_plain(&self) -> u64 {
+        self.ops.values().map(|c| c.plain).sum()
+    }
+
+    /// What happened between `earlier` and this snapshot.
+    pub fn since(&self, earlier: &StatsSnapshot) -> StatsSnapshot {
+        StatsSnapshot {
+            ops: self
+                .ops
+                .iter()
+                .map(|(name, counts)| {
+                    let before = earlier.ops.get(name).copied().unwrap_or_default();
+                    (*name, *counts - before)
+                })
+                .collect(),
+        }
+    }
+}
+
+impl CqlStats {
+    pub(crate) fn call(&self, op: Op) {
+        self.ops[op.index()].calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn round_trip(&self, op: Op, kind: Kind) {
+        let counters = &self.ops[op.index()];
+        let counter = match kind {
+            Kind::Lwt => &counters.lwt,
+            Kind::Serial => &counters.serial,
+            Kind::Plain => &counters.plain,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn retry(&self, op: Op) {
+        self.ops[op.index()].retries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn unknown(&self, op: Op) {
+        self.ops[op.index()].unknown.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            ops: Op::ALL
+                .iter()
+                .map(|op| {
+                    let c = &self.ops[op.index()];
+                    let counts = OpCounts {
+                        calls: c.calls.load(Ordering::Relaxed),
+                        lwt: c.lwt.load(Ordering::Relaxed),
+                        serial: c.serial.load(Ordering::Relaxed),
+                        plain: c.plain.load(Ordering::Relaxed),
+                        retries: c.retries.load(Ordering::Relaxed),
+                        unknown: c.unknown.load(Ordering::Relaxed),
+                    };
+                    (op.as_str(), counts)
+                })
+                .collect(),
+        }
+    }
+}
