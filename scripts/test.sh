@@ -30,6 +30,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo build --bins (the distributed test starts the service binaries)"
+cargo build --workspace --bins --locked
 echo "== cargo test"
 set +e
 cargo test --workspace --locked 2>&1 | tee "$log"

@@ -24,7 +24,7 @@ async fn main() -> anyhow::Result<()> {
     let config = args.service.load()?;
     sluice_runtime::telemetry::init(&config.telemetry);
     require_shared_bus(&config, "reconciler")?;
-    let ctx = assemble(&config, load_catalog(&config.catalog)?)?;
+    let ctx = assemble(&config, load_catalog(&config.catalog)?).await?;
     sluice_reconciler::run(
         ctx,
         config.reconciler.clone(),

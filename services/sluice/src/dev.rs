@@ -28,7 +28,7 @@ pub async fn start(
     catalog: Catalog,
     shutdown: Shutdown,
 ) -> Result<Pipeline, StartError> {
-    let ctx = assemble(config, catalog)?;
+    let ctx = assemble(config, catalog).await?;
     let listener = tokio::net::TcpListener::bind(config.producer.listen)
         .await
         .map_err(|source| StartError::Listen {

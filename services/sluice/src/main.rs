@@ -23,6 +23,15 @@ enum Command {
         #[command(flatten)]
         service: ServiceArgs,
     },
+    /// Apply the ledger schema (CQL keyspace and tables, or the SQLite file) and create the
+    /// bus topics of the configuration, then exit. Safe to run again.
+    Migrate {
+        #[command(flatten)]
+        service: ServiceArgs,
+        /// Print the CQL statements instead of applying anything.
+        #[arg(long)]
+        print: bool,
+    },
     /// Play agents against a fault-injecting upstream through the whole pipeline, and check
     /// that nothing is lost, committed twice or missing from the audit chain.
     Demo(sluice::demo::DemoArgs),
@@ -47,6 +56,19 @@ async fn main() -> anyhow::Result<ExitCode> {
                 "sluice dev is running; Ctrl-C stops it"
             );
             pipeline.wait().await.map_err(anyhow::Error::msg)?;
+        }
+        Command::Migrate { service, print } => {
+            let config = service.load()?;
+            if print {
+                for statement in sluice::migrate::cql_statements(&config) {
+                    println!("{statement};\n");
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            sluice_runtime::telemetry::init(&config.telemetry);
+            for line in sluice::migrate::run(config).await? {
+                println!("{line}");
+            }
         }
         Command::Demo(args) => {
             let outcome = sluice::demo::run(args, sluice_runtime::shutdown_on_signals()).await;

@@ -1384,4 +1384,19 @@ impl Ledger for CqlLedger {
     ) -> Result<PurgeReport, LedgerError> {
         self.purge_runs(older_than, max_runs, actor, now).await
     }
+
+    fn round_trips(&self) -> Vec<sluice_ledger::RoundTrips> {
+        self.stats()
+            .ops
+            .into_iter()
+            .flat_map(|(op, counts)| {
+                [
+                    ("lwt", counts.lwt),
+                    ("serial", counts.serial),
+                    ("plain", counts.plain),
+                ]
+                .map(|(kind, count)| sluice_ledger::RoundTrips { op, kind, count })
+            })
+            .collect()
+    }
 }

@@ -349,6 +349,24 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
         actor: &str,
         now: Timestamp,
     ) -> Result<PurgeReport, LedgerError>;
+
+    /// Round trips to the store so far, by operation and kind, for the
+    /// `sluice_ledger_round_trips_total` metric. Empty for a ledger that does not count them
+    /// (the embedded ledger has no network round trips to count).
+    fn round_trips(&self) -> Vec<RoundTrips> {
+        Vec::new()
+    }
+}
+
+/// How many round trips of one kind one ledger operation has made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundTrips {
+    /// The operation: `reserve`, `lease`, `finalize`, `transition`, `get`, …
+    pub op: &'static str,
+    /// `lwt` (a lightweight transaction, a Paxos round), `serial` (a SERIAL read settling an
+    /// unknown outcome) or `plain`.
+    pub kind: &'static str,
+    pub count: u64,
 }
 
 fn misuse(transition: &Transition, why: &str) -> LedgerError {

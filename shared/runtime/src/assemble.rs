@@ -4,11 +4,13 @@
 use std::sync::Arc;
 
 use sluice_bus::{Bus, BusError, EmbeddedBus, EmbeddedConfig};
+use sluice_bus_kafka::KafkaBus;
 use sluice_connector::{ConnectorError, HttpConnector};
 use sluice_core::catalog::{Catalog, CatalogError};
 use sluice_core::time::{Clock, SystemClock};
 use sluice_ledger::LedgerError;
 use sluice_ledger::sqlite::{SqliteConfig, SqliteLedger};
+use sluice_ledger_cql::{CqlError, CqlLedger};
 use thiserror::Error;
 
 use crate::config::{BusKind, CatalogConfig, Config, LedgerKind};
@@ -23,6 +25,8 @@ pub enum AssembleError {
     Catalog(#[from] CatalogError),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Cql(#[from] CqlError),
     #[error(transparent)]
     Bus(#[from] BusError),
     #[error(transparent)]
@@ -47,11 +51,12 @@ pub fn example_catalog_at(base_url: &str) -> Result<Catalog, CatalogError> {
     Catalog::from_toml_str(&text, "deploy/catalog.toml (built in)")
 }
 
-/// Opens the configured ledger.
-pub fn open_ledger(
+/// Opens the configured ledger: the SQLite file, or a session to the CQL cluster (applying
+/// the schema first when `ledger.cql.migrate_on_start` is set).
+pub async fn open_ledger(
     config: &Config,
     clock: Arc<dyn Clock>,
-) -> Result<Arc<dyn sluice_ledger::Ledger>, LedgerError> {
+) -> Result<Arc<dyn sluice_ledger::Ledger>, AssembleError> {
     match config.ledger.kind {
         LedgerKind::Sqlite => {
             let sqlite = SqliteConfig {
@@ -61,29 +66,43 @@ pub fn open_ledger(
             };
             Ok(Arc::new(SqliteLedger::open_with_clock(sqlite, clock)?))
         }
+        LedgerKind::Cql => Ok(Arc::new(
+            // Boxed: the driver's connect future is deep, and every caller's would inline it.
+            Box::pin(CqlLedger::connect_with_clock(
+                config.ledger.cql.clone(),
+                clock,
+            ))
+            .await?,
+        )),
     }
 }
 
-/// Opens the configured bus.
-pub fn open_bus(config: &Config) -> Result<Arc<dyn Bus>, BusError> {
+/// Opens the configured bus: the in-process one, or Kafka (creating absent topics).
+pub async fn open_bus(config: &Config) -> Result<Arc<dyn Bus>, BusError> {
     match config.bus.kind {
         BusKind::Embedded => Ok(Arc::new(EmbeddedBus::new(EmbeddedConfig {
             prefix: config.bus.topic_prefix.clone(),
             partitions: config.bus.partitions,
             ..EmbeddedConfig::default()
         })?)),
+        BusKind::Kafka => Ok(Arc::new(
+            Box::pin(KafkaBus::connect(config.bus.kafka_config())).await?,
+        )),
     }
 }
 
 /// Everything a service needs, from configuration, with `catalog` already loaded.
-pub fn assemble(config: &Config, catalog: Catalog) -> Result<Context, AssembleError> {
+pub async fn assemble(config: &Config, catalog: Catalog) -> Result<Context, AssembleError> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let ledger = open_ledger(config, Arc::clone(&clock)).await?;
+    let metrics = Metrics::new();
+    metrics.observe_ledger(Arc::clone(&ledger));
     Ok(Context {
-        ledger: open_ledger(config, Arc::clone(&clock))?,
-        bus: open_bus(config)?,
+        ledger,
+        bus: open_bus(config).await?,
         catalog: Arc::new(catalog),
         connector: Arc::new(HttpConnector::new()?),
         clock,
-        metrics: Arc::new(Metrics::new()),
+        metrics: Arc::new(metrics),
     })
 }

@@ -44,5 +44,6 @@ pub fn require_shared_bus(config: &Config, service: &str) -> anyhow::Result<()> 
              Run all four services together with `sluice dev`, or configure a shared bus \
              (bus.kind) to run them as separate processes"
         ),
+        BusKind::Kafka => Ok(()),
     }
 }

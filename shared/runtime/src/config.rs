@@ -7,7 +7,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use sluice_bus_kafka::KafkaConfig;
 use sluice_ledger::sqlite::Durability;
+use sluice_ledger_cql::CqlConfig;
 use thiserror::Error;
 
 /// The environment prefix of configuration overrides.
@@ -35,6 +37,8 @@ pub struct LedgerConfig {
     pub data_dir: PathBuf,
     pub durability: Durability,
     pub busy_timeout_ms: u64,
+    /// The CQL ledger (`kind = "cql"`): ScyllaDB or Cassandra, see docs/cql.md.
+    pub cql: CqlConfig,
 }
 
 impl Default for LedgerConfig {
@@ -44,6 +48,7 @@ impl Default for LedgerConfig {
             data_dir: PathBuf::from(sluice_ledger::sqlite::DEFAULT_DATA_DIR),
             durability: Durability::Full,
             busy_timeout_ms: 5_000,
+            cql: CqlConfig::default(),
         }
     }
 }
@@ -51,7 +56,10 @@ impl Default for LedgerConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LedgerKind {
+    /// The embedded ledger: one SQLite file under `data_dir`, for one machine.
     Sqlite,
+    /// ScyllaDB or Cassandra (`[ledger.cql]`), shared by services on many machines.
+    Cql,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -60,6 +68,8 @@ pub struct BusConfig {
     pub kind: BusKind,
     pub topic_prefix: String,
     pub partitions: u32,
+    /// The Kafka bus (`kind = "kafka"`).
+    pub kafka: KafkaSettings,
 }
 
 impl Default for BusConfig {
@@ -70,6 +80,7 @@ impl Default for BusConfig {
             // A partition hands out one message at a time, so partitions bound how many runs
             // each service works on at once.
             partitions: 64,
+            kafka: KafkaSettings::default(),
         }
     }
 }
@@ -77,7 +88,73 @@ impl Default for BusConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BusKind {
+    /// Topics inside this process: only for all four services in one process (`sluice dev`).
     Embedded,
+    /// Apache Kafka or a Kafka-protocol broker (`[bus.kafka]`), shared by every process.
+    Kafka,
+}
+
+/// How to reach Kafka. Topic names and counts come from `[bus]` (`topic_prefix`,
+/// `partitions`).
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaSettings {
+    /// Bootstrap brokers, `host:port` separated by commas.
+    pub brokers: String,
+    /// Replicas of each topic created at start; unset takes the broker's default.
+    pub replication_factor: Option<u16>,
+    pub client_id: String,
+    /// Largest message accepted, in bytes.
+    pub max_message_bytes: usize,
+    /// How long a service waits at start for the brokers and its topics.
+    pub start_timeout_ms: u64,
+    /// Further librdkafka properties (TLS, SASL, `linger.ms`, …). Values are never logged:
+    /// they may hold passwords.
+    pub extra: BTreeMap<String, String>,
+}
+
+impl Default for KafkaSettings {
+    fn default() -> Self {
+        let kafka = KafkaConfig::default();
+        Self {
+            brokers: kafka.brokers,
+            replication_factor: kafka.replication_factor,
+            client_id: kafka.client_id,
+            max_message_bytes: kafka.max_message_bytes,
+            start_timeout_ms: u64::try_from(kafka.start_timeout.as_millis()).unwrap_or(u64::MAX),
+            extra: kafka.extra,
+        }
+    }
+}
+
+impl std::fmt::Debug for KafkaSettings {
+    /// Names the `extra` properties but not their values (SASL and TLS passwords live there).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSettings")
+            .field("brokers", &self.brokers)
+            .field("replication_factor", &self.replication_factor)
+            .field("client_id", &self.client_id)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("start_timeout_ms", &self.start_timeout_ms)
+            .field("extra", &self.extra.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl BusConfig {
+    /// The Kafka bus's settings, from `[bus]` and `[bus.kafka]`.
+    pub fn kafka_config(&self) -> KafkaConfig {
+        KafkaConfig {
+            brokers: self.kafka.brokers.clone(),
+            prefix: self.topic_prefix.clone(),
+            partitions: self.partitions,
+            replication_factor: self.kafka.replication_factor,
+            client_id: self.kafka.client_id.clone(),
+            max_message_bytes: self.kafka.max_message_bytes,
+            start_timeout: std::time::Duration::from_millis(self.kafka.start_timeout_ms),
+            extra: self.kafka.extra.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -268,6 +345,24 @@ impl Config {
                 "must be non-empty and use only letters, digits, '.', '_' and '-'",
             );
         }
+        if self.ledger.kind == LedgerKind::Cql {
+            self.ledger
+                .cql
+                .validate()
+                .map_err(|e| ConfigError::Invalid {
+                    key: "ledger.cql".into(),
+                    message: e.to_string(),
+                })?;
+        }
+        if self.bus.kind == BusKind::Kafka {
+            self.bus
+                .kafka_config()
+                .validate()
+                .map_err(|e| ConfigError::Invalid {
+                    key: "bus.kafka".into(),
+                    message: e.to_string(),
+                })?;
+        }
         if self.producer.max_body_bytes < 1_024 {
             return invalid("producer.max_body_bytes", "must be at least 1024");
         }
@@ -380,5 +475,52 @@ mod tests {
             err.to_string().contains("listen") || err.to_string().contains("address"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn distributed_kinds_read_their_sections_and_hide_secrets() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("sluice.toml");
+        std::fs::write(
+            &path,
+            "[ledger]\nkind = \"cql\"\n[ledger.cql]\nnodes = [\"10.0.0.1:9042\"]\nkeyspace = \"prod\"\n\
+             [bus]\nkind = \"kafka\"\npartitions = 12\n[bus.kafka]\nbrokers = \"k1:9092,k2:9092\"\n\
+             [bus.kafka.extra]\n\"sasl.password\" = \"hunter2\"\n",
+        )
+        .expect("write");
+        let config = Config::load(Some(&path), env(&[])).expect("valid");
+        assert_eq!(config.ledger.kind, LedgerKind::Cql);
+        assert_eq!(config.ledger.cql.keyspace, "prod");
+        let kafka = config.bus.kafka_config();
+        assert_eq!(kafka.brokers, "k1:9092,k2:9092");
+        assert_eq!(kafka.partitions, 12);
+        let shown = format!("{config:?}");
+        assert!(shown.contains("sasl.password"), "{shown}");
+        assert!(
+            !shown.contains("hunter2"),
+            "a secret reached Debug: {shown}"
+        );
+
+        let err = Config::load(
+            Some(&path),
+            env(&[("SLUICE_LEDGER__CQL__KEYSPACE", "Bad-Name")]),
+        )
+        .expect_err("a bad keyspace");
+        assert!(err.to_string().contains("ledger.cql"), "{err}");
+        let err = Config::load(
+            Some(&path),
+            env(&[("SLUICE_BUS__KAFKA__BROKERS", "a:1,,b:2")]),
+        )
+        .expect_err("bad brokers");
+        assert!(err.to_string().contains("bus.kafka"), "{err}");
+    }
+
+    #[test]
+    fn the_shipped_distributed_example_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/distributed.toml");
+        let config = Config::load(Some(&path), env(&[])).expect("deploy/distributed.toml");
+        assert_eq!(config.ledger.kind, LedgerKind::Cql);
+        assert_eq!(config.bus.kind, BusKind::Kafka);
+        assert!(!config.ledger.cql.migrate_on_start);
     }
 }

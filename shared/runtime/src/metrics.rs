@@ -1,9 +1,14 @@
 //! Every metric of the services, named in one place: `sluice_<thing>_<unit>`, labels bounded
 //! (tool, status, outcome, topic, route — never a run id).
 
+use std::sync::Arc;
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
 };
+use sluice_ledger::Ledger;
 
 use sluice_core::command::{Command, CommandStatus};
 
@@ -115,6 +120,25 @@ impl Metrics {
             .inc();
     }
 
+    /// Exports `sluice_ledger_round_trips_total{op, kind}` from `ledger`'s own counters, read
+    /// at every scrape. Call once per registry.
+    pub fn observe_ledger(&self, ledger: Arc<dyn Ledger>) {
+        let counter = IntCounterVec::new(
+            Opts::new(
+                "ledger_round_trips_total",
+                "Round trips to the ledger's store by operation and kind (lwt, serial, plain)",
+            ),
+            &["op", "kind"],
+        )
+        .expect("metric definitions are static and valid");
+        if let Err(error) = self
+            .registry
+            .register(Box::new(LedgerRoundTrips { ledger, counter }))
+        {
+            tracing::warn!(%error, "ledger round trips are already exported");
+        }
+    }
+
     /// The registry in the Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = Vec::new();
@@ -127,5 +151,27 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Copies a ledger's round-trip counts into a counter family when scraped.
+#[derive(Debug)]
+struct LedgerRoundTrips {
+    ledger: Arc<dyn Ledger>,
+    counter: IntCounterVec,
+}
+
+impl Collector for LedgerRoundTrips {
+    fn desc(&self) -> Vec<&Desc> {
+        self.counter.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        for trips in self.ledger.round_trips() {
+            let counter = self.counter.with_label_values(&[trips.op, trips.kind]);
+            // Only this collector moves the counter, so it holds the count of the last scrape.
+            counter.inc_by(trips.count.saturating_sub(counter.get()));
+        }
+        self.counter.collect()
     }
 }
