@@ -25,11 +25,8 @@ async fn main() -> anyhow::Result<()> {
     sluice_runtime::telemetry::init(&config.telemetry);
     require_shared_bus(&config, "reconciler")?;
     let ctx = assemble(&config, load_catalog(&config.catalog)?).await?;
-    sluice_reconciler::run(
-        ctx,
-        config.reconciler.clone(),
-        sluice_runtime::shutdown_on_signals(),
-    )
-    .await?;
+    let shutdown = sluice_runtime::shutdown_on_signals();
+    sluice_runtime::ops::spawn(&ctx, config.telemetry.listen, &shutdown);
+    sluice_reconciler::run(ctx, config.reconciler.clone(), shutdown).await?;
     Ok(())
 }

@@ -15,7 +15,7 @@
 //! measured from when each submission was *due*, so a client that falls behind does not hide
 //! the wait (no coordinated omission).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -39,8 +39,49 @@ use tokio::task::JoinSet;
 use crate::demo::{DataDir, DataDirError, Progress, http_client, local_config};
 use crate::dev::StartError;
 
-/// The tool every bench effect calls.
-const TOOL: &str = "email/send";
+/// The tool the bench's effects call, one per semantics of the example catalog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BenchTool {
+    /// `email/send`: IDEMPOTENT.
+    Email,
+    /// `tickets/create`: IDEMPOTENT, with a status check.
+    Ticket,
+    /// `payments/wire`: NON_IDEMPOTENT, with a business key (one more LWT: its claim).
+    Wire,
+    /// `search/lookup`: OBSERVE_ONLY.
+    Search,
+}
+
+impl BenchTool {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Email => "email/send",
+            Self::Ticket => "tickets/create",
+            Self::Wire => "payments/wire",
+            Self::Search => "search/lookup",
+        }
+    }
+
+    /// Arguments of effect `i`, distinct per effect (a wire's business key is unique).
+    fn args(self, i: usize) -> Value {
+        match self {
+            Self::Email => json!({
+                "to": format!("user{i}@example.com"),
+                "subject": format!("bench {i}"),
+                "body": "a benchmark effect",
+            }),
+            Self::Ticket => json!({ "title": format!("bench {i}"), "body": "a benchmark effect" }),
+            Self::Wire => json!({
+                "account": format!("acc-bench-{i}"),
+                "amount_minor": 100,
+                "beneficiary": "b-bench",
+                "date": "2026-11-23",
+            }),
+            Self::Search => json!({ "query": format!("bench {i}") }),
+        }
+    }
+}
 /// The consumer group the bench reads lifecycle events as.
 const EVENTS_GROUP: &str = "sluice-bench";
 /// A pass gives up when no effect settled for this long.
@@ -95,6 +136,14 @@ pub struct BenchArgs {
     /// Effects per pass.
     #[arg(long, default_value_t = 20_000)]
     pub effects: usize,
+    /// The tool the effects call (its semantics decide the ledger work per effect).
+    #[arg(long, value_enum, default_value_t = BenchTool::Email)]
+    pub tool: BenchTool,
+    /// A configuration file whose ledger and bus the passes use (e.g. deploy/distributed.toml
+    /// for Kafka and Cassandra); default the embedded ledger and bus. Each pass gets topics of
+    /// its own; the flags below override the file.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Effects per batch submission.
     #[arg(long, default_value_t = 500)]
     pub batch: usize,
@@ -138,6 +187,8 @@ impl BenchArgs {
     pub fn defaults() -> Self {
         Self {
             effects: 20_000,
+            tool: BenchTool::Email,
+            config: None,
             batch: 500,
             concurrency: 32,
             mode: Mode::Both,
@@ -176,14 +227,26 @@ impl BenchArgs {
     }
 
     /// The pipeline configuration of one pass.
-    pub fn config(&self, data_dir: &Path) -> Config {
-        let mut config = local_config(data_dir);
+    pub fn config(&self, data_dir: &Path) -> Result<Config, BenchError> {
+        let mut config = match &self.config {
+            Some(path) => {
+                let mut config = Config::load(Some(path), std::env::vars())?;
+                config.ledger.data_dir = data_dir.to_owned();
+                config.ledger.cql.migrate_on_start = true;
+                config.producer.listen =
+                    std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0));
+                config.telemetry = local_config(data_dir).telemetry;
+                config
+            }
+            None => local_config(data_dir),
+        };
         config.bus.partitions = self.partitions;
         config.dispatcher.concurrency = self.dispatcher_concurrency;
         config.ledger.durability = self.durability.into();
         config.producer.max_batch = config.producer.max_batch.max(self.batch);
         config.producer.max_body_bytes = config.producer.max_body_bytes.max(self.batch * 1_024);
-        config
+        config.validate()?;
+        Ok(config)
     }
 }
 
@@ -248,6 +311,10 @@ pub struct Settings {
     pub effects: usize,
     pub effects_per_run: usize,
     pub tool: &'static str,
+    /// `sqlite` or `cql`.
+    pub ledger: String,
+    /// `embedded` or `kafka`.
+    pub bus: String,
     pub batch: usize,
     pub concurrency: usize,
     pub partitions: u32,
@@ -273,6 +340,11 @@ pub struct PassResult {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    /// Ledger round trips per confirmed effect, by kind (`lwt`, `serial`, `plain`), and the
+    /// lightweight transactions per effect by operation; empty for the embedded ledger.
+    pub round_trips_per_effect: BTreeMap<&'static str, f64>,
+    pub lwt_per_effect_by_op: BTreeMap<&'static str, f64>,
+    pub plain_per_effect_by_op: BTreeMap<&'static str, f64>,
 }
 
 impl PassResult {
@@ -282,7 +354,7 @@ impl PassResult {
             .offered_per_sec
             .map(|rate| format!(" ({rate:.0} effects/s offered)"))
             .unwrap_or_default();
-        format!(
+        let mut line = format!(
             "bench {}{offered}: {} effects in {:.1} s: {:.0} effects/s confirmed; latency p50 {:.1} ms p99 {:.1} ms (max {:.1} ms; all submitted in {:.1} s)",
             self.pass,
             self.effects,
@@ -292,7 +364,26 @@ impl PassResult {
             self.p99_ms,
             self.max_ms,
             self.submit_secs
-        )
+        );
+        if !self.round_trips_per_effect.is_empty() {
+            let kinds: Vec<String> = self
+                .round_trips_per_effect
+                .iter()
+                .map(|(kind, n)| format!("{n:.2} {kind}"))
+                .collect();
+            let lwt: Vec<String> = self
+                .lwt_per_effect_by_op
+                .iter()
+                .filter(|(_, n)| **n > 0.0)
+                .map(|(op, n)| format!("{op} {n:.2}"))
+                .collect();
+            line.push_str(&format!(
+                "\n  ledger round trips per effect: {} (LWT by operation: {})",
+                kinds.join(", "),
+                lwt.join(", ")
+            ));
+        }
+        line
     }
 }
 
@@ -344,12 +435,13 @@ pub async fn execute(
     announce: impl FnOnce(&Settings),
 ) -> Result<BenchReport, BenchError> {
     args.validate()?;
-    let probe = args.config(data_dir);
-    probe.validate()?;
+    let probe = args.config(data_dir)?;
     let settings = Settings {
         effects: args.effects,
         effects_per_run: args.effects_per_run,
-        tool: TOOL,
+        tool: args.tool.name(),
+        ledger: format!("{:?}", probe.ledger.kind).to_ascii_lowercase(),
+        bus: format!("{:?}", probe.bus.kind).to_ascii_lowercase(),
         batch: args.batch,
         concurrency: args.concurrency,
         partitions: probe.bus.partitions,
@@ -450,24 +542,21 @@ struct Workload {
 }
 
 impl Workload {
-    fn new(slug: &str, effects: usize, per_run: usize) -> Self {
+    fn new(slug: &str, tool: BenchTool, effects: usize, per_run: usize) -> Self {
+        let name = tool.name();
         let nonce = &uuid::Uuid::new_v4().simple().to_string()[..8];
         let mut bodies = Vec::with_capacity(effects);
         let mut index = HashMap::with_capacity(effects);
         for i in 0..effects {
             let run_id = format!("bench-{nonce}-{slug}-{}", i / per_run);
             let decision = i % per_run;
-            index.insert(format!("{run_id}/d-{decision}/{TOOL}/0"), i);
+            index.insert(format!("{run_id}/d-{decision}/{name}/0"), i);
             bodies.push(json!({
                 "run_id": run_id,
                 "decision": decision,
-                "tool": TOOL,
+                "tool": name,
                 "call_idx": 0,
-                "args": {
-                    "to": format!("user{i}@example.com"),
-                    "subject": format!("bench {i}"),
-                    "body": "a benchmark effect",
-                },
+                "args": tool.args(i),
             }));
         }
         Self { bodies, index }
@@ -534,7 +623,14 @@ async fn run_pass(
     progress: &Progress,
 ) -> Result<PassResult, BenchError> {
     let pass = submission.name();
-    let config = args.config(&data_dir.join(submission.slug()));
+    let mut config = args.config(&data_dir.join(submission.slug()))?;
+    // Topics of its own per pass on a shared broker: the events group reads only this pass.
+    config.bus.topic_prefix = format!(
+        "{}bench-{}-{}.",
+        config.bus.topic_prefix,
+        &uuid::Uuid::new_v4().simple().to_string()[..8],
+        submission.slug()
+    );
     let catalog = example_catalog_at(&upstream.base_url())?;
     let pipeline = crate::dev::start(&config, catalog, shutdown.child_token()).await?;
     let measured = async {
@@ -547,6 +643,7 @@ async fn run_pass(
             .await?;
         let workload = Arc::new(Workload::new(
             submission.slug(),
+            args.tool,
             args.effects,
             args.effects_per_run,
         ));
@@ -590,7 +687,9 @@ async fn run_pass(
                 stalled,
             });
         }
-        Ok(summarize(&pass, &submission, &tracker, submit_secs))
+        let mut result = summarize(&pass, &submission, &tracker, submit_secs);
+        count_round_trips(&mut result, pipeline.ctx.ledger.round_trips());
+        Ok(result)
     };
     let result = measured.await;
     let stopped = pipeline.stop().await;
@@ -878,6 +977,23 @@ fn summarize(
         p50_ms: ms(percentile(&latencies, 0.50)),
         p99_ms: ms(percentile(&latencies, 0.99)),
         max_ms: ms(latencies.last().copied().unwrap_or(0)),
+        round_trips_per_effect: BTreeMap::new(),
+        lwt_per_effect_by_op: BTreeMap::new(),
+        plain_per_effect_by_op: BTreeMap::new(),
+    }
+}
+
+/// Divides the pass's ledger round trips (a fresh ledger handle per pass) by its effects.
+fn count_round_trips(result: &mut PassResult, trips: Vec<sluice_ledger::RoundTrips>) {
+    let effects = result.effects.max(1) as f64;
+    for trip in trips {
+        *result.round_trips_per_effect.entry(trip.kind).or_default() += trip.count as f64 / effects;
+        let by_op = match trip.kind {
+            "lwt" => &mut result.lwt_per_effect_by_op,
+            "plain" => &mut result.plain_per_effect_by_op,
+            _ => continue,
+        };
+        *by_op.entry(trip.op).or_default() += trip.count as f64 / effects;
     }
 }
 
@@ -900,8 +1016,11 @@ fn print_settings(settings: &Settings) {
         settings.batch
     );
     println!(
-        "  pipeline: bus.partitions = {}, dispatcher.concurrency = {}, ledger.durability = {}, \
-         reconciler.sweep_interval_ms = {}; a fresh ledger per pass under {}",
+        "  pipeline: ledger {}, bus {}, bus.partitions = {}, dispatcher.concurrency = {}, \
+         ledger.durability = {}, reconciler.sweep_interval_ms = {}; a fresh ledger per pass \
+         under {}",
+        settings.ledger,
+        settings.bus,
         settings.partitions,
         settings.dispatcher_concurrency,
         settings.durability.as_str(),
@@ -930,12 +1049,12 @@ mod tests {
 
     #[test]
     fn workload_subjects_match_the_command_keys() {
-        let workload = Workload::new("single", 10, 4);
+        let workload = Workload::new("single", BenchTool::Email, 10, 4);
         assert_eq!(workload.bodies.len(), 10);
         assert_eq!(workload.index.len(), 10);
         let body = &workload.bodies[5];
         let subject = format!(
-            "{}/d-{}/{TOOL}/0",
+            "{}/d-{}/email/send/0",
             body["run_id"].as_str().expect("run id"),
             body["decision"]
         );
@@ -948,7 +1067,7 @@ mod tests {
             batch: 5_000,
             ..BenchArgs::defaults()
         };
-        let config = args.config(Path::new("/tmp/x"));
+        let config = args.config(Path::new("/tmp/x")).expect("valid");
         assert_eq!(config.producer.max_batch, 5_000);
         assert_eq!(config.bus.partitions, 64);
         assert_eq!(config.dispatcher.concurrency, 256);

@@ -244,6 +244,10 @@ pub struct TelemetryConfig {
     pub log_format: LogFormat,
     /// A `tracing` filter such as `info` or `sluice=debug,info`.
     pub log_level: String,
+    /// Where the dispatcher, reconciler and compensator serve `/metrics`, `/healthz` and
+    /// `/readyz` (e.g. `0.0.0.0:9464`); unset serves nothing. The producer serves them on its
+    /// API address.
+    pub listen: Option<SocketAddr>,
 }
 
 impl Default for TelemetryConfig {
@@ -251,6 +255,7 @@ impl Default for TelemetryConfig {
         Self {
             log_format: LogFormat::Text,
             log_level: "info".into(),
+            listen: None,
         }
     }
 }

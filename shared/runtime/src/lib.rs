@@ -7,6 +7,7 @@ pub mod config;
 pub mod consumer;
 pub mod messages;
 pub mod metrics;
+pub mod ops;
 pub mod pipeline;
 pub mod telemetry;
 
