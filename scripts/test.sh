@@ -26,6 +26,8 @@ fi
 # shellcheck source=engines/env.sh
 . scripts/engines/env.sh
 
+echo "== deploy/ and k8s/ (scripts/check-deploy.sh)"
+scripts/check-deploy.sh | tail -n 1
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
