@@ -27,7 +27,8 @@ fi
 . scripts/engines/env.sh
 
 echo "== deploy/ and k8s/ (scripts/check-deploy.sh)"
-scripts/check-deploy.sh | tail -n 1
+scripts/check-deploy.sh >"$log" 2>&1 || { cat "$log"; exit 1; }
+tail -n 1 "$log"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
