@@ -160,6 +160,10 @@ impl Serial {
 pub struct CqlConfig {
     /// Contact points, `host:port`.
     pub nodes: Vec<String>,
+    /// Credentials for a cluster with authentication on (`PasswordAuthenticator`); set the
+    /// password through the environment (`SLUICE_LEDGER__CQL__PASSWORD`), not a file.
+    pub username: Option<String>,
+    pub password: Option<Secret>,
     pub keyspace: String,
     pub replication: Replication,
     /// `disabled` on ScyllaDB (LWT needs a keyspace without tablets).
@@ -204,6 +208,8 @@ impl Default for CqlConfig {
     fn default() -> Self {
         Self {
             nodes: vec!["127.0.0.1:9042".into()],
+            username: None,
+            password: None,
             keyspace: "sluice".into(),
             replication: Replication::default(),
             tablets: Tablets::default(),
@@ -223,9 +229,26 @@ impl Default for CqlConfig {
     }
 }
 
+/// A value that `Debug` does not show (passwords), so a logged configuration cannot leak it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
 impl CqlConfig {
     /// Checks every setting once, naming the key that is wrong.
     pub fn validate(&self) -> Result<(), CqlError> {
+        if self.password.is_some() && self.username.is_none() {
+            return Err(CqlError::Config {
+                key: "password",
+                why: "is set without a username".into(),
+            });
+        }
         if self.nodes.is_empty() {
             return Err(CqlError::Config {
                 key: "nodes",
@@ -331,6 +354,26 @@ mod tests {
         assert!(config.validate().is_err());
         config.due_shards = 4;
         config.validate().expect("defaults are valid");
+    }
+
+    #[test]
+    fn passwords_do_not_reach_debug() {
+        let config = CqlConfig {
+            username: Some("sluice".into()),
+            password: Some(Secret("hunter2".into())),
+            ..CqlConfig::default()
+        };
+        config.validate().expect("valid");
+        let shown = format!("{config:?}");
+        assert!(
+            !shown.contains("hunter2") && shown.contains("sluice"),
+            "{shown}"
+        );
+        let orphan = CqlConfig {
+            password: Some(Secret("x".into())),
+            ..CqlConfig::default()
+        };
+        assert!(orphan.validate().is_err());
     }
 
     #[test]

@@ -382,16 +382,18 @@ impl CqlLedger {
             .serial_consistency(Some(config.serial_consistency.driver()))
             .request_timeout(Some(Duration::from_millis(config.request_timeout_ms)))
             .build();
-        let session = SessionBuilder::new()
+        let mut builder = SessionBuilder::new()
             .known_nodes(&config.nodes)
             .connection_timeout(Duration::from_millis(config.connect_timeout_ms))
-            .default_execution_profile_handle(profile.into_handle())
-            .build()
-            .await
-            .map_err(|source| CqlError::Connect {
-                nodes: config.nodes.join(","),
-                source: Box::new(source),
-            })?;
+            .default_execution_profile_handle(profile.into_handle());
+        if let Some(username) = &config.username {
+            let password = config.password.as_ref().map_or("", |p| p.0.as_str());
+            builder = builder.user(username, password);
+        }
+        let session = builder.build().await.map_err(|source| CqlError::Connect {
+            nodes: config.nodes.join(","),
+            source: Box::new(source),
+        })?;
         Self::open(session, config, clock).await
     }
 

@@ -20,7 +20,7 @@ pub mod schema;
 mod statements;
 pub mod stats;
 
-pub use config::{Consistency, CqlConfig, Replication, Serial, Tablets};
+pub use config::{Consistency, CqlConfig, Replication, Secret, Serial, Tablets};
 pub use error::CqlError;
 pub use ledger::CqlLedger;
 pub use schema::{SCHEMA_VERSION, migrate, migrate_with, schema_statements};

@@ -405,11 +405,16 @@ fn apply_env(table: &mut toml::Table, var: &str, value: &str) -> Result<(), Conf
     if path.iter().any(String::is_empty) {
         return Err(env_error("has an empty key segment"));
     }
+    let (last, parents) = path.split_last().ok_or_else(|| env_error("names no key"))?;
+    // A password is a string even when it looks like a number.
+    let secret = ["password", "secret", "token"]
+        .iter()
+        .any(|word| last.contains(word));
     let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
         .ok()
         .and_then(|mut t| t.remove("v"))
+        .filter(|_| !secret)
         .unwrap_or_else(|| toml::Value::String(value.to_owned()));
-    let (last, parents) = path.split_last().ok_or_else(|| env_error("names no key"))?;
     let mut node = table;
     for segment in parents {
         let entry = node
@@ -506,6 +511,15 @@ mod tests {
             "a secret reached Debug: {shown}"
         );
 
+        let with_password = Config::load(
+            Some(&path),
+            env(&[
+                ("SLUICE_LEDGER__CQL__USERNAME", "sluice"),
+                ("SLUICE_LEDGER__CQL__PASSWORD", "123456"),
+            ]),
+        )
+        .expect("a numeric-looking password is a string");
+        assert!(!format!("{with_password:?}").contains("123456"));
         let err = Config::load(
             Some(&path),
             env(&[("SLUICE_LEDGER__CQL__KEYSPACE", "Bad-Name")]),
