@@ -82,6 +82,72 @@ pub fn wire_rules() -> Rules {
 }
 
 /// A command for `run` at journal position `decision`/`call_idx` of tool `tool`.
+/// The ledger work of one dispatched effect, as the benchmarks measure it: reserve, acquire
+/// the lease, finalize as CONFIRMED (each with its audit record). Effect `i` of `task` goes to
+/// run `r-bench-<task>-<i / per_run>`; `tool`'s namespace picks the semantics (see
+/// [`command_with_key`]).
+pub async fn dispatch_effect(
+    ledger: &dyn Ledger,
+    tool: &str,
+    task: usize,
+    i: usize,
+    per_run: usize,
+) {
+    let run = RunId::parse(&format!("r-bench-{task}-{}", i / per_run)).expect("valid");
+    let pending = command(
+        &run,
+        (i % per_run) as u32,
+        tool,
+        0,
+        json!({"account": format!("acc-{task}"), "amount_minor": i, "date": "2026-11-23"}),
+    );
+    let rules = Rules {
+        has_status_check: true,
+        ..Rules::defaults(pending.semantics)
+    };
+    let audit = pending.reservation_audit("bench");
+    let pending = ledger
+        .reserve(pending, audit)
+        .await
+        .expect("reserve")
+        .into_command();
+    let now = SystemClock.now();
+    let lease = machine::apply(
+        &pending.state,
+        &rules,
+        &Event::Lease {
+            owner: "bench".into(),
+        },
+        now,
+    )
+    .expect("lease applies");
+    let leased = ledger
+        .acquire_lease(Transition::from_step(&pending, &lease, "bench"))
+        .await
+        .expect("lease")
+        .applied()
+        .cloned()
+        .expect("uncontended lease");
+    let outcome = machine::apply(
+        &leased.state,
+        &rules,
+        &Event::Dispatched {
+            epoch: leased.epoch(),
+            outcome: DispatchOutcome::Committed {
+                external_ref: Some(format!("w-{task}-{i}")),
+                result: Some(json!({"id": format!("w-{task}-{i}")})),
+            },
+        },
+        now,
+    )
+    .expect("outcome applies");
+    let confirmed = ledger
+        .finalize(Transition::from_step(&leased, &outcome, "bench"))
+        .await
+        .expect("finalize");
+    assert!(confirmed.is_applied(), "an uncontended finalize applies");
+}
+
 pub fn command(run: &RunId, decision: u32, tool: &str, call_idx: u32, args: Value) -> Command {
     command_with_key(run, decision, tool, call_idx, args, None)
 }
