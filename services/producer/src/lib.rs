@@ -440,6 +440,29 @@ pub(crate) fn parse_run(raw: &str) -> Result<RunId, ApiError> {
     RunId::parse(raw).map_err(|e| ApiError::invalid(e.to_string()))
 }
 
+/// A query string parsed into `T`, refused as a 422 JSON error (axum's own rejection is plain
+/// text) naming what was wrong.
+#[derive(Debug)]
+pub(crate) struct Q<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for Q<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(value)| Q(value))
+            .map_err(|e| ApiError::invalid(format!("invalid query string: {}", e.body_text())))
+    }
+}
+
 /// The longest `delay_ms` (and how far ahead `not_before` may be): one year.
 pub const MAX_DELAY_MS: u64 = 365 * 24 * 60 * 60 * 1_000;
 
@@ -552,7 +575,7 @@ async fn list_effects(
     State(api): State<Api>,
     Caller(principal): Caller,
     Path(run_id): Path<String>,
-    Query(query): Query<ListQuery>,
+    Q(query): Q<ListQuery>,
 ) -> Result<Response, ApiError> {
     principal.require(Need::ReadRun)?;
     let run_id = parse_run(&run_id)?;
@@ -580,7 +603,7 @@ async fn list_scheduled(
     State(api): State<Api>,
     Caller(principal): Caller,
     Path(run_id): Path<String>,
-    Query(query): Query<ScheduledQuery>,
+    Q(query): Q<ScheduledQuery>,
 ) -> Result<Response, ApiError> {
     principal.require(Need::ReadRun)?;
     let run_id = parse_run(&run_id)?;
@@ -715,7 +738,7 @@ async fn get_effect(
     State(api): State<Api>,
     Caller(principal): Caller,
     Path((run_id, command_key)): Path<(String, String)>,
-    Query(query): Query<GetQuery>,
+    Q(query): Q<GetQuery>,
 ) -> Result<Response, ApiError> {
     principal.require(Need::ReadRun)?;
     let bad = |e: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", e);

@@ -9,7 +9,7 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -24,7 +24,9 @@ use sluice_runtime::Driven;
 use sluice_runtime::messages::Cause;
 
 use crate::auth::{Caller, Need, Principal};
-use crate::{ACTOR, Api, ApiError, parse_body, parse_run, parse_status_filter, parse_tool_filter};
+use crate::{
+    ACTOR, Api, ApiError, Q, parse_body, parse_run, parse_status_filter, parse_tool_filter,
+};
 
 /// Longest reason accepted, in characters.
 pub const MAX_REASON_CHARS: usize = 1_000;
@@ -374,7 +376,7 @@ pub(crate) async fn remove_effect(
     State(api): State<Api>,
     Caller(principal): Caller,
     Path((run_id, raw_key)): Path<(String, String)>,
-    Query(query): Query<RemoveQuery>,
+    Q(query): Q<RemoveQuery>,
 ) -> Result<Response, ApiError> {
     principal.require(Need::RemoveScheduled)?;
     let run_id = parse_run(&run_id)?;
@@ -606,7 +608,7 @@ fn parse_limit(raw: Option<usize>) -> Result<usize, ApiError> {
 pub(crate) async fn list_runs(
     State(api): State<Api>,
     Caller(principal): Caller,
-    Query(query): Query<RunsQuery>,
+    Q(query): Q<RunsQuery>,
 ) -> Result<Response, ApiError> {
     principal.require(Need::ReadAll)?;
     if query.status.is_some() || query.tool.is_some() {
@@ -630,7 +632,7 @@ pub(crate) async fn list_runs(
 pub(crate) async fn list_all_effects(
     State(api): State<Api>,
     Caller(principal): Caller,
-    Query(query): Query<RunsQuery>,
+    Q(query): Q<RunsQuery>,
 ) -> Result<Response, ApiError> {
     principal.require(Need::ReadAll)?;
     let since = parse_since(query.since.as_deref())?;
