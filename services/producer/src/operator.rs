@@ -221,13 +221,48 @@ struct ResolveBody {
     external_ref: Option<String>,
 }
 
-/// `POST /v1/runs/{run}/effects/{key}:{action}`: approve, reject, cancel, replay, resolve.
+/// The actions of [`command_action`], as metric labels (a bounded set).
+const ACTIONS: [&str; 5] = ["approve", "reject", "cancel", "replay", "resolve"];
+
+/// `POST /v1/runs/{run}/effects/{key}:{action}`: approve, reject, cancel, replay, resolve;
+/// counted in `sluice_http_requests_total{route="command_<action>"}`.
 pub(crate) async fn command_action(
     State(api): State<Api>,
-    Caller(principal): Caller,
+    caller: Caller,
     Path((run_id, rest)): Path<(String, String)>,
     body: Bytes,
+) -> Response {
+    let action = rest
+        .rsplit_once(':')
+        .map(|(_, action)| action)
+        .and_then(|action| ACTIONS.iter().find(|known| **known == action))
+        .map_or("command_other", |action| match *action {
+            "approve" => "command_approve",
+            "reject" => "command_reject",
+            "cancel" => "command_cancel",
+            "replay" => "command_replay",
+            _ => "command_resolve",
+        });
+    let answer = match act(&api, caller, run_id, rest, body).await {
+        Ok(response) => response,
+        Err(e) => e.into_response(),
+    };
+    api.ctx
+        .metrics
+        .http_requests
+        .with_label_values(&[action, answer.status().as_str()])
+        .inc();
+    answer
+}
+
+async fn act(
+    api: &Api,
+    Caller(principal): Caller,
+    run_id: String,
+    rest: String,
+    body: Bytes,
 ) -> Result<Response, ApiError> {
+    let api = api.clone();
     let Some((raw_key, action)) = rest.rsplit_once(':') else {
         return Err(ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
