@@ -132,6 +132,7 @@ fn refused(command: &Command, refusal: &Refusal) -> ApiError {
 }
 
 /// Applies an operator event to a command and carries out what the step implies.
+#[tracing::instrument(skip(api, event, cause), fields(run_id = %run_id, command_key = %key, event = ?event.kind()))]
 async fn operate(
     api: &Api,
     run_id: &RunId,
@@ -894,4 +895,101 @@ pub(crate) async fn purge(
         "report": report,
     }))
     .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use sluice_core::command::{CommandStatus, CompensationInfo, EffectSemantics, Intent};
+    use sluice_core::ids::{CommandKey, RunId};
+    use sluice_core::machine::{EventKind, Refusal};
+
+    use super::*;
+
+    fn command(key: &str, status: CommandStatus) -> Command {
+        let mut command = Command::from_intent(
+            Intent {
+                run_id: RunId::parse("r-1").expect("valid"),
+                command_key: CommandKey::parse(key).expect("valid"),
+                semantics: EffectSemantics::Idempotent,
+                args: json!({}),
+                business_key: None,
+                policy_version: "1".into(),
+                max_attempts: 3,
+                not_before: None,
+            },
+            Timestamp::from_millis(0),
+            1_000,
+        );
+        command.state.status = status;
+        command
+    }
+
+    #[test]
+    fn reasons_are_required_bounded_and_printable() {
+        assert_eq!(check_reason("  ok  ").expect("fine"), "ok");
+        for bad in ["", "   ", "a\u{7}b", &"x".repeat(MAX_REASON_CHARS + 1)] {
+            let err = check_reason(bad).expect_err("refused");
+            assert_eq!(err.status(), StatusCode::UNPROCESSABLE_ENTITY, "{bad:?}");
+        }
+        assert!(check_reason("line one\nline two").is_ok());
+        assert!(check_evidence(&json!({"ref": "w-1"})).is_ok());
+        let big = json!("x".repeat(MAX_EVIDENCE_BYTES + 1));
+        assert!(check_evidence(&big).is_err());
+    }
+
+    #[test]
+    fn a_refused_cancel_says_why_in_an_operators_words() {
+        let leased = command("d-1/email/send/0", CommandStatus::Leased);
+        let refusal = Refusal::NotAllowed {
+            status: CommandStatus::Leased,
+            event: EventKind::Cancel,
+        };
+        let err = refused(&leased, &refusal);
+        assert_eq!(err.status(), StatusCode::CONFLICT);
+        assert_eq!(err.code(), "not_allowed");
+        assert!(
+            err.message()
+                .contains("may already have called the upstream")
+        );
+        let done = command("d-1/email/send/0", CommandStatus::Confirmed);
+        let err = refused(
+            &done,
+            &Refusal::NotAllowed {
+                status: CommandStatus::Confirmed,
+                event: EventKind::Cancel,
+            },
+        );
+        assert!(
+            err.message().contains("already CONFIRMED"),
+            "{}",
+            err.message()
+        );
+    }
+
+    #[test]
+    fn rollback_progress_lists_compensations_last_first_and_knows_when_done() {
+        let mut first = command("d-1/payments/wire/0", CommandStatus::Compensated);
+        first.state.compensation = Some(CompensationInfo {
+            started_at: Timestamp::from_millis(1),
+            ended_at: Some(Timestamp::from_millis(2)),
+            reference: Some("rev-1".into()),
+            detail: None,
+            attempts: 1,
+        });
+        let second = command("d-2/tickets/create/0", CommandStatus::Compensating);
+        let untouched = command("d-3/search/lookup/0", CommandStatus::Confirmed);
+        let progress = rollback_progress(&[first.clone(), second, untouched]);
+        assert_eq!(progress["done"], json!(false));
+        let keys: Vec<&str> = progress["commands"]
+            .as_array()
+            .expect("commands")
+            .iter()
+            .filter_map(|c| c["command_key"].as_str())
+            .collect();
+        assert_eq!(keys, ["d-2/tickets/create/0", "d-1/payments/wire/0"]);
+        assert_eq!(progress["counts"]["COMPENSATING"], json!(1));
+        let finished = rollback_progress(&[first]);
+        assert_eq!(finished["done"], json!(true));
+    }
 }
