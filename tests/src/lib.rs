@@ -376,11 +376,12 @@ impl Answer {
     }
 }
 
-/// An agent (and operator) speaking the producer's HTTP API.
+/// An agent (and operator) speaking the producer's HTTP API, with a bearer token or none.
 #[derive(Debug, Clone)]
 pub struct Agent {
     http: Client,
     base: String,
+    token: Option<String>,
 }
 
 impl Agent {
@@ -392,11 +393,59 @@ impl Agent {
         Self {
             http,
             base: base_url.trim_end_matches('/').to_owned(),
+            token: None,
+        }
+    }
+
+    /// The same client, sending `token` as its bearer token.
+    #[must_use]
+    pub fn with_token(&self, token: &str) -> Self {
+        Self {
+            token: Some(token.to_owned()),
+            ..self.clone()
         }
     }
 
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    fn request(&self, method: reqwest::Method, url: String) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, url);
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    fn post(&self, url: String) -> reqwest::RequestBuilder {
+        self.request(reqwest::Method::POST, url)
+    }
+
+    fn get_url(&self, url: String) -> reqwest::RequestBuilder {
+        self.request(reqwest::Method::GET, url)
+    }
+
+    /// Any request: `method` on `path` (from `/v1…`), with a JSON body or none.
+    pub async fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Answer {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("an HTTP method");
+        let mut request = self.request(method.clone(), format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        Self::answer(request.send().await)
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: no answer: {e}"))
+    }
+
+    /// `POST …/effects/{key}:{action}` with `body`.
+    pub async fn act(&self, run: &str, key: &str, action: &str, body: &Value) -> Answer {
+        self.call(
+            "POST",
+            &format!("/v1/runs/{run}/effects/{}:{action}", encode_key(key)),
+            Some(body),
+        )
+        .await
     }
 
     async fn answer(response: reqwest::Result<reqwest::Response>) -> reqwest::Result<Answer> {
@@ -410,8 +459,7 @@ impl Agent {
     /// `POST /v1/effects` with `effect` as JSON; errors are transport errors.
     pub async fn try_submit(&self, effect: &Value) -> reqwest::Result<Answer> {
         Self::answer(
-            self.http
-                .post(format!("{}/v1/effects", self.base))
+            self.post(format!("{}/v1/effects", self.base))
                 .json(effect)
                 .send()
                 .await,
@@ -429,8 +477,7 @@ impl Agent {
     /// `POST /v1/effects` with a body of raw bytes.
     pub async fn submit_raw(&self, body: Vec<u8>) -> Answer {
         Self::answer(
-            self.http
-                .post(format!("{}/v1/effects", self.base))
+            self.post(format!("{}/v1/effects", self.base))
                 .header("content-type", "application/json")
                 .body(body)
                 .send()
@@ -443,8 +490,7 @@ impl Agent {
     /// `POST /v1/effects/batch` with `{"effects": effects}`.
     pub async fn batch(&self, effects: Vec<Value>) -> Answer {
         Self::answer(
-            self.http
-                .post(format!("{}/v1/effects/batch", self.base))
+            self.post(format!("{}/v1/effects/batch", self.base))
                 .json(&json!({ "effects": effects }))
                 .send()
                 .await,
@@ -461,7 +507,7 @@ impl Agent {
             url.push_str("?wait=");
             url.push_str(wait);
         }
-        Self::answer(self.http.get(url).send().await)
+        Self::answer(self.get_url(url).send().await)
             .await
             .expect("the producer answers a read")
     }
@@ -485,7 +531,7 @@ impl Agent {
             url.push_str("?status=");
             url.push_str(status);
         }
-        Self::answer(self.http.get(url).send().await)
+        Self::answer(self.get_url(url).send().await)
             .await
             .expect("the producer answers a listing")
     }
@@ -501,9 +547,12 @@ impl Agent {
     /// `POST /v1/runs/{run}/rollback`.
     pub async fn rollback(&self, run: &str, reason: &str) -> Answer {
         Self::answer(
-            self.http
-                .post(format!("{}/v1/runs/{run}/rollback", self.base))
-                .json(&json!({ "reason": reason, "actor": "e2e-operator" }))
+            self.post(format!("{}/v1/runs/{run}/rollback", self.base))
+                .json(&if self.token.is_some() {
+                    json!({ "reason": reason })
+                } else {
+                    json!({ "reason": reason, "actor": "e2e-operator" })
+                })
                 .send()
                 .await,
         )
@@ -732,4 +781,32 @@ pub async fn ledger_get(ledger: &dyn Ledger, run: &str, key: &str) -> Option<Com
         .get(&run_id, &key)
         .await
         .expect("the ledger reads a command")
+}
+
+/// The bearer tokens of an authenticated test pipeline: two agents, an operator, an admin.
+pub mod tokens {
+    use sluice_runtime::Config;
+    use sluice_runtime::config::{Role, TokenConfig};
+
+    pub const AGENT_A: &str = "agent-a-token-0123456789";
+    pub const AGENT_B: &str = "agent-b-token-0123456789";
+    pub const OPERATOR: &str = "operator-token-0123456789";
+    pub const ADMIN: &str = "admin-token-0123456789";
+
+    /// Adds the four tokens to `config` (names: agent-a, agent-b, operator-1, admin-1).
+    pub fn install(config: &mut Config) {
+        for (name, role, token) in [
+            ("agent-a", Role::Agent, AGENT_A),
+            ("agent-b", Role::Agent, AGENT_B),
+            ("operator-1", Role::Operator, OPERATOR),
+            ("admin-1", Role::Admin, ADMIN),
+        ] {
+            config.auth.tokens.push(TokenConfig {
+                name: name.into(),
+                role,
+                token: Some(token.into()),
+                token_sha256: None,
+            });
+        }
+    }
 }

@@ -11,9 +11,16 @@
 //! If publishing the dispatch request fails afterwards, the command still is PENDING with a due
 //! time, and the reconciler's sweep republishes it.
 //!
+//! Every route under `/v1` checks its caller's bearer token and role ([`auth`]); operator
+//! actions (approve, reject, cancel, replay, resolve, rollback, purge) and the audit routes live
+//! in [`operator`]. The OpenAPI document `schemas/openapi.yaml` describes every route.
+//!
 //! `GET …/effects/{key}?wait=30s` long-polls until the command settles (terminal, STUCK or
 //! BLOCKED). Waiters are woken by the lifecycle events this producer reads from the bus as a
 //! group of its own, with a periodic ledger re-read as the fallback.
+
+pub mod auth;
+pub mod operator;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -23,15 +30,18 @@ use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+
+use auth::{Authenticator, Caller, Need, Principal};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sluice_bus::Topic;
 use sluice_core::catalog::CatalogError;
 use sluice_core::command::{Command, CommandStatus, Intent};
-use sluice_core::ids::{CommandKey, RunId};
+use sluice_core::ids::{CommandKey, RunId, ToolName};
 use sluice_core::time::Timestamp;
 use sluice_ledger::{LedgerError, Reserved};
+use sluice_runtime::Config;
 use sluice_runtime::config::ProducerConfig;
 use sluice_runtime::messages::{
     Cause, CompensateJob, CompensateRequest, DispatchRequest, encode, header,
@@ -47,6 +57,7 @@ pub const ACTOR: &str = "producer";
 pub struct Api {
     ctx: Context,
     config: ProducerConfig,
+    auth: Authenticator,
     /// `<run_id>/<command_key>` of every lifecycle event seen.
     settled: broadcast::Sender<String>,
 }
@@ -82,7 +93,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
             code,
@@ -91,12 +102,29 @@ impl ApiError {
         }
     }
 
-    fn with_details(mut self, details: Value) -> Self {
+    pub(crate) fn with_details(mut self, details: Value) -> Self {
         self.details = details;
         self
     }
 
-    fn body(&self) -> Value {
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// 422 `invalid_request`.
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+    }
+
+    pub(crate) fn body(&self) -> Value {
         let mut error = json!({"code": self.code, "message": self.message});
         if !self.details.is_null() {
             error["details"] = self.details.clone();
@@ -104,7 +132,7 @@ impl ApiError {
         json!({ "error": error })
     }
 
-    fn unavailable(e: &LedgerError) -> Self {
+    pub(crate) fn unavailable(e: &LedgerError) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "ledger_unavailable",
@@ -115,7 +143,15 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let unauthenticated = self.status == StatusCode::UNAUTHORIZED;
+        let mut response = (self.status, Json(self.body())).into_response();
+        if unauthenticated {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
     }
 }
 
@@ -126,17 +162,35 @@ struct Submitted {
 }
 
 impl Api {
-    pub fn new(ctx: Context, config: ProducerConfig) -> Self {
+    /// The API of `config` (its `[producer]` and `[auth]` sections) over `ctx`.
+    pub fn new(ctx: Context, config: &Config) -> Self {
         let (settled, _) = broadcast::channel(4_096);
         Self {
             ctx,
-            config,
+            config: config.producer.clone(),
+            auth: Authenticator::from_config(&config.auth),
             settled,
         }
     }
 
+    /// Reads a run's commands, checking that `principal` may see them; `None` filters nothing.
+    pub(crate) async fn run_for(
+        &self,
+        principal: &Principal,
+        run_id: &RunId,
+    ) -> Result<Vec<Command>, ApiError> {
+        let commands = self
+            .ctx
+            .ledger
+            .list_run(run_id, None)
+            .await
+            .map_err(|e| ApiError::unavailable(&e))?;
+        principal.require_owner(run_id, &commands)?;
+        Ok(commands)
+    }
+
     /// Validates, reserves and requests dispatch of one effect.
-    async fn submit(&self, raw: Value) -> Result<Submitted, ApiError> {
+    async fn submit(&self, principal: &Principal, raw: Value) -> Result<Submitted, ApiError> {
         let request: EffectRequest = serde_json::from_value(raw).map_err(|e| {
             ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -149,6 +203,12 @@ impl Api {
                 .with_details(json!({ "pointer": format!("/{field}") }))
         };
         let run_id = RunId::parse(&request.run_id).map_err(|e| invalid("run_id", e.to_string()))?;
+        if run_id.as_str() == sluice_ledger::SYSTEM_RUN {
+            return Err(invalid(
+                "run_id",
+                format!("run id {run_id} is reserved for the ledger's own records"),
+            ));
+        }
         let catalog = &self.ctx.catalog;
         let tool = catalog.resolve(&request.tool).map_err(|e| match e {
             CatalogError::UnknownTool { .. } => {
@@ -180,15 +240,29 @@ impl Api {
                     "give delay_ms or not_before, not both".into(),
                 ));
             }
+            (Some(delay), None) if delay > MAX_DELAY_MS => {
+                return Err(invalid(
+                    "delay_ms",
+                    format!("delay_ms may be at most {MAX_DELAY_MS} (one year)"),
+                ));
+            }
             (Some(delay), None) => Some(
                 now.plus_millis(
                     i64::try_from(delay)
                         .map_err(|_| invalid("delay_ms", "delay_ms is too large".into()))?,
                 ),
             ),
-            (None, Some(at)) => Some(
-                Timestamp::parse_rfc3339(at).map_err(|e| invalid("not_before", e.to_string()))?,
-            ),
+            (None, Some(at)) => {
+                let at = Timestamp::parse_rfc3339(at)
+                    .map_err(|e| invalid("not_before", e.to_string()))?;
+                if at.millis_since(now) > MAX_DELAY_MS as i64 {
+                    return Err(invalid(
+                        "not_before",
+                        "not_before may be at most one year ahead".into(),
+                    ));
+                }
+                Some(at)
+            }
             (None, None) => None,
         };
         let rules = tool.rules();
@@ -210,6 +284,22 @@ impl Api {
             now,
             rules.pending_stale_ms,
         );
+        let command = match principal.submitter() {
+            Some(name) => {
+                // An agent adds to its own runs only.
+                if principal.role == sluice_runtime::config::Role::Agent {
+                    let existing = self
+                        .ctx
+                        .ledger
+                        .list_run(&command.run_id, None)
+                        .await
+                        .map_err(|e| ApiError::unavailable(&e))?;
+                    principal.require_no_foreign(&command.run_id, &existing)?;
+                }
+                command.submitted_by(name)
+            }
+            None => command,
+        };
         let tool_label = tool.name().to_string();
         let audit = command.reservation_audit(ACTOR);
         let reserved = match self.ctx.ledger.reserve(command, audit).await {
@@ -259,6 +349,19 @@ impl Api {
                 })
             }
             Reserved::Existing(command) | Reserved::BusinessKeyHeld(command) => {
+                if principal.role == sluice_runtime::config::Role::Agent
+                    && principal.authenticated
+                    && command.submitted_by.as_deref() != Some(principal.name.as_str())
+                {
+                    return Err(ApiError::new(
+                        StatusCode::CONFLICT,
+                        "business_key_held",
+                        format!(
+                            "the business key of this effect is held by command {}/{} of another agent",
+                            command.run_id, command.command_key
+                        ),
+                    ));
+                }
                 self.count(&tool_label, "replayed");
                 Ok(Submitted {
                     status: StatusCode::OK,
@@ -277,15 +380,36 @@ impl Api {
     }
 }
 
-/// The routes of the producer.
+/// The routes of the producer. Command keys hold `/`, so a key is the rest of the path and an
+/// action on a command is a custom method after a colon (`…/effects/{key}:approve`).
 pub fn router(api: Api) -> Router {
     let limit = api.config.max_body_bytes;
     Router::new()
-        .route("/v1/effects", post(submit_one))
+        .route("/v1/whoami", get(whoami))
+        .route(
+            "/v1/effects",
+            post(submit_one).get(operator::list_all_effects),
+        )
         .route("/v1/effects/batch", post(submit_batch))
+        .route("/v1/runs", get(operator::list_runs))
         .route("/v1/runs/{run_id}/effects", get(list_effects))
-        .route("/v1/runs/{run_id}/effects/{*command_key}", get(get_effect))
-        .route("/v1/runs/{run_id}/rollback", post(rollback))
+        .route("/v1/runs/{run_id}/scheduled", get(list_scheduled))
+        .route(
+            "/v1/runs/{run_id}/effects/{*command_key}",
+            get(get_effect)
+                .post(operator::command_action)
+                .delete(operator::remove_effect),
+        )
+        .route(
+            "/v1/runs/{run_id}/rollback",
+            post(rollback).get(operator::rollback_status),
+        )
+        .route("/v1/runs/{run_id}/audit", get(operator::audit_read))
+        .route(
+            "/v1/runs/{run_id}/audit/verify",
+            get(operator::audit_verify),
+        )
+        .route("/v1/audit/purge", post(operator::purge))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
@@ -293,7 +417,7 @@ pub fn router(api: Api) -> Router {
         .with_state(api)
 }
 
-fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
+pub(crate) fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -303,9 +427,61 @@ fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
     })
 }
 
-async fn submit_one(State(api): State<Api>, body: Bytes) -> Response {
-    let answer = match parse_json(&body) {
-        Ok(raw) => match api.submit(raw).await {
+/// Parses a request body into `T`, naming the expected shape when it does not match.
+pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(
+    body: &Bytes,
+    shape: &str,
+) -> Result<T, ApiError> {
+    serde_json::from_value(parse_json(body)?)
+        .map_err(|e| ApiError::invalid(format!("expected {shape}: {e}")))
+}
+
+pub(crate) fn parse_run(raw: &str) -> Result<RunId, ApiError> {
+    RunId::parse(raw).map_err(|e| ApiError::invalid(e.to_string()))
+}
+
+/// A query string parsed into `T`, refused as a 422 JSON error (axum's own rejection is plain
+/// text) naming what was wrong.
+#[derive(Debug)]
+pub(crate) struct Q<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for Q<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(value)| Q(value))
+            .map_err(|e| ApiError::invalid(format!("invalid query string: {}", e.body_text())))
+    }
+}
+
+/// The longest `delay_ms` (and how far ahead `not_before` may be): one year.
+pub const MAX_DELAY_MS: u64 = 365 * 24 * 60 * 60 * 1_000;
+
+/// Who the caller is, as the server sees it.
+async fn whoami(Caller(principal): Caller) -> Response {
+    Json(json!({
+        "name": principal.name,
+        "role": principal.role,
+        "authenticated": principal.authenticated,
+    }))
+    .into_response()
+}
+
+async fn submit_one(State(api): State<Api>, Caller(principal): Caller, body: Bytes) -> Response {
+    let answer = match principal
+        .require(Need::Submit)
+        .and_then(|()| parse_json(&body))
+    {
+        Ok(raw) => match api.submit(&principal, raw).await {
             Ok(submitted) => (submitted.status, Json(&submitted.command)).into_response(),
             Err(e) => e.into_response(),
         },
@@ -319,7 +495,12 @@ async fn submit_one(State(api): State<Api>, body: Bytes) -> Response {
     answer
 }
 
-async fn submit_batch(State(api): State<Api>, body: Bytes) -> Result<Response, ApiError> {
+async fn submit_batch(
+    State(api): State<Api>,
+    Caller(principal): Caller,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    principal.require(Need::Submit)?;
     let batch: BatchRequest = serde_json::from_value(parse_json(&body)?).map_err(|e| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -341,8 +522,9 @@ async fn submit_batch(State(api): State<Api>, body: Bytes) -> Result<Response, A
     // Submitted concurrently, so the ledger commits them in a few groups.
     let results = futures::future::join_all(batch.effects.into_iter().map(|raw| {
         let api = api.clone();
+        let principal = principal.clone();
         async move {
-            match api.submit(raw).await {
+            match api.submit(&principal, raw).await {
                 Ok(submitted) => json!({
                     "status": submitted.status.as_u16(),
                     "command": submitted.command,
@@ -365,40 +547,75 @@ async fn submit_batch(State(api): State<Api>, body: Bytes) -> Result<Response, A
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ListQuery {
     status: Option<String>,
+    tool: Option<String>,
+}
+
+/// A `?tool=` filter: a qualified `namespace/name`, or a bare name in the default namespace.
+pub(crate) fn parse_tool_filter(
+    api: &Api,
+    raw: Option<&str>,
+) -> Result<Option<ToolName>, ApiError> {
+    raw.map(|raw| {
+        ToolName::resolve(raw, api.ctx.catalog.default_namespace())
+            .map_err(|e| ApiError::invalid(format!("tool {raw:?}: {e}")))
+    })
+    .transpose()
+}
+
+pub(crate) fn parse_status_filter(raw: Option<&str>) -> Result<Option<CommandStatus>, ApiError> {
+    raw.map(str::parse::<CommandStatus>)
+        .transpose()
+        .map_err(|e| ApiError::invalid(e.to_string()))
 }
 
 async fn list_effects(
     State(api): State<Api>,
+    Caller(principal): Caller,
     Path(run_id): Path<String>,
-    Query(query): Query<ListQuery>,
+    Q(query): Q<ListQuery>,
 ) -> Result<Response, ApiError> {
-    let run_id = RunId::parse(&run_id).map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_request",
-            e.to_string(),
-        )
-    })?;
-    let status = query
-        .status
-        .as_deref()
-        .map(str::parse::<CommandStatus>)
-        .transpose()
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_request",
-                e.to_string(),
-            )
-        })?;
-    let effects = api
-        .ctx
-        .ledger
-        .list_run(&run_id, status)
-        .await
-        .map_err(|e| ApiError::unavailable(&e))?;
+    principal.require(Need::ReadRun)?;
+    let run_id = parse_run(&run_id)?;
+    let status = parse_status_filter(query.status.as_deref())?;
+    let tool = parse_tool_filter(&api, query.tool.as_deref())?;
+    let effects: Vec<Command> = api
+        .run_for(&principal, &run_id)
+        .await?
+        .into_iter()
+        .filter(|c| status.is_none_or(|s| c.status() == s))
+        .filter(|c| tool.as_ref().is_none_or(|t| &c.tool == t))
+        .collect();
+    Ok(Json(json!({ "run_id": run_id, "effects": effects })).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScheduledQuery {
+    tool: Option<String>,
+}
+
+/// The run's SCHEDULED effects (arguments as stored), earliest first; `?tool=` narrows them to
+/// one tool.
+async fn list_scheduled(
+    State(api): State<Api>,
+    Caller(principal): Caller,
+    Path(run_id): Path<String>,
+    Q(query): Q<ScheduledQuery>,
+) -> Result<Response, ApiError> {
+    principal.require(Need::ReadRun)?;
+    let run_id = parse_run(&run_id)?;
+    let tool = parse_tool_filter(&api, query.tool.as_deref())?;
+    let mut effects: Vec<Command> = api
+        .run_for(&principal, &run_id)
+        .await?
+        .into_iter()
+        .filter(|c| c.status() == CommandStatus::Scheduled)
+        .filter(|c| tool.as_ref().is_none_or(|t| &c.tool == t))
+        .collect();
+    effects.sort_by_key(|c| c.state.due_at);
     Ok(Json(json!({ "run_id": run_id, "effects": effects })).into_response())
 }
 
@@ -413,16 +630,28 @@ struct RollbackRequest {
 /// Asks the compensator to roll the run back; answers 202 with the run's commands as they are.
 async fn rollback(
     State(api): State<Api>,
+    Caller(principal): Caller,
     Path(run_id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let bad = |e: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", e);
-    let run_id = RunId::parse(&run_id).map_err(|e| bad(e.to_string()))?;
-    let request: RollbackRequest = serde_json::from_value(parse_json(&body)?)
-        .map_err(|e| bad(format!("a rollback is {{\"reason\": \"...\"}}: {e}")))?;
-    if request.reason.trim().is_empty() {
-        return Err(bad("a rollback needs a reason".into()));
-    }
+    principal.require(Need::Admin)?;
+    let run_id = parse_run(&run_id)?;
+    let request: RollbackRequest = parse_body(&body, "{\"reason\": \"...\"}")?;
+    let reason = operator::check_reason(&request.reason)?;
+    // The actor is the token's name; only an open (tokenless) API takes it from the body.
+    let actor = match (principal.authenticated, request.actor) {
+        (true, Some(_)) => {
+            return Err(ApiError::invalid(
+                "actor is taken from the bearer token; leave it out",
+            ));
+        }
+        (true, None) => principal.name.clone(),
+        (false, actor) => {
+            let actor = actor.unwrap_or_else(|| "api".into());
+            operator::check_text("actor", &actor, 64)?;
+            actor
+        }
+    };
     let known = api
         .ctx
         .ledger
@@ -436,12 +665,11 @@ async fn rollback(
             format!("run {run_id} has no commands"),
         ));
     }
-    let actor = request.actor.clone().unwrap_or_else(|| "api".into());
     // Durable before the answer: every command to undo is COMPENSATING in the ledger (the
     // sweep finishes the work if the compensator never gets the job below).
     let begun = api
         .ctx
-        .begin_rollback(&run_id, &actor, &request.reason)
+        .begin_rollback(&run_id, &actor, reason)
         .await
         .map_err(|e| {
             ApiError::new(
@@ -454,7 +682,7 @@ async fn rollback(
         run_id: run_id.clone(),
         job: CompensateJob::Rollback {
             actor,
-            reason: request.reason,
+            reason: reason.to_owned(),
         },
     };
     if let Err(e) = api
@@ -474,12 +702,18 @@ async fn rollback(
         .map_err(|e| ApiError::unavailable(&e))?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "run_id": run_id, "rollback": begun, "effects": effects })),
+        Json(json!({
+            "run_id": run_id,
+            "rollback": begun,
+            "progress": operator::rollback_progress(&effects),
+            "effects": effects,
+        })),
     )
         .into_response())
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct GetQuery {
     wait: Option<String>,
 }
@@ -502,9 +736,11 @@ pub fn parse_wait(raw: &str) -> Option<Duration> {
 
 async fn get_effect(
     State(api): State<Api>,
+    Caller(principal): Caller,
     Path((run_id, command_key)): Path<(String, String)>,
-    Query(query): Query<GetQuery>,
+    Q(query): Q<GetQuery>,
 ) -> Result<Response, ApiError> {
+    principal.require(Need::ReadRun)?;
     let bad = |e: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", e);
     let run_id = RunId::parse(&run_id).map_err(|e| bad(e.to_string()))?;
     let command_key = CommandKey::parse(&command_key).map_err(|e| bad(e.to_string()))?;
@@ -535,6 +771,7 @@ async fn get_effect(
                     format!("no command {subject}"),
                 )
             })?;
+        principal.require_owner(&run_id, std::slice::from_ref(&command))?;
         if command.status().is_settled() || tokio::time::Instant::now() >= deadline {
             return Ok(Json(command).into_response());
         }
@@ -606,11 +843,16 @@ async fn watch_events(api: Api, shutdown: Shutdown) {
 /// Serves the API on `listener` until `shutdown`.
 pub async fn serve(
     ctx: Context,
-    config: ProducerConfig,
+    config: &Config,
     listener: tokio::net::TcpListener,
     shutdown: Shutdown,
 ) -> std::io::Result<()> {
     let api = Api::new(ctx, config);
+    if api.auth.is_open() {
+        tracing::warn!(
+            "no [auth] tokens configured: the API is open to anyone who can reach this loopback address"
+        );
+    }
     let watcher = tokio::spawn(watch_events(api.clone(), shutdown.clone()));
     let stop = shutdown.clone();
     let served = axum::serve(listener, router(api))
@@ -621,9 +863,9 @@ pub async fn serve(
     served
 }
 
-/// Binds `config.listen` and serves until `shutdown`.
-pub async fn run(ctx: Context, config: ProducerConfig, shutdown: Shutdown) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+/// Binds `config.producer.listen` and serves until `shutdown`.
+pub async fn run(ctx: Context, config: &Config, shutdown: Shutdown) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.producer.listen).await?;
     tracing::info!(listen = %local(&listener), "producer listening");
     serve(ctx, config, listener, shutdown).await
 }

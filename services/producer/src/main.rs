@@ -25,11 +25,6 @@ async fn main() -> anyhow::Result<()> {
     sluice_runtime::telemetry::init(&config.telemetry);
     require_shared_bus(&config, "producer")?;
     let ctx = assemble(&config, load_catalog(&config.catalog)?).await?;
-    sluice_producer::run(
-        ctx,
-        config.producer.clone(),
-        sluice_runtime::shutdown_on_signals(),
-    )
-    .await?;
+    sluice_producer::run(ctx, &config, sluice_runtime::shutdown_on_signals()).await?;
     Ok(())
 }

@@ -41,11 +41,11 @@ pub async fn start(
     })?;
     let mut tasks = Vec::new();
     {
-        let (ctx, producer, shutdown) = (ctx.clone(), config.producer.clone(), shutdown.clone());
+        let (ctx, config, shutdown) = (ctx.clone(), config.clone(), shutdown.clone());
         tasks.push((
             "producer",
             tokio::spawn(async move {
-                sluice_producer::serve(ctx, producer, listener, shutdown)
+                sluice_producer::serve(ctx, &config, listener, shutdown)
                     .await
                     .map_err(|e| e.to_string())
             }),

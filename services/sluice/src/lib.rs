@@ -1,7 +1,8 @@
 //! The `sluice` command: `sluice dev` (the four services in one process on the embedded ledger
-//! and bus), `sluice demo` and `sluice bench`.
+//! and bus), `sluice demo`, `sluice bench` and the operator console.
 
 pub mod bench;
+pub mod console;
 pub mod demo;
 pub mod dev;
 pub mod migrate;

@@ -3,8 +3,10 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use sluice::console::{ConsoleArgs, ConsoleCommand};
 use sluice_runtime::assemble::load_catalog;
 use sluice_runtime::cli::ServiceArgs;
+use sluice_runtime::config::{Role, TokenConfig};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -14,6 +16,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    console: ConsoleArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -37,18 +41,29 @@ enum Command {
     Demo(sluice::demo::DemoArgs),
     /// Measure effects per second from submission to CONFIRMED, and their latency.
     Bench(sluice::bench::BenchArgs),
+    #[command(flatten)]
+    Console(ConsoleCommand),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    match cli.command {
         Command::Dev { service } => {
-            let config = service.load()?;
+            let mut config = service.load()?;
+            let generated = ensure_admin_token(&mut config);
             sluice_runtime::telemetry::init(&config.telemetry);
             let catalog = load_catalog(&config.catalog)?;
             let tools = catalog.len();
             let shutdown = sluice_runtime::shutdown_on_signals();
             let pipeline = sluice::dev::start(&config, catalog, shutdown).await?;
+            // On the terminal only, never through the log.
+            if let Some(token) = generated {
+                println!(
+                    "admin token for this session (not logged; give it to the console):\n  export SLUICE_URL={} SLUICE_TOKEN={token}",
+                    pipeline.url()
+                );
+            }
             tracing::info!(
                 url = %pipeline.url(),
                 data_dir = %config.ledger.data_dir.display(),
@@ -78,6 +93,18 @@ async fn main() -> anyhow::Result<ExitCode> {
             let outcome = sluice::bench::run(args, sluice_runtime::shutdown_on_signals()).await;
             return Ok(exit_code(outcome));
         }
+        Command::Console(command) => {
+            return Ok(match sluice::console::run(cli.console, command).await {
+                Ok(out) => {
+                    println!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(failure) => {
+                    eprintln!("{}", failure.message);
+                    ExitCode::from(failure.exit as u8)
+                }
+            });
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -96,4 +123,25 @@ fn exit_code(outcome: Result<(), impl std::error::Error>) -> ExitCode {
     }
     eprintln!("{message}");
     ExitCode::FAILURE
+}
+
+/// Adds a freshly generated admin token when the configuration names none, so the console can
+/// be used at once; returns it for printing.
+fn ensure_admin_token(config: &mut sluice_runtime::Config) -> Option<String> {
+    if config.auth.tokens.iter().any(|t| t.role == Role::Admin) {
+        return None;
+    }
+    // Two v4 UUIDs: 244 bits from the operating system's random source.
+    let token = format!(
+        "sluice-{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    config.auth.tokens.push(TokenConfig {
+        name: "dev-admin".into(),
+        role: Role::Admin,
+        token: Some(token.clone()),
+        token_sha256: None,
+    });
+    Some(token)
 }

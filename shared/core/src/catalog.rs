@@ -10,6 +10,7 @@
 //! ```toml
 //! default_namespace = "default"     # optional; bare tool names resolve here ("default")
 //! policy_version = "2026-11-01"     # optional ("1"); stored on each command and approval
+//! max_replays_per_run = 10          # optional (10); operator replays over all of a run's commands
 //!
 //! [[tool]]
 //! name = "payments/wire"            # namespace/name, both snake_case; or a bare name
@@ -780,9 +781,13 @@ pub struct Catalog {
     source_name: String,
     default_namespace: String,
     policy_version: String,
+    max_replays_per_run: u32,
     tools: Vec<Tool>,
     index: HashMap<ToolName, usize>,
 }
+
+/// Operator replays allowed over all of a run's commands unless the catalog says otherwise.
+pub const DEFAULT_MAX_REPLAYS_PER_RUN: u32 = 10;
 
 /// Reads a `schema_file`, given as written in the catalog; returns the path it read and the text.
 type SchemaReader<'a> = &'a dyn Fn(&str) -> (String, io::Result<String>);
@@ -863,6 +868,9 @@ impl Catalog {
             source_name: file.to_owned(),
             default_namespace,
             policy_version,
+            max_replays_per_run: raw
+                .max_replays_per_run
+                .unwrap_or(DEFAULT_MAX_REPLAYS_PER_RUN),
             tools,
             index,
         })
@@ -879,6 +887,11 @@ impl Catalog {
 
     pub fn policy_version(&self) -> &str {
         &self.policy_version
+    }
+
+    /// Operator replays allowed over all of a run's commands together.
+    pub fn max_replays_per_run(&self) -> u32 {
+        self.max_replays_per_run
     }
 
     pub fn get(&self, name: &ToolName) -> Option<&Tool> {
@@ -911,6 +924,7 @@ impl Catalog {
 struct RawCatalog {
     default_namespace: Option<String>,
     policy_version: Option<String>,
+    max_replays_per_run: Option<u32>,
     /// Kept as tables so each entry is deserialized on its own and its errors name the tool.
     #[serde(default)]
     tool: Vec<toml::Table>,

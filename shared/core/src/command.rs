@@ -318,6 +318,10 @@ pub struct Command {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before: Option<Timestamp>,
     pub created_at: Timestamp,
+    /// The principal (token name) that submitted the command; an agent may read only the runs
+    /// it submitted. `None` for commands recorded without authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<String>,
     #[serde(flatten)]
     pub state: CommandState,
 }
@@ -355,7 +359,15 @@ impl Command {
             max_attempts: intent.max_attempts,
             not_before: intent.not_before,
             created_at: now,
+            submitted_by: None,
         }
+    }
+
+    /// The same command, recorded as submitted by `principal`.
+    #[must_use]
+    pub fn submitted_by(mut self, principal: impl Into<String>) -> Self {
+        self.submitted_by = Some(principal.into());
+        self
     }
 
     /// The first audit record of the command: its reservation.

@@ -32,6 +32,8 @@ pub(crate) struct Identity {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     not_before: Option<Timestamp>,
     created_at: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    submitted_by: Option<String>,
 }
 
 impl Identity {
@@ -49,6 +51,7 @@ impl Identity {
             max_attempts: command.max_attempts,
             not_before: command.not_before,
             created_at: command.created_at,
+            submitted_by: command.submitted_by.clone(),
         }
     }
 
@@ -70,6 +73,7 @@ impl Identity {
             max_attempts: self.max_attempts,
             not_before: self.not_before,
             created_at: self.created_at,
+            submitted_by: self.submitted_by,
             state,
         }
     }

@@ -45,7 +45,8 @@ macro_rules! ledger_contract_tests {
             unknown_commands_conflict_with_none,
             audit_append_records_run_level_facts,
             purge_removes_finished_runs_and_leaves_checkpoints,
-            list_runs_shows_recent_runs_with_open_counts
+            list_runs_shows_recent_runs_with_open_counts,
+            the_submitter_is_kept_through_transitions
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
@@ -920,4 +921,31 @@ pub async fn list_runs_shows_recent_runs_with_open_counts(ledger: Arc<dyn Ledger
         runs.windows(2).all(|w| w[0].created_at >= w[1].created_at),
         "newest first"
     );
+}
+
+/// The principal that submitted a command is stored with it and survives its transitions (an
+/// agent's right to read a run rests on it).
+pub async fn the_submitter_is_kept_through_transitions(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("submitter");
+    let anonymous = reserve_new(&*ledger, command(&run, 0, "email/send", 0, json!({}))).await;
+    assert_eq!(anonymous.submitted_by, None);
+    let owned = reserve_new(
+        &*ledger,
+        command(&run, 1, "email/send", 0, json!({})).submitted_by("agent-7"),
+    )
+    .await;
+    assert_eq!(owned.submitted_by.as_deref(), Some("agent-7"));
+    let leased = lease(&*ledger, &owned, "d-1");
+    let leased = leased.await;
+    let leased = leased.applied().expect("the lease applies");
+    assert_eq!(leased.submitted_by.as_deref(), Some("agent-7"));
+    let read = ledger
+        .get(&run, &owned.command_key)
+        .await
+        .expect("get")
+        .expect("stored");
+    assert_eq!(read.submitted_by.as_deref(), Some("agent-7"));
+    let listed = ledger.list_run(&run, None).await.expect("list");
+    let submitters: Vec<Option<&str>> = listed.iter().map(|c| c.submitted_by.as_deref()).collect();
+    assert_eq!(submitters, vec![None, Some("agent-7")]);
 }

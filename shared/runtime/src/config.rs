@@ -26,6 +26,7 @@ pub struct Config {
     pub reconciler: ReconcilerConfig,
     pub compensator: CompensatorConfig,
     pub telemetry: TelemetryConfig,
+    pub auth: AuthConfig,
 }
 
 /// Which ledger, and its settings.
@@ -267,6 +268,152 @@ pub enum LogFormat {
     Json,
 }
 
+/// Who may call the API: bearer tokens, each with a role and a name.
+///
+/// With no tokens the API is open (every caller is an anonymous admin), which is allowed only
+/// while the producer listens on a loopback address; `sluice dev` generates an admin token
+/// instead. Tokens are compared by their SHA-256 digest in constant time, never logged, and
+/// never serialized back out (`token_sha256` lets a file hold no secret at all).
+///
+/// ```toml
+/// [[auth.tokens]]
+/// name = "billing-agent"     # the principal recorded on commands and in the audit chain
+/// role = "agent"             # agent | operator | admin
+/// token = "..."              # at least 16 characters; or token_sha256 = "<64 hex digits>"
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    pub tokens: Vec<TokenConfig>,
+}
+
+/// One bearer token.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    pub name: String,
+    pub role: Role,
+    /// The token itself; never serialized.
+    #[serde(default, skip_serializing)]
+    pub token: Option<String>,
+    /// The token's SHA-256 digest in hex, for configuration that must not hold the secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_sha256: Option<String>,
+}
+
+impl std::fmt::Debug for TokenConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenConfig")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field(
+                "token_sha256",
+                &self.token_sha256.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// What a token may do. Each role includes the ones before it, except that an operator does
+/// not submit effects: agent (submit, read its own runs) < operator (read everything) < admin
+/// (approve, reject, cancel, replay, resolve, rollback, purge).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Agent,
+    Operator,
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Agent => "agent",
+            Self::Operator => "operator",
+            Self::Admin => "admin",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The shortest token accepted in configuration.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
+impl AuthConfig {
+    /// Checks names, secrets and uniqueness; `listen` is where the producer serves.
+    fn validate(&self, listen: SocketAddr) -> Result<(), ConfigError> {
+        let invalid = |key: String, message: String| Err(ConfigError::Invalid { key, message });
+        if self.tokens.is_empty() && !listen.ip().is_loopback() {
+            return invalid(
+                "auth.tokens".into(),
+                format!(
+                    "the producer listens on {listen}, beyond loopback, so the API needs bearer \
+                     tokens: add [[auth.tokens]] entries with name, role and token"
+                ),
+            );
+        }
+        let mut names = std::collections::BTreeSet::new();
+        let mut secrets = std::collections::BTreeSet::new();
+        for (i, entry) in self.tokens.iter().enumerate() {
+            let key = |field: &str| format!("auth.tokens[{i}].{field}");
+            let name_ok = !entry.name.is_empty()
+                && entry.name.len() <= 64
+                && entry
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'@'));
+            if !name_ok {
+                return invalid(
+                    key("name"),
+                    "must be 1 to 64 letters, digits, '-', '_', '.' or '@'".into(),
+                );
+            }
+            if !names.insert(entry.name.as_str()) {
+                return invalid(key("name"), format!("{:?} is used twice", entry.name));
+            }
+            match (&entry.token, &entry.token_sha256) {
+                (Some(token), None) => {
+                    if token.chars().count() < MIN_TOKEN_CHARS
+                        || token.chars().any(char::is_whitespace)
+                    {
+                        return invalid(
+                            key("token"),
+                            format!("must be at least {MIN_TOKEN_CHARS} characters without spaces"),
+                        );
+                    }
+                    if !secrets.insert(token.clone()) {
+                        return invalid(key("token"), "the same token is given twice".into());
+                    }
+                }
+                (None, Some(digest)) => {
+                    if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+                        return invalid(key("token_sha256"), "must be 64 hex digits".into());
+                    }
+                    if !secrets.insert(digest.to_ascii_lowercase()) {
+                        return invalid(
+                            key("token_sha256"),
+                            "the same digest is given twice".into(),
+                        );
+                    }
+                }
+                (Some(_), Some(_)) | (None, None) => {
+                    return invalid(
+                        key("token"),
+                        "give exactly one of token and token_sha256".into(),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A configuration that cannot be used.
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -387,6 +534,7 @@ impl Config {
         if self.reconciler.sweep_interval_ms < 10 {
             return invalid("reconciler.sweep_interval_ms", "must be at least 10");
         }
+        self.auth.validate(self.producer.listen)?;
         Ok(())
     }
 }
@@ -470,6 +618,41 @@ mod tests {
             "the environment wins over the file"
         );
         assert_eq!(config.ledger.data_dir, PathBuf::from("/tmp/x"));
+    }
+
+    #[test]
+    fn auth_tokens_are_checked_and_never_shown() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("sluice.toml");
+        let write = |text: &str| std::fs::write(&path, text).expect("write");
+        write(
+            "[[auth.tokens]]\nname = \"ops\"\nrole = \"admin\"\ntoken = \"s3cret-s3cret-s3cret\"\n",
+        );
+        let config = Config::load(Some(&path), env(&[])).expect("valid");
+        assert_eq!(config.auth.tokens[0].role, Role::Admin);
+        let shown = format!(
+            "{config:?} {}",
+            toml::to_string(&config).expect("serializes")
+        );
+        assert!(!shown.contains("s3cret"), "a token leaked: {shown}");
+
+        write("[[auth.tokens]]\nname = \"ops\"\nrole = \"admin\"\ntoken = \"short\"\n");
+        let err = Config::load(Some(&path), env(&[])).expect_err("short token");
+        assert!(err.to_string().contains("auth.tokens[0].token"), "{err}");
+        write(
+            "[[auth.tokens]]\nname = \"ops\"\nrole = \"root\"\ntoken = \"s3cret-s3cret-s3cret\"\n",
+        );
+        Config::load(Some(&path), env(&[])).expect_err("unknown role");
+        write(
+            "[[auth.tokens]]\nname = \"a\"\nrole = \"agent\"\ntoken = \"s3cret-s3cret-s3cret\"\n\
+             [[auth.tokens]]\nname = \"b\"\nrole = \"admin\"\ntoken = \"s3cret-s3cret-s3cret\"\n",
+        );
+        let err = Config::load(Some(&path), env(&[])).expect_err("duplicate token");
+        assert!(err.to_string().contains("auth.tokens[1].token"), "{err}");
+
+        let err = Config::load(None, env(&[("SLUICE_PRODUCER__LISTEN", "0.0.0.0:8700")]))
+            .expect_err("open API beyond loopback");
+        assert!(err.to_string().contains("auth.tokens"), "{err}");
     }
 
     #[test]

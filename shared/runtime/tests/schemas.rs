@@ -141,3 +141,168 @@ fn lifecycle_event_payload_matches_its_schema() {
     );
     assert_eq!(event.header("ce_specversion"), Some("1.0"));
 }
+
+/// Every lifecycle event the pipeline publishes — including those of operator actions, whose
+/// commands carry an approval, a compensation or a submitter — matches the schema, with the
+/// CloudEvents type of its status.
+#[test]
+fn every_published_lifecycle_event_matches_its_schema() {
+    use sluice_core::machine::{
+        self, Action, CompensationOutcome, DispatchOutcome, Event, Operator, Resolution, Rules,
+    };
+
+    let (run_id, command_key) = ids();
+    let mut command = Command::from_intent(
+        Intent {
+            run_id,
+            command_key,
+            semantics: EffectSemantics::NonIdempotent,
+            args: json!({"account": "acc-1", "amount_minor": 5}),
+            business_key: None,
+            policy_version: "1".into(),
+            max_attempts: 3,
+            not_before: None,
+        },
+        Timestamp::from_millis(1_763_800_000_000),
+        10_000,
+    )
+    .submitted_by("agent-7");
+    let rules = Rules {
+        has_status_check: true,
+        has_compensate: true,
+        ..Rules::defaults(EffectSemantics::NonIdempotent)
+    };
+    let operator = Operator {
+        actor: "admin-1".into(),
+        reason: "checked".into(),
+    };
+    let schema = validator("lifecycle_event.json");
+    let mut seen = Vec::new();
+    let mut at = 1_763_800_000_000;
+    let mut apply = |command: &mut Command, event: Event| {
+        at += 60_000; // past any lease
+        let step = machine::apply(&command.state, &rules, &event, Timestamp::from_millis(at))
+            .unwrap_or_else(|refusal| panic!("{event:?}: {refusal}"));
+        command.state = step.state.clone();
+        if step
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Publish { .. }))
+        {
+            let event = LifecycleEvent::new("producer", command, Timestamp::from_millis(at));
+            assert_valid(&schema, &event.payload);
+            let expected = format!(
+                "dev.sluice.effect.{}",
+                command.status().as_str().to_ascii_lowercase()
+            );
+            assert_eq!(event.header("ce_type"), Some(expected.as_str()));
+            seen.push(command.status());
+        }
+    };
+    let blocked = |command: &mut Command, apply: &mut dyn FnMut(&mut Command, Event)| {
+        apply(
+            command,
+            Event::Block {
+                reason: "above the threshold".into(),
+                epoch: None,
+            },
+        );
+    };
+    let mut wire = command.clone();
+    blocked(&mut wire, &mut apply);
+    apply(
+        &mut wire,
+        Event::Approve {
+            operator: operator.clone(),
+            policy_version: "1".into(),
+        },
+    );
+    apply(
+        &mut wire,
+        Event::Lease {
+            owner: "d-1".into(),
+        },
+    );
+    let epoch = wire.state.lease.epoch;
+    apply(
+        &mut wire,
+        Event::Dispatched {
+            epoch,
+            outcome: DispatchOutcome::Committed {
+                external_ref: Some("w-1".into()),
+                result: Some(json!({"id": "w-1"})),
+            },
+        },
+    );
+    apply(
+        &mut wire,
+        Event::Rollback {
+            operator: operator.clone(),
+        },
+    );
+    apply(
+        &mut wire,
+        Event::Compensated {
+            outcome: CompensationOutcome::Done {
+                reference: Some("rev-1".into()),
+            },
+        },
+    );
+    blocked(&mut command, &mut apply);
+    apply(
+        &mut command,
+        Event::Reject {
+            operator: operator.clone(),
+        },
+    );
+    let mut stuck = Command::from_intent(
+        Intent {
+            run_id: RunId::parse("r-abc").expect("valid"),
+            command_key: CommandKey::parse("d-4/payments/wire/0").expect("valid"),
+            semantics: EffectSemantics::NonIdempotent,
+            args: json!({}),
+            business_key: None,
+            policy_version: "1".into(),
+            max_attempts: 3,
+            not_before: None,
+        },
+        Timestamp::from_millis(1_763_800_000_000),
+        10_000,
+    );
+    apply(
+        &mut stuck,
+        Event::Lease {
+            owner: "d-1".into(),
+        },
+    );
+    apply(&mut stuck, Event::LeaseExpired);
+    apply(
+        &mut stuck,
+        Event::GiveUp {
+            reason: "no evidence".into(),
+        },
+    );
+    apply(
+        &mut stuck,
+        Event::Resolve {
+            operator,
+            resolution: Resolution::Confirmed {
+                external_ref: "w-9".into(),
+            },
+            evidence: json!({"statement": "line 4"}),
+        },
+    );
+    use sluice_core::command::CommandStatus as S;
+    assert_eq!(
+        seen,
+        [
+            S::Blocked,
+            S::Confirmed,
+            S::Compensated,
+            S::Blocked,
+            S::Cancelled,
+            S::Stuck,
+            S::Confirmed
+        ]
+    );
+}

@@ -1,0 +1,995 @@
+//! The operator surface (DESIGN §2, §5, §7): approve, reject, cancel, replay (with a dry run),
+//! resolve and remove commands; read, verify and purge audit chains; list across runs.
+//!
+//! Every change is an event of the pure state machine, applied through the same guarded ledger
+//! write as the services' own ([`Context::drive`]), so an operator action either is a recorded
+//! transition — with the caller's token name as the actor and the mandatory reason in the audit
+//! chain — or is refused with the state machine's reason and changes nothing. Bad input is
+//! refused before anything is read.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sluice_core::audit::{AuditDraft, verify};
+use sluice_core::command::{Command, CommandStatus, EffectSemantics};
+use sluice_core::ids::{CommandKey, RunId};
+use sluice_core::machine::{self, Event, EventKind, Operator, Refusal, Resolution, Step};
+use sluice_core::policy::{self, PolicyDecision};
+use sluice_core::time::Timestamp;
+use sluice_runtime::Driven;
+use sluice_runtime::messages::Cause;
+
+use crate::auth::{Caller, Need, Principal};
+use crate::{
+    ACTOR, Api, ApiError, Q, parse_body, parse_run, parse_status_filter, parse_tool_filter,
+};
+
+/// Longest reason accepted, in characters.
+pub const MAX_REASON_CHARS: usize = 1_000;
+/// Largest evidence accepted, in bytes of JSON.
+pub const MAX_EVIDENCE_BYTES: usize = 16 * 1024;
+/// Most runs a listing or a purge call covers.
+pub const MAX_LIST_LIMIT: usize = 1_000;
+
+/// A reason: non-blank, at most [`MAX_REASON_CHARS`], no control characters but newlines.
+pub fn check_reason(reason: &str) -> Result<&str, ApiError> {
+    if reason.trim().is_empty() {
+        return Err(
+            ApiError::invalid("a reason is required").with_details(json!({"pointer": "/reason"}))
+        );
+    }
+    check_text("reason", reason, MAX_REASON_CHARS)?;
+    Ok(reason.trim())
+}
+
+/// Short free text: bounded and without control characters (they would corrupt a console).
+pub fn check_text(field: &str, text: &str, max_chars: usize) -> Result<(), ApiError> {
+    if text.chars().count() > max_chars {
+        return Err(
+            ApiError::invalid(format!("{field} is longer than {max_chars} characters"))
+                .with_details(json!({ "pointer": format!("/{field}") })),
+        );
+    }
+    if text.chars().any(|c| c.is_control() && c != '\n') {
+        return Err(
+            ApiError::invalid(format!("{field} contains control characters"))
+                .with_details(json!({ "pointer": format!("/{field}") })),
+        );
+    }
+    Ok(())
+}
+
+fn check_evidence(evidence: &Value) -> Result<(), ApiError> {
+    let bytes = evidence.to_string().len();
+    if bytes > MAX_EVIDENCE_BYTES {
+        return Err(ApiError::invalid(format!(
+            "evidence is {bytes} bytes of JSON; the limit is {MAX_EVIDENCE_BYTES}"
+        ))
+        .with_details(json!({"pointer": "/evidence"})));
+    }
+    if let Value::String(text) = evidence {
+        check_text("evidence", text, MAX_EVIDENCE_BYTES)?;
+    }
+    Ok(())
+}
+
+fn parse_key(raw: &str) -> Result<CommandKey, ApiError> {
+    CommandKey::parse(raw).map_err(|e| ApiError::invalid(e.to_string()))
+}
+
+fn not_found(run_id: &RunId, key: &CommandKey) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_command",
+        format!("no command {run_id}/{key}"),
+    )
+}
+
+/// Why an operator event does not apply, in words an operator can act on.
+fn explain(refusal: &Refusal, status: CommandStatus) -> String {
+    match refusal {
+        Refusal::NotAllowed { event, .. } => match (event, status) {
+            (EventKind::Cancel, CommandStatus::Leased) => "the command is LEASED: a dispatcher holds its lease and may already have called the upstream, so it can no longer be cancelled; wait for its outcome, then roll the run back if it must be undone".into(),
+            (EventKind::Cancel, CommandStatus::Unknown) => "the command's outcome is UNKNOWN: it may have committed upstream, so it cannot be cancelled; the reconciler is resolving it".into(),
+            (EventKind::Cancel, CommandStatus::Stuck) => "the command is STUCK: it may have committed upstream, so it cannot be cancelled; resolve it with evidence instead".into(),
+            (EventKind::Cancel, s) if s.is_terminal() => format!("the command is already {s}: there is nothing left to cancel"),
+            (EventKind::Approve | EventKind::Reject, s) => format!("only a BLOCKED command is approved or rejected; this one is {s}"),
+            (EventKind::Replay, s) => format!("only a FAILED or STUCK command is replayed; this one is {s}"),
+            (EventKind::Resolve, s) => format!("only a STUCK command is resolved by hand; this one is {s}"),
+            (event, s) => format!("{event:?} does not apply to a {s} command"),
+        },
+        other => other.to_string(),
+    }
+}
+
+fn refused(command: &Command, refusal: &Refusal) -> ApiError {
+    let code = match refusal {
+        Refusal::NotAllowed { .. } => "not_allowed",
+        Refusal::ReplayLimit { .. } => "replay_limit",
+        Refusal::ReplayNeedsEvidence => "evidence_required",
+        Refusal::EvidenceRequired => "evidence_required",
+        Refusal::ReasonRequired => "reason_required",
+        Refusal::StaleEpoch { .. }
+        | Refusal::NotYetDue { .. }
+        | Refusal::LeaseStillValid { .. }
+        | Refusal::AttemptsExhausted { .. }
+        | Refusal::BlindRetry
+        | Refusal::NotCompensable => "not_allowed",
+    };
+    ApiError::new(
+        StatusCode::CONFLICT,
+        code,
+        explain(refusal, command.status()),
+    )
+    .with_details(json!({
+        "status": command.status(),
+        "refusal": refusal,
+    }))
+}
+
+/// Applies an operator event to a command and carries out what the step implies.
+#[tracing::instrument(skip(api, event, cause), fields(run_id = %run_id, command_key = %key, event = ?event.kind()))]
+async fn operate(
+    api: &Api,
+    run_id: &RunId,
+    key: &CommandKey,
+    actor: &str,
+    event: Event,
+    cause: Cause,
+) -> Result<(Command, Step), ApiError> {
+    let driven = api
+        .ctx
+        .drive(run_id, key, actor, |_| Some(event.clone()))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ledger_unavailable",
+                e.to_string(),
+            )
+        })?;
+    match driven {
+        Driven::Applied(command, step) => {
+            tracing::info!(
+                run_id = %run_id,
+                command_key = %key,
+                actor,
+                from = %step.from,
+                to = %step.to(),
+                "operator action applied"
+            );
+            if let Err(e) = api.ctx.carry_out(ACTOR, &command, &step, cause).await {
+                // Stored all the same: a PENDING or APPROVED command is republished by the
+                // stale sweep; only the lifecycle event may be missing.
+                tracing::warn!(run_id = %run_id, command_key = %key, error = %e, "follow-up not published");
+            }
+            Ok((command, step))
+        }
+        Driven::Refused(command, refusal) => Err(refused(&command, &refusal)),
+        Driven::Skipped(command) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_allowed",
+            format!("command {run_id}/{key} is {}", command.status()),
+        )),
+        Driven::Missing => Err(not_found(run_id, key)),
+    }
+}
+
+fn applied(action: &str, command: &Command, step: &Step) -> Response {
+    Json(json!({
+        "action": action,
+        "from": step.from,
+        "to": step.to(),
+        "command": command,
+    }))
+    .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReasonBody {
+    reason: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayBody {
+    reason: String,
+    #[serde(default)]
+    dry_run: bool,
+    #[serde(default)]
+    evidence: Option<Value>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+enum ResolveOutcome {
+    Confirmed,
+    Failed,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveBody {
+    outcome: ResolveOutcome,
+    reason: String,
+    evidence: Value,
+    #[serde(default)]
+    external_ref: Option<String>,
+}
+
+/// The actions of [`command_action`], as metric labels (a bounded set).
+const ACTIONS: [&str; 5] = ["approve", "reject", "cancel", "replay", "resolve"];
+
+/// `POST /v1/runs/{run}/effects/{key}:{action}`: approve, reject, cancel, replay, resolve;
+/// counted in `sluice_http_requests_total{route="command_<action>"}`.
+pub(crate) async fn command_action(
+    State(api): State<Api>,
+    caller: Caller,
+    Path((run_id, rest)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let action = rest
+        .rsplit_once(':')
+        .map(|(_, action)| action)
+        .and_then(|action| ACTIONS.iter().find(|known| **known == action))
+        .map_or("command_other", |action| match *action {
+            "approve" => "command_approve",
+            "reject" => "command_reject",
+            "cancel" => "command_cancel",
+            "replay" => "command_replay",
+            _ => "command_resolve",
+        });
+    let answer = match act(&api, caller, run_id, rest, body).await {
+        Ok(response) => response,
+        Err(e) => e.into_response(),
+    };
+    api.ctx
+        .metrics
+        .http_requests
+        .with_label_values(&[action, answer.status().as_str()])
+        .inc();
+    answer
+}
+
+async fn act(
+    api: &Api,
+    Caller(principal): Caller,
+    run_id: String,
+    rest: String,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let api = api.clone();
+    let Some((raw_key, action)) = rest.rsplit_once(':') else {
+        return Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "POST a command action: …/effects/{command_key}:approve, :reject, :cancel, :replay or :resolve",
+        ));
+    };
+    principal.require(Need::Admin)?;
+    let run_id = parse_run(&run_id)?;
+    let key = parse_key(raw_key)?;
+    let actor = principal.name.clone();
+    match action {
+        "approve" => {
+            let body: ReasonBody = parse_body(&body, "{\"reason\": \"...\"}")?;
+            let reason = check_reason(&body.reason)?;
+            let event = Event::Approve {
+                operator: Operator {
+                    actor: actor.clone(),
+                    reason: reason.to_owned(),
+                },
+                policy_version: api.ctx.catalog.policy_version().to_owned(),
+            };
+            let (command, step) =
+                operate(&api, &run_id, &key, &actor, event, Cause::Approved).await?;
+            Ok(applied("approve", &command, &step))
+        }
+        "reject" => {
+            let body: ReasonBody = parse_body(&body, "{\"reason\": \"...\"}")?;
+            let reason = check_reason(&body.reason)?;
+            let event = Event::Reject {
+                operator: Operator {
+                    actor: actor.clone(),
+                    reason: format!("rejected: {reason}"),
+                },
+            };
+            let (command, step) =
+                operate(&api, &run_id, &key, &actor, event, Cause::Reserved).await?;
+            Ok(applied("reject", &command, &step))
+        }
+        "cancel" => {
+            let body: ReasonBody = parse_body(&body, "{\"reason\": \"...\"}")?;
+            let reason = check_reason(&body.reason)?;
+            let (command, step) = cancel(&api, &run_id, &key, &actor, reason).await?;
+            Ok(applied("cancel", &command, &step))
+        }
+        "replay" => {
+            let body: ReplayBody = parse_body(
+                &body,
+                "{\"reason\": \"...\", \"dry_run\": bool, \"evidence\": ...}",
+            )?;
+            let reason = check_reason(&body.reason)?.to_owned();
+            if let Some(evidence) = &body.evidence {
+                check_evidence(evidence)?;
+            }
+            replay(
+                &api,
+                &run_id,
+                &key,
+                &actor,
+                reason,
+                body.dry_run,
+                body.evidence,
+            )
+            .await
+        }
+        "resolve" => {
+            let body: ResolveBody = parse_body(
+                &body,
+                "{\"outcome\": \"CONFIRMED\" | \"FAILED\", \"evidence\": ..., \"external_ref\": \"...\", \"reason\": \"...\"}",
+            )?;
+            let reason = check_reason(&body.reason)?;
+            check_evidence(&body.evidence)?;
+            let resolution = match body.outcome {
+                ResolveOutcome::Confirmed => {
+                    let external_ref = body
+                        .external_ref
+                        .clone()
+                        .or_else(|| body.evidence.as_str().map(str::to_owned))
+                        .filter(|r| !r.trim().is_empty())
+                        .ok_or_else(|| {
+                            ApiError::invalid(
+                                "resolving as CONFIRMED needs the upstream reference: external_ref",
+                            )
+                            .with_details(json!({"pointer": "/external_ref"}))
+                        })?;
+                    check_text("external_ref", &external_ref, 256)?;
+                    Resolution::Confirmed { external_ref }
+                }
+                ResolveOutcome::Failed => {
+                    if body.external_ref.is_some() {
+                        return Err(ApiError::invalid(
+                            "external_ref names a commit: give it only with outcome CONFIRMED",
+                        ));
+                    }
+                    Resolution::Failed
+                }
+            };
+            let event = Event::Resolve {
+                operator: Operator {
+                    actor: actor.clone(),
+                    reason: format!("resolved by hand: {reason}"),
+                },
+                resolution,
+                evidence: body.evidence,
+            };
+            let (command, step) =
+                operate(&api, &run_id, &key, &actor, event, Cause::Reserved).await?;
+            Ok(applied("resolve", &command, &step))
+        }
+        other => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_action",
+            format!(
+                "no command action {:?}: use approve, reject, cancel, replay or resolve",
+                other.chars().take(32).collect::<String>()
+            ),
+        )),
+    }
+}
+
+async fn cancel(
+    api: &Api,
+    run_id: &RunId,
+    key: &CommandKey,
+    actor: &str,
+    reason: &str,
+) -> Result<(Command, Step), ApiError> {
+    let event = Event::Cancel {
+        operator: Operator {
+            actor: actor.to_owned(),
+            reason: format!("cancelled: {reason}"),
+        },
+    };
+    operate(api, run_id, key, actor, event, Cause::Reserved).await
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RemoveQuery {
+    reason: Option<String>,
+}
+
+/// `DELETE /v1/runs/{run}/effects/{key}`: removes an effect that has not started (the
+/// `removeScheduledEffect` of the scheduled-effects model). Answers whether it was removed.
+pub(crate) async fn remove_effect(
+    State(api): State<Api>,
+    Caller(principal): Caller,
+    Path((run_id, raw_key)): Path<(String, String)>,
+    Q(query): Q<RemoveQuery>,
+) -> Result<Response, ApiError> {
+    principal.require(Need::RemoveScheduled)?;
+    let run_id = parse_run(&run_id)?;
+    let key = parse_key(&raw_key)?;
+    let reason = match &query.reason {
+        Some(reason) => check_reason(reason)?.to_owned(),
+        None => format!("removed by {}", principal.name),
+    };
+    let command = api
+        .ctx
+        .ledger
+        .get(&run_id, &key)
+        .await
+        .map_err(|e| ApiError::unavailable(&e))?
+        .ok_or_else(|| not_found(&run_id, &key))?;
+    principal.require_owner(&run_id, std::slice::from_ref(&command))?;
+    match cancel(&api, &run_id, &key, &principal.name, &reason).await {
+        Ok((command, _)) => Ok(Json(json!({"removed": true, "command": command})).into_response()),
+        Err(e) if e.status() == StatusCode::CONFLICT => {
+            let current = api
+                .ctx
+                .ledger
+                .get(&run_id, &key)
+                .await
+                .map_err(|e| ApiError::unavailable(&e))?;
+            let mut body = e.body();
+            body["removed"] = json!(false);
+            body["command"] = json!(current);
+            Ok((StatusCode::CONFLICT, Json(body)).into_response())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Replays (or, with `dry_run`, reports what a replay would do): re-checks the tool, the stored
+/// arguments against the current schema, the current policy, and the replay bounds per command
+/// and per run, then asks the state machine.
+async fn replay(
+    api: &Api,
+    run_id: &RunId,
+    key: &CommandKey,
+    actor: &str,
+    reason: String,
+    dry_run: bool,
+    evidence: Option<Value>,
+) -> Result<Response, ApiError> {
+    let run = api
+        .ctx
+        .ledger
+        .list_run(run_id, None)
+        .await
+        .map_err(|e| ApiError::unavailable(&e))?;
+    let command = run
+        .iter()
+        .find(|c| &c.command_key == key)
+        .cloned()
+        .ok_or_else(|| not_found(run_id, key))?;
+    let catalog = &api.ctx.catalog;
+    let rules = api.ctx.rules_of(&command);
+    let mut problems: Vec<Value> = Vec::new();
+
+    let run_replays: u32 = run.iter().map(|c| c.state.replays).sum();
+    let run_limit = catalog.max_replays_per_run();
+    if run_replays >= run_limit {
+        problems.push(json!({
+            "code": "run_replay_limit",
+            "message": format!("run {run_id} was replayed {run_replays} times already (limit {run_limit} per run)"),
+        }));
+    }
+    let tool = catalog.get(&command.tool);
+    let (arguments, policy_decision) = match tool {
+        None => {
+            problems.push(json!({
+                "code": "tool_removed",
+                "message": format!("tool {} is no longer in the catalog", command.tool),
+            }));
+            (json!({"valid": false, "violations": []}), Value::Null)
+        }
+        Some(tool) => {
+            let arguments = match tool.validate_args(&command.args) {
+                Ok(()) => json!({"valid": true, "violations": []}),
+                Err(e) => {
+                    let violations: Vec<Value> = e
+                        .violations()
+                        .iter()
+                        .map(|v| json!({"pointer": format!("/args{}", v.pointer), "message": v.message}))
+                        .collect();
+                    problems.push(json!({
+                        "code": "invalid_arguments",
+                        "message": format!("the stored arguments no longer match the schema of {}: {e}", tool.name()),
+                    }));
+                    json!({"valid": false, "violations": violations})
+                }
+            };
+            let decision = policy::evaluate(
+                tool,
+                &command.args,
+                command.state.approval.as_ref(),
+                catalog.policy_version(),
+            );
+            if let PolicyDecision::Deny { reason } = &decision {
+                problems.push(json!({
+                    "code": "policy_denied",
+                    "message": format!("policy denies the command: {reason}"),
+                }));
+            }
+            (
+                arguments,
+                serde_json::to_value(&decision).unwrap_or(Value::Null),
+            )
+        }
+    };
+    let event = Event::Replay {
+        operator: Operator {
+            actor: actor.to_owned(),
+            reason: format!("replayed: {reason}"),
+        },
+        evidence: evidence.clone(),
+    };
+    let now = api.ctx.clock.now();
+    let machine = machine::apply(&command.state, &rules, &event, now);
+    if let Err(refusal) = &machine {
+        let mut problem = refused(&command, refusal).body()["error"].clone();
+        problem["refusal"] = json!(refusal);
+        problems.push(problem);
+    }
+    let would_block = matches!(
+        serde_json::from_value::<PolicyDecision>(policy_decision.clone()),
+        Ok(PolicyDecision::RequireApproval { .. })
+    );
+    let outcome_unknown = command.status() == CommandStatus::Stuck;
+    let next = if !problems.is_empty() {
+        "nothing: the replay is refused".to_owned()
+    } else if would_block {
+        format!(
+            "the command goes PENDING, and the dispatcher blocks it for approval under policy version {}",
+            catalog.policy_version()
+        )
+    } else {
+        format!(
+            "the command goes PENDING and is dispatched again with idempotency key {} (attempt 1 of {}){}",
+            command.idempotency_key,
+            rules.max_attempts,
+            if outcome_unknown && command.semantics == EffectSemantics::NonIdempotent {
+                "; the earlier outcome was unknown, and the evidence given is recorded as why a second commit is not feared"
+            } else {
+                ""
+            }
+        )
+    };
+    let report = json!({
+        "dry_run": dry_run,
+        "allowed": problems.is_empty(),
+        "run_id": run_id,
+        "command_key": key,
+        "from": command.status(),
+        "to": if problems.is_empty() { json!(CommandStatus::Pending) } else { Value::Null },
+        "semantics": command.semantics,
+        "outcome_unknown": outcome_unknown,
+        "arguments": arguments,
+        "policy": policy_decision,
+        "policy_version": catalog.policy_version(),
+        "replays": {
+            "command": command.state.replays,
+            "command_limit": rules.max_replays,
+            "run": run_replays,
+            "run_limit": run_limit,
+        },
+        "problems": problems,
+        "next": next,
+    });
+    if dry_run {
+        return Ok(Json(report).into_response());
+    }
+    if !problems.is_empty() {
+        let first = &report["problems"][0];
+        let code = match first["code"].as_str() {
+            Some("run_replay_limit") => "replay_limit",
+            Some("invalid_arguments") => "invalid_arguments",
+            Some("policy_denied") => "policy_denied",
+            Some("tool_removed") => "tool_removed",
+            Some("evidence_required") => "evidence_required",
+            Some("replay_limit") => "replay_limit",
+            _ => "not_allowed",
+        };
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            code,
+            first["message"]
+                .as_str()
+                .unwrap_or("the replay is refused")
+                .to_owned(),
+        )
+        .with_details(report));
+    }
+    let (command, step) = operate(api, run_id, key, actor, event, Cause::Replayed).await?;
+    Ok(applied("replay", &command, &step))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RunsQuery {
+    since: Option<String>,
+    limit: Option<usize>,
+    status: Option<String>,
+    tool: Option<String>,
+}
+
+fn parse_since(raw: Option<&str>) -> Result<Timestamp, ApiError> {
+    raw.map_or(Ok(Timestamp::from_millis(0)), |raw| {
+        Timestamp::parse_rfc3339(raw).map_err(|e| {
+            ApiError::invalid(format!("since: {e}")).with_details(json!({"pointer": "/since"}))
+        })
+    })
+}
+
+fn parse_limit(raw: Option<usize>) -> Result<usize, ApiError> {
+    match raw {
+        None => Ok(100),
+        Some(0) => Err(ApiError::invalid("limit must be at least 1")),
+        Some(n) if n > MAX_LIST_LIMIT => Err(ApiError::invalid(format!(
+            "limit may be at most {MAX_LIST_LIMIT}"
+        ))),
+        Some(n) => Ok(n),
+    }
+}
+
+/// `GET /v1/runs`: runs created since `since`, newest first, with their open commands.
+pub(crate) async fn list_runs(
+    State(api): State<Api>,
+    Caller(principal): Caller,
+    Q(query): Q<RunsQuery>,
+) -> Result<Response, ApiError> {
+    principal.require(Need::ReadAll)?;
+    if query.status.is_some() || query.tool.is_some() {
+        return Err(ApiError::invalid(
+            "runs are filtered by since and limit; filter effects by status and tool at /v1/effects",
+        ));
+    }
+    let since = parse_since(query.since.as_deref())?;
+    let limit = parse_limit(query.limit)?;
+    let runs = api
+        .ctx
+        .ledger
+        .list_runs(since, limit)
+        .await
+        .map_err(|e| ApiError::unavailable(&e))?;
+    Ok(Json(json!({ "runs": runs })).into_response())
+}
+
+/// `GET /v1/effects`: effects across the runs created since `since` (newest runs first), by
+/// status and tool, at most `limit`.
+pub(crate) async fn list_all_effects(
+    State(api): State<Api>,
+    Caller(principal): Caller,
+    Q(query): Q<RunsQuery>,
+) -> Result<Response, ApiError> {
+    principal.require(Need::ReadAll)?;
+    let since = parse_since(query.since.as_deref())?;
+    let limit = parse_limit(query.limit)?;
+    let status = parse_status_filter(query.status.as_deref())?;
+    let tool = parse_tool_filter(&api, query.tool.as_deref())?;
+    let runs = api
+        .ctx
+        .ledger
+        .list_runs(since, MAX_LIST_LIMIT)
+        .await
+        .map_err(|e| ApiError::unavailable(&e))?;
+    let mut effects: Vec<Command> = Vec::new();
+    for run in runs {
+        if effects.len() >= limit {
+            break;
+        }
+        let commands = api
+            .ctx
+            .ledger
+            .list_run(&run.run_id, status)
+            .await
+            .map_err(|e| ApiError::unavailable(&e))?;
+        effects.extend(
+            commands
+                .into_iter()
+                .filter(|c| tool.as_ref().is_none_or(|t| &c.tool == t))
+                .take(limit - effects.len()),
+        );
+    }
+    Ok(Json(json!({ "effects": effects })).into_response())
+}
+
+/// Where a rollback stands, per command: what is being compensated, what was, what could not be.
+pub fn rollback_progress(effects: &[Command]) -> Value {
+    let mut counts = serde_json::Map::new();
+    let mut commands = Vec::new();
+    for command in effects.iter().rev() {
+        let status = command.status();
+        let involved = matches!(
+            status,
+            CommandStatus::Compensating
+                | CommandStatus::Compensated
+                | CommandStatus::CompensationFailed
+                | CommandStatus::NoCompensation
+        ) || command.state.compensation.is_some();
+        if !involved {
+            continue;
+        }
+        let entry = counts.entry(status.as_str().to_owned()).or_insert(json!(0));
+        *entry = json!(entry.as_u64().unwrap_or(0) + 1);
+        commands.push(json!({
+            "command_key": command.command_key,
+            "tool": command.tool,
+            "status": status,
+            "escalated": command.state.escalated,
+            "compensation": command.state.compensation,
+        }));
+    }
+    let done = effects
+        .iter()
+        .all(|c| c.status() != CommandStatus::Compensating);
+    json!({ "done": done, "counts": counts, "commands": commands })
+}
+
+/// `GET /v1/runs/{run}/rollback`: the rollback's progress per command, in compensation order.
+pub(crate) async fn rollback_status(
+    State(api): State<Api>,
+    Caller(principal): Caller,
+    Path(run_id): Path<String>,
+) -> Result<Response, ApiError> {
+    principal.require(Need::ReadRun)?;
+    let run_id = parse_run(&run_id)?;
+    let effects = api.run_for(&principal, &run_id).await?;
+    if effects.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_run",
+            format!("run {run_id} has no commands"),
+        ));
+    }
+    Ok(Json(json!({"run_id": run_id, "progress": rollback_progress(&effects)})).into_response())
+}
+
+/// Reads a run's chain after checking the caller may see the run.
+async fn trail_for(
+    api: &Api,
+    principal: &Principal,
+    run_id: &RunId,
+) -> Result<sluice_ledger::AuditTrail, ApiError> {
+    // Agents see the chains of their own runs; the ledger's own chain is for operators.
+    if run_id.as_str() == sluice_ledger::SYSTEM_RUN {
+        principal.require(Need::ReadAll)?;
+    } else {
+        api.run_for(principal, run_id).await?;
+    }
+    let trail = api
+        .ctx
+        .ledger
+        .audit_read(run_id)
+        .await
+        .map_err(|e| ApiError::unavailable(&e))?;
+    if trail.entries.is_empty() && trail.checkpoint.is_none() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_run",
+            format!("run {run_id} has no audit records"),
+        ));
+    }
+    Ok(trail)
+}
+
+/// `GET /v1/runs/{run}/audit`: the run's chain (checkpoint, then records in order).
+pub(crate) async fn audit_read(
+    State(api): State<Api>,
+    Caller(principal): Caller,
+    Path(run_id): Path<String>,
+) -> Result<Response, ApiError> {
+    principal.require(Need::ReadRun)?;
+    let run_id = parse_run(&run_id)?;
+    let trail = trail_for(&api, &principal, &run_id).await?;
+    Ok(Json(json!({
+        "run_id": run_id,
+        "checkpoint": trail.checkpoint,
+        "entries": trail.entries,
+    }))
+    .into_response())
+}
+
+/// `GET /v1/runs/{run}/audit/verify`: recomputes the chain; names the first broken link.
+pub(crate) async fn audit_verify(
+    State(api): State<Api>,
+    Caller(principal): Caller,
+    Path(run_id): Path<String>,
+) -> Result<Response, ApiError> {
+    principal.require(Need::ReadRun)?;
+    let run_id = parse_run(&run_id)?;
+    let trail = trail_for(&api, &principal, &run_id).await?;
+    let answer = match verify(&run_id, trail.checkpoint.as_ref(), &trail.entries) {
+        Ok(verified) => json!({
+            "run_id": run_id,
+            "valid": true,
+            "records": verified.records,
+            "head": verified.head,
+            "checkpoint": verified.checkpoint,
+        }),
+        Err(broken) => {
+            tracing::warn!(run_id = %run_id, seq = broken.seq, kind = ?broken.kind, "audit chain broken");
+            json!({
+                "run_id": run_id,
+                "valid": false,
+                "message": broken.to_string(),
+                "broken": broken,
+                "checkpoint": trail.checkpoint,
+            })
+        }
+    };
+    Ok(Json(answer).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PurgeBody {
+    older_than: String,
+    reason: String,
+    #[serde(default)]
+    max_runs: Option<usize>,
+}
+
+/// `POST /v1/audit/purge`: removes finished runs untouched since `older_than`, with their
+/// idempotency and business keys, leaving a checkpoint per run; the request and what it removed
+/// are recorded in the ledger's own chain.
+pub(crate) async fn purge(
+    State(api): State<Api>,
+    Caller(principal): Caller,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    principal.require(Need::Admin)?;
+    let body: PurgeBody = parse_body(
+        &body,
+        "{\"older_than\": \"<RFC 3339>\", \"reason\": \"...\", \"max_runs\": n}",
+    )?;
+    let reason = check_reason(&body.reason)?;
+    let older_than = Timestamp::parse_rfc3339(&body.older_than).map_err(|e| {
+        ApiError::invalid(format!("older_than: {e}"))
+            .with_details(json!({"pointer": "/older_than"}))
+    })?;
+    let now = api.ctx.clock.now();
+    if older_than > now {
+        return Err(
+            ApiError::invalid("older_than is in the future: a cutoff must be in the past")
+                .with_details(json!({"pointer": "/older_than"})),
+        );
+    }
+    let max_runs = parse_limit(body.max_runs.or(Some(MAX_LIST_LIMIT)))?;
+    let system = RunId::parse(sluice_ledger::SYSTEM_RUN)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    api.ctx
+        .ledger
+        .audit_append(
+            &system,
+            AuditDraft {
+                command_key: None,
+                from: None,
+                to: None,
+                actor: principal.name.clone(),
+                reason: format!("purge requested: {reason}"),
+                evidence: json!({ "older_than": older_than, "max_runs": max_runs }),
+            },
+            now,
+        )
+        .await
+        .map_err(|e| ApiError::unavailable(&e))?;
+    let report = api
+        .ctx
+        .ledger
+        .purge(older_than, max_runs, &principal.name, now)
+        .await
+        .map_err(|e| ApiError::unavailable(&e))?;
+    tracing::info!(actor = %principal.name, runs = report.runs, "purged finished runs");
+    Ok(Json(json!({
+        "older_than": older_than,
+        "actor": principal.name,
+        "report": report,
+    }))
+    .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use sluice_core::command::{CommandStatus, CompensationInfo, EffectSemantics, Intent};
+    use sluice_core::ids::{CommandKey, RunId};
+    use sluice_core::machine::{EventKind, Refusal};
+
+    use super::*;
+
+    fn command(key: &str, status: CommandStatus) -> Command {
+        let mut command = Command::from_intent(
+            Intent {
+                run_id: RunId::parse("r-1").expect("valid"),
+                command_key: CommandKey::parse(key).expect("valid"),
+                semantics: EffectSemantics::Idempotent,
+                args: json!({}),
+                business_key: None,
+                policy_version: "1".into(),
+                max_attempts: 3,
+                not_before: None,
+            },
+            Timestamp::from_millis(0),
+            1_000,
+        );
+        command.state.status = status;
+        command
+    }
+
+    #[test]
+    fn reasons_are_required_bounded_and_printable() {
+        assert_eq!(check_reason("  ok  ").expect("fine"), "ok");
+        for bad in ["", "   ", "a\u{7}b", &"x".repeat(MAX_REASON_CHARS + 1)] {
+            let err = check_reason(bad).expect_err("refused");
+            assert_eq!(err.status(), StatusCode::UNPROCESSABLE_ENTITY, "{bad:?}");
+        }
+        assert!(check_reason("line one\nline two").is_ok());
+        assert!(check_evidence(&json!({"ref": "w-1"})).is_ok());
+        let big = json!("x".repeat(MAX_EVIDENCE_BYTES + 1));
+        assert!(check_evidence(&big).is_err());
+    }
+
+    #[test]
+    fn a_refused_cancel_says_why_in_an_operators_words() {
+        let leased = command("d-1/email/send/0", CommandStatus::Leased);
+        let refusal = Refusal::NotAllowed {
+            status: CommandStatus::Leased,
+            event: EventKind::Cancel,
+        };
+        let err = refused(&leased, &refusal);
+        assert_eq!(err.status(), StatusCode::CONFLICT);
+        assert_eq!(err.code(), "not_allowed");
+        assert!(
+            err.message()
+                .contains("may already have called the upstream")
+        );
+        let done = command("d-1/email/send/0", CommandStatus::Confirmed);
+        let err = refused(
+            &done,
+            &Refusal::NotAllowed {
+                status: CommandStatus::Confirmed,
+                event: EventKind::Cancel,
+            },
+        );
+        assert!(
+            err.message().contains("already CONFIRMED"),
+            "{}",
+            err.message()
+        );
+    }
+
+    #[test]
+    fn rollback_progress_lists_compensations_last_first_and_knows_when_done() {
+        let mut first = command("d-1/payments/wire/0", CommandStatus::Compensated);
+        first.state.compensation = Some(CompensationInfo {
+            started_at: Timestamp::from_millis(1),
+            ended_at: Some(Timestamp::from_millis(2)),
+            reference: Some("rev-1".into()),
+            detail: None,
+            attempts: 1,
+        });
+        let second = command("d-2/tickets/create/0", CommandStatus::Compensating);
+        let untouched = command("d-3/search/lookup/0", CommandStatus::Confirmed);
+        let progress = rollback_progress(&[first.clone(), second, untouched]);
+        assert_eq!(progress["done"], json!(false));
+        let keys: Vec<&str> = progress["commands"]
+            .as_array()
+            .expect("commands")
+            .iter()
+            .filter_map(|c| c["command_key"].as_str())
+            .collect();
+        assert_eq!(keys, ["d-2/tickets/create/0", "d-1/payments/wire/0"]);
+        assert_eq!(progress["counts"]["COMPENSATING"], json!(1));
+        let finished = rollback_progress(&[first]);
+        assert_eq!(finished["done"], json!(true));
+    }
+}

@@ -1,0 +1,290 @@
+//! The `sluice` console as people use it: the real binary against a real pipeline (SQLite ledger
+//! in a temporary directory, the demo upstream), checking its tables, its `--json` and that
+//! each exit code means what the console promises. And `sluice dev`: it prints an admin token
+//! that works, and never writes it to its log.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sluice_runtime::config::{Role, TokenConfig};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+const ADMIN: &str = "console-admin-token-0123456789";
+const OPERATOR: &str = "console-operator-token-0123456789";
+const AGENT: &str = "console-agent-token-0123456789";
+
+/// Runs the console; returns (exit code, stdout, stderr).
+async fn console(url: &str, token: Option<&str>, args: &[&str]) -> (i32, String, String) {
+    let mut command = Command::new(BIN);
+    command
+        .args(args)
+        .env("SLUICE_URL", url)
+        .env_remove("SLUICE_TOKEN");
+    if let Some(token) = token {
+        command.env("SLUICE_TOKEN", token);
+    }
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("the console runs")
+        .expect("the binary starts");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+async fn submit(url: &str, token: &str, body: Value) -> Value {
+    let answer = reqwest::Client::new()
+        .post(format!("{url}/v1/effects"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .expect("the producer answers");
+    assert!(answer.status().is_success(), "{}", answer.status());
+    answer.json().await.expect("a command")
+}
+
+async fn wait_status(url: &str, run: &str, key: &str, status: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, out, _) = console(url, Some(OPERATOR), &["--json", "show", run, key]).await;
+        let body: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+        if code == 0 && body["status"] == json!(status) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{run}/{key} never became {status}: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_speaks_the_api_with_tables_json_and_meaningful_exit_codes() {
+    let upstream = sluice_upstream::Upstream::start(
+        "127.0.0.1:0".parse().expect("an address"),
+        sluice_upstream::Faults::none(),
+        7,
+    )
+    .await
+    .expect("the upstream starts");
+    let data = tempfile::tempdir().expect("a temporary directory");
+    let mut config = sluice_runtime::Config::default();
+    config.ledger.data_dir = data.path().to_owned();
+    config.producer.listen = "127.0.0.1:0".parse().expect("an address");
+    config.reconciler.sweep_interval_ms = 100;
+    for (name, role, token) in [
+        ("admin-1", Role::Admin, ADMIN),
+        ("operator-1", Role::Operator, OPERATOR),
+        ("agent-1", Role::Agent, AGENT),
+    ] {
+        config.auth.tokens.push(TokenConfig {
+            name: name.into(),
+            role,
+            token: Some(token.into()),
+            token_sha256: None,
+        });
+    }
+    config.validate().expect("valid");
+    let catalog =
+        sluice_runtime::assemble::example_catalog_at(&upstream.base_url()).expect("catalog");
+    let pipeline = sluice::dev::start(&config, catalog, sluice_runtime::Shutdown::new())
+        .await
+        .expect("the pipeline starts");
+    let url = pipeline.url();
+    let run = "r-console";
+
+    let (code, out, _) = console(&url, Some(ADMIN), &["whoami"]).await;
+    assert_eq!((code, out.trim()), (0, "admin-1 (admin)"));
+    let (code, _, err) = console(&url, None, &["runs"]).await;
+    assert_eq!(code, 5, "no token: {err}");
+    assert!(err.contains("401"), "{err}");
+
+    submit(
+        &url,
+        AGENT,
+        json!({"run_id": run, "decision": 1, "tool": "email/send", "call_idx": 0,
+        "args": {"to": "ops@example.com", "subject": "hi", "body": "b"}}),
+    )
+    .await;
+    submit(&url, AGENT, json!({"run_id": run, "decision": 2, "tool": "payments/wire", "call_idx": 0,
+        "args": {"account": "acc-c", "amount_minor": 2_000_000, "beneficiary": "b", "date": "2026-11-22"}})).await;
+    wait_status(&url, run, "d-1/email/send/0", "CONFIRMED").await;
+    wait_status(&url, run, "d-2/payments/wire/0", "BLOCKED").await;
+
+    let (code, out, _) = console(&url, Some(OPERATOR), &["effects", run]).await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("d-1/email/send/0") && out.contains("CONFIRMED") && out.contains("BLOCKED"),
+        "{out}"
+    );
+    assert!(out.contains("2 effect(s)"), "{out}");
+    let (code, out, _) = console(
+        &url,
+        Some(OPERATOR),
+        &["--json", "effects", "--status", "BLOCKED"],
+    )
+    .await;
+    assert_eq!(code, 0);
+    let listed: Value = serde_json::from_str(&out).expect("--json prints JSON");
+    assert_eq!(listed["effects"].as_array().map(Vec::len), Some(1), "{out}");
+    let (code, out, _) = console(&url, Some(OPERATOR), &["runs", "--since", "1h"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains(run), "{out}");
+
+    let (code, _, err) = console(&url, Some(OPERATOR), &["show", run, "d-9/email/send/0"]).await;
+    assert_eq!(code, 3, "not found: {err}");
+    let (code, _, err) = console(
+        &url,
+        Some(OPERATOR),
+        &["approve", run, "d-2/payments/wire/0", "--reason", "ok"],
+    )
+    .await;
+    assert_eq!(code, 5, "an operator may not approve: {err}");
+    let (code, _, err) = console(
+        &url,
+        Some(ADMIN),
+        &["cancel", run, "d-1/email/send/0", "--reason", "x"],
+    )
+    .await;
+    assert_eq!(code, 4, "a CONFIRMED command is not cancelled: {err}");
+    assert!(err.contains("CONFIRMED"), "{err}");
+    let (code, out, _) = console(
+        &url,
+        Some(ADMIN),
+        &[
+            "replay",
+            run,
+            "d-1/email/send/0",
+            "--reason",
+            "x",
+            "--dry-run",
+        ],
+    )
+    .await;
+    let _ = out;
+    assert_eq!(code, 4, "a dry run that would be refused exits 4");
+    let (code, _, err) = console(&url, Some(OPERATOR), &["effects", "--status", "DONE"]).await;
+    assert_eq!(code, 2, "invalid input: {err}");
+    let (code, _, _) = console(&url, Some(ADMIN), &["approve", run, "d-2/payments/wire/0"]).await;
+    assert_eq!(code, 2, "a missing --reason is a usage error");
+
+    let (code, out, err) = console(
+        &url,
+        Some(ADMIN),
+        &[
+            "approve",
+            run,
+            "d-2/payments/wire/0",
+            "--reason",
+            "finance said yes",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("BLOCKED -> APPROVED"), "{out}");
+    wait_status(&url, run, "d-2/payments/wire/0", "CONFIRMED").await;
+
+    let (code, out, _) = console(&url, Some(OPERATOR), &["audit", "show", run]).await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("finance said yes") && out.contains("admin-1"),
+        "{out}"
+    );
+    let (code, out, _) = console(&url, Some(OPERATOR), &["audit", "verify", run]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("verifies"), "{out}");
+
+    // Tampering with the file is caught, and the exit code says so.
+    let db = rusqlite::Connection::open(data.path().join("ledger.db")).expect("the ledger opens");
+    db.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    let changed = db
+        .execute(
+            "UPDATE audit SET record = replace(record, 'finance said yes', 'finance said no') \
+             WHERE run_seq = (SELECT run_seq FROM runs WHERE run_id = ?1) \
+             AND record LIKE '%finance said yes%'",
+            [run],
+        )
+        .expect("update");
+    assert_eq!(changed, 1);
+    let (code, _, err) = console(&url, Some(OPERATOR), &["audit", "verify", run]).await;
+    assert_eq!(code, 6, "{err}");
+    assert!(err.contains("BROKEN at seq"), "{err}");
+
+    let (code, out, err) = console(
+        &url,
+        Some(ADMIN),
+        &["purge", "--older-than", "30d", "--reason", "retention"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("purged 0 run(s)"), "{out}");
+    let (code, _, _) = console("http://127.0.0.1:1", Some(ADMIN), &["runs"]).await;
+    assert_eq!(code, 1, "an unreachable server");
+
+    pipeline.stop().await.expect("stops");
+    upstream.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_dev_prints_an_admin_token_that_works_and_never_logs_it() {
+    let data = tempfile::tempdir().expect("a temporary directory");
+    let mut child = Command::new(BIN)
+        .arg("dev")
+        .env("SLUICE_PRODUCER__LISTEN", "127.0.0.1:0")
+        .env("SLUICE_LEDGER__DATA_DIR", data.path())
+        .env_remove("SLUICE_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sluice dev starts");
+    let stdout = child.stdout.take().expect("piped");
+    let line = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find(|line| line.contains("SLUICE_TOKEN="))
+    })
+    .await
+    .expect("read")
+    .expect("sluice dev prints the token");
+    let url = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("SLUICE_URL="))
+        .expect("the URL")
+        .to_owned();
+    let token = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("SLUICE_TOKEN="))
+        .expect("the token")
+        .to_owned();
+    assert!(token.len() >= 32, "{token}");
+    let (code, out, err) = console(&url, Some(&token), &["whoami"]).await;
+    assert_eq!((code, out.trim()), (0, "dev-admin (admin)"), "{err}");
+    let (code, _, _) = console(&url, Some("sluice-guess-0000000000000000"), &["whoami"]).await;
+    assert_eq!(code, 5);
+
+    child.kill().expect("stop the child we started");
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped")
+        .read_to_string(&mut log)
+        .expect("the log");
+    let _ = child.wait();
+    assert!(
+        log.contains("sluice dev is running"),
+        "the log was captured: {log}"
+    );
+    assert!(
+        !log.contains(&token),
+        "the token leaked into the log: {log}"
+    );
+}

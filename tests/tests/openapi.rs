@@ -1,0 +1,685 @@
+//! `schemas/openapi.yaml` against the real server: every route the document names is called
+//! (and every route the server has is in the document), each answer's status is documented for
+//! its operation, and each JSON body — successes and errors alike — matches the documented
+//! schema. Request bodies sent here are checked against the documented request schemas too.
+
+use std::collections::BTreeSet;
+
+use serde_json::{Value, json};
+use sluice_tests::tokens::{ADMIN, AGENT_A, OPERATOR};
+use sluice_tests::*;
+use sluice_upstream::{Family, FaultKind, FaultRates, Faults};
+
+const DOCUMENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../schemas/openapi.yaml");
+
+/// Every route the producer's router serves, as (method, OpenAPI path).
+const SERVED: &[(&str, &str)] = &[
+    ("GET", "/v1/whoami"),
+    ("POST", "/v1/effects"),
+    ("GET", "/v1/effects"),
+    ("POST", "/v1/effects/batch"),
+    ("GET", "/v1/runs"),
+    ("GET", "/v1/runs/{run_id}/effects"),
+    ("GET", "/v1/runs/{run_id}/scheduled"),
+    ("GET", "/v1/runs/{run_id}/effects/{command_key}"),
+    ("DELETE", "/v1/runs/{run_id}/effects/{command_key}"),
+    ("POST", "/v1/runs/{run_id}/effects/{command_key}:approve"),
+    ("POST", "/v1/runs/{run_id}/effects/{command_key}:reject"),
+    ("POST", "/v1/runs/{run_id}/effects/{command_key}:cancel"),
+    ("POST", "/v1/runs/{run_id}/effects/{command_key}:replay"),
+    ("POST", "/v1/runs/{run_id}/effects/{command_key}:resolve"),
+    ("POST", "/v1/runs/{run_id}/rollback"),
+    ("GET", "/v1/runs/{run_id}/rollback"),
+    ("GET", "/v1/runs/{run_id}/audit"),
+    ("GET", "/v1/runs/{run_id}/audit/verify"),
+    ("POST", "/v1/audit/purge"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+];
+
+struct Spec {
+    doc: Value,
+    called: BTreeSet<(String, String)>,
+    checked: usize,
+}
+
+impl Spec {
+    fn load() -> Self {
+        let text = std::fs::read_to_string(DOCUMENT).expect("schemas/openapi.yaml is readable");
+        let doc: Value = serde_yaml::from_str(&text).expect("the OpenAPI document is YAML");
+        assert_eq!(doc["openapi"], json!("3.1.0"));
+        Self {
+            doc,
+            called: BTreeSet::new(),
+            checked: 0,
+        }
+    }
+
+    fn operation(&self, method: &str, template: &str) -> &Value {
+        let op = &self.doc["paths"][template][method.to_ascii_lowercase()];
+        assert!(op.is_object(), "{method} {template} is not in the document");
+        op
+    }
+
+    /// Validates `instance` against `schema`, resolving `#/components/...` in the document.
+    fn check(&self, schema: &Value, instance: &Value, what: &str) {
+        let mut root = schema.clone();
+        if let Value::Object(map) = &mut root {
+            map.insert("components".into(), self.doc["components"].clone());
+        }
+        let validator = jsonschema::draft202012::options()
+            .should_validate_formats(true)
+            .build(&root)
+            .unwrap_or_else(|e| panic!("{what}: the documented schema compiles: {e}"));
+        let errors: Vec<String> = validator
+            .iter_errors(instance)
+            .map(|e| format!("{} at {}", e, e.instance_path()))
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{what} does not match the document: {errors:#?}\n{instance:#}"
+        );
+    }
+
+    /// Calls `path` (an instance of `template`) and checks the request and the answer.
+    async fn call(
+        &mut self,
+        client: &Agent,
+        method: &str,
+        template: &str,
+        path: &str,
+        body: Option<Value>,
+        expect: u16,
+    ) -> Answer {
+        let op = self.operation(method, template).clone();
+        if let Some(body) = &body {
+            let schema = &op["requestBody"]["content"]["application/json"]["schema"];
+            let schema = if schema.is_null() {
+                // A shared request body.
+                let name = op["requestBody"]["$ref"]
+                    .as_str()
+                    .and_then(|r| r.rsplit('/').next())
+                    .unwrap_or_else(|| panic!("{method} {template} documents no request body"));
+                self.doc["components"]["requestBodies"][name]["content"]["application/json"]
+                    ["schema"]
+                    .clone()
+            } else {
+                schema.clone()
+            };
+            // Requests that are meant to be refused need not match.
+            if expect < 400 {
+                self.check(
+                    &schema,
+                    body,
+                    &format!("the request of {method} {template}"),
+                );
+            }
+        }
+        let answer = client.call(method, path, body.as_ref()).await;
+        assert_eq!(
+            answer.status.as_u16(),
+            expect,
+            "{method} {path}: {}",
+            answer.text
+        );
+        let status = answer.status.as_u16().to_string();
+        let mut response = op["responses"][&status].clone();
+        assert!(
+            !response.is_null(),
+            "{method} {template} answered {status}, which the document does not list"
+        );
+        if let Some(name) = response["$ref"].as_str().and_then(|r| r.rsplit('/').next()) {
+            response = self.doc["components"]["responses"][name].clone();
+        }
+        let content = &response["content"];
+        if let Some(schema) = content.get("application/json").map(|c| &c["schema"]) {
+            self.check(
+                schema,
+                &answer.body,
+                &format!("the {status} answer of {method} {template}"),
+            );
+        } else {
+            assert!(
+                content.get("text/plain").is_some(),
+                "{method} {template} {status} documents no content"
+            );
+        }
+        self.called.insert((method.to_owned(), template.to_owned()));
+        self.checked += 1;
+        answer
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_answers_as_the_openapi_document_says() {
+    let mut spec = Spec::load();
+    let documented: BTreeSet<(String, String)> = spec.doc["paths"]
+        .as_object()
+        .expect("paths")
+        .iter()
+        .flat_map(|(path, item)| {
+            item.as_object()
+                .expect("a path item")
+                .keys()
+                .map(move |m| (m.to_ascii_uppercase(), path.clone()))
+        })
+        .collect();
+    let served: BTreeSet<(String, String)> = SERVED
+        .iter()
+        .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+        .collect();
+    assert_eq!(
+        documented, served,
+        "the document and the router name the same routes"
+    );
+
+    // The bank refuses every wire (5xx, then absent): approved wires end FAILED, to be replayed.
+    let bank = Faults::none().with_rates(Family::Bank, FaultRates::only(FaultKind::Error5xx, 1.0));
+    let h = Harness::start_with(
+        bank,
+        |c| {
+            c.dispatch("payments/wire", "timeout_ms", 400)
+                .policy("payments/wire", "lease_ttl_ms", 2_000)
+                .policy("payments/wire", "settle_ms", 300)
+                .policy("payments/wire", "on_absent", "fail")
+        },
+        tokens::install,
+    )
+    .await;
+    let agent = h.agent.with_token(AGENT_A);
+    let operator = h.agent.with_token(OPERATOR);
+    let admin = h.agent.with_token(ADMIN);
+    let nobody = h.agent.clone();
+    let run = "r-openapi";
+    let key_path = |key: &str| format!("/v1/runs/{run}/effects/{}", encode_key(key));
+    const ONE: &str = "/v1/runs/{run_id}/effects/{command_key}";
+
+    spec.call(&admin, "GET", "/v1/whoami", "/v1/whoami", None, 200)
+        .await;
+    spec.call(&nobody, "GET", "/v1/whoami", "/v1/whoami", None, 401)
+        .await;
+
+    // Submissions.
+    let email = effect(run, 1, "email/send", 0, email_args("openapi"));
+    spec.call(
+        &agent,
+        "POST",
+        "/v1/effects",
+        "/v1/effects",
+        Some(email.clone()),
+        201,
+    )
+    .await;
+    spec.call(
+        &agent,
+        "POST",
+        "/v1/effects",
+        "/v1/effects",
+        Some(email.clone()),
+        200,
+    )
+    .await;
+    let mut drift = email.clone();
+    drift["args"]["subject"] = json!("other");
+    spec.call(
+        &agent,
+        "POST",
+        "/v1/effects",
+        "/v1/effects",
+        Some(drift),
+        409,
+    )
+    .await;
+    spec.call(
+        &agent,
+        "POST",
+        "/v1/effects",
+        "/v1/effects",
+        Some(effect(run, 9, "nope/tool", 0, json!({}))),
+        404,
+    )
+    .await;
+    spec.call(
+        &agent,
+        "POST",
+        "/v1/effects",
+        "/v1/effects",
+        Some(effect(run, 9, "email/send", 0, json!({"to": 5}))),
+        422,
+    )
+    .await;
+    spec.call(
+        &operator,
+        "POST",
+        "/v1/effects",
+        "/v1/effects",
+        Some(email.clone()),
+        403,
+    )
+    .await;
+    let raw = agent.submit_raw(b"{not json".to_vec()).await;
+    assert_eq!(raw.status.as_u16(), 400);
+    spec.check(
+        &json!({"$ref": "#/components/schemas/Error"}),
+        &raw.body,
+        "a 400 answer",
+    );
+    let mut later = effect(run, 2, "tickets/create", 0, ticket_args("later"));
+    later["delay_ms"] = json!(3_600_000);
+    let mut later_too = effect(run, 3, "tickets/create", 0, ticket_args("later too"));
+    later_too["not_before"] = json!(h.ctx().clock.now().plus_millis(2 * 86_400_000).to_string());
+    let big = |decision: u32| {
+        effect(
+            run,
+            decision,
+            "payments/wire",
+            0,
+            wire_args(&format!("acc-oa-{decision}"), 2_000_000),
+        )
+    };
+    spec.call(
+        &agent,
+        "POST",
+        "/v1/effects/batch",
+        "/v1/effects/batch",
+        Some(json!({"effects": [later, later_too, big(4), big(5), effect(run, 6, "nope/tool", 0, json!({}))]})),
+        200,
+    )
+    .await;
+    assert_eq!(
+        agent
+            .wait_settled(run, "d-1/email/send/0")
+            .await
+            .status()
+            .as_str(),
+        "CONFIRMED"
+    );
+    assert_eq!(
+        agent
+            .wait_settled(run, "d-4/payments/wire/0")
+            .await
+            .status()
+            .as_str(),
+        "BLOCKED"
+    );
+    assert_eq!(
+        agent
+            .wait_settled(run, "d-5/payments/wire/0")
+            .await
+            .status()
+            .as_str(),
+        "BLOCKED"
+    );
+
+    // Reads.
+    spec.call(
+        &operator,
+        "GET",
+        "/v1/effects",
+        "/v1/effects?status=BLOCKED&tool=payments/wire&limit=10",
+        None,
+        200,
+    )
+    .await;
+    spec.call(
+        &operator,
+        "GET",
+        "/v1/effects",
+        "/v1/effects?status=DONE",
+        None,
+        422,
+    )
+    .await;
+    spec.call(&agent, "GET", "/v1/effects", "/v1/effects", None, 403)
+        .await;
+    spec.call(&operator, "GET", "/v1/runs", "/v1/runs?limit=5", None, 200)
+        .await;
+    spec.call(&operator, "GET", "/v1/runs", "/v1/runs?limit=0", None, 422)
+        .await;
+    spec.call(
+        &agent,
+        "GET",
+        "/v1/runs/{run_id}/effects",
+        &format!("/v1/runs/{run}/effects?status=SCHEDULED"),
+        None,
+        200,
+    )
+    .await;
+    spec.call(
+        &agent,
+        "GET",
+        "/v1/runs/{run_id}/effects",
+        &format!("/v1/runs/{run}/effects?colour=red"),
+        None,
+        422,
+    )
+    .await;
+    spec.call(
+        &agent,
+        "GET",
+        "/v1/runs/{run_id}/scheduled",
+        &format!("/v1/runs/{run}/scheduled?tool=tickets/create"),
+        None,
+        200,
+    )
+    .await;
+    spec.call(&agent, "GET", ONE, &key_path("d-1/email/send/0"), None, 200)
+        .await;
+    spec.call(
+        &agent,
+        "GET",
+        ONE,
+        &format!("{}?wait=1s", key_path("d-1/email/send/0")),
+        None,
+        200,
+    )
+    .await;
+    spec.call(&agent, "GET", ONE, &key_path("d-9/email/send/0"), None, 404)
+        .await;
+    spec.call(
+        &agent,
+        "GET",
+        ONE,
+        &format!("/v1/runs/{run}/effects/nonsense"),
+        None,
+        422,
+    )
+    .await;
+
+    // Removing a scheduled effect, then again.
+    spec.call(
+        &agent,
+        "DELETE",
+        ONE,
+        &key_path("d-2/tickets/create/0"),
+        None,
+        200,
+    )
+    .await;
+    spec.call(
+        &agent,
+        "DELETE",
+        ONE,
+        &key_path("d-2/tickets/create/0"),
+        None,
+        409,
+    )
+    .await;
+
+    // Command actions.
+    const APPROVE: &str = "/v1/runs/{run_id}/effects/{command_key}:approve";
+    const REJECT: &str = "/v1/runs/{run_id}/effects/{command_key}:reject";
+    const CANCEL: &str = "/v1/runs/{run_id}/effects/{command_key}:cancel";
+    const REPLAY: &str = "/v1/runs/{run_id}/effects/{command_key}:replay";
+    const RESOLVE: &str = "/v1/runs/{run_id}/effects/{command_key}:resolve";
+    let act = |key: &str, action: &str| format!("{}:{action}", key_path(key));
+    let wire = "d-4/payments/wire/0";
+    spec.call(
+        &admin,
+        "POST",
+        APPROVE,
+        &act(wire, "approve"),
+        Some(json!({"reason": ""})),
+        422,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        APPROVE,
+        &act(wire, "approve"),
+        Some(json!({"reason": "checked"})),
+        200,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        APPROVE,
+        &act(wire, "approve"),
+        Some(json!({"reason": "again"})),
+        409,
+    )
+    .await;
+    spec.call(
+        &operator,
+        "POST",
+        APPROVE,
+        &act(wire, "approve"),
+        Some(json!({"reason": "x"})),
+        403,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        REJECT,
+        &act("d-5/payments/wire/0", "reject"),
+        Some(json!({"reason": "no"})),
+        200,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        CANCEL,
+        &act("d-3/tickets/create/0", "cancel"),
+        Some(json!({"reason": "not needed"})),
+        200,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        CANCEL,
+        &act("d-1/email/send/0", "cancel"),
+        Some(json!({"reason": "too late"})),
+        409,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        CANCEL,
+        &act("d-8/email/send/0", "cancel"),
+        Some(json!({"reason": "none"})),
+        404,
+    )
+    .await;
+
+    let failed = agent.wait_settled(run, wire).await;
+    assert_eq!(failed.status().as_str(), "FAILED", "{failed:?}");
+    h.upstream.set_faults(Faults::none()).expect("valid faults");
+    spec.call(
+        &admin,
+        "POST",
+        REPLAY,
+        &act(wire, "replay"),
+        Some(json!({"reason": "bank fixed", "dry_run": true})),
+        200,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        REPLAY,
+        &act(wire, "replay"),
+        Some(json!({"reason": "bank fixed"})),
+        200,
+    )
+    .await;
+    assert_eq!(
+        agent.wait_settled(run, wire).await.status().as_str(),
+        "CONFIRMED"
+    );
+    spec.call(
+        &admin,
+        "POST",
+        REPLAY,
+        &act(wire, "replay"),
+        Some(json!({"reason": "again"})),
+        409,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        REPLAY,
+        &act(wire, "replay"),
+        Some(json!({"dry_run": true})),
+        422,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        RESOLVE,
+        &act(wire, "resolve"),
+        Some(json!({"outcome": "FAILED", "evidence": "ticket 1", "reason": "not stuck"})),
+        409,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        RESOLVE,
+        &act(wire, "resolve"),
+        Some(json!({"outcome": "MAYBE", "evidence": "e", "reason": "r"})),
+        422,
+    )
+    .await;
+
+    // Audit, with a tampered run beside it.
+    spec.call(
+        &agent,
+        "GET",
+        "/v1/runs/{run_id}/audit",
+        &format!("/v1/runs/{run}/audit"),
+        None,
+        200,
+    )
+    .await;
+    spec.call(
+        &agent,
+        "GET",
+        "/v1/runs/{run_id}/audit/verify",
+        &format!("/v1/runs/{run}/audit/verify"),
+        None,
+        200,
+    )
+    .await;
+    spec.call(
+        &operator,
+        "GET",
+        "/v1/runs/{run_id}/audit",
+        "/v1/runs/r-never/audit",
+        None,
+        404,
+    )
+    .await;
+    let tampered = "r-openapi-tampered";
+    agent
+        .submit_created(&effect(tampered, 1, "email/send", 0, email_args("t")))
+        .await;
+    agent.wait_settled(tampered, "d-1/email/send/0").await;
+    let db = rusqlite::Connection::open(
+        sluice_ledger::sqlite::SqliteConfig::in_dir(h.data.path()).path(),
+    )
+    .expect("the ledger file opens");
+    db.busy_timeout(std::time::Duration::from_secs(5))
+        .expect("busy timeout");
+    let changed = db
+        .execute(
+            "UPDATE audit SET hash = ?1 WHERE seq = 0 AND run_seq = (SELECT run_seq FROM runs WHERE run_id = ?2)",
+            rusqlite::params!["0".repeat(64), tampered],
+        )
+        .expect("the update applies");
+    assert_eq!(changed, 1);
+    let broken = spec
+        .call(
+            &operator,
+            "GET",
+            "/v1/runs/{run_id}/audit/verify",
+            &format!("/v1/runs/{tampered}/audit/verify"),
+            None,
+            200,
+        )
+        .await;
+    assert_eq!(broken.body["valid"], json!(false), "{}", broken.text);
+    assert_eq!(broken.body["broken"]["seq"], json!(0));
+
+    // Rollback, then purge.
+    spec.call(
+        &admin,
+        "POST",
+        "/v1/runs/{run_id}/rollback",
+        &format!("/v1/runs/{run}/rollback"),
+        Some(json!({"reason": "undo"})),
+        202,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        "/v1/runs/{run_id}/rollback",
+        "/v1/runs/r-none/rollback",
+        Some(json!({"reason": "undo"})),
+        404,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        "/v1/runs/{run_id}/rollback",
+        &format!("/v1/runs/{run}/rollback"),
+        Some(json!({"why": "undo"})),
+        422,
+    )
+    .await;
+    spec.call(
+        &agent,
+        "GET",
+        "/v1/runs/{run_id}/rollback",
+        &format!("/v1/runs/{run}/rollback"),
+        None,
+        200,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        "/v1/audit/purge",
+        "/v1/audit/purge",
+        Some(json!({"older_than": "2000-01-01T00:00:00Z", "reason": "retention"})),
+        200,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        "/v1/audit/purge",
+        "/v1/audit/purge",
+        Some(json!({"older_than": "yesterday", "reason": "retention"})),
+        422,
+    )
+    .await;
+    spec.call(
+        &operator,
+        "GET",
+        "/v1/runs/{run_id}/audit",
+        "/v1/runs/sluice.system/audit",
+        None,
+        200,
+    )
+    .await;
+
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        spec.call(&nobody, "GET", path, path, None, 200).await;
+    }
+
+    let missed: Vec<_> = served.difference(&spec.called).collect();
+    assert!(missed.is_empty(), "routes never called: {missed:?}");
+    assert!(spec.checked >= 50, "{} answers checked", spec.checked);
+    h.stop().await;
+}

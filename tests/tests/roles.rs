@@ -1,0 +1,295 @@
+//! Roles end to end (DESIGN §7): every route of the API called by every kind of caller — no
+//! token, an unknown token, the agent that owns the run, another agent, an operator, an admin —
+//! with the exact answer each must get. 401 without a (valid) token, 403 for the wrong role or
+//! another agent's run, and for the allowed callers the route's own answer.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sluice_tests::tokens::{ADMIN, AGENT_A, AGENT_B, OPERATOR};
+use sluice_tests::*;
+use sluice_upstream::Faults;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Who {
+    Nobody,
+    Stranger,
+    Owner,
+    OtherAgent,
+    Operator,
+    Admin,
+}
+
+const EVERYONE: [Who; 6] = [
+    Who::Nobody,
+    Who::Stranger,
+    Who::Owner,
+    Who::OtherAgent,
+    Who::Operator,
+    Who::Admin,
+];
+
+/// One route and the answer each caller must get.
+struct Case {
+    method: &'static str,
+    path: String,
+    body: Option<Value>,
+    expect: fn(Who) -> u16,
+}
+
+/// 401 for a missing or unknown token; otherwise `rest`.
+fn authenticated(who: Who, rest: impl Fn(Who) -> u16) -> u16 {
+    match who {
+        Who::Nobody | Who::Stranger => 401,
+        other => rest(other),
+    }
+}
+
+fn read_run(who: Who) -> u16 {
+    authenticated(who, |w| if w == Who::OtherAgent { 403 } else { 200 })
+}
+
+fn read_all(who: Who) -> u16 {
+    authenticated(who, |w| match w {
+        Who::Owner | Who::OtherAgent => 403,
+        _ => 200,
+    })
+}
+
+/// Admin only; `admin` is what the admin gets.
+fn admin_only(who: Who, admin: u16) -> u16 {
+    authenticated(who, |w| if w == Who::Admin { admin } else { 403 })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_answers_every_role_as_it_should() {
+    let h = Harness::start_with(Faults::none(), |c| c, tokens::install).await;
+    let clients = |who: Who| match who {
+        Who::Nobody => h.agent.clone(),
+        Who::Stranger => h.agent.with_token("not-a-known-token-at-all"),
+        Who::Owner => h.agent.with_token(AGENT_A),
+        Who::OtherAgent => h.agent.with_token(AGENT_B),
+        Who::Operator => h.agent.with_token(OPERATOR),
+        Who::Admin => h.agent.with_token(ADMIN),
+    };
+    // agent-a's run, settled: the admin's actions on a CONFIRMED command are refused (409), so
+    // the matrix changes nothing it depends on.
+    let run = "r-matrix";
+    let key = "d-1/email/send/0";
+    let owner = clients(Who::Owner);
+    owner
+        .submit_created(&effect(run, 1, "email/send", 0, email_args("matrix")))
+        .await;
+    assert_eq!(
+        owner.wait_settled(run, key).await.status().as_str(),
+        "CONFIRMED"
+    );
+    let k = encode_key(key);
+    let action = |name: &str, body: Value| Case {
+        method: "POST",
+        path: format!("/v1/runs/{run}/effects/{k}:{name}"),
+        body: Some(body),
+        expect: |who| admin_only(who, 409),
+    };
+
+    let cases = vec![
+        Case {
+            method: "GET",
+            path: "/v1/whoami".into(),
+            body: None,
+            expect: |w| authenticated(w, |_| 200),
+        },
+        Case {
+            method: "POST",
+            path: "/v1/effects".into(),
+            body: Some(effect(
+                "r-matrix-submit",
+                1,
+                "email/send",
+                0,
+                email_args("s"),
+            )),
+            // agent-a creates it, agent-b may not add to agent-a's run, the admin gets the
+            // existing command back.
+            expect: |w| {
+                authenticated(w, |w| match w {
+                    Who::Owner => 201,
+                    Who::OtherAgent | Who::Operator => 403,
+                    _ => 200,
+                })
+            },
+        },
+        Case {
+            method: "POST",
+            path: "/v1/effects/batch".into(),
+            body: Some(json!({"effects": []})),
+            expect: |w| authenticated(w, |w| if w == Who::Operator { 403 } else { 200 }),
+        },
+        Case {
+            method: "GET",
+            path: "/v1/effects?status=CONFIRMED".into(),
+            body: None,
+            expect: read_all,
+        },
+        Case {
+            method: "GET",
+            path: "/v1/runs".into(),
+            body: None,
+            expect: read_all,
+        },
+        Case {
+            method: "GET",
+            path: format!("/v1/runs/{run}/effects"),
+            body: None,
+            expect: read_run,
+        },
+        Case {
+            method: "GET",
+            path: format!("/v1/runs/{run}/scheduled"),
+            body: None,
+            expect: read_run,
+        },
+        Case {
+            method: "GET",
+            path: format!("/v1/runs/{run}/effects/{k}"),
+            body: None,
+            expect: read_run,
+        },
+        Case {
+            method: "DELETE",
+            path: format!("/v1/runs/{run}/effects/{k}"),
+            body: None,
+            expect: |w| {
+                authenticated(w, |w| match w {
+                    Who::Owner | Who::Admin => 409,
+                    _ => 403,
+                })
+            },
+        },
+        action("approve", json!({"reason": "r"})),
+        action("reject", json!({"reason": "r"})),
+        action("cancel", json!({"reason": "r"})),
+        action("replay", json!({"reason": "r"})),
+        action(
+            "resolve",
+            json!({"outcome": "FAILED", "evidence": "e", "reason": "r"}),
+        ),
+        Case {
+            method: "POST",
+            path: "/v1/runs/r-matrix-nobody/rollback".into(),
+            body: Some(json!({"reason": "r"})),
+            expect: |w| admin_only(w, 404),
+        },
+        Case {
+            method: "GET",
+            path: format!("/v1/runs/{run}/rollback"),
+            body: None,
+            expect: read_run,
+        },
+        Case {
+            method: "GET",
+            path: format!("/v1/runs/{run}/audit"),
+            body: None,
+            expect: read_run,
+        },
+        Case {
+            method: "GET",
+            path: format!("/v1/runs/{run}/audit/verify"),
+            body: None,
+            expect: read_run,
+        },
+        Case {
+            method: "POST",
+            path: "/v1/audit/purge".into(),
+            body: Some(json!({"older_than": "2000-01-01T00:00:00Z", "reason": "matrix"})),
+            expect: |w| admin_only(w, 200),
+        },
+        Case {
+            method: "GET",
+            path: "/healthz".into(),
+            body: None,
+            expect: |_| 200,
+        },
+        Case {
+            method: "GET",
+            path: "/readyz".into(),
+            body: None,
+            expect: |_| 200,
+        },
+        Case {
+            method: "GET",
+            path: "/metrics".into(),
+            body: None,
+            expect: |_| 200,
+        },
+    ];
+
+    let mut wrong = Vec::new();
+    let mut cells = 0;
+    for case in &cases {
+        for who in EVERYONE {
+            let answer = clients(who)
+                .call(case.method, &case.path, case.body.as_ref())
+                .await;
+            let expected = (case.expect)(who);
+            cells += 1;
+            if answer.status.as_u16() != expected {
+                wrong.push(format!(
+                    "{} {} as {who:?}: expected {expected}, got {}: {}",
+                    case.method, case.path, answer.status, answer.text
+                ));
+            }
+            if answer.status == StatusCode::UNAUTHORIZED {
+                assert_eq!(answer.error_code(), "unauthenticated", "{}", answer.text);
+            }
+            if answer.status == StatusCode::FORBIDDEN {
+                assert_eq!(answer.error_code(), "forbidden", "{}", answer.text);
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {cells} answers were wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    assert_eq!(cells, cases.len() * EVERYONE.len());
+
+    // The matrix changed nothing it should not have.
+    let command = owner.get(run, key).await;
+    assert_eq!(command.status().as_str(), "CONFIRMED");
+    assert_eq!(command.submitted_by.as_deref(), Some("agent-a"));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_401_asks_for_a_bearer_token_and_never_echoes_one() {
+    let h = Harness::start_with(Faults::none(), |c| c, tokens::install).await;
+    let guess = "almost-the-admin-token-0123";
+    let answer = h
+        .agent
+        .with_token(guess)
+        .call("GET", "/v1/runs", None)
+        .await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    assert!(!answer.text.contains(guess), "{}", answer.text);
+    let raw = reqwest::Client::new()
+        .get(format!("{}/v1/runs", h.agent.base()))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(
+        raw.headers()
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok()),
+        Some("Bearer")
+    );
+    // A token in another scheme is not a bearer token.
+    let basic = reqwest::Client::new()
+        .get(format!("{}/v1/runs", h.agent.base()))
+        .header("authorization", format!("Basic {ADMIN}"))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(basic.status(), StatusCode::UNAUTHORIZED);
+    h.stop().await;
+}
