@@ -265,6 +265,27 @@ async fn the_server_answers_as_the_openapi_document_says() {
         &raw.body,
         "a 400 answer",
     );
+    let huge = agent.submit_raw(vec![b' '; 1536 * 1024]).await;
+    assert_eq!(huge.status.as_u16(), 413, "{}", huge.text);
+    spec.check(
+        &json!({"$ref": "#/components/schemas/Error"}),
+        &huge.body,
+        "a 413 answer",
+    );
+    let wrong_method = agent.call("PUT", "/v1/effects", None).await;
+    assert_eq!(wrong_method.status.as_u16(), 405, "{}", wrong_method.text);
+    spec.check(
+        &json!({"$ref": "#/components/schemas/Error"}),
+        &wrong_method.body,
+        "a 405 answer",
+    );
+    let nowhere = agent.call("PUT", "/v1/nowhere", None).await;
+    assert_eq!(nowhere.status.as_u16(), 404, "{}", nowhere.text);
+    spec.check(
+        &json!({"$ref": "#/components/schemas/Error"}),
+        &nowhere.body,
+        "an unknown route",
+    );
     let mut later = effect(run, 2, "tickets/create", 0, ticket_args("later"));
     later["delay_ms"] = json!(3_600_000);
     let mut later_too = effect(run, 3, "tickets/create", 0, ticket_args("later too"));

@@ -229,6 +229,7 @@ async fn invalid_submissions_are_refused_with_the_status_and_pointer_that_say_wh
         "{}",
         too_large.text
     );
+    assert_eq!(too_large.error_code(), "body_too_large", "a JSON error");
 
     let too_many = h
         .agent

@@ -413,6 +413,8 @@ pub fn router(api: Api) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_method)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(api)
 }
@@ -463,6 +465,58 @@ where
     }
 }
 
+/// A request body as bytes; over the size limit it is a 413 JSON error (axum's own rejection
+/// is plain text).
+#[derive(Debug)]
+pub(crate) struct RawBody(pub Bytes);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(
+        request: axum::extract::Request,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Bytes::from_request(request, state)
+            .await
+            .map(RawBody)
+            .map_err(|e| {
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "body_too_large",
+                        "the request body is over the size limit (producer.max_body_bytes)",
+                    )
+                } else {
+                    ApiError::new(e.status(), "unreadable_body", e.body_text())
+                }
+            })
+    }
+}
+
+/// Answers a route that does not exist, or a method a route does not have, as JSON.
+async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no_route",
+        format!(
+            "no route {method} {}; the API is described in schemas/openapi.yaml",
+            uri.path().chars().take(200).collect::<String>()
+        ),
+    )
+}
+
+async fn no_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{method} is not allowed on {}; the API is described in schemas/openapi.yaml",
+            uri.path().chars().take(200).collect::<String>()
+        ),
+    )
+}
+
 /// The longest `delay_ms` (and how far ahead `not_before` may be): one year.
 pub const MAX_DELAY_MS: u64 = 365 * 24 * 60 * 60 * 1_000;
 
@@ -476,7 +530,11 @@ async fn whoami(Caller(principal): Caller) -> Response {
     .into_response()
 }
 
-async fn submit_one(State(api): State<Api>, Caller(principal): Caller, body: Bytes) -> Response {
+async fn submit_one(
+    State(api): State<Api>,
+    Caller(principal): Caller,
+    RawBody(body): RawBody,
+) -> Response {
     let answer = match principal
         .require(Need::Submit)
         .and_then(|()| parse_json(&body))
@@ -498,7 +556,7 @@ async fn submit_one(State(api): State<Api>, Caller(principal): Caller, body: Byt
 async fn submit_batch(
     State(api): State<Api>,
     Caller(principal): Caller,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
     principal.require(Need::Submit)?;
     let batch: BatchRequest = serde_json::from_value(parse_json(&body)?).map_err(|e| {
@@ -632,7 +690,7 @@ async fn rollback(
     State(api): State<Api>,
     Caller(principal): Caller,
     Path(run_id): Path<String>,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
     principal.require(Need::Admin)?;
     let run_id = parse_run(&run_id)?;

@@ -25,7 +25,7 @@ use sluice_runtime::messages::Cause;
 
 use crate::auth::{Caller, Need, Principal};
 use crate::{
-    ACTOR, Api, ApiError, Q, parse_body, parse_run, parse_status_filter, parse_tool_filter,
+    ACTOR, Api, ApiError, Q, RawBody, parse_body, parse_run, parse_status_filter, parse_tool_filter,
 };
 
 /// Longest reason accepted, in characters.
@@ -231,7 +231,7 @@ pub(crate) async fn command_action(
     State(api): State<Api>,
     caller: Caller,
     Path((run_id, rest)): Path<(String, String)>,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Response {
     let action = rest
         .rsplit_once(':')
@@ -844,7 +844,7 @@ struct PurgeBody {
 pub(crate) async fn purge(
     State(api): State<Api>,
     Caller(principal): Caller,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
     principal.require(Need::Admin)?;
     let body: PurgeBody = parse_body(
