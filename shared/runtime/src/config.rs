@@ -555,9 +555,9 @@ fn apply_env(table: &mut toml::Table, var: &str, value: &str) -> Result<(), Conf
     }
     let (last, parents) = path.split_last().ok_or_else(|| env_error("names no key"))?;
     // A password is a string even when it looks like a number.
-    let secret = ["password", "secret", "token"]
-        .iter()
-        .any(|word| last.contains(word));
+    let secret = ["password", "secret", "token"].iter().any(|word| {
+        last == word || last.ends_with(&format!("_{word}")) || last.ends_with(&format!(".{word}"))
+    });
     let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
         .ok()
         .and_then(|mut t| t.remove("v"))
@@ -724,5 +724,17 @@ mod tests {
         assert_eq!(config.ledger.kind, LedgerKind::Cql);
         assert_eq!(config.bus.kind, BusKind::Kafka);
         assert!(!config.ledger.cql.migrate_on_start);
+    }
+
+    #[test]
+    fn the_kubernetes_config_validates_with_tokens_from_the_environment() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../k8s/config/sluice.toml");
+        let tokens = "[{ name = \"ops\", role = \"admin\", token_sha256 = \"\
+                      9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\" }]";
+        let config = Config::load(Some(&path), env(&[("SLUICE_AUTH__TOKENS", tokens)]))
+            .expect("k8s/config/sluice.toml with SLUICE_AUTH__TOKENS");
+        assert_eq!(config.auth.tokens.len(), 1);
+        let err = Config::load(Some(&path), env(&[])).expect_err("an open API on 0.0.0.0");
+        assert!(err.to_string().contains("auth.tokens"), "{err}");
     }
 }
