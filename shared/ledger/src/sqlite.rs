@@ -920,30 +920,40 @@ impl Writer {
         else {
             return Ok(Ok(CasReply::Conflict(None)));
         };
-        let identity: Option<String> = self
+        // Read, compare, then write by rowid: the writer holds the write lock for the whole
+        // batch, so nothing can change the row in between, and this is cheaper than an
+        // `UPDATE … RETURNING`, which SQLite runs through a temporary table.
+        let current: Option<(i64, bool, String)> = self
             .conn
             .prepare_cached(
-                "UPDATE commands SET status = ?1, lease_epoch = ?2, due_at = ?3, state = ?4 \
-                 WHERE run_seq = ?5 AND command_key = ?6 AND status = ?7 AND lease_epoch = ?8 \
-                 RETURNING identity",
+                "SELECT rowid, status = ?3 AND lease_epoch = ?4, identity FROM commands \
+                 WHERE run_seq = ?1 AND command_key = ?2",
             )?
             .query_row(
                 params![
-                    next.status.as_str(),
-                    next.lease.epoch.get() as i64,
-                    next.due_at.map(Timestamp::as_millis),
-                    state,
                     run_seq,
                     key,
                     transition.guard.status.as_str(),
                     transition.guard.epoch.get() as i64,
                 ],
-                |row| row.get(0),
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
             )
             .optional()?;
-        let Some(identity) = identity else {
+        let Some((rowid, true, identity)) = current else {
             return Ok(Ok(CasReply::Conflict(self.load_row(run, &key)?)));
         };
+        self.conn
+            .prepare_cached(
+                "UPDATE commands SET status = ?1, lease_epoch = ?2, due_at = ?3, state = ?4 \
+                 WHERE rowid = ?5",
+            )?
+            .execute(params![
+                next.status.as_str(),
+                next.lease.epoch.get() as i64,
+                next.due_at.map(Timestamp::as_millis),
+                state,
+                rowid,
+            ])?;
         if let Some(audit) = audit {
             self.append(audit)?;
         }
