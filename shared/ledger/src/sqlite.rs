@@ -254,16 +254,24 @@ impl Identity {
 /// A stored row as text; decoded by the caller, off the writer thread.
 type RawRow = (String, String);
 
+/// A write request. Everything the writer needs as text (the command key, the JSON columns, the
+/// audit record's canonical form) is computed by the caller, so the single writer thread
+/// spends its time on SQL only; and the request goes back to the caller with the answer, so
+/// the caller, not the writer, frees it.
 enum Op {
-    /// The command, its audit record, and its identity and state already encoded as JSON by
-    /// the caller, so the single writer thread spends its time on SQL only.
     Reserve {
         command: Box<Command>,
+        key: String,
         audit: PreparedRecord,
         identity: String,
         state: String,
     },
-    Transition(Box<Transition>, String, Option<PreparedRecord>),
+    Transition {
+        transition: Box<Transition>,
+        key: String,
+        state: String,
+        audit: Option<PreparedRecord>,
+    },
     Claim {
         tool: ToolName,
         business_key: BusinessKey,
@@ -301,7 +309,13 @@ enum Reply {
 
 struct Job {
     op: Op,
-    reply: oneshot::Sender<Result<Reply, LedgerError>>,
+    reply: oneshot::Sender<Answer>,
+}
+
+/// The writer's answer, with the request handed back.
+struct Answer {
+    op: Op,
+    result: Result<Reply, LedgerError>,
 }
 
 impl SqliteLedger {
@@ -353,14 +367,15 @@ impl SqliteLedger {
         &self.inner.path
     }
 
-    async fn submit(&self, op: Op) -> Result<Reply, LedgerError> {
+    /// Sends `op` to the writer; the answer comes once its transaction committed.
+    async fn submit(&self, op: Op) -> Result<Answer, LedgerError> {
         let (reply, answer) = oneshot::channel();
         self.inner
             .writer
             .send(Job { op, reply })
             .await
             .map_err(|_| LedgerError::Closed)?;
-        answer.await.map_err(|_| LedgerError::Closed)?
+        answer.await.map_err(|_| LedgerError::Closed)
     }
 
     /// Runs `read` on a pooled read connection on the blocking pool.
@@ -585,15 +600,16 @@ impl Writer {
     fn run_batch(&mut self, batch: Vec<Job>) {
         match self.try_batch(&batch) {
             Ok(replies) => {
-                for (job, reply) in batch.into_iter().zip(replies) {
+                for (job, result) in batch.into_iter().zip(replies) {
                     // A caller that stopped waiting does not need its answer.
-                    let _ = job.reply.send(reply);
+                    let _ = job.reply.send(Answer { op: job.op, result });
                 }
             }
             Err(e) if batch.len() == 1 => {
                 let error = map_err(e, "write", &self.path, &self.config);
                 for job in batch {
-                    let _ = job.reply.send(Err(clone_error(&error)));
+                    let result = Err(clone_error(&error));
+                    let _ = job.reply.send(Answer { op: job.op, result });
                 }
             }
             Err(_) => {
@@ -650,14 +666,20 @@ impl Writer {
         Ok(match op {
             Op::Reserve {
                 command,
+                key,
                 audit,
                 identity,
                 state,
             } => self
-                .reserve(command, audit, identity, state)?
+                .reserve(command, key, audit, identity, state)?
                 .map(Reply::Reserved),
-            Op::Transition(transition, state, audit) => self
-                .transition(transition, state, audit.as_ref())?
+            Op::Transition {
+                transition,
+                key,
+                state,
+                audit,
+            } => self
+                .transition(transition, key, state, audit.as_ref())?
                 .map(Reply::Cas),
             Op::Claim {
                 tool,
@@ -782,25 +804,25 @@ impl Writer {
     fn reserve(
         &mut self,
         command: &Command,
+        key: &str,
         audit: &PreparedRecord,
         identity: &str,
         state: &str,
     ) -> WriteResult<ReserveReply> {
-        let key = command.command_key.to_string();
         if command.business_key.is_none() {
             // Insert first: the unique key says whether the command existed, which saves a
             // lookup for every new command.
-            if self.insert_command(command, &key, identity, state)? {
+            if self.insert_command(command, key, identity, state)? {
                 self.append(audit)?;
                 return Ok(Ok(ReserveReply::Created));
             }
-            return self.existing(command, &key);
+            return self.existing(command, key);
         }
         // With a business key the claim decides first, so look before inserting.
         if self.stored_head(&command.run_id)?.is_some()
-            && self.load_row(command.run_id.as_str(), &key)?.is_some()
+            && self.load_row(command.run_id.as_str(), key)?.is_some()
         {
-            return self.existing(command, &key);
+            return self.existing(command, key);
         }
         if let Some(business_key) = &command.business_key {
             match self.claim(
@@ -828,8 +850,8 @@ impl Writer {
                 Err(e) => return Ok(Err(e)),
             }
         }
-        if !self.insert_command(command, &key, identity, state)? {
-            return self.existing(command, &key);
+        if !self.insert_command(command, key, identity, state)? {
+            return self.existing(command, key);
         }
         self.append(audit)?;
         Ok(Ok(ReserveReply::Created))
@@ -908,11 +930,11 @@ impl Writer {
     fn transition(
         &mut self,
         transition: &Transition,
+        key: &str,
         state: &str,
         audit: Option<&PreparedRecord>,
     ) -> WriteResult<CasReply> {
         let run = transition.run_id.as_str();
-        let key = transition.command_key.to_string();
         let next = &transition.next;
         let Some(run_seq) = self
             .stored_head(&transition.run_id)?
@@ -940,7 +962,7 @@ impl Writer {
             )
             .optional()?;
         let Some((rowid, true, identity)) = current else {
-            return Ok(Ok(CasReply::Conflict(self.load_row(run, &key)?)));
+            return Ok(Ok(CasReply::Conflict(self.load_row(run, key)?)));
         };
         self.conn
             .prepare_cached(
@@ -1154,21 +1176,30 @@ impl Ledger for SqliteLedger {
         command.state.result = cap_result(command.state.result.take());
         let identity = encode(&Identity::of(&command));
         let state = encode(&command.state);
-        let run = command.run_id.to_string();
         let audit = PreparedRecord::new(&command.run_id, audit, command.state.updated_at);
         let op = Op::Reserve {
-            command: Box::new(command.clone()),
+            key: command.command_key.to_string(),
+            command: Box::new(command),
             audit,
             identity,
             state,
         };
-        match self.submit(op).await? {
-            Reply::Reserved(ReserveReply::Created) => Ok(Reserved::Created(command)),
+        let Answer {
+            op: Op::Reserve { command, .. },
+            result,
+        } = self.submit(op).await?
+        else {
+            // The writer hands back the request it was given.
+            return Err(LedgerError::Closed);
+        };
+        let run = command.run_id.as_str();
+        match result? {
+            Reply::Reserved(ReserveReply::Created) => Ok(Reserved::Created(*command)),
             Reply::Reserved(ReserveReply::Existing((identity, state))) => {
-                row_command(&run, &identity, &state).map(Reserved::Existing)
+                row_command(run, &identity, &state).map(Reserved::Existing)
             }
             Reply::Reserved(ReserveReply::Held((identity, state))) => {
-                row_command(&run, &identity, &state).map(Reserved::BusinessKeyHeld)
+                row_command(run, &identity, &state).map(Reserved::BusinessKeyHeld)
             }
             _ => Err(LedgerError::Closed),
         }
@@ -1178,22 +1209,31 @@ impl Ledger for SqliteLedger {
         transition.validate()?;
         transition.next.result = cap_result(transition.next.result.take());
         let state = encode(&transition.next);
-        let run = transition.run_id.to_string();
-        let next = transition.next.clone();
-        let audit = transition
-            .audit
-            .take()
-            .map(|draft| PreparedRecord::new(&transition.run_id, draft, next.updated_at));
-        match self
-            .submit(Op::Transition(Box::new(transition), state, audit))
-            .await?
-        {
+        let audit = transition.audit.take().map(|draft| {
+            PreparedRecord::new(&transition.run_id, draft, transition.next.updated_at)
+        });
+        let op = Op::Transition {
+            key: transition.command_key.to_string(),
+            transition: Box::new(transition),
+            state,
+            audit,
+        };
+        let Answer {
+            op: Op::Transition { transition, .. },
+            result,
+        } = self.submit(op).await?
+        else {
+            // The writer hands back the request it was given.
+            return Err(LedgerError::Closed);
+        };
+        let run = transition.run_id.as_str();
+        match result? {
             Reply::Cas(CasReply::Applied { identity }) => {
-                let identity: Identity = decode("command", &run, &identity)?;
-                Ok(Cas::Applied(identity.with_state(next)))
+                let identity: Identity = decode("command", run, &identity)?;
+                Ok(Cas::Applied(identity.with_state(transition.next)))
             }
             Reply::Cas(CasReply::Conflict(row)) => row
-                .map(|(identity, state)| row_command(&run, &identity, &state))
+                .map(|(identity, state)| row_command(run, &identity, &state))
                 .transpose()
                 .map(Cas::Conflict),
             _ => Err(LedgerError::Closed),
@@ -1322,7 +1362,7 @@ impl Ledger for SqliteLedger {
             command_key: command_key.clone(),
             at: self.inner.clock.now(),
         };
-        match self.submit(op).await? {
+        match self.submit(op).await?.result? {
             Reply::Claim(claim) => Ok(claim),
             _ => Err(LedgerError::Closed),
         }
@@ -1372,7 +1412,7 @@ impl Ledger for SqliteLedger {
         at: Timestamp,
     ) -> Result<AuditEntry, LedgerError> {
         let record = PreparedRecord::new(run_id, draft, at);
-        match self.submit(Op::Append(record)).await? {
+        match self.submit(Op::Append(record)).await?.result? {
             Reply::Entry(entry) => Ok(entry),
             _ => Err(LedgerError::Closed),
         }
@@ -1449,7 +1489,7 @@ impl Ledger for SqliteLedger {
             actor: actor.to_owned(),
             now,
         };
-        match self.submit(op).await? {
+        match self.submit(op).await?.result? {
             Reply::Purged(report) => Ok(report),
             _ => Err(LedgerError::Closed),
         }
