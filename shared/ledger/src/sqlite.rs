@@ -20,11 +20,13 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
+use rusqlite::wal::CheckpointMode;
+use rusqlite::{Connection, DEFAULT_NAME, ErrorCode, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
@@ -49,6 +51,12 @@ pub const LEDGER_FILE: &str = "ledger.db";
 const APPLICATION_ID: i64 = 0x534C_4345;
 /// Schema version this build writes.
 const SCHEMA_VERSION: i64 = 1;
+/// The checkpointer thread copies the WAL into the database each time the log grows by this
+/// many frames (pages) past the first step; fewer, larger checkpoints copy a page that changes
+/// often fewer times.
+const CHECKPOINT_STEP: i32 = 2_048;
+/// WAL frames after which the writer finishes the checkpoint itself, so that the log restarts.
+const RESTART_FRAMES: i32 = 8_192;
 
 // Layout notes. Run ids are random, so every index keyed by run id puts each write on a
 // random page, and a group commit then rewrites pages all over the file. Instead each run gets
@@ -337,12 +345,14 @@ impl SqliteLedger {
         let conn = open_connection(&path, &config)?;
         prepare_schema(&conn, &path)?;
         let (writer, rx) = mpsc::channel(config.queue_capacity.max(1));
+        let checkpointer = Checkpointer::start(&path, &config)?;
         let writer_state = Writer {
             conn,
             path: path.clone(),
             config: config.clone(),
             heads: HashMap::new(),
             data_version: None,
+            checkpointer,
         };
         std::thread::Builder::new()
             .name("sluice-ledger-writer".into())
@@ -537,6 +547,59 @@ fn row_command(run_id: &str, identity: &str, state: &str) -> Result<Command, Led
     Ok(identity.with_state(state))
 }
 
+/// Copies the WAL into the database file on a thread of its own, off the writer's path.
+///
+/// SQLite's automatic checkpoint runs inside the COMMIT that crosses the threshold: the writer
+/// copies thousands of pages and fsyncs the database file while every caller of that batch waits
+/// for its answer, and the next batch waits behind it. Here the writer's WAL hook only counts
+/// frames; every `CHECKPOINT_STEP` frames past the first step a passive checkpoint (which never blocks the writer) runs on
+/// the checkpointer's own connection. A passive checkpoint cannot catch up with a log that keeps
+/// growing, and the log only restarts once it is fully copied, so past `RESTART_FRAMES` the
+/// writer finishes the copy itself between batches (most of it is done by then). Durability is
+/// unchanged: a commit is durable once its WAL frames are synced; the checkpoint syncs the
+/// database file before the log may be reused, as before.
+#[derive(Debug)]
+struct Checkpointer {
+    /// Frames in the WAL after the writer's last commit, as its WAL hook reported.
+    wal_frames: Arc<AtomicI32>,
+    /// Wakes the checkpointer thread; a full channel means a wake-up is already pending.
+    wake: std::sync::mpsc::SyncSender<()>,
+    /// `wal_frames / CHECKPOINT_STEP` when the checkpointer was last woken.
+    woken_step: i32,
+}
+
+impl Checkpointer {
+    fn start(path: &Path, config: &SqliteConfig) -> Result<Self, LedgerError> {
+        let conn = open_connection(path, config)?;
+        // A connection finds out that the file is in WAL mode when it first reads it; until
+        // then a checkpoint on it does nothing.
+        let _: String = conn
+            .pragma_query_value(None, "journal_mode", |row| row.get(0))
+            .map_err(|e| map_err(e, "open", path, config))?;
+        let (wake, woken) = std::sync::mpsc::sync_channel::<()>(1);
+        let log_path = path.to_owned();
+        std::thread::Builder::new()
+            .name("sluice-ledger-checkpointer".into())
+            .spawn(move || {
+                // Ends when the writer drops its sender.
+                while woken.recv().is_ok() {
+                    if let Err(e) = conn.wal_checkpoint_v2(DEFAULT_NAME, CheckpointMode::PASSIVE) {
+                        tracing::debug!(error = %e, path = %log_path.display(), "ledger checkpoint did not run");
+                    }
+                }
+            })
+            .map_err(|source| LedgerError::Open {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(Self {
+            wal_frames: Arc::new(AtomicI32::new(0)),
+            wake,
+            woken_step: 0,
+        })
+    }
+}
+
 /// Inner result of a write: the outer error aborts the batch, the inner one is the caller's.
 type WriteResult<T> = Result<Result<T, LedgerError>, rusqlite::Error>;
 
@@ -547,6 +610,7 @@ struct Writer {
     /// Audit head per run, valid while `data_version` is unchanged.
     heads: HashMap<RunId, RunHead>,
     data_version: Option<i64>,
+    checkpointer: Checkpointer,
 }
 
 #[derive(Debug, Clone)]
@@ -574,15 +638,19 @@ impl Writer {
             tracing::warn!(error = %e, "cannot set ledger durability");
         }
         // A group commit touches many pages: keep them in memory until the commit instead of
-        // spilling to the WAL mid-transaction, and checkpoint in larger steps.
-        for (pragma, value) in [
-            ("cache_size", -65_536_i64),
-            ("wal_autocheckpoint", 8_192),
-            ("temp_store", 2),
-        ] {
+        // spilling to the WAL mid-transaction.
+        for (pragma, value) in [("cache_size", -65_536_i64), ("temp_store", 2)] {
             if let Err(e) = self.conn.pragma_update(None, pragma, value) {
                 tracing::warn!(error = %e, pragma, "cannot tune the ledger writer");
             }
+        }
+        // Replaces SQLite's automatic checkpoint (see `Checkpointer`).
+        let wal_frames = Arc::clone(&self.checkpointer.wal_frames);
+        if let Err(e) = self.conn.wal_hook(Some(move |_: &mut _, frames| {
+            wal_frames.store(frames, Ordering::Relaxed);
+            Ok(())
+        })) {
+            tracing::warn!(error = %e, "cannot watch the ledger's WAL; SQLite checkpoints by itself");
         }
         while let Some(first) = rx.blocking_recv() {
             let mut batch = vec![first];
@@ -593,8 +661,33 @@ impl Writer {
                 }
             }
             self.run_batch(batch);
+            self.checkpoint();
         }
         tracing::debug!(path = %self.path.display(), "ledger writer stopped");
+    }
+
+    /// Between batches, after the callers have their answers: starts or finishes a checkpoint.
+    fn checkpoint(&mut self) {
+        let frames = self.checkpointer.wal_frames.load(Ordering::Relaxed);
+        if frames >= RESTART_FRAMES {
+            // Busy if the checkpointer is copying right now; then the next batch tries again.
+            match self
+                .conn
+                .wal_checkpoint_v2(DEFAULT_NAME, CheckpointMode::PASSIVE)
+            {
+                Ok(_) => {}
+                Err(e) if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, path = %self.path.display(), "ledger checkpoint failed")
+                }
+            }
+        } else {
+            let step = frames / CHECKPOINT_STEP;
+            if step >= 2 && step != self.checkpointer.woken_step {
+                let _ = self.checkpointer.wake.try_send(());
+            }
+            self.checkpointer.woken_step = step;
+        }
     }
 
     fn run_batch(&mut self, batch: Vec<Job>) {
