@@ -16,7 +16,8 @@
 //! them (waiting up to `busy_timeout`). The writer caches each run's audit head; it drops the
 //! cache whenever `PRAGMA data_version` shows that another connection wrote in between.
 //! Reads run on a small pool of connections on the blocking thread pool and never wait for the
-//! writer.
+//! writer. A checkpointer thread copies the WAL into the database file beside the writer, so no
+//! commit waits for a checkpoint (see `Checkpointer`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -718,10 +719,15 @@ impl Writer {
         &mut self,
         batch: &[Job],
     ) -> Result<Vec<Result<Reply, LedgerError>>, rusqlite::Error> {
-        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        // Our own commits leave our `data_version` as it is; it moves only when another
+        // connection commits. So the value read under the write lock is the one to compare with
+        // at the next batch (read after our COMMIT, it could already include another process's
+        // commit and hide it).
         let version: i64 = self
             .conn
-            .pragma_query_value(None, "data_version", |row| row.get(0))?;
+            .prepare_cached("PRAGMA data_version")?
+            .query_row([], |row| row.get(0))?;
         if self.data_version != Some(version) {
             // Another connection committed since our last transaction: our cache may be stale.
             self.heads.clear();
@@ -731,16 +737,14 @@ impl Writer {
             for job in batch {
                 replies.push(self.apply(&job.op)?);
             }
-            self.conn.execute_batch("COMMIT")?;
+            self.conn.prepare_cached("COMMIT")?.execute([])?;
             Ok(replies)
         })();
         match applied {
             Ok(replies) => {
-                self.data_version = Some(self.conn.pragma_query_value(
-                    None,
-                    "data_version",
-                    |row| row.get(0),
-                )?);
+                // Nothing may fail after the COMMIT: a failure here would retry the batch's
+                // requests one by one, and apply them twice.
+                self.data_version = Some(version);
                 if self.heads.len() > 100_000 {
                     self.heads.clear();
                 }
