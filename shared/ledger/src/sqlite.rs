@@ -553,12 +553,12 @@ fn row_command(run_id: &str, identity: &str, state: &str) -> Result<Command, Led
 /// SQLite's automatic checkpoint runs inside the COMMIT that crosses the threshold: the writer
 /// copies thousands of pages and fsyncs the database file while every caller of that batch waits
 /// for its answer, and the next batch waits behind it. Here the writer's WAL hook only counts
-/// frames; every `CHECKPOINT_STEP` frames past the first step a passive checkpoint (which never blocks the writer) runs on
-/// the checkpointer's own connection. A passive checkpoint cannot catch up with a log that keeps
-/// growing, and the log only restarts once it is fully copied, so past `RESTART_FRAMES` the
-/// writer finishes the copy itself between batches (most of it is done by then). Durability is
-/// unchanged: a commit is durable once its WAL frames are synced; the checkpoint syncs the
-/// database file before the log may be reused, as before.
+/// frames; every `CHECKPOINT_STEP` frames past the first step, a passive checkpoint (which never
+/// blocks the writer) runs on the checkpointer's own connection. A passive checkpoint cannot
+/// catch up with a log that keeps growing, and the log only restarts once it is fully copied, so
+/// past `RESTART_FRAMES` the writer finishes the copy itself between batches (most of it is done by
+/// then). Durability is unchanged: a commit is durable once its WAL frames are synced; the
+/// checkpoint syncs the database file before the log may be reused, as before.
 #[derive(Debug)]
 struct Checkpointer {
     /// Frames in the WAL after the writer's last commit, as its WAL hook reported.
@@ -584,8 +584,10 @@ impl Checkpointer {
             .spawn(move || {
                 // Ends when the writer drops its sender.
                 while woken.recv().is_ok() {
-                    if let Err(e) = conn.wal_checkpoint_v2(DEFAULT_NAME, CheckpointMode::PASSIVE) {
-                        tracing::debug!(error = %e, path = %log_path.display(), "ledger checkpoint did not run");
+                    let checkpoint = conn.wal_checkpoint_v2(DEFAULT_NAME, CheckpointMode::PASSIVE);
+                    if let Err(e) = checkpoint {
+                        let path = log_path.display();
+                        tracing::debug!(error = %e, %path, "ledger checkpoint did not run");
                     }
                 }
             })
@@ -651,7 +653,10 @@ impl Writer {
             wal_frames.store(frames, Ordering::Relaxed);
             Ok(())
         })) {
-            tracing::warn!(error = %e, "cannot watch the ledger's WAL; SQLite checkpoints by itself");
+            tracing::warn!(
+                error = %e,
+                "cannot watch the ledger's WAL; SQLite checkpoints by itself"
+            );
         }
         while let Some(first) = rx.blocking_recv() {
             let mut batch = vec![first];
@@ -679,7 +684,8 @@ impl Writer {
                 Ok(_) => {}
                 Err(e) if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy) => {}
                 Err(e) => {
-                    tracing::warn!(error = %e, path = %self.path.display(), "ledger checkpoint failed")
+                    let path = self.path.display();
+                    tracing::warn!(error = %e, %path, "ledger checkpoint failed");
                 }
             }
         } else {
