@@ -152,14 +152,26 @@ pub fn link_hash(prev_hash: &str, record: &AuditRecord) -> String {
 /// [`link_hash`] of a record already in canonical form.
 pub fn link_hash_canonical(prev_hash: &str, canonical_record: &[u8]) -> String {
     let mut hasher = Sha256::new();
-    match hex::decode(prev_hash) {
-        Ok(bytes) => hasher.update(&bytes),
-        // A malformed stored hash still hashes deterministically, and can never match a
-        // well-formed chain, so verification reports the link instead of panicking.
-        Err(_) => hasher.update(prev_hash.as_bytes()),
+    // Every hash this chain writes is 32 bytes; decode those on the stack (a ledger's single
+    // writer computes one link per transition).
+    let mut digest = [0u8; 32];
+    if hex::decode_to_slice(prev_hash, &mut digest).is_ok() {
+        hasher.update(digest);
+    } else {
+        match hex::decode(prev_hash) {
+            Ok(bytes) => hasher.update(&bytes),
+            // A malformed stored hash still hashes deterministically, and can never match a
+            // well-formed chain, so verification reports the link instead of panicking.
+            Err(_) => hasher.update(prev_hash.as_bytes()),
+        }
     }
     hasher.update(canonical_record);
-    hex::encode(hasher.finalize())
+    let mut text = [0u8; 64];
+    // 64 bytes of room for 32 bytes in hex: cannot fail.
+    let hex = hex::encode_to_slice(hasher.finalize(), &mut text)
+        .map(|()| text.as_slice())
+        .unwrap_or_default();
+    String::from_utf8_lossy(hex).into_owned()
 }
 
 /// A record whose canonical form is computed except for its place in the chain.
@@ -217,7 +229,10 @@ impl PreparedRecord {
     /// Places the record at `head` and moves the head past it: the link as stored (its
     /// canonical text and hashes), without building the entry.
     pub fn seal_link(&self, head: &mut ChainHead) -> SealedLink {
-        let canonical = format!("{}{}{}", self.prefix, head.next_seq, self.suffix);
+        let mut canonical = String::with_capacity(self.prefix.len() + 20 + self.suffix.len());
+        canonical.push_str(&self.prefix);
+        push_decimal(&mut canonical, head.next_seq);
+        canonical.push_str(&self.suffix);
         let hash = link_hash_canonical(&head.hash, canonical.as_bytes());
         let link = SealedLink {
             seq: head.next_seq,
@@ -245,6 +260,24 @@ impl PreparedRecord {
     pub fn seal(&self, head: &mut ChainHead) -> (AuditEntry, String) {
         let link = self.seal_link(head);
         (self.entry(&link), link.canonical)
+    }
+}
+
+/// Appends `n` in decimal, as JSON writes an integer (this runs once per record on a
+/// ledger's single writer, where `format!` showed in profiles).
+fn push_decimal(text: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &digit in &digits[at..] {
+        text.push(char::from(digit));
     }
 }
 
@@ -409,6 +442,38 @@ mod tests {
             assert_eq!(crate::canonical::to_canonical_string(&reparsed), text);
         }
         assert_eq!(by_append, by_seal);
+    }
+
+    #[test]
+    fn links_hash_as_specified_for_any_seq_and_prev_hash() {
+        use sha2::{Digest, Sha256};
+        let draft = AuditDraft::transition(
+            &key(1),
+            None,
+            CommandStatus::Pending,
+            "dispatcher",
+            "reserve",
+        );
+        let record = PreparedRecord::new(&run(), draft, Timestamp::from_millis(1));
+        // Well-formed, odd-length and non-hex previous hashes, and seqs of every width.
+        for prev in [GENESIS_HASH, "abcd", "zz", ""] {
+            for seq in [0, 7, 10, 99, 12_345, u64::MAX - 1] {
+                let mut head = ChainHead {
+                    next_seq: seq,
+                    hash: prev.to_owned(),
+                };
+                let link = record.seal_link(&mut head);
+                let mut record_at = record.record.clone();
+                record_at.seq = seq;
+                let text = serde_json::to_value(&record_at).expect("serializes");
+                assert_eq!(link.canonical, crate::canonical::to_canonical_string(&text));
+                let mut expected = Sha256::new();
+                expected.update(hex::decode(prev).unwrap_or_else(|_| prev.as_bytes().to_vec()));
+                expected.update(link.canonical.as_bytes());
+                assert_eq!(link.hash, hex::encode(expected.finalize()));
+                assert_eq!((head.next_seq, &head.hash), (seq + 1, &link.hash));
+            }
+        }
     }
 
     #[test]

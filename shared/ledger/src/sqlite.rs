@@ -16,15 +16,18 @@
 //! them (waiting up to `busy_timeout`). The writer caches each run's audit head; it drops the
 //! cache whenever `PRAGMA data_version` shows that another connection wrote in between.
 //! Reads run on a small pool of connections on the blocking thread pool and never wait for the
-//! writer.
+//! writer. A checkpointer thread copies the WAL into the database file beside the writer, so no
+//! commit waits for a checkpoint (see `Checkpointer`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
+use rusqlite::wal::CheckpointMode;
+use rusqlite::{Connection, DEFAULT_NAME, ErrorCode, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
@@ -49,6 +52,12 @@ pub const LEDGER_FILE: &str = "ledger.db";
 const APPLICATION_ID: i64 = 0x534C_4345;
 /// Schema version this build writes.
 const SCHEMA_VERSION: i64 = 1;
+/// The checkpointer thread copies the WAL into the database each time the log grows by this
+/// many frames (pages) past the first step; fewer, larger checkpoints copy a page that changes
+/// often fewer times.
+const CHECKPOINT_STEP: i32 = 2_048;
+/// WAL frames after which the writer finishes the checkpoint itself, so that the log restarts.
+const RESTART_FRAMES: i32 = 8_192;
 
 // Layout notes. Run ids are random, so every index keyed by run id puts each write on a
 // random page, and a group commit then rewrites pages all over the file. Instead each run gets
@@ -258,16 +267,24 @@ impl Identity {
 /// A stored row as text; decoded by the caller, off the writer thread.
 type RawRow = (String, String);
 
+/// A write request. Everything the writer needs as text (the command key, the JSON columns, the
+/// audit record's canonical form) is computed by the caller, so the single writer thread
+/// spends its time on SQL only; and the request goes back to the caller with the answer, so
+/// the caller, not the writer, frees it.
 enum Op {
-    /// The command, its audit record, and its identity and state already encoded as JSON by
-    /// the caller, so the single writer thread spends its time on SQL only.
     Reserve {
         command: Box<Command>,
+        key: String,
         audit: PreparedRecord,
         identity: String,
         state: String,
     },
-    Transition(Box<Transition>, String, Option<PreparedRecord>),
+    Transition {
+        transition: Box<Transition>,
+        key: String,
+        state: String,
+        audit: Option<PreparedRecord>,
+    },
     Claim {
         tool: ToolName,
         business_key: BusinessKey,
@@ -305,7 +322,13 @@ enum Reply {
 
 struct Job {
     op: Op,
-    reply: oneshot::Sender<Result<Reply, LedgerError>>,
+    reply: oneshot::Sender<Answer>,
+}
+
+/// The writer's answer, with the request handed back.
+struct Answer {
+    op: Op,
+    result: Result<Reply, LedgerError>,
 }
 
 impl SqliteLedger {
@@ -327,12 +350,14 @@ impl SqliteLedger {
         let conn = open_connection(&path, &config)?;
         prepare_schema(&conn, &path)?;
         let (writer, rx) = mpsc::channel(config.queue_capacity.max(1));
+        let checkpointer = Checkpointer::start(&path, &config)?;
         let writer_state = Writer {
             conn,
             path: path.clone(),
             config: config.clone(),
             heads: HashMap::new(),
             data_version: None,
+            checkpointer,
         };
         std::thread::Builder::new()
             .name("sluice-ledger-writer".into())
@@ -357,14 +382,15 @@ impl SqliteLedger {
         &self.inner.path
     }
 
-    async fn submit(&self, op: Op) -> Result<Reply, LedgerError> {
+    /// Sends `op` to the writer; the answer comes once its transaction committed.
+    async fn submit(&self, op: Op) -> Result<Answer, LedgerError> {
         let (reply, answer) = oneshot::channel();
         self.inner
             .writer
             .send(Job { op, reply })
             .await
             .map_err(|_| LedgerError::Closed)?;
-        answer.await.map_err(|_| LedgerError::Closed)?
+        answer.await.map_err(|_| LedgerError::Closed)
     }
 
     /// Runs `read` on a pooled read connection on the blocking pool.
@@ -526,6 +552,61 @@ fn row_command(run_id: &str, identity: &str, state: &str) -> Result<Command, Led
     Ok(identity.with_state(state))
 }
 
+/// Copies the WAL into the database file on a thread of its own, off the writer's path.
+///
+/// SQLite's automatic checkpoint runs inside the COMMIT that crosses the threshold: the writer
+/// copies thousands of pages and fsyncs the database file while every caller of that batch waits
+/// for its answer, and the next batch waits behind it. Here the writer's WAL hook only counts
+/// frames; every `CHECKPOINT_STEP` frames past the first step, a passive checkpoint (which never
+/// blocks the writer) runs on the checkpointer's own connection. A passive checkpoint cannot
+/// catch up with a log that keeps growing, and the log only restarts once it is fully copied, so
+/// past `RESTART_FRAMES` the writer finishes the copy itself between batches (most of it is done by
+/// then). Durability is unchanged: a commit is durable once its WAL frames are synced; the
+/// checkpoint syncs the database file before the log may be reused, as before.
+#[derive(Debug)]
+struct Checkpointer {
+    /// Frames in the WAL after the writer's last commit, as its WAL hook reported.
+    wal_frames: Arc<AtomicI32>,
+    /// Wakes the checkpointer thread; a full channel means a wake-up is already pending.
+    wake: std::sync::mpsc::SyncSender<()>,
+    /// `wal_frames / CHECKPOINT_STEP` when the checkpointer was last woken.
+    woken_step: i32,
+}
+
+impl Checkpointer {
+    fn start(path: &Path, config: &SqliteConfig) -> Result<Self, LedgerError> {
+        let conn = open_connection(path, config)?;
+        // A connection finds out that the file is in WAL mode when it first reads it; until
+        // then a checkpoint on it does nothing.
+        let _: String = conn
+            .pragma_query_value(None, "journal_mode", |row| row.get(0))
+            .map_err(|e| map_err(e, "open", path, config))?;
+        let (wake, woken) = std::sync::mpsc::sync_channel::<()>(1);
+        let log_path = path.to_owned();
+        std::thread::Builder::new()
+            .name("sluice-ledger-checkpointer".into())
+            .spawn(move || {
+                // Ends when the writer drops its sender.
+                while woken.recv().is_ok() {
+                    let checkpoint = conn.wal_checkpoint_v2(DEFAULT_NAME, CheckpointMode::PASSIVE);
+                    if let Err(e) = checkpoint {
+                        let path = log_path.display();
+                        tracing::debug!(error = %e, %path, "ledger checkpoint did not run");
+                    }
+                }
+            })
+            .map_err(|source| LedgerError::Open {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(Self {
+            wal_frames: Arc::new(AtomicI32::new(0)),
+            wake,
+            woken_step: 0,
+        })
+    }
+}
+
 /// Inner result of a write: the outer error aborts the batch, the inner one is the caller's.
 type WriteResult<T> = Result<Result<T, LedgerError>, rusqlite::Error>;
 
@@ -536,6 +617,7 @@ struct Writer {
     /// Audit head per run, valid while `data_version` is unchanged.
     heads: HashMap<RunId, RunHead>,
     data_version: Option<i64>,
+    checkpointer: Checkpointer,
 }
 
 #[derive(Debug, Clone)]
@@ -563,15 +645,22 @@ impl Writer {
             tracing::warn!(error = %e, "cannot set ledger durability");
         }
         // A group commit touches many pages: keep them in memory until the commit instead of
-        // spilling to the WAL mid-transaction, and checkpoint in larger steps.
-        for (pragma, value) in [
-            ("cache_size", -65_536_i64),
-            ("wal_autocheckpoint", 8_192),
-            ("temp_store", 2),
-        ] {
+        // spilling to the WAL mid-transaction.
+        for (pragma, value) in [("cache_size", -65_536_i64), ("temp_store", 2)] {
             if let Err(e) = self.conn.pragma_update(None, pragma, value) {
                 tracing::warn!(error = %e, pragma, "cannot tune the ledger writer");
             }
+        }
+        // Replaces SQLite's automatic checkpoint (see `Checkpointer`).
+        let wal_frames = Arc::clone(&self.checkpointer.wal_frames);
+        if let Err(e) = self.conn.wal_hook(Some(move |_: &mut _, frames| {
+            wal_frames.store(frames, Ordering::Relaxed);
+            Ok(())
+        })) {
+            tracing::warn!(
+                error = %e,
+                "cannot watch the ledger's WAL; SQLite checkpoints by itself"
+            );
         }
         while let Some(first) = rx.blocking_recv() {
             let mut batch = vec![first];
@@ -582,22 +671,49 @@ impl Writer {
                 }
             }
             self.run_batch(batch);
+            self.checkpoint();
         }
         tracing::debug!(path = %self.path.display(), "ledger writer stopped");
+    }
+
+    /// Between batches, after the callers have their answers: starts or finishes a checkpoint.
+    fn checkpoint(&mut self) {
+        let frames = self.checkpointer.wal_frames.load(Ordering::Relaxed);
+        if frames >= RESTART_FRAMES {
+            // Busy if the checkpointer is copying right now; then the next batch tries again.
+            match self
+                .conn
+                .wal_checkpoint_v2(DEFAULT_NAME, CheckpointMode::PASSIVE)
+            {
+                Ok(_) => {}
+                Err(e) if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy) => {}
+                Err(e) => {
+                    let path = self.path.display();
+                    tracing::warn!(error = %e, %path, "ledger checkpoint failed");
+                }
+            }
+        } else {
+            let step = frames / CHECKPOINT_STEP;
+            if step >= 2 && step != self.checkpointer.woken_step {
+                let _ = self.checkpointer.wake.try_send(());
+            }
+            self.checkpointer.woken_step = step;
+        }
     }
 
     fn run_batch(&mut self, batch: Vec<Job>) {
         match self.try_batch(&batch) {
             Ok(replies) => {
-                for (job, reply) in batch.into_iter().zip(replies) {
+                for (job, result) in batch.into_iter().zip(replies) {
                     // A caller that stopped waiting does not need its answer.
-                    let _ = job.reply.send(reply);
+                    let _ = job.reply.send(Answer { op: job.op, result });
                 }
             }
             Err(e) if batch.len() == 1 => {
                 let error = map_err(e, "write", &self.path, &self.config);
                 for job in batch {
-                    let _ = job.reply.send(Err(clone_error(&error)));
+                    let result = Err(clone_error(&error));
+                    let _ = job.reply.send(Answer { op: job.op, result });
                 }
             }
             Err(_) => {
@@ -613,10 +729,15 @@ impl Writer {
         &mut self,
         batch: &[Job],
     ) -> Result<Vec<Result<Reply, LedgerError>>, rusqlite::Error> {
-        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        // Our own commits leave our `data_version` as it is; it moves only when another
+        // connection commits. So the value read under the write lock is the one to compare with
+        // at the next batch (read after our COMMIT, it could already include another process's
+        // commit and hide it).
         let version: i64 = self
             .conn
-            .pragma_query_value(None, "data_version", |row| row.get(0))?;
+            .prepare_cached("PRAGMA data_version")?
+            .query_row([], |row| row.get(0))?;
         if self.data_version != Some(version) {
             // Another connection committed since our last transaction: our cache may be stale.
             self.heads.clear();
@@ -626,16 +747,14 @@ impl Writer {
             for job in batch {
                 replies.push(self.apply(&job.op)?);
             }
-            self.conn.execute_batch("COMMIT")?;
+            self.conn.prepare_cached("COMMIT")?.execute([])?;
             Ok(replies)
         })();
         match applied {
             Ok(replies) => {
-                self.data_version = Some(self.conn.pragma_query_value(
-                    None,
-                    "data_version",
-                    |row| row.get(0),
-                )?);
+                // Nothing may fail after the COMMIT: a failure here would retry the batch's
+                // requests one by one, and apply them twice.
+                self.data_version = Some(version);
                 if self.heads.len() > 100_000 {
                     self.heads.clear();
                 }
@@ -654,14 +773,20 @@ impl Writer {
         Ok(match op {
             Op::Reserve {
                 command,
+                key,
                 audit,
                 identity,
                 state,
             } => self
-                .reserve(command, audit, identity, state)?
+                .reserve(command, key, audit, identity, state)?
                 .map(Reply::Reserved),
-            Op::Transition(transition, state, audit) => self
-                .transition(transition, state, audit.as_ref())?
+            Op::Transition {
+                transition,
+                key,
+                state,
+                audit,
+            } => self
+                .transition(transition, key, state, audit.as_ref())?
                 .map(Reply::Cas),
             Op::Claim {
                 tool,
@@ -786,25 +911,25 @@ impl Writer {
     fn reserve(
         &mut self,
         command: &Command,
+        key: &str,
         audit: &PreparedRecord,
         identity: &str,
         state: &str,
     ) -> WriteResult<ReserveReply> {
-        let key = command.command_key.to_string();
         if command.business_key.is_none() {
             // Insert first: the unique key says whether the command existed, which saves a
             // lookup for every new command.
-            if self.insert_command(command, &key, identity, state)? {
+            if self.insert_command(command, key, identity, state)? {
                 self.append(audit)?;
                 return Ok(Ok(ReserveReply::Created));
             }
-            return self.existing(command, &key);
+            return self.existing(command, key);
         }
         // With a business key the claim decides first, so look before inserting.
         if self.stored_head(&command.run_id)?.is_some()
-            && self.load_row(command.run_id.as_str(), &key)?.is_some()
+            && self.load_row(command.run_id.as_str(), key)?.is_some()
         {
-            return self.existing(command, &key);
+            return self.existing(command, key);
         }
         if let Some(business_key) = &command.business_key {
             match self.claim(
@@ -832,8 +957,8 @@ impl Writer {
                 Err(e) => return Ok(Err(e)),
             }
         }
-        if !self.insert_command(command, &key, identity, state)? {
-            return self.existing(command, &key);
+        if !self.insert_command(command, key, identity, state)? {
+            return self.existing(command, key);
         }
         self.append(audit)?;
         Ok(Ok(ReserveReply::Created))
@@ -912,11 +1037,11 @@ impl Writer {
     fn transition(
         &mut self,
         transition: &Transition,
+        key: &str,
         state: &str,
         audit: Option<&PreparedRecord>,
     ) -> WriteResult<CasReply> {
         let run = transition.run_id.as_str();
-        let key = transition.command_key.to_string();
         let next = &transition.next;
         let Some(run_seq) = self
             .stored_head(&transition.run_id)?
@@ -924,30 +1049,40 @@ impl Writer {
         else {
             return Ok(Ok(CasReply::Conflict(None)));
         };
-        let identity: Option<String> = self
+        // Read, compare, then write by rowid: the writer holds the write lock for the whole
+        // batch, so nothing can change the row in between, and this is cheaper than an
+        // `UPDATE … RETURNING`, which SQLite runs through a temporary table.
+        let current: Option<(i64, bool, String)> = self
             .conn
             .prepare_cached(
-                "UPDATE commands SET status = ?1, lease_epoch = ?2, due_at = ?3, state = ?4 \
-                 WHERE run_seq = ?5 AND command_key = ?6 AND status = ?7 AND lease_epoch = ?8 \
-                 RETURNING identity",
+                "SELECT rowid, status = ?3 AND lease_epoch = ?4, identity FROM commands \
+                 WHERE run_seq = ?1 AND command_key = ?2",
             )?
             .query_row(
                 params![
-                    next.status.as_str(),
-                    next.lease.epoch.get() as i64,
-                    next.due_at.map(Timestamp::as_millis),
-                    state,
                     run_seq,
                     key,
                     transition.guard.status.as_str(),
                     transition.guard.epoch.get() as i64,
                 ],
-                |row| row.get(0),
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
             )
             .optional()?;
-        let Some(identity) = identity else {
-            return Ok(Ok(CasReply::Conflict(self.load_row(run, &key)?)));
+        let Some((rowid, true, identity)) = current else {
+            return Ok(Ok(CasReply::Conflict(self.load_row(run, key)?)));
         };
+        self.conn
+            .prepare_cached(
+                "UPDATE commands SET status = ?1, lease_epoch = ?2, due_at = ?3, state = ?4 \
+                 WHERE rowid = ?5",
+            )?
+            .execute(params![
+                next.status.as_str(),
+                next.lease.epoch.get() as i64,
+                next.due_at.map(Timestamp::as_millis),
+                state,
+                rowid,
+            ])?;
         if let Some(audit) = audit {
             self.append(audit)?;
         }
@@ -1148,21 +1283,30 @@ impl Ledger for SqliteLedger {
         command.state.result = cap_result(command.state.result.take());
         let identity = encode(&Identity::of(&command));
         let state = encode(&command.state);
-        let run = command.run_id.to_string();
         let audit = PreparedRecord::new(&command.run_id, audit, command.state.updated_at);
         let op = Op::Reserve {
-            command: Box::new(command.clone()),
+            key: command.command_key.to_string(),
+            command: Box::new(command),
             audit,
             identity,
             state,
         };
-        match self.submit(op).await? {
-            Reply::Reserved(ReserveReply::Created) => Ok(Reserved::Created(command)),
+        let Answer {
+            op: Op::Reserve { command, .. },
+            result,
+        } = self.submit(op).await?
+        else {
+            // The writer hands back the request it was given.
+            return Err(LedgerError::Closed);
+        };
+        let run = command.run_id.as_str();
+        match result? {
+            Reply::Reserved(ReserveReply::Created) => Ok(Reserved::Created(*command)),
             Reply::Reserved(ReserveReply::Existing((identity, state))) => {
-                row_command(&run, &identity, &state).map(Reserved::Existing)
+                row_command(run, &identity, &state).map(Reserved::Existing)
             }
             Reply::Reserved(ReserveReply::Held((identity, state))) => {
-                row_command(&run, &identity, &state).map(Reserved::BusinessKeyHeld)
+                row_command(run, &identity, &state).map(Reserved::BusinessKeyHeld)
             }
             _ => Err(LedgerError::Closed),
         }
@@ -1172,22 +1316,31 @@ impl Ledger for SqliteLedger {
         transition.validate()?;
         transition.next.result = cap_result(transition.next.result.take());
         let state = encode(&transition.next);
-        let run = transition.run_id.to_string();
-        let next = transition.next.clone();
-        let audit = transition
-            .audit
-            .take()
-            .map(|draft| PreparedRecord::new(&transition.run_id, draft, next.updated_at));
-        match self
-            .submit(Op::Transition(Box::new(transition), state, audit))
-            .await?
-        {
+        let audit = transition.audit.take().map(|draft| {
+            PreparedRecord::new(&transition.run_id, draft, transition.next.updated_at)
+        });
+        let op = Op::Transition {
+            key: transition.command_key.to_string(),
+            transition: Box::new(transition),
+            state,
+            audit,
+        };
+        let Answer {
+            op: Op::Transition { transition, .. },
+            result,
+        } = self.submit(op).await?
+        else {
+            // The writer hands back the request it was given.
+            return Err(LedgerError::Closed);
+        };
+        let run = transition.run_id.as_str();
+        match result? {
             Reply::Cas(CasReply::Applied { identity }) => {
-                let identity: Identity = decode("command", &run, &identity)?;
-                Ok(Cas::Applied(identity.with_state(next)))
+                let identity: Identity = decode("command", run, &identity)?;
+                Ok(Cas::Applied(identity.with_state(transition.next)))
             }
             Reply::Cas(CasReply::Conflict(row)) => row
-                .map(|(identity, state)| row_command(&run, &identity, &state))
+                .map(|(identity, state)| row_command(run, &identity, &state))
                 .transpose()
                 .map(Cas::Conflict),
             _ => Err(LedgerError::Closed),
@@ -1316,7 +1469,7 @@ impl Ledger for SqliteLedger {
             command_key: command_key.clone(),
             at: self.inner.clock.now(),
         };
-        match self.submit(op).await? {
+        match self.submit(op).await?.result? {
             Reply::Claim(claim) => Ok(claim),
             _ => Err(LedgerError::Closed),
         }
@@ -1366,7 +1519,7 @@ impl Ledger for SqliteLedger {
         at: Timestamp,
     ) -> Result<AuditEntry, LedgerError> {
         let record = PreparedRecord::new(run_id, draft, at);
-        match self.submit(Op::Append(record)).await? {
+        match self.submit(Op::Append(record)).await?.result? {
             Reply::Entry(entry) => Ok(entry),
             _ => Err(LedgerError::Closed),
         }
@@ -1443,7 +1596,7 @@ impl Ledger for SqliteLedger {
             actor: actor.to_owned(),
             now,
         };
-        match self.submit(op).await? {
+        match self.submit(op).await?.result? {
             Reply::Purged(report) => Ok(report),
             _ => Err(LedgerError::Closed),
         }
