@@ -8,13 +8,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-use sluice_core::EffectSemantics;
-use sluice_core::machine::{self, DispatchOutcome, Event, Rules};
-use sluice_core::time::{Clock, SystemClock};
-use sluice_ledger::contract::command;
+use sluice_ledger::Ledger;
+use sluice_ledger::contract::dispatch_effect;
 use sluice_ledger::sqlite::{Durability, SqliteConfig, SqliteLedger};
-use sluice_ledger::{Ledger, Transition};
 
 /// The allocator the Sluice binaries use: the writer thread frees what request tasks
 /// allocated, which glibc's per-thread arenas handle poorly.
@@ -56,7 +52,7 @@ async fn run(effects: usize, concurrency: usize, durability: Durability) {
                 let mut latencies = Vec::with_capacity(per_task);
                 for i in 0..per_task {
                     let begun = Instant::now();
-                    one_effect(&*ledger, task, i).await;
+                    dispatch_effect(&*ledger, "payments/wire", task, i, 10).await;
                     latencies.push(begun.elapsed());
                 }
                 latencies
@@ -82,60 +78,4 @@ async fn run(effects: usize, concurrency: usize, durability: Durability) {
         pct(0.50).as_secs_f64() * 1e3,
         pct(0.99).as_secs_f64() * 1e3,
     );
-}
-
-async fn one_effect(ledger: &dyn Ledger, task: usize, i: usize) {
-    let run = sluice_core::RunId::parse(&format!("r-bench-{task}-{}", i / 10)).expect("valid");
-    let pending = command(
-        &run,
-        (i % 10) as u32,
-        "payments/wire",
-        0,
-        json!({"account": format!("acc-{task}"), "amount_minor": i, "date": "2026-11-23"}),
-    );
-    let audit = pending.reservation_audit("bench");
-    let pending = ledger
-        .reserve(pending, audit)
-        .await
-        .expect("reserve")
-        .into_command();
-    let rules = Rules {
-        has_status_check: true,
-        ..Rules::defaults(EffectSemantics::NonIdempotent)
-    };
-    let now = SystemClock.now();
-    let lease = machine::apply(
-        &pending.state,
-        &rules,
-        &Event::Lease {
-            owner: "bench".into(),
-        },
-        now,
-    )
-    .expect("lease applies");
-    let leased = ledger
-        .acquire_lease(Transition::from_step(&pending, &lease, "bench"))
-        .await
-        .expect("lease")
-        .applied()
-        .cloned()
-        .expect("uncontended lease");
-    let outcome = machine::apply(
-        &leased.state,
-        &rules,
-        &Event::Dispatched {
-            epoch: leased.epoch(),
-            outcome: DispatchOutcome::Committed {
-                external_ref: Some(format!("w-{task}-{i}")),
-                result: Some(json!({"id": format!("w-{task}-{i}")})),
-            },
-        },
-        now,
-    )
-    .expect("outcome applies");
-    let confirmed = ledger
-        .finalize(Transition::from_step(&leased, &outcome, "bench"))
-        .await
-        .expect("finalize");
-    assert!(confirmed.is_applied());
 }
