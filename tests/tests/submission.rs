@@ -340,6 +340,44 @@ async fn bare_names_batches_status_filters_and_business_keys() {
         batch.text
     );
 
+    // Interleaved runs: each run's effects are reserved in batch order, the answers come back
+    // in the batch's order.
+    let interleaved = h
+        .agent
+        .batch(vec![
+            effect("r-batch-a", 1, "email/send", 0, email_args("a1")),
+            effect("r-batch-b", 1, "email/send", 0, email_args("b1")),
+            effect("r-batch-a", 2, "email/send", 0, email_args("a2")),
+            effect("r-batch-b", 2, "email/send", 0, email_args("b2")),
+        ])
+        .await;
+    let order: Vec<(String, u64)> = interleaved.body["results"]
+        .as_array()
+        .expect("results per item")
+        .iter()
+        .map(|r| {
+            (
+                format!(
+                    "{}/{}",
+                    r["command"]["run_id"].as_str().unwrap_or("?"),
+                    r["command"]["command_key"].as_str().unwrap_or("?")
+                ),
+                r["status"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            ("r-batch-a/d-1/email/send/0".to_owned(), 201),
+            ("r-batch-b/d-1/email/send/0".to_owned(), 201),
+            ("r-batch-a/d-2/email/send/0".to_owned(), 201),
+            ("r-batch-b/d-2/email/send/0".to_owned(), 201),
+        ],
+        "{}",
+        interleaved.text
+    );
+
     // A scheduled effect is listed under its status too.
     let later = h
         .agent

@@ -577,25 +577,54 @@ async fn submit_batch(
             ),
         ));
     }
-    // Submitted concurrently, so the ledger commits them in a few groups.
-    let results = futures::future::join_all(batch.effects.into_iter().map(|raw| {
+    // Runs are submitted concurrently, so the ledger commits them in a few groups; one run's
+    // effects go one after another, in batch order. Its effects all write the run's audit
+    // head, so concurrent writes would only contend for it (on the CQL ledger each lost race
+    // is another LWT, and a large batch of one run could exhaust the retries), and the run's
+    // dispatch requests are published in the order the agent gave.
+    let mut runs: Vec<Vec<(usize, Value)>> = Vec::new();
+    let mut run_of: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (index, raw) in batch.effects.into_iter().enumerate() {
+        match raw.get("run_id").and_then(Value::as_str) {
+            Some(run) => {
+                let group = *run_of.entry(run.to_owned()).or_insert_with(|| {
+                    runs.push(Vec::new());
+                    runs.len() - 1
+                });
+                runs[group].push((index, raw));
+            }
+            // Malformed: answered on its own with the reason.
+            None => runs.push(vec![(index, raw)]),
+        }
+    }
+    let total = runs.iter().map(Vec::len).sum();
+    let answered = futures::future::join_all(runs.into_iter().map(|effects| {
         let api = api.clone();
         let principal = principal.clone();
         async move {
-            match api.submit(&principal, raw).await {
-                Ok(submitted) => json!({
-                    "status": submitted.status.as_u16(),
-                    "command": submitted.command,
-                }),
-                Err(e) => {
-                    let mut body = e.body();
-                    body["status"] = json!(e.status.as_u16());
-                    body
-                }
+            let mut answers = Vec::with_capacity(effects.len());
+            for (index, raw) in effects {
+                let answer = match api.submit(&principal, raw).await {
+                    Ok(submitted) => json!({
+                        "status": submitted.status.as_u16(),
+                        "command": submitted.command,
+                    }),
+                    Err(e) => {
+                        let mut body = e.body();
+                        body["status"] = json!(e.status.as_u16());
+                        body
+                    }
+                };
+                answers.push((index, answer));
             }
+            answers
         }
     }))
     .await;
+    let mut results = vec![Value::Null; total];
+    for (index, answer) in answered.into_iter().flatten() {
+        results[index] = answer;
+    }
     api.ctx
         .metrics
         .http_requests
