@@ -132,7 +132,8 @@ impl ApiError {
         json!({ "error": error })
     }
 
-    pub(crate) fn unavailable(e: &LedgerError) -> Self {
+    /// 503: the ledger (or the bus behind a pipeline step) did not answer.
+    pub(crate) fn unavailable(e: impl std::fmt::Display) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "ledger_unavailable",
@@ -758,13 +759,7 @@ async fn rollback(
         .ctx
         .begin_rollback(&run_id, &actor, reason)
         .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ledger_unavailable",
-                e.to_string(),
-            )
-        })?;
+        .map_err(ApiError::unavailable)?;
     let job = CompensateRequest {
         run_id: run_id.clone(),
         job: CompensateJob::Rollback {

@@ -145,13 +145,7 @@ async fn operate(
         .ctx
         .drive(run_id, key, actor, |_| Some(event.clone()))
         .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ledger_unavailable",
-                e.to_string(),
-            )
-        })?;
+        .map_err(ApiError::unavailable)?;
     match driven {
         Driven::Applied(command, step) => {
             tracing::info!(
