@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# A CI checkout is built once: incremental artifacts would only fill the cache's disk.
+if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"; fi
 log="$(mktemp -t sluice-test.XXXXXX)"
 
 # The CQL ledger's and the Kafka bus's suites run against a real Apache Cassandra 5 and Apache
