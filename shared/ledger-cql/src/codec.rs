@@ -7,77 +7,12 @@ use std::sync::Arc;
 use scylla::response::query_result::QueryResult;
 use scylla::value::{CqlValue, Row};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use uuid::Uuid;
 
-use sluice_core::command::{Command, CommandState, CommandStatus, EffectSemantics};
-use sluice_core::ids::{ArgsHash, BusinessKey, CommandKey, IdempotencyKey, RunId, ToolName};
+use sluice_core::command::CommandStatus;
 use sluice_core::time::Timestamp;
 use sluice_ledger::LedgerError;
-
-/// A command's fixed part, stored once in the `identity` column.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Identity {
-    run_id: RunId,
-    command_key: CommandKey,
-    idempotency_key: IdempotencyKey,
-    tool: ToolName,
-    semantics: EffectSemantics,
-    args: Value,
-    args_hash: ArgsHash,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    business_key: Option<BusinessKey>,
-    policy_version: String,
-    max_attempts: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    not_before: Option<Timestamp>,
-    created_at: Timestamp,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    submitted_by: Option<String>,
-}
-
-impl Identity {
-    pub(crate) fn of(command: &Command) -> Self {
-        Self {
-            run_id: command.run_id.clone(),
-            command_key: command.command_key.clone(),
-            idempotency_key: command.idempotency_key.clone(),
-            tool: command.tool.clone(),
-            semantics: command.semantics,
-            args: command.args.clone(),
-            args_hash: command.args_hash.clone(),
-            business_key: command.business_key.clone(),
-            policy_version: command.policy_version.clone(),
-            max_attempts: command.max_attempts,
-            not_before: command.not_before,
-            created_at: command.created_at,
-            submitted_by: command.submitted_by.clone(),
-        }
-    }
-
-    pub(crate) fn command_key(&self) -> &CommandKey {
-        &self.command_key
-    }
-
-    pub(crate) fn with_state(self, state: CommandState) -> Command {
-        Command {
-            run_id: self.run_id,
-            command_key: self.command_key,
-            idempotency_key: self.idempotency_key,
-            tool: self.tool,
-            semantics: self.semantics,
-            args: self.args,
-            args_hash: self.args_hash,
-            business_key: self.business_key,
-            policy_version: self.policy_version,
-            max_attempts: self.max_attempts,
-            not_before: self.not_before,
-            created_at: self.created_at,
-            submitted_by: self.submitted_by,
-            state,
-        }
-    }
-}
+pub(crate) use sluice_ledger::identity::Identity;
 
 pub(crate) fn encode<T: Serialize>(value: &T) -> String {
     // Our own types serialize to a String without failing: no maps with non-string keys and no

@@ -27,6 +27,7 @@ use sluice_core::time::Timestamp;
 
 pub mod contract;
 mod error;
+pub mod identity;
 pub mod sqlite;
 
 pub use error::LedgerError;

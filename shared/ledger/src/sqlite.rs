@@ -29,16 +29,16 @@ use async_trait::async_trait;
 use rusqlite::wal::CheckpointMode;
 use rusqlite::{Connection, DEFAULT_NAME, ErrorCode, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use sluice_core::audit::{
     AuditDraft, AuditEntry, AuditRecord, ChainHead, Checkpoint, PreparedRecord, SealedLink,
 };
-use sluice_core::command::{Command, CommandState, CommandStatus, EffectSemantics};
-use sluice_core::ids::{ArgsHash, BusinessKey, CommandKey, IdempotencyKey, RunId, ToolName};
+use sluice_core::command::{Command, CommandState, CommandStatus};
+use sluice_core::ids::{BusinessKey, CommandKey, RunId, ToolName};
 use sluice_core::time::{Clock, SystemClock, Timestamp};
 
+use crate::identity::Identity;
 use crate::{
     AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, PurgeReport, Reserved, RunSummary,
     SYSTEM_RUN, Transition, cap_result,
@@ -202,66 +202,6 @@ struct Inner {
     writer: mpsc::Sender<Job>,
     readers: Mutex<Vec<Connection>>,
     clock: Arc<dyn Clock>,
-}
-
-/// A command's fixed part, stored once in the `identity` column.
-#[derive(Debug, Serialize, Deserialize)]
-struct Identity {
-    run_id: RunId,
-    command_key: CommandKey,
-    idempotency_key: IdempotencyKey,
-    tool: ToolName,
-    semantics: EffectSemantics,
-    args: Value,
-    args_hash: ArgsHash,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    business_key: Option<BusinessKey>,
-    policy_version: String,
-    max_attempts: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    not_before: Option<Timestamp>,
-    created_at: Timestamp,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    submitted_by: Option<String>,
-}
-
-impl Identity {
-    fn of(command: &Command) -> Self {
-        Self {
-            run_id: command.run_id.clone(),
-            command_key: command.command_key.clone(),
-            idempotency_key: command.idempotency_key.clone(),
-            tool: command.tool.clone(),
-            semantics: command.semantics,
-            args: command.args.clone(),
-            args_hash: command.args_hash.clone(),
-            business_key: command.business_key.clone(),
-            policy_version: command.policy_version.clone(),
-            max_attempts: command.max_attempts,
-            not_before: command.not_before,
-            created_at: command.created_at,
-            submitted_by: command.submitted_by.clone(),
-        }
-    }
-
-    fn with_state(self, state: CommandState) -> Command {
-        Command {
-            run_id: self.run_id,
-            command_key: self.command_key,
-            idempotency_key: self.idempotency_key,
-            tool: self.tool,
-            semantics: self.semantics,
-            args: self.args,
-            args_hash: self.args_hash,
-            business_key: self.business_key,
-            policy_version: self.policy_version,
-            max_attempts: self.max_attempts,
-            not_before: self.not_before,
-            created_at: self.created_at,
-            submitted_by: self.submitted_by,
-            state,
-        }
-    }
 }
 
 /// A stored row as text; decoded by the caller, off the writer thread.

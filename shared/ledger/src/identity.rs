@@ -1,0 +1,72 @@
+//! The part of a command that never changes after reservation.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sluice_core::command::{Command, CommandState, EffectSemantics};
+use sluice_core::ids::{ArgsHash, BusinessKey, CommandKey, IdempotencyKey, RunId, ToolName};
+use sluice_core::time::Timestamp;
+
+/// A command's fixed part — everything but its state — stored once, as JSON, by every ledger
+/// (the `identity` column of SQLite and CQL alike), so both read and write the same shape.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Identity {
+    run_id: RunId,
+    command_key: CommandKey,
+    idempotency_key: IdempotencyKey,
+    tool: ToolName,
+    semantics: EffectSemantics,
+    args: Value,
+    args_hash: ArgsHash,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    business_key: Option<BusinessKey>,
+    policy_version: String,
+    max_attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    not_before: Option<Timestamp>,
+    created_at: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    submitted_by: Option<String>,
+}
+
+impl Identity {
+    pub fn of(command: &Command) -> Self {
+        Self {
+            run_id: command.run_id.clone(),
+            command_key: command.command_key.clone(),
+            idempotency_key: command.idempotency_key.clone(),
+            tool: command.tool.clone(),
+            semantics: command.semantics,
+            args: command.args.clone(),
+            args_hash: command.args_hash.clone(),
+            business_key: command.business_key.clone(),
+            policy_version: command.policy_version.clone(),
+            max_attempts: command.max_attempts,
+            not_before: command.not_before,
+            created_at: command.created_at,
+            submitted_by: command.submitted_by.clone(),
+        }
+    }
+
+    pub fn command_key(&self) -> &CommandKey {
+        &self.command_key
+    }
+
+    pub fn with_state(self, state: CommandState) -> Command {
+        Command {
+            run_id: self.run_id,
+            command_key: self.command_key,
+            idempotency_key: self.idempotency_key,
+            tool: self.tool,
+            semantics: self.semantics,
+            args: self.args,
+            args_hash: self.args_hash,
+            business_key: self.business_key,
+            policy_version: self.policy_version,
+            max_attempts: self.max_attempts,
+            not_before: self.not_before,
+            created_at: self.created_at,
+            submitted_by: self.submitted_by,
+            state,
+        }
+    }
+}
