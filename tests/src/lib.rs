@@ -499,6 +499,21 @@ impl Agent {
         .expect("the producer answers a batch")
     }
 
+    /// Submits a batch, expecting every effect in it to be created (201).
+    pub async fn batch_created(&self, effects: Vec<Value>) {
+        let batch = self.batch(effects).await;
+        assert_eq!(batch.status, StatusCode::OK, "{}", batch.text);
+        assert!(
+            batch.body["results"]
+                .as_array()
+                .expect("results")
+                .iter()
+                .all(|r| r["status"] == 201),
+            "{}",
+            batch.text
+        );
+    }
+
     /// `GET /v1/runs/{run}/effects/{path}` where `path` is the command key as it should appear
     /// in the URL (raw or percent-encoded), with an optional `?wait=`.
     pub async fn get_path(&self, run: &str, path: &str, wait: Option<&str>) -> Answer {
