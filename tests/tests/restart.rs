@@ -336,3 +336,60 @@ async fn a_lease_left_by_a_crash_before_the_wire_reached_the_bank_is_redispatche
     b.stop().await.expect("pipeline B stops cleanly");
     upstream.shutdown().await;
 }
+
+/// Two processes on one ledger file: the dispatcher of one starts from the copy of a command it
+/// reserved itself (no read), so it must still see that the other process cancelled it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatcher_does_not_call_for_a_command_another_process_cancelled() {
+    use sluice_core::machine::{Event, Operator};
+    use sluice_runtime::{Driven, assemble::assemble};
+
+    init_tracing();
+    let upstream = start_upstream(Faults::none()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = test_config(dir.path());
+    let this = assemble(&config, example_catalog(&upstream.base_url()))
+        .await
+        .expect("this process");
+    let other = assemble(&config, example_catalog(&upstream.base_url()))
+        .await
+        .expect("the other process");
+    let run = sluice_core::ids::RunId::parse("r-two-processes").expect("valid");
+    let command = sluice_ledger::contract::command(
+        &run,
+        0,
+        "email/send",
+        0,
+        serde_json::json!({"to": "a@example.com", "subject": "s", "body": "b"}),
+    );
+    let key = command.command_key.clone();
+    let audit = command.reservation_audit("producer");
+    this.ledger.reserve(command, audit).await.expect("reserve");
+    assert!(this.ledger.cached(&run, &key).is_some());
+
+    let cancel = Event::Cancel {
+        operator: Operator {
+            actor: "operator".into(),
+            reason: "cancelled: not wanted".into(),
+        },
+    };
+    let cancelled = other
+        .drive(&run, &key, "operator", |_| Some(cancel.clone()))
+        .await
+        .expect("cancel");
+    assert!(matches!(cancelled, Driven::Applied(ref c, _) if c.status() == Cancelled));
+
+    let after = sluice_dispatcher::dispatch(&this, "dispatcher-test", &run, &key)
+        .await
+        .expect("dispatch")
+        .expect("the command exists");
+    assert_eq!(after.status(), Cancelled);
+    assert_eq!(upstream.stats().emails, 0, "the email must not be sent");
+    assert!(this.ledger.cached(&run, &key).is_none());
+    let trail = this.ledger.audit_read(&run).await.expect("audit");
+    assert_eq!(
+        trail.entries.len(),
+        2,
+        "reserved and cancelled, nothing else"
+    );
+}

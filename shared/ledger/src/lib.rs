@@ -357,6 +357,14 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
     fn round_trips(&self) -> Vec<RoundTrips> {
         Vec::new()
     }
+
+    /// A copy of a command waiting for dispatch (PENDING or APPROVED) as this process last
+    /// wrote it, if the ledger keeps one: a hint that saves the read before a lease. It may be
+    /// stale (another process may have moved the command since), so it is only fit to start a
+    /// compare-and-set from; a decision *not* to write must be taken on [`Ledger::get`].
+    fn cached(&self, _run_id: &RunId, _command_key: &CommandKey) -> Option<Command> {
+        None
+    }
 }
 
 /// How many round trips of one kind one ledger operation has made.

@@ -201,8 +201,13 @@ struct Inner {
     config: SqliteConfig,
     writer: mpsc::Sender<Job>,
     readers: Mutex<Vec<Connection>>,
+    /// Commands this process left waiting for dispatch: see [`Ledger::cached`].
+    waiting: Mutex<HashMap<(RunId, CommandKey), Command>>,
     clock: Arc<dyn Clock>,
 }
+
+/// At most this many commands are kept in [`Inner::waiting`]; past it the map starts afresh.
+const MAX_WAITING: usize = 65_536;
 
 /// A stored row as text; decoded by the caller, off the writer thread.
 type RawRow = (String, String);
@@ -312,6 +317,7 @@ impl SqliteLedger {
                 config,
                 writer,
                 readers: Mutex::new(Vec::new()),
+                waiting: Mutex::new(HashMap::new()),
                 clock,
             }),
         })
@@ -320,6 +326,26 @@ impl SqliteLedger {
     /// The file this ledger lives in.
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// Remembers `command` as this process wrote or saw it last, if it waits for dispatch;
+    /// forgets it otherwise.
+    fn note(&self, command: &Command) {
+        let Ok(mut waiting) = self.inner.waiting.lock() else {
+            return;
+        };
+        let id = (command.run_id.clone(), command.command_key.clone());
+        if matches!(
+            command.status(),
+            CommandStatus::Pending | CommandStatus::Approved
+        ) {
+            if waiting.len() >= MAX_WAITING {
+                waiting.clear();
+            }
+            waiting.insert(id, command.clone());
+        } else {
+            waiting.remove(&id);
+        }
     }
 
     /// Sends `op` to the writer; the answer comes once its transaction committed.
@@ -1241,7 +1267,10 @@ impl Ledger for SqliteLedger {
         };
         let run = command.run_id.as_str();
         match result? {
-            Reply::Reserved(ReserveReply::Created) => Ok(Reserved::Created(*command)),
+            Reply::Reserved(ReserveReply::Created) => {
+                self.note(&command);
+                Ok(Reserved::Created(*command))
+            }
             Reply::Reserved(ReserveReply::Existing((identity, state))) => {
                 row_command(run, &identity, &state).map(Reserved::Existing)
             }
@@ -1274,17 +1303,27 @@ impl Ledger for SqliteLedger {
             return Err(LedgerError::Closed);
         };
         let run = transition.run_id.as_str();
-        match result? {
+        let cas = match result? {
             Reply::Cas(CasReply::Applied { identity }) => {
                 let identity: Identity = decode("command", run, &identity)?;
-                Ok(Cas::Applied(identity.with_state(transition.next)))
+                Cas::Applied(identity.with_state(transition.next))
             }
-            Reply::Cas(CasReply::Conflict(row)) => row
-                .map(|(identity, state)| row_command(run, &identity, &state))
-                .transpose()
-                .map(Cas::Conflict),
-            _ => Err(LedgerError::Closed),
+            Reply::Cas(CasReply::Conflict(row)) => Cas::Conflict(
+                row.map(|(identity, state)| row_command(run, &identity, &state))
+                    .transpose()?,
+            ),
+            _ => return Err(LedgerError::Closed),
+        };
+        match &cas {
+            Cas::Applied(command) | Cas::Conflict(Some(command)) => self.note(command),
+            Cas::Conflict(None) => {}
         }
+        Ok(cas)
+    }
+
+    fn cached(&self, run_id: &RunId, command_key: &CommandKey) -> Option<Command> {
+        let waiting = self.inner.waiting.lock().ok()?;
+        waiting.get(&(run_id.clone(), command_key.clone())).cloned()
     }
 
     async fn get(

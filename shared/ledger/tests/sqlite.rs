@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use sluice_core::command::CommandStatus;
+use sluice_core::audit::AuditDraft;
+use sluice_core::command::{CommandState, CommandStatus};
 use sluice_ledger::contract::{command, fresh_run};
 use sluice_ledger::sqlite::{SqliteConfig, SqliteLedger};
-use sluice_ledger::{Ledger, LedgerError, Reserved};
+use sluice_ledger::{Cas, Guard, Ledger, LedgerError, Reserved, Transition};
 
 async fn fresh() -> (Arc<dyn Ledger>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -242,4 +243,64 @@ async fn sustained_writes_keep_the_wal_bounded_and_lose_nothing() {
         let trail = ledger.audit_read(run).await.expect("audit");
         sluice_core::audit::verify(run, None, &trail.entries).expect("verifies");
     }
+}
+
+#[tokio::test]
+async fn the_dispatch_hint_holds_what_this_process_left_waiting_for_dispatch() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ledger = SqliteLedger::open(SqliteConfig::in_dir(dir.path())).expect("open");
+    let other = SqliteLedger::open(SqliteConfig::in_dir(dir.path())).expect("second process");
+    let run = fresh_run("hint");
+    let c = command(&run, 0, "email/send", 0, json!({"to": "a@example.com"}));
+    let key = c.command_key.clone();
+    let audit = c.reservation_audit("test");
+    ledger.reserve(c, audit).await.expect("reserve");
+
+    let hint = ledger
+        .cached(&run, &key)
+        .expect("a reserved command is kept");
+    let stored = ledger.get(&run, &key).await.expect("get").expect("stored");
+    assert_eq!(hint.status(), CommandStatus::Pending);
+    assert_eq!(hint.state, stored.state);
+    assert!(
+        other.cached(&run, &key).is_none(),
+        "another ledger handle did not write it"
+    );
+
+    // Another process moves the command on: the hint is stale, and a write from it conflicts
+    // with the command as it now stands, which replaces the hint.
+    let mut cancelled = stored.state.clone();
+    cancelled.status = CommandStatus::Cancelled;
+    let write = |next: CommandState| Transition {
+        run_id: run.clone(),
+        command_key: key.clone(),
+        guard: Guard::of(&stored),
+        audit: Some(AuditDraft::transition(
+            &key,
+            Some(CommandStatus::Pending),
+            next.status,
+            "test",
+            "moved",
+        )),
+        next,
+    };
+    assert!(matches!(
+        other.transition(write(cancelled)).await.expect("cancel"),
+        Cas::Applied(_)
+    ));
+    assert_eq!(
+        ledger.cached(&run, &key).map(|c| c.status()),
+        Some(CommandStatus::Pending),
+        "a hint is not a read: it can be stale"
+    );
+    let mut leased = stored.state.clone();
+    leased.status = CommandStatus::Leased;
+    match ledger.transition(write(leased)).await.expect("write") {
+        Cas::Conflict(Some(now)) => assert_eq!(now.status(), CommandStatus::Cancelled),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert!(
+        ledger.cached(&run, &key).is_none(),
+        "a command no longer waiting for dispatch is forgotten"
+    );
 }

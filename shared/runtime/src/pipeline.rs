@@ -96,8 +96,13 @@ impl Context {
     where
         F: FnMut(&Command) -> Option<Event> + Send,
     {
-        let current = self.ledger.get(run_id, command_key).await?;
-        self.drive_inner(run_id, command_key, actor, current, decide)
+        // A copy this process wrote last saves the read; it is only trusted to start a
+        // compare-and-set from (`drive_inner` re-reads before it skips or refuses on it).
+        let (current, trusted) = match self.ledger.cached(run_id, command_key) {
+            Some(hint) => (Some(hint), false),
+            None => (self.ledger.get(run_id, command_key).await?, true),
+        };
+        self.drive_inner(run_id, command_key, actor, current, trusted, decide)
             .await
     }
 
@@ -113,33 +118,46 @@ impl Context {
         F: FnMut(&Command) -> Option<Event> + Send,
     {
         let (run_id, command_key) = (command.run_id.clone(), command.command_key.clone());
-        self.drive_inner(&run_id, &command_key, actor, Some(command), decide)
+        self.drive_inner(&run_id, &command_key, actor, Some(command), true, decide)
             .await
     }
 
+    /// `trusted`: `current` was read from the ledger or written by the caller just now; an
+    /// untrusted copy ([`Ledger::cached`]) is re-read before the caller's decision not to act
+    /// on it, or a refusal, is believed.
     async fn drive_inner<F>(
         &self,
         run_id: &RunId,
         command_key: &CommandKey,
         actor: &str,
         mut current: Option<Command>,
+        mut trusted: bool,
         mut decide: F,
     ) -> Result<Driven, PipelineError>
     where
         F: FnMut(&Command) -> Option<Event> + Send,
     {
-        for _ in 0..MAX_CAS_RETRIES {
+        let mut round = 0;
+        while round < MAX_CAS_RETRIES {
             let Some(command) = current else {
                 return Ok(Driven::Missing);
             };
-            let Some(event) = decide(&command) else {
-                return Ok(Driven::Skipped(command));
+            let decided = decide(&command).map(|event| {
+                let rules = self.rules_of(&command);
+                let step = machine::apply(&command.state, &rules, &event, self.clock.now());
+                (event, step)
+            });
+            let (event, step) = match decided {
+                Some((event, Ok(step))) => (event, step),
+                _ if !trusted => {
+                    current = self.ledger.get(run_id, command_key).await?;
+                    trusted = true;
+                    continue;
+                }
+                None => return Ok(Driven::Skipped(command)),
+                Some((_, Err(refusal))) => return Ok(Driven::Refused(command, refusal)),
             };
-            let rules = self.rules_of(&command);
-            let step = match machine::apply(&command.state, &rules, &event, self.clock.now()) {
-                Ok(step) => step,
-                Err(refusal) => return Ok(Driven::Refused(command, refusal)),
-            };
+            round += 1;
             let write = Transition::from_step(&command, &step, actor);
             let cas = match &event {
                 Event::Lease { .. } => self.ledger.acquire_lease(write).await?,
@@ -167,6 +185,7 @@ impl Context {
                         };
                     }
                     current = now;
+                    trusted = true;
                 }
             }
         }
