@@ -22,7 +22,9 @@
 pub mod auth;
 pub mod operator;
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -60,7 +62,12 @@ pub struct Api {
     auth: Authenticator,
     /// `<run_id>/<command_key>` of every lifecycle event seen.
     settled: broadcast::Sender<String>,
+    /// Runs an agent was found to own here, so its next submissions skip the run read.
+    owned: Arc<Mutex<HashSet<(RunId, String)>>>,
 }
+
+/// At most this many (run, agent) pairs are remembered; past it the set starts afresh.
+const MAX_OWNED: usize = 65_536;
 
 /// One effect as an agent submits it.
 #[derive(Debug, Clone, Deserialize)]
@@ -171,7 +178,38 @@ impl Api {
             config: config.producer.clone(),
             auth: Authenticator::from_config(&config.auth),
             settled,
+            owned: Arc::default(),
         }
+    }
+
+    /// For an agent, checks that no command of `run_id` belongs to another agent (a new run is
+    /// fine). A run the agent was found to own is remembered: runs do not change hands, so its
+    /// later submissions (a batch of hundreds into one run) do not each read the whole run.
+    async fn require_own_run(&self, principal: &Principal, run_id: &RunId) -> Result<(), ApiError> {
+        let Some(name) = principal.submitter() else {
+            return Ok(());
+        };
+        if principal.role != sluice_runtime::config::Role::Agent {
+            return Ok(());
+        }
+        let pair = (run_id.clone(), name.to_owned());
+        if self.owned.lock().is_ok_and(|owned| owned.contains(&pair)) {
+            return Ok(());
+        }
+        let existing = self
+            .ctx
+            .ledger
+            .list_run(run_id, None)
+            .await
+            .map_err(|e| ApiError::unavailable(&e))?;
+        principal.require_no_foreign(run_id, &existing)?;
+        if let Ok(mut owned) = self.owned.lock() {
+            if owned.len() >= MAX_OWNED {
+                owned.clear();
+            }
+            owned.insert(pair);
+        }
+        Ok(())
     }
 
     /// Reads a run's commands, checking that `principal` may see them; `None` filters nothing.
@@ -285,20 +323,10 @@ impl Api {
             now,
             rules.pending_stale_ms,
         );
+        // An agent adds to its own runs only.
+        self.require_own_run(principal, &command.run_id).await?;
         let command = match principal.submitter() {
-            Some(name) => {
-                // An agent adds to its own runs only.
-                if principal.role == sluice_runtime::config::Role::Agent {
-                    let existing = self
-                        .ctx
-                        .ledger
-                        .list_run(&command.run_id, None)
-                        .await
-                        .map_err(|e| ApiError::unavailable(&e))?;
-                    principal.require_no_foreign(&command.run_id, &existing)?;
-                }
-                command.submitted_by(name)
-            }
+            Some(name) => command.submitted_by(name),
             None => command,
         };
         let tool_label = tool.name().to_string();
