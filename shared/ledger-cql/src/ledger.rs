@@ -41,6 +41,7 @@ use scylla::client::session_builder::SessionBuilder;
 use scylla::errors::{DbError, ExecutionError, RequestAttemptError};
 use scylla::response::{PagingState, PagingStateResponse};
 use scylla::serialize::row::SerializeRow;
+use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use uuid::Uuid;
 
@@ -70,6 +71,10 @@ const FAN_OUT: usize = 32;
 const STALE_RUN_ENTRY_MS: i64 = 10 * 60_000;
 /// Runs whose audit records this process tracks as flushed; the map is cleared past this.
 const FLUSHED_CAPACITY: usize = 100_000;
+/// The largest audit record (text and hashes, bytes) sent inside a batch of writes. Cassandra
+/// warns about batches over 5 KiB (`batch_size_warn_threshold`) and refuses them over 50 KiB;
+/// a larger record is inserted on its own, in parallel with the batch.
+const BATCH_RECORD_BYTES: usize = 4 * 1024;
 
 /// The ledger on a CQL cluster. Cheap to clone; clones share the session and the counters.
 #[derive(Debug, Clone)]
@@ -613,34 +618,31 @@ impl CqlLedger {
         }
     }
 
+    /// The values of `insert_audit` for a record.
+    fn link_values<'l>(
+        run: &'l str,
+        link: &'l Link,
+    ) -> (&'l str, i64, &'l str, &'l str, &'l str, Option<Uuid>) {
+        (
+            run,
+            link.seq,
+            link.record.as_str(),
+            link.prev_hash.as_str(),
+            link.hash.as_str(),
+            link.write_id,
+        )
+    }
+
     async fn insert_link(&self, op: Op, run: &str, link: &Link) -> Result<(), LedgerError> {
         self.plain(
             op,
             "insert audit record",
             &self.inner.st.insert_audit,
-            (
-                run,
-                link.seq,
-                link.record.as_str(),
-                link.prev_hash.as_str(),
-                link.hash.as_str(),
-                link.write_id,
-            ),
+            Self::link_values(run, link),
         )
         .await?;
         self.mark_flushed(run, link.seq);
         Ok(())
-    }
-
-    /// The repair rule, writer side: the record the head still holds must be in `audit`
-    /// before an LWT moves the head past it.
-    async fn flush_pending(&self, op: Op, run: &str, head: &Head) -> Result<(), LedgerError> {
-        match &head.pending {
-            Some(link) if link.seq >= head.floor() && !self.known_flushed(run, link.seq) => {
-                self.insert_link(op, run, link).await
-            }
-            Some(_) | None => Ok(()),
-        }
     }
 
     /// Inserts the record an applied LWT fixed. A failure here loses nothing (the record is
@@ -715,8 +717,21 @@ impl CqlLedger {
 
     // ---- indexes -----------------------------------------------------------------------
 
-    /// Files a due entry. An entry already due goes in the writer's current minute, never in
-    /// a bucket a sweep may have passed (see `due`).
+    /// The values of `insert_due`. An entry already due goes in the writer's current minute,
+    /// never in a bucket a sweep may have passed (see `due`).
+    fn due_values<'v>(
+        &self,
+        run: &'v str,
+        key: &'v str,
+        due_at: Timestamp,
+        status: CommandStatus,
+    ) -> (i64, i32, i64, &'v str, &'v str, &'static str) {
+        let minute = minute_of(due_at).max(minute_of(self.now()));
+        let shard = shard_of(run, self.inner.config.due_shards);
+        (minute, shard, due_at.as_millis(), run, key, status.as_str())
+    }
+
+    /// Files a due entry on its own (the sweep carrying an entry forward).
     async fn write_due(
         &self,
         op: Op,
@@ -725,30 +740,19 @@ impl CqlLedger {
         due_at: Timestamp,
         status: CommandStatus,
     ) -> Result<(), LedgerError> {
-        let minute = minute_of(due_at).max(minute_of(self.now()));
-        let shard = shard_of(run, self.inner.config.due_shards);
-        self.plain(
-            op,
-            "write due entry",
-            &self.inner.st.insert_due,
-            (minute, shard, due_at.as_millis(), run, key, status.as_str()),
-        )
-        .await
-        .map(drop)
+        let values = self.due_values(run, key, due_at, status);
+        self.plain(op, "write due entry", &self.inner.st.insert_due, values)
+            .await
+            .map(drop)
     }
 
-    async fn register_run(&self, op: Op, run: &str, created_at: i64) -> Result<(), LedgerError> {
-        self.plain(
-            op,
-            "register run",
-            &self.inner.st.insert_run,
-            (day_of(created_at), created_at, run),
-        )
-        .await
-        .map(drop)
-    }
-
-    /// Everything that must exist before an LWT that may apply: run in parallel.
+    /// Everything that must exist before an LWT that may apply: the record the head still holds
+    /// (repair rule), the due entry for a new due time and the `runs` entry of a new run. They go
+    /// to different partitions and need no atomicity among themselves (each is idempotent, and
+    /// one that lands without its LWT is harmless: the record is the head's own, the due entry
+    /// is checked against the command, the runs entry against `run_created_at`), so they are
+    /// one UNLOGGED BATCH: one round trip, not one each. A record too large for a quiet batch
+    /// goes beside it, in parallel.
     async fn before_lwt(
         &self,
         op: Op,
@@ -757,25 +761,73 @@ impl CqlLedger {
         due: Option<(&str, Timestamp, CommandStatus)>,
         register: Option<i64>,
     ) -> Result<(), LedgerError> {
-        let flush = async {
-            match head {
-                Some(head) => self.flush_pending(op, run, head).await,
+        type Values<'v> = Box<dyn SerializeRow + Send + Sync + 'v>;
+        let st = &self.inner.st;
+        let mut writes: Vec<(&PreparedStatement, Values<'_>)> = Vec::with_capacity(3);
+        let pending = head.and_then(|head| match &head.pending {
+            Some(link) if link.seq >= head.floor() && !self.known_flushed(run, link.seq) => {
+                Some(link)
+            }
+            Some(_) | None => None,
+        });
+        let mut alone = None;
+        if let Some(link) = pending {
+            if link.record.len() + link.prev_hash.len() + link.hash.len() <= BATCH_RECORD_BYTES {
+                writes.push((&st.insert_audit, Box::new(Self::link_values(run, link))));
+            } else {
+                alone = Some(link);
+            }
+        }
+        if let Some((key, at, status)) = due {
+            writes.push((
+                &st.insert_due,
+                Box::new(self.due_values(run, key, at, status)),
+            ));
+        }
+        if let Some(created_at) = register {
+            writes.push((
+                &st.insert_run,
+                Box::new((day_of(created_at), created_at, run)),
+            ));
+        }
+        let together = async {
+            match writes.len() {
+                0 => Ok(()),
+                1 => {
+                    let (statement, values) = writes.pop().expect("one write, checked above");
+                    self.plain(op, "write before LWT", statement, values)
+                        .await
+                        .map(drop)
+                }
+                _ => {
+                    let (statements, values): (Vec<_>, Vec<_>) = writes.into_iter().unzip();
+                    let mut batch = Batch::new(BatchType::Unlogged);
+                    for statement in statements {
+                        batch.append_statement(statement.clone());
+                    }
+                    // Every statement in it is a plain idempotent write.
+                    batch.set_is_idempotent(true);
+                    self.inner.stats.round_trip(op, Kind::Plain);
+                    self.inner
+                        .session
+                        .batch(&batch, values)
+                        .await
+                        .map(drop)
+                        .map_err(|e| storage("write before LWT", e))
+                }
+            }
+        };
+        let alone = async {
+            match alone {
+                Some(link) => self.insert_link(op, run, link).await,
                 None => Ok(()),
             }
         };
-        let due = async {
-            match due {
-                Some((key, at, status)) => self.write_due(op, run, key, at, status).await,
-                None => Ok(()),
-            }
-        };
-        let register = async {
-            match register {
-                Some(created_at) => self.register_run(op, run, created_at).await,
-                None => Ok(()),
-            }
-        };
-        futures::try_join!(flush, due, register).map(drop)
+        futures::try_join!(together, alone)?;
+        if let Some(link) = pending {
+            self.mark_flushed(run, link.seq);
+        }
+        Ok(())
     }
 
     fn too_contended(&self, op: Op, run: &str) -> LedgerError {
