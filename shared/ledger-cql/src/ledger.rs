@@ -5,13 +5,20 @@
 //! audit record itself is then a plain insert whose seq and hash the LWT fixed. The write
 //! protocol of an audited write is:
 //!
-//! 1. read the row and the head (plain, QUORUM);
-//! 2. before the LWT, write what must exist if it applies: the due entry for a new due time, the
-//!    run's `runs` entry for a new run, and the record the head still holds in `audit_pending`
-//!    unless this process already knows it is in `audit` (the repair rule, below);
-//! 3. the LWT, guarded by status, epoch and `audit_seq`: it stores the state, moves the head
-//!    and keeps the new record whole in `audit_pending`;
+//! 1. read the row and the head (plain, QUORUM), unless this process knows them (below);
+//! 2. before the LWT, write what must exist if it applies, as one UNLOGGED BATCH: the due entry
+//!    for a new due time, the run's `runs` entry for a new run, and the record the head still
+//!    holds in `audit_pending` unless this process already knows it is in `audit` (the repair
+//!    rule, below);
+//! 3. the LWT, guarded by status and epoch (the contract's guard), the row's `write_id` and
+//!    the head (`audit_seq`, `audit_head`): it stores the state, moves the head and keeps the
+//!    new record whole in `audit_pending`;
 //! 4. the plain insert of the new record into `audit`.
+//!
+//! **What a process knows.** The head and row this process last read or wrote (`Known`) stand
+//! in for step 1 when they match the guard. The LWT's condition holds all that the write took
+//! from them, so a stale entry only makes the LWT not apply; the run is then read before every
+//! write, as without the cache (at most one LWT lost per run and process).
 //!
 //! **Repair rule.** The record at `audit_seq - 1` may be missing from `audit` (its writer died
 //! between 3 and 4); every other record is there, because the writer of a record made sure of
