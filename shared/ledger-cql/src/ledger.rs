@@ -18,7 +18,7 @@
 //! **What a process knows.** The head and row this process last read or wrote (`Known`) stand
 //! in for step 1 when they match the guard. The LWT's condition holds all that the write took
 //! from them, so a stale entry only makes the LWT not apply; the run is then read before every
-//! write, as without the cache (at most one LWT lost per run and process).
+//! write, as without the cache (at most one LWT lost per run and process, see `Known`).
 //!
 //! **Repair rule.** The record at `audit_seq - 1` may be missing from `audit` (its writer died
 //! between 3 and 4); every other record is there, because the writer of a record made sure of
@@ -248,7 +248,8 @@ struct KnownRow {
 /// A run written by other processes too (an API reserving while a dispatcher leases) would
 /// make that cost recur; so a run whose cached state once proved stale goes in `shared`, and
 /// its writes read first from then on, as without a cache: at most one LWT lost per run and
-/// process. Bounded: past the capacity an arbitrary entry makes room.
+/// process (per task, when several tasks of the process write the run from the same stale
+/// entry at once). Bounded: past the capacity an arbitrary entry makes room.
 #[derive(Debug, Default)]
 struct Known {
     heads: HashMap<String, Head>,
