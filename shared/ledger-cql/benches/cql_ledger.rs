@@ -140,12 +140,19 @@ fn per_effect(spent: &StatsSnapshot, effects: usize) -> String {
         .filter(|(_, c)| c.lwt > 0)
         .map(|(op, c)| format!("{op} {:.2}", c.lwt as f64 / n))
         .collect();
+    let plain_by_op: Vec<String> = spent
+        .ops
+        .iter()
+        .filter(|(_, c)| c.plain > 0)
+        .map(|(op, c)| format!("{op} {:.2}", c.plain as f64 / n))
+        .collect();
     let serial: u64 = spent.ops.values().map(|c| c.serial).sum();
     format!(
-        "{:.2} LWT ({}), {:.2} plain, {:.2} serial round trips",
+        "{:.2} LWT ({}), {:.2} plain ({}), {:.2} serial round trips",
         spent.total_lwt() as f64 / n,
         by_op.join(", "),
         spent.total_plain() as f64 / n,
+        plain_by_op.join(", "),
         serial as f64 / n
     )
 }

@@ -5,13 +5,20 @@
 //! audit record itself is then a plain insert whose seq and hash the LWT fixed. The write
 //! protocol of an audited write is:
 //!
-//! 1. read the row and the head (plain, QUORUM);
-//! 2. before the LWT, write what must exist if it applies: the due entry for a new due time, the
-//!    run's `runs` entry for a new run, and the record the head still holds in `audit_pending`
-//!    unless this process already knows it is in `audit` (the repair rule, below);
-//! 3. the LWT, guarded by status, epoch and `audit_seq`: it stores the state, moves the head
-//!    and keeps the new record whole in `audit_pending`;
+//! 1. read the row and the head (plain, QUORUM), unless this process knows them (below);
+//! 2. before the LWT, write what must exist if it applies, as one UNLOGGED BATCH: the due entry
+//!    for a new due time, the run's `runs` entry for a new run, and the record the head still
+//!    holds in `audit_pending` unless this process already knows it is in `audit` (the repair
+//!    rule, below);
+//! 3. the LWT, guarded by status and epoch (the contract's guard), the row's `write_id` and
+//!    the head (`audit_seq`, `audit_head`): it stores the state, moves the head and keeps the
+//!    new record whole in `audit_pending`;
 //! 4. the plain insert of the new record into `audit`.
+//!
+//! **What a process knows.** The head and row this process last read or wrote (`Known`) stand
+//! in for step 1 when they match the guard. The LWT's condition holds all that the write took
+//! from them, so a stale entry only makes the LWT not apply; the run is then read before every
+//! write, as without the cache (at most one LWT lost per run and process, see `Known`).
 //!
 //! **Repair rule.** The record at `audit_seq - 1` may be missing from `audit` (its writer died
 //! between 3 and 4); every other record is there, because the writer of a record made sure of
@@ -41,6 +48,7 @@ use scylla::client::session_builder::SessionBuilder;
 use scylla::errors::{DbError, ExecutionError, RequestAttemptError};
 use scylla::response::{PagingState, PagingStateResponse};
 use scylla::serialize::row::SerializeRow;
+use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use uuid::Uuid;
 
@@ -52,7 +60,7 @@ use sluice_core::command::{Command, CommandState, CommandStatus};
 use sluice_core::ids::{BusinessKey, CommandKey, LeaseEpoch, RunId, ToolName};
 use sluice_core::time::{Clock, SystemClock, Timestamp};
 use sluice_ledger::{
-    AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, PurgeReport, Reserved, RunSummary,
+    AuditTrail, Cas, Claim, DueItem, Guard, Ledger, LedgerError, PurgeReport, Reserved, RunSummary,
     SYSTEM_RUN, Transition, cap_result,
 };
 
@@ -70,6 +78,10 @@ const FAN_OUT: usize = 32;
 const STALE_RUN_ENTRY_MS: i64 = 10 * 60_000;
 /// Runs whose audit records this process tracks as flushed; the map is cleared past this.
 const FLUSHED_CAPACITY: usize = 100_000;
+/// The largest audit record (text and hashes, bytes) sent inside a batch of writes. Cassandra
+/// warns about batches over 5 KiB (`batch_size_warn_threshold`) and refuses them over 50 KiB;
+/// a larger record is inserted on its own, in parallel with the batch.
+const BATCH_RECORD_BYTES: usize = 4 * 1024;
 
 /// The ledger on a CQL cluster. Cheap to clone; clones share the session and the counters.
 #[derive(Debug, Clone)]
@@ -86,6 +98,8 @@ struct Inner {
     /// Per run, the highest seq this process knows is in `audit` (every record before it is
     /// too, by the repair rule); lets a writer skip re-inserting `audit_pending`.
     flushed: Mutex<HashMap<String, i64>>,
+    /// Heads and rows as this process last saw them: lets a write skip its read.
+    known: Mutex<Known>,
     /// The first minute of the due index (written by `migrate`).
     due_origin: i64,
 }
@@ -115,6 +129,8 @@ struct Link {
 struct Head {
     /// `audit_seq` as stored (`None`: the run was never written).
     stored_seq: Option<i64>,
+    /// `audit_head` as stored: the value an LWT's condition compares.
+    stored_hash: Option<String>,
     chain: ChainHead,
     /// The record at `audit_seq - 1`, kept whole until the head moves on.
     pending: Option<Link>,
@@ -127,6 +143,7 @@ impl Head {
     fn empty() -> Self {
         Self {
             stored_seq: None,
+            stored_hash: None,
             chain: ChainHead::genesis(),
             pending: None,
             run_created_at: None,
@@ -168,6 +185,7 @@ impl Head {
         };
         Self {
             stored_seq,
+            stored_hash: fields.text("audit_head").map(str::to_owned),
             chain,
             pending,
             run_created_at: fields.bigint("run_created_at"),
@@ -180,12 +198,90 @@ impl Head {
     fn floor(&self) -> i64 {
         self.checkpoint.as_ref().map_or(0, |c| c.0)
     }
+
+    /// The head as an applied LWT left it: `chain` advanced past `sealed`, which is now the
+    /// pending record. `run_created_at` is what the LWT stored (or kept).
+    fn after(
+        &self,
+        chain: ChainHead,
+        sealed: &SealedLink,
+        write_id: Uuid,
+        run_created_at: Option<i64>,
+        updated_at: i64,
+    ) -> Self {
+        Self {
+            stored_seq: Some(seq_i64(chain.next_seq)),
+            stored_hash: Some(chain.hash.clone()),
+            chain,
+            pending: Some(Link {
+                seq: seq_i64(sealed.seq),
+                record: sealed.canonical.clone(),
+                prev_hash: sealed.prev_hash.clone(),
+                hash: sealed.hash.clone(),
+                write_id: Some(write_id),
+            }),
+            run_created_at,
+            updated_at: Some(updated_at),
+            checkpoint: self.checkpoint.clone(),
+        }
+    }
+}
+
+/// What this process last read or wrote of a command row: enough to write its next transition
+/// without reading it first. The LWT that relies on it is guarded by `write_id` (the row is
+/// exactly this version: same identity, state and due time) besides status and epoch.
+#[derive(Debug, Clone)]
+struct KnownRow {
+    identity: Arc<Identity>,
+    status: CommandStatus,
+    epoch: LeaseEpoch,
+    due_at: Option<i64>,
+    write_id: Uuid,
+}
+
+/// The per-process cache of runs' heads and commands' rows, as this process last read or
+/// wrote them (see `write` and `reserve_row`). It is only ever a guess: every LWT built on it
+/// names in its condition all it relied on (`audit_seq`, `audit_head`, `run_created_at`, the
+/// row's `write_id`), so a stale entry costs one LWT that does not apply, after which the
+/// entry is dropped and the operation reads, as without a cache.
+///
+/// A run written by other processes too (an API reserving while a dispatcher leases) would
+/// make that cost recur; so a run whose cached state once proved stale goes in `shared`, and
+/// its writes read first from then on, as without a cache: at most one LWT lost per run and
+/// process (per task, when several tasks of the process write the run from the same stale
+/// entry at once). Bounded: past the capacity an arbitrary entry makes room.
+#[derive(Debug, Default)]
+struct Known {
+    heads: HashMap<String, Head>,
+    rows: HashMap<(String, String), KnownRow>,
+    shared: HashMap<String, ()>,
+}
+
+/// What an LWT that did not apply was built on, for [`CqlLedger::forget`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stale {
+    /// A read made for it: ordinary contention.
+    Read,
+    /// The cache.
+    Cached,
+}
+
+/// Entries of each map of [`Known`].
+const KNOWN_CAPACITY: usize = 10_000;
+
+fn make_room<K: Clone + Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>, key: &K) {
+    if map.len() >= KNOWN_CAPACITY
+        && !map.contains_key(key)
+        && let Some(victim) = map.keys().next().cloned()
+    {
+        map.remove(&victim);
+    }
 }
 
 /// A command row as read, with the run's head.
 #[derive(Debug, Clone)]
 struct StoredRow {
-    identity: Identity,
+    identity: Arc<Identity>,
     state: CommandState,
     due_at: Option<i64>,
     args_hash: String,
@@ -194,9 +290,38 @@ struct StoredRow {
 }
 
 impl StoredRow {
-    fn command(&self) -> Command {
-        self.identity.clone().with_state(self.state.clone())
+    fn known(&self) -> Option<KnownRow> {
+        Some(KnownRow {
+            identity: Arc::clone(&self.identity),
+            status: self.state.status,
+            epoch: self.state.lease.epoch,
+            due_at: self.due_at,
+            write_id: self.write_id?,
+        })
     }
+
+    fn basis(&self) -> Basis {
+        Basis {
+            identity: Arc::clone(&self.identity),
+            due_at: self.due_at,
+            write_id: self.write_id,
+            head: self.head.clone(),
+        }
+    }
+
+    fn command(&self) -> Command {
+        Identity::clone(&self.identity).with_state(self.state.clone())
+    }
+}
+
+/// What a transition is computed from and pinned to: the row (its version is `write_id`) and
+/// the run's head, as read just now or as this process last knew them.
+#[derive(Debug, Clone)]
+struct Basis {
+    identity: Arc<Identity>,
+    due_at: Option<i64>,
+    write_id: Option<Uuid>,
+    head: Head,
 }
 
 /// How a lightweight transaction went.
@@ -236,6 +361,7 @@ struct ReserveValues<'a> {
     run_id: &'a str,
     command_key: &'a str,
     seq: Option<i64>,
+    seq_head: Option<&'a str>,
     run_created_at: Option<i64>,
 }
 
@@ -256,7 +382,9 @@ struct TransitionValues<'a> {
     command_key: &'a str,
     guard_status: &'a str,
     guard_epoch: i64,
+    row_write_id: Option<Uuid>,
     seq: i64,
+    seq_head: Option<&'a str>,
 }
 
 #[derive(scylla::SerializeRow)]
@@ -433,6 +561,7 @@ impl CqlLedger {
                 stats: CqlStats::default(),
                 clock,
                 flushed: Mutex::new(HashMap::new()),
+                known: Mutex::new(Known::default()),
                 due_origin,
             }),
         })
@@ -549,7 +678,9 @@ impl CqlLedger {
             (&self.inner.st.read_head, Kind::Plain)
         };
         let rows = self.paged(op, "read head", statement, (run,), kind).await?;
-        Ok(rows.first().map_or_else(Head::empty, Head::of))
+        let head = rows.first().map_or_else(Head::empty, Head::of);
+        self.remember_head(run, &head);
+        Ok(head)
     }
 
     fn stored_row(run: &str, fields: &Fields) -> Result<Option<StoredRow>, LedgerError> {
@@ -558,7 +689,7 @@ impl CqlLedger {
             return Ok(None);
         };
         Ok(Some(StoredRow {
-            identity: decode("command", run, identity)?,
+            identity: Arc::new(decode("command", run, identity)?),
             state: decode("command state", run, state)?,
             due_at: fields.bigint("due_at"),
             args_hash: fields.text("args_hash").unwrap_or_default().to_owned(),
@@ -587,10 +718,108 @@ impl CqlLedger {
             self.plain(op, "read command", &self.inner.st.read_command, (run, key))
                 .await?
         };
-        match rows.first() {
-            Some(fields) => Self::stored_row(run, fields),
-            None => Ok(None),
+        let Some(fields) = rows.first() else {
+            return Ok(None);
+        };
+        let row = Self::stored_row(run, fields)?;
+        match &row {
+            Some(row) => {
+                self.remember_head(run, &row.head);
+                self.remember_row(run, key, row.known());
+            }
+            None => self.remember_head(run, &Head::of(fields)),
         }
+        Ok(row)
+    }
+
+    // ---- what this process knows ------------------------------------------------------
+
+    /// The head to write from without a read, unless the run is written by others too.
+    fn known_head(&self, run: &str) -> Option<Head> {
+        let known = self.inner.known.lock().ok()?;
+        if known.shared.contains_key(run) {
+            return None;
+        }
+        known.heads.get(run).cloned()
+    }
+
+    /// Keeps `head` unless a later one (higher `audit_seq`) is known already: reads and writes
+    /// of one run by concurrent tasks of this process complete in any order.
+    fn remember_head(&self, run: &str, head: &Head) {
+        if let Ok(mut known) = self.inner.known.lock() {
+            let key = run.to_owned();
+            if known
+                .heads
+                .get(&key)
+                .is_some_and(|known| known.stored_seq > head.stored_seq)
+            {
+                return;
+            }
+            make_room(&mut known.heads, &key);
+            known.heads.insert(key, head.clone());
+        }
+    }
+
+    /// A row is only worth keeping while it has transitions ahead; a terminal one (or one
+    /// without a `write_id`, which an LWT could not pin) is dropped.
+    fn remember_row(&self, run: &str, key: &str, row: Option<KnownRow>) {
+        if let Ok(mut known) = self.inner.known.lock() {
+            let id = (run.to_owned(), key.to_owned());
+            match row.filter(|row| !row.status.is_terminal()) {
+                Some(row) => {
+                    make_room(&mut known.rows, &id);
+                    known.rows.insert(id, row);
+                }
+                None => {
+                    known.rows.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// Drops what this process knows of a run's head and, with `key`, of that command: after
+    /// an LWT that did not apply (or may not have), the next round reads. `Stale::Cached`: the
+    /// LWT was built on the cache, so the run is written by others too (see [`Known`]).
+    fn forget(&self, run: &str, key: Option<&str>, stale: Stale) {
+        if let Ok(mut known) = self.inner.known.lock() {
+            known.heads.remove(run);
+            if let Some(key) = key {
+                known.rows.remove(&(run.to_owned(), key.to_owned()));
+            }
+            if stale == Stale::Cached {
+                let run = run.to_owned();
+                make_room(&mut known.shared, &run);
+                known.shared.insert(run, ());
+            }
+        }
+    }
+
+    /// Drops everything known of a run (it was purged).
+    fn forget_run(&self, run: &str) {
+        if let Ok(mut known) = self.inner.known.lock() {
+            known.heads.remove(run);
+            known.rows.retain(|(known_run, _), _| known_run != run);
+        }
+    }
+
+    /// The row and head a transition under `guard` can be written from without a read: both
+    /// known, and the row at the guard's status and epoch.
+    fn known_basis(&self, run: &str, key: &str, guard: Guard) -> Option<Basis> {
+        let known = self.inner.known.lock().ok()?;
+        if known.shared.contains_key(run) {
+            return None;
+        }
+        let row = known
+            .rows
+            .get(&(run.to_owned(), key.to_owned()))
+            .filter(|row| row.status == guard.status && row.epoch == guard.epoch)?;
+        let head = known.heads.get(run)?;
+        Some(Basis {
+            identity: Arc::clone(&row.identity),
+            due_at: row.due_at,
+            write_id: Some(row.write_id),
+            head: head.clone(),
+        })
     }
 
     // ---- the audit chain ---------------------------------------------------------------
@@ -613,34 +842,31 @@ impl CqlLedger {
         }
     }
 
+    /// The values of `insert_audit` for a record.
+    fn link_values<'l>(
+        run: &'l str,
+        link: &'l Link,
+    ) -> (&'l str, i64, &'l str, &'l str, &'l str, Option<Uuid>) {
+        (
+            run,
+            link.seq,
+            link.record.as_str(),
+            link.prev_hash.as_str(),
+            link.hash.as_str(),
+            link.write_id,
+        )
+    }
+
     async fn insert_link(&self, op: Op, run: &str, link: &Link) -> Result<(), LedgerError> {
         self.plain(
             op,
             "insert audit record",
             &self.inner.st.insert_audit,
-            (
-                run,
-                link.seq,
-                link.record.as_str(),
-                link.prev_hash.as_str(),
-                link.hash.as_str(),
-                link.write_id,
-            ),
+            Self::link_values(run, link),
         )
         .await?;
         self.mark_flushed(run, link.seq);
         Ok(())
-    }
-
-    /// The repair rule, writer side: the record the head still holds must be in `audit`
-    /// before an LWT moves the head past it.
-    async fn flush_pending(&self, op: Op, run: &str, head: &Head) -> Result<(), LedgerError> {
-        match &head.pending {
-            Some(link) if link.seq >= head.floor() && !self.known_flushed(run, link.seq) => {
-                self.insert_link(op, run, link).await
-            }
-            Some(_) | None => Ok(()),
-        }
     }
 
     /// Inserts the record an applied LWT fixed. A failure here loses nothing (the record is
@@ -715,8 +941,21 @@ impl CqlLedger {
 
     // ---- indexes -----------------------------------------------------------------------
 
-    /// Files a due entry. An entry already due goes in the writer's current minute, never in
-    /// a bucket a sweep may have passed (see `due`).
+    /// The values of `insert_due`. An entry already due goes in the writer's current minute,
+    /// never in a bucket a sweep may have passed (see `due`).
+    fn due_values<'v>(
+        &self,
+        run: &'v str,
+        key: &'v str,
+        due_at: Timestamp,
+        status: CommandStatus,
+    ) -> (i64, i32, i64, &'v str, &'v str, &'static str) {
+        let minute = minute_of(due_at).max(minute_of(self.now()));
+        let shard = shard_of(run, self.inner.config.due_shards);
+        (minute, shard, due_at.as_millis(), run, key, status.as_str())
+    }
+
+    /// Files a due entry on its own (the sweep carrying an entry forward).
     async fn write_due(
         &self,
         op: Op,
@@ -725,30 +964,19 @@ impl CqlLedger {
         due_at: Timestamp,
         status: CommandStatus,
     ) -> Result<(), LedgerError> {
-        let minute = minute_of(due_at).max(minute_of(self.now()));
-        let shard = shard_of(run, self.inner.config.due_shards);
-        self.plain(
-            op,
-            "write due entry",
-            &self.inner.st.insert_due,
-            (minute, shard, due_at.as_millis(), run, key, status.as_str()),
-        )
-        .await
-        .map(drop)
+        let values = self.due_values(run, key, due_at, status);
+        self.plain(op, "write due entry", &self.inner.st.insert_due, values)
+            .await
+            .map(drop)
     }
 
-    async fn register_run(&self, op: Op, run: &str, created_at: i64) -> Result<(), LedgerError> {
-        self.plain(
-            op,
-            "register run",
-            &self.inner.st.insert_run,
-            (day_of(created_at), created_at, run),
-        )
-        .await
-        .map(drop)
-    }
-
-    /// Everything that must exist before an LWT that may apply: run in parallel.
+    /// Everything that must exist before an LWT that may apply: the record the head still holds
+    /// (repair rule), the due entry for a new due time and the `runs` entry of a new run. They go
+    /// to different partitions and need no atomicity among themselves (each is idempotent, and
+    /// one that lands without its LWT is harmless: the record is the head's own, the due entry
+    /// is checked against the command, the runs entry against `run_created_at`), so they are
+    /// one UNLOGGED BATCH: one round trip, not one each. A record too large for a quiet batch
+    /// goes beside it, in parallel.
     async fn before_lwt(
         &self,
         op: Op,
@@ -757,25 +985,73 @@ impl CqlLedger {
         due: Option<(&str, Timestamp, CommandStatus)>,
         register: Option<i64>,
     ) -> Result<(), LedgerError> {
-        let flush = async {
-            match head {
-                Some(head) => self.flush_pending(op, run, head).await,
+        type Values<'v> = Box<dyn SerializeRow + Send + Sync + 'v>;
+        let st = &self.inner.st;
+        let mut writes: Vec<(&PreparedStatement, Values<'_>)> = Vec::with_capacity(3);
+        let pending = head.and_then(|head| match &head.pending {
+            Some(link) if link.seq >= head.floor() && !self.known_flushed(run, link.seq) => {
+                Some(link)
+            }
+            Some(_) | None => None,
+        });
+        let mut alone = None;
+        if let Some(link) = pending {
+            if link.record.len() + link.prev_hash.len() + link.hash.len() <= BATCH_RECORD_BYTES {
+                writes.push((&st.insert_audit, Box::new(Self::link_values(run, link))));
+            } else {
+                alone = Some(link);
+            }
+        }
+        if let Some((key, at, status)) = due {
+            writes.push((
+                &st.insert_due,
+                Box::new(self.due_values(run, key, at, status)),
+            ));
+        }
+        if let Some(created_at) = register {
+            writes.push((
+                &st.insert_run,
+                Box::new((day_of(created_at), created_at, run)),
+            ));
+        }
+        let together = async {
+            match writes.len() {
+                0 => Ok(()),
+                1 => {
+                    let (statement, values) = writes.pop().expect("one write, checked above");
+                    self.plain(op, "write before LWT", statement, values)
+                        .await
+                        .map(drop)
+                }
+                _ => {
+                    let (statements, values): (Vec<_>, Vec<_>) = writes.into_iter().unzip();
+                    let mut batch = Batch::new(BatchType::Unlogged);
+                    for statement in statements {
+                        batch.append_statement(statement.clone());
+                    }
+                    // Every statement in it is a plain idempotent write.
+                    batch.set_is_idempotent(true);
+                    self.inner.stats.round_trip(op, Kind::Plain);
+                    self.inner
+                        .session
+                        .batch(&batch, values)
+                        .await
+                        .map(drop)
+                        .map_err(|e| storage("write before LWT", e))
+                }
+            }
+        };
+        let alone = async {
+            match alone {
+                Some(link) => self.insert_link(op, run, link).await,
                 None => Ok(()),
             }
         };
-        let due = async {
-            match due {
-                Some((key, at, status)) => self.write_due(op, run, key, at, status).await,
-                None => Ok(()),
-            }
-        };
-        let register = async {
-            match register {
-                Some(created_at) => self.register_run(op, run, created_at).await,
-                None => Ok(()),
-            }
-        };
-        futures::try_join!(flush, due, register).map(drop)
+        futures::try_join!(together, alone)?;
+        if let Some(link) = pending {
+            self.mark_flushed(run, link.seq);
+        }
+        Ok(())
     }
 
     fn too_contended(&self, op: Op, run: &str) -> LedgerError {
@@ -798,10 +1074,16 @@ impl CqlLedger {
         let op = Op::Reserve;
         let run = command.run_id.as_str();
         let key = command.command_key.to_string();
-        let identity = encode(&Identity::of(command));
+        let identity = Arc::new(Identity::of(command));
+        let encoded_identity = encode(&*identity);
         let state = encode(&command.state);
         for attempt in 0..self.inner.config.max_attempts {
-            let head = self.read_head(op, run, false).await?;
+            // The head as this process last read or wrote it, if it did: the LWT's condition
+            // holds all of it that the write relies on, so a stale one only fails the LWT.
+            let (head, source) = match self.known_head(run) {
+                Some(head) => (head, Stale::Cached),
+                None => (self.read_head(op, run, false).await?, Stale::Read),
+            };
             let created_at = head
                 .run_created_at
                 .unwrap_or_else(|| command.created_at.as_millis());
@@ -820,7 +1102,7 @@ impl CqlLedger {
                 lease_epoch: epoch_i64(command.state.lease.epoch),
                 due_at: command.state.due_at.map(Timestamp::as_millis),
                 args_hash: command.args_hash.as_str(),
-                identity: &identity,
+                identity: &encoded_identity,
                 state: &state,
                 write_id,
                 next_seq: seq_i64(chain.next_seq),
@@ -833,47 +1115,77 @@ impl CqlLedger {
                 run_id: run,
                 command_key: &key,
                 seq: head.stored_seq,
+                seq_head: head.stored_hash.as_deref(),
                 run_created_at: head.run_created_at,
             };
-            match self
+            let applied = match self
                 .lwt(op, "reserve", &self.inner.st.reserve, values)
                 .await?
             {
-                Lwt::Applied => {
-                    self.insert_own(op, run, &sealed, write_id).await;
-                    return Ok(Reserved::Created(command.clone()));
-                }
+                Lwt::Applied => true,
                 Lwt::NotApplied(row) if row.text("status").is_some() => {
-                    return self.existing(command, &key).await;
+                    return self.existing(command, &key, None).await;
                 }
                 Lwt::NotApplied(_) => {
+                    // The head moved, or the run was purged or registered: read it afresh.
+                    self.forget(run, None, source);
                     self.inner.stats.retry(op);
                     back_off(attempt).await;
+                    continue;
                 }
                 Lwt::Unknown => {
-                    if self
-                        .settle_audited(op, run, write_id, seq_i64(sealed.seq))
+                    // Not a sign of a stale cache; the SERIAL read refreshes it.
+                    self.forget(run, None, Stale::Read);
+                    self.settle_audited(op, run, write_id, seq_i64(sealed.seq))
                         .await?
-                    {
-                        self.insert_own(op, run, &sealed, write_id).await;
-                        return Ok(Reserved::Created(command.clone()));
-                    }
-                    if self.read_row(op, run, &key, false).await?.is_some() {
-                        return self.existing(command, &key).await;
-                    }
                 }
+            };
+            if applied {
+                let after = head.after(
+                    chain,
+                    &sealed,
+                    write_id,
+                    Some(created_at),
+                    command.state.updated_at.as_millis(),
+                );
+                self.remember_head(run, &after);
+                self.remember_row(
+                    run,
+                    &key,
+                    Some(KnownRow {
+                        identity: Arc::clone(&identity),
+                        status: command.state.status,
+                        epoch: command.state.lease.epoch,
+                        due_at: command.state.due_at.map(Timestamp::as_millis),
+                        write_id,
+                    }),
+                );
+                self.insert_own(op, run, &sealed, write_id).await;
+                return Ok(Reserved::Created(command.clone()));
+            }
+            if let Some(stored) = self.read_row(op, run, &key, false).await? {
+                return self.existing(command, &key, Some(stored)).await;
             }
         }
         Err(self.too_contended(op, run))
     }
 
-    /// The stored command under the key: the same arguments replay it, others are drift.
-    async fn existing(&self, command: &Command, key: &str) -> Result<Reserved, LedgerError> {
+    /// The stored command under the key (read unless the caller just did): the same arguments
+    /// replay it, others are drift.
+    async fn existing(
+        &self,
+        command: &Command,
+        key: &str,
+        stored: Option<StoredRow>,
+    ) -> Result<Reserved, LedgerError> {
         let run = command.run_id.as_str();
-        let stored = self
-            .read_row(Op::Reserve, run, key, false)
-            .await?
-            .ok_or_else(|| bad("command", run, format!("{key} exists but cannot be read")))?;
+        let stored = match stored {
+            Some(stored) => stored,
+            None => self
+                .read_row(Op::Reserve, run, key, false)
+                .await?
+                .ok_or_else(|| bad("command", run, format!("{key} exists but cannot be read")))?,
+        };
         if stored.args_hash == command.args_hash.as_str() {
             Ok(Reserved::Existing(stored.command()))
         } else {
@@ -1026,20 +1338,43 @@ impl CqlLedger {
         let run = transition.run_id.as_str();
         let key = transition.command_key.to_string();
         let guard = transition.guard;
+        let applied =
+            |basis: &Basis| Cas::Applied(Identity::clone(&basis.identity).with_state(next.clone()));
         for attempt in 0..self.inner.config.max_attempts {
-            let Some(row) = self.read_row(op, run, &key, false).await? else {
-                return Ok(Cas::Conflict(None));
+            // An audited transition of a row this process last wrote or read at the guard's
+            // status and epoch goes straight to its LWT, pinned to that row version and head.
+            let known = record
+                .as_ref()
+                .and_then(|_| self.known_basis(run, &key, guard));
+            let stale = if known.is_some() {
+                Stale::Cached
+            } else {
+                Stale::Read
             };
-            if row.state.status != guard.status || row.state.lease.epoch != guard.epoch {
-                return Ok(Cas::Conflict(Some(row.command())));
-            }
+            let basis = match known {
+                Some(basis) => basis,
+                None => {
+                    let Some(row) = self.read_row(op, run, &key, false).await? else {
+                        return Ok(Cas::Conflict(None));
+                    };
+                    if row.state.status != guard.status || row.state.lease.epoch != guard.epoch {
+                        return Ok(Cas::Conflict(Some(row.command())));
+                    }
+                    row.basis()
+                }
+            };
             let new_due = next
                 .due_at
-                .filter(|at| Some(at.as_millis()) != row.due_at)
+                .filter(|at| Some(at.as_millis()) != basis.due_at)
                 .map(|at| (key.as_str(), at, next.status));
             let write_id = Uuid::new_v4();
-            let applied =
-                |row: &StoredRow| Cas::Applied(row.identity.clone().with_state(next.clone()));
+            let known_row = || KnownRow {
+                identity: Arc::clone(&basis.identity),
+                status: next.status,
+                epoch: next.lease.epoch,
+                due_at: next.due_at.map(Timestamp::as_millis),
+                write_id,
+            };
             match &record {
                 None => {
                     self.before_lwt(op, run, None, new_due, None).await?;
@@ -1054,21 +1389,23 @@ impl CqlLedger {
                         guard.status.as_str(),
                         epoch_i64(guard.epoch),
                     );
-                    match self.lwt(op, "write", &self.inner.st.quiet, values).await? {
-                        Lwt::Applied => return Ok(applied(&row)),
-                        Lwt::NotApplied(_) => {}
+                    let done = match self.lwt(op, "write", &self.inner.st.quiet, values).await? {
+                        Lwt::Applied => true,
+                        Lwt::NotApplied(_) => false,
                         Lwt::Unknown => {
                             let now = self.read_row(op, run, &key, true).await?;
-                            if now.as_ref().and_then(|r| r.write_id) == Some(write_id) {
-                                return Ok(applied(&row));
-                            }
+                            now.as_ref().and_then(|r| r.write_id) == Some(write_id)
                         }
+                    };
+                    if done {
+                        self.remember_row(run, &key, Some(known_row()));
+                        return Ok(applied(&basis));
                     }
                 }
                 Some(record) => {
-                    self.before_lwt(op, run, Some(&row.head), new_due, None)
+                    self.before_lwt(op, run, Some(&basis.head), new_due, None)
                         .await?;
-                    let mut chain = row.head.chain.clone();
+                    let mut chain = basis.head.chain.clone();
                     let sealed = record.seal_link(&mut chain);
                     let values = TransitionValues {
                         status: next.status.as_str(),
@@ -1086,38 +1423,49 @@ impl CqlLedger {
                         command_key: &key,
                         guard_status: guard.status.as_str(),
                         guard_epoch: epoch_i64(guard.epoch),
+                        row_write_id: basis.write_id,
                         seq: seq_i64(sealed.seq),
+                        seq_head: basis.head.stored_hash.as_deref(),
                     };
-                    match self
+                    let done = match self
                         .lwt(op, "transition", &self.inner.st.transition, values)
                         .await?
                     {
-                        Lwt::Applied => {
-                            self.insert_own(op, run, &sealed, write_id).await;
-                            return Ok(applied(&row));
-                        }
+                        Lwt::Applied => true,
                         Lwt::NotApplied(now) => {
+                            self.forget(run, Some(&key), stale);
                             let guard_holds = now.text("status") == Some(guard.status.as_str())
                                 && now.bigint("lease_epoch") == Some(epoch_i64(guard.epoch));
                             if guard_holds {
-                                // Only the head moved (another command of the run): again.
+                                // Only the head or the row's version moved (another command of
+                                // the run, a lease extension, a sweep): read and try again.
                                 self.inner.stats.retry(op);
                                 back_off(attempt).await;
                             }
+                            false
                         }
                         Lwt::Unknown => {
-                            if self
-                                .settle_audited(op, run, write_id, seq_i64(sealed.seq))
+                            self.forget(run, Some(&key), Stale::Read);
+                            self.settle_audited(op, run, write_id, seq_i64(sealed.seq))
                                 .await?
-                            {
-                                self.insert_own(op, run, &sealed, write_id).await;
-                                return Ok(applied(&row));
-                            }
                         }
+                    };
+                    if done {
+                        let after = basis.head.after(
+                            chain,
+                            &sealed,
+                            write_id,
+                            basis.head.run_created_at,
+                            next.updated_at.as_millis(),
+                        );
+                        self.remember_head(run, &after);
+                        self.remember_row(run, &key, Some(known_row()));
+                        self.insert_own(op, run, &sealed, write_id).await;
+                        return Ok(applied(&basis));
                     }
                 }
             }
-            // Not applied: the next round re-reads and either conflicts or tries again.
+            // Not applied: the next round reads and either conflicts or tries again.
         }
         Err(self.too_contended(op, run))
     }
@@ -1308,6 +1656,8 @@ impl Ledger for CqlLedger {
                 }
             };
             if applied {
+                let after = head.after(chain, &sealed, write_id, Some(created_at), at.as_millis());
+                self.remember_head(run, &after);
                 self.insert_own(op, run, &sealed, write_id).await;
                 return Ok(record.entry(&sealed));
             }

@@ -201,7 +201,8 @@ impl Statements {
                      audit_write_id = :audit_write_id, updated_at = :updated_at, \
                      run_created_at = :new_run_created_at \
                      WHERE run_id = :run_id AND command_key = :command_key \
-                     IF status = null AND audit_seq = :seq AND run_created_at = :run_created_at"
+                     IF status = null AND audit_seq = :seq AND audit_head = :seq_head \
+                     AND run_created_at = :run_created_at"
                 ),
                 Lwt,
             )
@@ -214,7 +215,8 @@ impl Statements {
                      audit_pending_prev = :pending_prev, audit_write_id = :audit_write_id, \
                      updated_at = :updated_at \
                      WHERE run_id = :run_id AND command_key = :command_key \
-                     IF status = :guard_status AND lease_epoch = :guard_epoch AND audit_seq = :seq"
+                     IF status = :guard_status AND lease_epoch = :guard_epoch \
+                     AND write_id = :row_write_id AND audit_seq = :seq AND audit_head = :seq_head"
                 ),
                 Lwt,
             )

@@ -1,7 +1,8 @@
 //! Round trips to the cluster per ledger operation, split into lightweight transactions (a
 //! Paxos round each), SERIAL reads (the same Paxos read, used to settle unknown outcomes) and
-//! plain reads and writes. Counted with atomics on every call; [`CqlStats::snapshot`] is what a
-//! metrics exporter reads (`sluice_ledger_round_trips_total{op, kind}`).
+//! plain reads and writes (a batch of plain writes is one round trip). Counted with atomics on
+//! every call; [`CqlStats::snapshot`] is what a metrics exporter reads
+//! (`sluice_ledger_round_trips_total{op, kind}`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -84,7 +85,8 @@ struct Counters {
     lwt: AtomicU64,
     serial: AtomicU64,
     plain: AtomicU64,
-    /// LWTs that did not apply because the run's audit head moved, and were tried again.
+    /// LWTs that did not apply because the run's audit head or the row's version moved (the
+    /// guard still holding), and were tried again.
     retries: AtomicU64,
     /// LWTs whose outcome was unknown (a timeout) and was settled by a SERIAL read.
     unknown: AtomicU64,

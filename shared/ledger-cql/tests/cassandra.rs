@@ -19,12 +19,13 @@ use std::time::Duration;
 
 use serde_json::json;
 use sluice_core::audit::verify;
+use sluice_core::command::Command;
 use sluice_core::command::CommandStatus;
 use sluice_core::machine::{self, DispatchOutcome, Event};
 use sluice_core::time::{Clock, ManualClock, SystemClock};
 use sluice_ledger::contract::{command, command_with_key, fresh_run, wire_rules};
-use sluice_ledger::{Ledger, Reserved, Transition};
-use sluice_ledger_cql::{CqlConfig, CqlLedger, Op, Replication};
+use sluice_ledger::{Cas, Ledger, Reserved, Transition};
+use sluice_ledger_cql::{CqlConfig, CqlLedger, Op, Replication, StatsSnapshot};
 use tokio::sync::OnceCell;
 
 const NODES_VAR: &str = "SLUICE_TEST_CQL_NODES";
@@ -179,38 +180,51 @@ fn now() -> sluice_core::time::Timestamp {
     SystemClock.now()
 }
 
-/// Reserve, lease and finalize one command; the LWTs it took.
+/// Reserve, lease and finalize one command; the round trips it took.
 async fn one_effect(
     ledger: &CqlLedger,
     run: &sluice_core::ids::RunId,
     decision: u32,
     tool: &str,
     business_key: Option<&str>,
-) -> u64 {
+) -> StatsSnapshot {
     let before = ledger.stats();
     let wanted = command_with_key(run, decision, tool, 0, json!({"n": decision}), business_key);
     let audit = wanted.reservation_audit("test");
     let Reserved::Created(pending) = ledger.reserve(wanted, audit).await.expect("reserve") else {
         panic!("expected a new command");
     };
-    let rules = wire_rules();
-    let lease = machine::apply(
+    let leased = lease(ledger, &pending).await.expect("lease applied");
+    let confirmed = finalize(ledger, &leased).await;
+    assert_eq!(
+        confirmed.applied().map(|c| c.status()),
+        Some(CommandStatus::Confirmed)
+    );
+    ledger.stats().since(&before)
+}
+
+/// Leases a PENDING command (the one it is given, as the caller read it).
+async fn lease(ledger: &CqlLedger, pending: &Command) -> Option<Command> {
+    let step = machine::apply(
         &pending.state,
-        &rules,
+        &wire_rules(),
         &Event::Lease { owner: "d".into() },
         now(),
     )
     .expect("lease");
-    let leased = ledger
-        .acquire_lease(Transition::from_step(&pending, &lease, "d"))
+    ledger
+        .acquire_lease(Transition::from_step(pending, &step, "d"))
         .await
         .expect("lease write")
         .applied()
         .cloned()
-        .expect("lease applied");
+}
+
+/// Finalizes a LEASED command as committed.
+async fn finalize(ledger: &CqlLedger, leased: &Command) -> Cas {
     let done = machine::apply(
         &leased.state,
-        &rules,
+        &wire_rules(),
         &Event::Dispatched {
             epoch: leased.epoch(),
             outcome: DispatchOutcome::Committed {
@@ -221,33 +235,34 @@ async fn one_effect(
         now(),
     )
     .expect("committed");
-    let confirmed = ledger
-        .finalize(Transition::from_step(&leased, &done, "d"))
+    ledger
+        .finalize(Transition::from_step(leased, &done, "d"))
         .await
-        .expect("finalize write");
-    assert_eq!(
-        confirmed.applied().map(|c| c.status()),
-        Some(CommandStatus::Confirmed)
-    );
-    ledger.stats().since(&before).total_lwt()
+        .expect("finalize write")
+}
+
+/// Plain round trips of reserve, lease and finalize.
+fn plain_by_op(spent: &StatsSnapshot) -> [u64; 3] {
+    [Op::Reserve, Op::Lease, Op::Finalize].map(|op| spent.op(op).plain)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lwts_per_effect_are_the_same_for_one_effect_and_for_many() {
     let ledger = connect_shared().await;
     // One effect of each semantics in a run of its own.
+    // Plain round trips: the first reservation of a run reads its head, files the due entry
+    // and the run (one batch) and inserts its record; the lease files its due entry and
+    // inserts its record; the finalize inserts its record. Later reservations in the run write
+    // from the head this process left (no read).
     let single = fresh_run("lwt-one");
-    assert_eq!(
-        one_effect(&ledger, &single, 0, "payments/wire", None).await,
-        3
-    );
-    assert_eq!(one_effect(&ledger, &single, 1, "email/send", None).await, 3);
-    // A business key costs its claim.
+    let spent = one_effect(&ledger, &single, 0, "payments/wire", None).await;
+    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (3, [3, 2, 1]));
+    let spent = one_effect(&ledger, &single, 1, "email/send", None).await;
+    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (3, [2, 2, 1]));
+    // A business key costs its claim (an LWT, no plain round trip).
     let keyed = format!("bk-{single}");
-    assert_eq!(
-        one_effect(&ledger, &single, 2, "payments/wire", Some(&keyed)).await,
-        4
-    );
+    let spent = one_effect(&ledger, &single, 2, "payments/wire", Some(&keyed)).await;
+    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (4, [2, 2, 1]));
     // Many effects in one run, one after the other: still 3 each.
     let many = fresh_run("lwt-many");
     let before = ledger.stats();
@@ -257,6 +272,8 @@ async fn lwts_per_effect_are_the_same_for_one_effect_and_for_many() {
     }
     let spent = ledger.stats().since(&before);
     assert_eq!(spent.total_lwt(), 3 * u64::from(effects), "{spent:?}");
+    let n = u64::from(effects);
+    assert_eq!(plain_by_op(&spent), [2 * n + 1, 2 * n, n], "{spent:?}");
     for op in [Op::Reserve, Op::Lease, Op::Finalize] {
         let counts = spent.op(op);
         assert_eq!(
@@ -305,6 +322,134 @@ async fn concurrent_effects_of_one_run_keep_one_chain() {
         spent.total_lwt(),
         Op::ALL.iter().map(|op| spent.op(*op).retries).sum::<u64>()
     );
+}
+
+/// The API reserves in one process while the dispatcher reads, leases and finalizes in another,
+/// one effect after the other in one run, so each process's knowledge of the run's head is
+/// stale whenever the other wrote last. A stale head costs one LWT that does not apply, once
+/// per run and process (the run is read before each write from then on), never a wrong write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_written_by_two_processes_loses_at_most_one_lwt_to_the_cache() {
+    let api = connect_shared().await;
+    let dispatcher = CqlLedger::connect(config(api.config().keyspace.clone()))
+        .await
+        .expect("second instance");
+    let run = fresh_run("two-processes");
+    let effects = 6u32;
+    for decision in 0..effects {
+        let wanted = command(&run, decision, "payments/wire", 0, json!({"n": decision}));
+        let audit = wanted.reservation_audit("test");
+        let key = wanted.command_key.clone();
+        assert!(
+            api.reserve(wanted, audit)
+                .await
+                .expect("reserve")
+                .is_created()
+        );
+        // As `Context::drive` does: read the command, then lease it.
+        let pending = dispatcher
+            .get(&run, &key)
+            .await
+            .expect("get")
+            .expect("found");
+        let leased = lease(&dispatcher, &pending).await.expect("lease applied");
+        assert!(finalize(&dispatcher, &leased).await.is_applied());
+    }
+    let (api_spent, dispatcher_spent) = (api.stats(), dispatcher.stats());
+    let n = u64::from(effects);
+    eprintln!(
+        "api: {} LWT, {} plain; dispatcher: {} LWT, {} plain (per op: {:?})",
+        api_spent.total_lwt(),
+        api_spent.total_plain(),
+        dispatcher_spent.total_lwt(),
+        dispatcher_spent.total_plain(),
+        dispatcher_spent
+            .ops
+            .iter()
+            .filter(|(_, c)| c.calls > 0)
+            .collect::<Vec<_>>()
+    );
+    // The second reservation found the head moved by the dispatcher: one LWT lost, once.
+    assert_eq!(api_spent.op(Op::Reserve).lwt, n + 1, "{api_spent:?}");
+    // The dispatcher's get made its lease and finalize reads unnecessary, and nothing else
+    // wrote the run while it held a lease.
+    assert_eq!(dispatcher_spent.total_lwt(), 2 * n, "{dispatcher_spent:?}");
+    assert_eq!(
+        [Op::Get, Op::Lease, Op::Finalize].map(|op| dispatcher_spent.op(op).plain),
+        [n, 2 * n, n]
+    );
+    let trail = api.audit_read(&run).await.expect("audit");
+    assert_eq!(trail.entries.len(), 3 * effects as usize);
+    verify(&run, None, &trail.entries).expect("one unbroken chain");
+}
+
+/// A process that knows a command as LEASED under epoch 1 writes its outcome without reading
+/// it; if another process changed the row meanwhile, the LWT does not apply and the answer is
+/// read: a conflict if the guard no longer holds, the write if only the row's version moved
+/// (a lease extension).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_cached_row_costs_an_lwt_never_a_wrong_write() {
+    let ledger = connect_shared().await;
+    let other = CqlLedger::connect(config(ledger.config().keyspace.clone()))
+        .await
+        .expect("second instance");
+    let run = fresh_run("stale-row");
+
+    // The other process finalizes first: this one's finalize, from the same lease, conflicts.
+    let wanted = command(&run, 0, "payments/wire", 0, json!({}));
+    let audit = wanted.reservation_audit("test");
+    let pending = ledger
+        .reserve(wanted, audit)
+        .await
+        .expect("reserve")
+        .into_command();
+    let leased = lease(&ledger, &pending).await.expect("lease");
+    assert!(finalize(&other, &leased).await.is_applied());
+    let before = ledger.stats();
+    let late = finalize(&ledger, &leased).await;
+    assert_eq!(
+        late.current().map(|c| c.status()),
+        Some(CommandStatus::Confirmed)
+    );
+    assert!(!late.is_applied());
+    let spent = ledger.stats().since(&before);
+    assert_eq!(
+        (spent.op(Op::Finalize).lwt, spent.op(Op::Finalize).plain),
+        (1, 1)
+    );
+
+    let trail = ledger.audit_read(&run).await.expect("audit");
+    assert_eq!(trail.entries.len(), 3, "one record per applied write");
+    verify(&run, None, &trail.entries).expect("verifies");
+
+    // The other process extends the lease (same status and epoch, a new row version): the
+    // finalize from the cached row does not apply, reads, and applies on the fresh row. (A
+    // run of its own: the conflict above made this process read `run` before every write.)
+    let run = fresh_run("stale-row");
+    let wanted = command(&run, 0, "payments/wire", 0, json!({}));
+    let audit = wanted.reservation_audit("test");
+    let pending = ledger
+        .reserve(wanted, audit)
+        .await
+        .expect("reserve")
+        .into_command();
+    let leased = lease(&ledger, &pending).await.expect("lease");
+    let extended = other
+        .extend_lease(&leased, now().plus_millis(60_000))
+        .await
+        .expect("extend");
+    assert!(extended.is_applied());
+    let before = ledger.stats();
+    let done = finalize(&ledger, &leased).await;
+    assert_eq!(
+        done.applied().map(|c| c.status()),
+        Some(CommandStatus::Confirmed)
+    );
+    let spent = ledger.stats().since(&before).op(Op::Finalize);
+    assert_eq!((spent.lwt, spent.retries), (2, 1), "{spent:?}");
+    let trail = ledger.audit_read(&run).await.expect("audit");
+    assert_eq!(trail.entries.len(), 3, "one record per applied write");
+    verify(&run, None, &trail.entries).expect("verifies");
 }
 
 /// With a 1 ms client timeout on every LWT, nearly every LWT's outcome is unknown to the
@@ -619,9 +764,12 @@ async fn effects_across_runs_cost_three_lwts_each() {
         task.await.expect("task");
     }
     let elapsed = started.elapsed();
+    // Per run: 3 + 2 + 1 for the first effect, 2 + 2 + 1 for each other.
+    let plain = u64::from(runs * (6 + 5 * (per_run - 1)));
     let effects = runs * per_run;
     let spent = ledger.stats().since(&before);
     assert_eq!(spent.total_lwt(), u64::from(3 * effects), "{spent:?}");
+    assert_eq!(spent.total_plain(), plain, "{spent:?}");
     eprintln!(
         "{effects} effects in {runs} concurrent runs: {:.0} effects/s, {} LWT and {} plain round trips",
         f64::from(effects) / elapsed.as_secs_f64(),

@@ -292,6 +292,8 @@ impl CqlLedger {
         if !fenced {
             return Ok(false);
         }
+        // Whatever this process knew of the run is history now (its LWTs would not apply).
+        self.forget_run(run);
         // Row by row, each guarded by the state read: an operator action on one of them in the
         // meantime keeps it (and the run) alive.
         let mut deleted = 0u64;
