@@ -161,7 +161,7 @@ impl Statements {
             read_due: prepare(
                 format!(
                     "SELECT due_at, run_id, command_key, WRITETIME(status) AS written FROM {ks}.due \
-                     WHERE minute = ? AND shard = ?"
+                     WHERE minute = ? AND shard = ? AND due_at <= ?"
                 ),
                 Read,
             )

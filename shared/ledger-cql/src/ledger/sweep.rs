@@ -10,7 +10,7 @@ use sluice_core::time::Timestamp;
 use sluice_ledger::{DueItem, LedgerError};
 
 use super::{CqlLedger, FAN_OUT};
-use crate::codec::{Fields, bad, minute_of, parse_status};
+use crate::codec::{Fields, MINUTE_MS, bad, minute_of, parse_status};
 use crate::stats::{Kind, Op};
 
 /// A due entry as read.
@@ -118,7 +118,7 @@ impl CqlLedger {
                             op,
                             "read due bucket",
                             &self.inner.st.read_due,
-                            (minute, shard),
+                            (minute, shard, now.as_millis()),
                             Kind::Plain,
                         )
                         .await
@@ -127,10 +127,17 @@ impl CqlLedger {
                     .buffered(FAN_OUT)
                     .collect()
                     .await;
+            // A bucket holds entries due before its minute ends (an entry is filed in its due
+            // minute, or the writer's if that is later). The read stops at `now`, so only a
+            // bucket that ended by `now` was read whole and can be found empty.
+            let read_whole = (minute + 1) * MINUTE_MS <= now.as_millis() + 1;
             let mut entries = Vec::new();
             for bucket in buckets {
                 let (shard, rows) = bucket?;
                 let index = usize::try_from(shard).unwrap_or(0);
+                if !read_whole {
+                    clean[index] = false;
+                }
                 for row in rows {
                     let (Some(due_at), Some(run), Some(key)) = (
                         row.bigint("due_at"),
