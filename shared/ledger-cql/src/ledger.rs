@@ -885,6 +885,53 @@ impl CqlLedger {
         }
     }
 
+    /// [`CqlLedger::insert_own`] after a transition that moved the command's due time off
+    /// `stale_due` (the key and the old time): the old due entry is deleted in the same UNLOGGED
+    /// BATCH as the record, so the sweep does not have to find it stale later (a read and a
+    /// delete). Best effort: an entry filed in another bucket (due already when it was filed)
+    /// or a batch that fails is left to the sweep, which checks every entry it finds.
+    async fn after_transition(
+        &self,
+        op: Op,
+        run: &str,
+        sealed: &SealedLink,
+        write_id: Uuid,
+        stale_due: Option<(&str, i64)>,
+    ) {
+        let size = sealed.canonical.len() + sealed.prev_hash.len() + sealed.hash.len();
+        let Some((key, due_at)) = stale_due.filter(|_| size <= BATCH_RECORD_BYTES) else {
+            return self.insert_own(op, run, sealed, write_id).await;
+        };
+        let link = Link {
+            seq: seq_i64(sealed.seq),
+            record: sealed.canonical.clone(),
+            prev_hash: sealed.prev_hash.clone(),
+            hash: sealed.hash.clone(),
+            write_id: Some(write_id),
+        };
+        // Deletes what was written before now: a later filing of the same entry survives.
+        let deleted_before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        let st = &self.inner.st;
+        let mut batch = Batch::new(BatchType::Unlogged);
+        batch.append_statement(st.insert_audit.clone());
+        batch.append_statement(st.delete_due.clone());
+        batch.set_is_idempotent(true);
+        let minute = minute_of(Timestamp::from_millis(due_at));
+        let shard = shard_of(run, self.inner.config.due_shards);
+        let values = (
+            Self::link_values(run, &link),
+            (deleted_before, minute, shard, due_at, run, key),
+        );
+        self.inner.stats.round_trip(op, Kind::Plain);
+        match self.inner.session.batch(&batch, values).await {
+            Ok(_) => self.mark_flushed(run, link.seq),
+            Err(e) => tracing::warn!(run_id = run, seq = link.seq, error = %e,
+                "audit record not inserted yet; the next writer or reader of the run repairs it"),
+        }
+    }
+
     /// Settles an audited LWT whose outcome was unknown: did the record at `seq` come from
     /// the LWT `write_id`?
     async fn settle_audited(
@@ -1460,7 +1507,17 @@ impl CqlLedger {
                         );
                         self.remember_head(run, &after);
                         self.remember_row(run, &key, Some(known_row()));
-                        self.insert_own(op, run, &sealed, write_id).await;
+                        let stale_due = basis
+                            .due_at
+                            .filter(|&old| Some(old) != next.due_at.map(Timestamp::as_millis));
+                        self.after_transition(
+                            op,
+                            run,
+                            &sealed,
+                            write_id,
+                            stale_due.map(|at| (key.as_str(), at)),
+                        )
+                        .await;
                         return Ok(applied(&basis));
                     }
                 }

@@ -837,3 +837,35 @@ async fn an_orphaned_business_key_is_taken_over_after_the_grace() {
         other => panic!("expected the holder, got {other:?}"),
     }
 }
+
+/// A transition that moves a command's due time deletes the old due entry in the batch that
+/// inserts its audit record, so the sweep does not meet it stale later (a read and a delete
+/// each): an effect that went PENDING → LEASED → CONFIRMED leaves no due entry behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_due_time_leaves_no_stale_due_entry() {
+    let ledger = connect_shared().await;
+    let keyspace = ledger.config().keyspace.clone();
+    let run = fresh_run("due-moved");
+    let spent = one_effect(&ledger, &run, 0, "payments/wire", None).await;
+    assert_eq!(
+        plain_by_op(&spent)[1..],
+        [2, 1],
+        "the delete rides along: lease and finalize cost what they did"
+    );
+    // Test-only: a scan of the due table for this run.
+    let left = ledger
+        .session()
+        .query_unpaged(
+            format!("SELECT due_at FROM {keyspace}.due WHERE run_id = ? ALLOW FILTERING"),
+            (run.as_str(),),
+        )
+        .await
+        .expect("due entries")
+        .into_rows_result()
+        .expect("rows")
+        .rows_num();
+    assert_eq!(
+        left, 0,
+        "the reservation's and the lease's due entries are gone"
+    );
+}
