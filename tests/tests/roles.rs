@@ -293,3 +293,42 @@ async fn a_401_asks_for_a_bearer_token_and_never_echoes_one() {
     assert_eq!(basic.status(), StatusCode::UNAUTHORIZED);
     h.stop().await;
 }
+
+/// Two agents opening one new run at the same instant can both get a command in (the check is a
+/// read before the write). The producer remembers a run an agent owns, so it does not read the
+/// whole run for each submission, but only once the run has commands and all are the agent's:
+/// after such a race the next submission of either agent reads the run and is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_two_agents_raced_into_a_new_run_neither_adds_more() {
+    let h = Harness::start_with(Faults::none(), |c| c, tokens::install).await;
+    let a = h.agent.with_token(AGENT_A);
+    let run = "r-raced";
+    a.submit_created(&effect(run, 1, "email/send", 0, email_args("first")))
+        .await;
+    // What the race leaves behind: agent-b's command in the run, past agent-a's check.
+    let theirs = sluice_ledger::contract::command(
+        &sluice_core::ids::RunId::parse(run).expect("valid"),
+        2,
+        "email/send",
+        0,
+        email_args("theirs"),
+    )
+    .submitted_by("agent-b");
+    let audit = theirs.reservation_audit("producer");
+    h.ctx()
+        .ledger
+        .reserve(theirs, audit)
+        .await
+        .expect("reserve");
+
+    let answer = a
+        .submit(&effect(run, 3, "email/send", 0, email_args("more")))
+        .await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.text);
+    let b = h.agent.with_token(AGENT_B);
+    let answer = b
+        .submit(&effect(run, 4, "email/send", 0, email_args("more")))
+        .await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.text);
+    h.stop().await;
+}

@@ -183,8 +183,9 @@ impl Api {
     }
 
     /// For an agent, checks that no command of `run_id` belongs to another agent (a new run is
-    /// fine). A run the agent was found to own is remembered: runs do not change hands, so its
-    /// later submissions (a batch of hundreds into one run) do not each read the whole run.
+    /// fine). A run the agent was found to own (it has commands, all the agent's) is
+    /// remembered: runs do not change hands, so its later submissions (a batch of hundreds into
+    /// one run) do not each read the whole run.
     async fn require_own_run(&self, principal: &Principal, run_id: &RunId) -> Result<(), ApiError> {
         let Some(name) = principal.submitter() else {
             return Ok(());
@@ -203,6 +204,11 @@ impl Api {
             .await
             .map_err(|e| ApiError::unavailable(&e))?;
         principal.require_no_foreign(run_id, &existing)?;
+        // A run found empty is not remembered: had another agent opened it at the same
+        // instant, the next read finds that agent's command and refuses.
+        if existing.is_empty() {
+            return Ok(());
+        }
         if let Ok(mut owned) = self.owned.lock() {
             if owned.len() >= MAX_OWNED {
                 owned.clear();
