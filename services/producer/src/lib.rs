@@ -197,12 +197,7 @@ impl Api {
         if self.owned.lock().is_ok_and(|owned| owned.contains(&pair)) {
             return Ok(());
         }
-        let existing = self
-            .ctx
-            .ledger
-            .list_run(run_id, None)
-            .await
-            .map_err(|e| ApiError::unavailable(&e))?;
+        let existing = self.commands_of(run_id).await?;
         principal.require_no_foreign(run_id, &existing)?;
         // A run found empty is not remembered: had another agent opened it at the same
         // instant, the next read finds that agent's command and refuses.
@@ -218,18 +213,22 @@ impl Api {
         Ok(())
     }
 
+    /// A run's commands in journal order; a ledger failure is a 503.
+    pub(crate) async fn commands_of(&self, run_id: &RunId) -> Result<Vec<Command>, ApiError> {
+        self.ctx
+            .ledger
+            .list_run(run_id, None)
+            .await
+            .map_err(|e| ApiError::unavailable(&e))
+    }
+
     /// Reads a run's commands, checking that `principal` may see them; `None` filters nothing.
     pub(crate) async fn run_for(
         &self,
         principal: &Principal,
         run_id: &RunId,
     ) -> Result<Vec<Command>, ApiError> {
-        let commands = self
-            .ctx
-            .ledger
-            .list_run(run_id, None)
-            .await
-            .map_err(|e| ApiError::unavailable(&e))?;
+        let commands = self.commands_of(run_id).await?;
         principal.require_owner(run_id, &commands)?;
         Ok(commands)
     }
@@ -774,12 +773,7 @@ async fn rollback(
             actor
         }
     };
-    let known = api
-        .ctx
-        .ledger
-        .list_run(&run_id, None)
-        .await
-        .map_err(|e| ApiError::unavailable(&e))?;
+    let known = api.commands_of(&run_id).await?;
     if known.is_empty() {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -810,12 +804,7 @@ async fn rollback(
         // Begun all the same: the sweep compensates each COMPENSATING command when due.
         tracing::warn!(run_id = %run_id, error = %e, "rollback job not published; the sweep will finish it");
     }
-    let effects = api
-        .ctx
-        .ledger
-        .list_run(&run_id, None)
-        .await
-        .map_err(|e| ApiError::unavailable(&e))?;
+    let effects = api.commands_of(&run_id).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({

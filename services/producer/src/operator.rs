@@ -453,12 +453,7 @@ async fn replay(
     dry_run: bool,
     evidence: Option<Value>,
 ) -> Result<Response, ApiError> {
-    let run = api
-        .ctx
-        .ledger
-        .list_run(run_id, None)
-        .await
-        .map_err(|e| ApiError::unavailable(&e))?;
+    let run = api.commands_of(run_id).await?;
     let command = run
         .iter()
         .find(|c| &c.command_key == key)

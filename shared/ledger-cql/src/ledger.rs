@@ -124,6 +124,19 @@ struct Link {
     write_id: Option<Uuid>,
 }
 
+impl Link {
+    /// The record an applied LWT with `write_id` fixed.
+    fn sealed(sealed: &SealedLink, write_id: Uuid) -> Self {
+        Self {
+            seq: seq_i64(sealed.seq),
+            record: sealed.canonical.clone(),
+            prev_hash: sealed.prev_hash.clone(),
+            hash: sealed.hash.clone(),
+            write_id: Some(write_id),
+        }
+    }
+}
+
 /// A run's partition-level state, from its static columns.
 #[derive(Debug, Clone)]
 struct Head {
@@ -213,13 +226,7 @@ impl Head {
             stored_seq: Some(seq_i64(chain.next_seq)),
             stored_hash: Some(chain.hash.clone()),
             chain,
-            pending: Some(Link {
-                seq: seq_i64(sealed.seq),
-                record: sealed.canonical.clone(),
-                prev_hash: sealed.prev_hash.clone(),
-                hash: sealed.hash.clone(),
-                write_id: Some(write_id),
-            }),
+            pending: Some(Link::sealed(sealed, write_id)),
             run_created_at,
             updated_at: Some(updated_at),
             checkpoint: self.checkpoint.clone(),
@@ -872,13 +879,7 @@ impl CqlLedger {
     /// Inserts the record an applied LWT fixed. A failure here loses nothing (the record is
     /// in `audit_pending` until the repair rule writes it), so it is logged, not returned.
     async fn insert_own(&self, op: Op, run: &str, sealed: &SealedLink, write_id: Uuid) {
-        let link = Link {
-            seq: seq_i64(sealed.seq),
-            record: sealed.canonical.clone(),
-            prev_hash: sealed.prev_hash.clone(),
-            hash: sealed.hash.clone(),
-            write_id: Some(write_id),
-        };
+        let link = Link::sealed(sealed, write_id);
         if let Err(e) = self.insert_link(op, run, &link).await {
             tracing::warn!(run_id = run, seq = link.seq, error = %e,
                 "audit record not inserted yet; the next writer or reader of the run repairs it");
@@ -902,13 +903,7 @@ impl CqlLedger {
         let Some((key, due_at)) = stale_due.filter(|_| size <= BATCH_RECORD_BYTES) else {
             return self.insert_own(op, run, sealed, write_id).await;
         };
-        let link = Link {
-            seq: seq_i64(sealed.seq),
-            record: sealed.canonical.clone(),
-            prev_hash: sealed.prev_hash.clone(),
-            hash: sealed.hash.clone(),
-            write_id: Some(write_id),
-        };
+        let link = Link::sealed(sealed, write_id);
         // Deletes what was written before now: a later filing of the same entry survives.
         let deleted_before = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

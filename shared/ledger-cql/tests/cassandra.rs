@@ -241,6 +241,22 @@ async fn finalize(ledger: &CqlLedger, leased: &Command) -> Cas {
         .expect("finalize write")
 }
 
+/// Reserves a new command of `tool` as decision `decision` of `run`; returns it PENDING.
+async fn reserved(
+    ledger: &CqlLedger,
+    run: &sluice_core::ids::RunId,
+    decision: u32,
+    tool: &str,
+) -> Command {
+    let wanted = command(run, decision, tool, 0, json!({}));
+    let audit = wanted.reservation_audit("test");
+    ledger
+        .reserve(wanted, audit)
+        .await
+        .expect("reserve")
+        .into_command()
+}
+
 /// Plain round trips of reserve, lease and finalize.
 fn plain_by_op(spent: &StatsSnapshot) -> [u64; 3] {
     [Op::Reserve, Op::Lease, Op::Finalize].map(|op| spent.op(op).plain)
@@ -396,13 +412,7 @@ async fn a_stale_cached_row_costs_an_lwt_never_a_wrong_write() {
     let run = fresh_run("stale-row");
 
     // The other process finalizes first: this one's finalize, from the same lease, conflicts.
-    let wanted = command(&run, 0, "payments/wire", 0, json!({}));
-    let audit = wanted.reservation_audit("test");
-    let pending = ledger
-        .reserve(wanted, audit)
-        .await
-        .expect("reserve")
-        .into_command();
+    let pending = reserved(&ledger, &run, 0, "payments/wire").await;
     let leased = lease(&ledger, &pending).await.expect("lease");
     assert!(finalize(&other, &leased).await.is_applied());
     let before = ledger.stats();
@@ -426,13 +436,7 @@ async fn a_stale_cached_row_costs_an_lwt_never_a_wrong_write() {
     // finalize from the cached row does not apply, reads, and applies on the fresh row. (A
     // run of its own: the conflict above made this process read `run` before every write.)
     let run = fresh_run("stale-row");
-    let wanted = command(&run, 0, "payments/wire", 0, json!({}));
-    let audit = wanted.reservation_audit("test");
-    let pending = ledger
-        .reserve(wanted, audit)
-        .await
-        .expect("reserve")
-        .into_command();
+    let pending = reserved(&ledger, &run, 0, "payments/wire").await;
     let leased = lease(&ledger, &pending).await.expect("lease");
     let extended = other
         .extend_lease(&leased, now().plus_millis(60_000))
@@ -648,20 +652,8 @@ async fn old_due_buckets_are_emptied_and_cursors_move_on() {
         .await
         .expect("connect");
     let run = fresh_run("carry");
-    let waiting = command(&run, 0, "email/send", 0, json!({}));
-    let audit = waiting.reservation_audit("test");
-    let waiting = ledger
-        .reserve(waiting, audit)
-        .await
-        .expect("reserve")
-        .into_command();
-    let leased_one = command(&run, 1, "email/send", 0, json!({}));
-    let audit = leased_one.reservation_audit("test");
-    let pending = ledger
-        .reserve(leased_one, audit)
-        .await
-        .expect("reserve")
-        .into_command();
+    let waiting = reserved(&ledger, &run, 0, "email/send").await;
+    let pending = reserved(&ledger, &run, 1, "email/send").await;
     let lease = machine::apply(
         &pending.state,
         &wire_rules(),
