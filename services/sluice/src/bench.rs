@@ -29,7 +29,7 @@ use sluice_bus::{BusError, Subscription, Topic};
 use sluice_core::catalog::CatalogError;
 use sluice_ledger::sqlite::Durability;
 use sluice_runtime::assemble::example_catalog_at;
-use sluice_runtime::config::TelemetryConfig;
+use sluice_runtime::config::{Role, TelemetryConfig, TokenConfig};
 use sluice_runtime::messages::{event_type, header};
 use sluice_runtime::{Config, Shutdown};
 use sluice_upstream::{Faults, Upstream};
@@ -631,6 +631,15 @@ async fn run_pass(
         &uuid::Uuid::new_v4().simple().to_string()[..8],
         submission.slug()
     );
+    // The client submits as an agent, with a bearer token, as agents do in production: the
+    // producer then checks that each effect goes into a run of the agent's own.
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    config.auth.tokens.push(TokenConfig {
+        name: BENCH_AGENT.into(),
+        role: Role::Agent,
+        token: Some(token.clone()),
+        token_sha256: None,
+    });
     let catalog = example_catalog_at(&upstream.base_url())?;
     let pipeline = crate::dev::start(&config, catalog, shutdown.child_token()).await?;
     let measured = async {
@@ -655,7 +664,7 @@ async fn run_pass(
             Arc::clone(&tracker),
             bar.clone(),
         ));
-        let client = http_client();
+        let client = http_client(Some(&token));
         let url = pipeline.url();
         let submitted = submit(&client, &url, &submission, args, &pass, &workload, &tracker).await;
         let submit_secs = tracker.origin.elapsed().as_secs_f64();
@@ -1006,9 +1015,12 @@ fn percentile(sorted: &[u64], quantile: f64) -> u64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// The name of the agent token the bench submits with.
+const BENCH_AGENT: &str = "bench-agent";
+
 fn print_settings(settings: &Settings) {
     println!(
-        "sluice bench: {} {} effects per pass, {} per run; client: {} tasks, batches of {}",
+        "sluice bench: {} {} effects per pass, {} per run; client: {} tasks as agent {BENCH_AGENT}, batches of {}",
         settings.effects,
         settings.tool,
         settings.effects_per_run,

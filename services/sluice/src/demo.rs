@@ -535,10 +535,19 @@ pub fn demo_config(data_dir: &Path) -> Config {
     config
 }
 
-/// The HTTP client of the demo and the bench.
-pub(crate) fn http_client() -> reqwest::Client {
+/// The HTTP client of the demo and the bench; `bearer` is sent as the bearer token of every
+/// request.
+pub(crate) fn http_client(bearer: Option<&str>) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(token) = bearer
+        && let Ok(mut value) = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+    {
+        value.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
     reqwest::Client::builder()
         .timeout(MAX_LONG_POLL + Duration::from_secs(30))
+        .default_headers(headers)
         .build()
         // Only TLS backend initialisation can fail here, and plain HTTP needs none of it.
         .expect("a plain HTTP client builds")
@@ -838,7 +847,7 @@ async fn play(
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.deadline_secs);
     let api = Api {
-        client: http_client(),
+        client: http_client(None),
         base: setup.producer_url.clone(),
     };
     let nonce = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
