@@ -654,6 +654,15 @@ pub fn effect(run: &str, decision: u32, tool: &str, call_idx: u32, args: Value) 
 }
 
 /// Arguments of `payments/wire`; the business key is `{account}:{amount_minor}:{date}`.
+/// Fails if the upstream saw any NON_IDEMPOTENT effect commit twice, naming them.
+pub fn assert_no_double_commit(stats: &sluice_upstream::Stats) {
+    let doubles = stats.double_commits();
+    assert!(
+        doubles.is_empty(),
+        "a NON_IDEMPOTENT effect committed twice: {doubles:?}\n{stats:?}"
+    );
+}
+
 pub fn wire_args(account: &str, amount_minor: i64) -> Value {
     json!({
         "account": account,

@@ -327,11 +327,7 @@ async fn four_processes_on_kafka_and_cassandra_survive_a_killed_dispatcher() {
         unconfirmed.join("\n")
     );
     let stats = upstream.stats();
-    assert!(
-        stats.double_commits().is_empty(),
-        "a NON_IDEMPOTENT effect committed twice: {:?}",
-        stats.double_commits()
-    );
+    assert_no_double_commit(&stats);
     assert_eq!(
         stats.wires as usize, RUNS,
         "one wire per run reached the bank"

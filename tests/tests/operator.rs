@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sluice_core::command::CommandStatus::*;
+use sluice_core::command::CommandStatus::{self, *};
 use sluice_tests::tokens::{ADMIN, AGENT_A, OPERATOR};
 use sluice_tests::*;
 use sluice_upstream::{Family, FaultKind, FaultRates, Faults};
@@ -27,6 +27,33 @@ fn scheduled(run: &str, decision: u32, tool: &str, args: Value, delay_ms: u64) -
     let mut e = effect(run, decision, tool, 0, args);
     e["delay_ms"] = json!(delay_ms);
     e
+}
+
+/// Submits wires 1 and 2 of `run` (accounts `acc-<tag>1`, `acc-<tag>2`) and waits until both
+/// settle as `expected`; returns their command keys.
+async fn two_wires(
+    agent: &Agent,
+    run: &str,
+    tag: &str,
+    amount_minor: i64,
+    expected: CommandStatus,
+) -> (&'static str, &'static str) {
+    for decision in [1, 2] {
+        agent
+            .submit_created(&effect(
+                run,
+                decision,
+                "payments/wire",
+                0,
+                wire_args(&format!("acc-{tag}{decision}"), amount_minor),
+            ))
+            .await;
+    }
+    let keys = ("d-1/payments/wire/0", "d-2/payments/wire/0");
+    for key in [keys.0, keys.1] {
+        assert_eq!(agent.wait_settled(run, key).await.status(), expected);
+    }
+    keys
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -205,20 +232,7 @@ async fn a_scheduled_effect_fires_after_a_restart_that_missed_its_time() {
 async fn approval_dispatches_and_rejection_cancels_with_approver_and_reason() {
     let (h, agent, admin) = start(Faults::none(), |c| c).await;
     let run = "r-approve";
-    for decision in [1, 2] {
-        agent
-            .submit_created(&effect(
-                run,
-                decision,
-                "payments/wire",
-                0,
-                wire_args(&format!("acc-big-{decision}"), 2_000_000),
-            ))
-            .await;
-    }
-    let (yes, no) = ("d-1/payments/wire/0", "d-2/payments/wire/0");
-    assert_eq!(agent.wait_settled(run, yes).await.status(), Blocked);
-    assert_eq!(agent.wait_settled(run, no).await.status(), Blocked);
+    let (yes, no) = two_wires(&agent, run, "big-", 2_000_000, Blocked).await;
 
     // Bad input changes nothing; the wrong role is refused.
     let blank = admin
@@ -477,20 +491,7 @@ fn fail_on_absent(c: CatalogEdit) -> CatalogEdit {
 async fn replay_dry_runs_call_nothing_and_real_replays_are_bounded() {
     let (h, agent, admin) = start(failing_bank(), fail_on_absent).await;
     let run = "r-replay";
-    for decision in [1, 2] {
-        agent
-            .submit_created(&effect(
-                run,
-                decision,
-                "payments/wire",
-                0,
-                wire_args(&format!("acc-r{decision}"), 5_000),
-            ))
-            .await;
-    }
-    let (one, two) = ("d-1/payments/wire/0", "d-2/payments/wire/0");
-    assert_eq!(agent.wait_settled(run, one).await.status(), Failed);
-    assert_eq!(agent.wait_settled(run, two).await.status(), Failed);
+    let (one, two) = two_wires(&agent, run, "r", 5_000, Failed).await;
     h.upstream.set_faults(Faults::none()).expect("valid faults");
     let calls_before = h.upstream.stats().wires;
     let chain_before = h.audit(run).await.entries.len();
@@ -592,20 +593,7 @@ fn stuck_wires(c: CatalogEdit) -> CatalogEdit {
 async fn a_stuck_wire_is_resolved_by_hand_with_evidence_or_replayed_only_with_evidence() {
     let (h, agent, admin) = start(stuck_bank(), stuck_wires).await;
     let run = "r-stuck-ops";
-    for decision in [1, 2] {
-        agent
-            .submit_created(&effect(
-                run,
-                decision,
-                "payments/wire",
-                0,
-                wire_args(&format!("acc-s{decision}"), 5_000),
-            ))
-            .await;
-    }
-    let (one, two) = ("d-1/payments/wire/0", "d-2/payments/wire/0");
-    assert_eq!(agent.wait_settled(run, one).await.status(), Stuck);
-    assert_eq!(agent.wait_settled(run, two).await.status(), Stuck);
+    let (one, two) = two_wires(&agent, run, "s", 5_000, Stuck).await;
 
     // Resolve: evidence and reason are required; CONFIRMED names the upstream reference.
     let no_evidence = admin

@@ -246,7 +246,7 @@ async fn a_duplicate_commit_is_confirmed_and_the_extra_wire_reversed() {
     assert_eq!(stats.wires, 2, "{stats:?}");
     assert_eq!(stats.wires_reversed, 1, "only the extra wire: {stats:?}");
     assert_eq!(stats.standing_wires(&business_key), 1, "{stats:?}");
-    assert!(stats.double_commits().is_empty(), "{stats:?}");
+    assert_no_double_commit(&stats);
     // The command's reference names the wire that still stands.
     let reference = wire.state.external_ref.clone().expect("a reference");
     assert_eq!(bank_wire(&h, &reference).await["status"], "booked");

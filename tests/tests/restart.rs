@@ -103,11 +103,7 @@ async fn a_pipeline_killed_mid_flight_is_recovered_by_the_next_without_a_double_
     );
 
     let stats = upstream.stats();
-    assert!(
-        stats.double_commits().is_empty(),
-        "a NON_IDEMPOTENT effect committed twice: {:?}",
-        stats.double_commits()
-    );
+    assert_no_double_commit(&stats);
     assert_eq!(
         stats.wires, WIRES as u64,
         "no wire was sent twice: {stats:?}"
@@ -257,7 +253,7 @@ async fn a_graceful_stop_keeps_every_command_it_accepted() {
         stats.wires, wires as u64,
         "each accepted wire sent once: {stats:?}"
     );
-    assert!(stats.double_commits().is_empty());
+    assert_no_double_commit(&stats);
     b.stop().await.expect("pipeline B stops cleanly");
     upstream.shutdown().await;
 }

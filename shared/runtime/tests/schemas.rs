@@ -49,6 +49,25 @@ fn ids() -> (RunId, CommandKey) {
     )
 }
 
+/// A `payments/wire` command `d-<decision>/payments/wire/0` of run `r-abc`, just reserved.
+fn wire_command(decision: u32, args: Value, business_key: Option<&str>) -> Command {
+    Command::from_intent(
+        Intent {
+            run_id: RunId::parse("r-abc").expect("valid"),
+            command_key: CommandKey::parse(&format!("d-{decision}/payments/wire/0"))
+                .expect("valid"),
+            semantics: EffectSemantics::NonIdempotent,
+            args,
+            business_key: business_key.map(sluice_core::ids::BusinessKey::new),
+            policy_version: "1".into(),
+            max_attempts: 3,
+            not_before: None,
+        },
+        Timestamp::from_millis(1_763_800_000_000),
+        10_000,
+    )
+}
+
 #[test]
 fn requests_match_their_schemas() {
     let (run_id, command_key) = ids();
@@ -113,20 +132,10 @@ fn schemas_refuse_what_the_services_refuse() {
 
 #[test]
 fn lifecycle_event_payload_matches_its_schema() {
-    let (run_id, command_key) = ids();
-    let command = Command::from_intent(
-        Intent {
-            run_id,
-            command_key,
-            semantics: EffectSemantics::NonIdempotent,
-            args: json!({"account": "acc-1", "amount_minor": 5}),
-            business_key: Some(sluice_core::ids::BusinessKey::new("acc-1:5:2026-11-22")),
-            policy_version: "1".into(),
-            max_attempts: 3,
-            not_before: None,
-        },
-        Timestamp::from_millis(1_763_800_000_000),
-        10_000,
+    let command = wire_command(
+        3,
+        json!({"account": "acc-1", "amount_minor": 5}),
+        Some("acc-1:5:2026-11-22"),
     );
     assert_eq!(
         command.tool,
@@ -151,22 +160,8 @@ fn every_published_lifecycle_event_matches_its_schema() {
         self, Action, CompensationOutcome, DispatchOutcome, Event, Operator, Resolution, Rules,
     };
 
-    let (run_id, command_key) = ids();
-    let mut command = Command::from_intent(
-        Intent {
-            run_id,
-            command_key,
-            semantics: EffectSemantics::NonIdempotent,
-            args: json!({"account": "acc-1", "amount_minor": 5}),
-            business_key: None,
-            policy_version: "1".into(),
-            max_attempts: 3,
-            not_before: None,
-        },
-        Timestamp::from_millis(1_763_800_000_000),
-        10_000,
-    )
-    .submitted_by("agent-7");
+    let mut command = wire_command(3, json!({"account": "acc-1", "amount_minor": 5}), None)
+        .submitted_by("agent-7");
     let rules = Rules {
         has_status_check: true,
         has_compensate: true,
@@ -255,20 +250,7 @@ fn every_published_lifecycle_event_matches_its_schema() {
             operator: operator.clone(),
         },
     );
-    let mut stuck = Command::from_intent(
-        Intent {
-            run_id: RunId::parse("r-abc").expect("valid"),
-            command_key: CommandKey::parse("d-4/payments/wire/0").expect("valid"),
-            semantics: EffectSemantics::NonIdempotent,
-            args: json!({}),
-            business_key: None,
-            policy_version: "1".into(),
-            max_attempts: 3,
-            not_before: None,
-        },
-        Timestamp::from_millis(1_763_800_000_000),
-        10_000,
-    );
+    let mut stuck = wire_command(4, json!({}), None);
     apply(
         &mut stuck,
         Event::Lease {
