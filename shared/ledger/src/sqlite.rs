@@ -29,7 +29,7 @@ use async_trait::async_trait;
 use rusqlite::wal::CheckpointMode;
 use rusqlite::{Connection, DEFAULT_NAME, ErrorCode, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use sluice_core::audit::{
     AuditDraft, AuditEntry, AuditRecord, ChainHead, Checkpoint, PreparedRecord, SealedLink,
@@ -201,10 +201,16 @@ struct Inner {
     config: SqliteConfig,
     writer: mpsc::Sender<Job>,
     readers: Mutex<Vec<Connection>>,
+    /// One permit per read connection: a read waits for a pooled connection rather than
+    /// opening a new one (and a new blocking thread) when many arrive at once.
+    read_slots: Arc<Semaphore>,
     /// Commands this process left waiting for dispatch: see [`Ledger::cached`].
     waiting: Mutex<HashMap<(RunId, CommandKey), Command>>,
     clock: Arc<dyn Clock>,
 }
+
+/// Read connections kept open, and reads run at once.
+const MAX_READERS: usize = 8;
 
 /// At most this many commands are kept in [`Inner::waiting`]; past it the map starts afresh.
 const MAX_WAITING: usize = 65_536;
@@ -317,6 +323,7 @@ impl SqliteLedger {
                 config,
                 writer,
                 readers: Mutex::new(Vec::new()),
+                read_slots: Arc::new(Semaphore::new(MAX_READERS)),
                 waiting: Mutex::new(HashMap::new()),
                 clock,
             }),
@@ -366,7 +373,12 @@ impl SqliteLedger {
         F: FnOnce(&Connection) -> Result<T, LedgerError> + Send + 'static,
     {
         let inner = Arc::clone(&self.inner);
+        let slot = Arc::clone(&self.inner.read_slots)
+            .acquire_owned()
+            .await
+            .map_err(|_| LedgerError::Closed)?;
         tokio::task::spawn_blocking(move || {
+            let _slot = slot;
             let pooled = inner.readers.lock().map_err(|_| LedgerError::Closed)?.pop();
             let conn = match pooled {
                 Some(conn) => conn,
@@ -379,7 +391,7 @@ impl SqliteLedger {
             };
             let result = read(&conn);
             if let Ok(mut pool) = inner.readers.lock()
-                && pool.len() < 8
+                && pool.len() < MAX_READERS
             {
                 pool.push(conn);
             }
