@@ -155,3 +155,76 @@ async fn bench_small_run_confirms_every_effect_in_each_pass() {
     assert_eq!(report.settings.partitions, 16);
     assert_eq!(report.settings.dispatcher_concurrency, 32);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_paced_mode_offers_the_rate_it_is_given_and_nothing_else() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let args = BenchArgs {
+        effects: 200,
+        mode: Mode::Paced,
+        rate: Some(400.0),
+        durability: DurabilityArg::Normal,
+        partitions: 8,
+        json: true,
+        ..BenchArgs::defaults()
+    };
+    let report = bench::execute(
+        &args,
+        dir.path(),
+        &Shutdown::new(),
+        &Progress::hidden(),
+        |_| {},
+    )
+    .await
+    .expect("the bench runs");
+
+    let passes: Vec<&str> = report.results.iter().map(|r| r.pass.as_str()).collect();
+    assert_eq!(passes, ["batch at 400 effects/s, paced"], "{report:#?}");
+    let paced = &report.results[0];
+    assert_eq!(paced.offered_per_sec, Some(400.0), "{paced:?}");
+    assert_eq!(paced.effects, 200, "{paced:?}");
+    // 200 effects at 400/s take half a second to offer: it cannot finish sooner.
+    assert!(paced.confirmed_per_sec <= 400.0 * 1.1, "{paced:?}");
+}
+
+#[tokio::test]
+async fn bench_refuses_a_paced_mode_without_a_rate_and_a_rate_below_one() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    for (args, flag) in [
+        (
+            BenchArgs {
+                mode: Mode::Paced,
+                ..BenchArgs::defaults()
+            },
+            "--mode",
+        ),
+        (
+            BenchArgs {
+                rate: Some(0.5),
+                ..BenchArgs::defaults()
+            },
+            "--rate",
+        ),
+        (
+            BenchArgs {
+                rate: Some(f64::NAN),
+                ..BenchArgs::defaults()
+            },
+            "--rate",
+        ),
+    ] {
+        let refused = bench::execute(
+            &args,
+            dir.path(),
+            &Shutdown::new(),
+            &Progress::hidden(),
+            |_| {},
+        )
+        .await
+        .expect_err("the flags are refused");
+        assert!(
+            refused.to_string().starts_with(&format!("flag {flag} ")),
+            "{refused}"
+        );
+    }
+}
