@@ -304,3 +304,33 @@ async fn the_dispatch_hint_holds_what_this_process_left_waiting_for_dispatch() {
         "a command no longer waiting for dispatch is forgotten"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_reads_at_once_share_the_pooled_connections_and_all_answer() {
+    let (ledger, _dir) = fresh().await;
+    let runs: Vec<_> = (0..40).map(|i| fresh_run(&format!("reads-{i}"))).collect();
+    for (i, run) in runs.iter().enumerate() {
+        for decision in 0..=(i % 3) as u32 {
+            let c = command(run, decision, "email/send", 0, json!({"to": "a@b.c"}));
+            let audit = c.reservation_audit("test");
+            ledger.reserve(c, audit).await.expect("reserve");
+        }
+    }
+    // Five times as many reads as there are read connections, all at once, twice over: a
+    // read that kept its connection slot would leave the later ones waiting for ever.
+    for _ in 0..2 {
+        let reads = runs.iter().enumerate().map(|(i, run)| {
+            let ledger = Arc::clone(&ledger);
+            async move { (i, ledger.list_run(run, None).await) }
+        });
+        let answers =
+            tokio::time::timeout(Duration::from_secs(20), futures::future::join_all(reads))
+                .await
+                .expect("every read answers");
+        for (i, listed) in answers {
+            let listed = listed.expect("list");
+            assert_eq!(listed.len(), i % 3 + 1, "run {i}");
+            assert!(listed.iter().all(|c| c.run_id == runs[i]), "run {i}");
+        }
+    }
+}
