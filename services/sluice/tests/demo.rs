@@ -105,6 +105,14 @@ async fn a_double_booking_answered_2xx_is_caught_and_undone() {
     );
 }
 
+/// Runs the bench passes `args` ask for with their data under `dir`, quietly.
+async fn bench_in(
+    args: &BenchArgs,
+    dir: &std::path::Path,
+) -> Result<bench::BenchReport, bench::BenchError> {
+    bench::execute(args, dir, &Shutdown::new(), &Progress::hidden(), |_| {}).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_small_run_confirms_every_effect_in_each_pass() {
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -119,15 +127,7 @@ async fn bench_small_run_confirms_every_effect_in_each_pass() {
         json: true,
         ..BenchArgs::defaults()
     };
-    let report = bench::execute(
-        &args,
-        dir.path(),
-        &Shutdown::new(),
-        &Progress::hidden(),
-        |_| {},
-    )
-    .await
-    .expect("the bench runs");
+    let report = bench_in(&args, dir.path()).await.expect("the bench runs");
 
     let passes: Vec<&str> = report.results.iter().map(|r| r.pass.as_str()).collect();
     assert_eq!(
@@ -168,15 +168,7 @@ async fn bench_paced_mode_offers_the_rate_it_is_given_and_nothing_else() {
         json: true,
         ..BenchArgs::defaults()
     };
-    let report = bench::execute(
-        &args,
-        dir.path(),
-        &Shutdown::new(),
-        &Progress::hidden(),
-        |_| {},
-    )
-    .await
-    .expect("the bench runs");
+    let report = bench_in(&args, dir.path()).await.expect("the bench runs");
 
     let passes: Vec<&str> = report.results.iter().map(|r| r.pass.as_str()).collect();
     assert_eq!(passes, ["batch at 400 effects/s, paced"], "{report:#?}");
@@ -213,15 +205,9 @@ async fn bench_refuses_a_paced_mode_without_a_rate_and_a_rate_below_one() {
             "--rate",
         ),
     ] {
-        let refused = bench::execute(
-            &args,
-            dir.path(),
-            &Shutdown::new(),
-            &Progress::hidden(),
-            |_| {},
-        )
-        .await
-        .expect_err("the flags are refused");
+        let refused = bench_in(&args, dir.path())
+            .await
+            .expect_err("the flags are refused");
         assert!(
             refused.to_string().starts_with(&format!("flag {flag} ")),
             "{refused}"
