@@ -18,12 +18,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
+use sluice::bench::{self, BenchArgs, Mode};
+use sluice::demo::Progress;
 use sluice_core::command::CommandStatus::{self, *};
 use sluice_core::time::{Clock, SystemClock};
 use sluice_ledger::Ledger;
-use sluice_ledger_cql::{CqlConfig, CqlLedger};
-use sluice_runtime::Config;
+use sluice_ledger_cql::{CqlConfig, CqlLedger, connect_session};
 use sluice_runtime::config::{BusKind, LedgerKind};
+use sluice_runtime::{Config, Shutdown};
 use sluice_tests::*;
 use sluice_upstream::{Family, FaultKind, FaultRates, Faults};
 
@@ -351,4 +353,144 @@ async fn four_processes_on_kafka_and_cassandra_survive_a_killed_dispatcher() {
         metrics.contains("sluice_ledger_round_trips_total{kind=\"lwt\",op=\"reserve\"}"),
         "the producer exports its ledger round trips"
     );
+}
+
+/// The names of the broker's topics that start with `prefix`.
+async fn topics_starting(brokers: &str, prefix: &str) -> Vec<String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let (brokers, prefix) = (brokers.to_owned(), prefix.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let client: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .create()
+            .expect("a metadata client");
+        let metadata = client
+            .fetch_metadata(None, Duration::from_secs(15))
+            .expect("the broker's metadata");
+        let mut names: Vec<String> = metadata
+            .topics()
+            .iter()
+            .map(|topic| topic.name().to_owned())
+            .filter(|name| name.starts_with(&prefix))
+            .collect();
+        names.sort();
+        names
+    })
+    .await
+    .expect("the metadata task")
+}
+
+async fn keyspace_exists(session: &scylla::client::session::Session, keyspace: &str) -> bool {
+    let rows = session
+        .query_unpaged(
+            "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
+            (keyspace,),
+        )
+        .await
+        .expect("system_schema answers")
+        .into_rows_result()
+        .expect("rows");
+    rows.rows_num() > 0
+}
+
+/// `sluice bench` on a cluster writes into a keyspace and topics of its own, never the
+/// configured ones, and removes them when it is done unless told to keep them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_on_kafka_and_cassandra_removes_its_keyspace_and_topics_unless_kept() {
+    let Some((brokers, nodes)) = engines_or_skip() else {
+        return;
+    };
+    init_tracing();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    // The bench brings its own upstream and catalog; the configured one is not called.
+    let (path, config) = distributed_config(dir.path(), &brokers, nodes, "http://127.0.0.1:9");
+    let session = connect_session(&config.ledger.cql)
+        .await
+        .expect("a session to the test node");
+    let bench_topics = format!("{}bench-", config.bus.topic_prefix);
+    for keep in [true, false] {
+        let data = tempfile::tempdir().expect("a data directory");
+        let args = BenchArgs {
+            effects: 24,
+            effects_per_run: 1,
+            batch: 12,
+            concurrency: 2,
+            mode: Mode::Batch,
+            no_paced: true,
+            partitions: 2,
+            dispatcher_concurrency: 8,
+            config: Some(path.clone()),
+            keep,
+            json: true,
+            ..BenchArgs::defaults()
+        };
+        let report = bench::execute(
+            &args,
+            data.path(),
+            &Shutdown::new(),
+            &Progress::hidden(),
+            |_| {},
+        )
+        .await
+        .expect("the bench runs on the engines");
+        assert_eq!(report.results.len(), 1, "{report:#?}");
+        assert_eq!(report.results[0].effects, 24, "{report:#?}");
+        let keyspace = report
+            .settings
+            .keyspace
+            .clone()
+            .expect("a keyspace of the bench's own");
+        assert!(
+            keyspace.starts_with(&format!("{}_bench_", config.ledger.cql.keyspace)),
+            "{keyspace}"
+        );
+        assert!(
+            !keyspace_exists(&session, &config.ledger.cql.keyspace).await,
+            "the configured keyspace is not touched (not even created)"
+        );
+        let topics = topics_starting(&brokers, &bench_topics).await;
+        if keep {
+            assert!(
+                keyspace_exists(&session, &keyspace).await,
+                "{keyspace} kept"
+            );
+            assert_eq!(topics.len(), 5, "one pass's five topics kept: {topics:?}");
+            let prefix = topics[0]
+                .rsplit_once('.')
+                .map(|(prefix, _)| format!("{prefix}."))
+                .expect("a prefixed topic name");
+            assert_eq!(
+                report.left_behind,
+                [
+                    format!("kept: the Kafka topics {prefix}*"),
+                    format!("kept: the CQL keyspace {keyspace}"),
+                ],
+            );
+            let mut kept = config.clone();
+            kept.bus.topic_prefix = prefix;
+            kept.ledger.cql.keyspace.clone_from(&keyspace);
+            sluice_runtime::assemble::delete_topics(&kept)
+                .await
+                .expect("delete the kept topics");
+            sluice_runtime::assemble::drop_keyspace(&kept)
+                .await
+                .expect("drop the kept keyspace");
+        } else {
+            assert!(report.left_behind.is_empty(), "{:?}", report.left_behind);
+        }
+        assert!(
+            !keyspace_exists(&session, &keyspace).await,
+            "{keyspace} removed"
+        );
+        // A deletion the controller accepted reaches the broker's metadata a moment later.
+        let mut left = topics_starting(&brokers, &bench_topics).await;
+        for _ in 0..50 {
+            if left.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            left = topics_starting(&brokers, &bench_topics).await;
+        }
+        assert_eq!(left, Vec::<String>::new(), "every bench topic removed");
+    }
 }

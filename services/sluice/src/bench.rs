@@ -29,7 +29,7 @@ use sluice_bus::{BusError, Subscription, Topic};
 use sluice_core::catalog::CatalogError;
 use sluice_ledger::sqlite::Durability;
 use sluice_runtime::assemble::example_catalog_at;
-use sluice_runtime::config::{Role, TelemetryConfig, TokenConfig};
+use sluice_runtime::config::{BusKind, LedgerKind, Role, TelemetryConfig, TokenConfig};
 use sluice_runtime::messages::{event_type, header};
 use sluice_runtime::{Config, Shutdown};
 use sluice_upstream::{Faults, Upstream};
@@ -177,7 +177,8 @@ pub struct BenchArgs {
     /// Where the ledgers live; default a fresh temporary directory.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
-    /// Keep the temporary data directory at the end.
+    /// Keep what the passes made at the end: the temporary data directory and, on a cluster,
+    /// each pass's Kafka topics and the run's CQL keyspace (both removed by default).
     #[arg(long)]
     pub keep: bool,
     /// Print the results as JSON.
@@ -341,6 +342,8 @@ pub struct Settings {
     pub durability: DurabilityArg,
     pub sweep_interval_ms: u64,
     pub data_dir: PathBuf,
+    /// On a CQL ledger, the keyspace of this run's own that every pass writes to.
+    pub keyspace: Option<String>,
 }
 
 /// The result of one pass.
@@ -411,6 +414,9 @@ impl PassResult {
 pub struct BenchReport {
     pub settings: Settings,
     pub results: Vec<PassResult>,
+    /// What the run left on the engines: kept on purpose (`--keep`), or not removable (with
+    /// the reason). Empty on the embedded default.
+    pub left_behind: Vec<String>,
 }
 
 /// Runs `sluice bench` as the flags say and prints the results.
@@ -437,8 +443,13 @@ pub async fn run(args: BenchArgs, shutdown: Shutdown) -> Result<(), BenchError> 
             "{}",
             serde_json::to_string_pretty(&report).unwrap_or_default()
         );
-    } else if let Ok(Some(path)) = kept {
-        println!("data kept in {}", path.display());
+    } else {
+        if let Ok(Some(path)) = kept {
+            println!("data kept in {}", path.display());
+        }
+        for left in &report.left_behind {
+            println!("{left}");
+        }
     }
     Ok(())
 }
@@ -455,6 +466,7 @@ pub async fn execute(
 ) -> Result<BenchReport, BenchError> {
     args.validate()?;
     let probe = args.config(data_dir)?;
+    let scratch = Scratch::new(&probe, args.keep);
     let settings = Settings {
         effects: args.effects,
         effects_per_run: args.effects_per_run,
@@ -468,6 +480,7 @@ pub async fn execute(
         durability: args.durability,
         sweep_interval_ms: probe.reconciler.sweep_interval_ms,
         data_dir: data_dir.to_owned(),
+        keyspace: scratch.keyspace.clone(),
     };
     announce(&settings);
     let upstream = Upstream::start(
@@ -479,46 +492,37 @@ pub async fn execute(
     .map_err(BenchError::Upstream)?;
     let passes = async {
         let mut results: Vec<PassResult> = Vec::new();
-        let mut closed = Vec::new();
+        let measure = |submission| {
+            run_pass(
+                args, submission, &upstream, data_dir, &scratch, shutdown, progress,
+            )
+        };
+        let mut planned = Vec::new();
         if matches!(args.mode, Mode::Single | Mode::Both) {
-            closed.push(Submission::Single);
+            planned.push(Submission::Single);
         }
         if matches!(args.mode, Mode::Batch | Mode::Both) {
-            closed.push(Submission::Batch);
+            planned.push(Submission::Batch);
         }
-        for submission in closed {
-            let result =
-                run_pass(args, submission, &upstream, data_dir, shutdown, progress).await?;
-            if !args.json {
-                println!("{}", result.line());
-            }
-            results.push(result);
+        for submission in planned {
+            results.push(measure(submission).await?);
         }
-        if !args.no_paced {
+        if !args.no_paced
+            && let Some(last) = results.last()
+        {
             // Half of the last closed-loop pass: the batch one when it ran.
-            if let Some(last) = results.last() {
-                let rate = last.confirmed_per_sec / 2.0;
-                let paced = Submission::Paced {
-                    rate,
-                    of: format!("{} at half rate", last.pass),
-                };
-                let result = run_pass(args, paced, &upstream, data_dir, shutdown, progress).await?;
-                if !args.json {
-                    println!("{}", result.line());
-                }
-                results.push(result);
-            }
+            let half = Submission::Paced {
+                rate: last.confirmed_per_sec / 2.0,
+                of: format!("{} at half rate", last.pass),
+            };
+            results.push(measure(half).await?);
         }
         if let Some(rate) = args.rate {
-            let paced = Submission::Paced {
+            let steady = Submission::Paced {
                 rate,
                 of: format!("batch at {rate:.0} effects/s"),
             };
-            let result = run_pass(args, paced, &upstream, data_dir, shutdown, progress).await?;
-            if !args.json {
-                println!("{}", result.line());
-            }
-            results.push(result);
+            results.push(measure(steady).await?);
         }
         Ok::<_, BenchError>(results)
     };
@@ -527,10 +531,96 @@ pub async fn execute(
         () = shutdown.cancelled() => Err(BenchError::Interrupted),
     };
     upstream.shutdown().await;
+    let left_behind = scratch.finish(&probe).await;
     Ok(BenchReport {
         settings,
         results: results?,
+        left_behind,
     })
+}
+
+/// What a run makes on a cluster besides its measurements — each pass's Kafka topics and the
+/// run's CQL keyspace — and removes as soon as they are done with, unless `--keep`. On the
+/// embedded default there is nothing: the data directory is [`DataDir`]'s.
+struct Scratch {
+    keep: bool,
+    /// On a CQL ledger, a keyspace of the run's own: the configured one may hold a real ledger,
+    /// and the bench's runs have no business there.
+    keyspace: Option<String>,
+    /// The configurations of passes whose Kafka topics still exist.
+    topics: std::sync::Mutex<Vec<Config>>,
+    /// What was kept, or could not be removed.
+    left: std::sync::Mutex<Vec<String>>,
+}
+
+impl Scratch {
+    fn new(probe: &Config, keep: bool) -> Self {
+        let keyspace = (probe.ledger.kind == LedgerKind::Cql).then(|| {
+            let nonce = &uuid::Uuid::new_v4().simple().to_string()[..8];
+            // Keyspace names are at most 48 characters.
+            let room = 48 - "_bench_".len() - nonce.len();
+            let base: String = probe.ledger.cql.keyspace.chars().take(room).collect();
+            format!("{base}_bench_{nonce}")
+        });
+        Self {
+            keep,
+            keyspace,
+            topics: std::sync::Mutex::default(),
+            left: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Points a pass's configuration at the run's keyspace and notes the topics it will make.
+    fn adopt(&self, config: &mut Config) {
+        if let Some(keyspace) = &self.keyspace {
+            config.ledger.cql.keyspace.clone_from(keyspace);
+        }
+        if config.bus.kind == BusKind::Kafka {
+            lock(&self.topics).push(config.clone());
+        }
+    }
+
+    fn note(&self, what: String) {
+        lock(&self.left).push(what);
+    }
+
+    /// Deletes the topics of the passes noted so far.
+    async fn tidy_topics(&self) {
+        let passes = std::mem::take(&mut *lock(&self.topics));
+        for config in passes {
+            let prefix = &config.bus.topic_prefix;
+            if self.keep {
+                self.note(format!("kept: the Kafka topics {prefix}*"));
+            } else if let Err(e) = sluice_runtime::assemble::delete_topics(&config).await {
+                self.note(format!("not removed: the Kafka topics {prefix}* ({e})"));
+            }
+        }
+    }
+
+    /// Removes what is left at the end of the run; says what stays.
+    async fn finish(self, probe: &Config) -> Vec<String> {
+        self.tidy_topics().await;
+        if let Some(keyspace) = &self.keyspace {
+            if self.keep {
+                self.note(format!("kept: the CQL keyspace {keyspace}"));
+            } else {
+                let mut config = probe.clone();
+                config.ledger.cql.keyspace.clone_from(keyspace);
+                if let Err(e) = sluice_runtime::assemble::drop_keyspace(&config).await {
+                    self.note(format!("not removed: the CQL keyspace {keyspace} ({e})"));
+                }
+            }
+        }
+        self.left
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// How a pass submits its effects.
@@ -644,11 +734,13 @@ impl Tracker {
 }
 
 /// Starts a pipeline on a fresh ledger, measures one pass and stops the pipeline.
+/// The pass's result line is printed as it ends unless `args.json`.
 async fn run_pass(
     args: &BenchArgs,
     submission: Submission,
     upstream: &Upstream,
     data_dir: &Path,
+    scratch: &Scratch,
     shutdown: &Shutdown,
     progress: &Progress,
 ) -> Result<PassResult, BenchError> {
@@ -661,6 +753,7 @@ async fn run_pass(
         &uuid::Uuid::new_v4().simple().to_string()[..8],
         submission.slug()
     );
+    scratch.adopt(&mut config);
     // The client submits as an agent, with a bearer token, as agents do in production: the
     // producer then checks that each effect goes into a run of the agent's own.
     let token = uuid::Uuid::new_v4().simple().to_string();
@@ -732,8 +825,12 @@ async fn run_pass(
     };
     let result = measured.await;
     let stopped = pipeline.stop().await;
+    scratch.tidy_topics().await;
     let result = result?;
     stopped.map_err(|error| BenchError::Stopped { pass, error })?;
+    if !args.json {
+        println!("{}", result.line());
+    }
     Ok(result)
 }
 
@@ -1057,18 +1154,29 @@ fn print_settings(settings: &Settings) {
         settings.concurrency,
         settings.batch
     );
+    let ledger = match &settings.keyspace {
+        Some(keyspace) => format!(
+            "fresh runs per pass in the CQL keyspace {keyspace}, the bench's own (dropped at the \
+             end unless --keep)"
+        ),
+        None => format!(
+            "a fresh ledger per pass under {}",
+            settings.data_dir.display()
+        ),
+    };
     println!(
         "  pipeline: ledger {}, bus {}, bus.partitions = {}, dispatcher.concurrency = {}, \
-         ledger.durability = {}, reconciler.sweep_interval_ms = {}; a fresh ledger per pass \
-         under {}",
+         ledger.durability = {}, reconciler.sweep_interval_ms = {}; {ledger}",
         settings.ledger,
         settings.bus,
         settings.partitions,
         settings.dispatcher_concurrency,
         settings.durability.as_str(),
         settings.sweep_interval_ms,
-        settings.data_dir.display()
     );
+    if settings.bus == "kafka" {
+        println!("  bus: Kafka topics of each pass's own (deleted after the pass unless --keep)");
+    }
     println!(
         "  upstream: the demo upstream on loopback, no faults; latency = CONFIRMED event read \
          in-process - submission sent"

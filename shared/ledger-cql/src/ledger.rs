@@ -499,6 +499,29 @@ async fn back_off(attempt: u32) {
     .await;
 }
 
+/// A driver session to the configured cluster, with its consistency, timeouts and credentials
+/// (for [`CqlLedger::connect`] and tooling).
+pub async fn connect_session(config: &CqlConfig) -> Result<Session, CqlError> {
+    config.validate()?;
+    let profile = ExecutionProfile::builder()
+        .consistency(config.consistency.driver())
+        .serial_consistency(Some(config.serial_consistency.driver()))
+        .request_timeout(Some(Duration::from_millis(config.request_timeout_ms)))
+        .build();
+    let mut builder = SessionBuilder::new()
+        .known_nodes(&config.nodes)
+        .connection_timeout(Duration::from_millis(config.connect_timeout_ms))
+        .default_execution_profile_handle(profile.into_handle());
+    if let Some(username) = &config.username {
+        let password = config.password.as_ref().map_or("", |p| p.0.as_str());
+        builder = builder.user(username, password);
+    }
+    builder.build().await.map_err(|source| CqlError::Connect {
+        nodes: config.nodes.join(","),
+        source: Box::new(source),
+    })
+}
+
 impl CqlLedger {
     /// Connects to the cluster, applies the schema (creating the keyspace if needed; see
     /// `migrate_on_start`) and prepares every statement.
@@ -511,24 +534,7 @@ impl CqlLedger {
         config: CqlConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, CqlError> {
-        config.validate()?;
-        let profile = ExecutionProfile::builder()
-            .consistency(config.consistency.driver())
-            .serial_consistency(Some(config.serial_consistency.driver()))
-            .request_timeout(Some(Duration::from_millis(config.request_timeout_ms)))
-            .build();
-        let mut builder = SessionBuilder::new()
-            .known_nodes(&config.nodes)
-            .connection_timeout(Duration::from_millis(config.connect_timeout_ms))
-            .default_execution_profile_handle(profile.into_handle());
-        if let Some(username) = &config.username {
-            let password = config.password.as_ref().map_or("", |p| p.0.as_str());
-            builder = builder.user(username, password);
-        }
-        let session = builder.build().await.map_err(|source| CqlError::Connect {
-            nodes: config.nodes.join(","),
-            source: Box::new(source),
-        })?;
+        let session = connect_session(&config).await?;
         Self::open(session, config, clock).await
     }
 

@@ -22,6 +22,6 @@ pub mod stats;
 
 pub use config::{Consistency, CqlConfig, Replication, Secret, Serial, Tablets};
 pub use error::CqlError;
-pub use ledger::CqlLedger;
-pub use schema::{SCHEMA_VERSION, migrate, migrate_with, schema_statements};
+pub use ledger::{CqlLedger, connect_session};
+pub use schema::{SCHEMA_VERSION, drop_keyspace, migrate, migrate_with, schema_statements};
 pub use stats::{CqlStats, Op, OpCounts, StatsSnapshot};

@@ -45,6 +45,29 @@ pub fn schema_statements(
         .collect()
 }
 
+/// Drops `keyspace` and everything in it, and waits for the cluster to agree. For tooling that
+/// made a keyspace of its own (`sluice bench` on a cluster); no service calls it.
+pub async fn drop_keyspace(session: &Session, keyspace: &str) -> Result<(), CqlError> {
+    validate_keyspace(keyspace)?;
+    let statement = format!("DROP KEYSPACE IF EXISTS {keyspace}");
+    let failed = |source: Box<dyn std::error::Error + Send + Sync>| CqlError::Migrate {
+        keyspace: keyspace.to_owned(),
+        statement: statement.clone(),
+        source,
+    };
+    let mut ddl = Statement::new(statement.as_str());
+    ddl.set_consistency(Consistency::All);
+    session
+        .query_unpaged(ddl, ())
+        .await
+        .map_err(|e| failed(Box::new(e)))?;
+    session
+        .await_schema_agreement()
+        .await
+        .map_err(|e| failed(Box::new(e)))?;
+    Ok(())
+}
+
 /// Creates the keyspace (with `replication`, if it does not exist yet) and every table, and
 /// records the schema version and the origin of the due index. Safe to run again and from
 /// several processes at once: every statement is `IF NOT EXISTS`.

@@ -10,7 +10,7 @@ use sluice_core::catalog::{Catalog, CatalogError};
 use sluice_core::time::{Clock, SystemClock};
 use sluice_ledger::LedgerError;
 use sluice_ledger::sqlite::{SqliteConfig, SqliteLedger};
-use sluice_ledger_cql::{CqlError, CqlLedger};
+use sluice_ledger_cql::{CqlError, CqlLedger, connect_session};
 use thiserror::Error;
 
 use crate::config::{BusKind, CatalogConfig, Config, LedgerKind};
@@ -88,6 +88,33 @@ pub async fn open_bus(config: &Config) -> Result<Arc<dyn Bus>, BusError> {
         BusKind::Kafka => Ok(Arc::new(
             Box::pin(KafkaBus::connect(config.bus.kafka_config())).await?,
         )),
+    }
+}
+
+/// Deletes the configured bus's topics and everything in them: Kafka's; the embedded bus keeps
+/// nothing beyond its process. For tooling that made topics of its own (`sluice bench`); the
+/// services never delete topics.
+pub async fn delete_topics(config: &Config) -> Result<(), BusError> {
+    match config.bus.kind {
+        BusKind::Embedded => Ok(()),
+        BusKind::Kafka => {
+            let bus = Box::pin(KafkaBus::connect(config.bus.kafka_config())).await?;
+            let deleted = bus.delete_topics().await;
+            bus.close().await;
+            deleted
+        }
+    }
+}
+
+/// Drops the configured CQL keyspace and everything in it; nothing for SQLite (its directory
+/// is the caller's to remove). For tooling that made a keyspace of its own (`sluice bench`).
+pub async fn drop_keyspace(config: &Config) -> Result<(), CqlError> {
+    match config.ledger.kind {
+        LedgerKind::Sqlite => Ok(()),
+        LedgerKind::Cql => {
+            let session = Box::pin(connect_session(&config.ledger.cql)).await?;
+            sluice_ledger_cql::drop_keyspace(&session, &config.ledger.cql.keyspace).await
+        }
     }
 }
 
