@@ -362,6 +362,10 @@ pub struct PassResult {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    /// CPU time this process spent per confirmed effect, in microseconds, from the first
+    /// submission until every effect settled: the pipeline, and on the embedded default also
+    /// the demo upstream and the client, which run in the same process. Not the engines' CPU.
+    pub cpu_us_per_effect: Option<f64>,
     /// Ledger round trips per confirmed effect, by kind (`lwt`, `serial`, `plain`), and the
     /// lightweight transactions per effect by operation; empty for the embedded ledger.
     pub round_trips_per_effect: BTreeMap<&'static str, f64>,
@@ -387,6 +391,9 @@ impl PassResult {
             self.max_ms,
             self.submit_secs
         );
+        if let Some(cpu) = self.cpu_us_per_effect {
+            line.push_str(&format!("; {cpu:.0} µs of this process's CPU per effect"));
+        }
         if !self.round_trips_per_effect.is_empty() {
             let kinds: Vec<String> = self
                 .round_trips_per_effect
@@ -789,9 +796,13 @@ async fn run_pass(
         ));
         let client = http_client(Some(&token));
         let url = pipeline.url();
+        let cpu_before = process_cpu();
         let submitted = submit(&client, &url, &submission, args, &pass, &workload, &tracker).await;
         let submit_secs = tracker.origin.elapsed().as_secs_f64();
         let stalled = submitted.is_ok() && !wait_settled(&tracker, args.effects).await;
+        let cpu = process_cpu()
+            .zip(cpu_before)
+            .map(|(after, before)| after.saturating_sub(before));
         reader.abort();
         bar.finish_and_clear();
         submitted?;
@@ -819,7 +830,7 @@ async fn run_pass(
                 stalled,
             });
         }
-        let mut result = summarize(&pass, &submission, &tracker, submit_secs);
+        let mut result = summarize(&pass, &submission, &tracker, submit_secs, cpu);
         count_round_trips(&mut result, pipeline.ctx.ledger.round_trips());
         Ok(result)
     };
@@ -1073,11 +1084,20 @@ async fn post_batch(
 }
 
 /// Throughput and latency percentiles of a finished pass.
+/// The CPU time this process has used so far, all threads, user and system.
+fn process_cpu() -> Option<Duration> {
+    let spent = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    let secs = u64::try_from(spent.tv_sec).ok()?;
+    let nanos = u32::try_from(spent.tv_nsec).ok()?;
+    Some(Duration::new(secs, nanos))
+}
+
 fn summarize(
     pass: &str,
     submission: &Submission,
     tracker: &Tracker,
     submit_secs: f64,
+    cpu: Option<Duration>,
 ) -> PassResult {
     let mut latencies: Vec<u64> = Vec::with_capacity(tracker.sent.len());
     let (mut first_sent, mut last_confirmed) = (u64::MAX, 0);
@@ -1113,6 +1133,9 @@ fn summarize(
         p50_ms: ms(percentile(&latencies, 0.50)),
         p99_ms: ms(percentile(&latencies, 0.99)),
         max_ms: ms(latencies.last().copied().unwrap_or(0)),
+        cpu_us_per_effect: cpu
+            .filter(|_| !latencies.is_empty())
+            .map(|cpu| cpu.as_secs_f64() * 1e6 / latencies.len() as f64),
         round_trips_per_effect: BTreeMap::new(),
         lwt_per_effect_by_op: BTreeMap::new(),
         plain_per_effect_by_op: BTreeMap::new(),

@@ -143,6 +143,18 @@ async fn bench_small_run_confirms_every_effect_in_each_pass() {
             "{result:?}"
         );
         assert!(result.line().starts_with(&format!("bench {}", result.pass)));
+        // The process did work for every effect, and the line says how much.
+        let cpu = result
+            .cpu_us_per_effect
+            .expect("the process CPU clock is read");
+        assert!(cpu > 0.0, "{result:?}");
+        assert!(
+            result
+                .line()
+                .ends_with(&format!("; {cpu:.0} µs of this process's CPU per effect")),
+            "{}",
+            result.line()
+        );
     }
     let batch = &report.results[1];
     let paced = &report.results[2];
