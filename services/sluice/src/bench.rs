@@ -86,6 +86,10 @@ impl BenchTool {
 const EVENTS_GROUP: &str = "sluice-bench";
 /// A pass gives up when no effect settled for this long.
 const STALL: Duration = Duration::from_secs(30);
+/// The embedded default's bus partitions and dispatcher concurrency, when the flags do not say:
+/// the embedded pipeline does best with many lanes (it is CPU-bound, not lane-bound).
+const EMBEDDED_PARTITIONS: u32 = 64;
+const EMBEDDED_DISPATCHER_CONCURRENCY: usize = 256;
 /// The paced pass sends a batch this often (or less often at low rates).
 const PACE_TICK: Duration = Duration::from_millis(10);
 
@@ -123,6 +127,15 @@ impl DurabilityArg {
     }
 }
 
+impl From<Durability> for DurabilityArg {
+    fn from(value: Durability) -> Self {
+        match value {
+            Durability::Full => Self::Full,
+            Durability::Normal => Self::Normal,
+        }
+    }
+}
+
 impl From<DurabilityArg> for Durability {
     fn from(value: DurabilityArg) -> Self {
         match value {
@@ -155,15 +168,17 @@ pub struct BenchArgs {
     /// Which submission paths to measure.
     #[arg(long, value_enum, default_value_t = Mode::Both)]
     pub mode: Mode,
-    /// Ledger durability.
-    #[arg(long, value_enum, default_value_t = DurabilityArg::Full)]
-    pub durability: DurabilityArg,
-    /// Bus partitions (`bus.partitions`): each hands out one message at a time.
-    #[arg(long, default_value_t = 64)]
-    pub partitions: u32,
-    /// Dispatcher concurrency (`dispatcher.concurrency`).
-    #[arg(long, default_value_t = 256)]
-    pub dispatcher_concurrency: usize,
+    /// Ledger durability (`ledger.durability`). Default: the configuration file's, or `full`.
+    #[arg(long, value_enum)]
+    pub durability: Option<DurabilityArg>,
+    /// Bus partitions (`bus.partitions`): each hands out one message at a time. Default: the
+    /// configuration file's, or 64.
+    #[arg(long)]
+    pub partitions: Option<u32>,
+    /// Dispatcher concurrency (`dispatcher.concurrency`). Default: the configuration file's,
+    /// or 256.
+    #[arg(long)]
+    pub dispatcher_concurrency: Option<usize>,
     /// Effects per run (a run's effects are dispatched one after another).
     #[arg(long, default_value_t = 4)]
     pub effects_per_run: usize,
@@ -199,9 +214,9 @@ impl BenchArgs {
             batch: 500,
             concurrency: 32,
             mode: Mode::Both,
-            durability: DurabilityArg::Full,
-            partitions: 64,
-            dispatcher_concurrency: 256,
+            durability: None,
+            partitions: None,
+            dispatcher_concurrency: None,
             effects_per_run: 4,
             no_paced: false,
             rate: None,
@@ -258,11 +273,24 @@ impl BenchArgs {
                 config.telemetry = local_config(data_dir).telemetry;
                 config
             }
-            None => local_config(data_dir),
+            None => {
+                let mut config = local_config(data_dir);
+                config.bus.partitions = EMBEDDED_PARTITIONS;
+                config.dispatcher.concurrency = EMBEDDED_DISPATCHER_CONCURRENCY;
+                config.ledger.durability = Durability::Full;
+                config
+            }
         };
-        config.bus.partitions = self.partitions;
-        config.dispatcher.concurrency = self.dispatcher_concurrency;
-        config.ledger.durability = self.durability.into();
+        // A flag given overrides the file; one not given leaves the file's setting.
+        if let Some(partitions) = self.partitions {
+            config.bus.partitions = partitions;
+        }
+        if let Some(concurrency) = self.dispatcher_concurrency {
+            config.dispatcher.concurrency = concurrency;
+        }
+        if let Some(durability) = self.durability {
+            config.ledger.durability = durability.into();
+        }
         config.producer.max_batch = config.producer.max_batch.max(self.batch);
         config.producer.max_body_bytes = config.producer.max_body_bytes.max(self.batch * 1_024);
         config.validate()?;
@@ -484,7 +512,7 @@ pub async fn execute(
         concurrency: args.concurrency,
         partitions: probe.bus.partitions,
         dispatcher_concurrency: probe.dispatcher.concurrency,
-        durability: args.durability,
+        durability: probe.ledger.durability.into(),
         sweep_interval_ms: probe.reconciler.sweep_interval_ms,
         data_dir: data_dir.to_owned(),
         keyspace: scratch.keyspace.clone(),
@@ -1244,6 +1272,38 @@ mod tests {
         assert_eq!(config.producer.max_batch, 5_000);
         assert_eq!(config.bus.partitions, 64);
         assert_eq!(config.dispatcher.concurrency, 256);
+        assert_eq!(config.ledger.durability, Durability::Full);
         config.validate().expect("valid");
+    }
+
+    #[test]
+    fn a_configuration_file_keeps_its_settings_unless_a_flag_says_otherwise() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let file = dir.path().join("bench.toml");
+        std::fs::write(
+            &file,
+            "[bus]\npartitions = 12\n[dispatcher]\nconcurrency = 48\n[ledger]\ndurability = \"normal\"\n",
+        )
+        .expect("write the configuration");
+        let from_file = BenchArgs {
+            config: Some(file.clone()),
+            ..BenchArgs::defaults()
+        };
+        let config = from_file.config(dir.path()).expect("valid");
+        assert_eq!(config.bus.partitions, 12);
+        assert_eq!(config.dispatcher.concurrency, 48);
+        assert_eq!(config.ledger.durability, Durability::Normal);
+
+        let flagged = BenchArgs {
+            config: Some(file),
+            partitions: Some(16),
+            dispatcher_concurrency: Some(8),
+            durability: Some(DurabilityArg::Full),
+            ..BenchArgs::defaults()
+        };
+        let config = flagged.config(dir.path()).expect("valid");
+        assert_eq!(config.bus.partitions, 16);
+        assert_eq!(config.dispatcher.concurrency, 8);
+        assert_eq!(config.ledger.durability, Durability::Full);
     }
 }

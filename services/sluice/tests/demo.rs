@@ -121,9 +121,9 @@ async fn bench_small_run_confirms_every_effect_in_each_pass() {
         batch: 50,
         concurrency: 8,
         mode: Mode::Both,
-        durability: DurabilityArg::Normal,
-        partitions: 16,
-        dispatcher_concurrency: 32,
+        durability: Some(DurabilityArg::Normal),
+        partitions: Some(16),
+        dispatcher_concurrency: Some(32),
         json: true,
         ..BenchArgs::defaults()
     };
@@ -175,8 +175,8 @@ async fn bench_paced_mode_offers_the_rate_it_is_given_and_nothing_else() {
         effects: 200,
         mode: Mode::Paced,
         rate: Some(400.0),
-        durability: DurabilityArg::Normal,
-        partitions: 8,
+        durability: Some(DurabilityArg::Normal),
+        partitions: Some(8),
         json: true,
         ..BenchArgs::defaults()
     };
