@@ -911,3 +911,54 @@ fn tamper_reason(data_dir: &std::path::Path, run: &str, seq: u64, reason: &str) 
     )
     .expect("the update applies")
 }
+
+/// Six FAILED wires in a run whose replay budget is 2, replayed all at once through one
+/// producer: exactly two replays go through; the others are refused for the run's budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_replays_in_one_run_never_exceed_its_budget() {
+    const WIRES: u32 = 6;
+    let (h, agent, admin) = start(failing_bank(), fail_on_absent).await;
+    let run = "r-replay-race";
+    let keys: Vec<String> = (1..=WIRES)
+        .map(|decision| format!("d-{decision}/payments/wire/0"))
+        .collect();
+    for decision in 1..=WIRES {
+        agent
+            .submit_created(&effect(
+                run,
+                decision,
+                "payments/wire",
+                0,
+                wire_args(&format!("acc-race{decision}"), 7_000),
+            ))
+            .await;
+    }
+    for key in &keys {
+        assert_eq!(agent.wait_settled(run, key).await.status(), Failed);
+    }
+
+    let replays = keys.iter().map(|key| {
+        let admin = &admin;
+        async move {
+            admin
+                .act(run, key, "replay", &json!({"reason": "all at once"}))
+                .await
+        }
+    });
+    let answers = futures::future::join_all(replays).await;
+    let accepted = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::OK)
+        .count();
+    for answer in answers.iter().filter(|a| a.status != StatusCode::OK) {
+        assert_eq!(answer.status, StatusCode::CONFLICT, "{}", answer.text);
+        assert!(answer.text.contains("run_replay_limit"), "{}", answer.text);
+    }
+    assert_eq!(accepted, 2, "the run's budget is 2: {answers:#?}");
+    let mut replayed = 0;
+    for key in &keys {
+        replayed += agent.wait_settled(run, key).await.state.replays;
+    }
+    assert_eq!(replayed, 2, "two replays recorded in the run");
+    h.stop().await;
+}

@@ -64,7 +64,13 @@ pub struct Api {
     settled: broadcast::Sender<String>,
     /// Runs an agent was found to own here, so its next submissions skip the run read.
     owned: Arc<Mutex<HashSet<(RunId, String)>>>,
+    /// Replays of one run take turns (by the run id's stripe): each reads the run's replay
+    /// count after the previous one's transition, so the per-run budget holds.
+    replay_turns: Arc<[tokio::sync::Mutex<()>]>,
 }
+
+/// Stripes of [`Api::replay_turns`]: runs sharing one only wait for each other's replays.
+const REPLAY_STRIPES: usize = 64;
 
 /// At most this many (run, agent) pairs are remembered; past it the set starts afresh.
 const MAX_OWNED: usize = 65_536;
@@ -179,7 +185,18 @@ impl Api {
             auth: Authenticator::from_config(&config.auth),
             settled,
             owned: Arc::default(),
+            replay_turns: (0..REPLAY_STRIPES)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
         }
+    }
+
+    /// Waits for `run_id`'s turn to replay (see [`Api::replay_turns`]).
+    pub(crate) async fn replay_turn(&self, run_id: &RunId) -> tokio::sync::MutexGuard<'_, ()> {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(run_id.as_str());
+        let stripe = usize::try_from(hash % REPLAY_STRIPES as u64).unwrap_or(0);
+        self.replay_turns[stripe].lock().await
     }
 
     /// For an agent, checks that no command of `run_id` belongs to another agent (a new run is
