@@ -231,3 +231,68 @@ async fn a_rollback_compensates_in_reverse_journal_order_and_escalates_what_it_c
     );
     h.stop().await;
 }
+
+/// Four rollbacks of one run sent at once compensate each command once: one reversal at the
+/// bank, one closed ticket, and every compensation recorded once in the audit chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollbacks_sent_at_once_compensate_each_command_once() {
+    let h = Harness::start(Faults::none(), |c| c).await;
+    let run = "r-rollback-race";
+    let (ticket, wire) = ("d-1/tickets/create/0", "d-2/payments/wire/0");
+    h.agent
+        .submit_created(&effect(run, 1, "tickets/create", 0, ticket_args("race")))
+        .await;
+    h.agent
+        .submit_created(&effect(
+            run,
+            2,
+            "payments/wire",
+            0,
+            wire_args("acc-race", 4_200),
+        ))
+        .await;
+    for key in [ticket, wire] {
+        assert_eq!(h.agent.wait_settled(run, key).await.status(), Confirmed);
+    }
+
+    let rollbacks = (0..4).map(|i| {
+        let agent = &h.agent;
+        async move { agent.rollback(run, &format!("abort {i}")).await }
+    });
+    for answer in futures::future::join_all(rollbacks).await {
+        assert!(
+            answer.status == StatusCode::ACCEPTED || answer.status == StatusCode::CONFLICT,
+            "{} {}",
+            answer.status,
+            answer.text
+        );
+    }
+    for key in [ticket, wire] {
+        h.agent
+            .wait_until(run, key, "COMPENSATED", |c| c.status() == Compensated)
+            .await;
+    }
+    // Time for any second compensation to happen, if one were under way.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let stats = h.upstream.stats();
+    assert_eq!(stats.wires_reversed, 1, "{stats:?}");
+    assert_eq!(stats.tickets_closed, 1, "{stats:?}");
+    let chain = h.audit(run).await;
+    for key in [ticket, wire] {
+        let compensated = chain
+            .entries
+            .iter()
+            .filter(|e| {
+                e.record
+                    .command_key
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .as_deref()
+                    == Some(key)
+                    && e.record.to == Some(Compensated)
+            })
+            .count();
+        assert_eq!(compensated, 1, "{key}: {chain:#?}");
+    }
+    h.stop().await;
+}
