@@ -962,3 +962,43 @@ async fn concurrent_replays_in_one_run_never_exceed_its_budget() {
     assert_eq!(replayed, 2, "two replays recorded in the run");
     h.stop().await;
 }
+
+/// An approval and a rejection of one BLOCKED wire sent at once: exactly one applies, the
+/// other is refused, and the bank sees the wire once or not at all, as the winner says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_and_a_rejection_at_once_decide_the_wire_exactly_once() {
+    let (h, agent, admin) = start(Faults::none(), |c| c).await;
+    let run = "r-approve-race";
+    let (wire, _) = two_wires(&agent, run, "race-", 2_000_000, Blocked).await;
+    let (fine, no) = (json!({"reason": "fine"}), json!({"reason": "no"}));
+    let (approve, reject) = tokio::join!(
+        admin.act(run, wire, "approve", &fine),
+        admin.act(run, wire, "reject", &no),
+    );
+    let statuses = [approve.status, reject.status];
+    assert_eq!(
+        statuses.iter().filter(|s| **s == StatusCode::OK).count(),
+        1,
+        "one decision applies: {} / {}",
+        approve.text,
+        reject.text
+    );
+    assert!(
+        statuses.contains(&StatusCode::CONFLICT),
+        "{} / {}",
+        approve.text,
+        reject.text
+    );
+    let settled = agent.wait_settled(run, wire).await;
+    let trail = h.audit(run).await;
+    if approve.status == StatusCode::OK {
+        assert_eq!(settled.status(), Confirmed, "{settled:?}");
+        assert_eq!(h.upstream.stats().wires, 1);
+        trail.find(wire, Blocked, Approved);
+    } else {
+        assert_eq!(settled.status(), Cancelled, "{settled:?}");
+        assert_eq!(h.upstream.stats().wires, 0);
+        trail.find(wire, Blocked, Cancelled);
+    }
+    h.stop().await;
+}
