@@ -332,3 +332,29 @@ async fn after_two_agents_raced_into_a_new_run_neither_adds_more() {
     assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.text);
     h.stop().await;
 }
+
+/// Two agents opening the same new run at the same instant, forty times over through one
+/// producer: each time exactly one gets in, and the other is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_opening_one_new_run_at_once_never_both_get_in() {
+    let h = Harness::start_with(Faults::none(), |c| c, tokens::install).await;
+    let (a, b) = (h.agent.with_token(AGENT_A), h.agent.with_token(AGENT_B));
+    for i in 0..40 {
+        let run = format!("r-open-race-{i}");
+        let (mine, theirs) = (
+            effect(&run, 1, "email/send", 0, email_args("a")),
+            effect(&run, 2, "email/send", 0, email_args("b")),
+        );
+        let (first, second) = tokio::join!(a.submit(&mine), b.submit(&theirs));
+        let mut statuses = [first.status, second.status];
+        statuses.sort();
+        assert_eq!(
+            statuses,
+            [StatusCode::CREATED, StatusCode::FORBIDDEN],
+            "{run}: {} / {}",
+            first.text,
+            second.text
+        );
+    }
+    h.stop().await;
+}

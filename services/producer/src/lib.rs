@@ -64,13 +64,14 @@ pub struct Api {
     settled: broadcast::Sender<String>,
     /// Runs an agent was found to own here, so its next submissions skip the run read.
     owned: Arc<Mutex<HashSet<(RunId, String)>>>,
-    /// Replays of one run take turns (by the run id's stripe): each reads the run's replay
-    /// count after the previous one's transition, so the per-run budget holds.
-    replay_turns: Arc<[tokio::sync::Mutex<()>]>,
+    /// Turns per run (by the run id's stripe) for what reads a run and then writes on what it
+    /// read: an agent's first submission into a run (its ownership check) and a replay (the
+    /// run's replay budget). The next one reads after the previous one wrote.
+    run_turns: Arc<[tokio::sync::Mutex<()>]>,
 }
 
-/// Stripes of [`Api::replay_turns`]: runs sharing one only wait for each other's replays.
-const REPLAY_STRIPES: usize = 64;
+/// Stripes of [`Api::run_turns`]: runs sharing one wait for each other's turns, briefly.
+const RUN_STRIPES: usize = 4_096;
 
 /// At most this many (run, agent) pairs are remembered; past it the set starts afresh.
 const MAX_OWNED: usize = 65_536;
@@ -185,41 +186,49 @@ impl Api {
             auth: Authenticator::from_config(&config.auth),
             settled,
             owned: Arc::default(),
-            replay_turns: (0..REPLAY_STRIPES)
+            run_turns: (0..RUN_STRIPES)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
         }
     }
 
-    /// Waits for `run_id`'s turn to replay (see [`Api::replay_turns`]).
-    pub(crate) async fn replay_turn(&self, run_id: &RunId) -> tokio::sync::MutexGuard<'_, ()> {
+    /// Waits for `run_id`'s turn (see [`Api::run_turns`]).
+    pub(crate) async fn run_turn(&self, run_id: &RunId) -> tokio::sync::MutexGuard<'_, ()> {
         use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
         let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(run_id.as_str());
-        let stripe = usize::try_from(hash % REPLAY_STRIPES as u64).unwrap_or(0);
-        self.replay_turns[stripe].lock().await
+        let stripe = usize::try_from(hash % RUN_STRIPES as u64).unwrap_or(0);
+        self.run_turns[stripe].lock().await
     }
 
     /// For an agent, checks that no command of `run_id` belongs to another agent (a new run is
     /// fine). A run the agent was found to own (it has commands, all the agent's) is
     /// remembered: runs do not change hands, so its later submissions (a batch of hundreds into
     /// one run) do not each read the whole run.
-    async fn require_own_run(&self, principal: &Principal, run_id: &RunId) -> Result<(), ApiError> {
+    ///
+    /// A run found empty comes with the run's turn, which the caller holds until its
+    /// reservation is written: another agent opening the same run at the same instant reads
+    /// after it, finds this agent's command and is refused.
+    async fn require_own_run(
+        &self,
+        principal: &Principal,
+        run_id: &RunId,
+    ) -> Result<Option<tokio::sync::MutexGuard<'_, ()>>, ApiError> {
         let Some(name) = principal.submitter() else {
-            return Ok(());
+            return Ok(None);
         };
         if principal.role != sluice_runtime::config::Role::Agent {
-            return Ok(());
+            return Ok(None);
         }
         let pair = (run_id.clone(), name.to_owned());
         if self.owned.lock().is_ok_and(|owned| owned.contains(&pair)) {
-            return Ok(());
+            return Ok(None);
         }
+        let turn = self.run_turn(run_id).await;
         let existing = self.commands_of(run_id).await?;
         principal.require_no_foreign(run_id, &existing)?;
-        // A run found empty is not remembered: had another agent opened it at the same
-        // instant, the next read finds that agent's command and refuses.
+        // A run found empty is not remembered yet (the reservation may still fail).
         if existing.is_empty() {
-            return Ok(());
+            return Ok(Some(turn));
         }
         if let Ok(mut owned) = self.owned.lock() {
             if owned.len() >= MAX_OWNED {
@@ -227,7 +236,7 @@ impl Api {
             }
             owned.insert(pair);
         }
-        Ok(())
+        Ok(None)
     }
 
     /// A run's commands in journal order; a ledger failure is a 503.
@@ -346,14 +355,16 @@ impl Api {
             rules.pending_stale_ms,
         );
         // An agent adds to its own runs only.
-        self.require_own_run(principal, &command.run_id).await?;
+        let turn = self.require_own_run(principal, &command.run_id).await?;
         let command = match principal.submitter() {
             Some(name) => command.submitted_by(name),
             None => command,
         };
         let tool_label = tool.name().to_string();
         let audit = command.reservation_audit(ACTOR);
-        let reserved = match self.ctx.ledger.reserve(command, audit).await {
+        let reserved = self.ctx.ledger.reserve(command, audit).await;
+        drop(turn);
+        let reserved = match reserved {
             Ok(reserved) => reserved,
             Err(e @ LedgerError::ArgumentDrift { .. }) => {
                 self.count(&tool_label, "drift");

@@ -455,7 +455,7 @@ async fn replay(
 ) -> Result<Response, ApiError> {
     // The run's budget is checked on a read of the run; the replay that read it must have
     // written before another replay of the run reads.
-    let _turn = api.replay_turn(run_id).await;
+    let _turn = api.run_turn(run_id).await;
     let run = api.commands_of(run_id).await?;
     let command = run
         .iter()
