@@ -486,3 +486,54 @@ async fn bare_names_batches_status_filters_and_business_keys() {
     );
     h.stop().await;
 }
+
+/// Eight runs submitting the same wire (one business key) at the same instant: one command is
+/// reserved, the other seven are answered with it, and the bank books the wire once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_business_key_from_eight_runs_at_once_books_one_wire() {
+    let h = Harness::start(Faults::none(), |c| c).await;
+    let submissions = (0..8).map(|i| {
+        let agent = &h.agent;
+        async move {
+            agent
+                .submit(&effect(
+                    &format!("r-bk-race-{i}"),
+                    1,
+                    "payments/wire",
+                    0,
+                    wire_args("acc-bk-race", 31_415),
+                ))
+                .await
+        }
+    });
+    let answers = futures::future::join_all(submissions).await;
+    let created: Vec<_> = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED)
+        .collect();
+    assert_eq!(created.len(), 1, "{answers:#?}");
+    let wire = created[0].command();
+    for answer in &answers {
+        assert!(
+            answer.status == StatusCode::CREATED || answer.status == StatusCode::OK,
+            "{}",
+            answer.text
+        );
+        let command = answer.command();
+        assert_eq!(
+            (command.run_id.to_string(), command.command_key.to_string()),
+            (wire.run_id.to_string(), wire.command_key.to_string()),
+            "every answer is the one reserved wire"
+        );
+    }
+    let key = wire.command_key.to_string();
+    let settled = h.agent.wait_settled(wire.run_id.as_str(), &key).await;
+    assert_eq!(settled.status(), CommandStatus::Confirmed);
+    assert_eq!(
+        h.upstream
+            .stats()
+            .standing_wires(&wire_business_key("acc-bk-race", 31_415)),
+        1
+    );
+    h.stop().await;
+}
