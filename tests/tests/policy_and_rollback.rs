@@ -280,19 +280,11 @@ async fn rollbacks_sent_at_once_compensate_each_command_once() {
     let chain = h.audit(run).await;
     for key in [ticket, wire] {
         let compensated = chain
-            .entries
-            .iter()
-            .filter(|e| {
-                e.record
-                    .command_key
-                    .as_ref()
-                    .map(ToString::to_string)
-                    .as_deref()
-                    == Some(key)
-                    && e.record.to == Some(Compensated)
-            })
+            .of(key)
+            .into_iter()
+            .filter(|e| e.record.to == Some(Compensated))
             .count();
-        assert_eq!(compensated, 1, "{key}: {chain:#?}");
+        assert_eq!(compensated, 1, "{key}: {:#?}", chain.describe(key));
     }
     h.stop().await;
 }
