@@ -1002,3 +1002,61 @@ async fn an_approval_and_a_rejection_at_once_decide_the_wire_exactly_once() {
     }
     h.stop().await;
 }
+
+/// Twenty scheduled emails removed right as they fall due: each one either is removed (and
+/// never sent) or has started (and is sent once); the answer says which, and the upstream
+/// agrees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_scheduled_effects_as_they_fall_due_is_all_or_nothing_per_effect() {
+    const EMAILS: u32 = 20;
+    let (h, agent, _) = start(Faults::none(), |c| c).await;
+    let run = "r-sched-race";
+    for decision in 1..=EMAILS {
+        agent
+            .submit_created(&scheduled(
+                run,
+                decision,
+                "email/send",
+                email_args(&format!("race {decision}")),
+                SWEEP_INTERVAL_MS,
+            ))
+            .await;
+    }
+    // Removals spread over the time the sweep makes them due: the early ones find them
+    // SCHEDULED, the late ones find them started, and some meet the sweep.
+    let removals = (1..=EMAILS).map(|decision| {
+        let agent = &agent;
+        async move {
+            let wait = SWEEP_INTERVAL_MS / 2 + u64::from(decision) * SWEEP_INTERVAL_MS / 8;
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            let key = format!("d-{decision}/email/send/0");
+            let answer = agent
+                .call(
+                    "DELETE",
+                    &format!("/v1/runs/{run}/effects/{}", encode_key(&key)),
+                    None,
+                )
+                .await;
+            (key, answer)
+        }
+    });
+    let mut removed = 0_u64;
+    for (key, answer) in futures::future::join_all(removals).await {
+        let settled = agent.wait_settled(run, &key).await;
+        if answer.body["removed"] == json!(true) {
+            assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);
+            assert_eq!(settled.status(), Cancelled, "{key}: {settled:?}");
+            removed += 1;
+        } else {
+            assert_eq!(answer.status, StatusCode::CONFLICT, "{}", answer.text);
+            assert_eq!(settled.status(), Confirmed, "{key}: {settled:?}");
+        }
+    }
+    let sent = h.upstream.stats().emails;
+    assert_eq!(
+        sent + removed,
+        u64::from(EMAILS),
+        "every email either removed or sent once ({removed} removed, {sent} sent)"
+    );
+    h.stop().await;
+}
