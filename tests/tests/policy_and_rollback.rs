@@ -288,3 +288,49 @@ async fn rollbacks_sent_at_once_compensate_each_command_once() {
     }
     h.stop().await;
 }
+
+/// A rolled-back run is shut: the agent's next effect in it is refused with 409
+/// `run_rolled_back` and never runs, a retry of an effect it already had still answers 200,
+/// and other runs go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_run_takes_no_new_effects() {
+    let h = Harness::start(Faults::none(), |c| c).await;
+    let run = "r-shut";
+    let first = effect(run, 1, "email/send", 0, email_args("before"));
+    h.agent.submit_created(&first).await;
+    let key = "d-1/email/send/0";
+    assert_eq!(h.agent.wait_settled(run, key).await.status(), Confirmed);
+    let accepted = h.agent.rollback(run, "went off the rails").await;
+    assert_eq!(accepted.status, StatusCode::ACCEPTED, "{}", accepted.text);
+
+    let after = h
+        .agent
+        .submit(&effect(run, 2, "email/send", 0, email_args("after")))
+        .await;
+    assert_eq!(after.status, StatusCode::CONFLICT, "{}", after.text);
+    assert_eq!(after.error_code(), "run_rolled_back", "{}", after.text);
+    let retry = h.agent.submit(&first).await;
+    assert_eq!(retry.status, StatusCode::OK, "{}", retry.text);
+    assert_eq!(
+        h.agent.commands(run, None).await.len(),
+        1,
+        "nothing new was recorded in the run"
+    );
+    h.agent
+        .submit_created(&effect(
+            "r-shut-other",
+            1,
+            "email/send",
+            0,
+            email_args("elsewhere"),
+        ))
+        .await;
+    let elsewhere = h.agent.wait_settled("r-shut-other", key).await;
+    assert_eq!(elsewhere.status(), Confirmed, "other runs go on");
+    assert_eq!(
+        h.upstream.stats().emails,
+        2,
+        "the first email and the other run's; the refused one was never sent"
+    );
+    h.stop().await;
+}

@@ -374,6 +374,14 @@ impl Api {
                     e.to_string(),
                 ));
             }
+            Err(e @ LedgerError::RunClosed { .. }) => {
+                self.count(&tool_label, "run_closed");
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "run_rolled_back",
+                    e.to_string(),
+                ));
+            }
             Err(e) => return Err(ApiError::unavailable(&e)),
         };
         match reserved {

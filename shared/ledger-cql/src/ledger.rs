@@ -150,6 +150,8 @@ struct Head {
     run_created_at: Option<i64>,
     updated_at: Option<i64>,
     checkpoint: Option<(i64, String, i64)>,
+    /// Closed by a rollback: no new commands.
+    closed: bool,
 }
 
 impl Head {
@@ -162,6 +164,7 @@ impl Head {
             run_created_at: None,
             updated_at: None,
             checkpoint: None,
+            closed: false,
         }
     }
 
@@ -204,6 +207,7 @@ impl Head {
             run_created_at: fields.bigint("run_created_at"),
             updated_at: fields.bigint("updated_at"),
             checkpoint,
+            closed: fields.bigint("run_closed_at").is_some(),
         }
     }
 
@@ -230,6 +234,7 @@ impl Head {
             run_created_at,
             updated_at: Some(updated_at),
             checkpoint: self.checkpoint.clone(),
+            closed: self.closed,
         }
     }
 }
@@ -403,6 +408,22 @@ struct AppendValues<'a> {
     audit_write_id: Uuid,
     updated_at: i64,
     new_run_created_at: i64,
+    run_id: &'a str,
+    seq: Option<i64>,
+    run_created_at: Option<i64>,
+}
+
+/// [`AppendValues`] and the time the run is closed at (`append_close`).
+#[derive(scylla::SerializeRow)]
+struct CloseValues<'a> {
+    next_seq: i64,
+    head: &'a str,
+    pending: &'a str,
+    pending_prev: &'a str,
+    audit_write_id: Uuid,
+    updated_at: i64,
+    new_run_created_at: i64,
+    closed_at: i64,
     run_id: &'a str,
     seq: Option<i64>,
     run_created_at: Option<i64>,
@@ -1132,6 +1153,17 @@ impl CqlLedger {
                 Some(head) => (head, Stale::Cached),
                 None => (self.read_head(op, run, false).await?, Stale::Read),
             };
+            if head.closed {
+                // A closed run: what is there still replays; nothing new goes in. (A cached head
+                // that missed the closing fails its LWT below and is read afresh.)
+                if let Some(stored) = self.read_row(op, run, &key, false).await? {
+                    return self.existing(command, &key, Some(stored)).await;
+                }
+                return Err(LedgerError::RunClosed {
+                    run_id: run.to_owned(),
+                    command_key: key,
+                });
+            }
             let created_at = head
                 .run_created_at
                 .unwrap_or_else(|| command.created_at.as_millis());
@@ -1569,7 +1601,12 @@ impl Ledger for CqlLedger {
             }
         }
         let reserved = self.reserve_row(&command, &record).await;
-        if fresh_claim && matches!(reserved, Err(LedgerError::ArgumentDrift { .. })) {
+        if fresh_claim
+            && matches!(
+                reserved,
+                Err(LedgerError::ArgumentDrift { .. } | LedgerError::RunClosed { .. })
+            )
+        {
             self.release_claim(op, &command).await;
         }
         reserved
@@ -1672,55 +1709,16 @@ impl Ledger for CqlLedger {
         draft: AuditDraft,
         at: Timestamp,
     ) -> Result<AuditEntry, LedgerError> {
-        let op = Op::AuditAppend;
-        self.inner.stats.call(op);
-        let record = PreparedRecord::new(run_id, draft, at);
-        let run = run_id.as_str();
-        for attempt in 0..self.inner.config.max_attempts {
-            let head = self.read_head(op, run, false).await?;
-            let created_at = head.run_created_at.unwrap_or_else(|| at.as_millis());
-            let register =
-                (head.run_created_at.is_none() && run != SYSTEM_RUN).then_some(created_at);
-            self.before_lwt(op, run, Some(&head), None, register)
-                .await?;
-            let mut chain = head.chain.clone();
-            let sealed = record.seal_link(&mut chain);
-            let write_id = Uuid::new_v4();
-            let values = AppendValues {
-                next_seq: seq_i64(chain.next_seq),
-                head: &sealed.hash,
-                pending: &sealed.canonical,
-                pending_prev: &sealed.prev_hash,
-                audit_write_id: write_id,
-                updated_at: at.as_millis(),
-                new_run_created_at: created_at,
-                run_id: run,
-                seq: head.stored_seq,
-                run_created_at: head.run_created_at,
-            };
-            let applied = match self
-                .lwt(op, "audit append", &self.inner.st.append, values)
-                .await?
-            {
-                Lwt::Applied => true,
-                Lwt::NotApplied(_) => {
-                    self.inner.stats.retry(op);
-                    back_off(attempt).await;
-                    false
-                }
-                Lwt::Unknown => {
-                    self.settle_audited(op, run, write_id, seq_i64(sealed.seq))
-                        .await?
-                }
-            };
-            if applied {
-                let after = head.after(chain, &sealed, write_id, Some(created_at), at.as_millis());
-                self.remember_head(run, &after);
-                self.insert_own(op, run, &sealed, write_id).await;
-                return Ok(record.entry(&sealed));
-            }
-        }
-        Err(self.too_contended(op, run))
+        self.append_run_record(run_id, draft, at, false).await
+    }
+
+    async fn close_run(
+        &self,
+        run_id: &RunId,
+        draft: AuditDraft,
+        at: Timestamp,
+    ) -> Result<AuditEntry, LedgerError> {
+        self.append_run_record(run_id, draft, at, true).await
     }
 
     async fn audit_read(&self, run_id: &RunId) -> Result<AuditTrail, LedgerError> {
@@ -1808,5 +1806,85 @@ impl Ledger for CqlLedger {
                 .map(|(kind, count)| sluice_ledger::RoundTrips { op, kind, count })
             })
             .collect()
+    }
+}
+
+impl CqlLedger {
+    /// Appends a run-level record; with `close`, the same LWT closes the run.
+    async fn append_run_record(
+        &self,
+        run_id: &RunId,
+        draft: AuditDraft,
+        at: Timestamp,
+        close: bool,
+    ) -> Result<AuditEntry, LedgerError> {
+        let op = Op::AuditAppend;
+        self.inner.stats.call(op);
+        let record = PreparedRecord::new(run_id, draft, at);
+        let run = run_id.as_str();
+        for attempt in 0..self.inner.config.max_attempts {
+            let head = self.read_head(op, run, false).await?;
+            let created_at = head.run_created_at.unwrap_or_else(|| at.as_millis());
+            let register =
+                (head.run_created_at.is_none() && run != SYSTEM_RUN).then_some(created_at);
+            self.before_lwt(op, run, Some(&head), None, register)
+                .await?;
+            let mut chain = head.chain.clone();
+            let sealed = record.seal_link(&mut chain);
+            let write_id = Uuid::new_v4();
+            let values = AppendValues {
+                next_seq: seq_i64(chain.next_seq),
+                head: &sealed.hash,
+                pending: &sealed.canonical,
+                pending_prev: &sealed.prev_hash,
+                audit_write_id: write_id,
+                updated_at: at.as_millis(),
+                new_run_created_at: created_at,
+                run_id: run,
+                seq: head.stored_seq,
+                run_created_at: head.run_created_at,
+            };
+            let answer = if close {
+                let values = CloseValues {
+                    next_seq: values.next_seq,
+                    head: values.head,
+                    pending: values.pending,
+                    pending_prev: values.pending_prev,
+                    audit_write_id: values.audit_write_id,
+                    updated_at: values.updated_at,
+                    new_run_created_at: values.new_run_created_at,
+                    closed_at: at.as_millis(),
+                    run_id: values.run_id,
+                    seq: values.seq,
+                    run_created_at: values.run_created_at,
+                };
+                self.lwt(op, "close run", &self.inner.st.append_close, values)
+                    .await?
+            } else {
+                self.lwt(op, "audit append", &self.inner.st.append, values)
+                    .await?
+            };
+            let applied = match answer {
+                Lwt::Applied => true,
+                Lwt::NotApplied(_) => {
+                    self.inner.stats.retry(op);
+                    back_off(attempt).await;
+                    false
+                }
+                Lwt::Unknown => {
+                    self.settle_audited(op, run, write_id, seq_i64(sealed.seq))
+                        .await?
+                }
+            };
+            if applied {
+                let mut after =
+                    head.after(chain, &sealed, write_id, Some(created_at), at.as_millis());
+                after.closed |= close;
+                self.remember_head(run, &after);
+                self.insert_own(op, run, &sealed, write_id).await;
+                return Ok(record.entry(&sealed));
+            }
+        }
+        Err(self.too_contended(op, run))
     }
 }

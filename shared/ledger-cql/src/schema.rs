@@ -12,10 +12,23 @@ use crate::config::{Replication, Tablets, validate_keyspace};
 pub const SCHEMA_VERSION: i64 = 1;
 
 /// Schema files in order; each is applied whole, every statement idempotent.
-const SCHEMA_FILES: [(&str, &str); 1] = [(
-    "001_schema.cql",
-    include_str!("../../../schemas/cql/001_schema.cql"),
-)];
+const SCHEMA_FILES: [(&str, &str); 2] = [
+    (
+        "001_schema.cql",
+        include_str!("../../../schemas/cql/001_schema.cql"),
+    ),
+    (
+        "002_run_closed.cql",
+        include_str!("../../../schemas/cql/002_run_closed.cql"),
+    ),
+];
+
+/// Whether a failed schema statement is one that was already applied: an `ALTER TABLE … ADD` of
+/// a column the table has (CQL has no `ADD IF NOT EXISTS` on Cassandra 5).
+fn already_applied(statement: &str, error: &str) -> bool {
+    statement.starts_with("ALTER TABLE")
+        && (error.contains("conflicts with an existing column") || error.contains("already exists"))
+}
 
 /// The statements of the schema for `keyspace`, in order, comments removed.
 pub fn schema_statements(
@@ -70,7 +83,8 @@ pub async fn drop_keyspace(session: &Session, keyspace: &str) -> Result<(), CqlE
 
 /// Creates the keyspace (with `replication`, if it does not exist yet) and every table, and
 /// records the schema version and the origin of the due index. Safe to run again and from
-/// several processes at once: every statement is `IF NOT EXISTS`.
+/// several processes at once: every statement is `IF NOT EXISTS`, or an `ALTER … ADD` whose
+/// "already there" answer counts as done.
 pub async fn migrate(
     session: &Session,
     keyspace: &str,
@@ -97,10 +111,11 @@ pub async fn migrate_with(
     for statement in schema_statements(keyspace, replication, tablets) {
         let mut ddl = Statement::new(statement.as_str());
         ddl.set_consistency(Consistency::All);
-        session
-            .query_unpaged(ddl, ())
-            .await
-            .map_err(|e| failed(&statement, Box::new(e)))?;
+        match session.query_unpaged(ddl, ()).await {
+            Ok(_) => {}
+            Err(e) if already_applied(&statement, &e.to_string()) => {}
+            Err(e) => return Err(failed(&statement, Box::new(e))),
+        }
     }
     session
         .await_schema_agreement()

@@ -15,7 +15,7 @@ use crate::config::CqlConfig;
 
 /// The static columns of a run's partition, as every head read selects them.
 pub(crate) const STATICS: &str = "audit_seq, audit_head, audit_pending, audit_pending_prev, \
-     audit_write_id, run_created_at, updated_at, ckpt_count, ckpt_hash, ckpt_at";
+     audit_write_id, run_created_at, updated_at, ckpt_count, ckpt_hash, ckpt_at, run_closed_at";
 /// A command row's own columns.
 const ROW: &str = "command_key, identity, state, status, lease_epoch, due_at, args_hash, write_id";
 
@@ -44,6 +44,8 @@ pub(crate) struct Statements {
     pub transition: PreparedStatement,
     pub quiet: PreparedStatement,
     pub append: PreparedStatement,
+    /// `append` that also closes the run (a rollback).
+    pub append_close: PreparedStatement,
     pub claim: PreparedStatement,
     pub take_over_claim: PreparedStatement,
     pub release_claim: PreparedStatement,
@@ -236,6 +238,18 @@ impl Statements {
                      audit_pending = :pending, audit_pending_prev = :pending_prev, \
                      audit_write_id = :audit_write_id, updated_at = :updated_at, \
                      run_created_at = :new_run_created_at \
+                     WHERE run_id = :run_id \
+                     IF audit_seq = :seq AND run_created_at = :run_created_at"
+                ),
+                Lwt,
+            )
+            .await?,
+            append_close: prepare(
+                format!(
+                    "UPDATE {ks}.commands SET audit_seq = :next_seq, audit_head = :head, \
+                     audit_pending = :pending, audit_pending_prev = :pending_prev, \
+                     audit_write_id = :audit_write_id, updated_at = :updated_at, \
+                     run_created_at = :new_run_created_at, run_closed_at = :closed_at \
                      WHERE run_id = :run_id \
                      IF audit_seq = :seq AND run_created_at = :run_created_at"
                 ),

@@ -861,3 +861,42 @@ async fn a_moved_due_time_leaves_no_stale_due_entry() {
         "the reservation's and the lease's due entries are gone"
     );
 }
+
+/// A keyspace made before runs could be closed (no `run_closed_at`) gets the column from the
+/// migration, keeps its runs, and can then close them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyspace_without_run_closed_at_is_migrated_and_keeps_its_runs() {
+    let ledger = connect_own().await;
+    let keyspace = ledger.config().keyspace.clone();
+    let run = fresh_run("migrate-close");
+    let c = command(&run, 0, "email/send", 0, json!({}));
+    let audit = c.reservation_audit("test");
+    ledger.reserve(c, audit).await.expect("reserve");
+    ledger
+        .session()
+        .query_unpaged(
+            format!("ALTER TABLE {keyspace}.commands DROP run_closed_at"),
+            (),
+        )
+        .await
+        .expect("make it an older keyspace");
+    drop(ledger);
+
+    let ledger = connect(config(keyspace)).await;
+    assert_eq!(ledger.list_run(&run, None).await.expect("list").len(), 1);
+    let draft = sluice_core::audit::AuditDraft {
+        command_key: None,
+        from: None,
+        to: None,
+        actor: "alice".into(),
+        reason: "run rollback".into(),
+        evidence: json!({}),
+    };
+    ledger.close_run(&run, draft, now()).await.expect("close");
+    let late = command(&run, 1, "email/send", 0, json!({}));
+    let audit = late.reservation_audit("test");
+    assert!(matches!(
+        ledger.reserve(late, audit).await,
+        Err(sluice_ledger::LedgerError::RunClosed { .. })
+    ));
+}

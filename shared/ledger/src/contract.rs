@@ -44,6 +44,7 @@ macro_rules! ledger_contract_tests {
             results_are_size_capped,
             unknown_commands_conflict_with_none,
             audit_append_records_run_level_facts,
+            a_closed_run_takes_no_new_commands_and_replays_its_own,
             purge_removes_finished_runs_and_leaves_checkpoints,
             list_runs_shows_recent_runs_with_open_counts,
             the_submitter_is_kept_through_transitions
@@ -811,6 +812,102 @@ pub async fn audit_append_records_run_level_facts(ledger: Arc<dyn Ledger>) {
     let trail = ledger.audit_read(&run).await.expect("audit");
     assert_eq!(trail.entries.last(), Some(&entry));
     verify(&run, None, &trail.entries).expect("verifies");
+}
+
+pub async fn a_closed_run_takes_no_new_commands_and_replays_its_own(ledger: Arc<dyn Ledger>) {
+    let (run, other) = (fresh_run("closed"), fresh_run("closed-other"));
+    let key = format!("closed-{run}");
+    let wire = reserve_new(
+        &*ledger,
+        command_with_key(
+            &run,
+            1,
+            "payments/wire",
+            0,
+            json!({"amount": 5}),
+            Some(&key),
+        ),
+    )
+    .await;
+    reserve_new(&*ledger, command(&other, 1, "email/send", 0, json!({}))).await;
+    let draft = || AuditDraft {
+        command_key: None,
+        from: None,
+        to: None,
+        actor: "alice".into(),
+        reason: "run rollback: went off the rails".into(),
+        evidence: json!({}),
+    };
+    let closing = ledger.close_run(&run, draft(), now()).await.expect("close");
+    assert_eq!(
+        closing.record.seq, 1,
+        "the record follows the reservation's"
+    );
+
+    // Nothing new goes in, with or without a business key, whatever the process caches.
+    for fresh in [
+        command(&run, 2, "email/send", 0, json!({})),
+        command_with_key(
+            &run,
+            3,
+            "payments/wire",
+            0,
+            json!({"amount": 6}),
+            Some(&format!("{key}-2")),
+        ),
+    ] {
+        let audit = fresh.reservation_audit("contract");
+        match ledger.reserve(fresh, audit).await {
+            Err(LedgerError::RunClosed { run_id, .. }) => assert_eq!(run_id, run.as_str()),
+            other => panic!("a closed run takes no new command, got {other:?}"),
+        }
+    }
+    // What is there still replays, and drift is still drift.
+    let again = command_with_key(
+        &run,
+        1,
+        "payments/wire",
+        0,
+        json!({"amount": 5}),
+        Some(&key),
+    );
+    let audit = again.reservation_audit("contract");
+    match ledger.reserve(again, audit).await.expect("a replay") {
+        Reserved::Existing(existing) => assert_eq!(existing.command_key, wire.command_key),
+        other => panic!("expected the existing command, got {other:?}"),
+    }
+    let drifted = command_with_key(
+        &run,
+        1,
+        "payments/wire",
+        0,
+        json!({"amount": 7}),
+        Some(&key),
+    );
+    let audit = drifted.reservation_audit("contract");
+    assert!(matches!(
+        ledger.reserve(drifted, audit).await,
+        Err(LedgerError::ArgumentDrift { .. })
+    ));
+    // Closing again only records again; other runs are untouched.
+    let twice = ledger
+        .close_run(&run, draft(), now())
+        .await
+        .expect("close again");
+    assert_eq!(twice.record.seq, 2);
+    reserve_new(&*ledger, command(&other, 2, "email/send", 0, json!({}))).await;
+    let trail = ledger.audit_read(&run).await.expect("audit");
+    assert_eq!(
+        trail.entries.len(),
+        3,
+        "reservation and two closing records only"
+    );
+    verify(&run, None, &trail.entries).expect("verifies");
+    assert_eq!(
+        ledger.list_run(&run, None).await.expect("list").len(),
+        1,
+        "nothing was added"
+    );
 }
 
 pub async fn purge_removes_finished_runs_and_leaves_checkpoints(ledger: Arc<dyn Ledger>) {

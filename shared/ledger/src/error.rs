@@ -16,6 +16,11 @@ pub enum LedgerError {
         stored: String,
         presented: String,
     },
+    /// The run was rolled back and takes no new commands (its existing ones still replay).
+    #[error(
+        "run {run_id} was rolled back and takes no new effects ({command_key} is new); start a new run"
+    )]
+    RunClosed { run_id: String, command_key: String },
     /// The caller asked for something the contract does not allow.
     #[error("invalid ledger request for {run_id}/{command_key}: {why}")]
     InvalidRequest {

@@ -337,6 +337,17 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
         at: Timestamp,
     ) -> Result<AuditEntry, LedgerError>;
 
+    /// Appends a run-level record (a rollback request) and, in the same write, closes the run:
+    /// from then on [`Ledger::reserve`] refuses new commands in it with
+    /// [`LedgerError::RunClosed`]; a command already there still replays (or drifts) as before.
+    /// Closing a closed run appends the record again and changes nothing else.
+    async fn close_run(
+        &self,
+        run_id: &RunId,
+        draft: AuditDraft,
+        at: Timestamp,
+    ) -> Result<AuditEntry, LedgerError>;
+
     /// A run's chain: its checkpoint, if purged before, and the records after it in order.
     async fn audit_read(&self, run_id: &RunId) -> Result<AuditTrail, LedgerError>;
 

@@ -51,7 +51,9 @@ pub const LEDGER_FILE: &str = "ledger.db";
 /// `PRAGMA application_id` of a Sluice ledger: "SLCE".
 const APPLICATION_ID: i64 = 0x534C_4345;
 /// Schema version this build writes.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
+/// From schema version 1: a run can be closed (a rollback shuts it to new commands).
+const MIGRATE_1_TO_2: &str = "ALTER TABLE runs ADD COLUMN closed_at INTEGER;";
 /// The checkpointer thread copies the WAL into the database each time the log grows by this
 /// many frames (pages) past the first step; fewer, larger checkpoints copy a page that changes
 /// often fewer times.
@@ -72,7 +74,8 @@ const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
     run_seq    INTEGER PRIMARY KEY,
     run_id     TEXT    NOT NULL,
-    created_at INTEGER NOT NULL
+    created_at INTEGER NOT NULL,
+    closed_at  INTEGER
 );
 CREATE UNIQUE INDEX IF NOT EXISTS runs_id ON runs (run_id);
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at);
@@ -244,6 +247,8 @@ enum Op {
         at: Timestamp,
     },
     Append(PreparedRecord),
+    /// A run-level record that also closes the run.
+    Close(PreparedRecord),
     Purge {
         older_than: Timestamp,
         max_runs: usize,
@@ -456,13 +461,23 @@ fn prepare_schema(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
         return Err(corrupt(format!("cannot switch to WAL mode (got {mode})")));
     }
     if version < SCHEMA_VERSION {
-        // IF NOT EXISTS and the immediate lock make concurrent first opens by several
-        // processes safe: the second one finds the schema in place.
-        let script = format!(
-            "BEGIN IMMEDIATE; {SCHEMA} PRAGMA application_id = {APPLICATION_ID}; \
-             PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-        );
-        conn.execute_batch(&script).map_err(|e| {
+        // The immediate lock makes concurrent first opens by several processes safe: the
+        // version is read again under it, so the second one finds the schema in place.
+        let upgrade = || -> Result<(), rusqlite::Error> {
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            let version: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
+            if version == 0 {
+                conn.execute_batch(SCHEMA)?;
+            }
+            if version == 1 {
+                conn.execute_batch(MIGRATE_1_TO_2)?;
+            }
+            conn.execute_batch(&format!(
+                "PRAGMA application_id = {APPLICATION_ID}; \
+                 PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            ))
+        };
+        upgrade().map_err(|e| {
             let _ = conn.execute_batch("ROLLBACK");
             not_a_ledger(e)
         })?;
@@ -602,6 +617,8 @@ struct Writer {
 struct RunHead {
     run_seq: i64,
     chain: ChainHead,
+    /// Closed by a rollback: no new commands.
+    closed: bool,
 }
 
 impl Writer {
@@ -779,6 +796,18 @@ impl Writer {
                 let link = self.append(record)?;
                 Ok(Reply::Entry(record.entry(&link)))
             }
+            Op::Close(record) => {
+                let link = self.append(record)?;
+                let head = self.head(record.run_id(), record.at())?;
+                head.closed = true;
+                let run_seq = head.run_seq;
+                self.conn
+                    .prepare_cached(
+                        "UPDATE runs SET closed_at = ?2 WHERE run_seq = ?1 AND closed_at IS NULL",
+                    )?
+                    .execute(params![run_seq, record.at().as_millis()])?;
+                Ok(Reply::Entry(record.entry(&link)))
+            }
             Op::Purge {
                 older_than,
                 max_runs,
@@ -804,12 +833,12 @@ impl Writer {
     /// The run's cached or stored head; `None` for a run the ledger has never seen.
     fn stored_head(&mut self, run_id: &RunId) -> Result<Option<&mut RunHead>, rusqlite::Error> {
         if !self.heads.contains_key(run_id) {
-            let run_seq: Option<i64> = self
+            let run: Option<(i64, Option<i64>)> = self
                 .conn
-                .prepare_cached("SELECT run_seq FROM runs WHERE run_id = ?1")?
-                .query_row([run_id.as_str()], |row| row.get(0))
+                .prepare_cached("SELECT run_seq, closed_at FROM runs WHERE run_id = ?1")?
+                .query_row([run_id.as_str()], |row| Ok((row.get(0)?, row.get(1)?)))
                 .optional()?;
-            let Some(run_seq) = run_seq else {
+            let Some((run_seq, closed_at)) = run else {
                 return Ok(None);
             };
             let last: Option<(i64, String)> = self
@@ -826,8 +855,14 @@ impl Writer {
                 },
                 None => self.checkpoint_head(run_id)?,
             };
-            self.heads
-                .insert(run_id.clone(), RunHead { run_seq, chain });
+            self.heads.insert(
+                run_id.clone(),
+                RunHead {
+                    run_seq,
+                    chain,
+                    closed: closed_at.is_some(),
+                },
+            );
         }
         Ok(self.heads.get_mut(run_id))
     }
@@ -855,8 +890,14 @@ impl Writer {
                 .prepare_cached("INSERT INTO runs (run_id, created_at) VALUES (?1, ?2)")?
                 .execute(params![run_id.as_str(), now.as_millis()])?;
             let run_seq = self.conn.last_insert_rowid();
-            self.heads
-                .insert(run_id.clone(), RunHead { run_seq, chain });
+            self.heads.insert(
+                run_id.clone(),
+                RunHead {
+                    run_seq,
+                    chain,
+                    closed: false,
+                },
+            );
         }
         Ok(self
             .heads
@@ -894,6 +935,19 @@ impl Writer {
         identity: &str,
         state: &str,
     ) -> WriteResult<ReserveReply> {
+        if self
+            .stored_head(&command.run_id)?
+            .is_some_and(|head| head.closed)
+        {
+            // A closed run: what is there still replays; nothing new goes in.
+            if self.load_row(command.run_id.as_str(), key)?.is_some() {
+                return self.existing(command, key);
+            }
+            return Ok(Err(LedgerError::RunClosed {
+                run_id: command.run_id.to_string(),
+                command_key: key.to_owned(),
+            }));
+        }
         if command.business_key.is_none() {
             // Insert first: the unique key says whether the command existed, which saves a
             // lookup for every new command.
@@ -1511,6 +1565,19 @@ impl Ledger for SqliteLedger {
     ) -> Result<AuditEntry, LedgerError> {
         let record = PreparedRecord::new(run_id, draft, at);
         match self.submit(Op::Append(record)).await?.result? {
+            Reply::Entry(entry) => Ok(entry),
+            _ => Err(LedgerError::Closed),
+        }
+    }
+
+    async fn close_run(
+        &self,
+        run_id: &RunId,
+        draft: AuditDraft,
+        at: Timestamp,
+    ) -> Result<AuditEntry, LedgerError> {
+        let record = PreparedRecord::new(run_id, draft, at);
+        match self.submit(Op::Close(record)).await?.result? {
             Reply::Entry(entry) => Ok(entry),
             _ => Err(LedgerError::Closed),
         }

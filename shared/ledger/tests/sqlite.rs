@@ -334,3 +334,51 @@ async fn many_reads_at_once_share_the_pooled_connections_and_all_answer() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_version_1_ledger_is_upgraded_in_place_and_keeps_its_runs() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let run = fresh_run("upgrade");
+    {
+        let ledger = SqliteLedger::open(SqliteConfig::in_dir(dir.path())).expect("open");
+        let c = command(&run, 0, "email/send", 0, json!({}));
+        let audit = c.reservation_audit("test");
+        ledger.reserve(c, audit).await.expect("reserve");
+    }
+    // What a version 1 file looked like: no closed_at on runs.
+    {
+        let conn = rusqlite::Connection::open(SqliteConfig::in_dir(dir.path()).path())
+            .expect("open the file");
+        conn.execute_batch("ALTER TABLE runs DROP COLUMN closed_at; PRAGMA user_version = 1;")
+            .expect("make it a version 1 file");
+    }
+    let ledger = SqliteLedger::open(SqliteConfig::in_dir(dir.path())).expect("upgrade");
+    assert_eq!(ledger.list_run(&run, None).await.expect("list").len(), 1);
+    let draft = AuditDraft {
+        command_key: None,
+        from: None,
+        to: None,
+        actor: "alice".into(),
+        reason: "run rollback".into(),
+        evidence: json!({}),
+    };
+    ledger
+        .close_run(
+            &run,
+            draft,
+            sluice_core::time::Clock::now(&sluice_core::time::SystemClock),
+        )
+        .await
+        .expect("close");
+    let late = command(&run, 1, "email/send", 0, json!({}));
+    let audit = late.reservation_audit("test");
+    assert!(matches!(
+        ledger.reserve(late, audit).await,
+        Err(LedgerError::RunClosed { .. })
+    ));
+    let version: i64 = rusqlite::Connection::open(SqliteConfig::in_dir(dir.path()).path())
+        .expect("open the file")
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .expect("user_version");
+    assert_eq!(version, 2);
+}

@@ -330,9 +330,9 @@ impl Context {
         })
     }
 
-    /// Starts a run rollback durably: records it in the run's audit chain, cancels the commands
-    /// that have not started, and moves every CONFIRMED command that can be undone to
-    /// COMPENSATING (with a due time, so the sweep finishes the work if the process dies) or to
+    /// Starts a run rollback durably: records it in the run's audit chain and closes the run to
+    /// new commands (one write), cancels the commands that have not started, and moves every
+    /// CONFIRMED command that can be undone to COMPENSATING (with a due time, so the sweep finishes the work if the process dies) or to
     /// NO_COMPENSATION. The compensate calls themselves are the compensator's job.
     pub async fn begin_rollback(
         &self,
@@ -346,8 +346,9 @@ impl Context {
             .filter(|c| matches!(c.status(), CommandStatus::Leased | CommandStatus::Unknown))
             .map(|c| c.command_key.to_string())
             .collect();
+        // Recorded and closed in one write: from here on the run takes no new effects.
         self.ledger
-            .audit_append(
+            .close_run(
                 run_id,
                 sluice_core::audit::AuditDraft {
                     command_key: None,
