@@ -177,7 +177,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_schema_splits_into_keyspace_then_tables() {
+    fn only_an_alter_whose_column_exists_counts_as_applied() {
+        let alter = "ALTER TABLE ks.commands ADD run_closed_at bigint static";
+        assert!(already_applied(
+            alter,
+            "Invalid column name run_closed_at because it conflicts with an existing column"
+        ));
+        assert!(!already_applied(alter, "Unauthorized: no ALTER permission"));
+        assert!(!already_applied(
+            "CREATE TABLE IF NOT EXISTS ks.x (a int PRIMARY KEY)",
+            "conflicts with an existing column"
+        ));
+    }
+
+    #[test]
+    fn the_schema_splits_into_keyspace_then_tables_then_alterations() {
         let statements = schema_statements(
             "sluice_test",
             &Replication::default(),
@@ -201,7 +215,8 @@ mod tests {
                 "sweep_cursor",
                 "business_keys",
                 "runs",
-                "meta"
+                "meta",
+                "ALTER TABLE sluice_test.commands ADD run_closed_at bigint static"
             ]
         );
         assert!(
