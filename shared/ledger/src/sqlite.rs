@@ -613,6 +613,16 @@ struct Writer {
     checkpointer: Checkpointer,
 }
 
+/// What [`Writer::insert_command`] did.
+#[derive(Debug)]
+enum Inserted {
+    Yes,
+    /// The key was taken.
+    Exists,
+    /// The run is closed; nothing was written.
+    RunClosed,
+}
+
 #[derive(Debug, Clone)]
 struct RunHead {
     run_seq: i64,
@@ -935,33 +945,26 @@ impl Writer {
         identity: &str,
         state: &str,
     ) -> WriteResult<ReserveReply> {
-        if self
-            .stored_head(&command.run_id)?
-            .is_some_and(|head| head.closed)
-        {
-            // A closed run: what is there still replays; nothing new goes in.
-            if self.load_row(command.run_id.as_str(), key)?.is_some() {
-                return self.existing(command, key);
-            }
-            return Ok(Err(LedgerError::RunClosed {
-                run_id: command.run_id.to_string(),
-                command_key: key.to_owned(),
-            }));
-        }
         if command.business_key.is_none() {
             // Insert first: the unique key says whether the command existed, which saves a
             // lookup for every new command.
-            if self.insert_command(command, key, identity, state)? {
-                self.append(audit)?;
-                return Ok(Ok(ReserveReply::Created));
-            }
-            return self.existing(command, key);
+            return match self.insert_command(command, key, identity, state)? {
+                Inserted::Yes => {
+                    self.append(audit)?;
+                    Ok(Ok(ReserveReply::Created))
+                }
+                Inserted::Exists => self.existing(command, key),
+                Inserted::RunClosed => self.closed(command, key),
+            };
         }
         // With a business key the claim decides first, so look before inserting.
-        if self.stored_head(&command.run_id)?.is_some()
-            && self.load_row(command.run_id.as_str(), key)?.is_some()
-        {
-            return self.existing(command, key);
+        if let Some(head) = self.stored_head(&command.run_id)? {
+            if head.closed {
+                return self.closed(command, key);
+            }
+            if self.load_row(command.run_id.as_str(), key)?.is_some() {
+                return self.existing(command, key);
+            }
         }
         if let Some(business_key) = &command.business_key {
             match self.claim(
@@ -989,24 +992,39 @@ impl Writer {
                 Err(e) => return Ok(Err(e)),
             }
         }
-        if !self.insert_command(command, key, identity, state)? {
-            return self.existing(command, key);
+        match self.insert_command(command, key, identity, state)? {
+            Inserted::Yes => {}
+            Inserted::Exists => return self.existing(command, key),
+            Inserted::RunClosed => return self.closed(command, key),
         }
         self.append(audit)?;
         Ok(Ok(ReserveReply::Created))
     }
 
-    /// Inserts the command unless its key exists; `true` if it was inserted.
+    /// A reservation in a closed run: what is there still replays; nothing new goes in.
+    fn closed(&mut self, command: &Command, key: &str) -> WriteResult<ReserveReply> {
+        if self.load_row(command.run_id.as_str(), key)?.is_some() {
+            return self.existing(command, key);
+        }
+        Ok(Err(LedgerError::RunClosed {
+            run_id: command.run_id.to_string(),
+            command_key: key.to_owned(),
+        }))
+    }
+
+    /// Inserts the command unless its key exists or its run is closed.
     fn insert_command(
         &mut self,
         command: &Command,
         key: &str,
         identity: &str,
         state: &str,
-    ) -> Result<bool, rusqlite::Error> {
-        let run_seq = self
-            .head(&command.run_id, command.state.updated_at)?
-            .run_seq;
+    ) -> Result<Inserted, rusqlite::Error> {
+        let head = self.head(&command.run_id, command.state.updated_at)?;
+        if head.closed {
+            return Ok(Inserted::RunClosed);
+        }
+        let run_seq = head.run_seq;
         let inserted = self
             .conn
             .prepare_cached(
@@ -1028,7 +1046,11 @@ impl Writer {
                 state,
                 run_seq,
             ])?;
-        Ok(inserted == 1)
+        Ok(if inserted == 1 {
+            Inserted::Yes
+        } else {
+            Inserted::Exists
+        })
     }
 
     /// The stored command under `key`: the same arguments replay it, others are drift.
