@@ -360,6 +360,14 @@ impl SqliteLedger {
         }
     }
 
+    /// Sends a run-level record (`Op::Append`, `Op::Close`) to the writer; its chain entry.
+    async fn entry(&self, op: Op) -> Result<AuditEntry, LedgerError> {
+        match self.submit(op).await?.result? {
+            Reply::Entry(entry) => Ok(entry),
+            _ => Err(LedgerError::Closed),
+        }
+    }
+
     /// Sends `op` to the writer; the answer comes once its transaction committed.
     async fn submit(&self, op: Op) -> Result<Answer, LedgerError> {
         let (reply, answer) = oneshot::channel();
@@ -1586,10 +1594,7 @@ impl Ledger for SqliteLedger {
         at: Timestamp,
     ) -> Result<AuditEntry, LedgerError> {
         let record = PreparedRecord::new(run_id, draft, at);
-        match self.submit(Op::Append(record)).await?.result? {
-            Reply::Entry(entry) => Ok(entry),
-            _ => Err(LedgerError::Closed),
-        }
+        self.entry(Op::Append(record)).await
     }
 
     async fn close_run(
@@ -1599,10 +1604,7 @@ impl Ledger for SqliteLedger {
         at: Timestamp,
     ) -> Result<AuditEntry, LedgerError> {
         let record = PreparedRecord::new(run_id, draft, at);
-        match self.submit(Op::Close(record)).await?.result? {
-            Reply::Entry(entry) => Ok(entry),
-            _ => Err(LedgerError::Closed),
-        }
+        self.entry(Op::Close(record)).await
     }
 
     async fn audit_read(&self, run_id: &RunId) -> Result<AuditTrail, LedgerError> {
