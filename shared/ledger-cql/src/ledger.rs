@@ -50,6 +50,7 @@ use scylla::response::{PagingState, PagingStateResponse};
 use scylla::serialize::row::SerializeRow;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
+use scylla::value::MaybeUnset;
 use uuid::Uuid;
 
 use sluice_core::audit::{
@@ -408,22 +409,8 @@ struct AppendValues<'a> {
     audit_write_id: Uuid,
     updated_at: i64,
     new_run_created_at: i64,
-    run_id: &'a str,
-    seq: Option<i64>,
-    run_created_at: Option<i64>,
-}
-
-/// [`AppendValues`] and the time the run is closed at (`append_close`).
-#[derive(scylla::SerializeRow)]
-struct CloseValues<'a> {
-    next_seq: i64,
-    head: &'a str,
-    pending: &'a str,
-    pending_prev: &'a str,
-    audit_write_id: Uuid,
-    updated_at: i64,
-    new_run_created_at: i64,
-    closed_at: i64,
+    /// When the record closes the run (a rollback); unset leaves the column as it is.
+    closed_at: MaybeUnset<i64>,
     run_id: &'a str,
     seq: Option<i64>,
     run_created_at: Option<i64>,
@@ -1840,31 +1827,15 @@ impl CqlLedger {
                 audit_write_id: write_id,
                 updated_at: at.as_millis(),
                 new_run_created_at: created_at,
+                closed_at: MaybeUnset::from_option(close.then(|| at.as_millis())),
                 run_id: run,
                 seq: head.stored_seq,
                 run_created_at: head.run_created_at,
             };
-            let answer = if close {
-                let values = CloseValues {
-                    next_seq: values.next_seq,
-                    head: values.head,
-                    pending: values.pending,
-                    pending_prev: values.pending_prev,
-                    audit_write_id: values.audit_write_id,
-                    updated_at: values.updated_at,
-                    new_run_created_at: values.new_run_created_at,
-                    closed_at: at.as_millis(),
-                    run_id: values.run_id,
-                    seq: values.seq,
-                    run_created_at: values.run_created_at,
-                };
-                self.lwt(op, "close run", &self.inner.st.append_close, values)
-                    .await?
-            } else {
-                self.lwt(op, "audit append", &self.inner.st.append, values)
-                    .await?
-            };
-            let applied = match answer {
+            let applied = match self
+                .lwt(op, "audit append", &self.inner.st.append, values)
+                .await?
+            {
                 Lwt::Applied => true,
                 Lwt::NotApplied(_) => {
                     self.inner.stats.retry(op);

@@ -44,8 +44,6 @@ pub(crate) struct Statements {
     pub transition: PreparedStatement,
     pub quiet: PreparedStatement,
     pub append: PreparedStatement,
-    /// `append` that also closes the run (a rollback).
-    pub append_close: PreparedStatement,
     pub claim: PreparedStatement,
     pub take_over_claim: PreparedStatement,
     pub release_claim: PreparedStatement,
@@ -233,18 +231,6 @@ impl Statements {
             )
             .await?,
             append: prepare(
-                format!(
-                    "UPDATE {ks}.commands SET audit_seq = :next_seq, audit_head = :head, \
-                     audit_pending = :pending, audit_pending_prev = :pending_prev, \
-                     audit_write_id = :audit_write_id, updated_at = :updated_at, \
-                     run_created_at = :new_run_created_at \
-                     WHERE run_id = :run_id \
-                     IF audit_seq = :seq AND run_created_at = :run_created_at"
-                ),
-                Lwt,
-            )
-            .await?,
-            append_close: prepare(
                 format!(
                     "UPDATE {ks}.commands SET audit_seq = :next_seq, audit_head = :head, \
                      audit_pending = :pending, audit_pending_prev = :pending_prev, \

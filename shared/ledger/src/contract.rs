@@ -889,18 +889,30 @@ pub async fn a_closed_run_takes_no_new_commands_and_replays_its_own(ledger: Arc<
         ledger.reserve(drifted, audit).await,
         Err(LedgerError::ArgumentDrift { .. })
     ));
-    // Closing again only records again; other runs are untouched.
+    // Closing again only records again; a plain run-level record does not reopen the run;
+    // other runs are untouched.
     let twice = ledger
         .close_run(&run, draft(), now())
         .await
         .expect("close again");
     assert_eq!(twice.record.seq, 2);
+    let note = ledger
+        .audit_append(&run, draft(), now())
+        .await
+        .expect("a note");
+    assert_eq!(note.record.seq, 3);
+    let later = command(&run, 4, "email/send", 0, json!({}));
+    let audit = later.reservation_audit("contract");
+    assert!(matches!(
+        ledger.reserve(later, audit).await,
+        Err(LedgerError::RunClosed { .. })
+    ));
     reserve_new(&*ledger, command(&other, 2, "email/send", 0, json!({}))).await;
     let trail = ledger.audit_read(&run).await.expect("audit");
     assert_eq!(
         trail.entries.len(),
-        3,
-        "reservation and two closing records only"
+        4,
+        "the reservation, two closing records and the note only"
     );
     verify(&run, None, &trail.entries).expect("verifies");
     assert_eq!(
