@@ -1277,9 +1277,13 @@ impl CqlLedger {
         let (run, key) = (run_id.as_str(), command_key.to_string());
         let ttl = self.inner.config.business_key_ttl();
         let grace = i64::try_from(self.inner.config.orphan_claim_grace_ms).unwrap_or(i64::MAX);
-        // How long to wait for a holder whose reservation is still in flight.
-        let patience = Duration::from_millis(self.inner.config.orphan_claim_grace_ms.min(5_000));
-        let started = tokio::time::Instant::now();
+        // How long to wait for a holder whose reservation is still in flight. Both this and
+        // the grace are judged on the one clock reading taken before each attempt's LWT: read
+        // apart, an attempt whose LWT ran long could see the grace not yet passed (stale
+        // reading) and the patience already spent (fresh one), and give up on a key it was
+        // entitled to take over.
+        let patience = grace.min(5_000);
+        let started = self.now().as_millis();
         for attempt in 0..self.inner.config.max_attempts {
             let now = self.now().as_millis();
             let holder = match self
@@ -1353,7 +1357,7 @@ impl CqlLedger {
                 // Lost the race or unknown: the next round reads who holds it now.
                 continue;
             }
-            if started.elapsed() >= patience {
+            if now.saturating_sub(started) >= patience {
                 return Err(storage_msg(
                     "claim business key",
                     format!(
