@@ -435,6 +435,12 @@ async fn bench_on_kafka_and_cassandra_removes_its_keyspace_and_topics_unless_kep
         .expect("the bench runs on the engines");
         assert_eq!(report.results.len(), 1, "{report:#?}");
         assert_eq!(report.results[0].effects, 24, "{report:#?}");
+        // The bench's email/send is IDEMPOTENT: leased by its reservation, so each effect
+        // costs the reservation's LWT and the outcome's, and no lease LWT in between.
+        let lwt = &report.results[0].lwt_per_effect_by_op;
+        assert_eq!(lwt.get("reserve"), Some(&1.0), "{lwt:?}");
+        assert_eq!(lwt.get("finalize"), Some(&1.0), "{lwt:?}");
+        assert_eq!(lwt.get("lease"), Some(&0.0), "{lwt:?}");
         let keyspace = report
             .settings
             .keyspace

@@ -404,8 +404,7 @@ async fn an_idempotent_effect_with_a_lost_answer_is_retried_with_the_same_key() 
     assert_eq!(
         trail.path(key),
         vec![
-            (None, Some(Pending)),
-            (Some(Pending), Some(Leased)),
+            (None, Some(Leased)),
             (Some(Leased), Some(Unknown)),
             (Some(Unknown), Some(Pending)),
             (Some(Pending), Some(Leased)),

@@ -12,14 +12,15 @@
 use std::time::Instant;
 
 use sluice_bus::{BusError, Delivery, Topic};
+use sluice_core::catalog::{Catalog, Tool};
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::{DispatchOutcome, Event, Refusal};
+use sluice_core::machine::{self, DispatchOutcome, Event, Refusal};
 use sluice_core::policy::{self, PolicyDecision};
 use sluice_runtime::config::DispatcherConfig;
 use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
 use sluice_runtime::messages::{Cause, DispatchRequest, decode};
-use sluice_runtime::{Context, Driven, PipelineError, Shutdown};
+use sluice_runtime::{Context, Current, Driven, PipelineError, Shutdown};
 
 /// The actor named in the audit chain for the dispatcher's transitions.
 pub const ACTOR: &str = "dispatcher";
@@ -61,6 +62,10 @@ pub async fn run(
 }
 
 /// Dispatches one command if it is waiting for dispatch; returns it as it stands afterwards.
+///
+/// A command leased by its own reservation (an IDEMPOTENT or OBSERVE_ONLY tool, see
+/// [`machine::lease_at_reservation`]) is called under that lease as it stands, without a lease
+/// write; every other command is leased here first.
 #[tracing::instrument(skip(ctx, owner), fields(run_id = %run_id, command_key = %command_key))]
 pub async fn dispatch(
     ctx: &Context,
@@ -69,61 +74,26 @@ pub async fn dispatch(
     command_key: &CommandKey,
 ) -> Result<Option<Command>, PipelineError> {
     let catalog = ctx.catalog.clone();
-    let leased = ctx
-        .drive(run_id, command_key, ACTOR, |command| {
-            if !matches!(
-                command.status(),
-                CommandStatus::Pending | CommandStatus::Approved
-            ) {
-                return None;
-            }
-            let Some(tool) = catalog.get(&command.tool) else {
-                return Some(Event::Deny {
-                    reason: format!("tool {} is no longer in the catalog", command.tool),
-                    epoch: None,
-                });
-            };
-            // Policy is deterministic over the stored arguments and the current policy
-            // version; checking it right before the lease is the same as right after, since
-            // the lease is guarded by the status read here.
-            Some(
-                match policy::evaluate(
-                    tool,
-                    &command.args,
-                    command.state.approval.as_ref(),
-                    catalog.policy_version(),
-                ) {
-                    PolicyDecision::Allow => Event::Lease {
-                        owner: owner.to_owned(),
-                    },
-                    PolicyDecision::RequireApproval { reason } => Event::Block {
-                        reason,
-                        epoch: None,
-                    },
-                    PolicyDecision::Deny { reason } => Event::Deny {
-                        reason,
-                        epoch: None,
-                    },
-                },
-            )
+    let current = ctx.current(run_id, command_key).await?;
+    let usable = current.command.as_ref().is_some_and(|command| {
+        catalog.get(&command.tool).is_some_and(|tool| {
+            policy_of(&catalog, tool, command) == PolicyDecision::Allow
+                && machine::reservation_lease_usable(
+                    &command.state,
+                    &ctx.rules_of(command),
+                    ctx.clock.now(),
+                )
         })
-        .await?;
-    let leased = match leased {
-        Driven::Applied(command, _) if command.status() == CommandStatus::Leased => command,
-        Driven::Applied(command, step) => {
-            ctx.carry_out(ACTOR, &command, &step, Cause::Reserved)
-                .await?;
-            return Ok(Some(command));
-        }
-        Driven::Refused(command, refusal) => {
-            tracing::warn!(%refusal, status = %command.status(), "dispatch refused");
-            return Ok(Some(command));
-        }
-        Driven::Skipped(command) => return Ok(Some(command)),
-        Driven::Missing => {
-            tracing::warn!("dispatch request for a command the ledger does not have");
-            return Ok(None);
-        }
+    });
+    let leased = match current {
+        Current {
+            command: Some(command),
+            ..
+        } if usable => command,
+        current => match lease(ctx, owner, run_id, command_key, current).await? {
+            Ok(command) => command,
+            Err(settled) => return Ok(settled),
+        },
     };
 
     let outcome = match catalog.get(&leased.tool) {
@@ -171,6 +141,81 @@ pub async fn dispatch(
         Driven::Skipped(command) => Ok(Some(command)),
         Driven::Missing => Ok(None),
     }
+}
+
+/// Leases a command waiting for dispatch, or carries out what policy says instead. `Ok` is the
+/// leased command to call under; `Err` is the command as it stands when there is nothing to
+/// call (blocked, denied, not waiting, missing).
+async fn lease(
+    ctx: &Context,
+    owner: &str,
+    run_id: &RunId,
+    command_key: &CommandKey,
+    current: Current,
+) -> Result<Result<Command, Option<Command>>, PipelineError> {
+    let catalog = ctx.catalog.clone();
+    let leased = ctx
+        .drive_current(run_id, command_key, ACTOR, current, |command| {
+            // A lease the reservation took is given back if policy now says otherwise (the
+            // catalog changed in between); one that is merely short of time is left to the
+            // lease-expiry sweep.
+            let reserved_lease = command.status() == CommandStatus::Leased
+                && command.state.lease.owner.as_deref() == Some(machine::RESERVATION_OWNER);
+            if !reserved_lease
+                && !matches!(
+                    command.status(),
+                    CommandStatus::Pending | CommandStatus::Approved
+                )
+            {
+                return None;
+            }
+            let epoch = reserved_lease.then(|| command.epoch());
+            let Some(tool) = catalog.get(&command.tool) else {
+                return Some(Event::Deny {
+                    reason: format!("tool {} is no longer in the catalog", command.tool),
+                    epoch,
+                });
+            };
+            // Policy is deterministic over the stored arguments and the current policy
+            // version; checking it right before the lease is the same as right after, since
+            // the lease is guarded by the status read here.
+            match policy_of(&catalog, tool, command) {
+                PolicyDecision::Allow if reserved_lease => None,
+                PolicyDecision::Allow => Some(Event::Lease {
+                    owner: owner.to_owned(),
+                }),
+                PolicyDecision::RequireApproval { reason } => Some(Event::Block { reason, epoch }),
+                PolicyDecision::Deny { reason } => Some(Event::Deny { reason, epoch }),
+            }
+        })
+        .await?;
+    Ok(match leased {
+        Driven::Applied(command, _) if command.status() == CommandStatus::Leased => Ok(command),
+        Driven::Applied(command, step) => {
+            ctx.carry_out(ACTOR, &command, &step, Cause::Reserved)
+                .await?;
+            Err(Some(command))
+        }
+        Driven::Refused(command, refusal) => {
+            tracing::warn!(%refusal, status = %command.status(), "dispatch refused");
+            Err(Some(command))
+        }
+        Driven::Skipped(command) => Err(Some(command)),
+        Driven::Missing => {
+            tracing::warn!("dispatch request for a command the ledger does not have");
+            Err(None)
+        }
+    })
+}
+
+/// `tool`'s policy for `command` as it is stored.
+fn policy_of(catalog: &Catalog, tool: &Tool, command: &Command) -> PolicyDecision {
+    policy::evaluate(
+        tool,
+        &command.args,
+        command.state.approval.as_ref(),
+        catalog.policy_version(),
+    )
 }
 
 fn outcome_label(outcome: &DispatchOutcome) -> &'static str {

@@ -41,6 +41,7 @@ use sluice_bus::Topic;
 use sluice_core::catalog::CatalogError;
 use sluice_core::command::{Command, CommandStatus, Intent};
 use sluice_core::ids::{CommandKey, RunId, ToolName};
+use sluice_core::policy;
 use sluice_core::time::Timestamp;
 use sluice_ledger::{LedgerError, Reserved};
 use sluice_runtime::Config;
@@ -354,6 +355,10 @@ impl Api {
             now,
             rules.pending_stale_ms,
         );
+        // A tool that may be called twice with one key is leased in its reservation's own
+        // write: its dispatch then costs no lease write (machine::lease_at_reservation).
+        let policy = policy::evaluate(tool, &command.args, None, catalog.policy_version());
+        let command = command.leased_at_reservation(&rules, &policy, now);
         // An agent adds to its own runs only.
         let turn = self.require_own_run(principal, &command.run_id).await?;
         let command = match principal.submitter() {
@@ -387,7 +392,10 @@ impl Api {
         match reserved {
             Reserved::Created(command) => {
                 self.count(&tool_label, "created");
-                if command.status() == CommandStatus::Pending {
+                if matches!(
+                    command.status(),
+                    CommandStatus::Pending | CommandStatus::Leased
+                ) {
                     let request = DispatchRequest {
                         run_id: command.run_id.clone(),
                         command_key: command.command_key.clone(),
@@ -404,7 +412,8 @@ impl Api {
                         )
                         .await
                     {
-                        // Recorded all the same: the stale-PENDING sweep republishes it.
+                        // Recorded all the same: the stale-PENDING sweep republishes it, or
+                        // the lease-expiry sweep reconciles one leased at reservation.
                         tracing::warn!(
                             run_id = %command.run_id,
                             command_key = %command.command_key,

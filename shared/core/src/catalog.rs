@@ -727,6 +727,7 @@ impl Tool {
             on_absent: self.policy.on_absent,
             settle_ms: millis(self.policy.settle_ms),
             lease_ttl_ms: millis(self.policy.lease_ttl_ms),
+            dispatch_timeout_ms: millis(self.dispatch.endpoint.timeout_ms),
             compensation_timeout_ms,
             verify_after_commit: self.policy.verify_after_commit && self.status_check.is_some(),
             ..defaults

@@ -370,20 +370,65 @@ impl Command {
         self
     }
 
-    /// The first audit record of the command: its reservation.
+    /// The first audit record of the command: its reservation (and the lease it took with it,
+    /// see [`crate::machine::lease_at_reservation`]).
     pub fn reservation_audit(&self, actor: &str) -> crate::audit::AuditDraft {
+        let reason = match self.state.status {
+            CommandStatus::Leased => format!(
+                "reserved and leased for dispatch, attempt {} of {}",
+                self.state.attempts, self.max_attempts
+            ),
+            _ => "reserved".to_owned(),
+        };
         crate::audit::AuditDraft::transition(
             &self.command_key,
             None,
             self.state.status,
             actor,
-            "reserved",
+            reason,
         )
         .with_evidence(serde_json::json!({ "args_hash": self.args_hash }))
     }
 
+    /// The same command, leased by its reservation where [`crate::machine::lease_at_reservation`]
+    /// allows it; unchanged otherwise.
+    #[must_use]
+    pub fn leased_at_reservation(
+        mut self,
+        rules: &crate::machine::Rules,
+        policy: &crate::policy::PolicyDecision,
+        now: Timestamp,
+    ) -> Self {
+        if let Some(state) = crate::machine::lease_at_reservation(&self.state, rules, policy, now) {
+            self.state = state;
+        }
+        self
+    }
+
     pub fn status(&self) -> CommandStatus {
         self.state.status
+    }
+
+    /// Waiting for a dispatcher: PENDING, APPROVED, or leased by its reservation and not yet
+    /// settled (see [`crate::machine::lease_at_reservation`]).
+    pub fn awaits_dispatch(&self) -> bool {
+        match self.state.status {
+            CommandStatus::Pending | CommandStatus::Approved => true,
+            CommandStatus::Leased => {
+                self.state.lease.owner.as_deref() == Some(crate::machine::RESERVATION_OWNER)
+            }
+            CommandStatus::Scheduled
+            | CommandStatus::Blocked
+            | CommandStatus::Confirmed
+            | CommandStatus::Failed
+            | CommandStatus::Unknown
+            | CommandStatus::Stuck
+            | CommandStatus::Cancelled
+            | CommandStatus::Compensating
+            | CommandStatus::Compensated
+            | CommandStatus::CompensationFailed
+            | CommandStatus::NoCompensation => false,
+        }
     }
 
     pub fn epoch(&self) -> LeaseEpoch {

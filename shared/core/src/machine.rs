@@ -16,6 +16,7 @@ use crate::audit::AuditDraft;
 use crate::command::{Approval, CommandState, CommandStatus, CompensationInfo, EffectSemantics};
 use crate::command::{Lease, Observation};
 use crate::ids::{CommandKey, LeaseEpoch};
+use crate::policy::PolicyDecision;
 use crate::time::Timestamp;
 
 /// What to do when a status check finds a NON_IDEMPOTENT effect absent.
@@ -45,6 +46,9 @@ pub struct Rules {
     /// How long an `absent` must hold before a NON_IDEMPOTENT effect is redispatched.
     pub settle_ms: i64,
     pub lease_ttl_ms: i64,
+    /// How long one dispatch call may take (the connector's timeout).
+    #[serde(default = "default_dispatch_timeout_ms")]
+    pub dispatch_timeout_ms: i64,
     /// A PENDING command not leased within this long is republished by the sweep.
     pub pending_stale_ms: i64,
     /// First delay between status checks or retries; doubles each time up to `backoff_max_ms`.
@@ -56,6 +60,10 @@ pub struct Rules {
     /// upstream did not report; needs a status check.
     #[serde(default)]
     pub verify_after_commit: bool,
+}
+
+fn default_dispatch_timeout_ms() -> i64 {
+    10_000
 }
 
 impl Rules {
@@ -71,6 +79,7 @@ impl Rules {
             on_absent: OnAbsent::Redispatch,
             settle_ms: 2_000,
             lease_ttl_ms: 30_000,
+            dispatch_timeout_ms: default_dispatch_timeout_ms(),
             pending_stale_ms: 10_000,
             backoff_base_ms: 500,
             backoff_max_ms: 60_000,
@@ -86,6 +95,75 @@ impl Rules {
             .saturating_mul(factor)
             .min(self.backoff_max_ms)
     }
+}
+
+/// The lease owner of a command that was leased by its own reservation
+/// ([`lease_at_reservation`]): whichever dispatcher receives its dispatch request calls under it.
+pub const RESERVATION_OWNER: &str = "reservation";
+
+/// The state a reservation stores for a command whose tool may be called again with the same
+/// idempotency key (IDEMPOTENT, OBSERVE_ONLY): leased already, so dispatching it costs no lease
+/// write of its own — two ledger writes per effect (reserve, outcome) instead of three.
+///
+/// The lease's compare-and-set is what keeps a NON_IDEMPOTENT effect to one caller. For these
+/// tools a second caller is harmless by their contract (it carries the same key), and the
+/// outcome's write is still fenced by the epoch, so exactly one outcome is stored. What the
+/// early lease keeps is the rest of the lease's meaning: from its reservation on, the command
+/// reads LEASED — handed to the dispatchers, possibly in flight — so a cancel or a rollback
+/// never takes it for not started, and a lost dispatch request ends in the lease-expiry sweep,
+/// which reconciles it like any other lease that lapsed.
+///
+/// `None` (the command is stored as it is) unless the command is PENDING, its tool is of that
+/// kind and `policy` allows it outright: a command that needs approval is blocked by the
+/// dispatcher as before, and a SCHEDULED one is leased when it falls due.
+pub fn lease_at_reservation(
+    state: &CommandState,
+    rules: &Rules,
+    policy: &PolicyDecision,
+    now: Timestamp,
+) -> Option<CommandState> {
+    let repeatable = match rules.semantics {
+        EffectSemantics::Idempotent | EffectSemantics::ObserveOnly => true,
+        EffectSemantics::NonIdempotent => false,
+    };
+    let allowed = match policy {
+        PolicyDecision::Allow => true,
+        PolicyDecision::RequireApproval { .. } | PolicyDecision::Deny { .. } => false,
+    };
+    if !repeatable || !allowed || state.status != CommandStatus::Pending {
+        return None;
+    }
+    let lease = Event::Lease {
+        owner: RESERVATION_OWNER.to_owned(),
+    };
+    let mut next = apply(state, rules, &lease, now).ok()?.state;
+    // A dispatcher takes the lease up within `pending_stale_ms` (the wait a PENDING command is
+    // given before the sweep republishes it) and calls for at most the call's timeout, so the
+    // lease lapses no later than that: a dispatch request lost with an embedded bus's process
+    // is then reconciled as soon as a stale PENDING one would be republished, not a whole
+    // `lease_ttl_ms` later.
+    let expires_at = now.plus_millis(
+        rules
+            .pending_stale_ms
+            .saturating_add(rules.dispatch_timeout_ms)
+            .min(rules.lease_ttl_ms),
+    );
+    next.lease.expires_at = Some(expires_at);
+    next.due_at = Some(expires_at);
+    Some(next)
+}
+
+/// Whether a dispatcher may call under a lease its command got at reservation: the lease is
+/// still the reservation's, and it has more than the call's timeout left, so the outcome is
+/// written before the sweep may take the lease for expired. A lease with less left is left to
+/// that sweep, which reconciles it and retries under a lease of its own.
+pub fn reservation_lease_usable(state: &CommandState, rules: &Rules, now: Timestamp) -> bool {
+    state.status == CommandStatus::Leased
+        && state.lease.owner.as_deref() == Some(RESERVATION_OWNER)
+        && state
+            .lease
+            .expires_at
+            .is_some_and(|expires_at| expires_at.millis_since(now) > rules.dispatch_timeout_ms)
 }
 
 /// A person's action: who did it and why. The reason is mandatory.

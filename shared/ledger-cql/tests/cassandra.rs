@@ -189,12 +189,20 @@ async fn one_effect(
     business_key: Option<&str>,
 ) -> StatsSnapshot {
     let before = ledger.stats();
+    // As the producer reserves it: an IDEMPOTENT or OBSERVE_ONLY command is leased by its
+    // reservation, and the dispatcher calls under that lease without a write of its own.
     let wanted = command_with_key(run, decision, tool, 0, json!({"n": decision}), business_key);
+    let rules = machine::Rules::defaults(wanted.semantics);
+    let wanted =
+        wanted.leased_at_reservation(&rules, &sluice_core::policy::PolicyDecision::Allow, now());
     let audit = wanted.reservation_audit("test");
-    let Reserved::Created(pending) = ledger.reserve(wanted, audit).await.expect("reserve") else {
+    let Reserved::Created(reserved) = ledger.reserve(wanted, audit).await.expect("reserve") else {
         panic!("expected a new command");
     };
-    let leased = lease(ledger, &pending).await.expect("lease applied");
+    let leased = match reserved.status() {
+        CommandStatus::Leased => reserved,
+        _ => lease(ledger, &reserved).await.expect("lease applied"),
+    };
     let confirmed = finalize(ledger, &leased).await;
     assert_eq!(
         confirmed.applied().map(|c| c.status()),
@@ -273,8 +281,11 @@ async fn lwts_per_effect_are_the_same_for_one_effect_and_for_many() {
     let single = fresh_run("lwt-one");
     let spent = one_effect(&ledger, &single, 0, "payments/wire", None).await;
     assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (3, [3, 2, 1]));
+    // IDEMPOTENT and OBSERVE_ONLY: the lease rides in the reservation's LWT.
     let spent = one_effect(&ledger, &single, 1, "email/send", None).await;
-    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (3, [2, 2, 1]));
+    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (2, [2, 0, 1]));
+    let spent = one_effect(&ledger, &single, 3, "search/lookup", None).await;
+    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (2, [2, 0, 1]));
     // A business key costs its claim (an LWT, no plain round trip).
     let keyed = format!("bk-{single}");
     let spent = one_effect(&ledger, &single, 2, "payments/wire", Some(&keyed)).await;
@@ -311,6 +322,20 @@ async fn lwts_per_effect_are_the_same_for_one_effect_and_for_many() {
     let trail = ledger.audit_read(&many).await.expect("audit");
     assert_eq!(trail.entries.len(), 3 * effects as usize);
     verify(&many, None, &trail.entries).expect("verifies");
+
+    // And many IDEMPOTENT effects in one run: still 2 each, no lease round trip at all.
+    let many = fresh_run("lwt-many-idempotent");
+    let before = ledger.stats();
+    for decision in 0..effects {
+        one_effect(&ledger, &many, decision, "email/send", None).await;
+    }
+    let spent = ledger.stats().since(&before);
+    assert_eq!(spent.total_lwt(), 2 * n, "{spent:?}");
+    assert_eq!(plain_by_op(&spent), [2 * n + 1, 0, n], "{spent:?}");
+    assert_eq!(spent.op(Op::Lease).calls, 0, "{spent:?}");
+    let trail = ledger.audit_read(&many).await.expect("audit");
+    assert_eq!(trail.entries.len(), 2 * effects as usize);
+    verify(&many, None, &trail.entries).expect("verifies");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -330,7 +355,11 @@ async fn concurrent_effects_of_one_run_keep_one_chain() {
         task.await.expect("task");
     }
     let trail = ledger.audit_read(&run).await.expect("audit");
-    assert_eq!(trail.entries.len(), 24);
+    assert_eq!(
+        trail.entries.len(),
+        16,
+        "reserved and leased, then confirmed: 2 each"
+    );
     verify(&run, None, &trail.entries).expect("one unbroken chain");
     let spent = ledger.stats();
     eprintln!(

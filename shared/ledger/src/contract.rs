@@ -20,6 +20,7 @@ use sluice_core::audit::{AuditDraft, verify};
 use sluice_core::command::{Command, CommandStatus, EffectSemantics, Intent, Observation};
 use sluice_core::ids::{BusinessKey, CommandKey, LeaseEpoch, RunId, ToolName};
 use sluice_core::machine::{self, DispatchOutcome, Event, Rules};
+use sluice_core::policy::PolicyDecision;
 use sluice_core::time::{Clock, SystemClock, Timestamp};
 
 use crate::{Cas, Claim, Ledger, LedgerError, MAX_RESULT_BYTES, Reserved, SYSTEM_RUN, Transition};
@@ -84,8 +85,9 @@ pub fn wire_rules() -> Rules {
 }
 
 /// A command for `run` at journal position `decision`/`call_idx` of tool `tool`.
-/// The ledger work of one dispatched effect, as the benchmarks measure it: reserve, acquire
-/// the lease, finalize as CONFIRMED (each with its audit record). Effect `i` of `task` goes to
+/// The ledger work of one dispatched effect, as the benchmarks measure it and the pipeline
+/// does it: reserve, acquire the lease, finalize as CONFIRMED (each with its audit record) —
+/// or, for an IDEMPOTENT or OBSERVE_ONLY tool, reserve already leased and finalize. Effect `i` of `task` goes to
 /// run `r-bench-<task>-<i / per_run>`; `tool`'s namespace picks the semantics (see
 /// [`command_with_key`]).
 pub async fn dispatch_effect(
@@ -107,29 +109,34 @@ pub async fn dispatch_effect(
         has_status_check: true,
         ..Rules::defaults(pending.semantics)
     };
+    let now = SystemClock.now();
+    let pending = pending.leased_at_reservation(&rules, &PolicyDecision::Allow, now);
     let audit = pending.reservation_audit("bench");
     let pending = ledger
         .reserve(pending, audit)
         .await
         .expect("reserve")
         .into_command();
-    let now = SystemClock.now();
-    let lease = machine::apply(
-        &pending.state,
-        &rules,
-        &Event::Lease {
-            owner: "bench".into(),
-        },
-        now,
-    )
-    .expect("lease applies");
-    let leased = ledger
-        .acquire_lease(Transition::from_step(&pending, &lease, "bench"))
-        .await
-        .expect("lease")
-        .applied()
-        .cloned()
-        .expect("uncontended lease");
+    let leased = if pending.status() == CommandStatus::Leased {
+        pending
+    } else {
+        let lease = machine::apply(
+            &pending.state,
+            &rules,
+            &Event::Lease {
+                owner: "bench".into(),
+            },
+            now,
+        )
+        .expect("lease applies");
+        ledger
+            .acquire_lease(Transition::from_step(&pending, &lease, "bench"))
+            .await
+            .expect("lease")
+            .applied()
+            .cloned()
+            .expect("uncontended lease")
+    };
     let outcome = machine::apply(
         &leased.state,
         &rules,

@@ -347,10 +347,7 @@ impl SqliteLedger {
             return;
         };
         let id = (command.run_id.clone(), command.command_key.clone());
-        if matches!(
-            command.status(),
-            CommandStatus::Pending | CommandStatus::Approved
-        ) {
+        if command.awaits_dispatch() {
             if waiting.len() >= MAX_WAITING {
                 waiting.clear();
             }

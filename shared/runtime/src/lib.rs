@@ -13,7 +13,7 @@ pub mod telemetry;
 
 pub use config::Config;
 pub use metrics::Metrics;
-pub use pipeline::{Context, Driven, PipelineError};
+pub use pipeline::{Context, Current, Driven, PipelineError};
 
 /// The root cancellation token: cancelled by SIGTERM or Ctrl-C, watched by every loop.
 pub use tokio_util::sync::CancellationToken as Shutdown;

@@ -68,6 +68,17 @@ pub enum Driven {
     Missing,
 }
 
+/// A command as [`Context::current`] found it.
+#[derive(Debug, Clone)]
+pub struct Current {
+    /// `None`: the ledger has no such command.
+    pub command: Option<Command>,
+    /// Read from the ledger just now. A copy this process wrote last ([`Ledger::cached`]) is
+    /// only trusted to start a compare-and-set from: [`Context::drive_current`] re-reads it
+    /// before it skips or refuses on it.
+    pub trusted: bool,
+}
+
 /// What [`Context::begin_rollback`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RollbackBegun {
@@ -96,14 +107,51 @@ impl Context {
     where
         F: FnMut(&Command) -> Option<Event> + Send,
     {
-        // A copy this process wrote last saves the read; it is only trusted to start a
-        // compare-and-set from (`drive_inner` re-reads before it skips or refuses on it).
-        let (current, trusted) = match self.ledger.cached(run_id, command_key) {
-            Some(hint) => (Some(hint), false),
-            None => (self.ledger.get(run_id, command_key).await?, true),
-        };
-        self.drive_inner(run_id, command_key, actor, current, trusted, decide)
+        let current = self.current(run_id, command_key).await?;
+        self.drive_current(run_id, command_key, actor, current, decide)
             .await
+    }
+
+    /// The command as a handler first sees it: the copy this process wrote last, which saves
+    /// the read, or else the ledger's.
+    pub async fn current(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+    ) -> Result<Current, PipelineError> {
+        Ok(match self.ledger.cached(run_id, command_key) {
+            Some(hint) => Current {
+                command: Some(hint),
+                trusted: false,
+            },
+            None => Current {
+                command: self.ledger.get(run_id, command_key).await?,
+                trusted: true,
+            },
+        })
+    }
+
+    /// [`Context::drive`] from a command the caller got from [`Context::current`].
+    pub async fn drive_current<F>(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        actor: &str,
+        current: Current,
+        decide: F,
+    ) -> Result<Driven, PipelineError>
+    where
+        F: FnMut(&Command) -> Option<Event> + Send,
+    {
+        self.drive_inner(
+            run_id,
+            command_key,
+            actor,
+            current.command,
+            current.trusted,
+            decide,
+        )
+        .await
     }
 
     /// [`Context::drive`] starting from a command the caller just read or wrote, saving a

@@ -294,6 +294,103 @@ fn a_lease_bumps_the_epoch_and_counts_the_attempt() {
 }
 
 #[test]
+fn a_repeatable_tool_is_leased_by_its_reservation_and_the_lease_lapses_when_a_stale_pending_would()
+{
+    let fresh = CommandState::reserved(now(), None, 10_000);
+    for semantics in [E::Idempotent, E::ObserveOnly] {
+        let rules = Rules {
+            dispatch_timeout_ms: 5_000,
+            ..Rules::defaults(semantics)
+        };
+        let leased = lease_at_reservation(&fresh, &rules, &PolicyDecision::Allow, now())
+            .expect("a repeatable tool allowed by policy is leased at reservation");
+        assert_eq!(leased.status, S::Leased);
+        assert_eq!(leased.lease.epoch, LeaseEpoch::new(1));
+        assert_eq!(leased.lease.owner.as_deref(), Some(RESERVATION_OWNER));
+        assert_eq!(leased.attempts, 1);
+        // pending_stale_ms (10 s) + the call's timeout (5 s), below lease_ttl_ms (30 s).
+        let expiry = now().plus_millis(15_000);
+        assert_eq!(leased.lease.expires_at, Some(expiry));
+        assert_eq!(
+            leased.due_at,
+            Some(expiry),
+            "the lease-expiry sweep finds it"
+        );
+
+        // A dispatcher may call under it while more than the call's timeout is left.
+        assert!(reservation_lease_usable(&leased, &rules, now()));
+        assert!(reservation_lease_usable(
+            &leased,
+            &rules,
+            now().plus_millis(9_999)
+        ));
+        assert!(!reservation_lease_usable(
+            &leased,
+            &rules,
+            now().plus_millis(10_000)
+        ));
+        // Its outcome is written under the reservation's epoch like any other lease's.
+        let outcome = step(
+            &leased,
+            &rules,
+            Event::Dispatched {
+                epoch: LeaseEpoch::new(1),
+                outcome: DispatchOutcome::Committed {
+                    external_ref: Some("m-1".into()),
+                    result: None,
+                },
+            },
+        );
+        assert_eq!(outcome.state.status, S::Confirmed);
+        assert!(!reservation_lease_usable(&outcome.state, &rules, now()));
+        // Lapsed, it is reconciled like any lease that expired.
+        let expired = apply(&leased, &rules, &Event::LeaseExpired, expiry).expect("lapses");
+        assert_eq!(expired.state.status, S::Unknown);
+    }
+}
+
+#[test]
+fn a_reservation_leases_nothing_that_needs_one_caller_a_person_or_a_later_time() {
+    let fresh = CommandState::reserved(now(), None, 10_000);
+    let idempotent = Rules::defaults(E::Idempotent);
+    let allow = PolicyDecision::Allow;
+    assert_eq!(
+        lease_at_reservation(&fresh, &wire_rules(), &allow, now()),
+        None,
+        "NON_IDEMPOTENT: the lease's compare-and-set picks the one caller"
+    );
+    let approval = PolicyDecision::RequireApproval {
+        reason: "needs a person".into(),
+    };
+    let deny = PolicyDecision::Deny {
+        reason: "never".into(),
+    };
+    assert_eq!(
+        lease_at_reservation(&fresh, &idempotent, &approval, now()),
+        None
+    );
+    assert_eq!(
+        lease_at_reservation(&fresh, &idempotent, &deny, now()),
+        None
+    );
+    let scheduled = CommandState::reserved(now(), Some(now().plus_millis(60_000)), 10_000);
+    assert_eq!(scheduled.status, S::Scheduled);
+    assert_eq!(
+        lease_at_reservation(&scheduled, &idempotent, &allow, now()),
+        None
+    );
+    // A lease some dispatcher took is never "usable" as a reservation's.
+    let taken = step(
+        &fresh,
+        &idempotent,
+        Event::Lease {
+            owner: "dispatcher-1".into(),
+        },
+    );
+    assert!(!reservation_lease_usable(&taken.state, &idempotent, now()));
+}
+
+#[test]
 fn a_stale_epoch_can_never_finalize() {
     let state = state_in(S::Leased);
     for stale in [0, 2, 7] {

@@ -1,0 +1,168 @@
+//! The lease an IDEMPOTENT or OBSERVE_ONLY command takes with its reservation
+//! (`machine::lease_at_reservation`), seen from the dispatcher: it calls under that lease
+//! without a lease write, gives it back when policy changed in between, and leaves one too
+//! short of time to the lease-expiry sweep. Real SQLite file, real upstream on loopback.
+
+use serde_json::json;
+use sluice_core::command::{Command, CommandStatus};
+use sluice_core::ids::RunId;
+use sluice_core::machine::{self, RESERVATION_OWNER};
+use sluice_core::policy::PolicyDecision;
+use sluice_core::time::{Clock, SystemClock};
+use sluice_runtime::Context;
+use sluice_runtime::assemble::assemble;
+use sluice_tests::{CatalogEdit, init_tracing, start_upstream, test_config};
+use sluice_upstream::{Faults, Upstream};
+
+/// A context on a fresh ledger file whose catalog is the example one, edited by `edit`.
+async fn context(
+    dir: &std::path::Path,
+    upstream: &Upstream,
+    edit: impl FnOnce(CatalogEdit) -> CatalogEdit,
+) -> Context {
+    let catalog = edit(CatalogEdit::example(&upstream.base_url())).build();
+    assemble(&test_config(dir), catalog)
+        .await
+        .expect("a context on the test ledger")
+}
+
+/// Reserves an email as the producer does: leased by its reservation.
+async fn reserve_leased_email(ctx: &Context, run: &RunId, decision: u32) -> Command {
+    let tool = ctx
+        .catalog
+        .resolve("email/send")
+        .expect("the example catalog has email/send");
+    let command = sluice_ledger::contract::command(
+        run,
+        decision,
+        "email/send",
+        0,
+        json!({"to": "a@example.com", "subject": format!("s{decision}"), "body": "b"}),
+    )
+    .leased_at_reservation(&tool.rules(), &PolicyDecision::Allow, SystemClock.now());
+    assert_eq!(command.status(), CommandStatus::Leased);
+    let audit = command.reservation_audit("producer");
+    ctx.ledger
+        .reserve(command, audit)
+        .await
+        .expect("reserve")
+        .into_command()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dispatcher_calls_under_the_reservations_lease_without_a_lease_write() {
+    init_tracing();
+    let upstream = start_upstream(Faults::none()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ctx = context(dir.path(), &upstream, |c| c).await;
+    let run = RunId::parse("r-reservation-lease").expect("valid");
+    let reserved = reserve_leased_email(&ctx, &run, 1).await;
+
+    let done = sluice_dispatcher::dispatch(&ctx, "dispatcher-test", &run, &reserved.command_key)
+        .await
+        .expect("dispatch")
+        .expect("the command exists");
+    assert_eq!(done.status(), CommandStatus::Confirmed, "{done:?}");
+    assert_eq!(done.epoch(), reserved.epoch(), "no second lease was taken");
+    assert_eq!(done.state.attempts, 1);
+    assert_eq!(upstream.stats().emails, 1);
+    let trail = ctx.ledger.audit_read(&run).await.expect("audit");
+    let path: Vec<_> = trail
+        .entries
+        .iter()
+        .map(|e| (e.record.from, e.record.to, e.record.actor.as_str()))
+        .collect();
+    assert_eq!(
+        path,
+        [
+            (None, Some(CommandStatus::Leased), "producer"),
+            (
+                Some(CommandStatus::Leased),
+                Some(CommandStatus::Confirmed),
+                "dispatcher"
+            ),
+        ]
+    );
+
+    // A second delivery of the same request finds it settled and calls nothing.
+    let again = sluice_dispatcher::dispatch(&ctx, "dispatcher-test", &run, &reserved.command_key)
+        .await
+        .expect("dispatch")
+        .expect("the command exists");
+    assert_eq!(again.status(), CommandStatus::Confirmed);
+    assert_eq!(upstream.stats().emails, 1, "not called again");
+    upstream.shutdown().await;
+}
+
+/// The catalog changed between the reservation and the dispatch: the tool now needs approval.
+/// The dispatcher gives the reservation's lease back (fenced by its epoch) and blocks the
+/// command, with the attempt it never made not counted; nothing is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_lease_is_given_back_when_policy_changed_in_between() {
+    init_tracing();
+    let upstream = start_upstream(Faults::none()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let producer = context(dir.path(), &upstream, |c| c).await;
+    let run = RunId::parse("r-policy-changed").expect("valid");
+    let reserved = reserve_leased_email(&producer, &run, 1).await;
+    drop(producer);
+
+    let dispatcher = context(dir.path(), &upstream, |c| {
+        c.policy("email/send", "requires_approval", true)
+    })
+    .await;
+    let blocked =
+        sluice_dispatcher::dispatch(&dispatcher, "dispatcher-test", &run, &reserved.command_key)
+            .await
+            .expect("dispatch")
+            .expect("the command exists");
+    assert_eq!(blocked.status(), CommandStatus::Blocked, "{blocked:?}");
+    assert_eq!(
+        blocked.state.attempts, 0,
+        "nothing was sent under that lease"
+    );
+    assert_eq!(blocked.state.lease.owner, None, "the lease was given back");
+    assert_eq!(upstream.stats().emails, 0, "nothing sent");
+    upstream.shutdown().await;
+}
+
+/// A reservation lease with no more than the call's timeout left is not called under: the
+/// outcome could land after the sweep took the lease for expired. The sweep reconciles it and
+/// the retry runs under a lease of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_lease_short_of_time_is_left_to_the_sweep() {
+    init_tracing();
+    let upstream = start_upstream(Faults::none()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ctx = context(dir.path(), &upstream, |c| c).await;
+    let run = RunId::parse("r-short-lease").expect("valid");
+    let reserved = reserve_leased_email(&ctx, &run, 1).await;
+    let rules = ctx.rules_of(&reserved);
+    let expires_at = reserved.state.lease.expires_at.expect("an expiry");
+    assert!(machine::reservation_lease_usable(
+        &reserved.state,
+        &rules,
+        SystemClock.now()
+    ));
+
+    // The same command as a dispatcher would see it later, with less than the timeout left.
+    let late = expires_at.plus_millis(-rules.dispatch_timeout_ms);
+    assert!(!machine::reservation_lease_usable(
+        &reserved.state,
+        &rules,
+        late
+    ));
+    let late_ctx = Context {
+        clock: std::sync::Arc::new(sluice_core::time::ManualClock::starting_at(late)),
+        ..ctx.clone()
+    };
+    let left =
+        sluice_dispatcher::dispatch(&late_ctx, "dispatcher-test", &run, &reserved.command_key)
+            .await
+            .expect("dispatch")
+            .expect("the command exists");
+    assert_eq!(left.status(), CommandStatus::Leased);
+    assert_eq!(left.state.lease.owner.as_deref(), Some(RESERVATION_OWNER));
+    assert_eq!(upstream.stats().emails, 0, "not called so late");
+    upstream.shutdown().await;
+}
