@@ -38,6 +38,11 @@ use tempfile::TempDir;
 
 /// The longest any single wait in a suite may take before the test fails.
 pub const DEADLINE: Duration = Duration::from_secs(20);
+/// How long a new pipeline may take to bring back what an old one left in flight or queued in
+/// its embedded bus: a lapsed lease is found when it expires (for a lease taken at reservation,
+/// the stale-PENDING wait plus the call's timeout, 20 s for `tickets/create`), then reconciled
+/// and retried after a backoff.
+pub const RECOVERY: Duration = Duration::from_secs(60);
 
 /// How often a poll looks again.
 const POLL: Duration = Duration::from_millis(20);
@@ -577,7 +582,12 @@ impl Agent {
 
     /// Long-polls (`?wait=`) until the command is settled (terminal, STUCK or BLOCKED).
     pub async fn wait_settled(&self, run: &str, key: &str) -> Command {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
+        self.wait_settled_within(run, key, DEADLINE).await
+    }
+
+    /// [`Agent::wait_settled`] with a deadline of the caller's.
+    pub async fn wait_settled_within(&self, run: &str, key: &str, within: Duration) -> Command {
+        let deadline = tokio::time::Instant::now() + within;
         let path = encode_key(key);
         loop {
             let answer = self.get_path(run, &path, Some("5s")).await;
@@ -593,7 +603,7 @@ impl Agent {
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "{run}/{key} did not settle within {DEADLINE:?}; it is {}: {}",
+                "{run}/{key} did not settle within {within:?}; it is {}: {}",
                 command.status(),
                 answer.text
             );

@@ -92,7 +92,7 @@ async fn a_pipeline_killed_mid_flight_is_recovered_by_the_next_without_a_double_
     let agent_b = Agent::new(&b.url());
     let mut statuses: BTreeMap<CommandStatus, usize> = BTreeMap::new();
     for (run, key) in &expected {
-        let command = agent_b.wait_settled(run, key).await;
+        let command = agent_b.wait_settled_within(run, key, RECOVERY).await;
         assert_ne!(command.status(), Blocked, "{run}/{key}");
         *statuses.entry(command.status()).or_default() += 1;
     }
@@ -241,7 +241,7 @@ async fn a_graceful_stop_keeps_every_command_it_accepted() {
     let b = start_pipeline(&config, catalog).await;
     let agent_b = Agent::new(&b.url());
     for (run, key, _) in &accepted {
-        let command = agent_b.wait_settled(run, key).await;
+        let command = agent_b.wait_settled_within(run, key, RECOVERY).await;
         assert_eq!(command.status(), Confirmed, "{run}/{key}: {command:?}");
     }
     let wires = accepted
