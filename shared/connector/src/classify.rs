@@ -5,8 +5,8 @@
 //! | 2xx | `Committed` (reference, result) | `present` (reference) | `Done` (reference) |
 //! | 2xx, body cut off by the transport | `Ambiguous` | `inconclusive` | `Done` |
 //! | 404 | `Refused` | `absent` | `Impossible` |
-//! | 409 | `Refused` | `duplicate` (refs in evidence) | `Impossible` |
-//! | other 4xx | `Refused` | `inconclusive` | `Impossible` |
+//! | 409 | `Refused` (`Ambiguous` if in the tool's `in_progress_status`) | `duplicate` (refs in evidence) | `Impossible` |
+//! | other 4xx | `Refused` (`Ambiguous` if in the tool's `in_progress_status`) | `inconclusive` | `Impossible` |
 //! | 408, 425, 429 | `Ambiguous` | `inconclusive` | `Retry` |
 //! | 5xx | `Ambiguous` | `inconclusive` | `Retry` |
 //! | 1xx, 3xx (redirects are not followed) | `Ambiguous` | `inconclusive` | `Retry` |
@@ -97,9 +97,11 @@ impl StatusClass {
 }
 
 /// What a dispatch answer means for the effect.
+/// `in_progress`: the tool's `dispatch.in_progress_status`.
 pub fn dispatch(
     answer: &Answer,
     reference: &ReferenceSource,
+    in_progress: &[u16],
     excerpt_bytes: usize,
 ) -> DispatchOutcome {
     match StatusClass::of(answer.status) {
@@ -118,6 +120,16 @@ pub fn dispatch(
                 ),
             },
         },
+        // The tool says this status means "a request with this key is still in progress":
+        // the earlier request may yet commit, so nothing is decided.
+        StatusClass::Refusal if in_progress.contains(&answer.status.as_u16()) => {
+            DispatchOutcome::Ambiguous {
+                reason: format!(
+                    "{} (a request with this idempotency key is still in progress upstream)",
+                    answer.summary(excerpt_bytes)
+                ),
+            }
+        }
         StatusClass::Refusal => DispatchOutcome::Refused {
             reason: answer.summary(excerpt_bytes),
         },
@@ -360,7 +372,7 @@ mod tests {
 
     #[test]
     fn a_2xx_dispatch_commits_with_the_reference_and_the_result() {
-        let outcome = dispatch(&answer(201, r#"{"id": "w-1", "n": 2}"#), &id(), 512);
+        let outcome = dispatch(&answer(201, r#"{"id": "w-1", "n": 2}"#), &id(), &[], 512);
         assert_eq!(
             outcome,
             DispatchOutcome::Committed {
@@ -368,7 +380,7 @@ mod tests {
                 result: Some(json!({"id": "w-1", "n": 2})),
             }
         );
-        let text = dispatch(&answer(200, "ok"), &id(), 512);
+        let text = dispatch(&answer(200, "ok"), &id(), &[], 512);
         assert_eq!(
             text,
             DispatchOutcome::Committed {
@@ -376,7 +388,7 @@ mod tests {
                 result: Some(json!("ok")),
             }
         );
-        let empty = dispatch(&answer(204, ""), &id(), 512);
+        let empty = dispatch(&answer(204, ""), &id(), &[], 512);
         assert_eq!(
             empty,
             DispatchOutcome::Committed {
@@ -390,7 +402,7 @@ mod tests {
     fn a_2xx_dispatch_whose_body_was_cut_off_is_ambiguous() {
         let mut cut = answer(201, r#"{"id": "w"#);
         cut.body_error = Some("connection reset".into());
-        let outcome = dispatch(&cut, &id(), 512);
+        let outcome = dispatch(&cut, &id(), &[], 512);
         let DispatchOutcome::Ambiguous { reason } = outcome else {
             panic!("expected ambiguous, got {outcome:?}");
         };
@@ -402,7 +414,7 @@ mod tests {
         let mut refused = answer(400, "bad");
         refused.body_error = Some("reset".into());
         assert!(matches!(
-            dispatch(&refused, &id(), 512),
+            dispatch(&refused, &id(), &[], 512),
             DispatchOutcome::Refused { .. }
         ));
     }
@@ -410,11 +422,13 @@ mod tests {
     #[test]
     fn refusals_and_ambiguous_statuses_carry_a_capped_excerpt() {
         let long = "x".repeat(2_000);
-        let DispatchOutcome::Refused { reason } = dispatch(&answer(422, &long), &id(), 16) else {
+        let DispatchOutcome::Refused { reason } = dispatch(&answer(422, &long), &id(), &[], 16)
+        else {
             panic!("422 is a refusal");
         };
         assert_eq!(reason, format!("HTTP 422: {}…", "x".repeat(16)));
-        let DispatchOutcome::Ambiguous { reason } = dispatch(&answer(503, ""), &id(), 16) else {
+        let DispatchOutcome::Ambiguous { reason } = dispatch(&answer(503, ""), &id(), &[], 16)
+        else {
             panic!("503 is ambiguous");
         };
         assert_eq!(reason, "HTTP 503 (empty body)");

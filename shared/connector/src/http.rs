@@ -265,6 +265,7 @@ impl Connector for HttpConnector {
                 classify::dispatch(
                     &answer,
                     &tool.dispatch().reference,
+                    &tool.dispatch().in_progress_status,
                     self.options.excerpt_bytes,
                 )
             }

@@ -526,6 +526,44 @@ async fn not_now_4xx_and_5xx_answers_are_ambiguous_not_refused() {
     }
 }
 
+/// An upstream that answers 409 while a request with the same idempotency key is in progress
+/// (Stripe, the IETF idempotency-key draft) declares it: such a 409 is ambiguous, so the
+/// earlier request's commit is reconciled instead of the command being recorded FAILED.
+#[tokio::test]
+async fn a_status_the_tool_declares_in_progress_is_ambiguous_not_refused() {
+    let upstream = Upstream::start(|_| {
+        Reply::json(
+            409,
+            json!({"error": "a request with this idempotency key is in progress"}),
+        )
+    })
+    .await;
+    let tool = Wire {
+        dispatch_extra: "in_progress_status = [409]",
+        ..Wire::at(&upstream.base)
+    }
+    .tool();
+    assert_eq!(tool.dispatch().in_progress_status, [409]);
+
+    let outcome = connector()
+        .dispatch(&tool, &command_for(&tool, args()))
+        .await;
+
+    let DispatchOutcome::Ambiguous { reason } = outcome else {
+        panic!("a declared in-progress 409 is ambiguous: {outcome:?}");
+    };
+    assert!(reason.starts_with("HTTP 409: "), "{reason}");
+    assert!(reason.contains("still in progress upstream"), "{reason}");
+    // Without the declaration the same answer is a refusal, as DESIGN §6 has it.
+    let plain = wire_tool(&upstream.base);
+    assert!(matches!(
+        connector()
+            .dispatch(&plain, &command_for(&plain, args()))
+            .await,
+        DispatchOutcome::Refused { .. }
+    ));
+}
+
 #[tokio::test]
 async fn a_redirect_is_not_followed_and_is_ambiguous() {
     let upstream = Upstream::start(|seen| {

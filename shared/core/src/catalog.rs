@@ -39,6 +39,8 @@
 //! reference_pointer = "/id"         # JSON pointer of the external reference (default "/id"),
 //! # or reference_header = "Location"; used for dispatch and status check responses
 //! timeout_ms = 10000                # optional, overrides policy.timeout_ms
+//! in_progress_status = [409]        # 4xx answers meaning "a request with this key is still in
+//! #                                 # progress": ambiguous, not a refusal (none)
 //!
 //! [tool.status_check]               # optional; method defaults to GET
 //! url = "http://127.0.0.1:8787/bank/wires/by-key/{business_key}"
@@ -265,6 +267,14 @@ pub enum CatalogError {
         tool: String,
         pointer: String,
     },
+    #[error(
+        "{file}: tool {tool}: dispatch.in_progress_status {status} is not a 4xx status: list the client errors this upstream answers while a request with the same idempotency key is in progress (409 for Stripe-like APIs)"
+    )]
+    BadInProgressStatus {
+        file: String,
+        tool: String,
+        status: u16,
+    },
     #[error("{file}: tool {tool}: dispatch.reference_header {header:?} is not an HTTP header name")]
     BadReferenceHeader {
         file: String,
@@ -448,6 +458,10 @@ pub struct DispatchConnector {
     pub endpoint: HttpEndpoint,
     /// A response without a value there leaves the command's `external_ref` empty.
     pub reference: ReferenceSource,
+    /// 4xx statuses that this upstream answers while a request with the same idempotency key
+    /// is still being processed (Stripe's and the IETF idempotency-key draft's 409): the
+    /// outcome is not known yet, so they are ambiguous, not refusals.
+    pub in_progress_status: Vec<u16>,
 }
 
 /// `approve_above`: the command needs approval when this numeric argument exceeds `value`.
@@ -975,6 +989,8 @@ struct RawDispatch {
     reference_pointer: Option<String>,
     reference_header: Option<String>,
     timeout_ms: Option<u64>,
+    #[serde(default)]
+    in_progress_status: Vec<u16>,
 }
 
 #[derive(Deserialize)]
@@ -1139,7 +1155,21 @@ fn build_tool(
             has_business_key,
         )?,
         reference,
+        in_progress_status: dispatch.in_progress_status,
     };
+    // 408, 425 and 429 are ambiguous already; other codes here would turn a success or a
+    // server error into something it is not.
+    if let Some(&status) = dispatch
+        .in_progress_status
+        .iter()
+        .find(|status| !(400..=499).contains(*status))
+    {
+        return Err(CatalogError::BadInProgressStatus {
+            file: at.file(),
+            tool: at.tool(),
+            status,
+        });
+    }
     let status_check = raw
         .status_check
         .map(|raw| {

@@ -635,6 +635,15 @@ fn the_reference_comes_from_a_pointer_or_a_header_not_both() {
 }
 
 #[test]
+fn in_progress_statuses_are_client_errors() {
+    let message = refused(
+        "url = \"http://127.0.0.1:8787/bank/wires\"\n",
+        "url = \"http://127.0.0.1:8787/bank/wires\"\nin_progress_status = [409, 503]\n",
+    );
+    assert_names(&message, &["dispatch.in_progress_status", "503", "4xx"]);
+}
+
+#[test]
 fn the_lease_must_outlive_the_dispatch_timeout() {
     let message = refused("max_attempts = 3", "max_attempts = 3\ntimeout_ms = 30000");
     assert_names(&message, &["policy.lease_ttl_ms", "timeout_ms"]);
