@@ -159,16 +159,11 @@ async fn lease(
             // A lease the reservation took is given back if policy now says otherwise (the
             // catalog changed in between); one that is merely short of time is left to the
             // lease-expiry sweep.
-            let reserved_lease = command.status() == CommandStatus::Leased
-                && command.state.lease.owner.as_deref() == Some(machine::RESERVATION_OWNER);
-            if !reserved_lease
-                && !matches!(
-                    command.status(),
-                    CommandStatus::Pending | CommandStatus::Approved
-                )
-            {
+            if !command.awaits_dispatch() {
                 return None;
             }
+            // Waiting for dispatch and LEASED: the reservation's lease.
+            let reserved_lease = command.status() == CommandStatus::Leased;
             let epoch = reserved_lease.then(|| command.epoch());
             let Some(tool) = catalog.get(&command.tool) else {
                 return Some(Event::Deny {
