@@ -369,10 +369,13 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
         Vec::new()
     }
 
-    /// A copy of a command waiting for dispatch (PENDING or APPROVED) as this process last
-    /// wrote it, if the ledger keeps one: a hint that saves the read before a lease. It may be
-    /// stale (another process may have moved the command since), so it is only fit to start a
-    /// compare-and-set from; a decision *not* to write must be taken on [`Ledger::get`].
+    /// A copy of a command waiting for dispatch ([`Command::awaits_dispatch`]: PENDING,
+    /// APPROVED, or leased by its reservation) as this process last wrote it, if the ledger
+    /// keeps one: a hint that saves the read before a lease or a call. It may be stale (another
+    /// process may have moved the command since), so it is only fit to start a compare-and-set
+    /// from, or to call an IDEMPOTENT tool under the reservation's lease (a stale copy costs a
+    /// repeated call with the same key and an outcome write that does not apply); a decision
+    /// *not* to write must be taken on [`Ledger::get`].
     fn cached(&self, _run_id: &RunId, _command_key: &CommandKey) -> Option<Command> {
         None
     }
