@@ -5,7 +5,7 @@
 
 use serde_json::json;
 use sluice_core::command::{Command, CommandStatus};
-use sluice_core::ids::RunId;
+use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{self, RESERVATION_OWNER};
 use sluice_core::policy::PolicyDecision;
 use sluice_core::time::{Clock, SystemClock};
@@ -49,6 +49,14 @@ async fn reserve_leased_email(ctx: &Context, run: &RunId, decision: u32) -> Comm
         .into_command()
 }
 
+/// What the dispatcher does with `key`'s dispatch request, and the command afterwards.
+async fn dispatch(ctx: &Context, run: &RunId, key: &CommandKey) -> Command {
+    sluice_dispatcher::dispatch(ctx, "dispatcher-test", run, key)
+        .await
+        .expect("dispatch")
+        .expect("the command exists")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dispatcher_calls_under_the_reservations_lease_without_a_lease_write() {
     init_tracing();
@@ -58,10 +66,7 @@ async fn the_dispatcher_calls_under_the_reservations_lease_without_a_lease_write
     let run = RunId::parse("r-reservation-lease").expect("valid");
     let reserved = reserve_leased_email(&ctx, &run, 1).await;
 
-    let done = sluice_dispatcher::dispatch(&ctx, "dispatcher-test", &run, &reserved.command_key)
-        .await
-        .expect("dispatch")
-        .expect("the command exists");
+    let done = dispatch(&ctx, &run, &reserved.command_key).await;
     assert_eq!(done.status(), CommandStatus::Confirmed, "{done:?}");
     assert_eq!(done.epoch(), reserved.epoch(), "no second lease was taken");
     assert_eq!(done.state.attempts, 1);
@@ -85,10 +90,7 @@ async fn the_dispatcher_calls_under_the_reservations_lease_without_a_lease_write
     );
 
     // A second delivery of the same request finds it settled and calls nothing.
-    let again = sluice_dispatcher::dispatch(&ctx, "dispatcher-test", &run, &reserved.command_key)
-        .await
-        .expect("dispatch")
-        .expect("the command exists");
+    let again = dispatch(&ctx, &run, &reserved.command_key).await;
     assert_eq!(again.status(), CommandStatus::Confirmed);
     assert_eq!(upstream.stats().emails, 1, "not called again");
     upstream.shutdown().await;
@@ -111,11 +113,7 @@ async fn a_reservation_lease_is_given_back_when_policy_changed_in_between() {
         c.policy("email/send", "requires_approval", true)
     })
     .await;
-    let blocked =
-        sluice_dispatcher::dispatch(&dispatcher, "dispatcher-test", &run, &reserved.command_key)
-            .await
-            .expect("dispatch")
-            .expect("the command exists");
+    let blocked = dispatch(&dispatcher, &run, &reserved.command_key).await;
     assert_eq!(blocked.status(), CommandStatus::Blocked, "{blocked:?}");
     assert_eq!(
         blocked.state.attempts, 0,
@@ -156,11 +154,7 @@ async fn a_reservation_lease_short_of_time_is_left_to_the_sweep() {
         clock: std::sync::Arc::new(sluice_core::time::ManualClock::starting_at(late)),
         ..ctx.clone()
     };
-    let left =
-        sluice_dispatcher::dispatch(&late_ctx, "dispatcher-test", &run, &reserved.command_key)
-            .await
-            .expect("dispatch")
-            .expect("the command exists");
+    let left = dispatch(&late_ctx, &run, &reserved.command_key).await;
     assert_eq!(left.status(), CommandStatus::Leased);
     assert_eq!(left.state.lease.owner.as_deref(), Some(RESERVATION_OWNER));
     assert_eq!(upstream.stats().emails, 0, "not called so late");
