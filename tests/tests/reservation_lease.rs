@@ -125,8 +125,9 @@ async fn a_reservation_lease_is_given_back_when_policy_changed_in_between() {
 }
 
 /// A reservation lease with no more than the call's timeout left is not called under: the
-/// outcome could land after the sweep took the lease for expired. The sweep reconciles it and
-/// the retry runs under a lease of its own.
+/// outcome could land after the sweep took the lease for expired. The dispatcher leaves the
+/// command LEASED and calls nothing; what the sweep then does with an expired lease is the
+/// reconciliation suite's (`LeaseExpired` → UNKNOWN → retry under a lease of its own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reservation_lease_short_of_time_is_left_to_the_sweep() {
     init_tracing();
