@@ -23,8 +23,15 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 macro_rules! string_id {
     ($ty:ident) => {
         impl fmt::Display for $ty {
+            // Written straight into the formatter: ids are formatted on every hop (keys,
+            // headers, JSON), and building a `String` per part first showed in profiles.
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                fmt::Display::fmt(&self.to_string_repr(), f)
+                if f.width().is_none() && f.precision().is_none() {
+                    return self.write_repr(f);
+                }
+                let mut padded = String::new();
+                self.write_repr(&mut padded)?;
+                f.pad(&padded)
             }
         }
         impl FromStr for $ty {
@@ -76,8 +83,8 @@ impl RunId {
         &self.0
     }
 
-    fn to_string_repr(&self) -> &str {
-        &self.0
+    fn write_repr(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        out.write_str(&self.0)
     }
 }
 string_id!(RunId);
@@ -133,8 +140,10 @@ impl ToolName {
         &self.name
     }
 
-    fn to_string_repr(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+    fn write_repr(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        out.write_str(&self.namespace)?;
+        out.write_char('/')?;
+        out.write_str(&self.name)
     }
 }
 string_id!(ToolName);
@@ -214,8 +223,10 @@ impl CommandKey {
         self.call_idx
     }
 
-    fn to_string_repr(&self) -> String {
-        format!("d-{}/{}/{}", self.decision, self.tool, self.call_idx)
+    fn write_repr(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        write!(out, "d-{}/", self.decision)?;
+        self.tool.write_repr(out)?;
+        write!(out, "/{}", self.call_idx)
     }
 }
 string_id!(CommandKey);
@@ -262,8 +273,10 @@ impl IdempotencyKey {
         &self.command_key
     }
 
-    fn to_string_repr(&self) -> String {
-        format!("{}/{}", self.run_id, self.command_key)
+    fn write_repr(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        self.run_id.write_repr(out)?;
+        out.write_char('/')?;
+        self.command_key.write_repr(out)
     }
 }
 string_id!(IdempotencyKey);
@@ -427,6 +440,19 @@ mod tests {
         assert!(RunId::parse("a/b").is_err());
         assert!(RunId::parse(&"x".repeat(129)).is_err());
         assert!(RunId::parse(&"x".repeat(128)).is_ok());
+    }
+
+    #[test]
+    fn ids_honour_width_and_precision_when_formatted() {
+        let tool = ToolName::parse("email/send").expect("valid");
+        let key = IdempotencyKey::new(
+            RunId::parse("r-1").expect("valid"),
+            CommandKey::new(2, tool.clone(), 5),
+        );
+        assert_eq!(key.to_string(), "r-1/d-2/email/send/5");
+        assert_eq!(format!("[{tool:>12}]"), "[  email/send]");
+        assert_eq!(format!("[{tool:<12}]"), "[email/send  ]");
+        assert_eq!(format!("[{:.9}]", key.command_key()), "[d-2/email]");
     }
 
     #[test]
