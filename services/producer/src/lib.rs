@@ -64,11 +64,11 @@ pub struct Api {
     auth: Authenticator,
     /// `<run_id>/<command_key>` of every lifecycle event seen.
     settled: broadcast::Sender<String>,
-    /// Runs an agent was found to own here, so its next submissions skip the run read.
+    /// Runs an agent was found to own here, so its next submissions skip the ownership check.
     owned: Arc<Mutex<HashSet<(RunId, String)>>>,
     /// Turns per run (by the run id's stripe) for what reads a run and then writes on what it
-    /// read: an agent's first submission into a run (its ownership check) and a replay (the
-    /// run's replay budget). The next one reads after the previous one wrote.
+    /// read: a replay (the run's replay budget). The next one reads after the previous one
+    /// wrote.
     run_turns: Arc<[tokio::sync::Mutex<()>]>,
 }
 
@@ -202,43 +202,36 @@ impl Api {
         self.run_turns[stripe].lock().await
     }
 
-    /// For an agent, checks that no command of `run_id` belongs to another agent (a new run is
-    /// fine). A run the agent was found to own (it has commands, all the agent's) is
-    /// remembered: runs do not change hands, so its later submissions (a batch of hundreds into
-    /// one run) do not each read the whole run.
-    ///
-    /// A run found empty comes with the run's turn, which the caller holds until its
-    /// reservation is written: another agent opening the same run at the same instant reads
-    /// after it, finds this agent's command and is refused.
-    async fn require_own_run(
-        &self,
-        principal: &Principal,
-        run_id: &RunId,
-    ) -> Result<Option<tokio::sync::MutexGuard<'_, ()>>, ApiError> {
+    /// Whether `principal` must be confined to its own runs for this reservation: an
+    /// authenticated agent, in a run it was not yet found to own here. The ledger then checks
+    /// ownership inside the reservation's own write ([`Ledger::reserve_own`]): a new run costs
+    /// no read, and two agents opening one run at once cannot both get in, whichever
+    /// producers they reach.
+    fn must_confine(&self, principal: &Principal, run_id: &RunId) -> bool {
         let Some(name) = principal.submitter() else {
-            return Ok(None);
+            return false;
         };
         if principal.role != sluice_runtime::config::Role::Agent {
-            return Ok(None);
+            return false;
         }
-        let pair = (run_id.clone(), name.to_owned());
-        if self.owned.lock().is_ok_and(|owned| owned.contains(&pair)) {
-            return Ok(None);
-        }
-        let turn = self.run_turn(run_id).await;
-        let existing = self.commands_of(run_id).await?;
-        principal.require_no_foreign(run_id, &existing)?;
-        // A run found empty is not remembered yet (the reservation may still fail).
-        if existing.is_empty() {
-            return Ok(Some(turn));
-        }
+        !self
+            .owned
+            .lock()
+            .is_ok_and(|owned| owned.contains(&(run_id.clone(), name.to_owned())))
+    }
+
+    /// Remembers that `principal` owns `run_id`: runs do not change hands, so its later
+    /// submissions (a batch of hundreds into one run) are not checked again.
+    fn remember_owned(&self, principal: &Principal, run_id: &RunId) {
+        let Some(name) = principal.submitter() else {
+            return;
+        };
         if let Ok(mut owned) = self.owned.lock() {
             if owned.len() >= MAX_OWNED {
                 owned.clear();
             }
-            owned.insert(pair);
+            owned.insert((run_id.clone(), name.to_owned()));
         }
-        Ok(None)
     }
 
     /// A run's commands in journal order; a ledger failure is a 503.
@@ -360,18 +353,38 @@ impl Api {
         // write: its dispatch then costs no lease write (machine::lease_at_reservation).
         let policy = policy::evaluate(tool, &command.args, None, catalog.policy_version());
         let command = command.leased_at_reservation(&rules, &policy, now);
-        // An agent adds to its own runs only.
-        let turn = self.require_own_run(principal, &command.run_id).await?;
         let command = match principal.submitter() {
             Some(name) => command.submitted_by(name),
             None => command,
         };
         let tool_label = tool.name().to_string();
         let audit = command.reservation_audit(ACTOR);
-        let reserved = self.ctx.ledger.reserve(command, audit).await;
-        drop(turn);
+        // An agent adds to its own runs only.
+        let confined = self.must_confine(principal, &command.run_id);
+        let run_id = command.run_id.clone();
+        let reserved = if confined {
+            self.ctx.ledger.reserve_own(command, audit).await
+        } else {
+            self.ctx.ledger.reserve(command, audit).await
+        };
         let reserved = match reserved {
-            Ok(reserved) => reserved,
+            Ok(reserved) => {
+                if confined {
+                    self.remember_owned(principal, &run_id);
+                }
+                reserved
+            }
+            Err(e @ LedgerError::ForeignRun { .. }) => {
+                self.count(&tool_label, "forbidden");
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    format!(
+                        "{e} (you are {} with role {})",
+                        principal.name, principal.role
+                    ),
+                ));
+            }
             Err(e @ LedgerError::ArgumentDrift { .. }) => {
                 self.count(&tool_label, "drift");
                 return Err(ApiError::new(

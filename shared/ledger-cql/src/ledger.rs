@@ -1110,6 +1110,21 @@ impl CqlLedger {
         Ok(())
     }
 
+    /// The refusal of `command` if its run holds a command someone other than its submitter
+    /// submitted.
+    async fn foreign(&self, command: &Command) -> Result<Option<LedgerError>, LedgerError> {
+        let submitter = command.submitted_by.as_deref();
+        let commands = self.list_run(&command.run_id, None).await?;
+        Ok(commands
+            .iter()
+            .find(|c| c.submitted_by.as_deref() != submitter)
+            .map(|other| LedgerError::ForeignRun {
+                run_id: command.run_id.to_string(),
+                submitter: submitter.unwrap_or("nobody").to_owned(),
+                other: other.submitted_by.as_deref().unwrap_or("nobody").to_owned(),
+            }))
+    }
+
     fn too_contended(&self, op: Op, run: &str) -> LedgerError {
         storage_msg(
             op.as_str(),
@@ -1122,10 +1137,64 @@ impl CqlLedger {
 
     // ---- reserve and claims ------------------------------------------------------------
 
+    /// Reserves `command`; `confined` refuses a run holding another submitter's command.
+    async fn reserve_as(
+        &self,
+        mut command: Command,
+        audit: AuditDraft,
+        confined: bool,
+    ) -> Result<Reserved, LedgerError> {
+        let op = Op::Reserve;
+        self.inner.stats.call(op);
+        command.state.result = cap_result(command.state.result.take());
+        let record = PreparedRecord::new(&command.run_id, audit, command.state.updated_at);
+        let mut fresh_claim = false;
+        if let Some(business_key) = &command.business_key {
+            match self
+                .claim(
+                    op,
+                    &command.tool,
+                    business_key,
+                    &command.run_id,
+                    &command.command_key,
+                )
+                .await?
+            {
+                Claimed::Mine { fresh } => fresh_claim = fresh,
+                Claimed::HeldBy(run, key) => {
+                    let holder = self
+                        .read_row(op, run.as_str(), &key.to_string(), false)
+                        .await?
+                        .ok_or_else(|| {
+                            bad(
+                                "business key holder",
+                                run.as_str(),
+                                format!("{key} vanished"),
+                            )
+                        })?;
+                    return Ok(Reserved::BusinessKeyHeld(holder.command()));
+                }
+            }
+        }
+        let reserved = self.reserve_row(&command, &record, confined).await;
+        if fresh_claim
+            && matches!(
+                reserved,
+                Err(LedgerError::ArgumentDrift { .. }
+                    | LedgerError::RunClosed { .. }
+                    | LedgerError::ForeignRun { .. })
+            )
+        {
+            self.release_claim(op, &command).await;
+        }
+        reserved
+    }
+
     async fn reserve_row(
         &self,
         command: &Command,
         record: &PreparedRecord,
+        confined: bool,
     ) -> Result<Reserved, LedgerError> {
         let op = Op::Reserve;
         let run = command.run_id.as_str();
@@ -1150,6 +1219,14 @@ impl CqlLedger {
                     run_id: run.to_owned(),
                     command_key: key,
                 });
+            }
+            // A run never written has no commands; one that was is read whole. The LWT below
+            // is conditioned on the head this check saw, so a command added since fails it.
+            if confined
+                && head.stored_seq.is_some()
+                && let Some(refused) = self.foreign(command).await?
+            {
+                return Err(refused);
             }
             let created_at = head
                 .run_created_at
@@ -1554,53 +1631,16 @@ impl CqlLedger {
 
 #[async_trait]
 impl Ledger for CqlLedger {
-    async fn reserve(
+    async fn reserve(&self, command: Command, audit: AuditDraft) -> Result<Reserved, LedgerError> {
+        self.reserve_as(command, audit, false).await
+    }
+
+    async fn reserve_own(
         &self,
-        mut command: Command,
+        command: Command,
         audit: AuditDraft,
     ) -> Result<Reserved, LedgerError> {
-        let op = Op::Reserve;
-        self.inner.stats.call(op);
-        command.state.result = cap_result(command.state.result.take());
-        let record = PreparedRecord::new(&command.run_id, audit, command.state.updated_at);
-        let mut fresh_claim = false;
-        if let Some(business_key) = &command.business_key {
-            match self
-                .claim(
-                    op,
-                    &command.tool,
-                    business_key,
-                    &command.run_id,
-                    &command.command_key,
-                )
-                .await?
-            {
-                Claimed::Mine { fresh } => fresh_claim = fresh,
-                Claimed::HeldBy(run, key) => {
-                    let holder = self
-                        .read_row(op, run.as_str(), &key.to_string(), false)
-                        .await?
-                        .ok_or_else(|| {
-                            bad(
-                                "business key holder",
-                                run.as_str(),
-                                format!("{key} vanished"),
-                            )
-                        })?;
-                    return Ok(Reserved::BusinessKeyHeld(holder.command()));
-                }
-            }
-        }
-        let reserved = self.reserve_row(&command, &record).await;
-        if fresh_claim
-            && matches!(
-                reserved,
-                Err(LedgerError::ArgumentDrift { .. } | LedgerError::RunClosed { .. })
-            )
-        {
-            self.release_claim(op, &command).await;
-        }
-        reserved
+        self.reserve_as(command, audit, true).await
     }
 
     async fn transition(&self, transition: Transition) -> Result<Cas, LedgerError> {

@@ -48,7 +48,9 @@ macro_rules! ledger_contract_tests {
             a_closed_run_takes_no_new_commands_and_replays_its_own,
             purge_removes_finished_runs_and_leaves_checkpoints,
             list_runs_shows_recent_runs_with_open_counts,
-            the_submitter_is_kept_through_transitions
+            the_submitter_is_kept_through_transitions,
+            reserve_own_refuses_a_run_with_another_submitter,
+            two_agents_opening_one_run_at_once_cannot_both_get_in
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
@@ -1064,4 +1066,112 @@ pub async fn the_submitter_is_kept_through_transitions(ledger: Arc<dyn Ledger>) 
     let listed = ledger.list_run(&run, None).await.expect("list");
     let submitters: Vec<Option<&str>> = listed.iter().map(|c| c.submitted_by.as_deref()).collect();
     assert_eq!(submitters, vec![None, Some("agent-7")]);
+}
+
+async fn reserve_own(ledger: &dyn Ledger, command: Command) -> Result<Reserved, LedgerError> {
+    let audit = command.reservation_audit("contract");
+    ledger.reserve_own(command, audit).await
+}
+
+/// An agent confined to its own runs gets into a new run and into a run of its own commands,
+/// and is refused, with nothing written, in a run holding someone else's command or a command
+/// submitted by no one, a replay of an existing key included.
+pub async fn reserve_own_refuses_a_run_with_another_submitter(ledger: Arc<dyn Ledger>) {
+    let mine = fresh_run("own-mine");
+    let first = reserve_own(
+        &*ledger,
+        command(&mine, 0, "email/send", 0, json!({})).submitted_by("agent-a"),
+    )
+    .await
+    .expect("a new run is open to anyone");
+    assert!(matches!(first, Reserved::Created(_)), "{first:?}");
+    let second = reserve_own(
+        &*ledger,
+        command(&mine, 0, "email/send", 1, json!({})).submitted_by("agent-a"),
+    )
+    .await
+    .expect("the agent's own run");
+    assert!(matches!(second, Reserved::Created(_)), "{second:?}");
+
+    let refused = reserve_own(
+        &*ledger,
+        command(&mine, 0, "email/send", 2, json!({})).submitted_by("agent-b"),
+    )
+    .await;
+    match refused {
+        Err(LedgerError::ForeignRun {
+            run_id,
+            submitter,
+            other,
+        }) => {
+            assert_eq!(run_id, mine.as_str());
+            assert_eq!(submitter, "agent-b");
+            assert_eq!(other, "agent-a");
+        }
+        other => panic!("expected ForeignRun, got {other:?}"),
+    }
+    let replay = reserve_own(
+        &*ledger,
+        command(&mine, 0, "email/send", 0, json!({})).submitted_by("agent-b"),
+    )
+    .await;
+    assert!(
+        matches!(replay, Err(LedgerError::ForeignRun { .. })),
+        "a replay of another agent's key is refused too: {replay:?}"
+    );
+    let listed = ledger.list_run(&mine, None).await.expect("list");
+    assert_eq!(listed.len(), 2, "nothing was written for agent-b");
+
+    // Unconfined, the same reservation goes in (an operator, or an open API).
+    let operator = reserve_new(
+        &*ledger,
+        command(&mine, 0, "email/send", 3, json!({})).submitted_by("operator-1"),
+    )
+    .await;
+    assert_eq!(operator.submitted_by.as_deref(), Some("operator-1"));
+    let now_shared = reserve_own(
+        &*ledger,
+        command(&mine, 0, "email/send", 4, json!({})).submitted_by("agent-a"),
+    )
+    .await;
+    assert!(
+        matches!(now_shared, Err(LedgerError::ForeignRun { ref other, .. }) if other == "operator-1"),
+        "{now_shared:?}"
+    );
+
+    let anonymous = fresh_run("own-anonymous");
+    reserve_new(&*ledger, command(&anonymous, 0, "email/send", 0, json!({}))).await;
+    let refused = reserve_own(
+        &*ledger,
+        command(&anonymous, 0, "email/send", 1, json!({})).submitted_by("agent-a"),
+    )
+    .await;
+    assert!(
+        matches!(refused, Err(LedgerError::ForeignRun { ref other, .. }) if other == "nobody"),
+        "{refused:?}"
+    );
+}
+
+/// Eight agents open the same new run at the same instant: exactly one gets in, and the run
+/// holds that agent's command only.
+pub async fn two_agents_opening_one_run_at_once_cannot_both_get_in(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("own-race");
+    let attempts = (0..8u32).map(|i| {
+        let ledger = Arc::clone(&ledger);
+        let command =
+            command(&run, 0, "email/send", i, json!({})).submitted_by(format!("agent-{i}"));
+        tokio::spawn(async move { reserve_own(&*ledger, command).await })
+    });
+    let mut admitted = Vec::new();
+    for attempt in futures::future::join_all(attempts).await {
+        match attempt.expect("task") {
+            Ok(reserved) => admitted.push(reserved.into_command()),
+            Err(LedgerError::ForeignRun { .. }) => {}
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+    assert_eq!(admitted.len(), 1, "exactly one agent opens the run");
+    let listed = ledger.list_run(&run, None).await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].submitted_by, admitted[0].submitted_by);
 }

@@ -227,6 +227,18 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
     /// with [`LedgerError::ArgumentDrift`] and changes nothing.
     async fn reserve(&self, command: Command, audit: AuditDraft) -> Result<Reserved, LedgerError>;
 
+    /// [`Ledger::reserve`] for an agent that adds effects to its own runs only: when the run
+    /// holds any command not submitted by `command.submitted_by` (a command submitted by no
+    /// one counts as someone else's), nothing is written, not even a replay of the same key,
+    /// and the answer is [`LedgerError::ForeignRun`]. The check and the write are one
+    /// compare-and-set on the run, so two agents opening the same run at once, in one process
+    /// or in two, cannot both get in. A new run costs no read for it.
+    async fn reserve_own(
+        &self,
+        command: Command,
+        audit: AuditDraft,
+    ) -> Result<Reserved, LedgerError>;
+
     /// The generic guarded write: stores `next` and appends the audit record if the stored
     /// status and epoch equal the guard.
     async fn transition(&self, transition: Transition) -> Result<Cas, LedgerError>;

@@ -232,6 +232,8 @@ enum Op {
         audit: PreparedRecord,
         identity: String,
         state: String,
+        /// Refuse if the run holds another submitter's command (`Ledger::reserve_own`).
+        confined: bool,
     },
     Transition {
         transition: Box<Transition>,
@@ -374,6 +376,49 @@ impl SqliteLedger {
             .await
             .map_err(|_| LedgerError::Closed)?;
         answer.await.map_err(|_| LedgerError::Closed)
+    }
+
+    /// Reserves `command`; `confined` refuses a run holding another submitter's command.
+    async fn reserve_as(
+        &self,
+        mut command: Command,
+        audit: AuditDraft,
+        confined: bool,
+    ) -> Result<Reserved, LedgerError> {
+        command.state.result = cap_result(command.state.result.take());
+        let identity = encode(&Identity::of(&command));
+        let state = encode(&command.state);
+        let audit = PreparedRecord::new(&command.run_id, audit, command.state.updated_at);
+        let op = Op::Reserve {
+            key: command.command_key.to_string(),
+            command: Box::new(command),
+            audit,
+            identity,
+            state,
+            confined,
+        };
+        let Answer {
+            op: Op::Reserve { command, .. },
+            result,
+        } = self.submit(op).await?
+        else {
+            // The writer hands back the request it was given.
+            return Err(LedgerError::Closed);
+        };
+        let run = command.run_id.as_str();
+        match result? {
+            Reply::Reserved(ReserveReply::Created) => {
+                self.note(&command);
+                Ok(Reserved::Created(*command))
+            }
+            Reply::Reserved(ReserveReply::Existing((identity, state))) => {
+                row_command(run, &identity, &state).map(Reserved::Existing)
+            }
+            Reply::Reserved(ReserveReply::Held((identity, state))) => {
+                row_command(run, &identity, &state).map(Reserved::BusinessKeyHeld)
+            }
+            _ => Err(LedgerError::Closed),
+        }
     }
 
     /// Runs `read` on a pooled read connection on the blocking pool.
@@ -787,9 +832,15 @@ impl Writer {
                 audit,
                 identity,
                 state,
-            } => self
-                .reserve(command, key, audit, identity, state)?
-                .map(Reply::Reserved),
+                confined,
+            } => {
+                if *confined && let Some(refused) = self.foreign(command)? {
+                    Err(refused)
+                } else {
+                    self.reserve(command, key, audit, identity, state)?
+                        .map(Reply::Reserved)
+                }
+            }
             Op::Transition {
                 transition,
                 key,
@@ -1004,6 +1055,29 @@ impl Writer {
         }
         self.append(audit)?;
         Ok(Ok(ReserveReply::Created))
+    }
+
+    /// The refusal of `command` if its run holds a command someone other than its submitter
+    /// submitted. A run the ledger has never seen costs no query.
+    fn foreign(&mut self, command: &Command) -> Result<Option<LedgerError>, rusqlite::Error> {
+        let Some(run_seq) = self.stored_head(&command.run_id)?.map(|head| head.run_seq) else {
+            return Ok(None);
+        };
+        let submitter = command.submitted_by.as_deref();
+        let other: Option<Option<String>> = self
+            .conn
+            .prepare_cached(
+                "SELECT json_extract(identity, '$.submitted_by') FROM commands \
+                 WHERE run_seq = ?1 AND json_extract(identity, '$.submitted_by') IS NOT ?2 \
+                 LIMIT 1",
+            )?
+            .query_row(params![run_seq, submitter], |row| row.get(0))
+            .optional()?;
+        Ok(other.map(|other| LedgerError::ForeignRun {
+            run_id: command.run_id.to_string(),
+            submitter: submitter.unwrap_or("nobody").to_owned(),
+            other: other.unwrap_or_else(|| "nobody".to_owned()),
+        }))
     }
 
     /// A reservation in a closed run: what is there still replays; nothing new goes in.
@@ -1334,44 +1408,16 @@ fn clone_error(error: &LedgerError) -> LedgerError {
 
 #[async_trait]
 impl Ledger for SqliteLedger {
-    async fn reserve(
+    async fn reserve(&self, command: Command, audit: AuditDraft) -> Result<Reserved, LedgerError> {
+        self.reserve_as(command, audit, false).await
+    }
+
+    async fn reserve_own(
         &self,
-        mut command: Command,
+        command: Command,
         audit: AuditDraft,
     ) -> Result<Reserved, LedgerError> {
-        command.state.result = cap_result(command.state.result.take());
-        let identity = encode(&Identity::of(&command));
-        let state = encode(&command.state);
-        let audit = PreparedRecord::new(&command.run_id, audit, command.state.updated_at);
-        let op = Op::Reserve {
-            key: command.command_key.to_string(),
-            command: Box::new(command),
-            audit,
-            identity,
-            state,
-        };
-        let Answer {
-            op: Op::Reserve { command, .. },
-            result,
-        } = self.submit(op).await?
-        else {
-            // The writer hands back the request it was given.
-            return Err(LedgerError::Closed);
-        };
-        let run = command.run_id.as_str();
-        match result? {
-            Reply::Reserved(ReserveReply::Created) => {
-                self.note(&command);
-                Ok(Reserved::Created(*command))
-            }
-            Reply::Reserved(ReserveReply::Existing((identity, state))) => {
-                row_command(run, &identity, &state).map(Reserved::Existing)
-            }
-            Reply::Reserved(ReserveReply::Held((identity, state))) => {
-                row_command(run, &identity, &state).map(Reserved::BusinessKeyHeld)
-            }
-            _ => Err(LedgerError::Closed),
-        }
+        self.reserve_as(command, audit, true).await
     }
 
     async fn transition(&self, mut transition: Transition) -> Result<Cas, LedgerError> {
