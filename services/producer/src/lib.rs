@@ -1020,7 +1020,10 @@ async fn watch_events(api: Api, shutdown: Shutdown) {
                 None => return,
             },
         };
-        if let Some(subject) = header(&delivery.message.headers, "ce_subject") {
+        // Only long polls listen; with none waiting there is nothing to wake.
+        if api.settled.receiver_count() > 0
+            && let Some(subject) = header(&delivery.message.headers, "ce_subject")
+        {
             let _ = api.settled.send(subject.to_owned());
         }
         let _ = delivery.ack().await;

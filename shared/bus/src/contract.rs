@@ -152,7 +152,7 @@ pub async fn publish_then_consume_keeps_key_payload_and_headers(bus: Arc<dyn Bus
 
     let first = next_within(&mut sub, "the published message").await;
     assert_eq!(
-        first.message,
+        *first.message,
         Message {
             topic,
             key: key.into(),

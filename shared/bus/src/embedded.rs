@@ -150,12 +150,8 @@ struct PartitionLog {
     records: VecDeque<Record>,
 }
 
-#[derive(Debug)]
-struct Record {
-    key: String,
-    payload: Vec<u8>,
-    headers: Vec<Header>,
-}
+/// A message as stored: every group's delivery of it shares this one copy.
+type Record = Arc<Message>;
 
 #[derive(Debug)]
 struct Group {
@@ -370,11 +366,12 @@ impl Bus for EmbeddedBus {
         let topic_state = &mut state.topics[topic.index()];
         let log = &mut topic_state.logs[p];
         let offset = log.end();
-        log.records.push_back(Record {
+        log.records.push_back(Arc::new(Message {
+            topic,
             key: key.to_owned(),
             payload,
             headers,
-        });
+        }));
         // Each group's owner of the partition may now have something to do; if it is busy
         // with the partition's in-flight message, the wake-up only makes it look again.
         for group in topic_state.groups.values() {
@@ -495,13 +492,12 @@ impl EmbeddedSource {
                 offset,
                 generation: partition.generation,
             };
-            let message = Message {
-                topic: self.topic,
-                key: record.key.clone(),
-                payload: record.payload.clone(),
-                headers: record.headers.clone(),
-            };
-            return Take::Ready(Delivery::new(message, partition_id, offset, Arc::new(ack)));
+            return Take::Ready(Delivery::new(
+                Arc::clone(record),
+                partition_id,
+                offset,
+                Arc::new(ack),
+            ));
         }
         Take::Nothing
     }
@@ -679,11 +675,12 @@ mod tests {
     fn compaction_drops_only_the_acknowledged_prefix() {
         let mut log = PartitionLog::default();
         for i in 0..5u8 {
-            log.records.push_back(Record {
+            log.records.push_back(Arc::new(Message {
+                topic: Topic::Requested,
                 key: "k".into(),
                 payload: vec![i],
                 headers: vec![],
-            });
+            }));
         }
         log.compact_to(3);
         assert_eq!((log.base, log.end()), (3, 5));

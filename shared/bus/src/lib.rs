@@ -173,7 +173,9 @@ pub trait Acknowledge: Send + Sync + fmt::Debug + 'static {
 /// A message handed to one member of a group, to be acknowledged once handled.
 #[derive(Debug, Clone)]
 pub struct Delivery {
-    pub message: Message,
+    /// Shared with the bus's log and with clones of this delivery (a handler retried with a
+    /// clone copies no payload).
+    pub message: Arc<Message>,
     pub partition: u32,
     pub offset: u64,
     acknowledge: Arc<dyn Acknowledge>,
@@ -182,13 +184,13 @@ pub struct Delivery {
 impl Delivery {
     /// For implementations: a delivery acknowledged through `acknowledge`.
     pub fn new(
-        message: Message,
+        message: impl Into<Arc<Message>>,
         partition: u32,
         offset: u64,
         acknowledge: Arc<dyn Acknowledge>,
     ) -> Self {
         Self {
-            message,
+            message: message.into(),
             partition,
             offset,
             acknowledge,
