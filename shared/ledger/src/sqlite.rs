@@ -208,7 +208,7 @@ struct Inner {
     /// opening a new one (and a new blocking thread) when many arrive at once.
     read_slots: Arc<Semaphore>,
     /// Commands this process left waiting for dispatch: see [`Ledger::cached`].
-    waiting: Mutex<HashMap<(RunId, CommandKey), Command>>,
+    waiting: Mutex<Waiting>,
     clock: Arc<dyn Clock>,
 }
 
@@ -217,6 +217,55 @@ const MAX_READERS: usize = 8;
 
 /// At most this many commands are kept in [`Inner::waiting`]; past it the map starts afresh.
 const MAX_WAITING: usize = 65_536;
+
+/// The commands behind [`Ledger::cached`], by a hash of their run id and command key, so that
+/// noting a command (every reservation and transition) builds no key. Two commands whose
+/// hashes collide take turns in one slot: the cache is a hint, and a miss costs a read.
+#[derive(Default)]
+struct Waiting {
+    hasher: std::hash::RandomState,
+    commands: HashMap<u64, Command>,
+}
+
+impl std::fmt::Debug for Waiting {
+    // The count only: the commands carry their arguments, which stay out of debug output.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiting")
+            .field("commands", &self.commands.len())
+            .finish()
+    }
+}
+
+impl Waiting {
+    fn slot(&self, run_id: &RunId, command_key: &CommandKey) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.hasher, (run_id, command_key))
+    }
+
+    fn insert(&mut self, command: Command) {
+        if self.commands.len() >= MAX_WAITING {
+            self.commands.clear();
+        }
+        let slot = self.slot(&command.run_id, &command.command_key);
+        self.commands.insert(slot, command);
+    }
+
+    fn get(&self, run_id: &RunId, command_key: &CommandKey) -> Option<&Command> {
+        self.commands
+            .get(&self.slot(run_id, command_key))
+            .filter(|c| &c.run_id == run_id && &c.command_key == command_key)
+    }
+
+    fn remove(&mut self, run_id: &RunId, command_key: &CommandKey) {
+        let slot = self.slot(run_id, command_key);
+        if self
+            .commands
+            .get(&slot)
+            .is_some_and(|c| &c.run_id == run_id && &c.command_key == command_key)
+        {
+            self.commands.remove(&slot);
+        }
+    }
+}
 
 /// A stored row as text; decoded by the caller, off the writer thread.
 type RawRow = (String, String);
@@ -331,7 +380,7 @@ impl SqliteLedger {
                 writer,
                 readers: Mutex::new(Vec::new()),
                 read_slots: Arc::new(Semaphore::new(MAX_READERS)),
-                waiting: Mutex::new(HashMap::new()),
+                waiting: Mutex::new(Waiting::default()),
                 clock,
             }),
         })
@@ -348,14 +397,10 @@ impl SqliteLedger {
         let Ok(mut waiting) = self.inner.waiting.lock() else {
             return;
         };
-        let id = (command.run_id.clone(), command.command_key.clone());
         if command.awaits_dispatch() {
-            if waiting.len() >= MAX_WAITING {
-                waiting.clear();
-            }
-            waiting.insert(id, command.clone());
+            waiting.insert(command.clone());
         } else {
-            waiting.remove(&id);
+            waiting.remove(&command.run_id, &command.command_key);
         }
     }
 
@@ -1462,7 +1507,7 @@ impl Ledger for SqliteLedger {
 
     fn cached(&self, run_id: &RunId, command_key: &CommandKey) -> Option<Command> {
         let waiting = self.inner.waiting.lock().ok()?;
-        waiting.get(&(run_id.clone(), command_key.clone())).cloned()
+        waiting.get(run_id, command_key).cloned()
     }
 
     async fn get(
@@ -1732,5 +1777,36 @@ impl SqliteLedger {
     /// The clock this ledger was opened with.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.inner.clock
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::Waiting;
+    use crate::contract::{command, fresh_run};
+
+    #[test]
+    fn the_waiting_cache_answers_for_the_exact_command_only() {
+        let run = fresh_run("waiting");
+        let first = command(&run, 0, "email/send", 0, json!({}));
+        let second = command(&run, 0, "email/send", 1, json!({}));
+        let elsewhere = command(&fresh_run("waiting"), 0, "email/send", 0, json!({}));
+        let mut waiting = Waiting::default();
+        waiting.insert(first.clone());
+        let cached = waiting.get(&first.run_id, &first.command_key);
+        assert_eq!(cached.map(|c| &c.command_key), Some(&first.command_key));
+        assert!(waiting.get(&second.run_id, &second.command_key).is_none());
+        assert!(
+            waiting
+                .get(&elsewhere.run_id, &elsewhere.command_key)
+                .is_none()
+        );
+
+        waiting.remove(&second.run_id, &second.command_key);
+        assert!(waiting.get(&first.run_id, &first.command_key).is_some());
+        waiting.remove(&first.run_id, &first.command_key);
+        assert!(waiting.get(&first.run_id, &first.command_key).is_none());
     }
 }
