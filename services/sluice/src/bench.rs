@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use indicatif::ProgressBar;
 use reqwest::StatusCode;
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use sluice_bus::{BusError, Subscription, Topic};
 use sluice_core::catalog::CatalogError;
@@ -691,7 +692,9 @@ impl Submission {
 /// The effects of one pass and where each one's events are expected.
 #[derive(Debug)]
 struct Workload {
-    bodies: Vec<Value>,
+    /// Each effect's request body, encoded before the pass starts: the client shares the
+    /// pipeline's 2 cores, so it spends as little of them as it can.
+    bodies: Vec<Box<RawValue>>,
     /// `<run_id>/<command_key>` (the events' `ce_subject`) to the effect's index.
     index: HashMap<String, usize>,
 }
@@ -706,16 +709,48 @@ impl Workload {
             let run_id = format!("bench-{nonce}-{slug}-{}", i / per_run);
             let decision = i % per_run;
             index.insert(format!("{run_id}/d-{decision}/{name}/0"), i);
-            bodies.push(json!({
+            let body = json!({
                 "run_id": run_id,
                 "decision": decision,
                 "tool": name,
                 "call_idx": 0,
                 "args": tool.args(i),
-            }));
+            });
+            bodies.push(serde_json::value::to_raw_value(&body).expect("a JSON value encodes"));
         }
         Self { bodies, index }
     }
+
+    /// The body of `POST /v1/effects/batch` for the effects in `range`, joined from their
+    /// encoded bodies.
+    fn batch_body(&self, range: std::ops::Range<usize>) -> String {
+        let effects = &self.bodies[range];
+        let len = effects.iter().map(|b| b.get().len() + 1).sum::<usize>();
+        let mut body = String::with_capacity(len + 16);
+        body.push_str("{\"effects\":[");
+        for (i, effect) in effects.iter().enumerate() {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(effect.get());
+        }
+        body.push_str("]}");
+        body
+    }
+}
+
+/// What the client reads of a batch answer: each effect's status, and its error when it has
+/// one. The commands in the answer are skipped, not built.
+#[derive(Debug, serde::Deserialize)]
+struct BatchStatuses {
+    results: Vec<EffectStatus>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct EffectStatus {
+    status: u16,
+    #[serde(default)]
+    error: Option<Box<RawValue>>,
 }
 
 /// When each effect was sent and confirmed, in nanoseconds since `origin` plus one (0: not
@@ -1047,12 +1082,13 @@ async fn post_one(
     client: &reqwest::Client,
     url: &str,
     pass: &str,
-    body: &Value,
+    body: &RawValue,
     tracker: &Tracker,
 ) -> Result<(), BenchError> {
     let response = client
         .post(format!("{url}/v1/effects"))
-        .json(body)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body.get().to_owned())
         .send()
         .await
         .map_err(|source| BenchError::Http {
@@ -1077,7 +1113,7 @@ async fn post_batch(
     tracker: &Tracker,
 ) -> Result<(), BenchError> {
     let count = range.len();
-    let body = json!({ "effects": &workload.bodies[range] });
+    let body = workload.batch_body(range);
     let http = |source| BenchError::Http {
         pass: pass.to_owned(),
         what: "POST /v1/effects/batch",
@@ -1085,7 +1121,8 @@ async fn post_batch(
     };
     let response = client
         .post(format!("{url}/v1/effects/batch"))
-        .json(&body)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body)
         .send()
         .await
         .map_err(http)?;
@@ -1095,11 +1132,12 @@ async fn post_batch(
         tracker.refuse(count, format!("{status} {text}"));
         return Ok(());
     }
-    let answer: Value = response.json().await.map_err(http)?;
-    let results = answer["results"].as_array().map_or(&[][..], Vec::as_slice);
-    for result in results {
-        if result["status"] != 201 {
-            tracker.refuse(1, result.to_string());
+    let answer: BatchStatuses = response.json().await.map_err(http)?;
+    let results = answer.results;
+    for result in &results {
+        if result.status != 201 {
+            let error = result.error.as_ref().map_or("no error given", |e| e.get());
+            tracker.refuse(1, format!("{} {error}", result.status));
         }
     }
     if results.len() != count {
@@ -1253,13 +1291,31 @@ mod tests {
         let workload = Workload::new("single", BenchTool::Email, 10, 4);
         assert_eq!(workload.bodies.len(), 10);
         assert_eq!(workload.index.len(), 10);
-        let body = &workload.bodies[5];
+        let body: Value = serde_json::from_str(workload.bodies[5].get()).expect("JSON");
         let subject = format!(
             "{}/d-{}/email/send/0",
             body["run_id"].as_str().expect("run id"),
             body["decision"]
         );
         assert_eq!(workload.index.get(&subject), Some(&5));
+        let batch: Value = serde_json::from_str(&workload.batch_body(4..7)).expect("JSON");
+        let effects = batch["effects"].as_array().expect("an array");
+        assert_eq!(effects.len(), 3);
+        assert_eq!(effects[1], body);
+    }
+
+    #[test]
+    fn a_batch_answer_is_read_for_its_statuses() {
+        let answer = r#"{"results":[{"status":201,"command":{"run_id":"r","args":{"a":[1,2]}}},
+            {"status":422,"error":{"code":"invalid_arguments","message":"no"}}]}"#;
+        let read: BatchStatuses = serde_json::from_str(answer).expect("parses");
+        let statuses: Vec<u16> = read.results.iter().map(|r| r.status).collect();
+        assert_eq!(statuses, vec![201, 422]);
+        assert!(read.results[0].error.is_none());
+        assert_eq!(
+            read.results[1].error.as_ref().map(|e| e.get()),
+            Some(r#"{"code":"invalid_arguments","message":"no"}"#)
+        );
     }
 
     #[test]
