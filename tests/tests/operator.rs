@@ -220,7 +220,7 @@ async fn a_scheduled_effect_fires_after_a_restart_that_missed_its_time() {
         .await;
     assert_eq!(fired.status(), Confirmed, "{fired:?}");
     assert_eq!(
-        fired.args,
+        *fired.args,
         email_args("later"),
         "the arguments survived the restart"
     );

@@ -7,6 +7,7 @@
 //! could be sent — which is what lets the caller report it as `NotSent`.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
@@ -60,7 +61,8 @@ pub struct Call {
     /// Only the contract's headers: no credentials, so the map may be logged by name.
     pub headers: HeaderMap,
     /// The JSON body; `None` for GET and DELETE.
-    pub body: Option<Value>,
+    /// The JSON body; the dispatch and status check bodies share the command's arguments.
+    pub body: Option<Arc<Value>>,
     /// The whole call — connect, request, response headers and body — must fit in this.
     pub timeout: Duration,
 }
@@ -106,7 +108,7 @@ pub fn dispatch(tool: &Tool, command: &Command) -> Result<Call, CallError> {
         endpoint,
         command,
         None,
-        command.args.clone(),
+        Arc::clone(&command.args),
     )
 }
 
@@ -123,7 +125,7 @@ pub fn status_check(
         endpoint,
         command,
         None,
-        command.args.clone(),
+        Arc::clone(&command.args),
     )
 }
 
@@ -136,7 +138,7 @@ pub fn compensate(
     external_ref: Option<&str>,
 ) -> Result<Call, CallError> {
     check_tool(tool, command)?;
-    let body = json!({ "args": command.args, "external_ref": external_ref });
+    let body = Arc::new(json!({ "args": command.args, "external_ref": external_ref }));
     let mut call = build(
         Operation::Compensate,
         tool,
@@ -191,7 +193,7 @@ fn build(
     endpoint: &HttpEndpoint,
     command: &Command,
     external_ref: Option<&str>,
-    body: Value,
+    body: Arc<Value>,
 ) -> Result<Call, CallError> {
     let keys = UrlKeys {
         idempotency_key: &command.idempotency_key,
@@ -315,8 +317,8 @@ mod tests {
         assert_eq!(call.method, Method::POST);
         assert_eq!(call.url.as_str(), "http://bank.test/accounts/acc%201/wires");
         assert_eq!(
-            call.body,
-            Some(json!({"account": "acc 1", "amount_minor": 5}))
+            call.body.as_deref(),
+            Some(&json!({"account": "acc 1", "amount_minor": 5}))
         );
         assert_eq!(call.timeout, Duration::from_millis(1_500));
         let header = |name: &str| call.headers.get(name).map(HeaderValue::as_bytes);

@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -308,7 +309,9 @@ pub struct Command {
     pub idempotency_key: IdempotencyKey,
     pub tool: ToolName,
     pub semantics: EffectSemantics,
-    pub args: Value,
+    /// Shared, not copied, by the command's clones: the arguments never change after
+    /// reservation, and a command is cloned at every hop of the pipeline.
+    pub args: Arc<Value>,
     pub args_hash: ArgsHash,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub business_key: Option<BusinessKey>,
@@ -353,7 +356,7 @@ impl Command {
             command_key: intent.command_key,
             idempotency_key,
             semantics: intent.semantics,
-            args: intent.args,
+            args: Arc::new(intent.args),
             business_key: intent.business_key,
             policy_version: intent.policy_version,
             max_attempts: intent.max_attempts,

@@ -303,7 +303,7 @@ pub async fn reserve_with_other_arguments_is_drift(ledger: Arc<dyn Ledger>) {
         .await
         .expect("get")
         .expect("stored");
-    assert_eq!(stored.args, json!({"amount": 5}), "never merged");
+    assert_eq!(*stored.args, json!({"amount": 5}), "never merged");
 }
 
 pub async fn concurrent_reserves_yield_one_command(ledger: Arc<dyn Ledger>) {

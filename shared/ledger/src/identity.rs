@@ -1,5 +1,7 @@
 //! The part of a command that never changes after reservation.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sluice_core::command::{Command, CommandState, EffectSemantics};
@@ -15,7 +17,7 @@ pub struct Identity {
     idempotency_key: IdempotencyKey,
     tool: ToolName,
     semantics: EffectSemantics,
-    args: Value,
+    args: Arc<Value>,
     args_hash: ArgsHash,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     business_key: Option<BusinessKey>,
