@@ -38,7 +38,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
-use sluice_bus::Topic;
+use sluice_bus::{Admission, Topic};
 use sluice_core::catalog::CatalogError;
 use sluice_core::command::{Command, CommandStatus, Intent};
 use sluice_core::ids::{CommandKey, RunId, ToolName};
@@ -220,6 +220,29 @@ impl Api {
             .is_ok_and(|owned| owned.contains(&(run_id.clone(), name.to_owned())))
     }
 
+    /// Waits for room for one more dispatch request (see [`sluice_bus::Bus::admit`]), at most
+    /// `admission_wait_ms`.
+    async fn admit(&self) -> Result<Admission, ApiError> {
+        let wait = Duration::from_millis(self.config.admission_wait_ms);
+        match tokio::time::timeout(wait, self.ctx.bus.admit(Topic::Requested)).await {
+            Ok(Ok(admission)) => Ok(admission),
+            Ok(Err(e)) => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "bus_unavailable",
+                e.to_string(),
+            )),
+            Err(_) => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "dispatch_backlog_full",
+                format!(
+                    "the dispatcher has not taken on new work for {} ms (bus.admission \
+                     requests wait for it); nothing was recorded, submit again later",
+                    wait.as_millis()
+                ),
+            )),
+        }
+    }
+
     /// Remembers that `principal` owns `run_id`: runs do not change hands, so its later
     /// submissions (a batch of hundreds into one run) are not checked again.
     fn remember_owned(&self, principal: &Principal, run_id: &RunId) {
@@ -359,6 +382,16 @@ impl Api {
         };
         let tool_label = tool.name().to_string();
         let audit = command.reservation_audit(ACTOR);
+        // Room in the dispatch backlog, taken before the reservation: a burst waits here
+        // instead of piling up behind the dispatcher (`bus.admission`).
+        let admission = if matches!(
+            command.status(),
+            CommandStatus::Pending | CommandStatus::Leased
+        ) {
+            Some(self.admit().await?)
+        } else {
+            None
+        };
         // An agent adds to its own runs only.
         let confined = self.must_confine(principal, &command.run_id);
         let run_id = command.run_id.clone();
@@ -418,7 +451,8 @@ impl Api {
                     if let Err(e) = self
                         .ctx
                         .bus
-                        .publish(
+                        .publish_admitted(
+                            admission.unwrap_or_else(Admission::unbounded),
                             Topic::Requested,
                             command.run_id.as_str(),
                             encode(&request),

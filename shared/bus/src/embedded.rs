@@ -58,11 +58,11 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 
 use crate::{
-    Acknowledge, Bus, BusError, DEFAULT_PREFIX, Delivery, DeliverySource, Header, Message,
-    Published, Subscription, Topic, partition_for, validate_group, validate_prefix,
+    Acknowledge, Admission, Bus, BusError, DEFAULT_PREFIX, Delivery, DeliverySource, Header,
+    Message, Published, Subscription, Topic, partition_for, validate_group, validate_prefix,
 };
 
 /// Partitions per topic unless configured otherwise.
@@ -80,6 +80,9 @@ pub struct EmbeddedConfig {
     pub prefix: String,
     /// Partitions per topic, 1 to [`MAX_PARTITIONS`].
     pub partitions: u32,
+    /// Admitted messages ([`Bus::publish_admitted`]) a topic holds unhandled before
+    /// [`Bus::admit`] waits; `None`: no bound.
+    pub admission: Option<u32>,
     /// Largest message accepted, counting key, payload and headers.
     pub max_message_bytes: usize,
 }
@@ -89,6 +92,7 @@ impl Default for EmbeddedConfig {
         Self {
             prefix: DEFAULT_PREFIX.to_owned(),
             partitions: DEFAULT_PARTITIONS,
+            admission: None,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
@@ -101,6 +105,12 @@ impl EmbeddedConfig {
             return Err(BusError::InvalidConfig {
                 key: "partitions",
                 why: format!("must be 1 to {MAX_PARTITIONS}, got {}", self.partitions),
+            });
+        }
+        if self.admission == Some(0) {
+            return Err(BusError::InvalidConfig {
+                key: "admission",
+                why: "must be at least 1 (leave it out for no bound)".into(),
             });
         }
         if self.max_message_bytes == 0 {
@@ -121,6 +131,8 @@ pub struct EmbeddedBus {
 
 #[derive(Debug)]
 struct Shared {
+    /// Room for admitted messages, per topic (by [`Topic::index`]); empty without a bound.
+    admission: Vec<Arc<Semaphore>>,
     prefix: String,
     partitions: u32,
     max_message_bytes: usize,
@@ -151,7 +163,12 @@ struct PartitionLog {
 }
 
 /// A message as stored: every group's delivery of it shares this one copy.
-type Record = Arc<Message>;
+#[derive(Debug)]
+struct Record {
+    message: Arc<Message>,
+    /// Published under an admission: its room comes back when it is dropped.
+    admitted: bool,
+}
 
 #[derive(Debug)]
 struct Group {
@@ -189,21 +206,22 @@ impl PartitionLog {
         self.records.get(index)
     }
 
-    /// Drops the records below `offset`.
-    fn compact_to(&mut self, offset: u64) {
+    /// Drops the records below `offset`; returns how many of them were admitted.
+    fn compact_to(&mut self, offset: u64) -> usize {
         if offset <= self.base {
-            return;
+            return 0;
         }
         let drop = usize::try_from(offset - self.base)
             .unwrap_or(usize::MAX)
             .min(self.records.len());
-        self.records.drain(..drop);
+        let admitted = self.records.drain(..drop).filter(|r| r.admitted).count();
         self.base += drop as u64;
         // A VecDeque keeps its peak capacity; after a burst is consumed, give most of it back
         // so an idle `sluice dev` does not hold the memory of its busiest minute.
         if self.records.capacity() > 1024 && self.records.len() < self.records.capacity() / 4 {
             self.records.shrink_to(self.records.len() * 2);
         }
+        admitted
     }
 }
 
@@ -272,6 +290,15 @@ impl EmbeddedBus {
             .collect();
         Ok(Self {
             shared: Arc::new(Shared {
+                admission: config
+                    .admission
+                    .map(|room| {
+                        Topic::ALL
+                            .iter()
+                            .map(|_| Arc::new(Semaphore::new(room as usize)))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
                 prefix: config.prefix,
                 partitions: config.partitions,
                 max_message_bytes: config.max_message_bytes,
@@ -282,6 +309,58 @@ impl EmbeddedBus {
                 }),
             }),
         })
+    }
+
+    /// Stores a message at the end of its partition's log and wakes the groups' owners of it.
+    fn append(
+        &self,
+        topic: Topic,
+        key: &str,
+        payload: Vec<u8>,
+        headers: Vec<Header>,
+        admitted: bool,
+    ) -> Result<Published, BusError> {
+        let bytes = key.len()
+            + payload.len()
+            + headers
+                .iter()
+                .map(|(name, value)| name.len() + value.len())
+                .sum::<usize>();
+        if bytes > self.shared.max_message_bytes {
+            return Err(BusError::MessageTooLarge {
+                topic: topic.name(&self.shared.prefix),
+                key: key.chars().take(128).collect(),
+                bytes,
+                max: self.shared.max_message_bytes,
+            });
+        }
+        let partition = partition_for(key.as_bytes(), self.shared.partitions);
+        let p = partition as usize;
+
+        let mut state = self.shared.lock();
+        if state.closed {
+            return Err(BusError::Closed);
+        }
+        let topic_state = &mut state.topics[topic.index()];
+        let log = &mut topic_state.logs[p];
+        let offset = log.end();
+        log.records.push_back(Record {
+            message: Arc::new(Message {
+                topic,
+                key: key.to_owned(),
+                payload,
+                headers,
+            }),
+            admitted,
+        });
+        // Each group's owner of the partition may now have something to do; if it is busy
+        // with the partition's in-flight message, the wake-up only makes it look again.
+        for group in topic_state.groups.values() {
+            if let Some(owner) = group.partitions[p].owner {
+                group.wake(owner);
+            }
+        }
+        Ok(Published { partition, offset })
     }
 
     /// Shuts the bus down: every waiting and later [`Subscription::next`] returns `None`, and
@@ -335,6 +414,35 @@ impl Bus for EmbeddedBus {
         Ok(self.shared.partitions)
     }
 
+    async fn admit(&self, topic: Topic) -> Result<Admission, BusError> {
+        let Some(room) = self.shared.admission.get(topic.index()) else {
+            return Ok(Admission::unbounded());
+        };
+        // Fair: submissions are admitted in the order they asked.
+        let permit = Arc::clone(room)
+            .acquire_owned()
+            .await
+            .map_err(|_| BusError::Closed)?;
+        Ok(Admission::bounded(permit))
+    }
+
+    async fn publish_admitted(
+        &self,
+        admission: Admission,
+        topic: Topic,
+        key: &str,
+        payload: Vec<u8>,
+        headers: Vec<Header>,
+    ) -> Result<Published, BusError> {
+        let permit = admission.into_permit();
+        let published = self.append(topic, key, payload, headers, permit.is_some())?;
+        // The room now belongs to the stored message, and comes back when it is dropped.
+        if let Some(permit) = permit {
+            permit.forget();
+        }
+        Ok(published)
+    }
+
     async fn publish(
         &self,
         topic: Topic,
@@ -342,44 +450,7 @@ impl Bus for EmbeddedBus {
         payload: Vec<u8>,
         headers: Vec<Header>,
     ) -> Result<Published, BusError> {
-        let bytes = key.len()
-            + payload.len()
-            + headers
-                .iter()
-                .map(|(name, value)| name.len() + value.len())
-                .sum::<usize>();
-        if bytes > self.shared.max_message_bytes {
-            return Err(BusError::MessageTooLarge {
-                topic: topic.name(&self.shared.prefix),
-                key: key.chars().take(128).collect(),
-                bytes,
-                max: self.shared.max_message_bytes,
-            });
-        }
-        let partition = partition_for(key.as_bytes(), self.shared.partitions);
-        let p = partition as usize;
-
-        let mut state = self.shared.lock();
-        if state.closed {
-            return Err(BusError::Closed);
-        }
-        let topic_state = &mut state.topics[topic.index()];
-        let log = &mut topic_state.logs[p];
-        let offset = log.end();
-        log.records.push_back(Arc::new(Message {
-            topic,
-            key: key.to_owned(),
-            payload,
-            headers,
-        }));
-        // Each group's owner of the partition may now have something to do; if it is busy
-        // with the partition's in-flight message, the wake-up only makes it look again.
-        for group in topic_state.groups.values() {
-            if let Some(owner) = group.partitions[p].owner {
-                group.wake(owner);
-            }
-        }
-        Ok(Published { partition, offset })
+        self.append(topic, key, payload, headers, false)
     }
 
     async fn subscribe(
@@ -493,7 +564,7 @@ impl EmbeddedSource {
                 generation: partition.generation,
             };
             return Take::Ready(Delivery::new(
-                Arc::clone(record),
+                Arc::clone(&record.message),
                 partition_id,
                 offset,
                 Arc::new(ack),
@@ -601,7 +672,12 @@ impl Acknowledge for EmbeddedAck {
                 .map(|g| g.partitions[p].committed)
                 .min()
                 .unwrap_or(0);
-            logs[p].compact_to(low);
+            let admitted = logs[p].compact_to(low);
+            if admitted > 0
+                && let Some(room) = self.shared.admission.get(self.topic.index())
+            {
+                room.add_permits(admitted);
+            }
             return Ok(());
         }
         if self.offset < partition.committed {
@@ -622,6 +698,8 @@ impl Acknowledge for EmbeddedAck {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn bus(partitions: u32) -> EmbeddedBus {
@@ -675,20 +753,25 @@ mod tests {
     fn compaction_drops_only_the_acknowledged_prefix() {
         let mut log = PartitionLog::default();
         for i in 0..5u8 {
-            log.records.push_back(Arc::new(Message {
-                topic: Topic::Requested,
-                key: "k".into(),
-                payload: vec![i],
-                headers: vec![],
-            }));
+            log.records.push_back(Record {
+                message: Arc::new(Message {
+                    topic: Topic::Requested,
+                    key: "k".into(),
+                    payload: vec![i],
+                    headers: vec![],
+                }),
+                admitted: i % 2 == 0,
+            });
         }
-        log.compact_to(3);
+        // Records 0, 2 and 4 were admitted: compaction counts the ones it drops.
+        assert_eq!(log.compact_to(3), 2);
         assert_eq!((log.base, log.end()), (3, 5));
         assert!(log.get(2).is_none());
-        assert_eq!(log.get(3).map(|r| r.payload.clone()), Some(vec![3]));
-        log.compact_to(1); // behind the base: nothing happens
+        assert_eq!(log.get(3).map(|r| r.message.payload.clone()), Some(vec![3]));
+        assert_eq!(log.compact_to(1), 0); // behind the base: nothing happens
         assert_eq!((log.base, log.records.len()), (3, 2));
-        log.compact_to(99); // past the end: everything goes, the base stops at the end
+        // Past the end: everything goes, the base stops at the end.
+        assert_eq!(log.compact_to(99), 1);
         assert_eq!((log.base, log.records.len()), (5, 0));
     }
 
@@ -708,5 +791,80 @@ mod tests {
             .await
             .expect("join");
         assert_eq!(c.assignment(), vec![0, 1, 2, 3, 4]);
+    }
+
+    /// With room for two admitted messages, a third admission waits until one of the two has
+    /// been handled; an admission dropped unused gives its room back, and a plain publish takes
+    /// none.
+    #[tokio::test]
+    async fn admission_waits_for_the_consumers_to_handle_admitted_messages() {
+        let bus = EmbeddedBus::new(EmbeddedConfig {
+            partitions: 3,
+            admission: Some(2),
+            ..EmbeddedConfig::default()
+        })
+        .expect("valid config");
+        let mut consumer = bus
+            .subscribe(Topic::Requested, "dispatcher", "d")
+            .await
+            .expect("join");
+        let wait = Duration::from_millis(100);
+        let unused = bus.admit(Topic::Requested).await.expect("room");
+        drop(unused);
+        for key in ["r-1", "r-2"] {
+            let admission = bus.admit(Topic::Requested).await.expect("room");
+            bus.publish_admitted(admission, Topic::Requested, key, b"x".to_vec(), vec![])
+                .await
+                .expect("publish");
+        }
+        bus.publish(Topic::Requested, "r-3", b"x".to_vec(), vec![])
+            .await
+            .expect("a plain publish takes no room");
+        assert!(
+            tokio::time::timeout(wait, bus.admit(Topic::Requested))
+                .await
+                .is_err(),
+            "two admitted messages unhandled: no room"
+        );
+        assert!(
+            tokio::time::timeout(wait, bus.admit(Topic::Events))
+                .await
+                .is_ok(),
+            "each topic has room of its own"
+        );
+        // Handling the plain message gives no room back; handling an admitted one does.
+        let mut admitted_handled = 0;
+        for _ in 0..3 {
+            let delivery = tokio::time::timeout(wait, consumer.next())
+                .await
+                .expect("a delivery")
+                .expect("open");
+            delivery.ack().await.expect("ack");
+            if delivery.key() != "r-3" {
+                admitted_handled += 1;
+            }
+            let room = tokio::time::timeout(wait, bus.admit(Topic::Requested)).await;
+            assert_eq!(
+                room.is_ok(),
+                admitted_handled > 0,
+                "after {} ({admitted_handled} admitted handled)",
+                delivery.key()
+            );
+        }
+    }
+
+    #[test]
+    fn an_admission_bound_of_zero_is_refused() {
+        let refused = EmbeddedBus::new(EmbeddedConfig {
+            admission: Some(0),
+            ..EmbeddedConfig::default()
+        });
+        assert!(matches!(
+            refused,
+            Err(BusError::InvalidConfig {
+                key: "admission",
+                ..
+            })
+        ));
     }
 }

@@ -311,6 +311,31 @@ pub trait Bus: Send + Sync + fmt::Debug + 'static {
         headers: Vec<Header>,
     ) -> Result<Published, BusError>;
 
+    /// Waits until `topic` has room for one more *admitted* message: one published with
+    /// [`Bus::publish_admitted`] that its consumers have not all handled yet. A bus without an
+    /// admission bound (Kafka keeps its backlog on disk) answers at once. The room is held by
+    /// the returned [`Admission`] until it is published with, or dropped.
+    ///
+    /// This is for new work entering the pipeline (a submission), never for a handler that
+    /// publishes while it holds a delivery: the room comes back only as deliveries are handled.
+    async fn admit(&self, _topic: Topic) -> Result<Admission, BusError> {
+        Ok(Admission::unbounded())
+    }
+
+    /// [`Bus::publish`] under `admission`, whose room the message keeps until every group has
+    /// acknowledged it.
+    async fn publish_admitted(
+        &self,
+        admission: Admission,
+        topic: Topic,
+        key: &str,
+        payload: Vec<u8>,
+        headers: Vec<Header>,
+    ) -> Result<Published, BusError> {
+        drop(admission);
+        self.publish(topic, key, payload, headers).await
+    }
+
     /// Joins consumer group `group` on `topic` as `member` (a name for logs). A group seen for
     /// the first time starts at the oldest message the bus still holds; a known group resumes
     /// after its last acknowledged message of each partition.
@@ -320,6 +345,31 @@ pub trait Bus: Send + Sync + fmt::Debug + 'static {
         group: &str,
         member: &str,
     ) -> Result<Subscription, BusError>;
+}
+
+/// Room for one admitted message (see [`Bus::admit`]); dropped unused, the room is given back.
+#[derive(Debug)]
+pub struct Admission {
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Admission {
+    /// An admission of a bus without a bound.
+    pub fn unbounded() -> Self {
+        Self { permit: None }
+    }
+
+    /// For implementations: an admission holding `permit`.
+    pub fn bounded(permit: tokio::sync::OwnedSemaphorePermit) -> Self {
+        Self {
+            permit: Some(permit),
+        }
+    }
+
+    /// For implementations: the permit, to be forgotten once its message is stored.
+    pub fn into_permit(self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.permit
+    }
 }
 
 /// Checks a consumer group name: not empty, at most 255 bytes, no control characters.

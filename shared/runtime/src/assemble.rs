@@ -83,6 +83,7 @@ pub async fn open_bus(config: &Config) -> Result<Arc<dyn Bus>, BusError> {
         BusKind::Embedded => Ok(Arc::new(EmbeddedBus::new(EmbeddedConfig {
             prefix: config.bus.topic_prefix.clone(),
             partitions: config.bus.partitions,
+            admission: (config.bus.admission > 0).then_some(config.bus.admission),
             ..EmbeddedConfig::default()
         })?)),
         BusKind::Kafka => Ok(Arc::new(

@@ -63,12 +63,21 @@ pub enum LedgerKind {
     Cql,
 }
 
+/// `bus.admission` unless configured: measured with `sluice bench --mode batch`, 128–256 kept
+/// the dispatcher busy and the backlog small (docs/decisions.md, "Admission").
+pub const DEFAULT_ADMISSION: u32 = 256;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BusConfig {
     pub kind: BusKind,
     pub topic_prefix: String,
     pub partitions: u32,
+    /// The embedded bus only: new submissions wait while this many of their dispatch
+    /// requests are published and not yet handled by the dispatcher (0: no bound). Keeps a
+    /// burst from piling up in memory, where every queued effect costs more to finish. Kafka
+    /// keeps its backlog on disk and ignores it.
+    pub admission: u32,
     /// The Kafka bus (`kind = "kafka"`).
     pub kafka: KafkaSettings,
 }
@@ -81,6 +90,7 @@ impl Default for BusConfig {
             // A partition hands out one message at a time, so partitions bound how many runs
             // each service works on at once.
             partitions: 64,
+            admission: DEFAULT_ADMISSION,
             kafka: KafkaSettings::default(),
         }
     }
@@ -175,6 +185,9 @@ pub struct ProducerConfig {
     pub max_batch: usize,
     /// Longest `?wait=` a client may ask for, in milliseconds.
     pub max_wait_ms: u64,
+    /// Longest a submission waits for room in the dispatch backlog (`bus.admission`) before
+    /// it is refused with 503 `dispatch_backlog_full`, nothing recorded; in milliseconds.
+    pub admission_wait_ms: u64,
 }
 
 impl Default for ProducerConfig {
@@ -184,6 +197,7 @@ impl Default for ProducerConfig {
             max_body_bytes: 1024 * 1024,
             max_batch: 1_000,
             max_wait_ms: 60_000,
+            admission_wait_ms: 10_000,
         }
     }
 }
