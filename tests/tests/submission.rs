@@ -537,3 +537,63 @@ async fn the_same_business_key_from_eight_runs_at_once_books_one_wire() {
     );
     h.stop().await;
 }
+
+/// With the dispatch backlog full (`bus.admission = 1`, the one admitted email held by an
+/// upstream that does not answer), a new submission waits `producer.admission_wait_ms` and is
+/// refused with 503 `dispatch_backlog_full`, nothing recorded. Once the dispatcher has handled
+/// the held request (its call timed out), the same submission goes in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_dispatch_backlog_refuses_new_submissions_with_nothing_recorded() {
+    let mut faults = Faults::none();
+    faults.email.commit_then_timeout = 1.0;
+    faults.timeout_sleep_ms = 10_000;
+    let h = Harness::start_with(
+        faults,
+        |c| c.dispatch("email/send", "timeout_ms", 1_500),
+        |config| {
+            config.bus.admission = 1;
+            config.producer.admission_wait_ms = 300;
+        },
+    )
+    .await;
+    h.agent
+        .submit_created(&effect("r-held", 0, "email/send", 0, email_args("held")))
+        .await;
+
+    let waiting = effect("r-waiting", 0, "email/send", 0, email_args("waiting"));
+    let started = std::time::Instant::now();
+    let refused = h.agent.submit(&waiting).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        refused.text
+    );
+    assert_eq!(
+        refused.error_code(),
+        "dispatch_backlog_full",
+        "{}",
+        refused.text
+    );
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+    let run = sluice_core::ids::RunId::parse("r-waiting").expect("valid");
+    let recorded = h.ctx().ledger.list_run(&run, None).await.expect("list");
+    assert!(recorded.is_empty(), "nothing recorded: {recorded:?}");
+
+    // The held call times out after 1.5 s; its request is handled and gives its room back.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let answer = h.agent.submit(&waiting).await;
+        if answer.status == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(
+            answer.error_code(),
+            "dispatch_backlog_full",
+            "{}",
+            answer.text
+        );
+        assert!(std::time::Instant::now() < deadline, "no room came back");
+    }
+    h.stop().await;
+}
