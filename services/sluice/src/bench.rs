@@ -367,6 +367,8 @@ pub struct Settings {
     pub batch: usize,
     pub concurrency: usize,
     pub partitions: u32,
+    /// `bus.admission` (the embedded bus's dispatch backlog; 0: no bound).
+    pub admission: u32,
     pub dispatcher_concurrency: usize,
     pub durability: DurabilityArg,
     pub sweep_interval_ms: u64,
@@ -512,6 +514,7 @@ pub async fn execute(
         batch: args.batch,
         concurrency: args.concurrency,
         partitions: probe.bus.partitions,
+        admission: probe.bus.admission,
         dispatcher_concurrency: probe.dispatcher.concurrency,
         durability: probe.ledger.durability.into(),
         sweep_interval_ms: probe.reconciler.sweep_interval_ms,
@@ -1253,9 +1256,15 @@ fn print_settings(settings: &Settings) {
             settings.data_dir.display()
         ),
     };
+    let admission = if settings.bus == "embedded" {
+        format!(", bus.admission = {}", settings.admission)
+    } else {
+        String::new()
+    };
     println!(
-        "  pipeline: ledger {}, bus {}, bus.partitions = {}, dispatcher.concurrency = {}, \
-         ledger.durability = {}, reconciler.sweep_interval_ms = {}; {ledger}",
+        "  pipeline: ledger {}, bus {}, bus.partitions = {}{admission}, \
+         dispatcher.concurrency = {}, ledger.durability = {}, reconciler.sweep_interval_ms = {}; \
+         {ledger}",
         settings.ledger,
         settings.bus,
         settings.partitions,
