@@ -445,6 +445,44 @@ mod tests {
     }
 
     #[test]
+    fn prepared_text_is_the_canonical_form_of_the_record() {
+        let drafts = [
+            AuditDraft::transition(
+                &key(3),
+                Some(CommandStatus::Unknown),
+                CommandStatus::Stuck,
+                "reconciler \"7\"",
+                "no answer\nafter 3 checks: é \u{1F600} <&>",
+            )
+            .with_evidence(
+                json!({"z": [3, 1.5, null], "a": {"y": "\u{0001}", "b": true}, "é": 1.0}),
+            ),
+            AuditDraft::transition(
+                &key(0),
+                None,
+                CommandStatus::Pending,
+                "producer",
+                "reserved",
+            ),
+            AuditDraft {
+                command_key: None,
+                from: None,
+                to: None,
+                actor: "operator".into(),
+                reason: "purge".into(),
+                evidence: json!({"runs": 2}),
+            },
+        ];
+        let mut head = ChainHead::genesis();
+        for (i, draft) in drafts.into_iter().enumerate() {
+            let at = Timestamp::from_millis(1_700_000_000_123 + i as i64);
+            let (entry, text) = PreparedRecord::new(&run(), draft, at).seal(&mut head);
+            let value = serde_json::to_value(&entry.record).expect("a record is JSON");
+            assert_eq!(text, crate::canonical::to_canonical_string(&value));
+        }
+    }
+
+    #[test]
     fn links_hash_as_specified_for_any_seq_and_prev_hash() {
         use sha2::{Digest, Sha256};
         let draft = AuditDraft::transition(

@@ -16,14 +16,16 @@ const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_992.0;
 
 /// Writes `value` in canonical form.
 pub fn to_canonical_string(value: &Value) -> String {
-    let mut out = String::with_capacity(128);
+    let mut out = Vec::with_capacity(128);
     write_value(value, &mut out);
-    out
+    into_string(out)
 }
 
 /// The canonical bytes of `value`, for hashing.
 pub fn to_canonical_bytes(value: &Value) -> Vec<u8> {
-    to_canonical_string(value).into_bytes()
+    let mut out = Vec::with_capacity(128);
+    write_value(value, &mut out);
+    out
 }
 
 /// Lowercase hex SHA-256 of the canonical JSON of a command's arguments.
@@ -31,43 +33,47 @@ pub fn args_hash(args: &Value) -> ArgsHash {
     ArgsHash::from_hex(hex::encode(Sha256::digest(to_canonical_bytes(args))))
 }
 
-fn write_value(value: &Value, out: &mut String) {
+/// Appends `value` in canonical form to `out`. Written straight into the buffer: the audit
+/// records of every effect go through here, and a `String` per string and number showed.
+fn write_value(value: &Value, out: &mut Vec<u8>) {
     match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(true) => out.push_str("true"),
-        Value::Bool(false) => out.push_str("false"),
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
         Value::Number(number) => write_number(number, out),
         Value::String(text) => write_string(text, out),
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_value(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
         Value::Object(map) => {
             let mut entries: Vec<(&String, &Value)> = map.iter().collect();
             entries.sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
-            out.push('{');
+            out.push(b'{');
             for (i, (key, item)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_string(key, out);
-                out.push(':');
+                out.push(b':');
                 write_value(item, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
     }
 }
 
-fn write_number(number: &Number, out: &mut String) {
+fn write_number(number: &Number, out: &mut Vec<u8>) {
+    use std::io::Write as _;
+    // Writing into a Vec cannot fail.
     if number.is_i64() || number.is_u64() {
-        out.push_str(&number.to_string());
+        let _ = write!(out, "{number}");
         return;
     }
     match number.as_f64() {
@@ -75,17 +81,24 @@ fn write_number(number: &Number, out: &mut String) {
             // Exact: |float| ≤ 2^53 and integral, so the cast loses nothing. `-0.0` becomes 0.
             #[allow(clippy::cast_possible_truncation)]
             let integral = float as i64;
-            out.push_str(&integral.to_string());
+            let _ = write!(out, "{integral}");
         }
         // serde_json prints finite floats in the shortest round-trip form; JSON has no NaN.
-        Some(_) | None => out.push_str(&number.to_string()),
+        Some(_) | None => {
+            let _ = write!(out, "{number}");
+        }
     }
 }
 
-fn write_string(text: &str, out: &mut String) {
-    // serde_json's string escaping is already minimal and deterministic.
-    let escaped = serde_json::to_string(text).unwrap_or_else(|_| String::from("\"\""));
-    out.push_str(&escaped);
+/// Appends `text` as a JSON string, escaped as `serde_json` does (minimal and deterministic).
+fn write_string(text: &str, out: &mut Vec<u8>) {
+    // Serialising a `str` into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, text);
+}
+
+/// The canonical text as a `String`: every byte written came from a `&str` or from ASCII.
+fn into_string(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 #[cfg(test)]
