@@ -87,10 +87,6 @@ impl BenchTool {
 const EVENTS_GROUP: &str = "sluice-bench";
 /// A pass gives up when no effect settled for this long.
 const STALL: Duration = Duration::from_secs(30);
-/// The embedded default's bus partitions and dispatcher concurrency, when the flags do not say:
-/// the embedded pipeline does best with many lanes (it is CPU-bound, not lane-bound).
-const EMBEDDED_PARTITIONS: u32 = 64;
-const EMBEDDED_DISPATCHER_CONCURRENCY: usize = 256;
 /// The paced pass sends a batch this often (or less often at low rates).
 const PACE_TICK: Duration = Duration::from_millis(10);
 
@@ -275,9 +271,8 @@ impl BenchArgs {
                 config
             }
             None => {
+                // The embedded default as `sluice dev` runs it, fsync per commit group.
                 let mut config = local_config(data_dir);
-                config.bus.partitions = EMBEDDED_PARTITIONS;
-                config.dispatcher.concurrency = EMBEDDED_DISPATCHER_CONCURRENCY;
                 config.ledger.durability = Durability::Full;
                 config
             }
@@ -1335,8 +1330,14 @@ mod tests {
         };
         let config = args.config(Path::new("/tmp/x")).expect("valid");
         assert_eq!(config.producer.max_batch, 5_000);
-        assert_eq!(config.bus.partitions, 64);
-        assert_eq!(config.dispatcher.concurrency, 256);
+        assert_eq!(
+            config.bus.partitions,
+            sluice_runtime::config::EMBEDDED_PARTITIONS
+        );
+        assert_eq!(
+            config.dispatcher.concurrency,
+            sluice_runtime::config::EMBEDDED_PARTITIONS as usize
+        );
         assert_eq!(config.ledger.durability, Durability::Full);
         config.validate().expect("valid");
     }
