@@ -362,3 +362,51 @@ async fn two_agents_opening_one_new_run_at_once_never_both_get_in() {
     }
     h.stop().await;
 }
+
+/// A submission answered with the command already holding its business key in another run
+/// writes nothing in its own run, so that run is not taken as the agent's: another agent may
+/// open it, and the first agent is then refused there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_business_key_held_elsewhere_does_not_make_a_run_the_agents() {
+    let h = Harness::start_with(Faults::none(), |c| c, tokens::install).await;
+    let (a, b) = (h.agent.with_token(AGENT_A), h.agent.with_token(AGENT_B));
+    a.submit_created(&effect(
+        "r-key-first",
+        1,
+        "payments/wire",
+        0,
+        wire_args("acc-9", 500),
+    ))
+    .await;
+    let held = a
+        .submit(&effect(
+            "r-key-elsewhere",
+            1,
+            "payments/wire",
+            0,
+            wire_args("acc-9", 500),
+        ))
+        .await;
+    assert_eq!(held.status, StatusCode::OK, "{}", held.text);
+    assert_eq!(held.command().run_id.as_str(), "r-key-first");
+
+    b.submit_created(&effect(
+        "r-key-elsewhere",
+        2,
+        "email/send",
+        0,
+        email_args("b's"),
+    ))
+    .await;
+    let refused = a
+        .submit(&effect(
+            "r-key-elsewhere",
+            3,
+            "email/send",
+            0,
+            email_args("a's"),
+        ))
+        .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.text);
+    h.stop().await;
+}

@@ -402,7 +402,9 @@ impl Api {
         };
         let reserved = match reserved {
             Ok(reserved) => {
-                if confined {
+                // The run now holds this agent's command, and only its own. A business key held
+                // elsewhere wrote nothing here, so that run is not known to be the agent's.
+                if confined && !matches!(reserved, Reserved::BusinessKeyHeld(_)) {
                     self.remember_owned(principal, &run_id);
                 }
                 reserved
