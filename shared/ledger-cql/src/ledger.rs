@@ -1118,11 +1118,7 @@ impl CqlLedger {
         Ok(commands
             .iter()
             .find(|c| c.submitted_by.as_deref() != submitter)
-            .map(|other| LedgerError::ForeignRun {
-                run_id: command.run_id.to_string(),
-                submitter: submitter.unwrap_or("nobody").to_owned(),
-                other: other.submitted_by.as_deref().unwrap_or("nobody").to_owned(),
-            }))
+            .map(|other| LedgerError::foreign_run(command, other.submitted_by.as_deref())))
     }
 
     fn too_contended(&self, op: Op, run: &str) -> LedgerError {

@@ -90,6 +90,20 @@ pub enum LedgerError {
 }
 
 impl LedgerError {
+    /// The refusal of `command`, confined to its submitter's runs, in a run holding a command
+    /// submitted by `other` (`None`: by no one named).
+    pub fn foreign_run(command: &sluice_core::command::Command, other: Option<&str>) -> Self {
+        Self::ForeignRun {
+            run_id: command.run_id.to_string(),
+            submitter: command
+                .submitted_by
+                .as_deref()
+                .unwrap_or("nobody")
+                .to_owned(),
+            other: other.unwrap_or("nobody").to_owned(),
+        }
+    }
+
     /// Worth retrying the same request later (nothing was written).
     pub fn is_transient(&self) -> bool {
         matches!(self, Self::Locked { .. } | Self::Full { .. } | Self::Closed)

@@ -1118,11 +1118,7 @@ impl Writer {
             )?
             .query_row(params![run_seq, submitter], |row| row.get(0))
             .optional()?;
-        Ok(other.map(|other| LedgerError::ForeignRun {
-            run_id: command.run_id.to_string(),
-            submitter: submitter.unwrap_or("nobody").to_owned(),
-            other: other.unwrap_or_else(|| "nobody".to_owned()),
-        }))
+        Ok(other.map(|other| LedgerError::foreign_run(command, other.as_deref())))
     }
 
     /// A reservation in a closed run: what is there still replays; nothing new goes in.
