@@ -72,8 +72,8 @@ pub const EMBEDDED_PARTITIONS: u32 = 256;
 /// a broker's cost per fetch grows with the partitions in it (docs/cql.md).
 pub const KAFKA_PARTITIONS: u32 = 64;
 
-/// `bus.admission` unless configured: measured with `sluice bench --mode batch`, 128–256 kept
-/// the dispatcher busy and the backlog small (docs/decisions.md, "Admission").
+/// `bus.admission` unless configured: with `sluice bench --mode batch`, 128 and 256 did alike
+/// and 1024 worse (docs/decisions.md, "Admission").
 pub const DEFAULT_ADMISSION: u32 = 256;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
