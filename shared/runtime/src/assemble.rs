@@ -62,6 +62,7 @@ pub async fn open_ledger(
             let sqlite = SqliteConfig {
                 durability: config.ledger.durability,
                 busy_timeout_ms: config.ledger.busy_timeout_ms,
+                commit_gather_us: config.ledger.commit_gather_us,
                 ..SqliteConfig::in_dir(&config.ledger.data_dir)
             };
             Ok(Arc::new(SqliteLedger::open_with_clock(sqlite, clock)?))

@@ -38,6 +38,9 @@ pub struct LedgerConfig {
     pub data_dir: PathBuf,
     pub durability: Durability,
     pub busy_timeout_ms: u64,
+    /// How long the embedded ledger's writer lets a small batch wait for company while it is
+    /// busy, in microseconds (0: commit at once); see `sluice_ledger::sqlite::GATHER_BELOW`.
+    pub commit_gather_us: u64,
     /// The CQL ledger (`kind = "cql"`): ScyllaDB or Cassandra, see docs/cql.md.
     pub cql: CqlConfig,
 }
@@ -49,6 +52,7 @@ impl Default for LedgerConfig {
             data_dir: PathBuf::from(sluice_ledger::sqlite::DEFAULT_DATA_DIR),
             durability: Durability::Full,
             busy_timeout_ms: 5_000,
+            commit_gather_us: sluice_ledger::sqlite::DEFAULT_COMMIT_GATHER_US,
             cql: CqlConfig::default(),
         }
     }
@@ -62,6 +66,9 @@ pub enum LedgerKind {
     /// ScyllaDB or Cassandra (`[ledger.cql]`), shared by services on many machines.
     Cql,
 }
+
+/// The longest `ledger.commit_gather_us`: every write of a busy ledger may wait this long.
+pub const MAX_COMMIT_GATHER_US: u64 = 10_000;
 
 /// `bus.partitions` and `dispatcher.concurrency` of the embedded bus unless configured. Its
 /// partitions cost nothing, and with 64 the pipeline waited on its lanes rather than its CPU:
@@ -540,6 +547,12 @@ impl Config {
                     message: e.to_string(),
                 })?;
         }
+        if self.ledger.commit_gather_us > MAX_COMMIT_GATHER_US {
+            return invalid(
+                "ledger.commit_gather_us",
+                &format!("must be at most {MAX_COMMIT_GATHER_US} (microseconds)"),
+            );
+        }
         if self.producer.max_body_bytes < 1_024 {
             return invalid("producer.max_body_bytes", "must be at least 1024");
         }
@@ -737,6 +750,11 @@ mod tests {
         assert!(err.to_string().contains("partition"), "{err}");
         let err = Config::load(None, env(&[("SLUICE_BUS__PARTITIONS", "0")])).expect_err("zero");
         assert!(err.to_string().contains("bus.partitions"), "{err}");
+        let err = Config::load(None, env(&[("SLUICE_LEDGER__COMMIT_GATHER_US", "20000")]))
+            .expect_err("too long a wait");
+        assert!(err.to_string().contains("ledger.commit_gather_us"), "{err}");
+        let ok = Config::load(None, env(&[("SLUICE_LEDGER__COMMIT_GATHER_US", "0")]));
+        assert_eq!(ok.expect("no wait is valid").ledger.commit_gather_us, 0);
         let err = Config::load(None, env(&[("SLUICE_PRODUCER__LISTEN", "nowhere")]))
             .expect_err("bad address");
         assert!(
