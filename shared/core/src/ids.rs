@@ -41,8 +41,14 @@ macro_rules! string_id {
             }
         }
         impl Serialize for $ty {
+            // One string for the serializer: `collect_str` would escape every fragment the
+            // formatter hands it on its own, and ids are serialized many times per effect.
             fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.collect_str(self)
+                let mut inline = Inline::new();
+                match self.write_repr(&mut inline) {
+                    Ok(()) => serializer.serialize_str(inline.as_str()),
+                    Err(_) => serializer.collect_str(self),
+                }
             }
         }
         impl<'de> Deserialize<'de> for $ty {
@@ -52,6 +58,55 @@ macro_rules! string_id {
             }
         }
     };
+}
+
+/// Text formatted on the stack; a write past its capacity fails and leaves it unusable.
+pub(crate) struct Inline {
+    bytes: [u8; INLINE_CAPACITY],
+    len: usize,
+}
+
+/// Enough for the longest id, an idempotency key (run id, command key and separators).
+const INLINE_CAPACITY: usize = 512;
+
+impl Inline {
+    pub(crate) fn new() -> Self {
+        Self {
+            bytes: [0; INLINE_CAPACITY],
+            len: 0,
+        }
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        // Only whole `str`s are ever copied in, so the bytes are UTF-8.
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
+    }
+}
+
+impl fmt::Write for Inline {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len + s.len();
+        let slot = self.bytes.get_mut(self.len..end).ok_or(fmt::Error)?;
+        slot.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// Writes `n` in decimal without the formatter's padding machinery.
+pub(crate) fn write_decimal(out: &mut impl fmt::Write, n: u64) -> fmt::Result {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    out.write_str(std::str::from_utf8(&digits[at..]).unwrap_or_default())
 }
 
 /// One agent run. All of a run's commands share a ledger partition and a bus partition.
@@ -224,9 +279,12 @@ impl CommandKey {
     }
 
     fn write_repr(&self, out: &mut impl fmt::Write) -> fmt::Result {
-        write!(out, "d-{}/", self.decision)?;
+        out.write_str("d-")?;
+        write_decimal(out, u64::from(self.decision))?;
+        out.write_char('/')?;
         self.tool.write_repr(out)?;
-        write!(out, "/{}", self.call_idx)
+        out.write_char('/')?;
+        write_decimal(out, u64::from(self.call_idx))
     }
 }
 string_id!(CommandKey);
@@ -382,6 +440,42 @@ mod tests {
             IdempotencyKey::parse("r-abc/d-3/payments/wire/0").expect("round trip"),
             idem
         );
+    }
+
+    #[test]
+    fn ids_serialize_as_their_display() {
+        let longest_run = "r".repeat(MAX_RUN_ID_LEN);
+        let run = RunId::parse(&longest_run).expect("valid run");
+        let tool = ToolName::from_parts(&"n".repeat(64), &"t".repeat(64)).expect("valid tool");
+        let key = CommandKey::new(u32::MAX, tool.clone(), 4_000_000_000);
+        let idem = IdempotencyKey::new(run.clone(), key.clone());
+        let json = |v: &dyn erased::Json| v.json();
+        assert_eq!(json(&run), format!("\"{run}\""));
+        assert_eq!(json(&tool), format!("\"{tool}\""));
+        assert_eq!(json(&key), format!("\"{key}\""));
+        assert_eq!(json(&idem), format!("\"{idem}\""));
+        assert!(key.to_string().starts_with("d-4294967295/"));
+        assert!(key.to_string().ends_with("/4000000000"));
+        let zero = CommandKey::new(0, tool, 0);
+        assert_eq!(json(&zero), format!("\"d-0/{}/0\"", zero.tool()));
+
+        let mut full = Inline::new();
+        assert!(fmt::Write::write_str(&mut full, &"x".repeat(INLINE_CAPACITY)).is_ok());
+        assert!(
+            fmt::Write::write_str(&mut full, "y").is_err(),
+            "no room is an error"
+        );
+    }
+
+    mod erased {
+        pub trait Json {
+            fn json(&self) -> String;
+        }
+        impl<T: serde::Serialize> Json for T {
+            fn json(&self) -> String {
+                serde_json::to_string(self).expect("serializes")
+            }
+        }
     }
 
     #[test]

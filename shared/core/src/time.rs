@@ -56,30 +56,48 @@ impl Timestamp {
     }
 }
 
+impl Timestamp {
+    /// `YYYY-MM-DDTHH:MM:SS.mmmZ`, for years 0 to 9999.
+    fn rfc3339(self) -> Option<[u8; 24]> {
+        let nanos = i128::from(self.0) * 1_000_000;
+        let at = OffsetDateTime::from_unix_timestamp_nanos(nanos).ok()?;
+        let year = u16::try_from(at.year()).ok().filter(|y| *y <= 9999)?;
+        let mut text = *b"0000-00-00T00:00:00.000Z";
+        let mut put = |at: usize, width: usize, mut value: u16| {
+            for slot in text[at..at + width].iter_mut().rev() {
+                *slot = b'0' + (value % 10) as u8;
+                value /= 10;
+            }
+        };
+        put(0, 4, year);
+        put(5, 2, u16::from(u8::from(at.month())));
+        put(8, 2, u16::from(at.day()));
+        put(11, 2, u16::from(at.hour()));
+        put(14, 2, u16::from(at.minute()));
+        put(17, 2, u16::from(at.second()));
+        put(20, 3, at.millisecond());
+        Some(text)
+    }
+}
+
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let nanos = i128::from(self.0) * 1_000_000;
-        match OffsetDateTime::from_unix_timestamp_nanos(nanos) {
-            Ok(at) => {
-                let (year, month, day) = (at.year(), u8::from(at.month()), at.day());
-                write!(
-                    f,
-                    "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-                    at.hour(),
-                    at.minute(),
-                    at.second(),
-                    at.millisecond()
-                )
-            }
-            // Outside ±9999 years: still print something that round-trips through the number.
-            Err(_) => write!(f, "@{}ms", self.0),
+        match self.rfc3339() {
+            Some(text) => f.pad(std::str::from_utf8(&text).unwrap_or_default()),
+            // Outside years 0 to 9999: still print something that round-trips through the
+            // number.
+            None => write!(f, "@{}ms", self.0),
         }
     }
 }
 
 impl Serialize for Timestamp {
+    // One string for the serializer; `collect_str` would escape each formatted fragment.
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        match self.rfc3339() {
+            Some(text) => serializer.serialize_str(std::str::from_utf8(&text).unwrap_or_default()),
+            None => serializer.collect_str(self),
+        }
     }
 }
 
@@ -148,6 +166,58 @@ mod tests {
         let back: Timestamp = serde_json::from_str(&json).expect("deserializes");
         assert_eq!(back, at);
         assert!(Timestamp::parse_rfc3339("yesterday").is_err());
+    }
+
+    /// The spelling before the hand-written formatter, kept as the reference.
+    fn written_by_the_formatter(at: Timestamp) -> String {
+        let nanos = i128::from(at.0) * 1_000_000;
+        let t = OffsetDateTime::from_unix_timestamp_nanos(nanos).expect("in range");
+        format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second(),
+            t.millisecond()
+        )
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn display_and_json_spell_every_instant_of_years_0_to_9999_alike(
+            millis in -62_167_219_200_000_i64..253_402_300_800_000_i64
+        ) {
+            let at = Timestamp::from_millis(millis);
+            let text = written_by_the_formatter(at);
+            proptest::prop_assert_eq!(at.to_string(), text.clone());
+            let json = serde_json::to_string(&at).expect("serializes");
+            proptest::prop_assert_eq!(json, format!("\"{text}\""));
+            proptest::prop_assert_eq!(Timestamp::parse_rfc3339(&text).expect("parses"), at);
+        }
+    }
+
+    #[test]
+    fn instants_outside_years_0_to_9999_keep_their_number() {
+        for millis in [
+            -62_167_219_200_001_i64,
+            253_402_300_800_000,
+            i64::MIN,
+            i64::MAX,
+        ] {
+            let at = Timestamp::from_millis(millis);
+            assert_eq!(at.to_string(), format!("@{millis}ms"));
+            let back: Timestamp =
+                serde_json::from_str(&serde_json::to_string(&at).expect("serializes"))
+                    .expect("deserializes");
+            assert_eq!(back, at);
+        }
+        assert_eq!(Timestamp::EPOCH.to_string(), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            format!("{:>26}", Timestamp::EPOCH),
+            "  1970-01-01T00:00:00.000Z"
+        );
     }
 
     #[test]
