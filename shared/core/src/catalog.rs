@@ -798,7 +798,8 @@ pub struct Catalog {
     policy_version: String,
     max_replays_per_run: u32,
     tools: Vec<Tool>,
-    index: HashMap<ToolName, usize>,
+    /// Looked up on every hop of every effect; the operator names the tools.
+    index: HashMap<ToolName, usize, foldhash::fast::RandomState>,
 }
 
 /// Operator replays allowed over all of a run's commands unless the catalog says otherwise.
@@ -866,7 +867,7 @@ impl Catalog {
         }
 
         let mut tools = Vec::with_capacity(raw.tool.len());
-        let mut index = HashMap::with_capacity(raw.tool.len());
+        let mut index = HashMap::with_capacity_and_hasher(raw.tool.len(), Default::default());
         for (position, entry) in raw.tool.into_iter().enumerate() {
             let tool = build_tool(entry, position + 1, file, &default_namespace, schemas)?;
             if let Some(first) = index.insert(tool.name.clone(), position) {

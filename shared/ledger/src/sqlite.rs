@@ -243,7 +243,8 @@ const MAX_WAITING: usize = 65_536;
 /// hashes collide take turns in one slot: the cache is a hint, and a miss costs a read.
 #[derive(Default)]
 struct Waiting {
-    hasher: std::hash::RandomState,
+    /// A collision only costs a cache miss, so the fast, randomly seeded hash will do.
+    hasher: foldhash::fast::RandomState,
     commands: HashMap<u64, Noted>,
 }
 
@@ -405,7 +406,7 @@ impl SqliteLedger {
             conn,
             path: path.clone(),
             config: config.clone(),
-            heads: HashMap::new(),
+            heads: HashMap::default(),
             data_version: None,
             checkpointer,
         };
@@ -759,7 +760,8 @@ struct Writer {
     path: PathBuf,
     config: SqliteConfig,
     /// Audit head per run, valid while `data_version` is unchanged.
-    heads: HashMap<RunId, RunHead>,
+    /// Keyed by agent-chosen run ids: foldhash's quality variant, randomly seeded per process.
+    heads: HashMap<RunId, RunHead, foldhash::quality::RandomState>,
     data_version: Option<i64>,
     checkpointer: Checkpointer,
 }
