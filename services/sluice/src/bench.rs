@@ -169,11 +169,11 @@ pub struct BenchArgs {
     #[arg(long, value_enum)]
     pub durability: Option<DurabilityArg>,
     /// Bus partitions (`bus.partitions`): each hands out one message at a time. Default: the
-    /// configuration file's, or 64.
+    /// configuration file's, or the bus kind's (256 embedded, 64 on Kafka).
     #[arg(long)]
     pub partitions: Option<u32>,
     /// Dispatcher concurrency (`dispatcher.concurrency`). Default: the configuration file's,
-    /// or 256.
+    /// or the bus kind's (256 embedded, 64 on Kafka).
     #[arg(long)]
     pub dispatcher_concurrency: Option<usize>,
     /// Effects per run (a run's effects are dispatched one after another).

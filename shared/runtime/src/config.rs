@@ -79,9 +79,9 @@ pub const EMBEDDED_PARTITIONS: u32 = 256;
 /// a broker's cost per fetch grows with the partitions in it (docs/cql.md).
 pub const KAFKA_PARTITIONS: u32 = 64;
 
-/// `bus.admission` unless configured: with `sluice bench --mode batch`, 128 and 256 did alike
-/// and 1024 worse (docs/decisions.md, "Admission").
-pub const DEFAULT_ADMISSION: u32 = 256;
+/// `bus.admission` unless configured: with `sluice bench --mode batch`, 128 beat 256, 64 and
+/// 1024 once the ledger's writer gathered its commits (docs/decisions.md, "Admission").
+pub const DEFAULT_ADMISSION: u32 = 128;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
