@@ -504,6 +504,30 @@ impl Agent {
         .expect("the producer answers a batch")
     }
 
+    /// `POST` of `body` to `path` with a `Prefer` header; the answer and its
+    /// `Preference-Applied` header.
+    pub async fn post_preferring(
+        &self,
+        path: &str,
+        body: &Value,
+        prefer: &str,
+    ) -> (Answer, Option<String>) {
+        let response = self
+            .post(format!("{}{path}", self.base))
+            .header("prefer", prefer)
+            .json(body)
+            .send()
+            .await
+            .expect("the producer answers");
+        let applied = response
+            .headers()
+            .get("preference-applied")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let answer = Self::answer(Ok(response)).await.expect("a readable answer");
+        (answer, applied)
+    }
+
     /// Submits a batch, expecting every effect in it to be created (201).
     pub async fn batch_created(&self, effects: Vec<Value>) {
         let batch = self.batch(effects).await;

@@ -597,3 +597,74 @@ async fn a_full_dispatch_backlog_refuses_new_submissions_with_nothing_recorded()
     }
     h.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefer_return_minimal_answers_with_keys_and_status_only() {
+    let h = harness().await;
+    let run = "r-minimal";
+    let first = effect(run, 1, "email/send", 0, email_args("minimal"));
+
+    // One effect: the keys and the status, marked as the preference applied.
+    let (one, applied) = h
+        .agent
+        .post_preferring("/v1/effects", &first, "return=minimal")
+        .await;
+    assert_eq!(one.status, StatusCode::CREATED, "{}", one.text);
+    assert_eq!(applied.as_deref(), Some("return=minimal"));
+    let fields: Vec<&str> = one
+        .body
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        fields,
+        ["command_key", "command_status", "run_id"],
+        "{}",
+        one.text
+    );
+    assert_eq!(one.body["run_id"], run);
+    assert_eq!(one.body["command_key"], "d-1/email/send/0");
+    let stored = h.agent.get(run, "d-1/email/send/0").await;
+    assert_eq!(one.body["command_status"], json!(stored.status()));
+
+    // A batch: minimal answers for what was submitted, the full error for what was not; the
+    // preference is found among others, whatever its case and quoting.
+    let body = json!({"effects": [
+        first,
+        effect(run, 2, "email/send", 0, email_args("second")),
+        effect(run, 3, "payments/teleport", 0, json!({})),
+    ]});
+    let (batch, applied) = h
+        .agent
+        .post_preferring(
+            "/v1/effects/batch",
+            &body,
+            "respond-async, Return=\"Minimal\"; x=1",
+        )
+        .await;
+    assert_eq!(batch.status, StatusCode::OK, "{}", batch.text);
+    assert_eq!(applied.as_deref(), Some("return=minimal"));
+    let results = batch.body["results"].as_array().expect("results");
+    assert_eq!(results[0]["status"], 200, "a replay: {}", batch.text);
+    assert_eq!(results[1]["status"], 201);
+    assert_eq!(results[1]["command"]["command_key"], "d-2/email/send/0");
+    assert_eq!(results[1]["command"]["run_id"], run);
+    assert!(
+        results[1]["command"].get("args").is_none(),
+        "{}",
+        batch.text
+    );
+    assert_eq!(results[2]["status"], 404);
+    assert!(results[2]["error"].is_object(), "{}", batch.text);
+
+    // Without the preference (or with another), the whole command, and no header.
+    let (full, applied) = h
+        .agent
+        .post_preferring("/v1/effects", &body["effects"][1], "return=representation")
+        .await;
+    assert_eq!(full.status, StatusCode::OK, "{}", full.text);
+    assert_eq!(applied, None);
+    assert_eq!(full.command().args["subject"], "second");
+}

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
@@ -659,9 +659,59 @@ async fn whoami(Caller(principal): Caller) -> Response {
     .into_response()
 }
 
+/// Whether the client asked for `Prefer: return=minimal` (RFC 7240): then a submission is
+/// answered with the command's keys and status instead of the whole command. Preferences this
+/// service does not know are ignored, as the RFC asks.
+fn wants_minimal(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(PREFER)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|preference| {
+            let preference = preference.split(';').next()?.trim();
+            let (name, value) = preference.split_once('=')?;
+            Some((name.trim(), value.trim().trim_matches('"')))
+        })
+        .any(|(name, value)| {
+            name.eq_ignore_ascii_case("return") && value.eq_ignore_ascii_case("minimal")
+        })
+}
+
+const PREFER: &str = "prefer";
+const PREFERENCE_APPLIED: &str = "preference-applied";
+
+/// A submitted command as `Prefer: return=minimal` answers it.
+#[derive(Serialize)]
+struct MinimalCommand<'a> {
+    run_id: &'a RunId,
+    command_key: &'a CommandKey,
+    command_status: CommandStatus,
+}
+
+impl<'a> MinimalCommand<'a> {
+    fn of(command: &'a Command) -> Self {
+        Self {
+            run_id: &command.run_id,
+            command_key: &command.command_key,
+            command_status: command.status(),
+        }
+    }
+}
+
+/// Marks an answer shaped by `Prefer: return=minimal`.
+fn applied_minimal(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        PREFERENCE_APPLIED,
+        axum::http::HeaderValue::from_static("return=minimal"),
+    );
+    response
+}
+
 async fn submit_one(
     State(api): State<Api>,
     Caller(principal): Caller,
+    headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> Response {
     let answer = match principal
@@ -669,6 +719,13 @@ async fn submit_one(
         .and_then(|()| parse_json(&body))
     {
         Ok(raw) => match api.submit(&principal, raw).await {
+            Ok(submitted) if wants_minimal(&headers) => applied_minimal(
+                (
+                    submitted.status,
+                    Json(MinimalCommand::of(&submitted.command)),
+                )
+                    .into_response(),
+            ),
             Ok(submitted) => (submitted.status, Json(&submitted.command)).into_response(),
             Err(e) => e.into_response(),
         },
@@ -685,9 +742,11 @@ async fn submit_one(
 async fn submit_batch(
     State(api): State<Api>,
     Caller(principal): Caller,
+    headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
     principal.require(Need::Submit)?;
+    let minimal = wants_minimal(&headers);
     let batch: BatchRequest = serde_json::from_value(parse_json(&body)?).map_err(|e| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -737,6 +796,10 @@ async fn submit_batch(
                 // slowest run, and an encoded command is a third of the memory of a `Value`
                 // tree of it, made without building that tree first.
                 let answer = match api.submit(&principal, raw).await {
+                    Ok(submitted) if minimal => encode_answer(&MinimalAnswer {
+                        status: submitted.status.as_u16(),
+                        command: MinimalCommand::of(&submitted.command),
+                    }),
                     Ok(submitted) => encode_answer(&BatchAnswer {
                         status: submitted.status.as_u16(),
                         command: &submitted.command,
@@ -763,7 +826,12 @@ async fn submit_batch(
         .with_label_values(&["submit_batch", "200"])
         .inc();
     // Serialized as it is: through `json!` the encoded answers would be parsed back into trees.
-    Ok(Json(BatchResults { results }).into_response())
+    let response = Json(BatchResults { results }).into_response();
+    Ok(if minimal {
+        applied_minimal(response)
+    } else {
+        response
+    })
 }
 
 /// The answer to a batch: one entry per effect, in the order submitted.
@@ -777,6 +845,13 @@ struct BatchResults {
 struct BatchAnswer<'a> {
     status: u16,
     command: &'a Command,
+}
+
+/// One effect's answer in a batch under `Prefer: return=minimal`.
+#[derive(Serialize)]
+struct MinimalAnswer<'a> {
+    status: u16,
+    command: MinimalCommand<'a>,
 }
 
 /// `answer` as JSON text.

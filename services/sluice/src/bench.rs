@@ -738,7 +738,7 @@ impl Workload {
 }
 
 /// What the client reads of a batch answer: each effect's status, and its error when it has
-/// one. The commands in the answer are skipped, not built.
+/// one. The (minimal) commands in the answer are skipped, not built.
 #[derive(Debug, serde::Deserialize)]
 struct BatchStatuses {
     results: Vec<EffectStatus>,
@@ -1086,6 +1086,7 @@ async fn post_one(
     let response = client
         .post(format!("{url}/v1/effects"))
         .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .header(PREFER, RETURN_MINIMAL)
         .body(body.get().to_owned())
         .send()
         .await
@@ -1120,6 +1121,7 @@ async fn post_batch(
     let response = client
         .post(format!("{url}/v1/effects/batch"))
         .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .header(PREFER, RETURN_MINIMAL)
         .body(body)
         .send()
         .await
@@ -1248,10 +1250,14 @@ fn percentile(sorted: &[u64], quantile: f64) -> u64 {
 
 /// The name of the agent token the bench submits with.
 const BENCH_AGENT: &str = "bench-agent";
+/// The client reads only each effect's status, so it asks for answers without the commands,
+/// as a client submitting at volume would (RFC 7240; see the producer's `wants_minimal`).
+const PREFER: &str = "prefer";
+const RETURN_MINIMAL: &str = "return=minimal";
 
 fn print_settings(settings: &Settings) {
     println!(
-        "sluice bench: {} {} effects per pass, {} per run; client: {} tasks as agent {BENCH_AGENT}, batches of {}",
+        "sluice bench: {} {} effects per pass, {} per run; client: {} tasks as agent {BENCH_AGENT}, batches of {}, {PREFER}: {RETURN_MINIMAL}",
         settings.effects,
         settings.tool,
         settings.effects_per_run,
