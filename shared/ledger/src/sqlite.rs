@@ -168,6 +168,9 @@ pub struct SqliteConfig {
     /// How long a small batch waits for more requests while the ledger is busy, in
     /// microseconds; 0 commits every batch at once (see [`GATHER_BELOW`]).
     pub commit_gather_us: u64,
+    /// The writer thread's nice value, -20 to 19; `None` leaves it as the process's. See
+    /// [`DEFAULT_WRITER_NICE`].
+    pub writer_nice: Option<i32>,
 }
 
 impl Default for SqliteConfig {
@@ -180,6 +183,7 @@ impl Default for SqliteConfig {
             durability: Durability::Full,
             max_pages: None,
             commit_gather_us: DEFAULT_COMMIT_GATHER_US,
+            writer_nice: Some(DEFAULT_WRITER_NICE),
         }
     }
 }
@@ -235,6 +239,16 @@ pub const GATHER_BELOW: usize = 32;
 pub const BUSY_WITHIN: Duration = Duration::from_millis(2);
 /// `commit_gather_us` unless configured.
 pub const DEFAULT_COMMIT_GATHER_US: u64 = 400;
+
+/// The writer thread's nice value unless configured: ahead of the threads that feed it.
+///
+/// Every write of the process goes through the one writer thread, and on a machine whose cores
+/// are all busy it waited for a core like any other thread: in a 40,000-effect `sluice bench`
+/// batch pass on 2 cores it spent 714 ms runnable but not running, against 994 ms running,
+/// while everything in flight waited for its answers and the cores went idle 13% of the time.
+/// A lower nice value lets it run as soon as it has work. Lowering it needs `CAP_SYS_NICE` (or
+/// an `RLIMIT_NICE` allowing it); without, the writer logs that and runs at the process's.
+pub const DEFAULT_WRITER_NICE: i32 = -10;
 
 const MAX_WAITING: usize = 65_536;
 
@@ -786,6 +800,18 @@ struct RunHead {
 
 impl Writer {
     fn run(mut self, mut rx: mpsc::Receiver<Job>) {
+        if let Some(nice) = self.config.writer_nice {
+            let thread = rustix::thread::gettid();
+            // On Linux a thread id names the thread alone for `setpriority`.
+            match rustix::process::setpriority_process(Some(thread), nice) {
+                Ok(()) => tracing::debug!(nice, "ledger writer priority set"),
+                Err(e) => tracing::info!(
+                    nice,
+                    error = %e,
+                    "ledger writer runs at the process's priority (raising it needs CAP_SYS_NICE)"
+                ),
+            }
+        }
         if let Some(pages) = self.config.max_pages
             && let Err(e) = self.conn.pragma_update(
                 None,

@@ -382,3 +382,57 @@ async fn a_version_1_ledger_is_upgraded_in_place_and_keeps_its_runs() {
         .expect("user_version");
     assert_eq!(version, 2);
 }
+
+/// Nice values of this process's threads named `name` (as `/proc` shortens it).
+fn nice_of_threads(name: &str) -> Vec<i64> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").expect("/proc/self/task") {
+        let path = task.expect("a task").path();
+        let Ok(comm) = std::fs::read_to_string(path.join("comm")) else {
+            continue;
+        };
+        if comm.trim_end() != name {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
+            continue;
+        };
+        // Fields after the command name start at field 3; nice is field 19.
+        if let Some(nice) = stat
+            .rsplit_once(')')
+            .and_then(|(_, fields)| fields.split_whitespace().nth(16))
+            .and_then(|nice| nice.parse().ok())
+        {
+            found.push(nice);
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn the_writer_thread_alone_takes_the_configured_nice_value() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Raising a nice value needs no privilege, so this holds for any user; 7 is used by no
+    // other test.
+    let config = SqliteConfig {
+        writer_nice: Some(7),
+        ..SqliteConfig::in_dir(dir.path())
+    };
+    let before = rustix::process::getpriority_process(None).expect("this thread's nice");
+    let ledger = SqliteLedger::open(config).expect("open");
+    let run = fresh_run("nice");
+    let c = command(&run, 0, "email/send", 0, json!({}));
+    let audit = c.reservation_audit("test");
+    // Once a write is answered, the writer has started and set its priority.
+    ledger.reserve(c, audit).await.expect("reserve");
+    let writers = nice_of_threads("sluice-ledger-w");
+    assert!(
+        writers.contains(&7),
+        "writer threads' nice values: {writers:?}"
+    );
+    assert_eq!(
+        rustix::process::getpriority_process(None).expect("this thread's nice"),
+        before,
+        "the caller's thread keeps its priority"
+    );
+}

@@ -63,6 +63,7 @@ pub async fn open_ledger(
                 durability: config.ledger.durability,
                 busy_timeout_ms: config.ledger.busy_timeout_ms,
                 commit_gather_us: config.ledger.commit_gather_us,
+                writer_nice: Some(config.ledger.writer_nice),
                 ..SqliteConfig::in_dir(&config.ledger.data_dir)
             };
             Ok(Arc::new(SqliteLedger::open_with_clock(sqlite, clock)?))

@@ -41,6 +41,10 @@ pub struct LedgerConfig {
     /// How long the embedded ledger's writer lets a small batch wait for company while it is
     /// busy, in microseconds (0: commit at once); see `sluice_ledger::sqlite::GATHER_BELOW`.
     pub commit_gather_us: u64,
+    /// The embedded ledger's writer thread's nice value, -20 to 19 (default -10: ahead of the
+    /// threads that feed it; lowering it needs `CAP_SYS_NICE`, and without it the writer says
+    /// so and keeps the process's). See `sluice_ledger::sqlite::DEFAULT_WRITER_NICE`.
+    pub writer_nice: i32,
     /// The CQL ledger (`kind = "cql"`): ScyllaDB or Cassandra, see docs/cql.md.
     pub cql: CqlConfig,
 }
@@ -53,6 +57,7 @@ impl Default for LedgerConfig {
             durability: Durability::Full,
             busy_timeout_ms: 5_000,
             commit_gather_us: sluice_ledger::sqlite::DEFAULT_COMMIT_GATHER_US,
+            writer_nice: sluice_ledger::sqlite::DEFAULT_WRITER_NICE,
             cql: CqlConfig::default(),
         }
     }
@@ -553,6 +558,9 @@ impl Config {
                 &format!("must be at most {MAX_COMMIT_GATHER_US} (microseconds)"),
             );
         }
+        if !(-20..=19).contains(&self.ledger.writer_nice) {
+            return invalid("ledger.writer_nice", "must be between -20 and 19");
+        }
         if self.producer.max_body_bytes < 1_024 {
             return invalid("producer.max_body_bytes", "must be at least 1024");
         }
@@ -753,6 +761,9 @@ mod tests {
         let err = Config::load(None, env(&[("SLUICE_LEDGER__COMMIT_GATHER_US", "20000")]))
             .expect_err("too long a wait");
         assert!(err.to_string().contains("ledger.commit_gather_us"), "{err}");
+        let err = Config::load(None, env(&[("SLUICE_LEDGER__WRITER_NICE", "-21")]))
+            .expect_err("below the lowest nice value");
+        assert!(err.to_string().contains("ledger.writer_nice"), "{err}");
         let ok = Config::load(None, env(&[("SLUICE_LEDGER__COMMIT_GATHER_US", "0")]));
         assert_eq!(ok.expect("no wait is valid").ledger.commit_gather_us, 0);
         let err = Config::load(None, env(&[("SLUICE_PRODUCER__LISTEN", "nowhere")]))
