@@ -6,8 +6,9 @@
 //! parse, a business key that is not a valid header value) is refused here, before anything
 //! could be sent — which is what lets the caller report it as `NotSent`.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
@@ -206,7 +207,7 @@ fn build(
             tool: tool.name().clone(),
             source,
         })?;
-    let url = Url::parse(&rendered).map_err(|error| CallError::InvalidUrl {
+    let url = parse_url(&rendered).map_err(|error| CallError::InvalidUrl {
         operation,
         tool: tool.name().clone(),
         url: rendered.clone(),
@@ -221,6 +222,37 @@ fn build(
         body: carries_content.then_some(body),
         timeout: Duration::from_millis(endpoint.timeout_ms),
     })
+}
+
+/// URLs parsed before, by their text. Parsing one took ~6k instructions, and most tools' URLs
+/// are the same for every call, so every effect parsed the same text again; a clone is a copy.
+/// A URL with per-call parts (keys, arguments) takes a slot too, so past [`MAX_PARSED`] entries
+/// the cache starts afresh.
+static PARSED: LazyLock<Mutex<HashMap<String, Url, foldhash::fast::RandomState>>> =
+    LazyLock::new(Mutex::default);
+const MAX_PARSED: usize = 1_024;
+
+fn parse_url(text: &str) -> Result<Url, url_error::ParseError> {
+    if let Some(url) = PARSED
+        .lock()
+        .ok()
+        .and_then(|cache| cache.get(text).cloned())
+    {
+        return Ok(url);
+    }
+    let url = Url::parse(text)?;
+    if let Ok(mut cache) = PARSED.lock() {
+        if cache.len() >= MAX_PARSED {
+            cache.clear();
+        }
+        cache.insert(text.to_owned(), url.clone());
+    }
+    Ok(url)
+}
+
+/// `url`'s error type, as reqwest re-exports it.
+mod url_error {
+    pub type ParseError = <reqwest::Url as std::str::FromStr>::Err;
 }
 
 /// GET and DELETE carry no body: RFC 9110 gives content on them no meaning and
@@ -309,6 +341,30 @@ mod tests {
             not_before: None,
         };
         Command::from_intent(intent, Timestamp::from_millis(1_000), 10_000)
+    }
+
+    #[test]
+    fn parsed_urls_are_the_parser_s_and_the_cache_stays_bounded() {
+        for text in [
+            "http://bank.test/accounts/a-1/wires",
+            "http://127.0.0.1:8787/email/send?x=%20y",
+            "https://bank.test:8443/wires/by-key/k",
+        ] {
+            let first = parse_url(text).expect("valid");
+            assert_eq!(first, Url::parse(text).expect("valid"));
+            assert_eq!(parse_url(text).expect("cached"), first);
+        }
+        assert!(parse_url("not a url").is_err());
+        assert!(parse_url("http://[::1").is_err());
+        for n in 0..(MAX_PARSED + 10) {
+            let text = format!("http://bank.test/wires/{n}");
+            assert_eq!(
+                parse_url(&text).expect("valid").path(),
+                format!("/wires/{n}")
+            );
+        }
+        let held = PARSED.lock().expect("cache").len();
+        assert!(held <= MAX_PARSED, "{held} URLs held");
     }
 
     #[test]
