@@ -187,6 +187,42 @@ pub struct PreparedRecord {
     suffix: String,
 }
 
+/// The record's canonical text before and after its `seq`, written field by field in the
+/// canonical order (keys sorted: actor, at, command_key, evidence, from, reason, run_id, seq,
+/// to) instead of through a `Value` tree; a property test holds it to the canonical form of the
+/// serialized record.
+fn canonical_around_seq(record: &AuditRecord) -> (String, String) {
+    use crate::canonical::{into_string, write_string, write_value};
+    let status = |status: Option<CommandStatus>, out: &mut Vec<u8>| match status {
+        Some(status) => write_string(status.as_str(), out),
+        None => out.extend_from_slice(b"null"),
+    };
+    let mut prefix = Vec::with_capacity(256);
+    prefix.extend_from_slice(b"{\"actor\":");
+    write_string(&record.actor, &mut prefix);
+    prefix.extend_from_slice(b",\"at\":");
+    write_string(&record.at.to_string(), &mut prefix);
+    prefix.extend_from_slice(b",\"command_key\":");
+    match &record.command_key {
+        Some(key) => write_string(&key.to_string(), &mut prefix),
+        None => prefix.extend_from_slice(b"null"),
+    }
+    prefix.extend_from_slice(b",\"evidence\":");
+    write_value(&record.evidence, &mut prefix);
+    prefix.extend_from_slice(b",\"from\":");
+    status(record.from, &mut prefix);
+    prefix.extend_from_slice(b",\"reason\":");
+    write_string(&record.reason, &mut prefix);
+    prefix.extend_from_slice(b",\"run_id\":");
+    write_string(record.run_id.as_str(), &mut prefix);
+    prefix.extend_from_slice(b",\"seq\":");
+    let mut suffix = Vec::with_capacity(32);
+    suffix.extend_from_slice(b",\"to\":");
+    status(record.to, &mut suffix);
+    suffix.push(b'}');
+    (into_string(prefix), into_string(suffix))
+}
+
 impl PreparedRecord {
     pub fn new(run_id: &RunId, draft: AuditDraft, at: Timestamp) -> Self {
         let record = AuditRecord {
@@ -200,17 +236,7 @@ impl PreparedRecord {
             reason: draft.reason,
             evidence: draft.evidence,
         };
-        let mut before = match serde_json::to_value(&record) {
-            Ok(Value::Object(map)) => map,
-            // AuditRecord always serializes to an object.
-            Ok(_) | Err(_) => serde_json::Map::new(),
-        };
-        let to = before.remove("to").unwrap_or(Value::Null);
-        before.remove("seq");
-        let mut prefix = crate::canonical::to_canonical_string(&Value::Object(before));
-        prefix.pop(); // the closing brace: `seq` and `to` follow
-        prefix.push_str(",\"seq\":");
-        let suffix = format!(",\"to\":{}}}", crate::canonical::to_canonical_string(&to));
+        let (prefix, suffix) = canonical_around_seq(&record);
         Self {
             record,
             prefix,
@@ -479,6 +505,34 @@ mod tests {
             let (entry, text) = PreparedRecord::new(&run(), draft, at).seal(&mut head);
             let value = serde_json::to_value(&entry.record).expect("a record is JSON");
             assert_eq!(text, crate::canonical::to_canonical_string(&value));
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_record_is_prepared_as_its_canonical_form(
+            actor in "\\PC{0,24}",
+            reason in "(\\PC|[\n\t\"\\\\\u{1}\u{7f}]){0,40}",
+            from in proptest::option::of(0..CommandStatus::ALL.len()),
+            to in proptest::option::of(0..CommandStatus::ALL.len()),
+            command in proptest::option::of(0_u32..1_000),
+            millis in -1_000_000_000_000_i64..5_000_000_000_000,
+            evidence in proptest::collection::btree_map("\\PC{0,8}", "\\PC{0,8}", 0..4),
+            seq in 0_u64..100_000,
+        ) {
+            let draft = AuditDraft {
+                command_key: command.map(key),
+                from: from.map(|i| CommandStatus::ALL[i]),
+                to: to.map(|i| CommandStatus::ALL[i]),
+                actor,
+                reason,
+                evidence: serde_json::to_value(&evidence).expect("a map is JSON"),
+            };
+            let mut head = ChainHead { next_seq: seq, hash: GENESIS_HASH.to_owned() };
+            let at = Timestamp::from_millis(millis);
+            let (entry, text) = PreparedRecord::new(&run(), draft, at).seal(&mut head);
+            let value = serde_json::to_value(&entry.record).expect("a record is JSON");
+            proptest::prop_assert_eq!(text, crate::canonical::to_canonical_string(&value));
         }
     }
 

@@ -35,7 +35,7 @@ pub fn args_hash(args: &Value) -> ArgsHash {
 
 /// Appends `value` in canonical form to `out`. Written straight into the buffer: the audit
 /// records of every effect go through here, and a `String` per string and number showed.
-fn write_value(value: &Value, out: &mut Vec<u8>) {
+pub(crate) fn write_value(value: &Value, out: &mut Vec<u8>) {
     match value {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),
@@ -91,13 +91,13 @@ fn write_number(number: &Number, out: &mut Vec<u8>) {
 }
 
 /// Appends `text` as a JSON string, escaped as `serde_json` does (minimal and deterministic).
-fn write_string(text: &str, out: &mut Vec<u8>) {
+pub(crate) fn write_string(text: &str, out: &mut Vec<u8>) {
     // Serialising a `str` into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut *out, text);
 }
 
 /// The canonical text as a `String`: every byte written came from a `&str` or from ASCII.
-fn into_string(bytes: Vec<u8>) -> String {
+pub(crate) fn into_string(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
