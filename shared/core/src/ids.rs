@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -111,7 +112,9 @@ pub(crate) fn write_decimal(out: &mut impl fmt::Write, n: u64) -> fmt::Result {
 
 /// One agent run. All of a run's commands share a ledger partition and a bus partition.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RunId(String);
+// Ids hold shared text: a command is cloned at every hop of the pipeline, and each clone of a
+// `String`-backed id was an allocation and a copy (over a hundred per effect).
+pub struct RunId(Arc<str>);
 
 impl RunId {
     /// Accepts 1 to 128 characters of `[A-Za-z0-9._:-]`; `/` is reserved as the key separator.
@@ -131,7 +134,7 @@ impl RunId {
                 why: "may contain only letters, digits and . _ : -",
             });
         }
-        Ok(Self(raw.to_owned()))
+        Ok(Self(Arc::from(raw)))
     }
 
     pub fn as_str(&self) -> &str {
@@ -147,8 +150,8 @@ string_id!(RunId);
 /// A tool's qualified name, `namespace/name`, both segments snake_case.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ToolName {
-    namespace: String,
-    name: String,
+    namespace: Arc<str>,
+    name: Arc<str>,
 }
 
 impl ToolName {
@@ -182,8 +185,8 @@ impl ToolName {
             }
         }
         Ok(Self {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
+            namespace: Arc::from(namespace),
+            name: Arc::from(name),
         })
     }
 
@@ -373,11 +376,11 @@ impl fmt::Display for LeaseEpoch {
 /// A tool's business identity of an effect, rendered from its `business_key` template.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct BusinessKey(String);
+pub struct BusinessKey(Arc<str>);
 
 impl BusinessKey {
     pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
+        Self(Arc::from(value.into()))
     }
 
     pub fn as_str(&self) -> &str {
@@ -394,11 +397,11 @@ impl fmt::Display for BusinessKey {
 /// Lowercase hex SHA-256 of the canonical JSON of a command's arguments.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct ArgsHash(String);
+pub struct ArgsHash(Arc<str>);
 
 impl ArgsHash {
     pub fn from_hex(hex: impl Into<String>) -> Self {
-        Self(hex.into())
+        Self(Arc::from(hex.into()))
     }
 
     pub fn as_str(&self) -> &str {
