@@ -177,7 +177,7 @@ async fn lease(
             match policy_of(&catalog, tool, command) {
                 PolicyDecision::Allow if reserved_lease => None,
                 PolicyDecision::Allow => Some(Event::Lease {
-                    owner: owner.to_owned(),
+                    owner: std::sync::Arc::from(owner),
                 }),
                 PolicyDecision::RequireApproval { reason } => Some(Event::Block { reason, epoch }),
                 PolicyDecision::Deny { reason } => Some(Event::Deny { reason, epoch }),

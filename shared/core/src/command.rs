@@ -196,7 +196,7 @@ impl fmt::Display for Observation {
 pub struct Lease {
     pub epoch: LeaseEpoch,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
+    pub owner: Option<Arc<str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Timestamp>,
 }
@@ -316,7 +316,7 @@ pub struct Command {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub business_key: Option<BusinessKey>,
     /// The catalog's policy version when the command was reserved.
-    pub policy_version: String,
+    pub policy_version: Arc<str>,
     pub max_attempts: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before: Option<Timestamp>,
@@ -324,7 +324,7 @@ pub struct Command {
     /// The principal (token name) that submitted the command; an agent may read only the runs
     /// it submitted. `None` for commands recorded without authentication.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub submitted_by: Option<String>,
+    pub submitted_by: Option<Arc<str>>,
     #[serde(flatten)]
     pub state: CommandState,
 }
@@ -358,7 +358,7 @@ impl Command {
             semantics: intent.semantics,
             args: Arc::new(intent.args),
             business_key: intent.business_key,
-            policy_version: intent.policy_version,
+            policy_version: Arc::from(intent.policy_version),
             max_attempts: intent.max_attempts,
             not_before: intent.not_before,
             created_at: now,
@@ -368,7 +368,7 @@ impl Command {
 
     /// The same command, recorded as submitted by `principal`.
     #[must_use]
-    pub fn submitted_by(mut self, principal: impl Into<String>) -> Self {
+    pub fn submitted_by(mut self, principal: impl Into<Arc<str>>) -> Self {
         self.submitted_by = Some(principal.into());
         self
     }

@@ -134,7 +134,7 @@ pub fn lease_at_reservation(
         return None;
     }
     let lease = Event::Lease {
-        owner: RESERVATION_OWNER.to_owned(),
+        owner: std::sync::Arc::from(RESERVATION_OWNER),
     };
     let mut next = apply(state, rules, &lease, now).ok()?.state;
     // A dispatcher takes the lease up within `pending_stale_ms` (the wait a PENDING command is
@@ -218,7 +218,7 @@ pub enum Event {
     Due,
     /// A dispatcher takes the lease.
     Lease {
-        owner: String,
+        owner: std::sync::Arc<str>,
     },
     /// The lease holder extends its lease.
     ExtendLease {

@@ -521,7 +521,7 @@ async fn lwts_that_time_out_are_settled_by_a_serial_read() {
                         &pending.state,
                         &wire_rules(),
                         &Event::Lease {
-                            owner: format!("d-{i}"),
+                            owner: format!("d-{i}").into(),
                         },
                         now(),
                     )

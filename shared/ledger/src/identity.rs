@@ -21,13 +21,13 @@ pub struct Identity {
     args_hash: ArgsHash,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     business_key: Option<BusinessKey>,
-    policy_version: String,
+    policy_version: Arc<str>,
     max_attempts: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     not_before: Option<Timestamp>,
     created_at: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    submitted_by: Option<String>,
+    submitted_by: Option<Arc<str>>,
 }
 
 impl Identity {
