@@ -110,7 +110,7 @@ pub fn dispatch(
                 let json = answer.json();
                 DispatchOutcome::Committed {
                     external_ref: read_reference(reference, &answer.headers, json.as_ref()),
-                    result: json.or_else(|| answer.text()),
+                    result: json.or_else(|| answer.text()).map(std::sync::Arc::new),
                 }
             }
             Some(error) => DispatchOutcome::Ambiguous {
@@ -377,7 +377,7 @@ mod tests {
             outcome,
             DispatchOutcome::Committed {
                 external_ref: Some("w-1".into()),
-                result: Some(json!({"id": "w-1", "n": 2})),
+                result: Some(std::sync::Arc::new(json!({"id": "w-1", "n": 2}))),
             }
         );
         let text = dispatch(&answer(200, "ok"), &id(), &[], 512);
@@ -385,7 +385,7 @@ mod tests {
             text,
             DispatchOutcome::Committed {
                 external_ref: None,
-                result: Some(json!("ok")),
+                result: Some(std::sync::Arc::new(json!("ok"))),
             }
         );
         let empty = dispatch(&answer(204, ""), &id(), &[], 512);

@@ -362,7 +362,7 @@ async fn a_2xx_dispatch_commits_with_the_body_reference_and_sends_the_contract_h
         outcome,
         DispatchOutcome::Committed {
             external_ref: Some("w-1".into()),
-            result: Some(json!({"id": "w-1", "state": "sent"})),
+            result: Some(Arc::new(json!({"id": "w-1", "state": "sent"}))),
         }
     );
     let seen = upstream.only();
@@ -435,7 +435,7 @@ async fn the_reference_can_come_from_a_header_and_a_text_result_is_kept_as_a_str
         outcome,
         DispatchOutcome::Committed {
             external_ref: Some("/wires/w-9".into()),
-            result: Some(json!("queued for settlement")),
+            result: Some(Arc::new(json!("queued for settlement"))),
         }
     );
 }
@@ -756,7 +756,7 @@ async fn a_response_larger_than_the_cap_is_read_only_up_to_the_cap() {
         panic!("expected committed, got {outcome:?}");
     };
     assert_eq!(external_ref, None);
-    assert_eq!(result, Some(Value::String("z".repeat(1024))));
+    assert_eq!(result, Some(Arc::new(Value::String("z".repeat(1024)))));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -252,7 +252,7 @@ pub struct CommandState {
     pub external_ref: Option<String>,
     /// The tool's output, size-capped by the ledger.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<Value>,
+    pub result: Option<Arc<Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// Needs a person: STUCK, NO_COMPENSATION, a failed compensation, an uncompensated duplicate.

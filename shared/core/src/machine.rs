@@ -180,7 +180,7 @@ pub enum DispatchOutcome {
     /// 2xx: the effect committed.
     Committed {
         external_ref: Option<String>,
-        result: Option<Value>,
+        result: Option<std::sync::Arc<Value>>,
     },
     /// A definitive refusal (4xx other than 408/425/429): the effect did not happen.
     Refused { reason: String },

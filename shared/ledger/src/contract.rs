@@ -146,7 +146,7 @@ pub async fn dispatch_effect(
             epoch: leased.epoch(),
             outcome: DispatchOutcome::Committed {
                 external_ref: Some(format!("w-{task}-{i}")),
-                result: Some(json!({"id": format!("w-{task}-{i}")})),
+                result: Some(Arc::new(json!({"id": format!("w-{task}-{i}")}))),
             },
         },
         now,
@@ -225,7 +225,7 @@ fn committed(epoch: LeaseEpoch, result: Value) -> Event {
         epoch,
         outcome: DispatchOutcome::Committed {
             external_ref: Some("w-1".into()),
-            result: Some(result),
+            result: Some(Arc::new(result)),
         },
     }
 }
@@ -507,7 +507,10 @@ pub async fn a_stale_epoch_never_finalizes(ledger: Arc<dyn Ledger>) {
         .expect("write");
     let confirmed = fresh.applied().expect("the holder finalizes");
     assert_eq!(confirmed.status(), CommandStatus::Confirmed);
-    assert_eq!(confirmed.state.result, Some(json!({"by": "fresh"})));
+    assert_eq!(
+        confirmed.state.result,
+        Some(Arc::new(json!({"by": "fresh"})))
+    );
 }
 
 pub async fn extend_lease_needs_the_current_epoch(ledger: Arc<dyn Ledger>) {

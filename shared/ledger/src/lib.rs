@@ -15,6 +15,8 @@
 //! ledger stores it and appends the audit record in the same atomic step, so the chain holds
 //! one record for every transition that applied and none for one that did not.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -413,19 +415,35 @@ fn misuse(transition: &Transition, why: &str) -> LedgerError {
 }
 
 /// Caps a tool result at [`MAX_RESULT_BYTES`] of JSON, keeping a prefix of its text.
-pub fn cap_result(result: Option<Value>) -> Option<Value> {
+pub fn cap_result(result: Option<Arc<Value>>) -> Option<Arc<Value>> {
     let value = result?;
-    let text = value.to_string();
-    if text.len() <= MAX_RESULT_BYTES {
+    // Measured without building the text: most results are far under the cap.
+    let mut size = JsonSize(0);
+    if serde_json::to_writer(&mut size, &*value).is_ok() && size.0 <= MAX_RESULT_BYTES {
         return Some(value);
     }
+    let text = value.to_string();
     let mut end = MAX_RESULT_BYTES / 2;
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    Some(serde_json::json!({
+    Some(Arc::new(serde_json::json!({
         "truncated": true,
         "bytes": text.len(),
         "prefix": &text[..end],
-    }))
+    })))
+}
+
+/// Counts the bytes written to it.
+struct JsonSize(usize);
+
+impl std::io::Write for JsonSize {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 += bytes.len();
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

@@ -225,7 +225,7 @@ fn every_published_lifecycle_event_matches_its_schema() {
             epoch,
             outcome: DispatchOutcome::Committed {
                 external_ref: Some("w-1".into()),
-                result: Some(json!({"id": "w-1"})),
+                result: Some(std::sync::Arc::new(json!({"id": "w-1"}))),
             },
         },
     );

@@ -98,7 +98,7 @@ fn samples() -> Vec<(&'static str, Event)> {
             "Cmt",
             dispatched(DispatchOutcome::Committed {
                 external_ref: Some("w-1".into()),
-                result: Some(json!({"id": "w-1"})),
+                result: Some(std::sync::Arc::new(json!({"id": "w-1"}))),
             }),
         ),
         (
