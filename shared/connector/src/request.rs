@@ -211,7 +211,7 @@ fn build(
         operation,
         tool: tool.name().clone(),
         url: rendered.clone(),
-        detail: error.to_string(),
+        detail: error,
     })?;
     let carries_content = carries_content(endpoint.method);
     Ok(Call {
@@ -232,7 +232,8 @@ static PARSED: LazyLock<Mutex<HashMap<String, Url, foldhash::fast::RandomState>>
     LazyLock::new(Mutex::default);
 const MAX_PARSED: usize = 1_024;
 
-fn parse_url(text: &str) -> Result<Url, url_error::ParseError> {
+/// `text` as a URL, or why it is not one.
+fn parse_url(text: &str) -> Result<Url, String> {
     if let Some(url) = PARSED
         .lock()
         .ok()
@@ -240,7 +241,7 @@ fn parse_url(text: &str) -> Result<Url, url_error::ParseError> {
     {
         return Ok(url);
     }
-    let url = Url::parse(text)?;
+    let url = Url::parse(text).map_err(|e| e.to_string())?;
     if let Ok(mut cache) = PARSED.lock() {
         if cache.len() >= MAX_PARSED {
             cache.clear();
@@ -248,11 +249,6 @@ fn parse_url(text: &str) -> Result<Url, url_error::ParseError> {
         cache.insert(text.to_owned(), url.clone());
     }
     Ok(url)
-}
-
-/// `url`'s error type, as reqwest re-exports it.
-mod url_error {
-    pub type ParseError = <reqwest::Url as std::str::FromStr>::Err;
 }
 
 /// GET and DELETE carry no body: RFC 9110 gives content on them no meaning and

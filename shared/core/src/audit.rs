@@ -257,7 +257,8 @@ impl PreparedRecord {
     pub fn seal_link(&self, head: &mut ChainHead) -> SealedLink {
         let mut canonical = String::with_capacity(self.prefix.len() + 20 + self.suffix.len());
         canonical.push_str(&self.prefix);
-        push_decimal(&mut canonical, head.next_seq);
+        // `seq` in decimal, as JSON writes an integer; writing to a String cannot fail.
+        let _ = crate::ids::write_decimal(&mut canonical, head.next_seq);
         canonical.push_str(&self.suffix);
         let hash = link_hash_canonical(&head.hash, canonical.as_bytes());
         let link = SealedLink {
@@ -286,24 +287,6 @@ impl PreparedRecord {
     pub fn seal(&self, head: &mut ChainHead) -> (AuditEntry, String) {
         let link = self.seal_link(head);
         (self.entry(&link), link.canonical)
-    }
-}
-
-/// Appends `n` in decimal, as JSON writes an integer (this runs once per record on a
-/// ledger's single writer, where `format!` showed in profiles).
-fn push_decimal(text: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &digit in &digits[at..] {
-        text.push(char::from(digit));
     }
 }
 

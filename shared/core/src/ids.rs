@@ -62,7 +62,7 @@ macro_rules! string_id {
 }
 
 /// Text formatted on the stack; a write past its capacity fails and leaves it unusable.
-pub(crate) struct Inline {
+struct Inline {
     bytes: [u8; INLINE_CAPACITY],
     len: usize,
 }
@@ -71,14 +71,14 @@ pub(crate) struct Inline {
 const INLINE_CAPACITY: usize = 512;
 
 impl Inline {
-    pub(crate) fn new() -> Self {
+    fn new() -> Self {
         Self {
             bytes: [0; INLINE_CAPACITY],
             len: 0,
         }
     }
 
-    pub(crate) fn as_str(&self) -> &str {
+    fn as_str(&self) -> &str {
         // Only whole `str`s are ever copied in, so the bytes are UTF-8.
         std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
     }
@@ -94,7 +94,8 @@ impl fmt::Write for Inline {
     }
 }
 
-/// Writes `n` in decimal without the formatter's padding machinery.
+/// Writes `n` in decimal without the formatter's padding machinery (ids and audit `seq`s are
+/// written on every hop, where `format!` showed in profiles).
 pub(crate) fn write_decimal(out: &mut impl fmt::Write, n: u64) -> fmt::Result {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
@@ -452,7 +453,6 @@ mod tests {
         let tool = ToolName::from_parts(&"n".repeat(64), &"t".repeat(64)).expect("valid tool");
         let key = CommandKey::new(u32::MAX, tool.clone(), 4_000_000_000);
         let idem = IdempotencyKey::new(run.clone(), key.clone());
-        let json = |v: &dyn erased::Json| v.json();
         assert_eq!(json(&run), format!("\"{run}\""));
         assert_eq!(json(&tool), format!("\"{tool}\""));
         assert_eq!(json(&key), format!("\"{key}\""));
@@ -470,15 +470,8 @@ mod tests {
         );
     }
 
-    mod erased {
-        pub trait Json {
-            fn json(&self) -> String;
-        }
-        impl<T: serde::Serialize> Json for T {
-            fn json(&self) -> String {
-                serde_json::to_string(self).expect("serializes")
-            }
-        }
+    fn json(value: &impl Serialize) -> String {
+        serde_json::to_string(value).expect("serializes")
     }
 
     #[test]

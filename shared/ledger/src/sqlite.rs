@@ -4,8 +4,8 @@
 //! waiting (up to `max_batch`), applies them in one `BEGIN IMMEDIATE` transaction and commits
 //! once, then answers each caller: a caller hears "applied" only after its write is durable, and
 //! one fsync serves the whole batch. While the ledger is busy, a batch found small waits up to
-//! `commit_gather_us` for company before it commits (see [`GATHER_BELOW`]). Compare-and-set is an `UPDATE … WHERE status = ? AND
-//! lease_epoch = ?` that changed one row.
+//! `commit_gather_us` for company before it commits (see [`GATHER_BELOW`]). Compare-and-set is
+//! an `UPDATE … WHERE status = ? AND lease_epoch = ?` that changed one row.
 //!
 //! Failure handling: logical refusals (argument drift, a guard that no longer holds) are
 //! decided before anything is written, so they never disturb the batch. A storage error (disk
@@ -224,7 +224,6 @@ struct Inner {
 /// Read connections kept open, and reads run at once.
 const MAX_READERS: usize = 8;
 
-/// At most this many commands are kept in [`Inner::waiting`]; past it the map starts afresh.
 /// A batch of fewer requests than this, found by a writer that committed within
 /// [`BUSY_WITHIN`], waits `commit_gather_us` for more before it commits.
 ///
@@ -250,6 +249,7 @@ pub const DEFAULT_COMMIT_GATHER_US: u64 = 400;
 /// an `RLIMIT_NICE` allowing it); without, the writer logs that and runs at the process's.
 pub const DEFAULT_WRITER_NICE: i32 = -10;
 
+/// At most this many commands are kept in [`Inner::waiting`]; past it the map starts afresh.
 const MAX_WAITING: usize = 65_536;
 
 /// The commands behind [`Ledger::cached`], by a hash of their run id and command key, so that
@@ -299,22 +299,22 @@ impl Waiting {
     }
 
     fn get(&self, run_id: &RunId, command_key: &CommandKey) -> Option<&Command> {
+        self.get_noted(run_id, command_key)
+            .map(|noted| &noted.command)
+    }
+
+    /// The slot's entry, if it holds this very command (a collision may hold another).
+    fn get_noted(&self, run_id: &RunId, command_key: &CommandKey) -> Option<&Noted> {
         self.commands
             .get(&self.slot(run_id, command_key))
-            .map(|noted| &noted.command)
-            .filter(|c| &c.run_id == run_id && &c.command_key == command_key)
+            .filter(|n| &n.command.run_id == run_id && &n.command.command_key == command_key)
     }
 
     /// Takes the command out, if kept with its identity's hash.
     fn take(&mut self, run_id: &RunId, command_key: &CommandKey) -> Option<(Command, u64)> {
-        let slot = self.slot(run_id, command_key);
-        let noted = self.commands.get(&slot)?;
-        let ours = &noted.command.run_id == run_id && &noted.command.command_key == command_key;
-        if !ours || noted.identity.is_none() {
-            return None;
-        }
-        let noted = self.commands.remove(&slot)?;
-        noted.identity.map(|hash| (noted.command, hash))
+        let hash = self.get_noted(run_id, command_key)?.identity?;
+        let noted = self.commands.remove(&self.slot(run_id, command_key))?;
+        Some((noted.command, hash))
     }
 
     fn remove(&mut self, run_id: &RunId, command_key: &CommandKey) {
