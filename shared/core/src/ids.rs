@@ -227,19 +227,29 @@ pub fn check_snake_case(segment: &str) -> Result<(), &'static str> {
 }
 
 /// Identity of a command inside its run: `d-<decision>/<namespace>/<name>/<call_idx>`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+///
+/// Ordered by decision, tool and call index; equal and hashed by its text, which those three
+/// determine. The text is rendered once, when the key is made: a key is written into keys,
+/// headers, audit records and JSON a dozen times per effect, and rendering it each time showed
+/// in profiles.
+#[derive(Debug, Clone, PartialOrd, Ord)]
 pub struct CommandKey {
     decision: u32,
     tool: ToolName,
     call_idx: u32,
+    text: Arc<str>,
 }
 
 impl CommandKey {
     pub fn new(decision: u32, tool: ToolName, call_idx: u32) -> Self {
+        let mut text = String::with_capacity(tool.namespace.len() + tool.name.len() + 16);
+        // Writing into a `String` cannot fail.
+        let _ = Self::render(&mut text, decision, &tool, call_idx);
         Self {
             decision,
             tool,
             call_idx,
+            text: Arc::from(text),
         }
     }
 
@@ -267,7 +277,13 @@ impl CommandKey {
         let call_idx = parse_index(call_idx)
             .ok_or_else(|| bad("call index must be a non-negative integer"))?;
         let tool = ToolName::from_parts(namespace, name)?;
-        Ok(Self::new(decision, tool, call_idx))
+        // Every part was checked to be in its one spelling, so `raw` is the key's text.
+        Ok(Self {
+            decision,
+            tool,
+            call_idx,
+            text: Arc::from(raw),
+        })
     }
 
     pub fn decision(&self) -> u32 {
@@ -282,15 +298,43 @@ impl CommandKey {
         self.call_idx
     }
 
-    fn write_repr(&self, out: &mut impl fmt::Write) -> fmt::Result {
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    fn render(
+        out: &mut impl fmt::Write,
+        decision: u32,
+        tool: &ToolName,
+        call_idx: u32,
+    ) -> fmt::Result {
         out.write_str("d-")?;
-        write_decimal(out, u64::from(self.decision))?;
+        write_decimal(out, u64::from(decision))?;
         out.write_char('/')?;
-        self.tool.write_repr(out)?;
+        tool.write_repr(out)?;
         out.write_char('/')?;
-        write_decimal(out, u64::from(self.call_idx))
+        write_decimal(out, u64::from(call_idx))
+    }
+
+    fn write_repr(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        out.write_str(&self.text)
     }
 }
+
+impl PartialEq for CommandKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for CommandKey {}
+
+impl std::hash::Hash for CommandKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.text.hash(state);
+    }
+}
+
 string_id!(CommandKey);
 
 /// Parses a canonical decimal index: no sign, no leading zeros (so one index has one spelling).
@@ -480,6 +524,20 @@ mod tests {
         assert_eq!(key.decision(), 12);
         assert_eq!(key.tool().to_string(), "email/send");
         assert_eq!(key.call_idx(), 7);
+        let made = CommandKey::new(12, ToolName::parse("email/send").expect("valid"), 7);
+        assert_eq!(made, key, "a parsed key equals the key made from its parts");
+        assert_eq!(made.as_str(), "d-12/email/send/7");
+        let state = std::hash::RandomState::new();
+        assert_eq!(
+            std::hash::BuildHasher::hash_one(&state, &made),
+            std::hash::BuildHasher::hash_one(&state, &key)
+        );
+        // Ordered by number, not by text: d-9 comes before d-10.
+        let nine = CommandKey::parse("d-9/email/send/0").expect("valid");
+        let ten = CommandKey::parse("d-10/email/send/0").expect("valid");
+        assert!(nine < ten);
+        assert!(CommandKey::parse("d-9/email/send/2").expect("valid") < ten);
+        assert_ne!(nine, ten);
         for bad in [
             "d-1/wire/0",
             "3/payments/wire/0",
