@@ -5,7 +5,7 @@ use sluice_runtime::assemble::{assemble, load_catalog};
 use sluice_runtime::cli::{ServiceArgs, require_shared_bus};
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -9,7 +9,7 @@ use sluice_runtime::cli::ServiceArgs;
 use sluice_runtime::config::{Role, TokenConfig};
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about = "Safe side effects for AI agents")]

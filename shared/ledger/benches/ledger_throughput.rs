@@ -15,7 +15,7 @@ use sluice_ledger::sqlite::{Durability, SqliteConfig, SqliteLedger};
 /// The allocator the Sluice binaries use: the writer thread frees what request tasks
 /// allocated, which glibc's per-thread arenas handle poorly.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() {
     let args: Vec<String> = std::env::args()
