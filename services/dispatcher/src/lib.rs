@@ -208,7 +208,7 @@ fn policy_of(catalog: &Catalog, tool: &Tool, command: &Command) -> PolicyDecisio
     policy::evaluate(
         tool,
         &command.args,
-        command.state.approval.as_ref(),
+        command.state.approval.as_deref(),
         catalog.policy_version(),
     )
 }

@@ -502,7 +502,7 @@ async fn replay(
             let decision = policy::evaluate(
                 tool,
                 &command.args,
-                command.state.approval.as_ref(),
+                command.state.approval.as_deref(),
                 catalog.policy_version(),
             );
             if let PolicyDecision::Deny { reason } = &decision {
@@ -962,13 +962,13 @@ mod tests {
     #[test]
     fn rollback_progress_lists_compensations_last_first_and_knows_when_done() {
         let mut first = command("d-1/payments/wire/0", CommandStatus::Compensated);
-        first.state.compensation = Some(CompensationInfo {
+        first.state.compensation = Some(Box::new(CompensationInfo {
             started_at: Timestamp::from_millis(1),
             ended_at: Some(Timestamp::from_millis(2)),
             reference: Some("rev-1".into()),
             detail: None,
             attempts: 1,
-        });
+        }));
         let second = command("d-2/tickets/create/0", CommandStatus::Compensating);
         let untouched = command("d-3/search/lookup/0", CommandStatus::Confirmed);
         let progress = rollback_progress(&[first.clone(), second, untouched]);

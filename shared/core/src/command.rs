@@ -258,10 +258,12 @@ pub struct CommandState {
     /// Needs a person: STUCK, NO_COMPENSATION, a failed compensation, an uncompensated duplicate.
     #[serde(default)]
     pub escalated: bool,
+    // Boxed, as both are rare: a command is moved and copied at every hop, and inline they
+    // made up a third of its size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approval: Option<Approval>,
+    pub approval: Option<Box<Approval>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compensation: Option<CompensationInfo>,
+    pub compensation: Option<Box<CompensationInfo>>,
     /// Extra commits of this command that a status check found and that are still to be
     /// compensated. Kept in the ledger (with a due time) so the clean-up survives a crash.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -767,12 +767,12 @@ pub fn apply(
         } => match from {
             S::Blocked => {
                 next.status = S::Approved;
-                next.approval = Some(Approval {
+                next.approval = Some(Box::new(Approval {
                     approver: operator.actor.clone(),
                     reason: operator.reason.clone(),
                     at: now,
                     policy_version: policy_version.clone(),
-                });
+                }));
                 next.due_at = Some(now.plus_millis(rules.pending_stale_ms));
                 Ok(step(
                     next,
@@ -838,13 +838,13 @@ pub fn apply(
                     next.verify_pending = false;
                     if rules.has_compensate {
                         next.status = S::Compensating;
-                        next.compensation = Some(CompensationInfo {
+                        next.compensation = Some(Box::new(CompensationInfo {
                             started_at: now,
                             ended_at: None,
                             reference: None,
                             detail: None,
                             attempts: 0,
-                        });
+                        }));
                         next.due_at = Some(now.plus_millis(rules.compensation_timeout_ms));
                         Ok(step(
                             next,
@@ -1434,12 +1434,14 @@ fn compensated(
     now: Timestamp,
     from: CommandStatus,
 ) -> Step {
-    let mut info = state.compensation.clone().unwrap_or(CompensationInfo {
-        started_at: now,
-        ended_at: None,
-        reference: None,
-        detail: None,
-        attempts: 0,
+    let mut info = state.compensation.clone().unwrap_or_else(|| {
+        Box::new(CompensationInfo {
+            started_at: now,
+            ended_at: None,
+            reference: None,
+            detail: None,
+            attempts: 0,
+        })
     });
     info.attempts += 1;
     let evidence = serde_json::to_value(outcome).unwrap_or(Value::Null);

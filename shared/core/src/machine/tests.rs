@@ -46,13 +46,13 @@ fn state_in(status: CommandStatus) -> CommandState {
         state.owed_duplicates = vec!["w-2".into()];
     }
     if status == S::Compensating {
-        state.compensation = Some(CompensationInfo {
+        state.compensation = Some(Box::new(CompensationInfo {
             started_at: now(),
             ended_at: None,
             reference: None,
             detail: None,
             attempts: 0,
-        });
+        }));
     }
     state
 }
