@@ -149,6 +149,17 @@ fn lifecycle_event_payload_matches_its_schema() {
         Some("r-abc/d-3/payments/wire/0")
     );
     assert_eq!(event.header("ce_specversion"), Some("1.0"));
+    assert_eq!(event.header("ce_source"), Some("/sluice/dispatcher"));
+    assert_eq!(event.header("ce_time"), Some("1970-01-01T00:00:00.001Z"));
+    assert_eq!(event.header("content-type"), Some("application/json"));
+    let id = event.header("ce_id").expect("an id");
+    let parsed = uuid::Uuid::parse_str(id).expect("a UUID");
+    assert_eq!(
+        parsed.hyphenated().to_string(),
+        id,
+        "hyphenated, lower case"
+    );
+    assert_eq!(parsed.get_version_num(), 4);
 }
 
 /// Every lifecycle event the pipeline publishes — including those of operator actions, whose
