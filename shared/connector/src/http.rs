@@ -98,21 +98,27 @@ impl HttpConnector {
     /// Sends `call` and reads the answer, body capped at `max_response_bytes`.
     async fn send(&self, call: Call) -> Result<Answer, NoAnswer> {
         let timeout = call.timeout;
-        let mut builder = self
-            .client
-            .request(call.method, call.url)
-            .headers(call.headers)
-            // The total budget: connect, write, response headers and the body read below.
-            .timeout(timeout);
+        // Built as a request, not through `RequestBuilder`, which copied the headers in one by
+        // one and re-checked the content type: one call per effect.
+        let mut request = reqwest::Request::new(call.method, call.url);
+        // `request::build` gave a call with a body its JSON content type.
+        *request.headers_mut() = call.headers;
+        // The total budget: connect, write, response headers and the body read below.
+        *request.timeout_mut() = Some(timeout);
         if let Some(body) = &call.body {
-            builder = builder.json(body);
+            let bytes = serde_json::to_vec(&**body).map_err(|e| NoAnswer::NotSent {
+                reason: format!("not sent: the request body could not be encoded: {e}"),
+            })?;
+            *request.body_mut() = Some(bytes.into());
         }
-        let mut response = builder
-            .send()
+        let mut response = self
+            .client
+            .execute(request)
             .await
             .map_err(|error| no_answer(&error, timeout))?;
         let status = response.status();
-        let headers = response.headers().clone();
+        // Taken, not copied: only the body is read from the response after this.
+        let headers = std::mem::take(response.headers_mut());
         let (body, truncated, body_error) =
             read_capped(&mut response, self.options.max_response_bytes, timeout).await;
         Ok(Answer {

@@ -61,8 +61,8 @@ pub struct Call {
     pub url: Url,
     /// Only the contract's headers: no credentials, so the map may be logged by name.
     pub headers: HeaderMap,
-    /// The JSON body; `None` for GET and DELETE.
-    /// The JSON body; the dispatch and status check bodies share the command's arguments.
+    /// The JSON body, sent with its content type in `headers`; `None` for GET and DELETE. The
+    /// dispatch and status check bodies share the command's arguments.
     pub body: Option<Arc<Value>>,
     /// The whole call — connect, request, response headers and body — must fit in this.
     pub timeout: Duration,
