@@ -204,7 +204,7 @@ fn canonical_around_seq(record: &AuditRecord) -> (String, String) {
     write_string(&record.at.to_string(), &mut prefix);
     prefix.extend_from_slice(b",\"command_key\":");
     match &record.command_key {
-        Some(key) => write_string(&key.to_string(), &mut prefix),
+        Some(key) => write_string(key.as_str(), &mut prefix),
         None => prefix.extend_from_slice(b"null"),
     }
     prefix.extend_from_slice(b",\"evidence\":");

@@ -21,8 +21,31 @@ pub const MAX_TOOL_SEGMENT_LEN: usize = 64;
 pub const DEFAULT_NAMESPACE: &str = "default";
 
 /// Implements `Display`, `FromStr` and string serde for a newtype with a `parse` constructor.
+/// `string_id!(T, as_str)` is for an id that holds its text: it serializes that text as it is.
 macro_rules! string_id {
     ($ty:ident) => {
+        string_id!(@common $ty);
+        impl Serialize for $ty {
+            // One string for the serializer: `collect_str` would escape every fragment the
+            // formatter hands it on its own, and ids are serialized many times per effect.
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                let mut inline = Inline::new();
+                match self.write_repr(&mut inline) {
+                    Ok(()) => serializer.serialize_str(inline.as_str()),
+                    Err(_) => serializer.collect_str(self),
+                }
+            }
+        }
+    };
+    ($ty:ident, as_str) => {
+        string_id!(@common $ty);
+        impl Serialize for $ty {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+    };
+    (@common $ty:ident) => {
         impl fmt::Display for $ty {
             // Written straight into the formatter: ids are formatted on every hop (keys,
             // headers, JSON), and building a `String` per part first showed in profiles.
@@ -39,17 +62,6 @@ macro_rules! string_id {
             type Err = IdError;
             fn from_str(s: &str) -> Result<Self, Self::Err> {
                 Self::parse(s)
-            }
-        }
-        impl Serialize for $ty {
-            // One string for the serializer: `collect_str` would escape every fragment the
-            // formatter hands it on its own, and ids are serialized many times per effect.
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                let mut inline = Inline::new();
-                match self.write_repr(&mut inline) {
-                    Ok(()) => serializer.serialize_str(inline.as_str()),
-                    Err(_) => serializer.collect_str(self),
-                }
             }
         }
         impl<'de> Deserialize<'de> for $ty {
@@ -146,7 +158,7 @@ impl RunId {
         out.write_str(&self.0)
     }
 }
-string_id!(RunId);
+string_id!(RunId, as_str);
 
 /// A tool's qualified name, `namespace/name`, both segments snake_case.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -335,7 +347,7 @@ impl std::hash::Hash for CommandKey {
     }
 }
 
-string_id!(CommandKey);
+string_id!(CommandKey, as_str);
 
 /// Parses a canonical decimal index: no sign, no leading zeros (so one index has one spelling).
 fn parse_index(raw: &str) -> Option<u32> {

@@ -309,27 +309,29 @@ impl Waiting {
     }
 
     fn get(&self, run_id: &RunId, command_key: &CommandKey) -> Option<&Command> {
-        self.get_noted(run_id, command_key)
+        let slot = self.slot(run_id, command_key);
+        self.at(slot, run_id, command_key)
             .map(|noted| &noted.command)
     }
 
-    /// The slot's entry, if it holds this very command (a collision may hold another).
-    fn get_noted(&self, run_id: &RunId, command_key: &CommandKey) -> Option<&Noted> {
+    /// The entry in `slot`, if it holds this very command (a collision may hold another).
+    fn at(&self, slot: u64, run_id: &RunId, command_key: &CommandKey) -> Option<&Noted> {
         self.commands
-            .get(&self.slot(run_id, command_key))
+            .get(&slot)
             .filter(|n| &n.command.run_id == run_id && &n.command.command_key == command_key)
     }
 
     /// Takes the command out, if kept with its identity's hash.
     fn take(&mut self, run_id: &RunId, command_key: &CommandKey) -> Option<(Command, u64)> {
-        let hash = self.get_noted(run_id, command_key)?.identity?;
-        let noted = self.commands.remove(&self.slot(run_id, command_key))?;
+        let slot = self.slot(run_id, command_key);
+        let hash = self.at(slot, run_id, command_key)?.identity?;
+        let noted = self.commands.remove(&slot)?;
         Some((noted.command, hash))
     }
 
     fn remove(&mut self, run_id: &RunId, command_key: &CommandKey) {
-        if self.get(run_id, command_key).is_some() {
-            let slot = self.slot(run_id, command_key);
+        let slot = self.slot(run_id, command_key);
+        if self.at(slot, run_id, command_key).is_some() {
             self.commands.remove(&slot);
         }
     }
