@@ -95,7 +95,12 @@ impl CatalogEdit {
             base_url == EXAMPLE_UPSTREAM || !text.contains(EXAMPLE_UPSTREAM),
             "every upstream URL of the example catalog points at the test upstream"
         );
-        let table = toml::from_str(&text).expect("the example catalog is valid TOML");
+        let mut table: toml::Table =
+            toml::from_str(&text).expect("the example catalog is valid TOML");
+        // The tests' short leases (a second or two over the call's timeout) are meant for one
+        // machine, one clock: the skew bound of an edited catalog is 100 ms unless a test sets
+        // it (`top`). An unedited catalog is the example's, bound included.
+        table.insert("max_clock_skew_ms".into(), toml::Value::Integer(100));
         Self {
             base_url,
             table,

@@ -24,10 +24,14 @@ fn bank(kind: FaultKind) -> Faults {
         .with_timeout_sleep(HOLD)
 }
 
+/// How long after its timeout a wire may still be booked: an `absent` counts only after that.
+const LATE_COMMIT_MS: i64 = 300;
+
 fn short_wires(c: CatalogEdit) -> CatalogEdit {
     c.dispatch("payments/wire", "timeout_ms", WIRE_TIMEOUT_MS)
         .policy("payments/wire", "lease_ttl_ms", 2_000)
         .policy("payments/wire", "settle_ms", SETTLE_MS)
+        .policy("payments/wire", "late_commit_ms", LATE_COMMIT_MS)
 }
 
 async fn bank_wire(h: &Harness, id: &str) -> Value {
@@ -147,6 +151,9 @@ async fn an_absence_seen_twice_a_settle_interval_apart_is_redispatched_once() {
             (None, Some(Pending)),
             (Some(Pending), Some(Leased)),
             (Some(Leased), Some(Unknown)),
+            // Absent, but the 503'd attempt may still be booked until its horizon.
+            (Some(Unknown), Some(Unknown)),
+            // Absent after the horizon: the first look that counts.
             (Some(Unknown), Some(Unknown)),
             (Some(Unknown), Some(Pending)),
             (Some(Pending), Some(Leased)),
@@ -155,8 +162,25 @@ async fn an_absence_seen_twice_a_settle_interval_apart_is_redispatched_once() {
         "{:#?}",
         trail.describe(key)
     );
-    let first_absent = trail.find(key, Unknown, Unknown);
+    let too_early = trail.find(key, Unknown, Unknown);
+    assert!(
+        too_early.record.reason.contains("may still land"),
+        "{}",
+        too_early.record.reason
+    );
+    let ambiguous = trail.find(key, Leased, Unknown);
+    let first_absent = trail
+        .of(key)
+        .into_iter()
+        .filter(|r| r.record.from == Some(Unknown) && r.record.to == Some(Unknown))
+        .nth(1)
+        .expect("a second look");
     let redispatch = trail.find(key, Unknown, Pending);
+    let horizon = first_absent.record.at.millis_since(ambiguous.record.at);
+    assert!(
+        horizon >= LATE_COMMIT_MS,
+        "the absence counted {horizon} ms after the ambiguous answer, before the {LATE_COMMIT_MS} ms late-commit horizon"
+    );
     assert!(
         first_absent.record.reason.contains("absent"),
         "{}",

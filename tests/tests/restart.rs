@@ -312,8 +312,12 @@ async fn a_lease_left_by_a_crash_before_the_wire_reached_the_bank_is_redispatche
     );
 
     let trail = verified_audit(b.ctx.ledger.as_ref(), run).await;
+    // Looks before the lapsed attempt's landing horizon and the first look that counts are
+    // all UNKNOWN -> UNKNOWN; how many there are depends on the sweep's timing.
+    let mut path = trail.path(key);
+    path.dedup();
     assert_eq!(
-        trail.path(key),
+        path,
         vec![
             (None, Some(Pending)),
             (Some(Pending), Some(Leased)),

@@ -5,18 +5,22 @@
 //! order (last effect first). OBSERVE_ONLY commands are skipped — a read has nothing to undo; a
 //! tool without `compensate` ends NO_COMPENSATION with `escalated = true`. Each compensation's
 //! start and end are recorded, the end taken after the compensate call returned, and every step
-//! is in the run's audit chain. Commands still in flight (LEASED, UNKNOWN) when the rollback
-//! runs are named in the rollback's audit record; rolling back again after they settle
-//! compensates them.
+//! is in the run's audit chain. Commands still in flight (LEASED, UNKNOWN, retrying after an
+//! ambiguous attempt, STUCK) when the rollback runs are marked: the core turns a commit they
+//! turn out to have made into a compensation, and nothing earlier in the journal is undone
+//! before them (`machine::next_to_compensate`), so compensations stay last-in-first-out.
 //!
-//! A compensate call that fails transiently leaves its command COMPENSATING with a due time;
-//! the sweep brings it back, so a retried compensation may run after an earlier one of the run.
+//! Every outcome is written fenced by the epoch of the claim it was made under: a
+//! compensator whose claim lapsed (it stalled, another took over) cannot overwrite the result
+//! of the one that took over, nor spend its attempts. A compensate call that fails
+//! transiently leaves its command COMPENSATING with a due time; the sweep brings it back, and
+//! it still waits for every later command of the run to be undone first.
 
 use sluice_bus::{BusError, Delivery, Topic};
 use sluice_connector::CompensationTarget;
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::{CompensationOutcome, Event};
+use sluice_core::machine::{self, CompensationOutcome, Event};
 use sluice_runtime::config::CompensatorConfig;
 use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
 use sluice_runtime::messages::{Cause, CompensateJob, CompensateRequest, decode};
@@ -78,14 +82,23 @@ pub async fn handle(ctx: &Context, request: CompensateRequest) -> Result<(), Pip
 /// repeated, changes nothing but the order — the sweep finishes what it leaves.
 #[tracing::instrument(skip(ctx), fields(run_id = %run_id))]
 pub async fn compensate_run(ctx: &Context, run_id: &RunId) -> Result<(), PipelineError> {
-    let commands = ctx
-        .ledger
-        .list_run(run_id, Some(CommandStatus::Compensating))
-        .await?;
-    for command in commands.into_iter().rev() {
-        compensate(ctx, command).await?;
+    // One at a time, each chosen afresh from the run as it is now: the last one still to be
+    // undone, unless a later command is still in flight under the rollback.
+    loop {
+        let commands = ctx.ledger.list_run(run_id, None).await?;
+        let Some(index) = machine::next_to_compensate(&commands, |command| &command.state) else {
+            return Ok(());
+        };
+        let command = commands[index].clone();
+        let key = command.command_key.clone();
+        compensate_one(ctx, command).await?;
+        // Not finished (a transient failure, or another compensator holds it): the sweep or
+        // the holder carries on from here.
+        let now = ctx.ledger.get(run_id, &key).await?;
+        if now.is_some_and(|command| command.status() == CommandStatus::Compensating) {
+            return Ok(());
+        }
     }
-    Ok(())
 }
 
 /// Rolls a run back: begins it durably, then compensates in reverse journal order.
@@ -99,9 +112,19 @@ pub async fn rollback(
     compensate_run(ctx, run_id).await
 }
 
+/// Compensates a COMPENSATING command when its turn has come (nothing later in its run's
+/// journal is still to be undone), then the run's next ones; otherwise leaves it for the
+/// compensation of the later command to reach.
+pub async fn compensate(ctx: &Context, command: Command) -> Result<(), PipelineError> {
+    if command.status() != CommandStatus::Compensating {
+        return Ok(());
+    }
+    compensate_run(ctx, &command.run_id).await
+}
+
 /// Calls compensate for a COMPENSATING command and records what happened.
 #[tracing::instrument(skip(ctx, command), fields(run_id = %command.run_id, command_key = %command.command_key))]
-pub async fn compensate(ctx: &Context, command: Command) -> Result<(), PipelineError> {
+async fn compensate_one(ctx: &Context, command: Command) -> Result<(), PipelineError> {
     if command.status() != CommandStatus::Compensating {
         return Ok(());
     }
@@ -156,8 +179,12 @@ pub async fn compensate(ctx: &Context, command: Command) -> Result<(), PipelineE
             reason: format!("tool {} is no longer in the catalog", command.tool),
         },
     };
-    // `drive` takes "now" after the call returned: that is the compensation's end time.
-    let event = Event::Compensated { outcome };
+    // `drive` takes "now" after the call returned: that is the compensation's end time. The
+    // core refuses the result if the claim's epoch is no longer current.
+    let event = Event::Compensated {
+        epoch: command.epoch(),
+        outcome,
+    };
     if let Driven::Applied(command, step) = ctx
         .drive_from(command, ACTOR, |current| {
             (current.status() == CommandStatus::Compensating).then(|| event.clone())
@@ -254,7 +281,10 @@ pub async fn settle_duplicate(
             }
         }
     };
-    let event = Event::DuplicateSettled { outcome };
+    let event = Event::DuplicateSettled {
+        epoch: command.epoch(),
+        outcome,
+    };
     if let Driven::Applied(command, step) = ctx
         .drive_from(command, ACTOR, |_| Some(event.clone()))
         .await?

@@ -96,6 +96,30 @@ pub async fn dispatch(
         },
     };
 
+    // The lease write and its retries took time: call only if the whole call still fits in
+    // what is left of the lease, or the sweep could take it for expired while the call is in
+    // flight. Too little left: give it back unused (nothing was sent; the attempt does not
+    // count) and let the command be dispatched again under a fresh lease.
+    if !machine::lease_usable(&leased.state, &ctx.rules_of(&leased), ctx.clock.now()) {
+        let epoch = leased.epoch();
+        let released = ctx
+            .drive_from(leased, ACTOR, |_| {
+                Some(Event::Release {
+                    epoch,
+                    reason: "too little of the lease left for the whole call".into(),
+                })
+            })
+            .await?;
+        return Ok(match released {
+            Driven::Applied(command, step) => {
+                ctx.carry_out(ACTOR, &command, &step, Cause::Retry).await?;
+                Some(command)
+            }
+            Driven::Refused(command, _) | Driven::Skipped(command) => Some(command),
+            Driven::Missing => None,
+        });
+    }
+
     let outcome = match catalog.get(&leased.tool) {
         Some(tool) => {
             let started = Instant::now();

@@ -113,6 +113,8 @@ fn refused(command: &Command, refusal: &Refusal) -> ApiError {
         Refusal::ReplayNeedsEvidence => "evidence_required",
         Refusal::EvidenceRequired => "evidence_required",
         Refusal::ReasonRequired => "reason_required",
+        Refusal::OutcomeUnknown => "outcome_unknown",
+        Refusal::RunRolledBack => "run_rolled_back",
         Refusal::StaleEpoch { .. }
         | Refusal::NotYetDue { .. }
         | Refusal::LeaseStillValid { .. }

@@ -16,9 +16,9 @@
 use std::time::Duration;
 
 use sluice_bus::{BusError, Delivery, Topic};
-use sluice_core::command::{Command, CommandStatus, EffectSemantics};
+use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::Event;
+use sluice_core::machine::{self, Event, Look};
 use sluice_ledger::{Guard, Transition};
 use sluice_runtime::config::ReconcilerConfig;
 use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
@@ -62,11 +62,14 @@ pub async fn run(
     consumed
 }
 
-/// Whether a command waits for a look at the world: an UNKNOWN outcome, or a commit to verify.
+/// Whether a command waits for a look at the world: an UNKNOWN outcome, or a settled command
+/// owing its last look (a commit to verify, or a decision on absence to check).
 fn needs_look(command: &Command) -> bool {
     match command.status() {
         CommandStatus::Unknown => true,
-        CommandStatus::Confirmed => command.state.verify_pending,
+        CommandStatus::Confirmed | CommandStatus::Failed | CommandStatus::Cancelled => {
+            command.state.verify_pending
+        }
         _ => false,
     }
 }
@@ -107,20 +110,19 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
     let Some(command) = ctx.claim(&command, hold).await? else {
         return Ok(None);
     };
-    let event = match tool {
-        None => Event::GiveUp {
-            reason: format!(
-                "tool {} is no longer in the catalog; a person must find out whether the effect happened",
-                command.tool
-            ),
+    // How to look is the core's decision, from the command's rules (its stored semantics
+    // kept where stricter than the catalog's now).
+    let rules = ctx.rules_of(&command);
+    let event = match (
+        machine::look_for(&command.state, &rules, tool.is_some()),
+        tool,
+    ) {
+        (Look::StatusCheck, Some(tool)) => ctx.connector.status_check(tool, &command).await.into(),
+        (Look::RetrySameKey, _) => Event::RetrySameKey,
+        (Look::GiveUp(reason), _) => Event::GiveUp { reason },
+        (Look::StatusCheck, None) => Event::GiveUp {
+            reason: format!("tool {} is no longer in the catalog", command.tool),
         },
-        Some(tool) if tool.status_check().is_none() => match command.semantics {
-            EffectSemantics::NonIdempotent => Event::GiveUp {
-                reason: "the tool declares no status check; a person must find out whether the effect happened".into(),
-            },
-            EffectSemantics::Idempotent | EffectSemantics::ObserveOnly => Event::RetrySameKey,
-        },
-        Some(tool) => ctx.connector.status_check(tool, &command).await.into(),
     };
     let claimed_epoch = command.epoch();
     let driven = ctx
@@ -135,6 +137,8 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
             Some(command)
         }
         Driven::Refused(command, refusal) => {
+            // Only a fenced-out look gets here (the core chose the look from the same rules);
+            // the sweep brings the command back when it is due.
             tracing::warn!(%refusal, "resolution refused");
             Some(command)
         }
@@ -187,17 +191,26 @@ pub async fn sweep_once(ctx: &Context, config: &ReconcilerConfig) -> Result<usiz
                 )
                 .await
             }
+            CommandStatus::Blocked => {
+                step_due(
+                    ctx,
+                    &item.run_id,
+                    &item.command_key,
+                    Event::ApprovalExpired,
+                    Cause::Due,
+                )
+                .await
+            }
             CommandStatus::Pending
             | CommandStatus::Approved
             | CommandStatus::Unknown
             | CommandStatus::Confirmed
+            | CommandStatus::Failed
+            | CommandStatus::Cancelled
             | CommandStatus::Compensating => {
                 republish(ctx, &item.run_id, &item.command_key, grace).await
             }
-            CommandStatus::Blocked
-            | CommandStatus::Failed
-            | CommandStatus::Stuck
-            | CommandStatus::Cancelled
+            CommandStatus::Stuck
             | CommandStatus::Compensated
             | CommandStatus::CompensationFailed
             | CommandStatus::NoCompensation => Ok(()),

@@ -44,6 +44,8 @@ use crate::dev::{Pipeline, StartError};
 pub const DEMO_TOOL_TIMEOUT_MS: u64 = 1_500;
 /// The demo catalog's `settle_ms` (the example catalog has 2 s).
 pub const DEMO_SETTLE_MS: u64 = 500;
+/// The demo catalog's `verify_after_ms`, the last look at a commit (the example has 30 s).
+pub const DEMO_VERIFY_AFTER_MS: u64 = 2_000;
 /// How long the upstream holds a `commit_then_timeout` answer: longer than every tool timeout,
 /// so the client gives up first and the outcome is ambiguous.
 pub const DEMO_TIMEOUT_SLEEP_MS: u64 = 3_000;
@@ -497,6 +499,10 @@ pub fn demo_catalog(base_url: &str) -> Result<Catalog, CatalogError> {
                 .or_insert_with(|| toml::Value::Table(toml::Table::new()));
             if let Some(policy) = policy.as_table_mut() {
                 policy.insert("timeout_ms".into(), timeout.clone());
+                policy.insert(
+                    "verify_after_ms".into(),
+                    toml::Value::Integer(DEMO_VERIFY_AFTER_MS as i64),
+                );
                 if policy.contains_key("settle_ms") {
                     policy.insert(
                         "settle_ms".into(),
@@ -1060,7 +1066,7 @@ async fn inspect_ledger(
                     "lost: {run_id}/{key} is still {} after the deadline",
                     command.status()
                 ));
-            } else if let Some(due) = command.state.due_at {
+            } else if let Some(due) = command.state.due_at.filter(|_| !command.state.at_rest()) {
                 violations.push(format!(
                     "unfinished: {run_id}/{key} is {} but still owed work (due {due}) after the deadline",
                     command.status()
@@ -1200,10 +1206,10 @@ struct RunOutcome {
     problems: Vec<String>,
 }
 
-/// Settled (terminal, STUCK or BLOCKED) and owed nothing more by the pipeline: no due time,
-/// so no post-commit verification or duplicate clean-up is still to come.
+/// Settled (terminal, STUCK or BLOCKED) and owed nothing more by the pipeline: no
+/// verification or duplicate clean-up is still to come.
 fn at_rest(command: &Command) -> bool {
-    command.status().is_settled() && command.state.due_at.is_none()
+    command.state.at_rest()
 }
 
 /// Waits until every command of the run is at rest (or the deadline passed); then, for a run

@@ -30,8 +30,15 @@
 //! max_replays = 3                   # operator replays per command
 //! settle_ms = 2000                  # an `absent` must hold this long before a redispatch
 //! on_absent = "redispatch"          # or "fail" (NON_IDEMPOTENT only)
-//! lease_ttl_ms = 30000              # must exceed the dispatch timeout
+//! lease_ttl_ms = 30000              # must exceed the dispatch timeout plus max_clock_skew_ms
 //! verify_after_commit = false       # look a 2xx commit up once more (needs a status check)
+//! late_commit_ms = 10000            # how long after its timeout a call may still commit
+//! #                                 # upstream (default: the dispatch timeout); an `absent`
+//! #                                 # counts only after that
+//! verify_after_ms = 30000           # a NON_IDEMPOTENT command that went through UNKNOWN or was
+//! #                                 # redispatched is looked up once more this long after it
+//! #                                 # settled; at least settle_ms
+//! approval_timeout_ms = 86400000    # a BLOCKED command waits this long, then is cancelled
 //!
 //! [tool.dispatch]                   # required
 //! url = "http://127.0.0.1:8787/bank/wires"
@@ -282,13 +289,23 @@ pub enum CatalogError {
         header: String,
     },
     #[error(
-        "{file}: tool {tool}: policy.lease_ttl_ms ({lease_ttl_ms}) must exceed the dispatch timeout ({timeout_ms}, from dispatch.timeout_ms or policy.timeout_ms), or the lease expires while the call is in flight"
+        "{file}: tool {tool}: policy.lease_ttl_ms ({lease_ttl_ms}) must exceed the dispatch timeout ({timeout_ms}, from dispatch.timeout_ms or policy.timeout_ms) plus max_clock_skew_ms ({skew_ms}), or the lease can expire while the call is in flight"
     )]
     LeaseShorterThanTimeout {
         file: String,
         tool: String,
         lease_ttl_ms: u64,
         timeout_ms: u64,
+        skew_ms: u64,
+    },
+    #[error(
+        "{file}: tool {tool}: policy.verify_after_ms ({verify_after_ms}) must be at least policy.settle_ms ({settle_ms}): the last look must come after lookups have caught up"
+    )]
+    VerifyBeforeSettle {
+        file: String,
+        tool: String,
+        verify_after_ms: u64,
+        settle_ms: u64,
     },
     #[error("unknown tool {tool}")]
     UnknownTool { tool: ToolName },
@@ -485,6 +502,10 @@ pub struct ToolPolicy {
     pub on_absent: OnAbsent,
     pub lease_ttl_ms: u64,
     pub verify_after_commit: bool,
+    /// `None`: the dispatch timeout (known once the dispatch section is read).
+    pub late_commit_ms: Option<u64>,
+    pub verify_after_ms: u64,
+    pub approval_timeout_ms: u64,
 }
 
 /// One argument that does not fit: where (a JSON pointer into the arguments) and why.
@@ -657,6 +678,8 @@ pub struct Tool {
     status_check: Option<HttpEndpoint>,
     compensate: Option<HttpEndpoint>,
     allow_unsafe: bool,
+    /// The catalog's `max_clock_skew_ms`.
+    clock_skew_ms: u64,
 }
 
 impl fmt::Debug for Tool {
@@ -744,6 +767,14 @@ impl Tool {
             dispatch_timeout_ms: millis(self.dispatch.endpoint.timeout_ms),
             compensation_timeout_ms,
             verify_after_commit: self.policy.verify_after_commit && self.status_check.is_some(),
+            late_commit_ms: millis(
+                self.policy
+                    .late_commit_ms
+                    .unwrap_or(self.dispatch.endpoint.timeout_ms),
+            ),
+            verify_after_ms: millis(self.policy.verify_after_ms),
+            clock_skew_ms: millis(self.clock_skew_ms),
+            approval_timeout_ms: millis(self.policy.approval_timeout_ms),
             ..defaults
         }
     }
@@ -804,6 +835,25 @@ pub struct Catalog {
 
 /// Operator replays allowed over all of a run's commands unless the catalog says otherwise.
 pub const DEFAULT_MAX_REPLAYS_PER_RUN: u32 = 10;
+
+/// The bound on clock skew between Sluice's components unless the catalog says otherwise
+/// (`max_clock_skew_ms`): leases and horizons are widened by it.
+pub const DEFAULT_MAX_CLOCK_SKEW_MS: u64 = 500;
+
+/// A lease must outlast the whole call, measured on clocks that may disagree by the skew bound.
+fn check_lease(tool: &Tool, file: &str) -> Result<(), CatalogError> {
+    let timeout_ms = tool.dispatch.endpoint.timeout_ms;
+    if tool.policy.lease_ttl_ms <= timeout_ms.saturating_add(tool.clock_skew_ms) {
+        return Err(CatalogError::LeaseShorterThanTimeout {
+            file: file.to_owned(),
+            tool: tool.name.to_string(),
+            lease_ttl_ms: tool.policy.lease_ttl_ms,
+            timeout_ms,
+            skew_ms: tool.clock_skew_ms,
+        });
+    }
+    Ok(())
+}
 
 /// Reads a `schema_file`, given as written in the catalog; returns the path it read and the text.
 type SchemaReader<'a> = &'a dyn Fn(&str) -> (String, io::Result<String>);
@@ -866,10 +916,13 @@ impl Catalog {
             });
         }
 
+        let clock_skew_ms = raw.max_clock_skew_ms.unwrap_or(DEFAULT_MAX_CLOCK_SKEW_MS);
         let mut tools = Vec::with_capacity(raw.tool.len());
         let mut index = HashMap::with_capacity_and_hasher(raw.tool.len(), Default::default());
         for (position, entry) in raw.tool.into_iter().enumerate() {
-            let tool = build_tool(entry, position + 1, file, &default_namespace, schemas)?;
+            let mut tool = build_tool(entry, position + 1, file, &default_namespace, schemas)?;
+            tool.clock_skew_ms = clock_skew_ms;
+            check_lease(&tool, file)?;
             if let Some(first) = index.insert(tool.name.clone(), position) {
                 return Err(CatalogError::DuplicateTool {
                     file: file.to_owned(),
@@ -941,6 +994,7 @@ struct RawCatalog {
     default_namespace: Option<String>,
     policy_version: Option<String>,
     max_replays_per_run: Option<u32>,
+    max_clock_skew_ms: Option<u64>,
     /// Kept as tables so each entry is deserialized on its own and its errors name the tool.
     #[serde(default)]
     tool: Vec<toml::Table>,
@@ -980,6 +1034,9 @@ struct RawPolicy {
     lease_ttl_ms: Option<u64>,
     #[serde(default)]
     verify_after_commit: bool,
+    late_commit_ms: Option<u64>,
+    verify_after_ms: Option<u64>,
+    approval_timeout_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -1198,14 +1255,6 @@ fn build_tool(
         })
         .transpose()?;
 
-    if policy.lease_ttl_ms <= dispatch.endpoint.timeout_ms {
-        return Err(CatalogError::LeaseShorterThanTimeout {
-            file: at.file(),
-            tool: at.tool(),
-            lease_ttl_ms: policy.lease_ttl_ms,
-            timeout_ms: dispatch.endpoint.timeout_ms,
-        });
-    }
     match raw.semantics {
         EffectSemantics::NonIdempotent
             if business_key.is_none()
@@ -1241,6 +1290,7 @@ fn build_tool(
         status_check,
         compensate,
         allow_unsafe: raw.allow_unsafe,
+        clock_skew_ms: DEFAULT_MAX_CLOCK_SKEW_MS,
     })
 }
 
@@ -1410,12 +1460,28 @@ fn build_policy(
         on_absent: raw.on_absent.unwrap_or(defaults.on_absent),
         lease_ttl_ms: raw.lease_ttl_ms.unwrap_or(millis(defaults.lease_ttl_ms)),
         verify_after_commit: raw.verify_after_commit,
+        late_commit_ms: raw.late_commit_ms,
+        verify_after_ms: raw
+            .verify_after_ms
+            .unwrap_or(millis(defaults.verify_after_ms)),
+        approval_timeout_ms: raw
+            .approval_timeout_ms
+            .unwrap_or(millis(defaults.approval_timeout_ms)),
     };
+    if policy.verify_after_ms < policy.settle_ms {
+        return Err(CatalogError::VerifyBeforeSettle {
+            file: at.file(),
+            tool: at.tool(),
+            verify_after_ms: policy.verify_after_ms,
+            settle_ms: policy.settle_ms,
+        });
+    }
     for (key, value) in [
         ("policy.max_attempts", u64::from(policy.max_attempts)),
         ("policy.max_checks", u64::from(policy.max_checks)),
         ("policy.timeout_ms", policy.timeout_ms),
         ("policy.lease_ttl_ms", policy.lease_ttl_ms),
+        ("policy.approval_timeout_ms", policy.approval_timeout_ms),
     ] {
         if value == 0 {
             return Err(CatalogError::Zero {

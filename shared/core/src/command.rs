@@ -103,7 +103,8 @@ impl CommandStatus {
 
     /// Terminal: no automatic transition leaves it; only a recorded operator action may. (A
     /// CONFIRMED command may still owe a verification or a duplicate clean-up; those leave it
-    /// CONFIRMED.)
+    /// CONFIRMED. A FAILED or CANCELLED one decided on `absent` evidence may still owe a
+    /// verification: a commit found then is compensated or escalated, so it leaves.)
     pub fn is_terminal(self) -> bool {
         match self {
             Self::Confirmed
@@ -268,14 +269,43 @@ pub struct CommandState {
     /// compensated. Kept in the ledger (with a due time) so the clean-up survives a crash.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub owed_duplicates: Vec<String>,
-    /// The upstream answered 2xx, and the tool asks for the commit to be looked up once more
-    /// (`verify_after_commit`): a double commit behind a single 2xx is caught this way.
+    /// The command is to be looked up once more when it falls due: a CONFIRMED one for a
+    /// duplicate (`verify_after_commit`, or a NON_IDEMPOTENT command that went through UNKNOWN
+    /// or was redispatched), a FAILED or CANCELLED one decided on `absent` evidence for a
+    /// commit that landed after all (see `crate::machine`, "late commits").
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub verify_pending: bool,
+    /// While UNKNOWN: the latest time the last attempt could still commit upstream (the call's
+    /// end, plus the tool's `late_commit_ms`, plus the clock-skew bound). An `absent` seen
+    /// before it proves nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lands_by: Option<Timestamp>,
+    /// PENDING again after an ambiguous attempt of a tool retried with the same key: the
+    /// earlier attempt may have committed, so the command is not "not started" (a cancel is
+    /// refused, a rollback waits for the outcome).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub outcome_unknown: bool,
+    /// The run was rolled back while this command was in flight: the epoch of the lease (or
+    /// look) the rollback found. Its holder may still write the outcome; a commit is then
+    /// compensated instead of confirmed, and nothing is dispatched afresh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_pending: Option<LeaseEpoch>,
+    /// An attempt of this command once had an unknown outcome (it went through UNKNOWN): a
+    /// NON_IDEMPOTENT commit of it is looked up once more, for an earlier attempt that lands
+    /// late. Never cleared, a replay included.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ambiguous_before: bool,
     pub updated_at: Timestamp,
 }
 
 impl CommandState {
+    /// Settled (terminal, STUCK or BLOCKED) and owed nothing more by the pipeline: no look,
+    /// clean-up or compensation is still to come. (A BLOCKED command's due time is its
+    /// approval timeout: it waits for a person, not for the pipeline.)
+    pub fn at_rest(&self) -> bool {
+        self.status.is_settled() && (self.due_at.is_none() || self.status == CommandStatus::Blocked)
+    }
+
     /// The state of a freshly reserved command.
     pub fn reserved(now: Timestamp, not_before: Option<Timestamp>, stale_after_ms: i64) -> Self {
         let (status, due_at) = match not_before {
@@ -298,6 +328,10 @@ impl CommandState {
             compensation: None,
             owed_duplicates: Vec::new(),
             verify_pending: false,
+            lands_by: None,
+            outcome_unknown: false,
+            rollback_pending: None,
+            ambiguous_before: false,
             updated_at: now,
         }
     }

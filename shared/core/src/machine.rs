@@ -56,14 +56,46 @@ pub struct Rules {
     pub backoff_max_ms: i64,
     /// How long a compensation may run before the sweep retries it.
     pub compensation_timeout_ms: i64,
-    /// Look a 2xx commit up once more (after `settle_ms`) to catch a double commit the
+    /// Look a 2xx commit up once more (after `verify_after_ms`) to catch a double commit the
     /// upstream did not report; needs a status check.
     #[serde(default)]
     pub verify_after_commit: bool,
+    /// How long after the client gave up (the call's timeout) an attempt may still commit
+    /// upstream: servers keep working after the client disconnects. An `absent` observation
+    /// counts only once this horizon has passed.
+    #[serde(default = "default_late_commit_ms")]
+    pub late_commit_ms: i64,
+    /// How long after a NON_IDEMPOTENT command settled through UNKNOWN (or a redispatch) it is
+    /// looked up once more, for a commit that landed late or a lookup that lagged.
+    #[serde(default = "default_verify_after_ms")]
+    pub verify_after_ms: i64,
+    /// The bound on clock skew between the components (the catalog's `max_clock_skew_ms`):
+    /// every horizon and lease margin is widened by it.
+    #[serde(default = "default_clock_skew_ms")]
+    pub clock_skew_ms: i64,
+    /// How long a BLOCKED command waits for a person before it is cancelled (escalated).
+    #[serde(default = "default_approval_timeout_ms")]
+    pub approval_timeout_ms: i64,
 }
 
 fn default_dispatch_timeout_ms() -> i64 {
     10_000
+}
+
+fn default_late_commit_ms() -> i64 {
+    10_000
+}
+
+fn default_verify_after_ms() -> i64 {
+    30_000
+}
+
+fn default_clock_skew_ms() -> i64 {
+    500
+}
+
+fn default_approval_timeout_ms() -> i64 {
+    86_400_000
 }
 
 impl Rules {
@@ -85,7 +117,36 @@ impl Rules {
             backoff_max_ms: 60_000,
             compensation_timeout_ms: 30_000,
             verify_after_commit: false,
+            late_commit_ms: default_late_commit_ms(),
+            verify_after_ms: default_verify_after_ms(),
+            clock_skew_ms: default_clock_skew_ms(),
+            approval_timeout_ms: default_approval_timeout_ms(),
         }
+    }
+
+    /// The rules a command is decided by: its tool's rules as the catalog declares them now,
+    /// with the semantics the command was accepted under kept wherever they are the stricter
+    /// (NON_IDEMPOTENT over IDEMPOTENT over OBSERVE_ONLY), and its own attempt budget. A tool
+    /// that turned NON_IDEMPOTENT is never retried blindly for commands accepted before; one
+    /// that turned IDEMPOTENT keeps the settle rule for commands accepted as NON_IDEMPOTENT.
+    #[must_use]
+    pub fn for_command(mut self, stored: EffectSemantics, max_attempts: u32) -> Self {
+        let strictness = |semantics: EffectSemantics| match semantics {
+            EffectSemantics::ObserveOnly => 0,
+            EffectSemantics::Idempotent => 1,
+            EffectSemantics::NonIdempotent => 2,
+        };
+        if strictness(stored) > strictness(self.semantics) {
+            self.semantics = stored;
+        }
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// The lease time a call needs: the whole call's timeout plus the skew bound, so the
+    /// sweep cannot take the lease for expired while the call may still be in flight.
+    pub fn call_margin_ms(&self) -> i64 {
+        self.dispatch_timeout_ms.saturating_add(self.clock_skew_ms)
     }
 
     /// Delay before the `n`-th retry or check (n from 0): base·2ⁿ, capped.
@@ -95,6 +156,71 @@ impl Rules {
             .saturating_mul(factor)
             .min(self.backoff_max_ms)
     }
+}
+
+/// How an UNKNOWN command (or a CONFIRMED, FAILED or CANCELLED one owing a verification) is
+/// looked at: decided here, from the command's rules, so no service decides it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Look {
+    /// Ask the tool's status check.
+    StatusCheck,
+    /// Call again with the same idempotency key (IDEMPOTENT, OBSERVE_ONLY without a check).
+    RetrySameKey,
+    /// Nothing can resolve it: a person must ([`Event::GiveUp`] with this reason).
+    GiveUp(String),
+}
+
+/// What to do with a command that waits for a look at the world. `tool_present`: the tool is
+/// still in the catalog.
+pub fn look_for(state: &CommandState, rules: &Rules, tool_present: bool) -> Look {
+    if !tool_present {
+        return Look::GiveUp(
+            "the tool is no longer in the catalog; a person must find out whether the effect happened"
+                .into(),
+        );
+    }
+    if rules.has_status_check {
+        return Look::StatusCheck;
+    }
+    match (state.status, rules.semantics) {
+        (CommandStatus::Unknown, EffectSemantics::Idempotent | EffectSemantics::ObserveOnly) => {
+            Look::RetrySameKey
+        }
+        (CommandStatus::Unknown, EffectSemantics::NonIdempotent) => Look::GiveUp(
+            "the tool declares no status check; a person must find out whether the effect happened"
+                .into(),
+        ),
+        _ => Look::GiveUp("the tool no longer declares a status check to verify with".into()),
+    }
+}
+
+/// Whether the holder of a command's lease may call the upstream now: the lease is held and
+/// more than the whole call's time (timeout plus skew bound) of it remains, so the outcome is
+/// written before anyone may take the lease for expired. Checked right before the call, after
+/// the lease write and its retries.
+pub fn lease_usable(state: &CommandState, rules: &Rules, now: Timestamp) -> bool {
+    state.status == CommandStatus::Leased
+        && state
+            .lease
+            .expires_at
+            .is_some_and(|expires_at| expires_at.millis_since(now) > rules.call_margin_ms())
+}
+
+/// Of a run's commands in journal order, the one whose compensation may run now: the last one
+/// still to be undone. Compensation is last-in-first-out: nothing earlier in the journal is
+/// undone while a later command is COMPENSATING or still in flight under a rollback (its
+/// outcome decides whether it is undone first). `None`: nothing can be compensated now.
+pub fn next_to_compensate<T>(run: &[T], state_of: impl Fn(&T) -> &CommandState) -> Option<usize> {
+    for (index, item) in run.iter().enumerate().rev() {
+        let state = state_of(item);
+        if state.status == CommandStatus::Compensating {
+            return Some(index);
+        }
+        if state.rollback_pending.is_some() && !state.status.is_terminal() {
+            return None;
+        }
+    }
+    None
 }
 
 /// The lease owner of a command that was leased by its own reservation
@@ -158,12 +284,7 @@ pub fn lease_at_reservation(
 /// written before the sweep may take the lease for expired. A lease with less left is left to
 /// that sweep, which reconciles it and retries under a lease of its own.
 pub fn reservation_lease_usable(state: &CommandState, rules: &Rules, now: Timestamp) -> bool {
-    state.status == CommandStatus::Leased
-        && state.lease.owner.as_deref() == Some(RESERVATION_OWNER)
-        && state
-            .lease
-            .expires_at
-            .is_some_and(|expires_at| expires_at.millis_since(now) > rules.dispatch_timeout_ms)
+    state.lease.owner.as_deref() == Some(RESERVATION_OWNER) && lease_usable(state, rules, now)
 }
 
 /// A person's action: who did it and why. The reason is mandatory.
@@ -224,6 +345,12 @@ pub enum Event {
     ExtendLease {
         epoch: LeaseEpoch,
     },
+    /// The lease holder gives its lease back before sending anything (too little of it was
+    /// left for the whole call): the attempt does not count.
+    Release {
+        epoch: LeaseEpoch,
+        reason: String,
+    },
     /// Policy needs a person's approval first.
     Block {
         reason: String,
@@ -264,6 +391,8 @@ pub enum Event {
     Reject {
         operator: Operator,
     },
+    /// A BLOCKED command waited the tool's whole approval timeout for a person.
+    ApprovalExpired,
     Cancel {
         operator: Operator,
     },
@@ -271,12 +400,21 @@ pub enum Event {
     Rollback {
         operator: Operator,
     },
-    /// A compensate handler returned (the time passed to [`apply`] is taken after it returned).
+    /// The run is rolled back while this command is in flight (LEASED, UNKNOWN, PENDING after
+    /// an ambiguous attempt, STUCK): its outcome, once known, is undone instead of confirmed.
+    MarkRollback {
+        operator: Operator,
+    },
+    /// A compensate handler returned (the time passed to [`apply`] is taken after it
+    /// returned), reported by the holder of the claim `epoch`.
     Compensated {
+        epoch: LeaseEpoch,
         outcome: CompensationOutcome,
     },
-    /// Clean-up of an extra commit found by a `duplicate` observation finished.
+    /// Clean-up of an extra commit found by a `duplicate` observation finished, reported by
+    /// the holder of the claim `epoch`.
     DuplicateSettled {
+        epoch: LeaseEpoch,
         outcome: CompensationOutcome,
     },
     Resolve {
@@ -297,6 +435,7 @@ pub enum EventKind {
     Due,
     Lease,
     ExtendLease,
+    Release,
     Block,
     Deny,
     Dispatched,
@@ -306,8 +445,10 @@ pub enum EventKind {
     GiveUp,
     Approve,
     Reject,
+    ApprovalExpired,
     Cancel,
     Rollback,
+    MarkRollback,
     Compensated,
     DuplicateSettled,
     Resolve,
@@ -320,6 +461,7 @@ impl Event {
             Self::Due => EventKind::Due,
             Self::Lease { .. } => EventKind::Lease,
             Self::ExtendLease { .. } => EventKind::ExtendLease,
+            Self::Release { .. } => EventKind::Release,
             Self::Block { .. } => EventKind::Block,
             Self::Deny { .. } => EventKind::Deny,
             Self::Dispatched { .. } => EventKind::Dispatched,
@@ -329,8 +471,10 @@ impl Event {
             Self::GiveUp { .. } => EventKind::GiveUp,
             Self::Approve { .. } => EventKind::Approve,
             Self::Reject { .. } => EventKind::Reject,
+            Self::ApprovalExpired => EventKind::ApprovalExpired,
             Self::Cancel { .. } => EventKind::Cancel,
             Self::Rollback { .. } => EventKind::Rollback,
+            Self::MarkRollback { .. } => EventKind::MarkRollback,
             Self::Compensated { .. } => EventKind::Compensated,
             Self::DuplicateSettled { .. } => EventKind::DuplicateSettled,
             Self::Resolve { .. } => EventKind::Resolve,
@@ -345,11 +489,13 @@ impl Event {
             | Self::Reject { operator }
             | Self::Cancel { operator }
             | Self::Rollback { operator }
+            | Self::MarkRollback { operator }
             | Self::Resolve { operator, .. }
             | Self::Replay { operator, .. } => Some(operator),
             Self::Due
             | Self::Lease { .. }
             | Self::ExtendLease { .. }
+            | Self::Release { .. }
             | Self::Block { .. }
             | Self::Deny { .. }
             | Self::Dispatched { .. }
@@ -357,6 +503,7 @@ impl Event {
             | Self::Observed { .. }
             | Self::RetrySameKey
             | Self::GiveUp { .. }
+            | Self::ApprovalExpired
             | Self::Compensated { .. }
             | Self::DuplicateSettled { .. } => None,
         }
@@ -445,6 +592,12 @@ pub enum Refusal {
     ReplayNeedsEvidence,
     #[error("the command was replayed {replays} times already (limit {max_replays})")]
     ReplayLimit { replays: u32, max_replays: u32 },
+    #[error(
+        "an earlier attempt's outcome is unknown (it may have committed): the command is in flight, not waiting to start"
+    )]
+    OutcomeUnknown,
+    #[error("the command's run was rolled back: it is not dispatched again")]
+    RunRolledBack,
 }
 
 /// Computes the transition of `state` under `event` at `now`. Pure and total.
@@ -565,6 +718,44 @@ pub fn apply(
             | S::NoCompensation => Err(refuse()),
         },
 
+        Event::Release { epoch, reason } => match from {
+            S::Leased => {
+                check_holder(state, *epoch)?;
+                next.lease = released(&state.lease);
+                // Nothing was sent under this lease: the attempt does not count.
+                next.attempts = state.attempts.saturating_sub(1);
+                if state.rollback_pending.is_some() && !state.outcome_unknown {
+                    next.rollback_pending = None;
+                    return Ok(cancelled_unsent(
+                        next,
+                        from,
+                        format!("run rolled back; the lease was given back unused ({reason})"),
+                    ));
+                }
+                next.status = S::Pending;
+                next.due_at = Some(now.plus_millis(rules.pending_stale_ms));
+                Ok(step(
+                    next,
+                    vec![Action::Dispatch],
+                    format!("lease given back before the call: {reason}"),
+                    Value::Null,
+                ))
+            }
+            S::Scheduled
+            | S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Confirmed
+            | S::Failed
+            | S::Unknown
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
         Event::Block { reason, epoch } | Event::Deny { reason, epoch } => {
             let deny = matches!(event, Event::Deny { .. });
             match from {
@@ -580,6 +771,8 @@ pub fn apply(
                         next.last_error = Some(format!("denied by policy: {reason}"));
                         (S::Failed, "denied by policy")
                     } else {
+                        // A gate waits for a person only so long (Tape's gates time out).
+                        next.due_at = Some(now.plus_millis(rules.approval_timeout_ms));
                         (S::Blocked, "blocked by policy")
                     };
                     next.status = status;
@@ -606,7 +799,7 @@ pub fn apply(
 
         Event::Dispatched { epoch, outcome } => match from {
             S::Leased => {
-                check_epoch(state, *epoch)?;
+                check_holder(state, *epoch)?;
                 next.lease = released(&state.lease);
                 Ok(dispatched(next, state, rules, outcome, now, from))
             }
@@ -631,7 +824,10 @@ pub fn apply(
                     return Err(Refusal::LeaseStillValid { expires_at });
                 }
                 next.lease = released(&state.lease);
-                enter_unknown(&mut next, now);
+                // The holder checked that the whole call fit in the lease before it sent, so
+                // the call ended by the expiry; it may still land until the horizon after it.
+                let ended_by = state.lease.expires_at.map_or(now, |at| at.max(now));
+                enter_unknown(&mut next, rules, ended_by, now);
                 Ok(step(
                     next,
                     vec![Action::Reconcile],
@@ -670,24 +866,23 @@ pub fn apply(
                 extra_refs,
                 now,
             )),
-            S::Confirmed if state.verify_pending => Ok(verified(
+            S::Confirmed | S::Failed | S::Cancelled if state.verify_pending => Ok(verified(
                 next,
                 state,
                 rules,
                 *observation,
+                external_ref,
                 evidence,
                 extra_refs,
                 now,
             )),
-            S::Confirmed => Err(refuse()),
+            S::Confirmed | S::Failed | S::Cancelled => Err(refuse()),
             S::Scheduled
             | S::Pending
             | S::Blocked
             | S::Approved
             | S::Leased
-            | S::Failed
             | S::Stuck
-            | S::Cancelled
             | S::Compensating
             | S::Compensated
             | S::CompensationFailed
@@ -700,6 +895,7 @@ pub fn apply(
                 EffectSemantics::Idempotent | EffectSemantics::ObserveOnly => {
                     if state.attempts < rules.max_attempts {
                         next.status = S::Pending;
+                        next.outcome_unknown = true;
                         next.due_at = Some(now.plus_millis(rules.backoff_ms(state.attempts)));
                         Ok(step(
                             next,
@@ -813,7 +1009,87 @@ pub fn apply(
             | S::NoCompensation => Err(refuse()),
         },
 
+        Event::ApprovalExpired => match from {
+            S::Blocked => {
+                if let Some(due_at) = state.due_at.filter(|at| *at > now) {
+                    return Err(Refusal::NotYetDue { due_at });
+                }
+                next.status = S::Cancelled;
+                next.due_at = None;
+                next.escalated = true;
+                let reason = format!(
+                    "no approval within {} ms; cancelled",
+                    rules.approval_timeout_ms
+                );
+                Ok(step(
+                    next,
+                    vec![
+                        Action::Escalate {
+                            reason: reason.clone(),
+                        },
+                        Action::Publish {
+                            status: S::Cancelled,
+                        },
+                    ],
+                    reason,
+                    Value::Null,
+                ))
+            }
+            S::Scheduled
+            | S::Pending
+            | S::Approved
+            | S::Leased
+            | S::Confirmed
+            | S::Failed
+            | S::Unknown
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation => Err(refuse()),
+        },
+
+        Event::MarkRollback { operator } => {
+            let in_flight = match from {
+                S::Leased | S::Unknown | S::Stuck => true,
+                S::Pending | S::Approved => state.outcome_unknown,
+                S::Scheduled
+                | S::Blocked
+                | S::Confirmed
+                | S::Failed
+                | S::Cancelled
+                | S::Compensating
+                | S::Compensated
+                | S::CompensationFailed
+                | S::NoCompensation => false,
+            };
+            if !in_flight || state.rollback_pending.is_some() {
+                return Err(refuse());
+            }
+            if rules.semantics == EffectSemantics::ObserveOnly {
+                return Err(Refusal::NotCompensable);
+            }
+            next.rollback_pending = Some(state.lease.epoch);
+            // A new epoch fences a look at the world that began before the rollback (its
+            // result is re-decided under the mark); the lease holder of the epoch the mark
+            // records may still write its outcome (`check_holder`).
+            if matches!(from, S::Leased | S::Unknown) {
+                next.lease.epoch = state.lease.epoch.next();
+            }
+            Ok(step(
+                next,
+                vec![],
+                format!(
+                    "{} (in flight: undone once its outcome is known)",
+                    operator.reason
+                ),
+                Value::Null,
+            ))
+        }
+
         Event::Cancel { operator } => match from {
+            S::Pending | S::Approved if state.outcome_unknown => Err(Refusal::OutcomeUnknown),
             S::Scheduled | S::Pending | S::Blocked | S::Approved => {
                 Ok(cancelled(next, from, operator))
             }
@@ -888,8 +1164,11 @@ pub fn apply(
             | S::NoCompensation => Err(refuse()),
         },
 
-        Event::Compensated { outcome } => match from {
-            S::Compensating => Ok(compensated(next, state, rules, outcome, now, from)),
+        Event::Compensated { epoch, outcome } => match from {
+            S::Compensating => {
+                check_epoch(state, *epoch)?;
+                Ok(compensated(next, state, rules, outcome, now, from))
+            }
             S::Scheduled
             | S::Pending
             | S::Blocked
@@ -905,10 +1184,14 @@ pub fn apply(
             | S::NoCompensation => Err(refuse()),
         },
 
-        Event::DuplicateSettled { outcome } => match from {
+        Event::DuplicateSettled { epoch, outcome } => match from {
             S::Confirmed if !state.owed_duplicates.is_empty() => {
+                check_epoch(state, *epoch)?;
                 next.owed_duplicates.clear();
-                next.due_at = None;
+                // A verification still owed falls due after the clean-up.
+                next.due_at = state
+                    .verify_pending
+                    .then(|| now.plus_millis(rules.verify_after_ms));
                 let (actions, reason) = match outcome {
                     CompensationOutcome::Done { reference } => (
                         vec![],
@@ -974,9 +1257,23 @@ pub fn apply(
                     }
                     Resolution::Failed => S::Failed,
                 };
-                next.status = status;
                 next.escalated = false;
                 next.due_at = None;
+                next.outcome_unknown = false;
+                if status == S::Confirmed && state.rollback_pending.is_some() {
+                    let mut step = undo_commit(
+                        next,
+                        from,
+                        rules,
+                        &[],
+                        format!("{} (run rolled back: undone)", operator.reason),
+                        now,
+                    );
+                    step.evidence = evidence.clone();
+                    return Ok(step);
+                }
+                next.status = status;
+                next.rollback_pending = None;
                 Ok(step(
                     next,
                     vec![Action::Publish { status }],
@@ -1001,6 +1298,9 @@ pub fn apply(
 
         Event::Replay { operator, evidence } => match from {
             S::Stuck | S::Failed => {
+                if state.rollback_pending.is_some() {
+                    return Err(Refusal::RunRolledBack);
+                }
                 if state.replays >= rules.max_replays {
                     return Err(Refusal::ReplayLimit {
                         replays: state.replays,
@@ -1020,6 +1320,11 @@ pub fn apply(
                 next.checks = 0;
                 next.replays = state.replays + 1;
                 next.first_absent_at = None;
+                next.lands_by = None;
+                next.outcome_unknown = false;
+                // A last look still owed is not lost: `ambiguous_before` stays, so the replay's
+                // commit is looked up once more and a late earlier commit found then.
+                next.verify_pending = false;
                 next.escalated = false;
                 next.due_at = Some(now.plus_millis(rules.pending_stale_ms));
                 Ok(step(
@@ -1045,478 +1350,13 @@ pub fn apply(
     }
 }
 
-fn check_epoch(state: &CommandState, presented: LeaseEpoch) -> Result<(), Refusal> {
-    if presented == state.lease.epoch {
-        Ok(())
-    } else {
-        Err(Refusal::StaleEpoch {
-            current: state.lease.epoch,
-            presented,
-        })
-    }
-}
+mod settle;
+use settle::{
+    cancelled, cancelled_unsent, check_epoch, check_holder, compensated, dispatched, enter_unknown,
+    is_empty_evidence, observed, released, stuck, undo_commit, verified,
+};
 
-/// The lease after release: no holder, and the epoch kept so older holders stay fenced out.
-fn released(lease: &Lease) -> Lease {
-    Lease {
-        epoch: lease.epoch,
-        owner: None,
-        expires_at: None,
-    }
-}
-
-fn enter_unknown(next: &mut CommandState, now: Timestamp) {
-    next.status = CommandStatus::Unknown;
-    next.checks = 0;
-    next.first_absent_at = None;
-    next.due_at = Some(now);
-}
-
-fn is_empty_evidence(evidence: &Value) -> bool {
-    match evidence {
-        Value::Null => true,
-        Value::String(text) => text.trim().is_empty(),
-        Value::Object(map) => map.is_empty(),
-        Value::Array(items) => items.is_empty(),
-        Value::Bool(_) | Value::Number(_) => false,
-    }
-}
-
-fn stuck(mut next: CommandState, from: CommandStatus, reason: String) -> Step {
-    next.status = CommandStatus::Stuck;
-    next.escalated = true;
-    next.due_at = None;
-    Step {
-        from,
-        state: next,
-        actions: vec![
-            Action::Escalate {
-                reason: reason.clone(),
-            },
-            Action::Publish {
-                status: CommandStatus::Stuck,
-            },
-        ],
-        reason,
-        evidence: Value::Null,
-    }
-}
-
-fn cancelled(mut next: CommandState, from: CommandStatus, operator: &Operator) -> Step {
-    next.status = CommandStatus::Cancelled;
-    next.due_at = None;
-    Step {
-        from,
-        state: next,
-        actions: vec![Action::Publish {
-            status: CommandStatus::Cancelled,
-        }],
-        reason: operator.reason.clone(),
-        evidence: Value::Null,
-    }
-}
-
-fn failed(mut next: CommandState, from: CommandStatus, reason: String) -> Step {
-    next.status = CommandStatus::Failed;
-    next.due_at = None;
-    next.last_error = Some(reason.clone());
-    Step {
-        from,
-        state: next,
-        actions: vec![Action::Publish {
-            status: CommandStatus::Failed,
-        }],
-        reason,
-        evidence: Value::Null,
-    }
-}
-
-fn confirmed(
-    mut next: CommandState,
-    from: CommandStatus,
-    external_ref: Option<String>,
-    reason: String,
-    evidence: Value,
-) -> Step {
-    next.status = CommandStatus::Confirmed;
-    next.due_at = None;
-    if external_ref.is_some() {
-        next.external_ref = external_ref;
-    }
-    Step {
-        from,
-        state: next,
-        actions: vec![Action::Publish {
-            status: CommandStatus::Confirmed,
-        }],
-        reason,
-        evidence,
-    }
-}
-
-fn dispatched(
-    mut next: CommandState,
-    state: &CommandState,
-    rules: &Rules,
-    outcome: &DispatchOutcome,
-    now: Timestamp,
-    from: CommandStatus,
-) -> Step {
-    match outcome {
-        DispatchOutcome::Committed {
-            external_ref,
-            result,
-        } => {
-            next.result = result.clone();
-            next.last_error = None;
-            let mut step = confirmed(
-                next,
-                from,
-                external_ref.clone(),
-                "upstream committed".into(),
-                Value::Null,
-            );
-            if rules.verify_after_commit && rules.has_status_check {
-                // Upstream lookups can lag their writes: look after the settle interval.
-                step.state.verify_pending = true;
-                step.state.checks = 0;
-                step.state.due_at = Some(now.plus_millis(rules.settle_ms));
-            }
-            step
-        }
-        DispatchOutcome::Refused { reason } => failed(next, from, format!("refused: {reason}")),
-        DispatchOutcome::Ambiguous { reason } => {
-            enter_unknown(&mut next, now);
-            next.last_error = Some(reason.clone());
-            Step {
-                from,
-                state: next,
-                actions: vec![Action::Reconcile],
-                reason: format!("outcome ambiguous: {reason}"),
-                evidence: Value::Null,
-            }
-        }
-        DispatchOutcome::NotSent { reason } => {
-            if state.attempts < rules.max_attempts {
-                next.status = CommandStatus::Pending;
-                next.last_error = Some(reason.clone());
-                // The stale-PENDING sweep republishes it after the backoff, so an upstream
-                // that refuses connections is not hammered in a loop.
-                let delay = rules.backoff_ms(state.attempts.saturating_sub(1));
-                next.due_at = Some(now.plus_millis(delay));
-                Step {
-                    from,
-                    state: next,
-                    actions: vec![],
-                    reason: format!("not sent, will retry: {reason}"),
-                    evidence: Value::Null,
-                }
-            } else {
-                failed(
-                    next,
-                    from,
-                    format!("not sent after {} attempts: {reason}", rules.max_attempts),
-                )
-            }
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn observed(
-    mut next: CommandState,
-    state: &CommandState,
-    rules: &Rules,
-    observation: Observation,
-    external_ref: &Option<String>,
-    evidence: &Value,
-    extra_refs: &[String],
-    now: Timestamp,
-) -> Step {
-    let from = state.status;
-    next.checks = state.checks + 1;
-    match observation {
-        Observation::Present => confirmed(
-            next,
-            from,
-            external_ref.clone(),
-            "status check: present".into(),
-            evidence.clone(),
-        ),
-        Observation::Duplicate => {
-            let step = confirmed(
-                next,
-                from,
-                external_ref.clone(),
-                "status check: duplicate commit".into(),
-                evidence.clone(),
-            );
-            owe_duplicates(step, rules, extra_refs, now)
-        }
-        Observation::Absent => {
-            let redispatch = |mut next: CommandState, reason: String| {
-                if state.attempts < rules.max_attempts {
-                    next.status = CommandStatus::Pending;
-                    next.first_absent_at = None;
-                    next.due_at = Some(now.plus_millis(rules.pending_stale_ms));
-                    Step {
-                        from,
-                        state: next,
-                        actions: vec![Action::Dispatch],
-                        reason,
-                        evidence: evidence.clone(),
-                    }
-                } else {
-                    let mut step = failed(
-                        next,
-                        from,
-                        format!("{reason}; all {} attempts used", rules.max_attempts),
-                    );
-                    step.evidence = evidence.clone();
-                    step
-                }
-            };
-            match rules.semantics {
-                EffectSemantics::Idempotent | EffectSemantics::ObserveOnly => {
-                    redispatch(next, "status check: absent, redispatch".into())
-                }
-                EffectSemantics::NonIdempotent => match (rules.on_absent, state.first_absent_at) {
-                    (OnAbsent::Fail, _) => {
-                        let mut step = failed(
-                            next,
-                            from,
-                            "status check: absent; the tool asks a person to decide (on_absent = fail)"
-                                .into(),
-                        );
-                        step.evidence = evidence.clone();
-                        step
-                    }
-                    (OnAbsent::Redispatch, Some(first))
-                        if now.millis_since(first) >= rules.settle_ms =>
-                    {
-                        redispatch(
-                            next,
-                            format!(
-                                "status check: absent, confirmed {} ms after the first look; redispatch",
-                                now.millis_since(first)
-                            ),
-                        )
-                    }
-                    (OnAbsent::Redispatch, first) => {
-                        let first = first.unwrap_or(now);
-                        next.first_absent_at = Some(first);
-                        next.due_at = Some(first.plus_millis(rules.settle_ms));
-                        Step {
-                            from,
-                            state: next,
-                            actions: vec![],
-                            reason: "status check: absent; look again after the settle interval"
-                                .into(),
-                            evidence: evidence.clone(),
-                        }
-                    }
-                },
-            }
-        }
-        Observation::Inconclusive => {
-            if next.checks >= rules.max_checks {
-                let mut step = stuck(
-                    next,
-                    from,
-                    format!(
-                        "status check inconclusive {} times; a person must decide",
-                        rules.max_checks
-                    ),
-                );
-                step.evidence = evidence.clone();
-                step
-            } else {
-                next.due_at = Some(now.plus_millis(rules.backoff_ms(state.checks)));
-                Step {
-                    from,
-                    state: next,
-                    actions: vec![],
-                    reason: "status check inconclusive; look again later".into(),
-                    evidence: evidence.clone(),
-                }
-            }
-        }
-    }
-}
-
-/// Records the extra commits a `duplicate` observation named as owed clean-up (durable, with a
-/// due time the sweep honours), or escalates when nobody can undo them.
-fn owe_duplicates(mut step: Step, rules: &Rules, extra_refs: &[String], now: Timestamp) -> Step {
-    let undoable = rules.has_compensate && rules.semantics != EffectSemantics::ObserveOnly;
-    if undoable && !extra_refs.is_empty() {
-        step.state.owed_duplicates = extra_refs.to_vec();
-        // Soon: the compensator claims the command (moving this) before it calls; if the
-        // request is lost, the sweep takes the clean-up up from here.
-        step.state.due_at = Some(now.plus_millis(rules.compensation_timeout_ms.min(5_000)));
-        step.actions.insert(0, Action::CompensateDuplicate);
-    } else {
-        step.state.escalated = true;
-        let reason = if undoable {
-            "duplicate commit reported without naming the extra commit"
-        } else {
-            "duplicate commit and no compensate declared"
-        };
-        step.actions.insert(
-            0,
-            Action::Escalate {
-                reason: reason.into(),
-            },
-        );
-    }
-    step
-}
-
-/// A CONFIRMED command's post-commit lookup answered.
-fn verified(
-    mut next: CommandState,
-    state: &CommandState,
-    rules: &Rules,
-    observation: Observation,
-    evidence: &Value,
-    extra_refs: &[String],
-    now: Timestamp,
-) -> Step {
-    let from = state.status;
-    next.checks = state.checks + 1;
-    let step = |next: CommandState, actions: Vec<Action>, reason: &str| Step {
-        from,
-        state: next,
-        actions,
-        reason: reason.to_owned(),
-        evidence: evidence.clone(),
-    };
-    match observation {
-        Observation::Present => {
-            next.verify_pending = false;
-            next.due_at = None;
-            step(next, vec![], "verified: the commit is there once")
-        }
-        Observation::Duplicate => {
-            next.verify_pending = false;
-            next.due_at = None;
-            let verified = step(next, vec![], "verified: duplicate commit");
-            owe_duplicates(verified, rules, extra_refs, now)
-        }
-        Observation::Absent | Observation::Inconclusive if next.checks >= rules.max_checks => {
-            next.verify_pending = false;
-            next.due_at = None;
-            next.escalated = true;
-            let reason = format!(
-                "the commit could not be verified after {} looks ({observation})",
-                rules.max_checks
-            );
-            step(
-                next,
-                vec![Action::Escalate {
-                    reason: reason.clone(),
-                }],
-                &reason,
-            )
-        }
-        Observation::Absent | Observation::Inconclusive => {
-            next.due_at =
-                Some(now.plus_millis(rules.backoff_ms(state.checks).max(rules.settle_ms)));
-            step(next, vec![], "verification: look again later")
-        }
-    }
-}
-
-fn compensated(
-    mut next: CommandState,
-    state: &CommandState,
-    rules: &Rules,
-    outcome: &CompensationOutcome,
-    now: Timestamp,
-    from: CommandStatus,
-) -> Step {
-    let mut info = state.compensation.clone().unwrap_or_else(|| {
-        Box::new(CompensationInfo {
-            started_at: now,
-            ended_at: None,
-            reference: None,
-            detail: None,
-            attempts: 0,
-        })
-    });
-    info.attempts += 1;
-    let evidence = serde_json::to_value(outcome).unwrap_or(Value::Null);
-    let (status, actions, reason) = match outcome {
-        CompensationOutcome::Done { reference } => {
-            info.ended_at = Some(now);
-            info.reference = reference.clone();
-            (
-                CommandStatus::Compensated,
-                vec![Action::Publish {
-                    status: CommandStatus::Compensated,
-                }],
-                "compensated".to_owned(),
-            )
-        }
-        CompensationOutcome::Impossible { reason } => {
-            info.ended_at = Some(now);
-            info.detail = Some(reason.clone());
-            next.escalated = true;
-            (
-                CommandStatus::CompensationFailed,
-                vec![
-                    Action::Escalate {
-                        reason: format!("compensation refused: {reason}"),
-                    },
-                    Action::Publish {
-                        status: CommandStatus::CompensationFailed,
-                    },
-                ],
-                format!("compensation refused: {reason}"),
-            )
-        }
-        CompensationOutcome::Retry { reason } if info.attempts >= rules.max_attempts => {
-            info.ended_at = Some(now);
-            info.detail = Some(reason.clone());
-            next.escalated = true;
-            let why = format!("compensation failed {} times: {reason}", rules.max_attempts);
-            (
-                CommandStatus::CompensationFailed,
-                vec![
-                    Action::Escalate {
-                        reason: why.clone(),
-                    },
-                    Action::Publish {
-                        status: CommandStatus::CompensationFailed,
-                    },
-                ],
-                why,
-            )
-        }
-        CompensationOutcome::Retry { reason } => {
-            info.detail = Some(reason.clone());
-            next.due_at = Some(now.plus_millis(rules.backoff_ms(info.attempts - 1)));
-            next.compensation = Some(info);
-            return Step {
-                from,
-                state: next,
-                actions: vec![],
-                reason: format!("compensation will be retried: {reason}"),
-                evidence,
-            };
-        }
-    };
-    next.status = status;
-    next.due_at = None;
-    next.compensation = Some(info);
-    next.owed_duplicates.clear();
-    Step {
-        from,
-        state: next,
-        actions,
-        reason,
-        evidence,
-    }
-}
-
+#[cfg(test)]
+mod fault_paths;
 #[cfg(test)]
 mod tests;

@@ -85,8 +85,11 @@ pub struct RollbackBegun {
     pub cancelled: usize,
     pub compensating: usize,
     pub no_compensation: usize,
-    /// Commands leased or UNKNOWN at the time: roll back again once they settle.
+    /// Commands in flight at the time (leased, UNKNOWN, retrying after an ambiguous attempt,
+    /// STUCK): marked, so that a commit they turn out to have made is compensated.
     pub in_flight: Vec<String>,
+    /// How many of them were marked.
+    pub marked: usize,
 }
 
 /// The tool of a command, or a reason the command cannot run any more.
@@ -219,19 +222,10 @@ impl Context {
                 }
                 Cas::Conflict(now) => {
                     self.metrics.cas_conflicts.inc();
-                    // A fenced write never retries: the caller's lease is gone for good.
-                    if matches!(event, Event::Dispatched { .. } | Event::ExtendLease { .. }) {
-                        return match now {
-                            Some(now) => Ok(Driven::Refused(
-                                now.clone(),
-                                Refusal::StaleEpoch {
-                                    current: now.epoch(),
-                                    presented: command.epoch(),
-                                },
-                            )),
-                            None => Ok(Driven::Missing),
-                        };
-                    }
+                    // Decided again on the command as it is now: a fenced event (an outcome,
+                    // a compensation's result) is refused by the core if its epoch is gone,
+                    // and applies if only something beside the fence moved (a run rollback's
+                    // mark keeps the lease holder's right to write its outcome).
                     current = now;
                     trusted = true;
                 }
@@ -244,15 +238,16 @@ impl Context {
         })
     }
 
-    /// The state machine rules of a command's tool; a tool gone from the catalog keeps the
-    /// command's own semantics and attempts with no status check or compensate.
+    /// The state machine rules of a command (`machine::Rules::for_command`: the tool's rules
+    /// now, the stricter of its semantics now and the command's stored ones, the command's own
+    /// attempts); a tool gone from the catalog keeps the command's own semantics with no
+    /// status check or compensate.
     pub fn rules_of(&self, command: &Command) -> machine::Rules {
-        let mut rules = match tool_of(&self.catalog, command) {
+        match tool_of(&self.catalog, command) {
             Some(tool) => tool.rules(),
             None => machine::Rules::defaults(command.semantics),
-        };
-        rules.max_attempts = command.max_attempts;
-        rules
+        }
+        .for_command(command.semantics, command.max_attempts)
     }
 
     /// Publishes the work a stored step implies. `CallUpstream` is the dispatcher's own job
@@ -391,7 +386,12 @@ impl Context {
         let commands = self.ledger.list_run(run_id, None).await?;
         let in_flight: Vec<String> = commands
             .iter()
-            .filter(|c| matches!(c.status(), CommandStatus::Leased | CommandStatus::Unknown))
+            .filter(|c| {
+                matches!(
+                    c.status(),
+                    CommandStatus::Leased | CommandStatus::Unknown | CommandStatus::Stuck
+                ) || c.state.outcome_unknown
+            })
             .map(|c| c.command_key.to_string())
             .collect();
         // Recorded and closed in one write: from here on the run takes no new effects.
@@ -423,12 +423,26 @@ impl Context {
         // Last in the journal first, as the compensations will run.
         for command in commands.iter().rev() {
             let event = match command.status() {
+                CommandStatus::Pending | CommandStatus::Approved
+                    if command.state.outcome_unknown =>
+                {
+                    Event::MarkRollback {
+                        operator: operator.clone(),
+                    }
+                }
                 CommandStatus::Scheduled
                 | CommandStatus::Pending
                 | CommandStatus::Blocked
                 | CommandStatus::Approved => Event::Cancel {
                     operator: operator.clone(),
                 },
+                CommandStatus::Leased | CommandStatus::Unknown | CommandStatus::Stuck
+                    if command.semantics != sluice_core::command::EffectSemantics::ObserveOnly =>
+                {
+                    Event::MarkRollback {
+                        operator: operator.clone(),
+                    }
+                }
                 CommandStatus::Confirmed
                     if command.semantics != sluice_core::command::EffectSemantics::ObserveOnly =>
                 {
@@ -448,7 +462,9 @@ impl Context {
                 match command.status() {
                     CommandStatus::Cancelled => begun.cancelled += 1,
                     CommandStatus::Compensating => begun.compensating += 1,
-                    _ => begun.no_compensation += 1,
+                    CommandStatus::NoCompensation => begun.no_compensation += 1,
+                    // Marked in flight: compensated once its outcome is known.
+                    _ => begun.marked += 1,
                 }
                 // Publish the lifecycle events; the compensations run in order in one job.
                 let mut step = step;
@@ -498,13 +514,17 @@ impl Context {
                     },
                 }),
             ),
-            CommandStatus::Confirmed if command.state.verify_pending => (
-                Topic::Unknown,
-                encode(&ReconcileRequest {
-                    run_id: command.run_id.clone(),
-                    command_key: command.command_key.clone(),
-                }),
-            ),
+            CommandStatus::Confirmed | CommandStatus::Failed | CommandStatus::Cancelled
+                if command.state.verify_pending =>
+            {
+                (
+                    Topic::Unknown,
+                    encode(&ReconcileRequest {
+                        run_id: command.run_id.clone(),
+                        command_key: command.command_key.clone(),
+                    }),
+                )
+            }
             CommandStatus::Scheduled
             | CommandStatus::Blocked
             | CommandStatus::Leased

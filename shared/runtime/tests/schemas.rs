@@ -246,9 +246,11 @@ fn every_published_lifecycle_event_matches_its_schema() {
             operator: operator.clone(),
         },
     );
+    let epoch = wire.state.lease.epoch;
     apply(
         &mut wire,
         Event::Compensated {
+            epoch,
             outcome: CompensationOutcome::Done {
                 reference: Some("rev-1".into()),
             },

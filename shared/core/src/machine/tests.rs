@@ -81,6 +81,13 @@ fn samples() -> Vec<(&'static str, Event)> {
         ),
         ("Ext", Event::ExtendLease { epoch }),
         (
+            "Rel",
+            Event::Release {
+                epoch,
+                reason: "lease too short".into(),
+            },
+        ),
+        (
             "Blk",
             Event::Block {
                 reason: "over limit".into(),
@@ -144,6 +151,7 @@ fn samples() -> Vec<(&'static str, Event)> {
                 operator: op("wrong account"),
             },
         ),
+        ("AEx", Event::ApprovalExpired),
         (
             "Can",
             Event::Cancel {
@@ -157,8 +165,15 @@ fn samples() -> Vec<(&'static str, Event)> {
             },
         ),
         (
+            "Mrk",
+            Event::MarkRollback {
+                operator: op("run aborted"),
+            },
+        ),
+        (
             "Cmp",
             Event::Compensated {
+                epoch,
                 outcome: CompensationOutcome::Done {
                     reference: Some("rev-1".into()),
                 },
@@ -167,6 +182,7 @@ fn samples() -> Vec<(&'static str, Event)> {
         (
             "Dst",
             Event::DuplicateSettled {
+                epoch,
                 outcome: CompensationOutcome::Done {
                     reference: Some("rev-2".into()),
                 },
@@ -195,21 +211,21 @@ fn samples() -> Vec<(&'static str, Event)> {
 /// Expected outcome of every (state, event) pair, for a NON_IDEMPOTENT tool with a status
 /// check and a compensate: the next status, `-` for "does not apply", `!` for another refusal.
 const TABLE: &str = "
-                     Due Lse Ext Blk Dny Cmt Ref Amb NoS Exp Pre Abs Dup Inc Rty Giv Apv Rej Can Rbk Cmp Dst Res Rpl
-SCHEDULED            PEN -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -
-PENDING              -   LSD -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -
-BLOCKED              -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   APR CAN CAN -   -   -   -   -
-APPROVED             -   LSD -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -
-LEASED               -   -   LSD BLK FLD CNF FLD UNK PEN UNK -   -   -   -   -   -   -   -   -   -   -   -   -   -
-CONFIRMED            -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMG -   CNF -   -
-FAILED               -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   PEN
-UNKNOWN              -   -   -   -   -   -   -   -   -   -   CNF UNK CNF UNK !   STK -   -   -   -   -   -   -   -
-STUCK                -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CNF PEN
-CANCELLED            -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
-COMPENSATING         -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMD -   -   -
-COMPENSATED          -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
-COMPENSATION_FAILED  -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
-NO_COMPENSATION      -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+                     Due Lse Ext Rel Blk Dny Cmt Ref Amb NoS Exp Pre Abs Dup Inc Rty Giv Apv Rej AEx Can Rbk Mrk Cmp Dst Res Rpl
+SCHEDULED            PEN -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
+PENDING              -   LSD -   -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
+BLOCKED              -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   APR CAN CAN CAN -   -   -   -   -   -
+APPROVED             -   LSD -   -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
+LEASED               -   -   LSD PEN BLK FLD CNF FLD UNK PEN UNK -   -   -   -   -   -   -   -   -   -   -   LSD -   -   -   -
+CONFIRMED            -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMG -   -   CNF -   -
+FAILED               -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   PEN
+UNKNOWN              -   -   -   -   -   -   -   -   -   -   -   CNF UNK CNF UNK !   STK -   -   -   -   -   UNK -   -   -   -
+STUCK                -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   STK -   -   CNF PEN
+CANCELLED            -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+COMPENSATING         -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMD -   -   -
+COMPENSATED          -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+COMPENSATION_FAILED  -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+NO_COMPENSATION      -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
 ";
 
 fn abbreviation(status: CommandStatus) -> &'static str {
@@ -317,17 +333,18 @@ fn a_repeatable_tool_is_leased_by_its_reservation_and_the_lease_lapses_when_a_st
             "the lease-expiry sweep finds it"
         );
 
-        // A dispatcher may call under it while more than the call's timeout is left.
+        // A dispatcher may call under it while more than the call's timeout and the clock
+        // skew bound (500 ms) is left.
         assert!(reservation_lease_usable(&leased, &rules, now()));
         assert!(reservation_lease_usable(
             &leased,
             &rules,
-            now().plus_millis(9_999)
+            now().plus_millis(9_499)
         ));
         assert!(!reservation_lease_usable(
             &leased,
             &rules,
-            now().plus_millis(10_000)
+            now().plus_millis(9_500)
         ));
         // Its outcome is written under the reservation's epoch like any other lease's.
         let outcome = step(
@@ -563,6 +580,7 @@ fn a_duplicate_is_confirmed_and_its_extra_commit_compensated() {
         &with.state,
         &wire_rules(),
         Event::DuplicateSettled {
+            epoch: with.state.lease.epoch,
             outcome: CompensationOutcome::Done {
                 reference: Some("rev-1".into()),
             },
@@ -658,6 +676,7 @@ fn compensation_records_its_end_after_the_handler_and_retries_are_bounded() {
         &started,
         &rules,
         &Event::Compensated {
+            epoch: started.lease.epoch,
             outcome: CompensationOutcome::Done {
                 reference: Some("rev-1".into()),
             },
@@ -669,6 +688,7 @@ fn compensation_records_its_end_after_the_handler_and_retries_are_bounded() {
     assert_eq!((info.started_at, info.ended_at), (now(), Some(ended_at)));
 
     let retry = Event::Compensated {
+        epoch: started.lease.epoch,
         outcome: CompensationOutcome::Retry {
             reason: "503".into(),
         },
@@ -801,7 +821,7 @@ fn a_verified_commit_catches_a_double_commit_behind_a_2xx() {
     assert!(committed.state.verify_pending);
     assert_eq!(
         committed.state.due_at,
-        Some(now().plus_millis(rules.settle_ms))
+        Some(now().plus_millis(rules.verify_after_ms))
     );
     let duplicate = step(
         &committed.state,
@@ -938,7 +958,7 @@ fn arb_event() -> impl Strategy<Value = Event> {
         (epoch.clone(), outcome.clone())
             .prop_map(|(epoch, outcome)| Event::Dispatched { epoch, outcome }),
         // Weight the lease holder's own epoch up so sequences reach the later states.
-        (epoch, outcome).prop_map(|(_, outcome)| Event::Dispatched {
+        (epoch.clone(), outcome).prop_map(|(_, outcome)| Event::Dispatched {
             epoch: LeaseEpoch::new(u64::MAX),
             outcome
         }),
@@ -962,8 +982,16 @@ fn arb_event() -> impl Strategy<Value = Event> {
         arb_operator().prop_map(|operator| Event::Reject { operator }),
         arb_operator().prop_map(|operator| Event::Cancel { operator }),
         arb_operator().prop_map(|operator| Event::Rollback { operator }),
-        arb_compensation().prop_map(|outcome| Event::Compensated { outcome }),
-        arb_compensation().prop_map(|outcome| Event::DuplicateSettled { outcome }),
+        (epoch.clone(), arb_compensation())
+            .prop_map(|(epoch, outcome)| Event::Compensated { epoch, outcome }),
+        (epoch.clone(), arb_compensation())
+            .prop_map(|(epoch, outcome)| Event::DuplicateSettled { epoch, outcome }),
+        epoch.clone().prop_map(|epoch| Event::Release {
+            epoch,
+            reason: "short lease".into()
+        }),
+        Just(Event::ApprovalExpired),
+        arb_operator().prop_map(|operator| Event::MarkRollback { operator }),
         (arb_operator(), any::<bool>(), evidence.clone()).prop_map(|(operator, ok, evidence)| {
             Event::Resolve {
                 operator,
@@ -1013,8 +1041,14 @@ proptest! {
             let result = apply(&state, &rules, &event, clock);
             if let Event::Dispatched { epoch, .. } = &event
                 && *epoch != state.lease.epoch
+                && state.rollback_pending != Some(*epoch)
             {
                 prop_assert!(result.is_err(), "a stale epoch finalized: {event:?}");
+            }
+            if let Event::Compensated { epoch, .. } | Event::DuplicateSettled { epoch, .. } = &event
+                && *epoch != state.lease.epoch
+            {
+                prop_assert!(result.is_err(), "a stale claim wrote a compensation: {event:?}");
             }
             let Ok(step) = result else { continue };
             let (from, to) = (state.status, step.to());
@@ -1025,6 +1059,11 @@ proptest! {
                     Event::Observed { observation: O::Absent, .. }
                 );
                 prop_assert!(absent, "non-idempotent left UNKNOWN for redispatch on {event:?}");
+                prop_assert!(
+                    state.lands_by.is_none_or(|lands_by| lands_by <= clock),
+                    "redispatched before the last attempt could no longer land"
+                );
+                prop_assert!(state.rollback_pending.is_none(), "redispatched in a rolled-back run");
             }
             if rules.semantics == E::ObserveOnly {
                 prop_assert!(!is_compensation_state(to), "observe-only compensated: {to}");
@@ -1035,7 +1074,13 @@ proptest! {
             }
             prop_assert!(step.state.attempts <= rules.max_attempts);
             if from.is_terminal() && to != from {
-                prop_assert!(event.operator().is_some(), "{from} -> {to} without an operator");
+                // Only a person, or the last look at a command decided on absence that finds
+                // it committed after all, moves a terminal command.
+                let last_look = state.verify_pending && matches!(event, Event::Observed { .. });
+                prop_assert!(
+                    event.operator().is_some() || last_look,
+                    "{from} -> {to} without an operator"
+                );
             }
             if let Some(operator) = event.operator() {
                 prop_assert!(!operator.reason.trim().is_empty(), "operator action without reason");
@@ -1051,7 +1096,10 @@ proptest! {
                 prop_assert_eq!(step.state.due_at, None, "terminal command still due");
             }
             if step.state.verify_pending {
-                prop_assert_eq!(to, S::Confirmed, "only a CONFIRMED command is verified");
+                prop_assert!(
+                    matches!(to, S::Confirmed | S::Failed | S::Cancelled),
+                    "only a settled command is verified, not a {}", to
+                );
             }
             if !step.state.owed_duplicates.is_empty() {
                 prop_assert!(
@@ -1059,7 +1107,7 @@ proptest! {
                     "owed clean-up in {}", to
                 );
             }
-            if to == S::Confirmed
+            if matches!(to, S::Confirmed | S::Failed | S::Cancelled)
                 && (step.state.verify_pending || !step.state.owed_duplicates.is_empty())
             {
                 prop_assert!(step.state.due_at.is_some(), "owed work without a due time");

@@ -1,0 +1,538 @@
+//! Tests of the double-commit and wedge paths the fault runner and the code review found, one
+//! or more per path, each deciding in the core what a service used to decide (or not at all):
+//! late commits and lagging lookups, the lease's remaining time, stored against live
+//! semantics, extra commits measured against the recorded one, rollbacks of commands in
+//! flight, approval timeouts and the compensator's fence.
+
+use serde_json::json;
+
+use super::*;
+use crate::command::{CommandState, CommandStatus as S, EffectSemantics as E, Observation as O};
+
+const T0: i64 = 1_000_000;
+
+fn at(ms: i64) -> Timestamp {
+    Timestamp::from_millis(T0 + ms)
+}
+
+fn op(reason: &str) -> Operator {
+    Operator {
+        actor: "alice".into(),
+        reason: reason.into(),
+    }
+}
+
+fn wire_rules() -> Rules {
+    Rules {
+        has_status_check: true,
+        has_compensate: true,
+        settle_ms: 300,
+        late_commit_ms: 2_000,
+        verify_after_ms: 5_000,
+        clock_skew_ms: 100,
+        dispatch_timeout_ms: 1_000,
+        lease_ttl_ms: 3_000,
+        ..Rules::defaults(E::NonIdempotent)
+    }
+}
+
+fn go(state: &CommandState, rules: &Rules, event: Event, now: Timestamp) -> Step {
+    apply(state, rules, &event, now).unwrap_or_else(|refusal| panic!("{event:?}: {refusal}"))
+}
+
+fn leased(rules: &Rules) -> CommandState {
+    let pending = CommandState::reserved(at(0), None, 10_000);
+    go(
+        &pending,
+        rules,
+        Event::Lease {
+            owner: "d-1".into(),
+        },
+        at(0),
+    )
+    .state
+}
+
+fn observed(observation: Observation, primary: Option<&str>, extra: &[&str]) -> Event {
+    Event::Observed {
+        observation,
+        external_ref: primary.map(str::to_owned),
+        evidence: json!({"looked": true}),
+        extra_refs: extra.iter().map(|r| (*r).to_owned()).collect(),
+    }
+}
+
+fn ambiguous(state: &CommandState) -> Event {
+    Event::Dispatched {
+        epoch: state.lease.epoch,
+        outcome: DispatchOutcome::Ambiguous {
+            reason: "timeout".into(),
+        },
+    }
+}
+
+fn committed(state: &CommandState, reference: &str) -> Event {
+    Event::Dispatched {
+        epoch: state.lease.epoch,
+        outcome: DispatchOutcome::Committed {
+            external_ref: Some(reference.into()),
+            result: None,
+        },
+    }
+}
+
+/// The bank kept working after the client gave up: two `absent` looks, a settle interval
+/// apart but both before the late attempt could land, used to redispatch the wire.
+#[test]
+fn an_absent_before_the_last_attempt_can_land_proves_nothing() {
+    let rules = wire_rules();
+    let leased = leased(&rules);
+    let unknown = go(&leased, &rules, ambiguous(&leased), at(1_000)).state;
+    // The call ended at 1 s; it may land until 1 s + 2 s late + 0.1 s skew.
+    assert_eq!(unknown.lands_by, Some(at(3_100)));
+
+    let early = go(&unknown, &rules, observed(O::Absent, None, &[]), at(1_050));
+    assert_eq!(early.to(), S::Unknown);
+    assert_eq!(early.state.first_absent_at, None, "too early to count");
+    assert_eq!(
+        early.state.due_at,
+        Some(at(3_100)),
+        "looked at again at the horizon"
+    );
+    let still = go(
+        &early.state,
+        &rules,
+        observed(O::Absent, None, &[]),
+        at(1_400),
+    );
+    assert_eq!(
+        still.to(),
+        S::Unknown,
+        "a settle interval apart is not enough"
+    );
+    assert_eq!(still.state.first_absent_at, None);
+
+    let first = go(
+        &still.state,
+        &rules,
+        observed(O::Absent, None, &[]),
+        at(3_100),
+    );
+    assert_eq!(first.to(), S::Unknown);
+    assert_eq!(first.state.first_absent_at, Some(at(3_100)));
+    let second = go(
+        &first.state,
+        &rules,
+        observed(O::Absent, None, &[]),
+        at(3_400),
+    );
+    assert_eq!(
+        second.to(),
+        S::Pending,
+        "absent twice after the horizon: redispatch"
+    );
+    assert_eq!(second.actions, vec![Action::Dispatch]);
+}
+
+#[test]
+fn a_lapsed_lease_may_still_land_until_the_horizon_after_its_expiry() {
+    let rules = wire_rules();
+    let leased = leased(&rules);
+    let expiry = leased.lease.expires_at.expect("leased");
+    let unknown = go(&leased, &rules, Event::LeaseExpired, expiry.plus_millis(10)).state;
+    assert_eq!(
+        unknown.lands_by,
+        Some(expiry.plus_millis(10 + 2_000 + 100)),
+        "measured from when the expiry was noticed, which is later than the call's end"
+    );
+}
+
+/// A redispatched wire whose first attempt landed after all, seen only by a later look (the
+/// lookups lag the commits by more than the settle interval).
+#[test]
+fn a_redispatched_commit_is_looked_up_again_and_a_late_duplicate_compensated() {
+    let rules = wire_rules();
+    let mut state = leased(&rules);
+    state.attempts = 2; // the second attempt, after an ambiguous first
+    state.ambiguous_before = true;
+    let confirmed = go(&state, &rules, committed(&state, "w-2"), at(500));
+    assert_eq!(confirmed.to(), S::Confirmed);
+    assert!(confirmed.state.verify_pending, "went through a redispatch");
+    assert_eq!(confirmed.state.due_at, Some(at(5_500)));
+
+    // The late first attempt (w-1) is the upstream's primary; the command's own is w-2.
+    let found = go(
+        &confirmed.state,
+        &rules,
+        observed(O::Duplicate, Some("w-1"), &["w-2"]),
+        at(5_500),
+    );
+    assert_eq!(found.to(), S::Confirmed);
+    assert_eq!(found.state.external_ref.as_deref(), Some("w-2"));
+    assert_eq!(
+        found.state.owed_duplicates,
+        vec!["w-1".to_owned()],
+        "the extra commit is the one that is not the command's own recorded commit"
+    );
+    assert_eq!(found.actions[0], Action::CompensateDuplicate);
+}
+
+/// Review path 5: verify-after-commit computed the extra commits against the status check's
+/// reference, so it could reverse the command's own recorded commit.
+#[test]
+fn verification_never_reverses_the_commands_own_recorded_commit() {
+    let rules = Rules {
+        verify_after_commit: true,
+        ..wire_rules()
+    };
+    let mut state = CommandState::reserved(at(0), None, 10_000);
+    state.status = S::Confirmed;
+    state.external_ref = Some("w-own".into());
+    state.verify_pending = true;
+    state.due_at = Some(at(0));
+    let found = go(
+        &state,
+        &rules,
+        observed(O::Duplicate, Some("w-other"), &["w-own"]),
+        at(0),
+    );
+    assert_eq!(found.state.owed_duplicates, vec!["w-other".to_owned()]);
+    assert_eq!(found.state.external_ref.as_deref(), Some("w-own"));
+
+    // A check that does not show the recorded commit at all contradicts the ledger: a person.
+    let contradicted = go(
+        &state,
+        &rules,
+        observed(O::Present, Some("w-x"), &[]),
+        at(0),
+    );
+    assert!(contradicted.state.escalated);
+    assert!(contradicted.state.owed_duplicates.is_empty());
+}
+
+#[test]
+fn a_command_failed_on_absence_is_looked_up_again_and_a_late_commit_undone() {
+    let rules = Rules {
+        on_absent: OnAbsent::Fail,
+        ..wire_rules()
+    };
+    let leased = leased(&rules);
+    let unknown = go(&leased, &rules, ambiguous(&leased), at(1_000)).state;
+    let failed = go(&unknown, &rules, observed(O::Absent, None, &[]), at(3_100));
+    assert_eq!(failed.to(), S::Failed);
+    assert!(failed.state.verify_pending);
+    assert_eq!(failed.state.due_at, Some(at(8_100)));
+    // A person may replay it before its last look: the replay's commit is then looked up
+    // once more, so a late earlier commit is still found.
+    let replayed = go(
+        &failed.state,
+        &rules,
+        Event::Replay {
+            operator: op("try again"),
+            evidence: None,
+        },
+        at(4_000),
+    )
+    .state;
+    let released = go(
+        &replayed,
+        &rules,
+        Event::Lease {
+            owner: "d-2".into(),
+        },
+        at(4_000),
+    )
+    .state;
+    let again = go(&released, &rules, committed(&released, "w-2"), at(4_500));
+    assert!(again.state.verify_pending);
+
+    let landed = go(
+        &failed.state,
+        &rules,
+        observed(O::Present, Some("w-late"), &[]),
+        at(8_100),
+    );
+    assert_eq!(landed.to(), S::Compensating);
+    assert_eq!(landed.state.external_ref.as_deref(), Some("w-late"));
+    assert_eq!(landed.actions, vec![Action::Compensate]);
+
+    let nothing = go(
+        &failed.state,
+        &rules,
+        observed(O::Absent, None, &[]),
+        at(8_100),
+    );
+    assert_eq!(nothing.to(), S::Failed);
+    assert!(!nothing.state.verify_pending);
+    assert_eq!(nothing.state.due_at, None);
+
+    let no_undo = Rules {
+        has_compensate: false,
+        ..rules
+    };
+    let escalated = go(
+        &failed.state,
+        &no_undo,
+        observed(O::Present, Some("w-late"), &[]),
+        at(8_100),
+    );
+    assert_eq!(escalated.to(), S::NoCompensation);
+    assert!(escalated.state.escalated);
+}
+
+/// Review path 3: a lease with less left than the whole call is not used; it is given back.
+#[test]
+fn a_lease_is_used_only_while_the_whole_call_fits_in_it() {
+    let rules = wire_rules();
+    let leased = leased(&rules);
+    // TTL 3 s; the call needs 1 s + 0.1 s skew.
+    assert!(lease_usable(&leased, &rules, at(1_899)));
+    assert!(!lease_usable(&leased, &rules, at(1_900)));
+    let released = go(
+        &leased,
+        &rules,
+        Event::Release {
+            epoch: leased.lease.epoch,
+            reason: "slow lease write".into(),
+        },
+        at(2_000),
+    );
+    assert_eq!(released.to(), S::Pending);
+    assert_eq!(released.state.attempts, 0, "nothing was sent");
+    assert_eq!(released.state.lease.owner, None);
+    assert_eq!(released.actions, vec![Action::Dispatch]);
+}
+
+/// Review path 4: a tool whose semantics changed in the catalog strands nothing.
+#[test]
+fn a_command_is_decided_by_the_stricter_of_its_stored_and_the_live_semantics() {
+    let live_idempotent = Rules::defaults(E::Idempotent);
+    let kept = live_idempotent.for_command(E::NonIdempotent, 4);
+    assert_eq!(kept.semantics, E::NonIdempotent, "the settle rule is kept");
+    assert_eq!(kept.max_attempts, 4);
+    let live_non = Rules::defaults(E::NonIdempotent).for_command(E::Idempotent, 3);
+    assert_eq!(live_non.semantics, E::NonIdempotent);
+
+    // An UNKNOWN command of a tool without a status check that is now NON_IDEMPOTENT goes to a
+    // person (it used to be offered a blind retry the machine refused, and looped).
+    let mut unknown = CommandState::reserved(at(0), None, 10_000);
+    unknown.status = S::Unknown;
+    let look = look_for(&unknown, &live_non, true);
+    let Look::GiveUp(reason) = look else {
+        panic!("expected a person, got {look:?}");
+    };
+    let stuck = go(&unknown, &live_non, Event::GiveUp { reason }, at(0));
+    assert_eq!(stuck.to(), S::Stuck);
+    assert_eq!(
+        look_for(&unknown, &Rules::defaults(E::Idempotent), true),
+        Look::RetrySameKey
+    );
+    assert!(matches!(
+        look_for(&unknown, &live_non, false),
+        Look::GiveUp(_)
+    ));
+}
+
+/// Review path 7: a rollback found the wire in flight; it committed afterwards.
+#[test]
+fn a_rollback_marks_commands_in_flight_and_their_commit_is_undone() {
+    let rules = wire_rules();
+    let leased = leased(&rules);
+    let holder = leased.lease.epoch;
+    let marked = go(
+        &leased,
+        &rules,
+        Event::MarkRollback {
+            operator: op("run aborted"),
+        },
+        at(100),
+    );
+    assert_eq!(marked.to(), S::Leased);
+    assert_eq!(marked.state.rollback_pending, Some(holder));
+    assert!(
+        marked.state.lease.epoch > holder,
+        "a look begun before is fenced"
+    );
+
+    // The holder's outcome is still its to write, and a commit is undone, not confirmed.
+    let undone = go(&marked.state, &rules, committed(&leased, "w-1"), at(500));
+    assert_eq!(undone.to(), S::Compensating);
+    assert_eq!(undone.state.external_ref.as_deref(), Some("w-1"));
+    assert_eq!(undone.actions, vec![Action::Compensate]);
+    assert_eq!(undone.state.rollback_pending, None);
+
+    // An older epoch than the holder's is still fenced out.
+    let mut older = leased.clone();
+    older.lease.epoch = LeaseEpoch::new(holder.get() - 1);
+    assert!(matches!(
+        apply(&marked.state, &rules, &committed(&older, "w-0"), at(500)),
+        Err(Refusal::StaleEpoch { .. })
+    ));
+
+    // Ambiguous under the mark: UNKNOWN, and an absence (after the horizon) cancels it rather
+    // than dispatching it again.
+    let unknown = go(&marked.state, &rules, ambiguous(&leased), at(1_000)).state;
+    let first = go(&unknown, &rules, observed(O::Absent, None, &[]), at(3_100));
+    let second = go(
+        &first.state,
+        &rules,
+        observed(O::Absent, None, &[]),
+        at(3_400),
+    );
+    assert_eq!(second.to(), S::Cancelled);
+    assert!(
+        second.state.verify_pending,
+        "a commit that shows up later is undone"
+    );
+    let present = go(
+        &unknown,
+        &rules,
+        observed(O::Present, Some("w-1"), &[]),
+        at(1_500),
+    );
+    assert_eq!(present.to(), S::Compensating);
+}
+
+#[test]
+fn compensations_are_last_in_first_out_and_wait_for_commands_in_flight() {
+    let mut first = CommandState::reserved(at(0), None, 10_000);
+    first.status = S::Compensating;
+    let mut second = first.clone();
+    second.status = S::Leased;
+    second.rollback_pending = Some(LeaseEpoch::new(1));
+    let mut third = first.clone();
+    third.status = S::Compensated;
+    let run = vec![first.clone(), second.clone(), third];
+    assert_eq!(
+        next_to_compensate(&run, |s| s),
+        None,
+        "the first waits for the second, in flight"
+    );
+    second.status = S::Compensating;
+    second.rollback_pending = None;
+    let run = vec![first, second];
+    assert_eq!(
+        next_to_compensate(&run, |s| s),
+        Some(1),
+        "the later one first"
+    );
+}
+
+#[test]
+fn a_retry_with_the_same_key_is_in_flight_not_waiting_to_start() {
+    let rules = Rules {
+        max_attempts: 2,
+        ..Rules::defaults(E::Idempotent)
+    };
+    let leased = leased(&rules);
+    let unknown = go(&leased, &rules, ambiguous(&leased), at(1_000)).state;
+    let retry = go(&unknown, &rules, Event::RetrySameKey, at(1_000)).state;
+    assert_eq!(retry.status, S::Pending);
+    assert!(retry.outcome_unknown);
+    assert_eq!(
+        apply(
+            &retry,
+            &rules,
+            &Event::Cancel {
+                operator: op("not needed")
+            },
+            at(1_100)
+        ),
+        Err(Refusal::OutcomeUnknown),
+        "the first attempt may have committed"
+    );
+    let again = go(
+        &retry,
+        &rules,
+        Event::Lease {
+            owner: "d-2".into(),
+        },
+        at(2_000),
+    )
+    .state;
+    let not_sent = go(
+        &again,
+        &rules,
+        Event::Dispatched {
+            epoch: again.lease.epoch,
+            outcome: DispatchOutcome::NotSent {
+                reason: "connection refused".into(),
+            },
+        },
+        at(2_100),
+    );
+    assert_eq!(
+        not_sent.to(),
+        S::Stuck,
+        "attempts used, the first one's outcome still unknown: a person, not FAILED"
+    );
+}
+
+/// Review path 8: an approval gate waits only so long.
+#[test]
+fn a_blocked_command_is_cancelled_and_escalated_when_nobody_approves_in_time() {
+    let rules = Rules {
+        approval_timeout_ms: 60_000,
+        ..wire_rules()
+    };
+    let pending = CommandState::reserved(at(0), None, 10_000);
+    let blocked = go(
+        &pending,
+        &rules,
+        Event::Block {
+            reason: "over limit".into(),
+            epoch: None,
+        },
+        at(0),
+    );
+    assert_eq!(blocked.state.due_at, Some(at(60_000)));
+    assert_eq!(
+        apply(&blocked.state, &rules, &Event::ApprovalExpired, at(59_999)),
+        Err(Refusal::NotYetDue { due_at: at(60_000) })
+    );
+    let expired = go(&blocked.state, &rules, Event::ApprovalExpired, at(60_000));
+    assert_eq!(expired.to(), S::Cancelled);
+    assert!(expired.state.escalated);
+    assert!(expired.actions.contains(&Action::Publish {
+        status: S::Cancelled
+    }));
+}
+
+/// Review path 2: a compensator whose claim lapsed cannot write over the one that took over,
+/// nor spend its attempts.
+#[test]
+fn a_compensation_result_is_fenced_by_the_claim_it_was_made_under() {
+    let rules = wire_rules();
+    let mut state = CommandState::reserved(at(0), None, 10_000);
+    state.status = S::Compensating;
+    state.lease.epoch = LeaseEpoch::new(7);
+    state.compensation = Some(Box::new(crate::command::CompensationInfo {
+        started_at: at(0),
+        ended_at: None,
+        reference: None,
+        detail: None,
+        attempts: 0,
+    }));
+    let stale = Event::Compensated {
+        epoch: LeaseEpoch::new(6),
+        outcome: CompensationOutcome::Retry {
+            reason: "503".into(),
+        },
+    };
+    assert!(matches!(
+        apply(&state, &rules, &stale, at(10)),
+        Err(Refusal::StaleEpoch { .. })
+    ));
+    let current = go(
+        &state,
+        &rules,
+        Event::Compensated {
+            epoch: LeaseEpoch::new(7),
+            outcome: CompensationOutcome::Done {
+                reference: Some("rev-1".into()),
+            },
+        },
+        at(10),
+    );
+    assert_eq!(current.to(), S::Compensated);
+}

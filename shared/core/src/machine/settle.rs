@@ -1,0 +1,816 @@
+//! The outcomes the state machine settles a command into: what a dispatch, a status check, a
+//! verification or a compensation decides, and the shared shapes of the terminal steps.
+//!
+//! **Late commits.** An upstream keeps working after the client gave up, and its lookups can
+//! lag its writes. So an `absent` observation proves nothing until the last attempt can no
+//! longer land (`lands_by`: the call's end, plus the tool's `late_commit_ms`, plus the
+//! clock-skew bound); and a NON_IDEMPOTENT command that went through UNKNOWN or was
+//! redispatched is looked up once more `verify_after_ms` after it settled. A commit found then
+//! that should not be there (a duplicate, or a commit of a command FAILED or CANCELLED on
+//! `absent` evidence) is compensated, or escalated to a person when the tool cannot
+//! compensate: never left standing silently.
+//!
+//! **Rollback in flight.** A command the run's rollback found in flight carries
+//! `rollback_pending`: a commit it turns out to have made is undone (COMPENSATING, or
+//! NO_COMPENSATION escalated), and nothing is dispatched for it afresh.
+
+use serde_json::Value;
+
+use super::{Action, CompensationOutcome, DispatchOutcome, OnAbsent, Refusal, Rules, Step};
+use crate::command::{CommandState, CommandStatus, CompensationInfo, EffectSemantics};
+use crate::command::{Lease, Observation};
+use crate::ids::LeaseEpoch;
+use crate::time::Timestamp;
+
+pub(super) fn check_epoch(state: &CommandState, presented: LeaseEpoch) -> Result<(), Refusal> {
+    if presented == state.lease.epoch {
+        Ok(())
+    } else {
+        Err(Refusal::StaleEpoch {
+            current: state.lease.epoch,
+            presented,
+        })
+    }
+}
+
+/// The lease holder's fence: the current epoch, or the one a run rollback found the command
+/// leased under (the mark moved the epoch on without taking the lease from its holder).
+pub(super) fn check_holder(state: &CommandState, presented: LeaseEpoch) -> Result<(), Refusal> {
+    if state.rollback_pending == Some(presented) {
+        return Ok(());
+    }
+    check_epoch(state, presented)
+}
+
+/// The lease after release: no holder, and the epoch kept so older holders stay fenced out.
+pub(super) fn released(lease: &Lease) -> Lease {
+    Lease {
+        epoch: lease.epoch,
+        owner: None,
+        expires_at: None,
+    }
+}
+
+/// UNKNOWN after an attempt whose call ended by `ended_by`: looked at now, and its `absent`
+/// trusted only once the attempt can no longer land.
+pub(super) fn enter_unknown(
+    next: &mut CommandState,
+    rules: &Rules,
+    ended_by: Timestamp,
+    now: Timestamp,
+) {
+    next.status = CommandStatus::Unknown;
+    next.ambiguous_before = true;
+    next.checks = 0;
+    next.first_absent_at = None;
+    next.lands_by =
+        Some(ended_by.plus_millis(rules.late_commit_ms.saturating_add(rules.clock_skew_ms)));
+    next.due_at = Some(now);
+}
+
+pub(super) fn is_empty_evidence(evidence: &Value) -> bool {
+    match evidence {
+        Value::Null => true,
+        Value::String(text) => text.trim().is_empty(),
+        Value::Object(map) => map.is_empty(),
+        Value::Array(items) => items.is_empty(),
+        Value::Bool(_) | Value::Number(_) => false,
+    }
+}
+
+pub(super) fn stuck(mut next: CommandState, from: CommandStatus, reason: String) -> Step {
+    next.status = CommandStatus::Stuck;
+    next.escalated = true;
+    next.due_at = None;
+    next.lands_by = None;
+    Step {
+        from,
+        state: next,
+        actions: vec![
+            Action::Escalate {
+                reason: reason.clone(),
+            },
+            Action::Publish {
+                status: CommandStatus::Stuck,
+            },
+        ],
+        reason,
+        evidence: Value::Null,
+    }
+}
+
+pub(super) fn cancelled(
+    next: CommandState,
+    from: CommandStatus,
+    operator: &super::Operator,
+) -> Step {
+    cancelled_unsent(next, from, operator.reason.clone())
+}
+
+/// CANCELLED: nothing of it was sent (or what was sent is known not to have committed).
+pub(super) fn cancelled_unsent(
+    mut next: CommandState,
+    from: CommandStatus,
+    reason: String,
+) -> Step {
+    next.status = CommandStatus::Cancelled;
+    next.due_at = None;
+    next.lands_by = None;
+    Step {
+        from,
+        state: next,
+        actions: vec![Action::Publish {
+            status: CommandStatus::Cancelled,
+        }],
+        reason,
+        evidence: Value::Null,
+    }
+}
+
+pub(super) fn failed(mut next: CommandState, from: CommandStatus, reason: String) -> Step {
+    next.status = CommandStatus::Failed;
+    next.due_at = None;
+    next.lands_by = None;
+    next.last_error = Some(reason.clone());
+    Step {
+        from,
+        state: next,
+        actions: vec![Action::Publish {
+            status: CommandStatus::Failed,
+        }],
+        reason,
+        evidence: Value::Null,
+    }
+}
+
+fn confirmed(
+    mut next: CommandState,
+    from: CommandStatus,
+    external_ref: Option<String>,
+    reason: String,
+    evidence: Value,
+) -> Step {
+    next.status = CommandStatus::Confirmed;
+    next.due_at = None;
+    next.lands_by = None;
+    next.outcome_unknown = false;
+    if external_ref.is_some() {
+        next.external_ref = external_ref;
+    }
+    Step {
+        from,
+        state: next,
+        actions: vec![Action::Publish {
+            status: CommandStatus::Confirmed,
+        }],
+        reason,
+        evidence,
+    }
+}
+
+/// Owes the command a last look `verify_after_ms` from now, where the tool can look.
+fn owe_verification(step: &mut Step, rules: &Rules, now: Timestamp) {
+    if rules.has_status_check {
+        step.state.verify_pending = true;
+        step.state.checks = 0;
+        step.state.due_at = Some(now.plus_millis(rules.verify_after_ms));
+    }
+}
+
+/// A commit that must not stand (the run was rolled back, or the command was decided FAILED
+/// or CANCELLED before it showed): COMPENSATING, with `extra_refs` owed too, or
+/// NO_COMPENSATION escalated when the tool cannot undo it.
+pub(super) fn undo_commit(
+    mut next: CommandState,
+    from: CommandStatus,
+    rules: &Rules,
+    extra_refs: &[String],
+    reason: String,
+    now: Timestamp,
+) -> Step {
+    next.rollback_pending = None;
+    next.verify_pending = false;
+    next.outcome_unknown = false;
+    next.lands_by = None;
+    if rules.has_compensate && rules.semantics != EffectSemantics::ObserveOnly {
+        next.status = CommandStatus::Compensating;
+        next.owed_duplicates = extra_refs.to_vec();
+        next.compensation = Some(Box::new(CompensationInfo {
+            started_at: now,
+            ended_at: None,
+            reference: None,
+            detail: None,
+            attempts: 0,
+        }));
+        next.due_at = Some(now.plus_millis(rules.compensation_timeout_ms));
+        Step {
+            from,
+            state: next,
+            actions: vec![Action::Compensate],
+            reason,
+            evidence: Value::Null,
+        }
+    } else {
+        next.status = CommandStatus::NoCompensation;
+        next.escalated = true;
+        next.due_at = None;
+        let why = format!("{reason}; the tool declares no compensate");
+        Step {
+            from,
+            state: next,
+            actions: vec![
+                Action::Escalate {
+                    reason: why.clone(),
+                },
+                Action::Publish {
+                    status: CommandStatus::NoCompensation,
+                },
+            ],
+            reason: why,
+            evidence: Value::Null,
+        }
+    }
+}
+
+/// A commit is known: CONFIRMED, or undone when the run was rolled back meanwhile.
+#[allow(clippy::too_many_arguments)]
+fn committed(
+    next: CommandState,
+    state: &CommandState,
+    rules: &Rules,
+    external_ref: Option<String>,
+    extra_refs: &[String],
+    reason: String,
+    evidence: Value,
+    now: Timestamp,
+) -> Step {
+    if state.rollback_pending.is_some() {
+        let mut next = next;
+        if external_ref.is_some() {
+            next.external_ref = external_ref;
+        }
+        let mut step = undo_commit(
+            next,
+            state.status,
+            rules,
+            extra_refs,
+            format!("{reason}; the run was rolled back meanwhile: undo it"),
+            now,
+        );
+        step.evidence = evidence;
+        return step;
+    }
+    let step = confirmed(next, state.status, external_ref, reason, evidence);
+    if extra_refs.is_empty() {
+        step
+    } else {
+        owe_duplicates(step, rules, extra_refs, now)
+    }
+}
+
+/// The commits other than the command's own among what a status check reported (`primary`
+/// first, then `extra_refs`). The command's own commit is its recorded `external_ref`, else the
+/// status check's primary reference. `Err`: the check does not show the recorded commit.
+fn others_than_own(
+    state: &CommandState,
+    primary: &Option<String>,
+    extra_refs: &[String],
+) -> Result<(Option<String>, Vec<String>), String> {
+    let seen: Vec<&String> = primary.iter().chain(extra_refs).collect();
+    let own = match &state.external_ref {
+        Some(own) => {
+            if !seen.is_empty() && !seen.contains(&own) {
+                return Err(format!(
+                    "the status check shows commits {seen:?} but not the recorded {own}"
+                ));
+            }
+            own.clone()
+        }
+        None => match primary {
+            Some(primary) => primary.clone(),
+            None => return Ok((None, extra_refs.to_vec())),
+        },
+    };
+    let mut others = Vec::new();
+    for reference in seen {
+        if *reference != own && !others.contains(reference) {
+            others.push(reference.clone());
+        }
+    }
+    Ok((Some(own), others))
+}
+
+pub(super) fn dispatched(
+    mut next: CommandState,
+    state: &CommandState,
+    rules: &Rules,
+    outcome: &DispatchOutcome,
+    now: Timestamp,
+    from: CommandStatus,
+) -> Step {
+    match outcome {
+        DispatchOutcome::Committed {
+            external_ref,
+            result,
+        } => {
+            next.result = result.clone();
+            next.last_error = None;
+            let mut step = committed(
+                next,
+                state,
+                rules,
+                external_ref.clone(),
+                &[],
+                "upstream committed".into(),
+                Value::Null,
+                now,
+            );
+            // A NON_IDEMPOTENT command redispatched (or replayed) after an ambiguous attempt
+            // may have that attempt land late, or have been redispatched on a lookup that
+            // lagged; the tool may also ask for every commit to be looked up once more.
+            let redispatched =
+                rules.semantics == EffectSemantics::NonIdempotent && state.ambiguous_before;
+            if step.state.status == CommandStatus::Confirmed
+                && (redispatched || rules.verify_after_commit)
+            {
+                owe_verification(&mut step, rules, now);
+            }
+            step
+        }
+        DispatchOutcome::Refused { reason } if state.outcome_unknown => {
+            // The earlier attempt's outcome is still unknown; a refusal of this one says
+            // nothing about it.
+            stuck(
+                next,
+                from,
+                format!("refused ({reason}) after an earlier attempt with an unknown outcome"),
+            )
+        }
+        DispatchOutcome::Refused { reason } => {
+            next.rollback_pending = None;
+            failed(next, from, format!("refused: {reason}"))
+        }
+        DispatchOutcome::Ambiguous { reason } => {
+            // The call has ended (its answer, or its timeout, is here): it may still land
+            // until the horizon after now.
+            enter_unknown(&mut next, rules, now, now);
+            next.last_error = Some(reason.clone());
+            Step {
+                from,
+                state: next,
+                actions: vec![Action::Reconcile],
+                reason: format!("outcome ambiguous: {reason}"),
+                evidence: Value::Null,
+            }
+        }
+        DispatchOutcome::NotSent { reason }
+            if state.rollback_pending.is_some() && !state.outcome_unknown =>
+        {
+            next.rollback_pending = None;
+            cancelled_unsent(
+                next,
+                from,
+                format!("run rolled back; the call was not sent: {reason}"),
+            )
+        }
+        DispatchOutcome::NotSent { reason } => {
+            if state.attempts < rules.max_attempts {
+                next.status = CommandStatus::Pending;
+                next.last_error = Some(reason.clone());
+                // The stale-PENDING sweep republishes it after the backoff, so an upstream
+                // that refuses connections is not hammered in a loop.
+                let delay = rules.backoff_ms(state.attempts.saturating_sub(1));
+                next.due_at = Some(now.plus_millis(delay));
+                Step {
+                    from,
+                    state: next,
+                    actions: vec![],
+                    reason: format!("not sent, will retry: {reason}"),
+                    evidence: Value::Null,
+                }
+            } else if state.outcome_unknown {
+                stuck(
+                    next,
+                    from,
+                    format!(
+                        "not sent after {} attempts, and an earlier attempt's outcome is unknown: {reason}",
+                        rules.max_attempts
+                    ),
+                )
+            } else {
+                failed(
+                    next,
+                    from,
+                    format!("not sent after {} attempts: {reason}", rules.max_attempts),
+                )
+            }
+        }
+    }
+}
+
+/// What an `absent` observation of an UNKNOWN command decides: a redispatch, a final FAILED
+/// or CANCELLED (then owing a last look), or another look later.
+fn absent(
+    mut next: CommandState,
+    state: &CommandState,
+    rules: &Rules,
+    evidence: &Value,
+    now: Timestamp,
+) -> Step {
+    let from = state.status;
+    let later = |mut next: CommandState, due: Timestamp, reason: String| {
+        next.due_at = Some(due);
+        Step {
+            from,
+            state: next,
+            actions: vec![],
+            reason,
+            evidence: evidence.clone(),
+        }
+    };
+    let non_idempotent = rules.semantics == EffectSemantics::NonIdempotent;
+    // Absence counts only once the last attempt can no longer land — for any decision that
+    // is final or sends a NON_IDEMPOTENT effect again. (A same-key retry of an IDEMPOTENT
+    // tool is safe at any time.)
+    let final_or_risky =
+        non_idempotent || state.rollback_pending.is_some() || state.attempts >= rules.max_attempts;
+    if final_or_risky && let Some(lands_by) = state.lands_by.filter(|at| *at > now) {
+        next.first_absent_at = None;
+        return later(
+            next,
+            lands_by,
+            format!(
+                "status check: absent, but the last attempt may still land until {lands_by}; look again then"
+            ),
+        );
+    }
+    // A NON_IDEMPOTENT absence must hold over the settle interval (lookups lag writes).
+    let settled = match state.first_absent_at {
+        Some(first) => now.millis_since(first) >= rules.settle_ms,
+        None => false,
+    };
+    let decide_now = !non_idempotent || settled || rules.on_absent == OnAbsent::Fail;
+    if !decide_now {
+        let first = state.first_absent_at.unwrap_or(now);
+        next.first_absent_at = Some(first);
+        return later(
+            next,
+            first.plus_millis(rules.settle_ms),
+            "status check: absent; look again after the settle interval".into(),
+        );
+    }
+    let looked = match state.first_absent_at {
+        Some(first) => format!(
+            "status check: absent, confirmed {} ms after the first look",
+            now.millis_since(first)
+        ),
+        None => "status check: absent".to_owned(),
+    };
+    next.first_absent_at = None;
+    let mut step = if state.rollback_pending.is_some() {
+        next.rollback_pending = None;
+        cancelled_unsent(next, from, format!("{looked}; the run was rolled back"))
+    } else if non_idempotent && rules.on_absent == OnAbsent::Fail {
+        failed(
+            next,
+            from,
+            format!("{looked}; the tool asks a person to decide (on_absent = fail)"),
+        )
+    } else if state.attempts < rules.max_attempts {
+        next.status = CommandStatus::Pending;
+        next.lands_by = None;
+        next.outcome_unknown = false;
+        next.due_at = Some(now.plus_millis(rules.pending_stale_ms));
+        return Step {
+            from,
+            state: next,
+            actions: vec![Action::Dispatch],
+            reason: format!("{looked}; redispatch"),
+            evidence: evidence.clone(),
+        };
+    } else {
+        failed(
+            next,
+            from,
+            format!("{looked}; all {} attempts used", rules.max_attempts),
+        )
+    };
+    step.evidence = evidence.clone();
+    if non_idempotent {
+        // Decided on absence: a commit that shows up later is not left standing.
+        owe_verification(&mut step, rules, now);
+    }
+    step
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn observed(
+    mut next: CommandState,
+    state: &CommandState,
+    rules: &Rules,
+    observation: Observation,
+    external_ref: &Option<String>,
+    evidence: &Value,
+    extra_refs: &[String],
+    now: Timestamp,
+) -> Step {
+    let from = state.status;
+    next.checks = state.checks + 1;
+    let non_idempotent = rules.semantics == EffectSemantics::NonIdempotent;
+    match observation {
+        Observation::Present | Observation::Duplicate => {
+            let (own, others) = match others_than_own(state, external_ref, extra_refs) {
+                Ok(split) => split,
+                Err(why) => {
+                    let mut step = stuck(next, from, why);
+                    step.evidence = evidence.clone();
+                    return step;
+                }
+            };
+            let reason = match observation {
+                Observation::Duplicate => "status check: duplicate commit",
+                _ => "status check: present",
+            };
+            if observation == Observation::Duplicate && others.is_empty() {
+                // A duplicate without naming the extra commit: nobody can undo it blindly.
+                let step = committed(
+                    next,
+                    state,
+                    rules,
+                    own,
+                    &[],
+                    reason.into(),
+                    evidence.clone(),
+                    now,
+                );
+                return owe_duplicates(step, rules, &[], now);
+            }
+            let mut step = committed(
+                next,
+                state,
+                rules,
+                own,
+                &others,
+                reason.into(),
+                evidence.clone(),
+                now,
+            );
+            if non_idempotent
+                && step.state.status == CommandStatus::Confirmed
+                && step.state.owed_duplicates.is_empty()
+                && !step.state.escalated
+            {
+                // Went through UNKNOWN: an attempt may still show up late.
+                owe_verification(&mut step, rules, now);
+            }
+            step
+        }
+        Observation::Absent => absent(next, state, rules, evidence, now),
+        Observation::Inconclusive => {
+            if next.checks >= rules.max_checks {
+                let mut step = stuck(
+                    next,
+                    from,
+                    format!(
+                        "status check inconclusive {} times; a person must decide",
+                        rules.max_checks
+                    ),
+                );
+                step.evidence = evidence.clone();
+                step
+            } else {
+                next.due_at = Some(now.plus_millis(rules.backoff_ms(state.checks)));
+                Step {
+                    from,
+                    state: next,
+                    actions: vec![],
+                    reason: "status check inconclusive; look again later".into(),
+                    evidence: evidence.clone(),
+                }
+            }
+        }
+    }
+}
+
+/// Records the extra commits a `duplicate` observation named as owed clean-up (durable, with a
+/// due time the sweep honours), or escalates when nobody can undo them.
+pub(super) fn owe_duplicates(
+    mut step: Step,
+    rules: &Rules,
+    extra_refs: &[String],
+    now: Timestamp,
+) -> Step {
+    let undoable = rules.has_compensate && rules.semantics != EffectSemantics::ObserveOnly;
+    if undoable && !extra_refs.is_empty() {
+        step.state.owed_duplicates = extra_refs.to_vec();
+        // Soon: the compensator claims the command (moving this) before it calls; if the
+        // request is lost, the sweep takes the clean-up up from here.
+        step.state.due_at = Some(now.plus_millis(rules.compensation_timeout_ms.min(5_000)));
+        step.actions.insert(0, Action::CompensateDuplicate);
+    } else {
+        step.state.escalated = true;
+        let reason = if undoable {
+            "duplicate commit reported without naming the extra commit"
+        } else {
+            "duplicate commit and no compensate declared"
+        };
+        step.actions.insert(
+            0,
+            Action::Escalate {
+                reason: reason.into(),
+            },
+        );
+    }
+    step
+}
+
+/// The last look at a settled command answered: a CONFIRMED one for a duplicate, a FAILED or
+/// CANCELLED one (decided on absence) for a commit that landed after all.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn verified(
+    mut next: CommandState,
+    state: &CommandState,
+    rules: &Rules,
+    observation: Observation,
+    external_ref: &Option<String>,
+    evidence: &Value,
+    extra_refs: &[String],
+    now: Timestamp,
+) -> Step {
+    let from = state.status;
+    next.checks = state.checks + 1;
+    let step = |next: CommandState, actions: Vec<Action>, reason: &str| Step {
+        from,
+        state: next,
+        actions,
+        reason: reason.to_owned(),
+        evidence: evidence.clone(),
+    };
+    let settled_unsent = from != CommandStatus::Confirmed;
+    match observation {
+        Observation::Absent if settled_unsent => {
+            next.verify_pending = false;
+            next.due_at = None;
+            step(next, vec![], "verified: nothing committed")
+        }
+        Observation::Present | Observation::Duplicate if settled_unsent => {
+            // Decided on absence, yet it committed (a late attempt, a lagging lookup).
+            let (own, others) = match others_than_own(state, external_ref, extra_refs) {
+                Ok(split) => split,
+                Err(why) => {
+                    next.verify_pending = false;
+                    let mut step = stuck(next, from, why);
+                    step.evidence = evidence.clone();
+                    return step;
+                }
+            };
+            next.external_ref = own.or(next.external_ref);
+            let mut undone = undo_commit(
+                next,
+                from,
+                rules,
+                &others,
+                format!("verification found a commit of a {from} command: undo it"),
+                now,
+            );
+            undone.evidence = evidence.clone();
+            undone
+        }
+        Observation::Present | Observation::Duplicate => {
+            next.verify_pending = false;
+            next.due_at = None;
+            match others_than_own(state, external_ref, extra_refs) {
+                Ok((_, others)) if others.is_empty() && observation == Observation::Present => {
+                    step(next, vec![], "verified: the commit is there once")
+                }
+                Ok((_, others)) => {
+                    let verified = step(next, vec![], "verified: duplicate commit");
+                    owe_duplicates(verified, rules, &others, now)
+                }
+                Err(why) => {
+                    next.escalated = true;
+                    step(
+                        next,
+                        vec![Action::Escalate {
+                            reason: why.clone(),
+                        }],
+                        &why,
+                    )
+                }
+            }
+        }
+        Observation::Absent | Observation::Inconclusive if next.checks >= rules.max_checks => {
+            next.verify_pending = false;
+            next.due_at = None;
+            next.escalated = true;
+            let reason = format!(
+                "the {from} command could not be verified after {} looks ({observation})",
+                rules.max_checks
+            );
+            step(
+                next,
+                vec![Action::Escalate {
+                    reason: reason.clone(),
+                }],
+                &reason,
+            )
+        }
+        Observation::Absent | Observation::Inconclusive => {
+            next.due_at =
+                Some(now.plus_millis(rules.backoff_ms(state.checks).max(rules.settle_ms)));
+            step(next, vec![], "verification: look again later")
+        }
+    }
+}
+
+pub(super) fn compensated(
+    mut next: CommandState,
+    state: &CommandState,
+    rules: &Rules,
+    outcome: &CompensationOutcome,
+    now: Timestamp,
+    from: CommandStatus,
+) -> Step {
+    let mut info = state.compensation.clone().unwrap_or_else(|| {
+        Box::new(CompensationInfo {
+            started_at: now,
+            ended_at: None,
+            reference: None,
+            detail: None,
+            attempts: 0,
+        })
+    });
+    info.attempts += 1;
+    let evidence = serde_json::to_value(outcome).unwrap_or(Value::Null);
+    let (status, actions, reason) = match outcome {
+        CompensationOutcome::Done { reference } => {
+            info.ended_at = Some(now);
+            info.reference = reference.clone();
+            (
+                CommandStatus::Compensated,
+                vec![Action::Publish {
+                    status: CommandStatus::Compensated,
+                }],
+                "compensated".to_owned(),
+            )
+        }
+        CompensationOutcome::Impossible { reason } => {
+            info.ended_at = Some(now);
+            info.detail = Some(reason.clone());
+            next.escalated = true;
+            (
+                CommandStatus::CompensationFailed,
+                vec![
+                    Action::Escalate {
+                        reason: format!("compensation refused: {reason}"),
+                    },
+                    Action::Publish {
+                        status: CommandStatus::CompensationFailed,
+                    },
+                ],
+                format!("compensation refused: {reason}"),
+            )
+        }
+        CompensationOutcome::Retry { reason } if info.attempts >= rules.max_attempts => {
+            info.ended_at = Some(now);
+            info.detail = Some(reason.clone());
+            next.escalated = true;
+            let why = format!("compensation failed {} times: {reason}", rules.max_attempts);
+            (
+                CommandStatus::CompensationFailed,
+                vec![
+                    Action::Escalate {
+                        reason: why.clone(),
+                    },
+                    Action::Publish {
+                        status: CommandStatus::CompensationFailed,
+                    },
+                ],
+                why,
+            )
+        }
+        CompensationOutcome::Retry { reason } => {
+            info.detail = Some(reason.clone());
+            next.due_at = Some(now.plus_millis(rules.backoff_ms(info.attempts - 1)));
+            next.compensation = Some(info);
+            return Step {
+                from,
+                state: next,
+                actions: vec![],
+                reason: format!("compensation will be retried: {reason}"),
+                evidence,
+            };
+        }
+    };
+    next.status = status;
+    next.due_at = None;
+    next.compensation = Some(info);
+    next.owed_duplicates.clear();
+    Step {
+        from,
+        state: next,
+        actions,
+        reason,
+        evidence,
+    }
+}
