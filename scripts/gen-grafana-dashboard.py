@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes deploy/grafana/dashboards/sluice.json, the Sluice Grafana dashboard (DESIGN §8).
+"""Writes deploy/grafana/dashboards/sluice.json, the Sluice Grafana dashboard (the metrics of
+docs/architecture.md, "Observability").
 
 The JSON is generated so that panels stay consistent (datasource, units, legends, layout);
 edit this file and run it, do not edit the JSON by hand:

@@ -1,6 +1,7 @@
-//! What the pipeline says on its bus, seen from outside (DESIGN §3): lifecycle events are
-//! CloudEvents that also wake the producer's long polls, and a message no service can use is
-//! dead-lettered with its reason instead of being dropped or wedging its run's partition.
+//! What the pipeline says on its bus, seen from outside (docs/architecture.md, "Services and
+//! topics"): lifecycle events are CloudEvents that also wake the producer's long polls, and a
+//! message no service can use is dead-lettered with its reason instead of being dropped or wedging
+//! its run's partition.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

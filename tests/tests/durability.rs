@@ -1,5 +1,5 @@
-//! Work the pipeline owes after it answered, across a crash (DESIGN §3, "Delivery": the ledger,
-//! not the bus, is the source of truth; a lost message is harmless because the sweeps
+//! Work the pipeline owes after it answered, across a crash (docs/architecture.md, "Delivery": the
+//! ledger, not the bus, is the source of truth; a lost message is harmless because the sweeps
 //! republish what stalls; nothing accepted is lost).
 //!
 //! Two kinds of owed work live only as bus messages: the clean-up of an extra commit found by a

@@ -86,8 +86,8 @@ async fn four_tools_confirm_with_the_upstream_reference_and_the_audit_chain_veri
     assert_eq!((stats.emails, stats.tickets, stats.searches), (1, 1, 1));
     assert_eq!(stats.faults.total(), 0);
 
-    // The bank saw the DESIGN §6 headers: the idempotency key from the journal position and the
-    // business key from the arguments.
+    // The bank saw the wire contract's headers: the idempotency key from the journal position and
+    // the business key from the arguments.
     let booked: serde_json::Value =
         reqwest::get(format!("{}/bank/wires/w-1", h.upstream.base_url()))
             .await

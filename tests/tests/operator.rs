@@ -1,7 +1,7 @@
-//! The operator surface end to end (DESIGN §2, §5, §7), over real HTTP with bearer tokens:
-//! scheduled effects (listed, removed, fired on time and across a restart), approve and reject,
-//! cancel and its guard, replay with its dry run and bounds, resolve by hand, rollback progress,
-//! audit read and verify (and a tampered record caught at its link), and purge.
+//! The operator surface end to end (docs/architecture.md, "HTTP API"), over real HTTP with bearer
+//! tokens: scheduled effects (listed, removed, fired on time and across a restart), approve and
+//! reject, cancel and its guard, replay with its dry run and bounds, resolve by hand, rollback
+//! progress, audit read and verify (and a tampered record caught at its link), and purge.
 
 use std::time::Duration;
 

@@ -1,7 +1,8 @@
-//! Ambiguous outcomes end to end (DESIGN §2, §3): the demo bank commits and then fails to say
-//! so, and the pipeline must find out from evidence — the status check by business key —
-//! instead of retrying blindly. Each test forces one fault at rate 1 and checks the command's
-//! end state, the bank's books (no business key with two standing wires) and the audit chain.
+//! Ambiguous outcomes end to end (docs/architecture.md, "Ambiguous outcomes"): the demo bank
+//! commits and then fails to say so, and the pipeline must find out from evidence — the status
+//! check by business key — instead of retrying blindly. Each test forces one fault at rate 1 and
+//! checks the command's end state, the bank's books (no business key with two standing wires) and
+//! the audit chain.
 
 use std::time::Duration;
 
@@ -385,7 +386,7 @@ async fn a_status_check_that_never_answers_ends_stuck_for_a_person() {
         "{}",
         stuck.record.reason
     );
-    // Checks back off, 500 ms then 1000 ms (DESIGN §3: bounded, backed-off retries).
+    // Checks back off, 500 ms then 1000 ms (docs/architecture.md, "Rules in the core": bounds).
     let took = stuck.record.at.millis_since(entered.record.at);
     assert!(
         took >= 1_500,

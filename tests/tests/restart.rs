@@ -1,9 +1,8 @@
-//! Restarts end to end (DESIGN §3, "Delivery"): the ledger, not the bus, is the source of truth.
-//! A pipeline killed with effects in flight is replaced by a new one on the same data
+//! Restarts end to end (docs/architecture.md, "Delivery"): the ledger, not the bus, is the source
+//! of truth. A pipeline killed with effects in flight is replaced by a new one on the same data
 //! directory — a new embedded bus, so every message of the first is gone — and its sweeps must
 //! bring every accepted command to an end without committing a NON_IDEMPOTENT effect twice. A
 //! graceful stop must not lose a command it answered 201 for.
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

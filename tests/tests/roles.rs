@@ -1,7 +1,7 @@
-//! Roles end to end (DESIGN §7): every route of the API called by every kind of caller — no
-//! token, an unknown token, the agent that owns the run, another agent, an operator, an admin —
-//! with the exact answer each must get. 401 without a (valid) token, 403 for the wrong role or
-//! another agent's run, and for the allowed callers the route's own answer.
+//! Roles end to end (docs/architecture.md, "HTTP API"): every route of the API called by every kind
+//! of caller — no token, an unknown token, the agent that owns the run, another agent, an operator,
+//! an admin — with the exact answer each must get. 401 without a (valid) token, 403 for the wrong
+//! role or another agent's run, and for the allowed callers the route's own answer.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};

@@ -1,7 +1,7 @@
-//! The submission contract of DESIGN §7 over real HTTP: the status codes an agent relies on
-//! (201/200/409/404/422/413/400), bare tool names, batches, reads by key and by status, and
-//! business-key deduplication — each checked against the ledger and the bank, not just the
-//! answer.
+//! The submission contract (docs/architecture.md, "HTTP API") over real HTTP: the status codes an
+//! agent relies on (201/200/409/404/422/413/400), bare tool names, batches, reads by key and by
+//! status, and business-key deduplication — each checked against the ledger and the bank, not just
+//! the answer.
 
 use reqwest::StatusCode;
 use serde_json::json;

@@ -1,4 +1,4 @@
-//! The operator surface (DESIGN §2, §5, §7): approve, reject, cancel, replay (with a dry run),
+//! The operator surface (docs/architecture.md, "HTTP API"): approve, reject, cancel, replay (dry run),
 //! resolve and remove commands; read, verify and purge audit chains; list across runs.
 //!
 //! Every change is an event of the pure state machine, applied through the same guarded ledger

@@ -1,7 +1,7 @@
 //! The reconciler: resolves ambiguous outcomes from evidence, and runs the sweeps that keep
 //! everything accepted moving.
 //!
-//! Resolution (DESIGN §2): a status check answers present → CONFIRMED, absent → redispatch
+//! Resolution (docs/architecture.md, "Ambiguous outcomes"): present → CONFIRMED, absent → redispatch
 //! (for NON_IDEMPOTENT tools only once the absence held over the tool's settle interval),
 //! duplicate → CONFIRMED plus compensation of the extra commit, inconclusive → look again with
 //! backoff, then STUCK for a person. IDEMPOTENT and OBSERVE_ONLY tools without a status check

@@ -151,7 +151,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-/// The DESIGN §6 headers of one call.
+/// The wire contract's headers of one call (docs/architecture.md, "Wire contract").
 #[derive(Debug)]
 struct CallHeaders {
     meta: CallMeta,

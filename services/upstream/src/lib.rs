@@ -11,7 +11,7 @@
 //! * `server` — [`Upstream`]: binding, the accept loop that can drop a connection without a
 //!   response, and shutdown.
 //!
-//! The endpoints follow the DESIGN §6 wire contract:
+//! The endpoints follow the wire contract (docs/architecture.md, "Wire contract"):
 //!
 //! | request | answer |
 //! | --- | --- |

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::faults::FaultCounts;
 
-/// The headers Sluice sends with every call (DESIGN §6), as far as the upstream records them.
+/// The headers Sluice sends with every call (docs/architecture.md, "Wire contract"), as far as
+/// the upstream records them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct CallMeta {
     pub idempotency_key: Option<String>,

@@ -1,6 +1,6 @@
-//! The Sluice bus on Apache Kafka (DESIGN §3): [`KafkaBus`] implements the
-//! [`Bus`](sluice_bus::Bus) port with rdkafka and its bundled librdkafka, and passes the bus
-//! contract suite against a real broker.
+//! The Sluice bus on Apache Kafka (docs/architecture.md, "Services and topics"): [`KafkaBus`]
+//! implements the [`Bus`](sluice_bus::Bus) port with rdkafka and its bundled librdkafka, and passes
+//! the bus contract suite against a real broker.
 //!
 //! * [`config`] — [`KafkaConfig`], validated once, and the librdkafka properties it sets.
 //! * `bus` — [`KafkaBus`]: topics created at start, the producer, subscriptions.

@@ -51,7 +51,8 @@
 //!
 //! "Durably accepted" means appended to this process's log: a restart of the process loses
 //! what was not yet handled. That is acceptable because the ledger, not the bus, is the source
-//! of truth: the reconciler's sweeps republish commands that stall (DESIGN §3).
+//! of truth: the reconciler's sweeps republish commands that stall (docs/architecture.md,
+//! "Delivery").
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;

@@ -1,4 +1,5 @@
-//! The message bus: how the four services hand work to each other (DESIGN §3).
+//! The message bus: how the four services hand work to each other (docs/architecture.md,
+//! "Services and topics").
 //!
 //! * [`Bus`] — the port: publish keyed messages, subscribe as a member of a consumer group.
 //! * [`partitioner`] — Kafka's default partitioner for keyed messages (murmur2), so Java, Go
@@ -46,7 +47,7 @@ pub const DEFAULT_PREFIX: &str = "sluice.";
 /// Longest topic name Kafka accepts.
 pub const MAX_TOPIC_NAME_LEN: usize = 249;
 
-/// The topics of the pipeline (DESIGN §3).
+/// The topics of the pipeline (docs/architecture.md, "Services and topics").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Topic {
     /// Dispatch requests: producer and reconciler → dispatcher.

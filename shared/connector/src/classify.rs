@@ -1,4 +1,5 @@
-//! What an upstream's answer means: the classification table of DESIGN §6, as pure functions.
+//! What an upstream's answer means: the classification table of the wire contract
+//! (docs/architecture.md, "Wire contract"), as pure functions.
 //!
 //! | answer | dispatch | status check | compensate |
 //! |---|---|---|---|

@@ -1,4 +1,5 @@
-//! [`HttpConnector`]: the wire contract of DESIGN §6 over one shared HTTP client.
+//! [`HttpConnector`]: the wire contract (docs/architecture.md, "Wire contract") over one
+//! shared HTTP client.
 //!
 //! This is the only code in the crate that does IO. It sends the calls built by
 //! [`crate::request`], reads each answer up to a size cap and hands it to

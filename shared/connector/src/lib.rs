@@ -7,8 +7,8 @@
 //!
 //! * [`port`] — the [`Connector`] trait, the [`StatusReport`] and the [`CompensationTarget`].
 //! * [`request`] — pure: the HTTP call of each operation (URL, headers, body) for a command.
-//! * [`classify`] — pure: what an upstream's answer means (the classification table of
-//!   DESIGN §6), from a status code, headers and a size-capped body.
+//! * [`classify`] — pure: what an upstream's answer means (the classification table of the wire
+//!   contract, docs/architecture.md), from a status code, headers and a size-capped body.
 //! * [`http`] — [`HttpConnector`], the only code here that does IO: it sends the calls and
 //!   tells "nothing was sent" apart from "the request may have been processed".
 //! * [`error`] — [`ConnectorError`], for the one fallible step: building the HTTP client.

@@ -554,7 +554,7 @@ async fn a_status_the_tool_declares_in_progress_is_ambiguous_not_refused() {
     };
     assert!(reason.starts_with("HTTP 409: "), "{reason}");
     assert!(reason.contains("still in progress upstream"), "{reason}");
-    // Without the declaration the same answer is a refusal, as DESIGN §6 has it.
+    // Without the declaration the same answer is a refusal, as the wire contract has it.
     let plain = wire_tool(&upstream.base);
     assert!(matches!(
         connector()

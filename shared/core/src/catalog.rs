@@ -1,6 +1,6 @@
 //! The tool catalog: every tool an agent may call, loaded from TOML and validated once at start.
 //!
-//! Loading is decoration-time enforcement (DESIGN §1): a catalog that loads is known to be
+//! Loading is decoration-time enforcement (docs/architecture.md, "Catalog"): what loads is
 //! coherent, so the services never meet a half-declared tool at dispatch time. Everything here
 //! is pure except [`Catalog::load`], which reads the catalog file and any `schema_file` it names.
 //! Each refusal is a [`CatalogError`] naming the file, the tool and the key.

@@ -44,7 +44,7 @@ impl fmt::Display for EffectSemantics {
     }
 }
 
-/// Every state of DESIGN §2.
+/// Every state of the state machine (docs/architecture.md, "State machine").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum CommandStatus {

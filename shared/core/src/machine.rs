@@ -1,4 +1,4 @@
-//! The command state machine of DESIGN §2, as one pure and total function.
+//! The command state machine (docs/architecture.md, "State machine"): one pure, total function.
 //!
 //! [`apply`] takes a command's state, the rules of its tool, an [`Event`] and the current time,
 //! and returns either a [`Step`] (the next state, the [`Action`]s a service must carry out, and
