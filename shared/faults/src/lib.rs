@@ -59,6 +59,18 @@ pub const POINTS: &[&str] = &[
     "ledger.close_run.post",
     "ledger.purge.pre",
     "ledger.purge.post",
+    // The bus, embedded or Kafka.
+    "bus.publish.pre",
+    "bus.publish.post",
+    "bus.ack.pre",
+    "bus.ack.post",
+    // The upstream calls, in the HTTP connector.
+    "connector.dispatch.pre",
+    "connector.dispatch.post",
+    "connector.status_check.pre",
+    "connector.status_check.post",
+    "connector.compensate.pre",
+    "connector.compensate.post",
 ];
 
 /// Whether `name` is in [`POINTS`]; `const` so [`point!`] checks its name at compile time.
