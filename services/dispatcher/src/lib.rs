@@ -85,6 +85,7 @@ pub async fn dispatch(
                 )
         })
     });
+    sluice_faults::point!("dispatcher.lease.pre");
     let leased = match current {
         Current {
             command: Some(command),
@@ -95,11 +96,14 @@ pub async fn dispatch(
             Err(settled) => return Ok(settled),
         },
     };
+    sluice_faults::point!("dispatcher.lease.post");
 
     let outcome = match catalog.get(&leased.tool) {
         Some(tool) => {
             let started = Instant::now();
+            sluice_faults::point!("dispatcher.call.pre");
             let outcome = ctx.connector.dispatch(tool, &leased).await;
+            sluice_faults::point!("dispatcher.call.post");
             ctx.metrics
                 .dispatch_seconds
                 .with_label_values(&[&leased.tool.to_string(), outcome_label(&outcome)])
@@ -113,6 +117,7 @@ pub async fn dispatch(
     };
 
     let epoch = leased.epoch();
+    sluice_faults::point!("dispatcher.finalize.pre");
     let written = ctx
         .drive_from(leased, ACTOR, |_| {
             Some(Event::Dispatched {
@@ -121,9 +126,12 @@ pub async fn dispatch(
             })
         })
         .await?;
+    sluice_faults::point!("dispatcher.finalize.post");
     match written {
         Driven::Applied(command, step) => {
+            sluice_faults::point!("dispatcher.carry_out.pre");
             ctx.carry_out(ACTOR, &command, &step, Cause::Retry).await?;
+            sluice_faults::point!("dispatcher.carry_out.post");
             Ok(Some(command))
         }
         Driven::Refused(command, refusal @ Refusal::StaleEpoch { .. }) => {

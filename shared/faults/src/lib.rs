@@ -40,6 +40,15 @@ pub const SERVICES: [&str; 4] = ["producer", "dispatcher", "reconciler", "compen
 /// Every failpoint site, in the order of one effect's path. A [`point!`] with a name not here
 /// does not compile, and a unit test checks that each name here has a site in the source.
 pub const POINTS: &[&str] = &[
+    // The producer's submission: the handler, the reservation, the dispatch request.
+    "producer.submit.pre",
+    "producer.reserve.pre",
+    "producer.reserve.post",
+    "producer.publish.pre",
+    "producer.publish.post",
+    "producer.submit.post",
+    "producer.rollback.pre",
+    "producer.rollback.post",
     // Ledger writes, in both ledgers (SQLite and CQL).
     "ledger.claim_key.pre",
     "ledger.claim_key.post",
@@ -64,6 +73,15 @@ pub const POINTS: &[&str] = &[
     "bus.publish.post",
     "bus.ack.pre",
     "bus.ack.post",
+    // The dispatcher's handler.
+    "dispatcher.lease.pre",
+    "dispatcher.lease.post",
+    "dispatcher.call.pre",
+    "dispatcher.call.post",
+    "dispatcher.finalize.pre",
+    "dispatcher.finalize.post",
+    "dispatcher.carry_out.pre",
+    "dispatcher.carry_out.post",
     // The upstream calls, in the HTTP connector.
     "connector.dispatch.pre",
     "connector.dispatch.post",
@@ -71,6 +89,24 @@ pub const POINTS: &[&str] = &[
     "connector.status_check.post",
     "connector.compensate.pre",
     "connector.compensate.post",
+    // The reconciler's handler and sweeps.
+    "reconciler.claim.pre",
+    "reconciler.claim.post",
+    "reconciler.check.pre",
+    "reconciler.check.post",
+    "reconciler.write.pre",
+    "reconciler.write.post",
+    "reconciler.sweep_due.pre",
+    "reconciler.sweep_due.post",
+    "reconciler.sweep_republish.pre",
+    "reconciler.sweep_republish.post",
+    // The compensator's handler (rollback compensations and duplicate clean-ups).
+    "compensator.claim.pre",
+    "compensator.claim.post",
+    "compensator.call.pre",
+    "compensator.call.post",
+    "compensator.write.pre",
+    "compensator.write.post",
 ];
 
 /// Whether `name` is in [`POINTS`]; `const` so [`point!`] checks its name at compile time.
