@@ -132,6 +132,7 @@ async fn compensate_one(ctx: &Context, command: Command) -> Result<(), PipelineE
     // may both get here), and its start is when the call starts.
     let hold = ctx.rules_of(&command).compensation_timeout_ms;
     let now = ctx.clock.now();
+    sluice_faults::point!("compensator.claim.pre");
     let Some(command) = ctx
         .claim_with(&command, hold, |state| {
             if let Some(info) = state.compensation.as_mut() {
@@ -142,6 +143,8 @@ async fn compensate_one(ctx: &Context, command: Command) -> Result<(), PipelineE
     else {
         return Ok(());
     };
+    sluice_faults::point!("compensator.claim.post");
+    sluice_faults::point!("compensator.call.pre");
     let outcome = match ctx.catalog.get(&command.tool) {
         Some(tool) => {
             // Extra commits a status check found and not yet undone go first: undoing the
@@ -179,18 +182,21 @@ async fn compensate_one(ctx: &Context, command: Command) -> Result<(), PipelineE
             reason: format!("tool {} is no longer in the catalog", command.tool),
         },
     };
+    sluice_faults::point!("compensator.call.post");
     // `drive` takes "now" after the call returned: that is the compensation's end time. The
     // core refuses the result if the claim's epoch is no longer current.
     let event = Event::Compensated {
         epoch: command.epoch(),
         outcome,
     };
+    sluice_faults::point!("compensator.write.pre");
     if let Driven::Applied(command, step) = ctx
         .drive_from(command, ACTOR, |current| {
             (current.status() == CommandStatus::Compensating).then(|| event.clone())
         })
         .await?
     {
+        sluice_faults::point!("compensator.write.post");
         ctx.carry_out(ACTOR, &command, &step, Cause::Reserved)
             .await?;
     }
@@ -214,14 +220,17 @@ pub async fn settle_duplicate(
     }
     let rules = ctx.rules_of(&command);
     // One clean-up at a time: the request and a sweep may both get here.
+    sluice_faults::point!("compensator.claim.pre");
     let Some(command) = ctx.claim(&command, rules.compensation_timeout_ms).await? else {
         return Ok(());
     };
+    sluice_faults::point!("compensator.claim.post");
     // The ledger's list is the one owed (the request may be older than a retried look).
     let extra_refs = command.state.owed_duplicates.clone();
     if requested != extra_refs.as_slice() {
         tracing::debug!(?requested, owed = ?extra_refs, "clean-up request differs from the ledger");
     }
+    sluice_faults::point!("compensator.call.pre");
     let outcome = match ctx.catalog.get(&command.tool) {
         None => CompensationOutcome::Impossible {
             reason: format!("tool {} is no longer in the catalog", command.tool),
@@ -281,14 +290,17 @@ pub async fn settle_duplicate(
             }
         }
     };
+    sluice_faults::point!("compensator.call.post");
     let event = Event::DuplicateSettled {
         epoch: command.epoch(),
         outcome,
     };
+    sluice_faults::point!("compensator.write.pre");
     if let Driven::Applied(command, step) = ctx
         .drive_from(command, ACTOR, |_| Some(event.clone()))
         .await?
     {
+        sluice_faults::point!("compensator.write.post");
         ctx.carry_out(ACTOR, &command, &step, Cause::Reserved)
             .await?;
     }

@@ -85,6 +85,7 @@ pub async fn dispatch(
                 )
         })
     });
+    sluice_faults::point!("dispatcher.lease.pre");
     let leased = match current {
         Current {
             command: Some(command),
@@ -95,6 +96,7 @@ pub async fn dispatch(
             Err(settled) => return Ok(settled),
         },
     };
+    sluice_faults::point!("dispatcher.lease.post");
 
     // The lease write and its retries took time: call only if the whole call still fits in
     // what is left of the lease, or the sweep could take it for expired while the call is in
@@ -123,7 +125,9 @@ pub async fn dispatch(
     let outcome = match catalog.get(&leased.tool) {
         Some(tool) => {
             let started = Instant::now();
+            sluice_faults::point!("dispatcher.call.pre");
             let outcome = ctx.connector.dispatch(tool, &leased).await;
+            sluice_faults::point!("dispatcher.call.post");
             ctx.metrics
                 .dispatch_seconds
                 .with_label_values(&[&leased.tool.to_string(), outcome_label(&outcome)])
@@ -137,6 +141,7 @@ pub async fn dispatch(
     };
 
     let epoch = leased.epoch();
+    sluice_faults::point!("dispatcher.finalize.pre");
     let written = ctx
         .drive_from(leased, ACTOR, |_| {
             Some(Event::Dispatched {
@@ -145,9 +150,12 @@ pub async fn dispatch(
             })
         })
         .await?;
+    sluice_faults::point!("dispatcher.finalize.post");
     match written {
         Driven::Applied(command, step) => {
+            sluice_faults::point!("dispatcher.carry_out.pre");
             ctx.carry_out(ACTOR, &command, &step, Cause::Retry).await?;
+            sluice_faults::point!("dispatcher.carry_out.post");
             Ok(Some(command))
         }
         Driven::Refused(command, refusal @ Refusal::StaleEpoch { .. }) => {

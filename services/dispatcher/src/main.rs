@@ -1,7 +1,7 @@
 //! The dispatcher binary: configuration and telemetry, then `sluice_dispatcher::run`.
 
 use clap::Parser;
-use sluice_runtime::assemble::{assemble, load_catalog};
+use sluice_runtime::assemble::{assemble_service, load_catalog};
 use sluice_runtime::cli::{ServiceArgs, require_shared_bus};
 
 #[global_allocator]
@@ -20,11 +20,12 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    sluice_faults::setup()?;
     let args = Args::parse();
     let config = args.service.load()?;
     sluice_runtime::telemetry::init(&config.telemetry);
     require_shared_bus(&config, "dispatcher")?;
-    let ctx = assemble(&config, load_catalog(&config.catalog)?).await?;
+    let ctx = assemble_service(&config, load_catalog(&config.catalog)?, "dispatcher").await?;
     let shutdown = sluice_runtime::shutdown_on_signals();
     sluice_runtime::ops::spawn(&ctx, config.telemetry.listen, &shutdown);
     sluice_dispatcher::run(ctx, config.dispatcher.clone(), shutdown).await?;

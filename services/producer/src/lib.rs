@@ -279,6 +279,7 @@ impl Api {
 
     /// Validates, reserves and requests dispatch of one effect.
     async fn submit(&self, principal: &Principal, raw: Value) -> Result<Submitted, ApiError> {
+        sluice_faults::point!("producer.submit.pre");
         let request: EffectRequest = serde_json::from_value(raw).map_err(|e| {
             ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -395,11 +396,13 @@ impl Api {
         // An agent adds to its own runs only.
         let confined = self.must_confine(principal, &command.run_id);
         let run_id = command.run_id.clone();
+        sluice_faults::point!("producer.reserve.pre");
         let reserved = if confined {
             self.ctx.ledger.reserve_own(command, audit).await
         } else {
             self.ctx.ledger.reserve(command, audit).await
         };
+        sluice_faults::point!("producer.reserve.post");
         let reserved = match reserved {
             Ok(reserved) => {
                 // The run now holds this agent's command, and only its own. A business key held
@@ -450,6 +453,7 @@ impl Api {
                         command_key: command.command_key.clone(),
                         cause: Cause::Reserved,
                     };
+                    sluice_faults::point!("producer.publish.pre");
                     if let Err(e) = self
                         .ctx
                         .bus
@@ -471,7 +475,9 @@ impl Api {
                             "dispatch request not published; the sweep will"
                         );
                     }
+                    sluice_faults::point!("producer.publish.post");
                 }
+                sluice_faults::point!("producer.submit.post");
                 Ok(Submitted {
                     status: StatusCode::CREATED,
                     command,
@@ -976,11 +982,13 @@ async fn rollback(
     }
     // Durable before the answer: every command to undo is COMPENSATING in the ledger (the
     // sweep finishes the work if the compensator never gets the job below).
+    sluice_faults::point!("producer.rollback.pre");
     let begun = api
         .ctx
         .begin_rollback(&run_id, &actor, reason)
         .await
         .map_err(ApiError::unavailable)?;
+    sluice_faults::point!("producer.rollback.post");
     let job = CompensateRequest {
         run_id: run_id.clone(),
         job: CompensateJob::Rollback {

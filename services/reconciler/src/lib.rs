@@ -107,9 +107,12 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
             i64::try_from(check.timeout_ms.saturating_mul(2)).unwrap_or(i64::MAX)
         })
         .max(1_000);
+    sluice_faults::point!("reconciler.claim.pre");
     let Some(command) = ctx.claim(&command, hold).await? else {
         return Ok(None);
     };
+    sluice_faults::point!("reconciler.claim.post");
+    sluice_faults::point!("reconciler.check.pre");
     // How to look is the core's decision, from the command's rules (its stored semantics
     // kept where stricter than the catalog's now).
     let rules = ctx.rules_of(&command);
@@ -124,12 +127,15 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
             reason: format!("tool {} is no longer in the catalog", command.tool),
         },
     };
+    sluice_faults::point!("reconciler.check.post");
     let claimed_epoch = command.epoch();
+    sluice_faults::point!("reconciler.write.pre");
     let driven = ctx
         .drive_from(command, ACTOR, |current| {
             (needs_look(current) && current.epoch() == claimed_epoch).then(|| event.clone())
         })
         .await?;
+    sluice_faults::point!("reconciler.write.post");
     Ok(match driven {
         Driven::Applied(command, step) => {
             ctx.carry_out(ACTOR, &command, &step, Cause::Redispatch)
@@ -235,6 +241,7 @@ async fn step_due(
     cause: Cause,
 ) -> Result<(), PipelineError> {
     let now = ctx.clock.now();
+    sluice_faults::point!("reconciler.sweep_due.pre");
     let driven = ctx
         .drive(run_id, command_key, SWEEP_ACTOR, |command| {
             command
@@ -244,6 +251,7 @@ async fn step_due(
                 .then(|| event.clone())
         })
         .await?;
+    sluice_faults::point!("reconciler.sweep_due.post");
     if let Driven::Applied(command, step) = driven {
         ctx.carry_out(SWEEP_ACTOR, &command, &step, cause).await?;
     }
@@ -278,6 +286,7 @@ async fn republish(
     };
     let mut next = command.state.clone();
     next.due_at = Some(now.plus_millis(delay));
+    sluice_faults::point!("reconciler.sweep_republish.pre");
     let moved = ctx
         .ledger
         .transition(Transition {
@@ -288,6 +297,7 @@ async fn republish(
             audit: None,
         })
         .await?;
+    sluice_faults::point!("reconciler.sweep_republish.post");
     if let Some(moved) = moved.applied() {
         let cause = match moved.status() {
             CommandStatus::Pending | CommandStatus::Approved => Cause::Stale,

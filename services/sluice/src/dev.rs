@@ -4,8 +4,14 @@
 //! Stopping it cancels the shared shutdown token: the producer stops accepting, every consume
 //! loop stops taking messages and waits for the handlers in flight; anything left unfinished is
 //! in the ledger with a due time, and the next start's sweeps pick it up.
+//!
+//! In a fault run (built with the `failpoints` feature) `SLUICE_FAULT_CLOCK_SKEW_MS` gives each
+//! service a context of its own that differs only in its clock, moved by the service's offset;
+//! the ledger handle they share keeps the unskewed clock for what it stamps itself (run records,
+//! CQL claim ages and due buckets).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use sluice_core::catalog::Catalog;
 use sluice_runtime::assemble::{AssembleError, assemble};
@@ -28,7 +34,13 @@ pub async fn start(
     catalog: Catalog,
     shutdown: Shutdown,
 ) -> Result<Pipeline, StartError> {
+    let skew = sluice_faults::clock_skew()?;
     let ctx = assemble(config, catalog).await?;
+    // Each service's own view of the shared context: only the clock differs.
+    let ctx_of = |service: &str| Context {
+        clock: skew.clock_of(service, Arc::clone(&ctx.clock)),
+        ..ctx.clone()
+    };
     let listener = tokio::net::TcpListener::bind(config.producer.listen)
         .await
         .map_err(|source| StartError::Listen {
@@ -41,7 +53,7 @@ pub async fn start(
     })?;
     let mut tasks = Vec::new();
     {
-        let (ctx, config, shutdown) = (ctx.clone(), config.clone(), shutdown.clone());
+        let (ctx, config, shutdown) = (ctx_of("producer"), config.clone(), shutdown.clone());
         tasks.push((
             "producer",
             tokio::spawn(async move {
@@ -52,8 +64,11 @@ pub async fn start(
         ));
     }
     {
-        let (ctx, dispatcher, shutdown) =
-            (ctx.clone(), config.dispatcher.clone(), shutdown.clone());
+        let (ctx, dispatcher, shutdown) = (
+            ctx_of("dispatcher"),
+            config.dispatcher.clone(),
+            shutdown.clone(),
+        );
         tasks.push((
             "dispatcher",
             tokio::spawn(async move {
@@ -64,8 +79,11 @@ pub async fn start(
         ));
     }
     {
-        let (ctx, reconciler, shutdown) =
-            (ctx.clone(), config.reconciler.clone(), shutdown.clone());
+        let (ctx, reconciler, shutdown) = (
+            ctx_of("reconciler"),
+            config.reconciler.clone(),
+            shutdown.clone(),
+        );
         tasks.push((
             "reconciler",
             tokio::spawn(async move {
@@ -76,8 +94,11 @@ pub async fn start(
         ));
     }
     {
-        let (ctx, compensator, shutdown) =
-            (ctx.clone(), config.compensator.clone(), shutdown.clone());
+        let (ctx, compensator, shutdown) = (
+            ctx_of("compensator"),
+            config.compensator.clone(),
+            shutdown.clone(),
+        );
         tasks.push((
             "compensator",
             tokio::spawn(async move {
@@ -133,6 +154,8 @@ impl Pipeline {
 pub enum StartError {
     #[error(transparent)]
     Assemble(#[from] AssembleError),
+    #[error(transparent)]
+    Faults(#[from] sluice_faults::FaultsError),
     #[error("cannot listen on {addr}")]
     Listen {
         addr: SocketAddr,

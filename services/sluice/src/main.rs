@@ -47,6 +47,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
+    sluice_faults::setup()?;
     let cli = Cli::parse();
     match cli.command {
         Command::Dev { service } => {

@@ -357,7 +357,10 @@ impl Bus for KafkaBus {
             .payload(payload.as_slice())
             .headers(headers);
         // Partitioned by librdkafka's murmur2_random, which is `partition_for` for a key.
-        match self.inner.producer.send(record, QUEUE_TIMEOUT).await {
+        sluice_faults::point!("bus.publish.pre");
+        let sent = self.inner.producer.send(record, QUEUE_TIMEOUT).await;
+        sluice_faults::point!("bus.publish.post");
+        match sent {
             Ok(delivery) => {
                 let (Ok(partition), Ok(offset)) = (
                     u32::try_from(delivery.partition),

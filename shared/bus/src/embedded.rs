@@ -450,7 +450,9 @@ impl Bus for EmbeddedBus {
         headers: Vec<Header>,
     ) -> Result<Published, BusError> {
         let permit = admission.into_permit();
+        sluice_faults::point!("bus.publish.pre");
         let published = self.append(topic, key, payload, headers, permit.is_some())?;
+        sluice_faults::point!("bus.publish.post");
         // The room now belongs to the stored message, and comes back when it is dropped.
         if let Some(permit) = permit {
             permit.forget();
@@ -465,7 +467,10 @@ impl Bus for EmbeddedBus {
         payload: Vec<u8>,
         headers: Vec<Header>,
     ) -> Result<Published, BusError> {
-        self.append(topic, key, payload, headers, false)
+        sluice_faults::point!("bus.publish.pre");
+        let published = self.append(topic, key, payload, headers, false);
+        sluice_faults::point!("bus.publish.post");
+        published
     }
 
     async fn subscribe(

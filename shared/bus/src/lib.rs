@@ -215,7 +215,11 @@ impl Delivery {
     /// the message is (or was) delivered to the new owner; a handler may log that and go on,
     /// since its ledger write is a compare-and-set that the redelivery will find done.
     pub async fn ack(&self) -> Result<(), BusError> {
-        self.acknowledge.ack().await
+        // Every bus's acknowledgements pass here.
+        sluice_faults::point!("bus.ack.pre");
+        let acked = self.acknowledge.ack().await;
+        sluice_faults::point!("bus.ack.post");
+        acked
     }
 }
 

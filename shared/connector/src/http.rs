@@ -96,8 +96,10 @@ impl HttpConnector {
         &self.options
     }
 
-    /// Sends `call` and reads the answer, body capped at `max_response_bytes`.
-    async fn send(&self, call: Call) -> Result<Answer, NoAnswer> {
+    /// Sends `call` and waits for the answer's status and headers (or the exchange's failure).
+    /// Split from [`HttpConnector::read`] so a failpoint can stand between the request having
+    /// gone out and its answer being read.
+    async fn send(&self, call: Call) -> Result<Sent, NoAnswer> {
         let timeout = call.timeout;
         // Built as a request, not through `RequestBuilder`, which copied the headers in one by
         // one and re-checked the content type: one call per effect.
@@ -112,11 +114,21 @@ impl HttpConnector {
             })?;
             *request.body_mut() = Some(bytes.into());
         }
-        let mut response = self
+        let response = self
             .client
             .execute(request)
             .await
             .map_err(|error| no_answer(&error, timeout))?;
+        Ok(Sent { response, timeout })
+    }
+
+    /// Reads the answer of a call [`HttpConnector::send`] sent, body capped at
+    /// `max_response_bytes`, within what is left of the call's timeout.
+    async fn read(&self, sent: Result<Sent, NoAnswer>) -> Result<Answer, NoAnswer> {
+        let Sent {
+            mut response,
+            timeout,
+        } = sent?;
         let status = response.status();
         // Taken, not copied: only the body is read from the response after this.
         let headers = std::mem::take(response.headers_mut());
@@ -130,6 +142,12 @@ impl HttpConnector {
             body_error,
         })
     }
+}
+
+/// A call whose request went out and whose answer's head came back; its body is not read yet.
+struct Sent {
+    response: Response,
+    timeout: Duration,
 }
 
 /// Reads at most `cap` bytes of the body; a larger body is left unread (the connection is
@@ -266,7 +284,10 @@ impl Connector for HttpConnector {
                 return DispatchOutcome::NotSent { reason };
             }
         };
-        let outcome = match self.send(call).await {
+        sluice_faults::point!("connector.dispatch.pre");
+        let sent = self.send(call).await;
+        sluice_faults::point!("connector.dispatch.post");
+        let outcome = match self.read(sent).await {
             Ok(answer) => {
                 Span::current().record("http_status", answer.status.as_u16());
                 classify::dispatch(
@@ -323,7 +344,10 @@ impl Connector for HttpConnector {
             }
         };
         let request = request_evidence(&call);
-        let report = match self.send(call).await {
+        sluice_faults::point!("connector.status_check.pre");
+        let sent = self.send(call).await;
+        sluice_faults::point!("connector.status_check.post");
+        let report = match self.read(sent).await {
             Ok(answer) => {
                 Span::current().record("http_status", answer.status.as_u16());
                 classify::status_check(
@@ -378,7 +402,10 @@ impl Connector for HttpConnector {
                 return CompensationOutcome::Impossible { reason };
             }
         };
-        let outcome = match self.send(call).await {
+        sluice_faults::point!("connector.compensate.pre");
+        let sent = self.send(call).await;
+        sluice_faults::point!("connector.compensate.post");
+        let outcome = match self.read(sent).await {
             Ok(answer) => {
                 Span::current().record("http_status", answer.status.as_u16());
                 classify::compensation(

@@ -894,7 +894,12 @@ impl CqlLedger {
     /// in `audit_pending` until the repair rule writes it), so it is logged, not returned.
     async fn insert_own(&self, op: Op, run: &str, sealed: &SealedLink, write_id: Uuid) {
         let link = Link::sealed(sealed, write_id);
-        if let Err(e) = self.insert_link(op, run, &link).await {
+        // After the LWT fixed the record, before its row is written: a crash here leaves it to
+        // the repair rule.
+        sluice_faults::point!("ledger.audit_link.pre");
+        let inserted = self.insert_link(op, run, &link).await;
+        sluice_faults::point!("ledger.audit_link.post");
+        if let Err(e) = inserted {
             tracing::warn!(run_id = run, seq = link.seq, error = %e,
                 "audit record not inserted yet; the next writer or reader of the run repairs it");
         }
@@ -934,7 +939,10 @@ impl CqlLedger {
             (deleted_before, minute, shard, due_at, run, key),
         );
         self.inner.stats.round_trip(op, Kind::Plain);
-        match self.inner.session.batch(&batch, values).await {
+        sluice_faults::point!("ledger.audit_link.pre");
+        let inserted = self.inner.session.batch(&batch, values).await;
+        sluice_faults::point!("ledger.audit_link.post");
+        match inserted {
             Ok(_) => self.mark_flushed(run, link.seq),
             Err(e) => tracing::warn!(run_id = run, seq = link.seq, error = %e,
                 "audit record not inserted yet; the next writer or reader of the run repairs it"),
@@ -1146,7 +1154,8 @@ impl CqlLedger {
         let record = PreparedRecord::new(&command.run_id, audit, command.state.updated_at);
         let mut fresh_claim = false;
         if let Some(business_key) = &command.business_key {
-            match self
+            sluice_faults::point!("ledger.claim_key.pre");
+            let claimed = self
                 .claim(
                     op,
                     &command.tool,
@@ -1154,8 +1163,9 @@ impl CqlLedger {
                     &command.run_id,
                     &command.command_key,
                 )
-                .await?
-            {
+                .await?;
+            sluice_faults::point!("ledger.claim_key.post");
+            match claimed {
                 Claimed::Mine { fresh } => fresh_claim = fresh,
                 Claimed::HeldBy(run, key) => {
                     let holder = self
@@ -1172,7 +1182,9 @@ impl CqlLedger {
                 }
             }
         }
+        sluice_faults::point!("ledger.reserve.pre");
         let reserved = self.reserve_row(&command, &record, confined).await;
+        sluice_faults::point!("ledger.reserve.post");
         if fresh_claim
             && matches!(
                 reserved,
@@ -1643,7 +1655,10 @@ impl Ledger for CqlLedger {
         transition.validate()?;
         let op = classify(&transition);
         self.inner.stats.call(op);
-        self.write(op, transition).await
+        sluice_faults::point!("ledger.transition.pre");
+        let cas = self.write(op, transition).await;
+        sluice_faults::point!("ledger.transition.post");
+        cas
     }
 
     async fn get(
@@ -1708,18 +1723,18 @@ impl Ledger for CqlLedger {
     ) -> Result<Claim, LedgerError> {
         let op = Op::ClaimBusinessKey;
         self.inner.stats.call(op);
-        Ok(
-            match self
-                .claim(op, tool, business_key, run_id, command_key)
-                .await?
-            {
-                Claimed::Mine { .. } => Claim::Claimed,
-                Claimed::HeldBy(run_id, command_key) => Claim::HeldBy {
-                    run_id,
-                    command_key,
-                },
+        sluice_faults::point!("ledger.claim_key.pre");
+        let claimed = self
+            .claim(op, tool, business_key, run_id, command_key)
+            .await?;
+        sluice_faults::point!("ledger.claim_key.post");
+        Ok(match claimed {
+            Claimed::Mine { .. } => Claim::Claimed,
+            Claimed::HeldBy(run_id, command_key) => Claim::HeldBy {
+                run_id,
+                command_key,
             },
-        )
+        })
     }
 
     /// Walks the due buckets from the oldest unswept minute (per shard, `sweep_cursor`) to
@@ -1736,7 +1751,10 @@ impl Ledger for CqlLedger {
         draft: AuditDraft,
         at: Timestamp,
     ) -> Result<AuditEntry, LedgerError> {
-        self.append_run_record(run_id, draft, at, false).await
+        sluice_faults::point!("ledger.audit_append.pre");
+        let entry = self.append_run_record(run_id, draft, at, false).await;
+        sluice_faults::point!("ledger.audit_append.post");
+        entry
     }
 
     async fn close_run(
@@ -1745,7 +1763,10 @@ impl Ledger for CqlLedger {
         draft: AuditDraft,
         at: Timestamp,
     ) -> Result<AuditEntry, LedgerError> {
-        self.append_run_record(run_id, draft, at, true).await
+        sluice_faults::point!("ledger.close_run.pre");
+        let entry = self.append_run_record(run_id, draft, at, true).await;
+        sluice_faults::point!("ledger.close_run.post");
+        entry
     }
 
     async fn audit_read(&self, run_id: &RunId) -> Result<AuditTrail, LedgerError> {
@@ -1817,7 +1838,10 @@ impl Ledger for CqlLedger {
         actor: &str,
         now: Timestamp,
     ) -> Result<PurgeReport, LedgerError> {
-        self.purge_runs(older_than, max_runs, actor, now).await
+        sluice_faults::point!("ledger.purge.pre");
+        let report = self.purge_runs(older_than, max_runs, actor, now).await;
+        sluice_faults::point!("ledger.purge.post");
+        report
     }
 
     fn round_trips(&self) -> Vec<sluice_ledger::RoundTrips> {

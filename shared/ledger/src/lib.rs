@@ -261,7 +261,11 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
                 "a lease goes from PENDING or APPROVED to LEASED with the next epoch and an expiry",
             ));
         }
-        self.transition(transition).await
+        // Around the guarded write, which passes `ledger.transition.*` inside.
+        sluice_faults::point!("ledger.lease.pre");
+        let cas = self.transition(transition).await;
+        sluice_faults::point!("ledger.lease.post");
+        cas
     }
 
     /// Moves the expiry of a lease the caller holds; not an audited transition.
@@ -303,7 +307,11 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
                 "a finalize leaves LEASED under the same epoch, with an audit record",
             ));
         }
-        self.transition(transition).await
+        // Around the guarded write, which passes `ledger.transition.*` inside.
+        sluice_faults::point!("ledger.finalize.pre");
+        let cas = self.transition(transition).await;
+        sluice_faults::point!("ledger.finalize.post");
+        cas
     }
 
     /// Reads one command.

@@ -523,12 +523,15 @@ impl SqliteLedger {
             state,
             confined,
         };
+        sluice_faults::point!("ledger.reserve.pre");
+        let answer = self.submit(op).await?;
+        sluice_faults::point!("ledger.reserve.post");
         let Answer {
             op: Op::Reserve {
                 command, identity, ..
             },
             result,
-        } = self.submit(op).await?
+        } = answer
         else {
             // The writer hands back the request it was given.
             return Err(LedgerError::Closed);
@@ -1589,10 +1592,13 @@ impl Ledger for SqliteLedger {
             state,
             audit,
         };
+        sluice_faults::point!("ledger.transition.pre");
+        let answer = self.submit(op).await?;
+        sluice_faults::point!("ledger.transition.post");
         let Answer {
             op: Op::Transition { transition, .. },
             result,
-        } = self.submit(op).await?
+        } = answer
         else {
             // The writer hands back the request it was given.
             return Err(LedgerError::Closed);
@@ -1749,7 +1755,10 @@ impl Ledger for SqliteLedger {
             command_key: command_key.clone(),
             at: self.inner.clock.now(),
         };
-        match self.submit(op).await?.result? {
+        sluice_faults::point!("ledger.claim_key.pre");
+        let answer = self.submit(op).await?;
+        sluice_faults::point!("ledger.claim_key.post");
+        match answer.result? {
             Reply::Claim(claim) => Ok(claim),
             _ => Err(LedgerError::Closed),
         }
@@ -1799,7 +1808,10 @@ impl Ledger for SqliteLedger {
         at: Timestamp,
     ) -> Result<AuditEntry, LedgerError> {
         let record = PreparedRecord::new(run_id, draft, at);
-        self.entry(Op::Append(record)).await
+        sluice_faults::point!("ledger.audit_append.pre");
+        let entry = self.entry(Op::Append(record)).await;
+        sluice_faults::point!("ledger.audit_append.post");
+        entry
     }
 
     async fn close_run(
@@ -1809,7 +1821,10 @@ impl Ledger for SqliteLedger {
         at: Timestamp,
     ) -> Result<AuditEntry, LedgerError> {
         let record = PreparedRecord::new(run_id, draft, at);
-        self.entry(Op::Close(record)).await
+        sluice_faults::point!("ledger.close_run.pre");
+        let entry = self.entry(Op::Close(record)).await;
+        sluice_faults::point!("ledger.close_run.post");
+        entry
     }
 
     async fn audit_read(&self, run_id: &RunId) -> Result<AuditTrail, LedgerError> {
@@ -1883,7 +1898,10 @@ impl Ledger for SqliteLedger {
             actor: actor.to_owned(),
             now,
         };
-        match self.submit(op).await?.result? {
+        sluice_faults::point!("ledger.purge.pre");
+        let answer = self.submit(op).await?;
+        sluice_faults::point!("ledger.purge.post");
+        match answer.result? {
             Reply::Purged(report) => Ok(report),
             _ => Err(LedgerError::Closed),
         }

@@ -31,6 +31,8 @@ pub enum AssembleError {
     Bus(#[from] BusError),
     #[error(transparent)]
     Connector(#[from] ConnectorError),
+    #[error(transparent)]
+    Faults(#[from] sluice_faults::FaultsError),
 }
 
 /// Loads the configured catalog, or the example one.
@@ -123,7 +125,27 @@ pub async fn drop_keyspace(config: &Config) -> Result<(), CqlError> {
 
 /// Everything a service needs, from configuration, with `catalog` already loaded.
 pub async fn assemble(config: &Config, catalog: Catalog) -> Result<Context, AssembleError> {
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    assemble_with_clock(config, catalog, Arc::new(SystemClock)).await
+}
+
+/// [`assemble`] for one service in a process of its own: the whole process, its ledger handle
+/// included, runs on the clock `SLUICE_FAULT_CLOCK_SKEW_MS` gives `service` in a fault run
+/// (the system clock otherwise; see `sluice_faults::clock_for`).
+pub async fn assemble_service(
+    config: &Config,
+    catalog: Catalog,
+    service: &str,
+) -> Result<Context, AssembleError> {
+    let clock = sluice_faults::clock_for(service)?;
+    assemble_with_clock(config, catalog, clock).await
+}
+
+/// [`assemble`] on `clock`, which the ledger and the services read "now" from.
+pub async fn assemble_with_clock(
+    config: &Config,
+    catalog: Catalog,
+    clock: Arc<dyn Clock>,
+) -> Result<Context, AssembleError> {
     let ledger = open_ledger(config, Arc::clone(&clock)).await?;
     let metrics = Metrics::new();
     metrics.observe_ledger(Arc::clone(&ledger));
