@@ -1165,7 +1165,12 @@ impl Writer {
                 Inserted::RunClosed => self.closed(command, key),
             };
         }
-        // With a business key the claim decides first, so look before inserting.
+        // With a business key the claim decides first, so look before inserting. The claim,
+        // its takeover of an orphan (a holder that was never recorded) and the insert below run
+        // in this one transaction on the one writer thread, and another process on the file
+        // waits for its write lock: no holder can reserve between another's look at the claim
+        // and its insert, so the CQL ledger's stalled-holder hole (a takeover while the holder
+        // is between its claim and its insert, which there needs a fence) cannot open here.
         if let Some(head) = self.stored_head(&command.run_id)? {
             if head.closed {
                 return self.closed(command, key);
