@@ -66,6 +66,7 @@ use sluice_core::audit::{
 use sluice_core::command::{Command, CommandState, CommandStatus};
 use sluice_core::ids::{BusinessKey, CommandKey, LeaseEpoch, RunId, ToolName};
 use sluice_core::time::{Clock, SystemClock, Timestamp};
+use sluice_ledger::quarantine::Quarantine;
 use sluice_ledger::{
     AuditTrail, Cas, Claim, DueItem, Guard, Ledger, LedgerError, PurgeReport, Reserved, RunSummary,
     SYSTEM_RUN, Transition, cap_result,
@@ -110,6 +111,8 @@ struct Inner {
     known: Mutex<Known>,
     /// The first minute of the due index (written by `migrate`).
     due_origin: i64,
+    /// Commands found undecodable: `due` skips them.
+    quarantine: Quarantine,
     /// Where tests hold a task of this ledger (`pause`).
     #[cfg(test)]
     pauses: pause::Pauses,
@@ -602,6 +605,7 @@ impl CqlLedger {
                 flushed: Mutex::new(HashMap::new()),
                 known: Mutex::new(Known::default()),
                 due_origin,
+                quarantine: Quarantine::default(),
                 #[cfg(test)]
                 pauses: pause::Pauses::default(),
             }),
@@ -734,14 +738,27 @@ impl CqlLedger {
         Ok(head)
     }
 
-    fn stored_row(run: &str, fields: &Fields) -> Result<Option<StoredRow>, LedgerError> {
+    /// The command in `fields`, if it holds one. One that does not decode is
+    /// [`LedgerError::UndecodableCommand`] and is quarantined.
+    fn stored_row(&self, run: &str, fields: &Fields) -> Result<Option<StoredRow>, LedgerError> {
         let (Some(identity), Some(state)) = (fields.text("identity"), fields.text("state")) else {
-            // The partition's static row: the run exists, this command does not.
+            // The partition's static row (the run exists, this command does not), or a row
+            // that holds only claim fences.
             return Ok(None);
         };
+        let undecodable = |what: &'static str, e: serde_json::Error| {
+            self.inner.quarantine.note(LedgerError::UndecodableCommand {
+                run_id: run.to_owned(),
+                command_key: fields.text("command_key").unwrap_or_default().to_owned(),
+                what,
+                why: e.to_string(),
+            })
+        };
         Ok(Some(StoredRow {
-            identity: Arc::new(decode("command", run, identity)?),
-            state: decode("command state", run, state)?,
+            identity: Arc::new(
+                serde_json::from_str(identity).map_err(|e| undecodable("command", e))?,
+            ),
+            state: serde_json::from_str(state).map_err(|e| undecodable("command state", e))?,
             due_at: fields.bigint("due_at"),
             args_hash: fields.text("args_hash").unwrap_or_default().to_owned(),
             write_id: fields.uuid("write_id"),
@@ -772,7 +789,7 @@ impl CqlLedger {
         let Some(fields) = rows.first() else {
             return Ok(None);
         };
-        let row = Self::stored_row(run, fields)?;
+        let row = self.stored_row(run, fields)?;
         match &row {
             Some(row) => {
                 self.remember_head(run, &row.head);
@@ -1048,9 +1065,11 @@ impl CqlLedger {
         run: &str,
         key: &str,
         due_at: Timestamp,
-        status: CommandStatus,
+        status: &str,
     ) -> Result<(), LedgerError> {
-        let values = self.due_values(run, key, due_at, status);
+        let minute = minute_of(due_at).max(minute_of(self.now()));
+        let shard = shard_of(run, self.inner.config.due_shards);
+        let values = (minute, shard, due_at.as_millis(), run, key, status);
         self.plain(op, "write due entry", &self.inner.st.insert_due, values)
             .await
             .map(drop)
@@ -1615,7 +1634,7 @@ impl Ledger for CqlLedger {
             .await?;
         let mut commands = Vec::with_capacity(rows.len());
         for fields in &rows {
-            if let Some(row) = Self::stored_row(run, fields)?
+            if let Some(row) = self.stored_row(run, fields)?
                 && status.is_none_or(|s| s == row.state.status)
             {
                 commands.push(row.command());
@@ -1762,6 +1781,10 @@ impl Ledger for CqlLedger {
         now: Timestamp,
     ) -> Result<PurgeReport, LedgerError> {
         self.purge_runs(older_than, max_runs, actor, now).await
+    }
+
+    fn quarantined(&self) -> u64 {
+        self.inner.quarantine.count()
     }
 
     fn round_trips(&self) -> Vec<sluice_ledger::RoundTrips> {
