@@ -81,6 +81,12 @@ impl Fields {
     pub(crate) fn boolean(&self, name: &str) -> Option<bool> {
         self.get(name).and_then(CqlValue::as_boolean)
     }
+
+    /// Whether the map column `name` holds the key `key`.
+    pub(crate) fn map_has_uuid(&self, name: &str, key: Uuid) -> bool {
+        matches!(self.get(name), Some(CqlValue::Map(entries))
+            if entries.iter().any(|(k, _)| k.as_uuid() == Some(key)))
+    }
 }
 
 /// The rows of a result, untyped; a result that is not rows (a write) has none.

@@ -31,10 +31,16 @@
 //! a write that is not audited leaves its `write_id` on the row. Only then is it reported as
 //! applied or retried; never "not applied" on a guess.
 //!
-//! `sweep` holds the due index walk, `runs` the runs index and the purge.
+//! `sweep` holds the due index walk, `runs` the runs index and the purge, `claims` the business
+//! keys and their fenced takeovers.
 
+mod claims;
+#[cfg(test)]
+mod pause;
 mod runs;
 mod sweep;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -60,6 +66,7 @@ use sluice_core::audit::{
 use sluice_core::command::{Command, CommandState, CommandStatus};
 use sluice_core::ids::{BusinessKey, CommandKey, LeaseEpoch, RunId, ToolName};
 use sluice_core::time::{Clock, SystemClock, Timestamp};
+use sluice_ledger::quarantine::Quarantine;
 use sluice_ledger::{
     AuditTrail, Cas, Claim, DueItem, Guard, Ledger, LedgerError, PurgeReport, Reserved, RunSummary,
     SYSTEM_RUN, Transition, cap_result,
@@ -71,6 +78,7 @@ use crate::config::CqlConfig;
 use crate::schema::{migrate_with, read_meta};
 use crate::statements::Statements;
 use crate::stats::{CqlStats, Kind, Op, StatsSnapshot};
+use claims::Claimed;
 
 /// Reads issued at once by one operation (due-entry checks, run summaries).
 const FAN_OUT: usize = 32;
@@ -103,6 +111,11 @@ struct Inner {
     known: Mutex<Known>,
     /// The first minute of the due index (written by `migrate`).
     due_origin: i64,
+    /// Commands found undecodable: `due` skips them.
+    quarantine: Quarantine,
+    /// Where tests hold a task of this ledger (`pause`).
+    #[cfg(test)]
+    pauses: pause::Pauses,
 }
 
 impl fmt::Debug for Inner {
@@ -346,13 +359,13 @@ enum Lwt {
     Unknown,
 }
 
-/// How a claim went, for reserve.
-enum Claimed {
-    /// The key is the claimant's; `fresh` if this call claimed it.
-    Mine {
-        fresh: bool,
-    },
-    HeldBy(RunId, CommandKey),
+/// How the row write of a reservation went. Moved once, as `Reserved` itself is.
+#[allow(clippy::large_enum_variant)]
+enum RowReserved {
+    Done(Reserved),
+    /// The business-key claim it was made under is fenced here (taken over, or being taken
+    /// over): nothing was written; claim again.
+    Fenced,
 }
 
 #[derive(scylla::SerializeRow)]
@@ -376,6 +389,14 @@ struct ReserveValues<'a> {
     seq: Option<i64>,
     seq_head: Option<&'a str>,
     run_created_at: Option<i64>,
+}
+
+/// A reservation under a business-key claim: the same, and the claim's id.
+#[derive(scylla::SerializeRow)]
+struct ClaimedReserveValues<'a> {
+    #[scylla(flatten)]
+    reserve: ReserveValues<'a>,
+    claim_id: Uuid,
 }
 
 #[derive(scylla::SerializeRow)]
@@ -584,6 +605,9 @@ impl CqlLedger {
                 flushed: Mutex::new(HashMap::new()),
                 known: Mutex::new(Known::default()),
                 due_origin,
+                quarantine: Quarantine::default(),
+                #[cfg(test)]
+                pauses: pause::Pauses::default(),
             }),
         })
     }
@@ -605,6 +629,16 @@ impl CqlLedger {
     fn now(&self) -> Timestamp {
         self.inner.clock.now()
     }
+
+    /// A point where a test may hold this task (see `pause`); nothing outside tests.
+    #[cfg(test)]
+    async fn pause(&self, point: &'static str, run: &str) {
+        self.inner.pauses.at(point, run).await;
+    }
+
+    #[cfg(not(test))]
+    #[inline(always)]
+    async fn pause(&self, _point: &'static str, _run: &str) {}
 
     // ---- round trips -------------------------------------------------------------------
 
@@ -704,14 +738,27 @@ impl CqlLedger {
         Ok(head)
     }
 
-    fn stored_row(run: &str, fields: &Fields) -> Result<Option<StoredRow>, LedgerError> {
+    /// The command in `fields`, if it holds one. One that does not decode is
+    /// [`LedgerError::UndecodableCommand`] and is quarantined.
+    fn stored_row(&self, run: &str, fields: &Fields) -> Result<Option<StoredRow>, LedgerError> {
         let (Some(identity), Some(state)) = (fields.text("identity"), fields.text("state")) else {
-            // The partition's static row: the run exists, this command does not.
+            // The partition's static row (the run exists, this command does not), or a row
+            // that holds only claim fences.
             return Ok(None);
         };
+        let undecodable = |what: &'static str, e: serde_json::Error| {
+            self.inner.quarantine.note(LedgerError::UndecodableCommand {
+                run_id: run.to_owned(),
+                command_key: fields.text("command_key").unwrap_or_default().to_owned(),
+                what,
+                why: e.to_string(),
+            })
+        };
         Ok(Some(StoredRow {
-            identity: Arc::new(decode("command", run, identity)?),
-            state: decode("command state", run, state)?,
+            identity: Arc::new(
+                serde_json::from_str(identity).map_err(|e| undecodable("command", e))?,
+            ),
+            state: serde_json::from_str(state).map_err(|e| undecodable("command state", e))?,
             due_at: fields.bigint("due_at"),
             args_hash: fields.text("args_hash").unwrap_or_default().to_owned(),
             write_id: fields.uuid("write_id"),
@@ -742,7 +789,7 @@ impl CqlLedger {
         let Some(fields) = rows.first() else {
             return Ok(None);
         };
-        let row = Self::stored_row(run, fields)?;
+        let row = self.stored_row(run, fields)?;
         match &row {
             Some(row) => {
                 self.remember_head(run, &row.head);
@@ -894,8 +941,6 @@ impl CqlLedger {
     /// in `audit_pending` until the repair rule writes it), so it is logged, not returned.
     async fn insert_own(&self, op: Op, run: &str, sealed: &SealedLink, write_id: Uuid) {
         let link = Link::sealed(sealed, write_id);
-        // After the LWT fixed the record, before its row is written: a crash here leaves it to
-        // the repair rule.
         sluice_faults::point!("ledger.audit_link.pre");
         let inserted = self.insert_link(op, run, &link).await;
         sluice_faults::point!("ledger.audit_link.post");
@@ -1026,9 +1071,11 @@ impl CqlLedger {
         run: &str,
         key: &str,
         due_at: Timestamp,
-        status: CommandStatus,
+        status: &str,
     ) -> Result<(), LedgerError> {
-        let values = self.due_values(run, key, due_at, status);
+        let minute = minute_of(due_at).max(minute_of(self.now()));
+        let shard = shard_of(run, self.inner.config.due_shards);
+        let values = (minute, shard, due_at.as_millis(), run, key, status);
         self.plain(op, "write due entry", &self.inner.st.insert_due, values)
             .await
             .map(drop)
@@ -1153,57 +1200,80 @@ impl CqlLedger {
         command.state.result = cap_result(command.state.result.take());
         let record = PreparedRecord::new(&command.run_id, audit, command.state.updated_at);
         let mut fresh_claim = false;
-        if let Some(business_key) = &command.business_key {
-            sluice_faults::point!("ledger.claim_key.pre");
-            let claimed = self
-                .claim(
-                    op,
-                    &command.tool,
-                    business_key,
-                    &command.run_id,
-                    &command.command_key,
-                )
-                .await?;
-            sluice_faults::point!("ledger.claim_key.post");
-            match claimed {
-                Claimed::Mine { fresh } => fresh_claim = fresh,
-                Claimed::HeldBy(run, key) => {
-                    let holder = self
-                        .read_row(op, run.as_str(), &key.to_string(), false)
-                        .await?
-                        .ok_or_else(|| {
-                            bad(
-                                "business key holder",
-                                run.as_str(),
-                                format!("{key} vanished"),
-                            )
-                        })?;
-                    return Ok(Reserved::BusinessKeyHeld(holder.command()));
+        // A claim id this reservation found fenced: the next claim takes it over or gives way.
+        let mut dead = None;
+        for _ in 0..self.inner.config.max_attempts {
+            let claim = match &command.business_key {
+                None => None,
+                Some(business_key) => {
+                    sluice_faults::point!("ledger.claim_key.pre");
+                    let claimed = self
+                        .claim(
+                            op,
+                            &command.tool,
+                            business_key,
+                            &command.run_id,
+                            &command.command_key,
+                            dead,
+                        )
+                        .await?;
+                    sluice_faults::point!("ledger.claim_key.post");
+                    match claimed {
+                        Claimed::Mine { id, fresh } => {
+                            fresh_claim |= fresh;
+                            Some(id)
+                        }
+                        Claimed::HeldBy(run, key) => {
+                            let holder = self
+                                .read_row(op, run.as_str(), &key.to_string(), false)
+                                .await?
+                                .ok_or_else(|| {
+                                    bad(
+                                        "business key holder",
+                                        run.as_str(),
+                                        format!("{key} vanished"),
+                                    )
+                                })?;
+                            return Ok(Reserved::BusinessKeyHeld(holder.command()));
+                        }
+                    }
                 }
+            };
+            self.pause("reserve.claimed", command.run_id.as_str()).await;
+            sluice_faults::point!("ledger.reserve.pre");
+            let row = self.reserve_row(&command, &record, confined, claim).await;
+            sluice_faults::point!("ledger.reserve.post");
+            let reserved = match row {
+                Ok(RowReserved::Done(reserved)) => Ok(reserved),
+                Ok(RowReserved::Fenced) => {
+                    dead = claim;
+                    continue;
+                }
+                Err(e) => Err(e),
+            };
+            if fresh_claim
+                && matches!(
+                    reserved,
+                    Err(LedgerError::ArgumentDrift { .. }
+                        | LedgerError::RunClosed { .. }
+                        | LedgerError::ForeignRun { .. })
+                )
+            {
+                self.release_claim(op, &command).await;
             }
+            return reserved;
         }
-        sluice_faults::point!("ledger.reserve.pre");
-        let reserved = self.reserve_row(&command, &record, confined).await;
-        sluice_faults::point!("ledger.reserve.post");
-        if fresh_claim
-            && matches!(
-                reserved,
-                Err(LedgerError::ArgumentDrift { .. }
-                    | LedgerError::RunClosed { .. }
-                    | LedgerError::ForeignRun { .. })
-            )
-        {
-            self.release_claim(op, &command).await;
-        }
-        reserved
+        Err(self.too_contended(op, command.run_id.as_str()))
     }
 
+    /// Writes the command's row, under business-key claim `claim` if it has one.
     async fn reserve_row(
         &self,
         command: &Command,
         record: &PreparedRecord,
         confined: bool,
-    ) -> Result<Reserved, LedgerError> {
+        claim: Option<Uuid>,
+    ) -> Result<RowReserved, LedgerError> {
         let op = Op::Reserve;
         let run = command.run_id.as_str();
         let key = command.command_key.to_string();
@@ -1221,7 +1291,10 @@ impl CqlLedger {
                 // A closed run: what is there still replays; nothing new goes in. (A cached head
                 // that missed the closing fails its LWT below and is read afresh.)
                 if let Some(stored) = self.read_row(op, run, &key, false).await? {
-                    return self.existing(command, &key, Some(stored)).await;
+                    return self
+                        .existing(command, &key, Some(stored))
+                        .await
+                        .map(RowReserved::Done);
                 }
                 return Err(LedgerError::RunClosed {
                     run_id: run.to_owned(),
@@ -1270,13 +1343,32 @@ impl CqlLedger {
                 seq_head: head.stored_hash.as_deref(),
                 run_created_at: head.run_created_at,
             };
-            let applied = match self
-                .lwt(op, "reserve", &self.inner.st.reserve, values)
-                .await?
-            {
+            let outcome = match claim {
+                None => {
+                    self.lwt(op, "reserve", &self.inner.st.reserve, values)
+                        .await?
+                }
+                Some(claim_id) => {
+                    let values = ClaimedReserveValues {
+                        reserve: values,
+                        claim_id,
+                    };
+                    self.lwt(op, "reserve", &self.inner.st.reserve_claimed, values)
+                        .await?
+                }
+            };
+            let applied = match outcome {
                 Lwt::Applied => true,
                 Lwt::NotApplied(row) if row.text("status").is_some() => {
-                    return self.existing(command, &key, None).await;
+                    return self
+                        .existing(command, &key, None)
+                        .await
+                        .map(RowReserved::Done);
+                }
+                Lwt::NotApplied(row)
+                    if claim.is_some_and(|id| row.map_has_uuid("claim_fences", id)) =>
+                {
+                    return Ok(RowReserved::Fenced);
                 }
                 Lwt::NotApplied(_) => {
                     // The head moved, or the run was purged or registered: read it afresh.
@@ -1313,10 +1405,13 @@ impl CqlLedger {
                     }),
                 );
                 self.insert_own(op, run, &sealed, write_id).await;
-                return Ok(Reserved::Created(command.clone()));
+                return Ok(RowReserved::Done(Reserved::Created(command.clone())));
             }
             if let Some(stored) = self.read_row(op, run, &key, false).await? {
-                return self.existing(command, &key, Some(stored)).await;
+                return self
+                    .existing(command, &key, Some(stored))
+                    .await
+                    .map(RowReserved::Done);
             }
         }
         Err(self.too_contended(op, run))
@@ -1347,137 +1442,6 @@ impl CqlLedger {
                 stored: stored.args_hash,
                 presented: command.args_hash.to_string(),
             })
-        }
-    }
-
-    async fn claim(
-        &self,
-        op: Op,
-        tool: &ToolName,
-        business_key: &BusinessKey,
-        run_id: &RunId,
-        command_key: &CommandKey,
-    ) -> Result<Claimed, LedgerError> {
-        let (tool, bk) = (tool.to_string(), business_key.as_str());
-        let (run, key) = (run_id.as_str(), command_key.to_string());
-        let ttl = self.inner.config.business_key_ttl();
-        let grace = i64::try_from(self.inner.config.orphan_claim_grace_ms).unwrap_or(i64::MAX);
-        // How long to wait for a holder whose reservation is still in flight. Both this and
-        // the grace are judged on the one clock reading taken before each attempt's LWT: read
-        // apart, an attempt whose LWT ran long could see the grace not yet passed (stale
-        // reading) and the patience already spent (fresh one), and give up on a key it was
-        // entitled to take over.
-        let patience = grace.min(5_000);
-        let started = self.now().as_millis();
-        for attempt in 0..self.inner.config.max_attempts {
-            let now = self.now().as_millis();
-            let holder = match self
-                .lwt(
-                    op,
-                    "claim business key",
-                    &self.inner.st.claim,
-                    (tool.as_str(), bk, run, key.as_str(), now, ttl),
-                )
-                .await?
-            {
-                Lwt::Applied => return Ok(Claimed::Mine { fresh: true }),
-                Lwt::NotApplied(row) => row,
-                Lwt::Unknown => {
-                    let rows = self
-                        .paged(
-                            op,
-                            "read business key",
-                            &self.inner.st.read_claim_serial,
-                            (tool.as_str(), bk),
-                            Kind::Serial,
-                        )
-                        .await?;
-                    match rows.into_iter().next() {
-                        Some(row) => row,
-                        None => continue,
-                    }
-                }
-            };
-            let (Some(held_run), Some(held_key)) =
-                (holder.text("run_id"), holder.text("command_key"))
-            else {
-                continue;
-            };
-            if held_run == run && held_key == key {
-                return Ok(Claimed::Mine { fresh: false });
-            }
-            let holder_id = RunId::parse(held_run)
-                .and_then(|r| CommandKey::parse(held_key).map(|k| (r, k)))
-                .map_err(|e| bad("business key holder", held_run, e.to_string()))?;
-            if self
-                .read_row(op, held_run, held_key, false)
-                .await?
-                .is_some()
-            {
-                return Ok(Claimed::HeldBy(holder_id.0, holder_id.1));
-            }
-            // The holder does not exist: its reservation is in flight, or died after its claim.
-            let claimed_at = holder.bigint("claimed_at").unwrap_or(0);
-            if now.saturating_sub(claimed_at) >= grace {
-                let taken = self
-                    .lwt(
-                        op,
-                        "take over business key",
-                        &self.inner.st.take_over_claim,
-                        (
-                            ttl,
-                            run,
-                            key.as_str(),
-                            now,
-                            tool.as_str(),
-                            bk,
-                            held_run,
-                            held_key,
-                        ),
-                    )
-                    .await?;
-                if matches!(taken, Lwt::Applied) {
-                    return Ok(Claimed::Mine { fresh: true });
-                }
-                // Lost the race or unknown: the next round reads who holds it now.
-                continue;
-            }
-            if now.saturating_sub(started) >= patience {
-                return Err(storage_msg(
-                    "claim business key",
-                    format!(
-                        "business key {bk} of {tool} is claimed by {held_run}/{held_key}, whose reservation has not landed yet; try again"
-                    ),
-                ));
-            }
-            back_off(attempt.min(4) + 2).await;
-        }
-        Err(self.too_contended(op, run))
-    }
-
-    async fn release_claim(&self, op: Op, command: &Command) {
-        let Some(bk) = &command.business_key else {
-            return;
-        };
-        let key = command.command_key.to_string();
-        let tool = command.tool.to_string();
-        if let Err(e) = self
-            .lwt(
-                op,
-                "release business key",
-                &self.inner.st.release_claim,
-                (
-                    tool.as_str(),
-                    bk.as_str(),
-                    command.run_id.as_str(),
-                    key.as_str(),
-                ),
-            )
-            .await
-        {
-            // The claim outlives its failed reservation; the orphan rule frees it later.
-            tracing::warn!(run_id = %command.run_id, command_key = %key, error = %e,
-                "could not release a business key after a refused reservation");
         }
     }
 
@@ -1686,7 +1650,7 @@ impl Ledger for CqlLedger {
             .await?;
         let mut commands = Vec::with_capacity(rows.len());
         for fields in &rows {
-            if let Some(row) = Self::stored_row(run, fields)?
+            if let Some(row) = self.stored_row(run, fields)?
                 && status.is_none_or(|s| s == row.state.status)
             {
                 commands.push(row.command());
@@ -1725,7 +1689,7 @@ impl Ledger for CqlLedger {
         self.inner.stats.call(op);
         sluice_faults::point!("ledger.claim_key.pre");
         let claimed = self
-            .claim(op, tool, business_key, run_id, command_key)
+            .claim(op, tool, business_key, run_id, command_key, None)
             .await?;
         sluice_faults::point!("ledger.claim_key.post");
         Ok(match claimed {
@@ -1842,6 +1806,10 @@ impl Ledger for CqlLedger {
         let report = self.purge_runs(older_than, max_runs, actor, now).await;
         sluice_faults::point!("ledger.purge.post");
         report
+    }
+
+    fn quarantined(&self) -> u64 {
+        self.inner.quarantine.count()
     }
 
     fn round_trips(&self) -> Vec<sluice_ledger::RoundTrips> {

@@ -12,7 +12,7 @@ use crate::config::{Replication, Tablets, validate_keyspace};
 pub const SCHEMA_VERSION: i64 = 1;
 
 /// Schema files in order; each is applied whole, every statement idempotent.
-const SCHEMA_FILES: [(&str, &str); 2] = [
+const SCHEMA_FILES: [(&str, &str); 3] = [
     (
         "001_schema.cql",
         include_str!("../../../schemas/cql/001_schema.cql"),
@@ -20,6 +20,10 @@ const SCHEMA_FILES: [(&str, &str); 2] = [
     (
         "002_run_closed.cql",
         include_str!("../../../schemas/cql/002_run_closed.cql"),
+    ),
+    (
+        "003_claim_fence.cql",
+        include_str!("../../../schemas/cql/003_claim_fence.cql"),
     ),
 ];
 
@@ -216,7 +220,9 @@ mod tests {
                 "business_keys",
                 "runs",
                 "meta",
-                "ALTER TABLE sluice_test.commands ADD run_closed_at bigint static"
+                "ALTER TABLE sluice_test.commands ADD run_closed_at bigint static",
+                "ALTER TABLE sluice_test.business_keys ADD claim_id uuid",
+                "ALTER TABLE sluice_test.commands ADD claim_fences map<uuid, bigint>"
             ]
         );
         assert!(

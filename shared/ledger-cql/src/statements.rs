@@ -41,10 +41,12 @@ pub(crate) struct Statements {
     pub read_meta: PreparedStatement,
     // Lightweight transactions.
     pub reserve: PreparedStatement,
+    pub reserve_claimed: PreparedStatement,
     pub transition: PreparedStatement,
     pub quiet: PreparedStatement,
     pub append: PreparedStatement,
     pub claim: PreparedStatement,
+    pub fence_claim: PreparedStatement,
     pub take_over_claim: PreparedStatement,
     pub release_claim: PreparedStatement,
     pub purge_fence: PreparedStatement,
@@ -98,6 +100,17 @@ impl Statements {
             Ok::<_, CqlError>(statement)
         };
         use Kind::{Lwt, Read, SerialRead, Write};
+        let reserve = format!(
+            "UPDATE {ks}.commands SET status = :status, lease_epoch = :lease_epoch, due_at = :due_at, \
+             args_hash = :args_hash, identity = :identity, state = :state, \
+             write_id = :write_id, audit_seq = :next_seq, audit_head = :head, \
+             audit_pending = :pending, audit_pending_prev = :pending_prev, \
+             audit_write_id = :audit_write_id, updated_at = :updated_at, \
+             run_created_at = :new_run_created_at \
+             WHERE run_id = :run_id AND command_key = :command_key \
+             IF status = null AND audit_seq = :seq AND audit_head = :seq_head \
+             AND run_created_at = :run_created_at"
+        );
         Ok(Self {
             read_head: prepare(
                 format!("SELECT {STATICS} FROM {ks}.commands WHERE run_id = ? LIMIT 1"),
@@ -173,7 +186,7 @@ impl Statements {
             .await?,
             read_claim_serial: prepare(
                 format!(
-                    "SELECT run_id, command_key, claimed_at FROM {ks}.business_keys \
+                    "SELECT run_id, command_key, claimed_at, claim_id FROM {ks}.business_keys \
                      WHERE tool = ? AND business_key = ?"
                 ),
                 SerialRead,
@@ -192,18 +205,10 @@ impl Statements {
                 Read,
             )
             .await?,
-            reserve: prepare(
-                format!(
-                    "UPDATE {ks}.commands SET status = :status, lease_epoch = :lease_epoch, due_at = :due_at, \
-                     args_hash = :args_hash, identity = :identity, state = :state, \
-                     write_id = :write_id, audit_seq = :next_seq, audit_head = :head, \
-                     audit_pending = :pending, audit_pending_prev = :pending_prev, \
-                     audit_write_id = :audit_write_id, updated_at = :updated_at, \
-                     run_created_at = :new_run_created_at \
-                     WHERE run_id = :run_id AND command_key = :command_key \
-                     IF status = null AND audit_seq = :seq AND audit_head = :seq_head \
-                     AND run_created_at = :run_created_at"
-                ),
+            reserve: prepare(reserve.clone(), Lwt).await?,
+            // The same under a business-key claim: not if the claim was fenced here.
+            reserve_claimed: prepare(
+                format!("{reserve} AND claim_fences[:claim_id] = null"),
                 Lwt,
             )
             .await?,
@@ -244,8 +249,17 @@ impl Statements {
             .await?,
             claim: prepare(
                 format!(
-                    "INSERT INTO {ks}.business_keys (tool, business_key, run_id, command_key, claimed_at) \
-                     VALUES (?, ?, ?, ?, ?) IF NOT EXISTS USING TTL ?"
+                    "INSERT INTO {ks}.business_keys (tool, business_key, run_id, command_key, claimed_at, claim_id) \
+                     VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS USING TTL ?"
+                ),
+                Lwt,
+            )
+            .await?,
+            // No TTL: a fence must outlive any stall of the producer it stops.
+            fence_claim: prepare(
+                format!(
+                    "UPDATE {ks}.commands SET claim_fences[?] = ? \
+                     WHERE run_id = ? AND command_key = ? IF status = null"
                 ),
                 Lwt,
             )
@@ -253,8 +267,8 @@ impl Statements {
             take_over_claim: prepare(
                 format!(
                     "UPDATE {ks}.business_keys USING TTL ? SET run_id = ?, command_key = ?, \
-                     claimed_at = ? WHERE tool = ? AND business_key = ? \
-                     IF run_id = ? AND command_key = ?"
+                     claimed_at = ?, claim_id = ? WHERE tool = ? AND business_key = ? \
+                     IF run_id = ? AND command_key = ? AND claim_id = ?"
                 ),
                 Lwt,
             )

@@ -929,3 +929,75 @@ async fn a_keyspace_without_run_closed_at_is_migrated_and_keeps_its_runs() {
         Err(sluice_ledger::LedgerError::RunClosed { .. })
     ));
 }
+
+/// A command row that cannot be decoded (damaged JSON, a status this build does not know) is
+/// an error naming it for whoever reads it, and is quarantined: the sweep's `due` skips it
+/// and still returns the other commands, instead of failing whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_command_is_quarantined_and_skipped_by_the_sweep() {
+    let ledger = connect_shared().await;
+    let keyspace = ledger.config().keyspace.clone();
+    let run = fresh_run("undecodable");
+    let mut reserved = Vec::new();
+    for decision in 0..3 {
+        let c = command(&run, decision, "email/send", 0, json!({}));
+        let audit = c.reservation_audit("test");
+        reserved.push(
+            ledger
+                .reserve(c, audit)
+                .await
+                .expect("reserve")
+                .command()
+                .clone(),
+        );
+    }
+    let (damaged, unknown, good) = (&reserved[0], &reserved[1], &reserved[2]);
+    // Test-only: rows as a bad hand or a newer build might leave them (an LWT, like every
+    // write to `commands`).
+    for (column, value, c) in [
+        ("state", "{\"status\":", damaged),
+        ("status", "HIBERNATING", unknown),
+    ] {
+        ledger
+            .session()
+            .query_unpaged(
+                format!(
+                    "UPDATE {keyspace}.commands SET {column} = ? WHERE run_id = ? AND command_key = ? IF status = ?"
+                ),
+                (value, run.as_str(), c.command_key.as_str(), c.status().as_str()),
+            )
+            .await
+            .expect("damage");
+    }
+    let fresh = connect_shared().await;
+    let later = now().plus_millis(3_600_000);
+    let ours = |items: &[sluice_ledger::DueItem]| -> Vec<String> {
+        items
+            .iter()
+            .filter(|item| item.run_id == run)
+            .map(|item| item.command_key.to_string())
+            .collect()
+    };
+    let due = fresh.due(later, 100_000).await.expect("due does not fail");
+    assert_eq!(
+        ours(&due),
+        [
+            damaged.command_key.to_string(),
+            good.command_key.to_string()
+        ]
+    );
+    match fresh.get(&run, &damaged.command_key).await {
+        Err(sluice_ledger::LedgerError::UndecodableCommand {
+            run_id,
+            command_key,
+            ..
+        }) => assert_eq!(
+            (run_id.as_str(), command_key.as_str()),
+            (run.as_str(), damaged.command_key.as_str())
+        ),
+        other => panic!("expected an undecodable command, got {other:?}"),
+    }
+    let due = fresh.due(later, 100_000).await.expect("due");
+    assert_eq!(ours(&due), [good.command_key.to_string()]);
+    assert_eq!(fresh.quarantined(), 2, "each counted once");
+}

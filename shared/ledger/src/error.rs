@@ -70,6 +70,19 @@ pub enum LedgerError {
         #[source]
         source: std::io::Error,
     },
+    /// A stored command cannot be decoded (a damaged row, or one written by a build that
+    /// stores what this one cannot read). Nothing can act on it until a person repairs or
+    /// removes the row, so the ledger sets it aside (see [`crate::quarantine`]): sweeps skip
+    /// it, and a service that meets it dead-letters its message instead of retrying.
+    #[error(
+        "stored command {run_id}/{command_key} cannot be decoded ({what}: {why}); it is quarantined until a person repairs or removes the row"
+    )]
+    UndecodableCommand {
+        run_id: String,
+        command_key: String,
+        what: &'static str,
+        why: String,
+    },
     /// A stored value could not be decoded.
     #[error("stored {what} of {run_id} cannot be decoded: {why}")]
     Decode {

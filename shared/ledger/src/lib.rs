@@ -3,6 +3,7 @@
 //! * [`Ledger`] — the port: compare-and-set operations that every service uses.
 //! * [`sqlite`] — the embedded implementation (WAL, one writer thread, group commit).
 //! * [`contract`] — the one contract suite every implementation must pass, races included.
+//! * [`quarantine`] — commands that cannot be decoded, set aside so they stop nobody else.
 //!
 //! # The contract
 //!
@@ -30,6 +31,7 @@ use sluice_core::time::Timestamp;
 pub mod contract;
 mod error;
 pub mod identity;
+pub mod quarantine;
 pub mod sqlite;
 
 pub use error::LedgerError;
@@ -347,7 +349,9 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Claim, LedgerError>;
 
     /// Commands due at or before `now`, earliest first, read through the due index (never a
-    /// scan of all commands).
+    /// scan of all commands). A command that cannot be decoded is skipped (and quarantined,
+    /// [`quarantine`]), never an error of the whole call: one damaged row must not stop the
+    /// sweep of every other.
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<DueItem>, LedgerError>;
 
     /// Appends a record that is not a command transition (a run rollback request, a
@@ -389,6 +393,12 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
     /// (the embedded ledger has no network round trips to count).
     fn round_trips(&self) -> Vec<RoundTrips> {
         Vec::new()
+    }
+
+    /// Commands this handle found it cannot decode and set aside since it opened, each counted
+    /// once ([`quarantine`]), for the `sluice_ledger_quarantined_commands_total` metric.
+    fn quarantined(&self) -> u64 {
+        0
     }
 
     /// A copy of a command waiting for dispatch ([`Command::awaits_dispatch`]: PENDING,

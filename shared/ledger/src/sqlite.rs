@@ -40,6 +40,7 @@ use sluice_core::ids::{BusinessKey, CommandKey, RunId, ToolName};
 use sluice_core::time::{Clock, SystemClock, Timestamp};
 
 use crate::identity::Identity;
+use crate::quarantine::Quarantine;
 use crate::{
     AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, PurgeReport, Reserved, RunSummary,
     SYSTEM_RUN, Transition, cap_result,
@@ -229,6 +230,8 @@ struct Inner {
     /// Commands this process left waiting for dispatch: see [`Ledger::cached`].
     waiting: Mutex<Waiting>,
     clock: Arc<dyn Clock>,
+    /// Commands found undecodable: `due` skips them.
+    quarantine: Arc<Quarantine>,
 }
 
 /// Read connections kept open, and reads run at once.
@@ -381,7 +384,8 @@ enum Op {
 enum ReserveReply {
     Created,
     Existing(RawRow),
-    Held(RawRow),
+    /// The holder of the business key: its run, its key and its row.
+    Held(String, String, RawRow),
 }
 
 enum CasReply {
@@ -452,6 +456,7 @@ impl SqliteLedger {
                 read_slots: Arc::new(Semaphore::new(MAX_READERS)),
                 waiting: Mutex::new(Waiting::default()),
                 clock,
+                quarantine: Arc::new(Quarantine::default()),
             }),
         })
     }
@@ -543,10 +548,15 @@ impl SqliteLedger {
                 Ok(Reserved::Created(*command))
             }
             Reply::Reserved(ReserveReply::Existing((identity, state))) => {
-                row_command(run, &identity, &state).map(Reserved::Existing)
+                let key = command.command_key.as_str();
+                row_command(run, key, &identity, &state)
+                    .map(Reserved::Existing)
+                    .map_err(|e| self.inner.quarantine.note(e))
             }
-            Reply::Reserved(ReserveReply::Held((identity, state))) => {
-                row_command(run, &identity, &state).map(Reserved::BusinessKeyHeld)
+            Reply::Reserved(ReserveReply::Held(run, key, (identity, state))) => {
+                row_command(&run, &key, &identity, &state)
+                    .map(Reserved::BusinessKeyHeld)
+                    .map_err(|e| self.inner.quarantine.note(e))
             }
             _ => Err(LedgerError::Closed),
         }
@@ -720,9 +730,23 @@ fn encode<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_default()
 }
 
-fn row_command(run_id: &str, identity: &str, state: &str) -> Result<Command, LedgerError> {
-    let identity: Identity = decode("command", run_id, identity)?;
-    let state: CommandState = decode("command state", run_id, state)?;
+/// A stored command; one that does not decode is [`LedgerError::UndecodableCommand`].
+fn row_command(
+    run_id: &str,
+    command_key: &str,
+    identity: &str,
+    state: &str,
+) -> Result<Command, LedgerError> {
+    let undecodable = |what: &'static str, e: serde_json::Error| LedgerError::UndecodableCommand {
+        run_id: run_id.to_owned(),
+        command_key: command_key.to_owned(),
+        what,
+        why: e.to_string(),
+    };
+    let identity: Identity =
+        serde_json::from_str(identity).map_err(|e| undecodable("command", e))?;
+    let state: CommandState =
+        serde_json::from_str(state).map_err(|e| undecodable("command state", e))?;
     Ok(identity.with_state(state))
 }
 
@@ -1168,7 +1192,12 @@ impl Writer {
                 Inserted::RunClosed => self.closed(command, key),
             };
         }
-        // With a business key the claim decides first, so look before inserting.
+        // With a business key the claim decides first, so look before inserting. The claim,
+        // its takeover of an orphan (a holder that was never recorded) and the insert below run
+        // in this one transaction on the one writer thread, and another process on the file
+        // waits for its write lock: no holder can reserve between another's look at the claim
+        // and its insert, so the CQL ledger's stalled-holder hole (a takeover while the holder
+        // is between its claim and its insert, which there needs a fence) cannot open here.
         if let Some(head) = self.stored_head(&command.run_id)? {
             if head.closed {
                 return self.closed(command, key);
@@ -1191,9 +1220,10 @@ impl Writer {
                     command_key,
                 }) => {
                     // claim() frees orphaned claims, so the holder exists.
+                    let key = command_key.to_string();
                     return Ok(self
-                        .load_row(run_id.as_str(), &command_key.to_string())?
-                        .map(ReserveReply::Held)
+                        .load_row(run_id.as_str(), &key)?
+                        .map(|row| ReserveReply::Held(run_id.to_string(), key, row))
                         .ok_or_else(|| LedgerError::Decode {
                             what: "business key holder",
                             run_id: run_id.to_string(),
@@ -1611,14 +1641,25 @@ impl Ledger for SqliteLedger {
                     Cas::Applied(command)
                 }
                 _ => {
-                    let identity: Identity = decode("command", run, &identity)?;
+                    let identity: Identity = serde_json::from_str(&identity).map_err(|e| {
+                        self.inner.quarantine.note(LedgerError::UndecodableCommand {
+                            run_id: run.to_owned(),
+                            command_key: transition.command_key.to_string(),
+                            what: "command",
+                            why: e.to_string(),
+                        })
+                    })?;
                     Cas::Applied(identity.with_state(transition.next))
                 }
             },
-            Reply::Cas(CasReply::Conflict(row)) => Cas::Conflict(
-                row.map(|(identity, state)| row_command(run, &identity, &state))
-                    .transpose()?,
-            ),
+            Reply::Cas(CasReply::Conflict(row)) => {
+                let key = transition.command_key.to_string();
+                Cas::Conflict(
+                    row.map(|(identity, state)| row_command(run, &key, &identity, &state))
+                        .transpose()
+                        .map_err(|e| self.inner.quarantine.note(e))?,
+                )
+            }
             _ => return Err(LedgerError::Closed),
         };
         match &cas {
@@ -1626,6 +1667,10 @@ impl Ledger for SqliteLedger {
             Cas::Conflict(None) => {}
         }
         Ok(cas)
+    }
+
+    fn quarantined(&self) -> u64 {
+        self.inner.quarantine.count()
     }
 
     fn cached(&self, run_id: &RunId, command_key: &CommandKey) -> Option<Command> {
@@ -1651,10 +1696,11 @@ impl Ledger for SqliteLedger {
                         .optional()
                 })
                 .map_err(|e| map_err(e, "get", &path, &config))?;
-            row.map(|(identity, state)| row_command(&run, &identity, &state))
+            row.map(|(identity, state)| row_command(&run, &key, &identity, &state))
                 .transpose()
         })
         .await
+        .map_err(|e| self.inner.quarantine.note(e))
     }
 
     async fn list_run(
@@ -1688,10 +1734,11 @@ impl Ledger for SqliteLedger {
             // Journal order: decision, then call index, then the key for a stable tie-break.
             rows.sort_unstable_by(|a, b| (a.0, a.1, &a.2).cmp(&(b.0, b.1, &b.2)));
             rows.iter()
-                .map(|(_, _, _, identity, state)| row_command(&run, identity, state))
+                .map(|(_, _, key, identity, state)| row_command(&run, key, identity, state))
                 .collect()
         })
         .await
+        .map_err(|e| self.inner.quarantine.note(e))
     }
 
     async fn list_runs(
@@ -1766,7 +1813,11 @@ impl Ledger for SqliteLedger {
 
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<DueItem>, LedgerError> {
         let (path, config) = (self.inner.path.clone(), self.inner.config.clone());
+        let quarantine = Arc::clone(&self.inner.quarantine);
         self.read("due", move |conn| {
+            // Quarantined commands are skipped below; read past them so they never take the
+            // place of commands that can be swept.
+            let wanted = limit.saturating_add(quarantine.len());
             let rows: Vec<(String, String, String, i64)> = conn
                 .prepare_cached(
                     "SELECT run_id, command_key, status, due_at FROM commands \
@@ -1774,29 +1825,44 @@ impl Ledger for SqliteLedger {
                 )
                 .and_then(|mut stmt| {
                     stmt.query_map(
-                        params![now.as_millis(), i64::try_from(limit).unwrap_or(i64::MAX)],
+                        params![now.as_millis(), i64::try_from(wanted).unwrap_or(i64::MAX)],
                         |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
                     )?
                     .collect()
                 })
                 .map_err(|e| map_err(e, "due", &path, &config))?;
-            rows.into_iter()
-                .map(|(run, key, status, due_at)| {
-                    let bad = |why: String| LedgerError::Decode {
-                        what: "due item",
-                        run_id: run.clone(),
-                        why,
-                    };
-                    Ok(DueItem {
-                        run_id: RunId::parse(&run).map_err(|e| bad(e.to_string()))?,
-                        command_key: CommandKey::parse(&key).map_err(|e| bad(e.to_string()))?,
-                        status: status
-                            .parse()
-                            .map_err(|e: sluice_core::command::UnknownStatus| bad(e.to_string()))?,
-                        due_at: Timestamp::from_millis(due_at),
+            let mut items = Vec::with_capacity(rows.len().min(limit));
+            for (run, key, status, due_at) in rows {
+                if items.len() == limit {
+                    break;
+                }
+                if quarantine.holds(&run, &key) {
+                    continue;
+                }
+                let parsed = RunId::parse(&run)
+                    .map_err(|e| e.to_string())
+                    .and_then(|run_id| {
+                        CommandKey::parse(&key)
+                            .map(|key| (run_id, key))
+                            .map_err(|e| e.to_string())
                     })
-                })
-                .collect()
+                    .and_then(|(run_id, key)| {
+                        status
+                            .parse()
+                            .map(|status| (run_id, key, status))
+                            .map_err(|e: sluice_core::command::UnknownStatus| e.to_string())
+                    });
+                match parsed {
+                    Ok((run_id, command_key, status)) => items.push(DueItem {
+                        run_id,
+                        command_key,
+                        status,
+                        due_at: Timestamp::from_millis(due_at),
+                    }),
+                    Err(why) => quarantine.set_aside(&run, &key, &why),
+                }
+            }
+            Ok(items)
         })
         .await
     }

@@ -1,20 +1,74 @@
 //! The consume loop every service runs: take deliveries of one topic as a member of a group,
-//! handle up to `concurrency` at once, acknowledge each only after its handler succeeded.
+//! handle up to `concurrency` at once, acknowledge each once it is handled or set aside — and
+//! never hold a partition forever for one message.
 //!
 //! Ordering: the bus hands out a partition's next message only after the previous one was
 //! acknowledged, so a run's messages are handled one after another; different partitions
-//! proceed concurrently.
+//! proceed concurrently. The price of that order is that a message the loop keeps retrying
+//! stops every run that hashes to its partition, so every retry here is bounded.
 //!
-//! Failures: a message that cannot be decoded goes to the dead-letter topic with the reason and
-//! is acknowledged (it would fail forever). A handler that fails (the ledger is locked, the bus
-//! is down) is retried with backoff, holding its partition, until it succeeds or shutdown —
-//! then the message stays unacknowledged and is delivered again after the restart.
+//! # Failures
+//!
+//! * **A message that cannot be used** (it does not decode: [`Handled::Reject`]) goes to the
+//!   dead-letter topic with the reason and is acknowledged: it would fail forever.
+//! * **A command the ledger cannot decode** ([`LedgerError::UndecodableCommand`]: a damaged
+//!   row, or one a build stored that this one cannot read) fails the same way every time, so
+//!   its message is dead-lettered at once, counted (`sluice_quarantined_messages_total`) and
+//!   escalated. The ledger itself has set the command aside: its sweeps skip it (see
+//!   `sluice_ledger::quarantine`), so it is not republished every sweep either.
+//! * **A handler that fails** (the ledger is locked or unreachable, the command kept changing,
+//!   a publish failed) is retried with jittered exponential backoff, holding its partition,
+//!   up to [`RetryPolicy::attempts`]; then the message is dead-lettered with the last error
+//!   and acknowledged.
+//! * **A dead letter the bus refuses**: one too large for the bus is sent again with its
+//!   payload cut to fit (marked with [`DLQ_TRUNCATED_HEADER`]); any other refusal is retried
+//!   with backoff for [`RetryPolicy::dead_letter_budget_ms`]. If the dead-letter topic still
+//!   refuses, the message is acknowledged without a dead letter, logged at error level with
+//!   its payload (the first [`LOGGED_PAYLOAD_BYTES`]) and counted
+//!   (`sluice_dead_letters_unpublished_total`).
+//!
+//! On shutdown a message in retry is left unacknowledged and is delivered again after the
+//! restart.
+//!
+//! # Why acknowledging a message that was not handled loses nothing accepted
+//!
+//! A submission is accepted when its command is a row in the ledger (the API answers `201`
+//! only then), never when a message is published. Messages carry only identities and every
+//! handler re-reads the command; they are a fast path. The slow path is the reconciler's sweep
+//! (`services/reconciler`, `sweep_once`), which reads the ledger's due index and acts on every
+//! command whose due time has passed: it steps SCHEDULED and expired LEASED commands and
+//! republishes the request that every other waiting state is owed. What the state machine
+//! (`sluice_core::machine`) stores for each message kind, so that a dropped message is
+//! replaced once its due time passes:
+//!
+//! * `requested` (a dispatch request) asks work of a PENDING or APPROVED command — due
+//!   `pending_stale_ms` after its reservation (`CommandState::reserved`), approval or
+//!   redispatch, and republished by the sweep then — or of one leased at reservation
+//!   (`machine::lease_at_reservation`), due when its lease expires: the sweep marks it UNKNOWN
+//!   and the reconciler retries it with the same key or looks it up. A SCHEDULED command is
+//!   due at its time and stepped to PENDING by the sweep.
+//! * `unknown` (a reconcile request) asks a look at an UNKNOWN command (`enter_unknown`: due at
+//!   once, then at each backoff or settle interval) or at a CONFIRMED one still to be verified
+//!   (`verify_pending`, due at its settle interval); the sweep republishes both.
+//! * `compensate`: a command job asks for a COMPENSATING command (due at its compensation
+//!   timeout or backoff); a duplicate job for a CONFIRMED command that owes the clean-up of
+//!   extra commits (`owed_duplicates`, due at once; the core's property test asserts that owed
+//!   work always has a due time); a rollback job only orders calls the rollback already made
+//!   durable (`Context::begin_rollback` closes the run and moves each command to COMPENSATING
+//!   with a due time). The sweep republishes each command's own job.
+//! * `events` and `dlq` are for the outside world; no service consumes them with this loop.
+//!
+//! BLOCKED waits for a person, not for a message, and has no due time on purpose. So a message
+//! dropped after its retries costs the command its fast path — it runs again when its due time
+//! passes — and a dead letter records why.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use sluice_bus::{Bus, BusError, Delivery, Topic};
+use serde::{Deserialize, Serialize};
+use sluice_bus::{Bus, BusError, Delivery, Header, Topic};
+use sluice_ledger::LedgerError;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +76,12 @@ use tokio_util::sync::CancellationToken;
 use crate::messages::{DLQ_REASON_HEADER, DLQ_TOPIC_HEADER, MessageError};
 use crate::metrics::Metrics;
 use crate::pipeline::PipelineError;
+
+/// The header a dead letter carries when its payload was cut to fit the bus: the size of the
+/// whole payload, in bytes.
+pub const DLQ_TRUNCATED_HEADER: &str = "sluice-dlq-truncated-from";
+/// How much of a payload is logged when a message is acknowledged without a dead letter.
+pub const LOGGED_PAYLOAD_BYTES: usize = 4 * 1024;
 
 /// What a handler says about a delivery.
 #[derive(Debug)]
@@ -41,11 +101,84 @@ pub struct ConsumerSpec {
     pub concurrency: usize,
 }
 
-/// Runs the loop until `shutdown`, then waits for the handlers in flight.
+/// How long a message may hold its partition: handler retries, then dead-letter retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryPolicy {
+    /// Handler attempts before the message is dead-lettered (at least 1).
+    pub attempts: u32,
+    /// The backoff after the first failed attempt; it doubles after each, up to
+    /// `max_backoff_ms`, and each pause is drawn between half of it and all of it.
+    pub first_backoff_ms: u64,
+    pub max_backoff_ms: u64,
+    /// How long a dead letter the bus refuses is retried before the message is acknowledged
+    /// without one (and logged).
+    pub dead_letter_budget_ms: u64,
+}
+
+impl Default for RetryPolicy {
+    /// Six attempts over about 1.5–3 s: long enough for a ledger or bus blip (a leader
+    /// election, a busy SQLite file), short enough that one bad command stalls its partition
+    /// for seconds, not for good. A dead letter gets 30 s.
+    fn default() -> Self {
+        Self {
+            attempts: 6,
+            first_backoff_ms: 100,
+            max_backoff_ms: 5_000,
+            dead_letter_budget_ms: 30_000,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The pause after failed attempt `attempt` (1 for the first): exponential, jittered.
+    fn backoff(&self, attempt: u32) -> Duration {
+        let doubled = self
+            .first_backoff_ms
+            .saturating_mul(1u64 << attempt.saturating_sub(1).min(20));
+        jittered(doubled.min(self.max_backoff_ms).max(1))
+    }
+}
+
+/// A pause between `ms / 2` and `ms`: retries of many messages that failed together (a ledger
+/// that was away) do not come back in step.
+fn jittered(ms: u64) -> Duration {
+    let half = ms / 2;
+    let spread = u128::from(ms - half + 1);
+    let extra = u64::try_from(uuid::Uuid::new_v4().as_u128() % spread).unwrap_or(0);
+    Duration::from_millis(half + extra)
+}
+
+/// Runs the loop until `shutdown`, then waits for the handlers in flight, with the default
+/// [`RetryPolicy`].
 pub async fn consume<H, F>(
     bus: Arc<dyn Bus>,
     metrics: Arc<Metrics>,
     spec: ConsumerSpec,
+    shutdown: CancellationToken,
+    handler: H,
+) -> Result<(), BusError>
+where
+    H: Fn(Delivery) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Handled, PipelineError>> + Send + 'static,
+{
+    consume_with(
+        bus,
+        metrics,
+        spec,
+        RetryPolicy::default(),
+        shutdown,
+        handler,
+    )
+    .await
+}
+
+/// [`consume`] with a retry policy of the caller's.
+pub async fn consume_with<H, F>(
+    bus: Arc<dyn Bus>,
+    metrics: Arc<Metrics>,
+    spec: ConsumerSpec,
+    policy: RetryPolicy,
     shutdown: CancellationToken,
     handler: H,
 ) -> Result<(), BusError>
@@ -72,10 +205,15 @@ where
             },
         };
         let handler = handler.clone();
-        let (bus, metrics, shutdown) = (Arc::clone(&bus), Arc::clone(&metrics), shutdown.clone());
-        let topic = spec.topic;
+        let one = One {
+            bus: Arc::clone(&bus),
+            metrics: Arc::clone(&metrics),
+            topic: spec.topic,
+            policy,
+            shutdown: shutdown.clone(),
+        };
         tasks.spawn(async move {
-            handle_one(bus, metrics, topic, delivery, shutdown, handler).await;
+            one.handle(delivery, handler).await;
             drop(permit);
         });
         while tasks.try_join_next().is_some() {}
@@ -84,71 +222,205 @@ where
     Ok(())
 }
 
-async fn handle_one<H, F>(
+/// What handling one delivery needs.
+struct One {
     bus: Arc<dyn Bus>,
     metrics: Arc<Metrics>,
     topic: Topic,
-    delivery: Delivery,
+    policy: RetryPolicy,
     shutdown: CancellationToken,
-    handler: H,
-) where
-    H: Fn(Delivery) -> F,
-    F: Future<Output = Result<Handled, PipelineError>>,
-{
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        // Boxed: a dispatch handler's future is several KiB, and the task spawned per delivery
-        // would otherwise carry it inline, copied on every move of the task (spawn, stage
-        // changes), which showed in profiles as memcpy.
-        match Box::pin(handler(delivery.clone())).await {
-            Ok(Handled::Done) => break,
-            Ok(Handled::Reject(reason)) => {
-                let mut headers = delivery.message.headers.clone();
-                headers.push((DLQ_REASON_HEADER.into(), reason.to_string().into_bytes()));
-                headers.push((DLQ_TOPIC_HEADER.into(), bus.topic_name(topic).into_bytes()));
-                match bus
-                    .publish(
-                        Topic::Dlq,
-                        delivery.key(),
-                        delivery.payload().to_vec(),
-                        headers,
-                    )
-                    .await
-                {
-                    Ok(_) => {
-                        metrics
-                            .dead_letters
-                            .with_label_values(&[&bus.topic_name(topic)])
-                            .inc();
+}
+
+impl One {
+    async fn handle<H, F>(self, delivery: Delivery, handler: H)
+    where
+        H: Fn(Delivery) -> F,
+        F: Future<Output = Result<Handled, PipelineError>>,
+    {
+        let topic = self.bus.topic_name(self.topic);
+        let attempts = self.policy.attempts.max(1);
+        let mut attempt = 0;
+        let set_aside = loop {
+            attempt += 1;
+            // Boxed: a dispatch handler's future is several KiB, and the task spawned per
+            // delivery would otherwise carry it inline, copied on every move of the task
+            // (spawn, stage changes), which showed in profiles as memcpy.
+            match Box::pin(handler(delivery.clone())).await {
+                Ok(Handled::Done) => break None,
+                Ok(Handled::Reject(reason)) => break Some(reason.to_string()),
+                Err(PipelineError::Ledger(e @ LedgerError::UndecodableCommand { .. })) => {
+                    self.metrics
+                        .quarantined_messages
+                        .with_label_values(&[&topic])
+                        .inc();
+                    self.metrics.escalations.inc();
+                    tracing::error!(
+                        topic = %topic,
+                        partition = delivery.partition,
+                        offset = delivery.offset,
+                        error = %e,
+                        "escalated to a person: the message's command cannot be decoded; dead-lettering the message instead of retrying it"
+                    );
+                    break Some(e.to_string());
+                }
+                Err(e) => {
+                    self.metrics
+                        .handler_errors
+                        .with_label_values(&[&topic])
+                        .inc();
+                    if attempt >= attempts {
                         tracing::warn!(
-                            topic = %bus.topic_name(topic),
+                            topic = %topic,
                             partition = delivery.partition,
                             offset = delivery.offset,
-                            reason = %reason,
-                            "message dead-lettered"
+                            attempts,
+                            error = %e,
+                            "handler kept failing; dead-lettering the message (the sweep takes its command up again when due)"
                         );
-                        break;
+                        break Some(format!("handler failed {attempts} times; last: {e}"));
                     }
-                    Err(e) => tracing::warn!(error = %e, "cannot dead-letter a message; retrying"),
+                    tracing::warn!(
+                        topic = %topic,
+                        partition = delivery.partition,
+                        offset = delivery.offset,
+                        attempt,
+                        error = %e,
+                        "handler failed; retrying"
+                    );
+                    if !self.pause(self.policy.backoff(attempt)).await {
+                        return;
+                    }
                 }
             }
-            Err(e) => tracing::warn!(
-                topic = %bus.topic_name(topic),
-                partition = delivery.partition,
-                offset = delivery.offset,
-                error = %e,
-                "handler failed; retrying"
-            ),
+        };
+        if let Some(reason) = set_aside
+            && !self.dead_letter(&topic, &delivery, &reason).await
+        {
+            return;
         }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(backoff) => {}
+        if let Err(e) = delivery.ack().await {
+            // The partition moved to another member, which gets the message again; its
+            // handler finds our ledger write done.
+            tracing::debug!(error = %e, "acknowledgement refused");
         }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
     }
-    if let Err(e) = delivery.ack().await {
-        // The partition moved to another member, which gets the message again; its handler
-        // finds our ledger write done.
-        tracing::debug!(error = %e, "acknowledgement refused");
+
+    /// Sleeps `pause`; `false` if shutdown came first.
+    async fn pause(&self, pause: Duration) -> bool {
+        tokio::select! {
+            () = self.shutdown.cancelled() => false,
+            () = tokio::time::sleep(pause) => true,
+        }
+    }
+
+    /// Publishes `delivery` to the dead-letter topic with `reason`, within the policy's budget.
+    /// `true`: acknowledge it now (dead-lettered, or given up on and logged); `false`: shutdown
+    /// or a closed bus came first, leave it unacknowledged.
+    async fn dead_letter(&self, topic: &str, delivery: &Delivery, reason: &str) -> bool {
+        let mut payload = delivery.payload().to_vec();
+        let mut headers: Vec<Header> = delivery.message.headers.clone();
+        headers.push((DLQ_REASON_HEADER.into(), reason.as_bytes().to_vec()));
+        headers.push((DLQ_TOPIC_HEADER.into(), topic.as_bytes().to_vec()));
+        let deadline = Instant::now() + Duration::from_millis(self.policy.dead_letter_budget_ms);
+        let mut attempt = 0;
+        let mut truncated = false;
+        let last_error = loop {
+            attempt += 1;
+            let error = match self
+                .bus
+                .publish(Topic::Dlq, delivery.key(), payload.clone(), headers.clone())
+                .await
+            {
+                Ok(_) => {
+                    self.metrics.dead_letters.with_label_values(&[topic]).inc();
+                    tracing::warn!(
+                        topic,
+                        partition = delivery.partition,
+                        offset = delivery.offset,
+                        reason,
+                        truncated,
+                        "message dead-lettered"
+                    );
+                    return true;
+                }
+                Err(e) => e,
+            };
+            match error {
+                BusError::MessageTooLarge { bytes, max, .. } if !truncated => {
+                    // The reason and topic headers pushed it over: keep what fits, and say so.
+                    let whole = payload.len();
+                    let marker = (DLQ_TRUNCATED_HEADER.len() + 20).saturating_add(bytes - max);
+                    payload.truncate(whole.saturating_sub(marker));
+                    headers.push((DLQ_TRUNCATED_HEADER.into(), whole.to_string().into_bytes()));
+                    truncated = true;
+                    continue;
+                }
+                BusError::Closed => return false,
+                error if !error.is_transient() => break error,
+                error => {
+                    let pause = self.policy.backoff(attempt);
+                    if Instant::now() + pause > deadline {
+                        break error;
+                    }
+                    tracing::warn!(topic, error = %error, "cannot dead-letter a message; retrying");
+                    if !self.pause(pause).await {
+                        return false;
+                    }
+                }
+            }
+        };
+        self.metrics
+            .dead_letters_unpublished
+            .with_label_values(&[topic])
+            .inc();
+        let shown = &delivery.payload()[..delivery.payload().len().min(LOGGED_PAYLOAD_BYTES)];
+        tracing::error!(
+            topic,
+            partition = delivery.partition,
+            offset = delivery.offset,
+            key = delivery.key(),
+            reason,
+            error = %last_error,
+            payload_bytes = delivery.payload().len(),
+            payload = %String::from_utf8_lossy(shown),
+            "the dead-letter topic refused the message; acknowledging it without a dead letter (its command stays in the ledger, and the sweep takes it up again when due)"
+        );
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_within_its_jitter_and_stops_at_the_cap() {
+        let policy = RetryPolicy {
+            attempts: 10,
+            first_backoff_ms: 100,
+            max_backoff_ms: 1_000,
+            dead_letter_budget_ms: 0,
+        };
+        for _ in 0..200 {
+            let first = policy.backoff(1).as_millis();
+            assert!((50..=100).contains(&first), "{first}");
+            let third = policy.backoff(3).as_millis();
+            assert!((200..=400).contains(&third), "{third}");
+            let late = policy.backoff(40).as_millis();
+            assert!((500..=1_000).contains(&late), "{late}");
+        }
+    }
+
+    #[test]
+    fn the_policy_reads_from_configuration_with_defaults() {
+        let policy: RetryPolicy = toml::from_str("attempts = 3").expect("valid");
+        assert_eq!(
+            policy,
+            RetryPolicy {
+                attempts: 3,
+                ..RetryPolicy::default()
+            }
+        );
+        assert!(toml::from_str::<RetryPolicy>("attempt = 3").is_err());
     }
 }

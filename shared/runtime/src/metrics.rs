@@ -26,6 +26,14 @@ pub struct Metrics {
     pub dispatch_seconds: HistogramVec,
     /// `sluice_dead_letters_total{topic}`: messages that could not be used.
     pub dead_letters: IntCounterVec,
+    /// `sluice_handler_errors_total{topic}`: handler attempts that failed (each retry counts).
+    pub handler_errors: IntCounterVec,
+    /// `sluice_quarantined_messages_total{topic}`: messages about a command the ledger cannot
+    /// decode, dead-lettered at once and escalated.
+    pub quarantined_messages: IntCounterVec,
+    /// `sluice_dead_letters_unpublished_total{topic}`: messages acknowledged without a dead
+    /// letter because the dead-letter topic kept refusing them (their payload is logged).
+    pub dead_letters_unpublished: IntCounterVec,
     /// `sluice_sweep_items_total{status}`: due items the sweeps acted on.
     pub sweep_items: IntCounterVec,
     /// `sluice_http_requests_total{route, status}`
@@ -54,6 +62,21 @@ impl Metrics {
         let dead_letters = counter(
             "dead_letters_total",
             "Bus messages sent to the dead-letter topic",
+            &["topic"],
+        );
+        let handler_errors = counter(
+            "handler_errors_total",
+            "Failed handler attempts, by the topic of the message",
+            &["topic"],
+        );
+        let quarantined_messages = counter(
+            "quarantined_messages_total",
+            "Messages about a command the ledger cannot decode, dead-lettered at once",
+            &["topic"],
+        );
+        let dead_letters_unpublished = counter(
+            "dead_letters_unpublished_total",
+            "Messages acknowledged without a dead letter: the dead-letter topic kept refusing them",
             &["topic"],
         );
         let sweep_items = counter(
@@ -103,6 +126,9 @@ impl Metrics {
             escalations,
             dispatch_seconds,
             dead_letters,
+            handler_errors,
+            quarantined_messages,
+            dead_letters_unpublished,
             sweep_items,
             http_requests,
             submissions,
@@ -120,8 +146,9 @@ impl Metrics {
             .inc();
     }
 
-    /// Exports `sluice_ledger_round_trips_total{op, kind}` from `ledger`'s own counters, read
-    /// at every scrape. Call once per registry.
+    /// Exports `sluice_ledger_round_trips_total{op, kind}` and
+    /// `sluice_ledger_quarantined_commands_total` from `ledger`'s own counters, read at every
+    /// scrape. Call once per registry.
     pub fn observe_ledger(&self, ledger: Arc<dyn Ledger>) {
         let counter = IntCounterVec::new(
             Opts::new(
@@ -131,10 +158,16 @@ impl Metrics {
             &["op", "kind"],
         )
         .expect("metric definitions are static and valid");
-        if let Err(error) = self
-            .registry
-            .register(Box::new(LedgerRoundTrips { ledger, counter }))
-        {
+        let quarantined = IntCounter::new(
+            "ledger_quarantined_commands_total",
+            "Commands the ledger found it cannot decode and set aside (sweeps skip them)",
+        )
+        .expect("metric definitions are static and valid");
+        if let Err(error) = self.registry.register(Box::new(LedgerRoundTrips {
+            ledger,
+            counter,
+            quarantined,
+        })) {
             tracing::warn!(%error, "ledger round trips are already exported");
         }
     }
@@ -154,24 +187,32 @@ impl Default for Metrics {
     }
 }
 
-/// Copies a ledger's round-trip counts into a counter family when scraped.
+/// Copies a ledger's round-trip and quarantine counts into counters when scraped.
 #[derive(Debug)]
 struct LedgerRoundTrips {
     ledger: Arc<dyn Ledger>,
     counter: IntCounterVec,
+    quarantined: IntCounter,
 }
 
 impl Collector for LedgerRoundTrips {
     fn desc(&self) -> Vec<&Desc> {
-        self.counter.desc()
+        let mut descs = self.counter.desc();
+        descs.extend(self.quarantined.desc());
+        descs
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
+        // Only this collector moves the counters, so each holds the count of the last scrape.
         for trips in self.ledger.round_trips() {
             let counter = self.counter.with_label_values(&[trips.op, trips.kind]);
-            // Only this collector moves the counter, so it holds the count of the last scrape.
             counter.inc_by(trips.count.saturating_sub(counter.get()));
         }
-        self.counter.collect()
+        let quarantined = self.ledger.quarantined();
+        self.quarantined
+            .inc_by(quarantined.saturating_sub(self.quarantined.get()));
+        let mut families = self.counter.collect();
+        families.extend(self.quarantined.collect());
+        families
     }
 }

@@ -195,8 +195,9 @@ impl CqlLedger {
         }
         let mut open = 0u64;
         for row in &rows {
+            // A status this build cannot read (a quarantined command) counts as open.
             if let Some(status) = row.text("status")
-                && !parse_status(run, status)?.is_terminal()
+                && !matches!(parse_status(run, status), Ok(status) if status.is_terminal())
             {
                 open += 1;
             }
@@ -249,8 +250,12 @@ impl CqlLedger {
         }
         let mut commands = Vec::new();
         for fields in &rows {
-            if let Some(row) = Self::stored_row(run, fields)? {
-                commands.push(row);
+            match self.stored_row(run, fields) {
+                Ok(Some(row)) => commands.push(row),
+                Ok(None) => {}
+                // Quarantined: a run with a command no one can read is not finished.
+                Err(LedgerError::UndecodableCommand { .. }) => return Ok(false),
+                Err(e) => return Err(e),
             }
         }
         let finished = commands.iter().all(|c| c.state.status.is_terminal());

@@ -10,7 +10,7 @@ use sluice_core::time::Timestamp;
 use sluice_ledger::{DueItem, LedgerError};
 
 use super::{CqlLedger, FAN_OUT};
-use crate::codec::{Fields, MINUTE_MS, bad, minute_of, parse_status};
+use crate::codec::{Fields, MINUTE_MS, minute_of, parse_status};
 use crate::stats::{Kind, Op};
 
 /// A due entry as read.
@@ -22,6 +22,18 @@ struct DueEntry {
     run_id: String,
     command_key: String,
     written: i64,
+}
+
+/// What a due entry stands for.
+enum Checked {
+    /// The command, due at exactly the entry's time.
+    Due(DueItem),
+    /// Nothing: the command is gone or due at another time.
+    Stale,
+    /// A command due at the entry's time that cannot be decoded: not returned, but the entry
+    /// is kept (and carried forward like a live one) so a repaired row, or a build that can
+    /// read it, takes it up again. `status` as stored, for the carried entry's hint.
+    Quarantined { status: String },
 }
 
 impl CqlLedger {
@@ -48,14 +60,15 @@ impl CqlLedger {
     }
 
     /// Whether the entry still stands for the command: the command is due at exactly its
-    /// time. Returns the item if so.
+    /// time. A command this ledger cannot decode (quarantined before, or with a status, run id
+    /// or key it cannot parse now) is quarantined, never an error of the sweep.
     async fn check_due(
         &self,
         op: Op,
         run: &str,
         key: &str,
         due_at: i64,
-    ) -> Result<Option<DueItem>, LedgerError> {
+    ) -> Result<Checked, LedgerError> {
         let rows = self
             .plain(
                 op,
@@ -70,14 +83,38 @@ impl CqlLedger {
             .and_then(|row| row.text("status"))
         else {
             // The command is gone, or due at another time: the entry is stale.
-            return Ok(None);
+            return Ok(Checked::Stale);
         };
-        Ok(Some(DueItem {
-            run_id: RunId::parse(run).map_err(|e| bad("due item", run, e.to_string()))?,
-            command_key: CommandKey::parse(key).map_err(|e| bad("due item", run, e.to_string()))?,
-            status: parse_status(run, status)?,
-            due_at: Timestamp::from_millis(due_at),
-        }))
+        let quarantined = || Checked::Quarantined {
+            status: status.to_owned(),
+        };
+        if self.inner.quarantine.holds(run, key) {
+            return Ok(quarantined());
+        }
+        let parsed = RunId::parse(run)
+            .map_err(|e| e.to_string())
+            .and_then(|run_id| {
+                CommandKey::parse(key)
+                    .map(|key| (run_id, key))
+                    .map_err(|e| e.to_string())
+            })
+            .and_then(|(run_id, key)| {
+                parse_status(run, status)
+                    .map(|status| (run_id, key, status))
+                    .map_err(|e| e.to_string())
+            });
+        Ok(match parsed {
+            Ok((run_id, command_key, status)) => Checked::Due(DueItem {
+                run_id,
+                command_key,
+                status,
+                due_at: Timestamp::from_millis(due_at),
+            }),
+            Err(why) => {
+                self.inner.quarantine.set_aside(run, key, &why);
+                quarantined()
+            }
+        })
     }
 
     /// [`sluice_ledger::Ledger::due`], documented there.
@@ -161,21 +198,26 @@ impl CqlLedger {
                     });
                 }
             }
-            let checked: Vec<Result<(DueEntry, Option<DueItem>), LedgerError>> =
+            let checked: Vec<Result<(DueEntry, Checked), LedgerError>> =
                 futures::stream::iter(entries)
                     .map(|entry| async move {
-                        let item = self
+                        let checked = self
                             .check_due(op, &entry.run_id, &entry.command_key, entry.due_at)
                             .await?;
-                        let carry = item.is_some() && entry.minute < settled_before;
-                        if item.is_none() || carry {
-                            if let Some(item) = item.as_ref().filter(|_| carry) {
+                        let live = match &checked {
+                            Checked::Due(item) => Some(item.status.as_str()),
+                            Checked::Quarantined { status } => Some(status.as_str()),
+                            Checked::Stale => None,
+                        };
+                        let carry = live.is_some() && entry.minute < settled_before;
+                        if live.is_none() || carry {
+                            if let Some(status) = live.filter(|_| carry) {
                                 self.write_due(
                                     op,
                                     &entry.run_id,
                                     &entry.command_key,
-                                    item.due_at,
-                                    item.status,
+                                    Timestamp::from_millis(entry.due_at),
+                                    status,
                                 )
                                 .await?;
                             }
@@ -196,26 +238,29 @@ impl CqlLedger {
                             )
                             .await?;
                         }
-                        Ok((entry, item))
+                        Ok((entry, checked))
                     })
                     .buffer_unordered(FAN_OUT)
                     .collect()
                     .await;
             for result in checked {
-                let (entry, item) = result?;
-                if let Some(item) = item {
-                    if entry.minute >= settled_before {
-                        // Stays in this bucket: the bucket is not empty.
-                        if let Some(slot) = usize::try_from(entry.shard)
-                            .ok()
-                            .and_then(|s| clean.get_mut(s))
-                        {
-                            *slot = false;
-                        }
+                let (entry, checked) = result?;
+                if matches!(checked, Checked::Stale) {
+                    continue;
+                }
+                if entry.minute >= settled_before {
+                    // Stays in this bucket: the bucket is not empty.
+                    if let Some(slot) = usize::try_from(entry.shard)
+                        .ok()
+                        .and_then(|s| clean.get_mut(s))
+                    {
+                        *slot = false;
                     }
-                    if seen.insert((item.run_id.clone(), item.command_key.clone())) {
-                        items.push(item);
-                    }
+                }
+                if let Checked::Due(item) = checked
+                    && seen.insert((item.run_id.clone(), item.command_key.clone()))
+                {
+                    items.push(item);
                 }
             }
             for (shard, cursor) in cursors.iter_mut().enumerate() {
