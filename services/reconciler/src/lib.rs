@@ -143,8 +143,8 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
             Some(command)
         }
         Driven::Refused(command, refusal) => {
-            // Only a fenced-out look gets here (the core chose the look from the same rules);
-            // the sweep brings the command back when it is due.
+            // A fenced-out look (another claim, a rollback's mark) gets here: the core chose
+            // the look from the same rules. The sweep brings the command back when it is due.
             tracing::warn!(%refusal, "resolution refused");
             Some(command)
         }

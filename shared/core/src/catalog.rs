@@ -307,6 +307,15 @@ pub enum CatalogError {
         verify_after_ms: u64,
         settle_ms: u64,
     },
+    #[error(
+        "{file}: tool {tool}: policy.verify_after_ms ({verify_after_ms}) must be at least policy.late_commit_ms + max_clock_skew_ms + policy.settle_ms ({landing_ms}): the last look must come after a late attempt can land and lookups have caught up"
+    )]
+    VerifyBeforeLanding {
+        file: String,
+        tool: String,
+        verify_after_ms: u64,
+        landing_ms: u64,
+    },
     #[error("unknown tool {tool}")]
     UnknownTool { tool: ToolName },
     #[error(transparent)]
@@ -840,7 +849,8 @@ pub const DEFAULT_MAX_REPLAYS_PER_RUN: u32 = 10;
 /// (`max_clock_skew_ms`): leases and horizons are widened by it.
 pub const DEFAULT_MAX_CLOCK_SKEW_MS: u64 = 500;
 
-/// A lease must outlast the whole call, measured on clocks that may disagree by the skew bound.
+/// A lease must outlast the whole call, measured on clocks that may disagree by the skew bound;
+/// the last look must come after a late attempt can land and lookups have caught up.
 fn check_lease(tool: &Tool, file: &str) -> Result<(), CatalogError> {
     let timeout_ms = tool.dispatch.endpoint.timeout_ms;
     if tool.policy.lease_ttl_ms <= timeout_ms.saturating_add(tool.clock_skew_ms) {
@@ -850,6 +860,19 @@ fn check_lease(tool: &Tool, file: &str) -> Result<(), CatalogError> {
             lease_ttl_ms: tool.policy.lease_ttl_ms,
             timeout_ms,
             skew_ms: tool.clock_skew_ms,
+        });
+    }
+    let rules = tool.rules();
+    let landing = rules
+        .late_commit_ms
+        .saturating_add(rules.clock_skew_ms)
+        .saturating_add(rules.settle_ms);
+    if rules.verify_after_ms < landing {
+        return Err(CatalogError::VerifyBeforeLanding {
+            file: file.to_owned(),
+            tool: tool.name.to_string(),
+            verify_after_ms: tool.policy.verify_after_ms,
+            landing_ms: u64::try_from(landing).unwrap_or(u64::MAX),
         });
     }
     Ok(())

@@ -766,6 +766,18 @@ pub fn apply(
                         next.attempts = state.attempts.saturating_sub(1);
                         next.lease = released(&state.lease);
                     }
+                    if state.outcome_unknown {
+                        // Policy now refuses a same-key retry, but the earlier attempt may
+                        // have committed: neither FAILED nor BLOCKED says what happened.
+                        let label = if deny { "denied" } else { "blocked" };
+                        return Ok(stuck(
+                            next,
+                            from,
+                            format!(
+                                "{label} by policy ({reason}) while an earlier attempt's outcome is unknown"
+                            ),
+                        ));
+                    }
                     next.due_at = None;
                     let (status, label) = if deny {
                         next.last_error = Some(format!("denied by policy: {reason}"));
@@ -942,6 +954,22 @@ pub fn apply(
 
         Event::GiveUp { reason } => match from {
             S::Unknown => Ok(stuck(next, from, reason.clone())),
+            // A last look nobody can take any more (the tool lost its status check or left
+            // the catalog): a person, not a loop.
+            S::Confirmed | S::Failed | S::Cancelled if state.verify_pending => {
+                next.verify_pending = false;
+                next.due_at = None;
+                next.escalated = true;
+                let why = format!("the last look cannot be taken: {reason}");
+                Ok(step(
+                    next,
+                    vec![Action::Escalate {
+                        reason: why.clone(),
+                    }],
+                    why,
+                    Value::Null,
+                ))
+            }
             S::Scheduled
             | S::Pending
             | S::Blocked

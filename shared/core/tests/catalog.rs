@@ -708,3 +708,21 @@ fn verify_after_commit_needs_a_status_check() {
     let catalog = Catalog::from_toml_str(&with_check, "fixture.toml").expect("valid");
     assert!(catalog.tools()[0].rules().verify_after_commit);
 }
+
+/// The horizons of late commits: the lease covers the call plus the skew bound, and the last
+/// look comes after a late attempt can land and lookups have caught up.
+#[test]
+fn the_lease_covers_the_skew_bound_and_the_last_look_comes_after_the_landing_horizon() {
+    let skew = refused("[[tool]]", "max_clock_skew_ms = 25000\n\n[[tool]]");
+    assert_names(&skew, &["policy.lease_ttl_ms", "max_clock_skew_ms"]);
+    let early = refused(
+        "[tool.policy]",
+        "[tool.policy]\nlate_commit_ms = 40000\nverify_after_ms = 41000",
+    );
+    assert_names(&early, &["policy.verify_after_ms", "policy.late_commit_ms"]);
+    let before_settle = refused("[tool.policy]", "[tool.policy]\nverify_after_ms = 1");
+    assert_names(
+        &before_settle,
+        &["policy.verify_after_ms", "policy.settle_ms"],
+    );
+}

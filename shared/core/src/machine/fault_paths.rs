@@ -536,3 +536,70 @@ fn a_compensation_result_is_fenced_by_the_claim_it_was_made_under() {
     );
     assert_eq!(current.to(), S::Compensated);
 }
+
+/// A last look nobody can take any more goes to a person instead of coming back forever.
+#[test]
+fn a_last_look_that_cannot_be_taken_is_escalated() {
+    let rules = wire_rules();
+    let mut state = CommandState::reserved(at(0), None, 10_000);
+    state.status = S::Failed;
+    state.verify_pending = true;
+    state.due_at = Some(at(0));
+    let no_check = Rules {
+        has_status_check: false,
+        ..rules
+    };
+    let Look::GiveUp(reason) = look_for(&state, &no_check, true) else {
+        panic!("no status check: nobody can look");
+    };
+    let escalated = go(&state, &no_check, Event::GiveUp { reason }, at(0));
+    assert_eq!(escalated.to(), S::Failed);
+    assert!(escalated.state.escalated);
+    assert!(!escalated.state.verify_pending);
+    assert_eq!(escalated.state.due_at, None);
+}
+
+/// Policy turning against a same-key retry does not end it FAILED or BLOCKED: the earlier
+/// attempt may have committed.
+#[test]
+fn policy_refusing_a_retry_whose_first_attempt_is_unknown_goes_to_a_person() {
+    let rules = Rules::defaults(E::Idempotent);
+    let mut retry = CommandState::reserved(at(0), None, 10_000);
+    retry.outcome_unknown = true;
+    retry.attempts = 1;
+    for event in [
+        Event::Deny {
+            reason: "account closed".into(),
+            epoch: None,
+        },
+        Event::Block {
+            reason: "over limit".into(),
+            epoch: None,
+        },
+    ] {
+        assert_eq!(go(&retry, &rules, event, at(0)).to(), S::Stuck);
+    }
+}
+
+/// A replay of a command that once went through UNKNOWN keeps its last look even when the
+/// replayed call is refused.
+#[test]
+fn a_refused_replay_still_owes_the_last_look() {
+    let rules = wire_rules();
+    let mut state = leased(&rules);
+    state.ambiguous_before = true;
+    let refused = go(
+        &state,
+        &rules,
+        Event::Dispatched {
+            epoch: state.lease.epoch,
+            outcome: DispatchOutcome::Refused {
+                reason: "422".into(),
+            },
+        },
+        at(500),
+    );
+    assert_eq!(refused.to(), S::Failed);
+    assert!(refused.state.verify_pending);
+    assert_eq!(refused.state.due_at, Some(at(5_500)));
+}

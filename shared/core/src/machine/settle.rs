@@ -177,6 +177,20 @@ fn owe_verification(step: &mut Step, rules: &Rules, now: Timestamp) {
     }
 }
 
+/// A NON_IDEMPOTENT command that once went through UNKNOWN (a replay included) and now ends
+/// FAILED without a commit of this attempt: an earlier attempt may still show up, so it owes a
+/// last look.
+fn owe_last_look_after_ambiguity(
+    step: &mut Step,
+    state: &CommandState,
+    rules: &Rules,
+    now: Timestamp,
+) {
+    if rules.semantics == EffectSemantics::NonIdempotent && state.ambiguous_before {
+        owe_verification(step, rules, now);
+    }
+}
+
 /// A commit that must not stand (the run was rolled back, or the command was decided FAILED
 /// or CANCELLED before it showed): COMPENSATING, with `extra_refs` owed too, or
 /// NO_COMPENSATION escalated when the tool cannot undo it.
@@ -348,7 +362,9 @@ pub(super) fn dispatched(
         }
         DispatchOutcome::Refused { reason } => {
             next.rollback_pending = None;
-            failed(next, from, format!("refused: {reason}"))
+            let mut step = failed(next, from, format!("refused: {reason}"));
+            owe_last_look_after_ambiguity(&mut step, state, rules, now);
+            step
         }
         DispatchOutcome::Ambiguous { reason } => {
             // The call has ended (its answer, or its timeout, is here): it may still land
@@ -398,11 +414,13 @@ pub(super) fn dispatched(
                     ),
                 )
             } else {
-                failed(
+                let mut step = failed(
                     next,
                     from,
                     format!("not sent after {} attempts: {reason}", rules.max_attempts),
-                )
+                );
+                owe_last_look_after_ambiguity(&mut step, state, rules, now);
+                step
             }
         }
     }
