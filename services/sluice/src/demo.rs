@@ -44,8 +44,10 @@ use crate::dev::{Pipeline, StartError};
 pub const DEMO_TOOL_TIMEOUT_MS: u64 = 1_500;
 /// The demo catalog's `settle_ms` (the example catalog has 2 s).
 pub const DEMO_SETTLE_MS: u64 = 500;
-/// The demo catalog's `verify_after_ms`, the last look at a commit (the example has 30 s).
-pub const DEMO_VERIFY_AFTER_MS: u64 = 2_000;
+/// The demo catalog's `verify_after_ms`, the last look at a commit (the example has 30 s): past
+/// the landing horizon (the tool timeout as `late_commit_ms`, plus the 500 ms skew bound) and
+/// the settle interval.
+pub const DEMO_VERIFY_AFTER_MS: u64 = 3_000;
 /// How long the upstream holds a `commit_then_timeout` answer: longer than every tool timeout,
 /// so the client gives up first and the outcome is ambiguous.
 pub const DEMO_TIMEOUT_SLEEP_MS: u64 = 3_000;
@@ -503,12 +505,12 @@ pub fn demo_catalog(base_url: &str) -> Result<Catalog, CatalogError> {
                     "verify_after_ms".into(),
                     toml::Value::Integer(DEMO_VERIFY_AFTER_MS as i64),
                 );
-                if policy.contains_key("settle_ms") {
-                    policy.insert(
-                        "settle_ms".into(),
-                        toml::Value::Integer(DEMO_SETTLE_MS as i64),
-                    );
-                }
+                // The demo upstream commits before it stalls, never after the client hung up.
+                policy.insert("late_commit_ms".into(), timeout.clone());
+                policy.insert(
+                    "settle_ms".into(),
+                    toml::Value::Integer(DEMO_SETTLE_MS as i64),
+                );
             }
             for section in ["dispatch", "status_check", "compensate"] {
                 if let Some(endpoint) = tool.get_mut(section).and_then(toml::Value::as_table_mut) {
