@@ -61,6 +61,9 @@ struct Args {
     /// Keep the run's directory (ledger, catalog, process logs).
     #[arg(long)]
     keep: bool,
+    /// Violations told with their whole story (audit path, upstream history), per invariant.
+    #[arg(long, default_value_t = sluice_tests::chaos::report::STORIES_PER_INVARIANT)]
+    stories: usize,
     /// The pipeline's log level.
     #[arg(long, default_value = "warn")]
     log_level: String,
@@ -93,9 +96,10 @@ async fn main() -> ExitCode {
     let args = Args::parse();
     let seed = args.seed.unwrap_or_else(chaos::random_seed);
     println!("sluice-chaos: seed {seed} (replay with --seed {seed})");
+    let stories = args.stories;
     match run(args, seed).await {
         Ok(report) => {
-            println!("{}", report.render());
+            println!("{}", report.render_with(stories));
             if report.failed() {
                 ExitCode::from(1)
             } else {

@@ -132,6 +132,12 @@ impl ToolKind {
         )
     }
 
+    /// Declares `verify_after_commit`: its commits are looked up once more, so a double
+    /// commit behind one 2xx can be seen (and is injected only here).
+    pub fn verifies_commits(self) -> bool {
+        matches!(self, Self::Wire | Self::Sms)
+    }
+
     /// How often the workload picks the tool, relative to the others.
     pub fn weight(self) -> u32 {
         match self {
@@ -210,6 +216,7 @@ pub fn endpoints(timing: &Timing) -> Vec<EndpointSpec> {
             name: kind.endpoint().to_owned(),
             keys: kind.keys(),
             read_only: kind.semantics() == EffectSemantics::ObserveOnly,
+            double_commits: kind.verifies_commits(),
             timeout_ms: timing.dispatch_timeout_ms(kind),
             reverse_timeout_ms: timing.compensate_timeout_ms,
         })
@@ -284,11 +291,8 @@ fn tool(
             above.insert("field".into(), "amount_minor".into());
             above.insert("value".into(), Value::Integer(APPROVE_ABOVE));
             policy.insert("approve_above".into(), Value::Table(above));
-            policy.insert("verify_after_commit".into(), true.into());
         }
-        ToolKind::Sms => {
-            policy.insert("verify_after_commit".into(), true.into());
-        }
+        ToolKind::Sms => {}
         ToolKind::Case => {
             policy.insert("requires_approval".into(), true.into());
         }
@@ -309,6 +313,9 @@ fn tool(
                 int(times.lag_ms.1 + timing.settle_ms),
             );
         }
+    }
+    if kind.verifies_commits() {
+        policy.insert("verify_after_commit".into(), true.into());
     }
     tool.insert("policy".into(), Value::Table(policy));
 

@@ -506,7 +506,7 @@ fn compensation_lifo(view: &View<'_>) -> Checked {
         for pair in group.windows(2) {
             let ((_, earlier, earlier_at), (_, later, later_at)) = (pair[0], pair[1]);
             if later_at > earlier_at {
-                violations.push(view.violation(
+                let mut violation = view.violation(
                     COMPENSATION_LIFO,
                     earlier,
                     format!(
@@ -515,7 +515,13 @@ fn compensation_lifo(view: &View<'_>) -> Checked {
                         later_at - earlier_at,
                         later.command_key
                     ),
+                );
+                violation.story.push(format!(
+                    "-- and {} (later in the journal):",
+                    later.command_key
                 ));
+                violation.story.extend(view.story(later));
+                violations.push(violation);
             }
         }
     }

@@ -49,8 +49,8 @@ pub struct Report {
     pub kept: Option<String>,
 }
 
-/// How many violations of each invariant are told with their whole story.
-const STORIES_PER_INVARIANT: usize = 5;
+/// How many violations of each invariant are told with their whole story, unless asked.
+pub const STORIES_PER_INVARIANT: usize = 5;
 
 impl Report {
     pub fn violations(&self) -> usize {
@@ -63,6 +63,11 @@ impl Report {
     }
 
     pub fn render(&self) -> String {
+        self.render_with(STORIES_PER_INVARIANT)
+    }
+
+    /// The report, with the whole story of the first `stories` violations of each invariant.
+    pub fn render_with(&self, stories: usize) -> String {
         let mut out = String::new();
         let f = &self.figures;
         let _ = writeln!(out, "\nsluice-chaos seed {} — invariants", self.seed);
@@ -76,6 +81,9 @@ impl Report {
             ]);
         }
         let _ = writeln!(out, "{table}");
+        for check in self.checks.iter().filter(|c| !c.violations.is_empty()) {
+            let _ = writeln!(out, "  {}: {}", check.invariant, by_tool(&check.violations));
+        }
 
         let mut figures = Table::new();
         figures.set_header(vec!["figure", "value"]);
@@ -154,11 +162,7 @@ impl Report {
         }
         for check in &self.checks {
             for (i, violation) in check.violations.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "{}",
-                    self.describe(violation, i < STORIES_PER_INVARIANT)
-                );
+                let _ = writeln!(out, "{}", self.describe(violation, i < stories));
             }
         }
         if self.failed() {
@@ -192,6 +196,26 @@ impl Report {
         }
         text
     }
+}
+
+/// Violations counted by tool (the command key's tool part), largest first.
+fn by_tool(violations: &[Violation]) -> String {
+    let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
+    for v in violations {
+        let tool = v
+            .command_key
+            .split_once('/')
+            .and_then(|(_, rest)| rest.rsplit_once('/'))
+            .map_or("-", |(tool, _)| tool);
+        *counts.entry(tool).or_default() += 1;
+    }
+    let mut sorted: Vec<_> = counts.into_iter().collect();
+    sorted.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    sorted
+        .iter()
+        .map(|(tool, n)| format!("{tool} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// One `name count` per line, so the table stays narrow.

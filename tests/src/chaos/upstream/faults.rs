@@ -162,19 +162,19 @@ impl FaultRates {
         }
     }
 
-    /// The fault of the `ordinal`-th dispatch request for `key` at `endpoint`. An endpoint
-    /// that deduplicates by key cannot commit twice, so a double commit there is none.
+    /// The fault of the `ordinal`-th dispatch request for `key` at `endpoint`. A double commit
+    /// happens only where `doubles` allows it (otherwise the request is served faultlessly).
     pub fn dispatch_fault(
         &self,
         seed: u64,
         endpoint: &str,
         key: &str,
         ordinal: u64,
-        dedupes: bool,
+        doubles: bool,
     ) -> DispatchFault {
         let draw = dice::unit(seed, &["dispatch", endpoint, key, &ordinal.to_string()]);
         let fault = pick(&self.dispatch, draw).unwrap_or(DispatchFault::None);
-        if dedupes && fault == DispatchFault::DoubleCommit {
+        if !doubles && fault == DispatchFault::DoubleCommit {
             DispatchFault::None
         } else {
             fault
@@ -256,7 +256,7 @@ mod tests {
         let n = 40_000u64;
         let mut counts: BTreeMap<DispatchFault, u64> = BTreeMap::new();
         for i in 0..n {
-            let fault = rates.dispatch_fault(3, "wires", &format!("k{i}"), 0, false);
+            let fault = rates.dispatch_fault(3, "wires", &format!("k{i}"), 0, true);
             *counts.entry(fault).or_default() += 1;
         }
         for (fault, rate) in &rates.dispatch {
@@ -273,17 +273,17 @@ mod tests {
     }
 
     #[test]
-    fn a_deduplicating_endpoint_never_commits_twice_and_calm_means_none() {
+    fn double_commits_only_where_allowed_and_calm_means_none() {
         let rates = FaultRates {
             dispatch: BTreeMap::from([(DispatchFault::DoubleCommit, 1.0)]),
             ..FaultRates::calm()
         };
         assert_eq!(
-            rates.dispatch_fault(1, "e", "k", 0, true),
+            rates.dispatch_fault(1, "e", "k", 0, false),
             DispatchFault::None
         );
         assert_eq!(
-            rates.dispatch_fault(1, "e", "k", 0, false),
+            rates.dispatch_fault(1, "e", "k", 0, true),
             DispatchFault::DoubleCommit
         );
         let calm = FaultRates::calm();

@@ -30,6 +30,10 @@ pub struct EndpointSpec {
     pub keys: KeyHandling,
     /// A read (OBSERVE_ONLY): it commits nothing.
     pub read_only: bool,
+    /// It may commit twice behind one 2xx. Only where the tool asks for its commits to be
+    /// looked up again (`verify_after_commit`): elsewhere nothing could ever see the second
+    /// commit, and no platform could be held to undoing it.
+    pub double_commits: bool,
     /// The client's timeout for a dispatch (the tool's), which held answers outlast.
     pub timeout_ms: u64,
     /// The client's timeout for a reversal (the tool's compensate).

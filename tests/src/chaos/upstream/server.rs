@@ -150,7 +150,8 @@ async fn dispatch(
         let rates = shared.rates();
         let mut world = shared.world();
         let ordinal = world.ordinal(&endpoint, "dispatch", &key);
-        let fault = rates.dispatch_fault(shared.seed, &endpoint, &key, ordinal, dedupes);
+        let doubles = spec.double_commits && spec.keys != KeyHandling::Deduplicate;
+        let fault = rates.dispatch_fault(shared.seed, &endpoint, &key, ordinal, doubles);
         let seq = world.arrive(&endpoint, &meta, fault);
         let in_progress = dedupes && world.commit_scheduled(&endpoint, &key);
         if in_progress {

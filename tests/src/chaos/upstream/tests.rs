@@ -17,6 +17,7 @@ fn spec(name: &str, keys: KeyHandling) -> EndpointSpec {
         name: name.into(),
         keys,
         read_only: false,
+        double_commits: true,
         timeout_ms: TIMEOUT_MS,
         reverse_timeout_ms: TIMEOUT_MS,
     }
