@@ -251,10 +251,12 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
     );
     let runs = plan.len();
     let driven = driver::drive(api.clone(), plan, options.rate, options.agents).await;
-    // The crashes planned for the workload may lag behind it; give them as long again.
+    // The crashes may lag behind the workload (restarts take time; a failpoint is reached
+    // when it is reached): keep the faults on until they are all in, within twice their
+    // schedule.
     tokio::select! {
         () = reached.cancelled() => {}
-        () = tokio::time::sleep(workload_time) => {}
+        () = tokio::time::sleep(workload_time.max(mean * 2 * u32::try_from(options.crashes).unwrap_or(u32::MAX))) => {}
     }
     stop_crashing.cancel();
     let (mut supervisor, crashed) = crashing
@@ -455,11 +457,13 @@ fn free_port() -> Result<std::net::SocketAddr, ChaosError> {
         })
 }
 
-/// Whether nothing more will happen to the command by itself.
+/// Whether nothing more will happen to the command by itself. A CONFIRMED command with a due
+/// time still has a look coming (a verification, a duplicate's clean-up).
 fn at_rest(command: &Command) -> bool {
     (command.status().is_terminal() || command.status() == CommandStatus::Stuck)
         && !command.state.verify_pending
         && command.state.owed_duplicates.is_empty()
+        && !(command.status() == CommandStatus::Confirmed && command.state.due_at.is_some())
 }
 
 /// Waits until every command of `runs` is at rest and nothing changes for the quiet period,
