@@ -12,8 +12,12 @@
 //! * [`Agent`] — what an agent does over HTTP: submit, read, long-poll, roll back.
 //! * [`verified_audit`] and [`Trail`] — a run's audit chain, verified, and read back as steps.
 //!
+//! * [`chaos`] — the seeded fault runner behind `sluice-chaos` (`src/bin/sluice-chaos.rs`).
+//!
 //! Every wait here has a deadline and fails the test with what it was waiting for; nothing
 //! sleeps to let time pass as a substitute for an observation.
+
+pub mod chaos;
 
 use std::future::Future;
 use std::net::SocketAddr;

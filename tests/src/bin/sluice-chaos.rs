@@ -1,0 +1,147 @@
+//! `sluice-chaos`: the seeded fault runner (see `sluice_tests::chaos`). Prints its seed first,
+//! then the invariants table and the figures; exits 1 when a guarantee broke, 2 when the run
+//! itself could not be carried out.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use sluice_tests::chaos::{self, Options, crashes::CrashMode};
+
+/// Crash a `sluice dev` pipeline while agents drive it against a misbehaving upstream, then
+/// check the guarantees against the upstream's own record.
+#[derive(Debug, Parser)]
+#[command(name = "sluice-chaos")]
+struct Args {
+    /// The seed; random (and printed) when not given. The same seed plans the same workload
+    /// and draws the same fault for each request.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Effects to submit.
+    #[arg(long, default_value_t = 10_000)]
+    effects: usize,
+    /// Crashes to inject during the workload.
+    #[arg(long, default_value_t = 50)]
+    crashes: usize,
+    /// Effects submitted per second.
+    #[arg(long, default_value_t = 100.0)]
+    rate: f64,
+    /// Runs in flight at once.
+    #[arg(long, default_value_t = 48)]
+    agents: usize,
+    /// Multiply every fault rate by this (1: the standard rates, about 27% of calls ambiguous).
+    #[arg(long, default_value_t = 1.0)]
+    fault_scale: f64,
+    /// Crash at failpoints instead of with SIGKILL; needs a `sluice` built with
+    /// `--features failpoints` (see --build).
+    #[arg(long)]
+    failpoints: bool,
+    /// The failpoint names to draw from (comma-separated, or @file with one per line); default:
+    /// those the failpoint build declares.
+    #[arg(long)]
+    failpoint_names: Option<String>,
+    /// In failpoint mode, offset each service's clock by up to this many ms either way.
+    #[arg(long, default_value_t = 0)]
+    clock_skew_ms: u64,
+    /// The `sluice` binary to run (default: beside this executable).
+    #[arg(long)]
+    sluice_bin: Option<PathBuf>,
+    /// Build `sluice` first (release; with the failpoints feature under --failpoints) into
+    /// `<this executable's target dir>/chaos`.
+    #[arg(long)]
+    build: bool,
+    /// Declare the late-commit and verification horizons in the catalog (a core that knows
+    /// `late_commit_ms`, `verify_after_ms` and `max_clock_skew_ms`).
+    #[arg(long)]
+    declare_horizons: bool,
+    /// Seconds the pipeline may take to settle after the workload.
+    #[arg(long, default_value_t = 240)]
+    settle_timeout_secs: u64,
+    /// Keep the run's directory (ledger, catalog, process logs).
+    #[arg(long)]
+    keep: bool,
+    /// Violations told with their whole story (audit path, upstream history), per invariant.
+    #[arg(long, default_value_t = sluice_tests::chaos::report::STORIES_PER_INVARIANT)]
+    stories: usize,
+    /// The pipeline's log level.
+    #[arg(long, default_value = "warn")]
+    log_level: String,
+}
+
+fn failpoint_names(given: Option<&str>) -> anyhow::Result<Vec<String>> {
+    let names = match given {
+        None => chaos::crashes::known_failpoints(),
+        Some(file) if file.starts_with('@') => std::fs::read_to_string(&file[1..])?
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect(),
+        Some(list) => list
+            .split(',')
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect(),
+    };
+    anyhow::ensure!(
+        !names.is_empty(),
+        "--failpoints needs failpoint names: pass --failpoint-names until the failpoint build's list is on main"
+    );
+    Ok(names)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let seed = args.seed.unwrap_or_else(chaos::random_seed);
+    println!("sluice-chaos: seed {seed} (replay with --seed {seed})");
+    let stories = args.stories;
+    match run(args, seed).await {
+        Ok(report) => {
+            println!("{}", report.render_with(stories));
+            if report.failed() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(error) => {
+            eprintln!("sluice-chaos (seed {seed}): the run could not be carried out: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(args: Args, seed: u64) -> anyhow::Result<chaos::report::Report> {
+    let mut options = Options::new(seed);
+    options.workload.effects = args.effects;
+    options.crashes = args.crashes;
+    options.rate = args.rate;
+    options.agents = args.agents;
+    options.rates = options.rates.scaled(args.fault_scale);
+    options.horizons.declare = args.declare_horizons;
+    options.horizons.max_clock_skew_ms = args.clock_skew_ms;
+    options.settle_timeout = Duration::from_secs(args.settle_timeout_secs);
+    options.keep = args.keep;
+    options.log_level = args.log_level;
+    if args.failpoints {
+        options.crash_mode = CrashMode::Failpoints {
+            points: failpoint_names(args.failpoint_names.as_deref())?,
+            clock_skew_ms: args.clock_skew_ms,
+        };
+    }
+    options.sluice_bin = args.sluice_bin;
+    if args.build {
+        let exe = std::env::current_exe()?;
+        let target = exe
+            .parent()
+            .and_then(|release| release.parent())
+            .ok_or_else(|| {
+                anyhow::anyhow!("cannot find the target directory of {}", exe.display())
+            })?
+            .join("chaos");
+        options.sluice_bin = Some(chaos::crashes::build_sluice(&target, args.failpoints)?);
+    }
+    Ok(chaos::run(options).await?)
+}

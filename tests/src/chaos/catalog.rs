@@ -1,0 +1,521 @@
+//! The runner's tools, one per shape, and the files `sluice dev` is started with.
+//!
+//! Each tool is a shape the guarantees treat differently: the three semantics, a business key
+//! or not, a status check or not, a compensate or not, approval, a tight lease. The catalog and
+//! the configuration are written into the run's directory (the catalog pointing at the
+//! runner's upstream) and validated here with the same parser the services use, so a mistake
+//! is the runner's and is reported before anything starts.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use sluice_core::catalog::Catalog;
+use sluice_core::command::EffectSemantics;
+use toml::{Table, Value};
+
+use super::upstream::record::LookupBy;
+use super::upstream::{EndpointSpec, FaultTimes, KeyHandling};
+
+/// The tools the runner declares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ToolKind {
+    /// NON_IDEMPOTENT wire: business key, status check by it, compensate, approval above an
+    /// amount, verify after commit.
+    Wire,
+    /// NON_IDEMPOTENT transfer: no business key, status check by idempotency key, compensate,
+    /// a lease just longer than the call.
+    Transfer,
+    /// NON_IDEMPOTENT payout: business key and compensate, no status check (an ambiguous
+    /// outcome goes to a person).
+    Payout,
+    /// NON_IDEMPOTENT refund: business key, status check, no compensate, `on_absent = "fail"`.
+    Refund,
+    /// IDEMPOTENT ticket at an honest upstream: no status check (retried with its key),
+    /// compensate, in-progress 409, a tight lease.
+    Ticket,
+    /// IDEMPOTENT case at an honest upstream: status check, compensate, always approved first.
+    Case,
+    /// IDEMPOTENT email at an honest upstream: nothing to look up or undo.
+    Email,
+    /// IDEMPOTENT SMS at an upstream that ignores idempotency keys: status check, compensate,
+    /// verify after commit.
+    Sms,
+    /// OBSERVE_ONLY search.
+    Search,
+}
+
+impl ToolKind {
+    pub const ALL: [Self; 9] = [
+        Self::Wire,
+        Self::Transfer,
+        Self::Payout,
+        Self::Refund,
+        Self::Ticket,
+        Self::Case,
+        Self::Email,
+        Self::Sms,
+        Self::Search,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Wire => "bank/wire",
+            Self::Transfer => "bank/transfer",
+            Self::Payout => "bank/payout",
+            Self::Refund => "bank/refund",
+            Self::Ticket => "tickets/open",
+            Self::Case => "crm/case",
+            Self::Email => "email/send",
+            Self::Sms => "sms/send",
+            Self::Search => "search/query",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// The upstream endpoint behind the tool.
+    pub fn endpoint(self) -> &'static str {
+        match self {
+            Self::Wire => "wires",
+            Self::Transfer => "transfers",
+            Self::Payout => "payouts",
+            Self::Refund => "refunds",
+            Self::Ticket => "tickets",
+            Self::Case => "cases",
+            Self::Email => "emails",
+            Self::Sms => "sms",
+            Self::Search => "search",
+        }
+    }
+
+    pub fn semantics(self) -> EffectSemantics {
+        match self {
+            Self::Wire | Self::Transfer | Self::Payout | Self::Refund => {
+                EffectSemantics::NonIdempotent
+            }
+            Self::Ticket | Self::Case | Self::Email | Self::Sms => EffectSemantics::Idempotent,
+            Self::Search => EffectSemantics::ObserveOnly,
+        }
+    }
+
+    pub fn keys(self) -> KeyHandling {
+        match self {
+            Self::Wire | Self::Transfer | Self::Payout | Self::Refund => KeyHandling::Commit,
+            Self::Ticket | Self::Case | Self::Email | Self::Search => KeyHandling::Deduplicate,
+            Self::Sms => KeyHandling::Ignore,
+        }
+    }
+
+    /// An IDEMPOTENT tool whose upstream honours its key: ExactlyOnce is asserted for it.
+    pub fn honest_idempotent(self) -> bool {
+        self.semantics() == EffectSemantics::Idempotent && self.keys() == KeyHandling::Deduplicate
+    }
+
+    pub fn has_business_key(self) -> bool {
+        matches!(self, Self::Wire | Self::Payout | Self::Refund)
+    }
+
+    pub fn status_check(self) -> Option<LookupBy> {
+        match self {
+            Self::Wire | Self::Refund => Some(LookupBy::BusinessKey),
+            Self::Transfer | Self::Case | Self::Sms => Some(LookupBy::IdempotencyKey),
+            Self::Payout | Self::Ticket | Self::Email | Self::Search => None,
+        }
+    }
+
+    pub fn has_compensate(self) -> bool {
+        matches!(
+            self,
+            Self::Wire | Self::Transfer | Self::Payout | Self::Ticket | Self::Case | Self::Sms
+        )
+    }
+
+    /// Declares `verify_after_commit`: its commits are looked up once more, so a double
+    /// commit behind one 2xx can be seen (and is injected only here).
+    pub fn verifies_commits(self) -> bool {
+        matches!(self, Self::Wire | Self::Sms)
+    }
+
+    /// How often the workload picks the tool, relative to the others.
+    pub fn weight(self) -> u32 {
+        match self {
+            Self::Wire => 22,
+            Self::Transfer => 14,
+            Self::Payout => 7,
+            Self::Refund => 8,
+            Self::Ticket => 13,
+            Self::Case => 6,
+            Self::Email => 10,
+            Self::Sms => 10,
+            Self::Search => 10,
+        }
+    }
+}
+
+/// Amounts above this need an approval on `bank/wire`.
+pub const APPROVE_ABOVE: i64 = 900_000;
+
+/// The timings every tool is declared with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timing {
+    /// The dispatch timeout of the bank tools; the others use `fast_timeout_ms`.
+    pub bank_timeout_ms: u64,
+    pub fast_timeout_ms: u64,
+    pub check_timeout_ms: u64,
+    pub compensate_timeout_ms: u64,
+    /// The declared settle window (shorter than the lookups' lag: the tool author's mistake
+    /// the issue describes).
+    pub settle_ms: u64,
+    /// A tight lease is the call's timeout plus this.
+    pub tight_lease_margin_ms: u64,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            bank_timeout_ms: 400,
+            fast_timeout_ms: 300,
+            check_timeout_ms: 1_000,
+            compensate_timeout_ms: 400,
+            settle_ms: 300,
+            tight_lease_margin_ms: 60,
+        }
+    }
+}
+
+impl Timing {
+    pub fn dispatch_timeout_ms(&self, kind: ToolKind) -> u64 {
+        match kind.semantics() {
+            EffectSemantics::NonIdempotent => self.bank_timeout_ms,
+            EffectSemantics::Idempotent | EffectSemantics::ObserveOnly => self.fast_timeout_ms,
+        }
+    }
+
+    fn lease_ttl_ms(&self, kind: ToolKind) -> Option<u64> {
+        matches!(kind, ToolKind::Transfer | ToolKind::Ticket)
+            .then(|| self.dispatch_timeout_ms(kind) + self.tight_lease_margin_ms)
+    }
+}
+
+/// Catalog fields that only a newer core accepts; off until they exist on main.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Horizons {
+    /// Declare `[tool.policy] late_commit_ms` (the upstream's late-commit horizon) and
+    /// `verify_after_ms` (past the lookups' lag), and the top-level `max_clock_skew_ms`.
+    pub declare: bool,
+    pub max_clock_skew_ms: u64,
+}
+
+/// The upstream's endpoints for the tools.
+pub fn endpoints(timing: &Timing) -> Vec<EndpointSpec> {
+    ToolKind::ALL
+        .into_iter()
+        .map(|kind| EndpointSpec {
+            name: kind.endpoint().to_owned(),
+            keys: kind.keys(),
+            read_only: kind.semantics() == EffectSemantics::ObserveOnly,
+            double_commits: kind.verifies_commits(),
+            timeout_ms: timing.dispatch_timeout_ms(kind),
+            reverse_timeout_ms: timing.compensate_timeout_ms,
+        })
+        .collect()
+}
+
+/// The catalog text for tools at `base_url`.
+pub fn catalog_toml(
+    base_url: &str,
+    timing: &Timing,
+    times: &FaultTimes,
+    horizons: &Horizons,
+) -> String {
+    let mut root = Table::new();
+    root.insert("policy_version".into(), "chaos-1".into());
+    if horizons.declare {
+        root.insert("max_clock_skew_ms".into(), int(horizons.max_clock_skew_ms));
+    }
+    let tools = ToolKind::ALL
+        .into_iter()
+        .map(|kind| Value::Table(tool(kind, base_url, timing, times, horizons)))
+        .collect();
+    root.insert("tool".into(), Value::Array(tools));
+    toml::to_string(&root).expect("a TOML table serializes")
+}
+
+fn int(n: u64) -> Value {
+    Value::Integer(i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+fn tool(
+    kind: ToolKind,
+    base: &str,
+    timing: &Timing,
+    times: &FaultTimes,
+    horizons: &Horizons,
+) -> Table {
+    let endpoint = format!("{base}/e/{}", kind.endpoint());
+    let mut tool = Table::new();
+    tool.insert("name".into(), kind.name().into());
+    tool.insert(
+        "semantics".into(),
+        match kind.semantics() {
+            EffectSemantics::Idempotent => "IDEMPOTENT",
+            EffectSemantics::NonIdempotent => "NON_IDEMPOTENT",
+            EffectSemantics::ObserveOnly => "OBSERVE_ONLY",
+        }
+        .into(),
+    );
+    if kind.has_business_key() {
+        tool.insert("business_key".into(), "{ref}:{amount_minor}".into());
+    }
+    tool.insert("schema".into(), Value::Table(schema()));
+
+    let mut policy = Table::new();
+    policy.insert(
+        "max_attempts".into(),
+        int(match kind.semantics() {
+            EffectSemantics::NonIdempotent | EffectSemantics::ObserveOnly => 3,
+            EffectSemantics::Idempotent => 4,
+        }),
+    );
+    policy.insert("max_checks".into(), int(5));
+    policy.insert("max_replays".into(), int(2));
+    policy.insert("settle_ms".into(), int(timing.settle_ms));
+    if let Some(ttl) = timing.lease_ttl_ms(kind) {
+        policy.insert("lease_ttl_ms".into(), int(ttl));
+    }
+    match kind {
+        ToolKind::Wire => {
+            let mut above = Table::new();
+            above.insert("field".into(), "amount_minor".into());
+            above.insert("value".into(), Value::Integer(APPROVE_ABOVE));
+            policy.insert("approve_above".into(), Value::Table(above));
+        }
+        ToolKind::Sms => {}
+        ToolKind::Case => {
+            policy.insert("requires_approval".into(), true.into());
+        }
+        ToolKind::Refund => {
+            policy.insert("on_absent".into(), "fail".into());
+        }
+        ToolKind::Transfer
+        | ToolKind::Payout
+        | ToolKind::Ticket
+        | ToolKind::Email
+        | ToolKind::Search => {}
+    }
+    if horizons.declare && kind.semantics() != EffectSemantics::ObserveOnly {
+        policy.insert("late_commit_ms".into(), int(times.late_commit_horizon_ms()));
+        if kind.status_check().is_some() {
+            policy.insert(
+                "verify_after_ms".into(),
+                int(times.lag_ms.1 + timing.settle_ms),
+            );
+        }
+    }
+    if kind.verifies_commits() {
+        policy.insert("verify_after_commit".into(), true.into());
+    }
+    tool.insert("policy".into(), Value::Table(policy));
+
+    let mut dispatch = Table::new();
+    dispatch.insert("url".into(), endpoint.clone().into());
+    dispatch.insert("timeout_ms".into(), int(timing.dispatch_timeout_ms(kind)));
+    if kind.keys() == KeyHandling::Deduplicate {
+        dispatch.insert(
+            "in_progress_status".into(),
+            Value::Array(vec![Value::Integer(409)]),
+        );
+    }
+    tool.insert("dispatch".into(), Value::Table(dispatch));
+
+    if let Some(by) = kind.status_check() {
+        let mut check = Table::new();
+        let url = match by {
+            LookupBy::BusinessKey => format!("{endpoint}/by-key/{{business_key}}"),
+            LookupBy::IdempotencyKey => format!("{endpoint}/by-idem/{{idempotency_key}}"),
+        };
+        check.insert("url".into(), url.into());
+        check.insert("timeout_ms".into(), int(timing.check_timeout_ms));
+        tool.insert("status_check".into(), Value::Table(check));
+    }
+    if kind.has_compensate() {
+        let mut compensate = Table::new();
+        compensate.insert(
+            "url".into(),
+            format!("{endpoint}/{{external_ref}}/reverse").into(),
+        );
+        compensate.insert("timeout_ms".into(), int(timing.compensate_timeout_ms));
+        tool.insert("compensate".into(), Value::Table(compensate));
+    }
+    tool
+}
+
+/// Every tool takes `{ref, amount_minor, note?}`; `ref` is unique per effect.
+fn schema() -> Table {
+    let text = r#"
+        type = "object"
+        additionalProperties = false
+        required = ["ref", "amount_minor"]
+        [properties.ref]
+        type = "string"
+        minLength = 1
+        maxLength = 120
+        [properties.amount_minor]
+        type = "integer"
+        minimum = 1
+        [properties.note]
+        type = "string"
+        maxLength = 200
+    "#;
+    toml::from_str(text).expect("the schema is valid TOML")
+}
+
+/// The tokens the runner gives `sluice dev` and uses.
+#[derive(Debug, Clone)]
+pub struct Tokens {
+    pub agent: String,
+    pub admin: String,
+}
+
+impl Tokens {
+    /// Fresh tokens for one run.
+    pub fn generate() -> Self {
+        Self {
+            agent: format!("chaos-agent-{}", uuid::Uuid::new_v4().simple()),
+            admin: format!("chaos-admin-{}", uuid::Uuid::new_v4().simple()),
+        }
+    }
+}
+
+/// The actor names of the tokens, as the audit chain records them.
+pub const AGENT_NAME: &str = "chaos-agent";
+pub const ADMIN_NAME: &str = "chaos-admin";
+
+/// The `sluice dev` configuration: the ledger in `dir`, the producer on `listen`, the catalog
+/// file, a quick sweep, and the runner's tokens.
+pub fn config_toml(
+    dir: &Path,
+    catalog: &Path,
+    listen: SocketAddr,
+    tokens: &Tokens,
+    log_level: &str,
+) -> String {
+    let mut root = Table::new();
+    let section = |pairs: Vec<(&str, Value)>| {
+        Value::Table(pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+    };
+    let path = |p: PathBuf| Value::String(p.display().to_string());
+    root.insert(
+        "ledger".into(),
+        section(vec![("data_dir", path(dir.join("ledger")))]),
+    );
+    root.insert(
+        "catalog".into(),
+        section(vec![("path", path(catalog.to_owned()))]),
+    );
+    root.insert(
+        "producer".into(),
+        section(vec![("listen", listen.to_string().into())]),
+    );
+    root.insert(
+        "reconciler".into(),
+        section(vec![("sweep_interval_ms", int(200))]),
+    );
+    root.insert(
+        "telemetry".into(),
+        section(vec![("log_level", log_level.into())]),
+    );
+    let token = |name: &str, role: &str, token: &str| {
+        section(vec![
+            ("name", name.into()),
+            ("role", role.into()),
+            ("token", token.into()),
+        ])
+    };
+    root.insert(
+        "auth".into(),
+        section(vec![(
+            "tokens",
+            Value::Array(vec![
+                token(AGENT_NAME, "agent", &tokens.agent),
+                token(ADMIN_NAME, "admin", &tokens.admin),
+            ]),
+        )]),
+    );
+    toml::to_string(&root).expect("a TOML table serializes")
+}
+
+/// Parses the catalog as the services will, so a mistake stops the runner first.
+pub fn validate(text: &str) -> Result<Catalog, String> {
+    Catalog::from_toml_str(text, "chaos catalog").map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn times() -> FaultTimes {
+        FaultTimes {
+            hold_past_timeout_ms: 250,
+            late_commit_ms: (100, 700),
+            lag_ms: (700, 1_500),
+        }
+    }
+
+    #[test]
+    fn the_catalog_declares_every_shape_and_validates() {
+        let text = catalog_toml(
+            "http://127.0.0.1:1",
+            &Timing::default(),
+            &times(),
+            &Horizons::default(),
+        );
+        let catalog = validate(&text).expect("valid");
+        assert_eq!(catalog.len(), ToolKind::ALL.len());
+        for kind in ToolKind::ALL {
+            let tool = catalog
+                .tools()
+                .iter()
+                .find(|t| t.name().to_string() == kind.name())
+                .unwrap_or_else(|| panic!("{} is declared", kind.name()));
+            assert_eq!(tool.semantics(), kind.semantics(), "{}", kind.name());
+            assert_eq!(tool.status_check().is_some(), kind.status_check().is_some());
+            assert_eq!(tool.compensate().is_some(), kind.has_compensate());
+            assert_eq!(
+                tool.business_key_template().is_some(),
+                kind.has_business_key()
+            );
+        }
+        let rules = |kind: ToolKind| {
+            catalog
+                .tools()
+                .iter()
+                .find(|t| t.name().to_string() == kind.name())
+                .map(|t| t.rules())
+                .expect("declared")
+        };
+        assert_eq!(rules(ToolKind::Transfer).lease_ttl_ms, 460);
+        assert!(rules(ToolKind::Wire).verify_after_commit);
+    }
+
+    #[test]
+    fn the_configuration_loads() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let text = config_toml(
+            dir.path(),
+            &dir.path().join("catalog.toml"),
+            "127.0.0.1:9".parse().expect("an address"),
+            &Tokens::generate(),
+            "warn",
+        );
+        let path = dir.path().join("sluice.toml");
+        std::fs::write(&path, text).expect("written");
+        let config =
+            sluice_runtime::Config::load(Some(&path), std::iter::empty::<(String, String)>())
+                .expect("the configuration loads");
+        assert_eq!(config.auth.tokens.len(), 2);
+        assert_eq!(config.producer.listen.port(), 9);
+    }
+}
