@@ -83,8 +83,6 @@ fn assert_exercised(report: &Report, effects: usize, crashes: usize) {
 /// ≥ 2,000 effects and ≥ 20 crashes per seed, every fault kind, every guarantee. Both seeds
 /// run before anything is asserted, so one failure shows what the other seed found too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finds violations until the late-commit and verification fixes of issue 14 are on main; \
-            run with `cargo test -p sluice-tests --test chaos -- --ignored --nocapture`"]
 async fn the_ci_sized_chaos_run_keeps_every_guarantee() {
     let mut reports = Vec::new();
     for seed in SEEDS {

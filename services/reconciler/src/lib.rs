@@ -67,9 +67,10 @@ pub async fn run(
 fn needs_look(command: &Command) -> bool {
     match command.status() {
         CommandStatus::Unknown => true,
-        CommandStatus::Confirmed | CommandStatus::Failed | CommandStatus::Cancelled => {
-            command.state.verify_pending
-        }
+        CommandStatus::Confirmed
+        | CommandStatus::Failed
+        | CommandStatus::Cancelled
+        | CommandStatus::Compensated => command.state.verify_pending,
         _ => false,
     }
 }
@@ -213,11 +214,11 @@ pub async fn sweep_once(ctx: &Context, config: &ReconcilerConfig) -> Result<usiz
             | CommandStatus::Confirmed
             | CommandStatus::Failed
             | CommandStatus::Cancelled
-            | CommandStatus::Compensating => {
+            | CommandStatus::Compensating
+            | CommandStatus::Compensated => {
                 republish(ctx, &item.run_id, &item.command_key, grace).await
             }
             CommandStatus::Stuck
-            | CommandStatus::Compensated
             | CommandStatus::CompensationFailed
             | CommandStatus::NoCompensation => Ok(()),
         };

@@ -878,17 +878,19 @@ pub fn apply(
                 extra_refs,
                 now,
             )),
-            S::Confirmed | S::Failed | S::Cancelled if state.verify_pending => Ok(verified(
-                next,
-                state,
-                rules,
-                *observation,
-                external_ref,
-                evidence,
-                extra_refs,
-                now,
-            )),
-            S::Confirmed | S::Failed | S::Cancelled => Err(refuse()),
+            S::Confirmed | S::Failed | S::Cancelled | S::Compensated if state.verify_pending => {
+                Ok(verified(
+                    next,
+                    state,
+                    rules,
+                    *observation,
+                    external_ref,
+                    evidence,
+                    extra_refs,
+                    now,
+                ))
+            }
+            S::Confirmed | S::Failed | S::Cancelled | S::Compensated => Err(refuse()),
             S::Scheduled
             | S::Pending
             | S::Blocked
@@ -896,7 +898,6 @@ pub fn apply(
             | S::Leased
             | S::Stuck
             | S::Compensating
-            | S::Compensated
             | S::CompensationFailed
             | S::NoCompensation => Err(refuse()),
         },
@@ -956,7 +957,7 @@ pub fn apply(
             S::Unknown => Ok(stuck(next, from, reason.clone())),
             // A last look nobody can take any more (the tool lost its status check or left
             // the catalog): a person, not a loop.
-            S::Confirmed | S::Failed | S::Cancelled if state.verify_pending => {
+            S::Confirmed | S::Failed | S::Cancelled | S::Compensated if state.verify_pending => {
                 next.verify_pending = false;
                 next.due_at = None;
                 next.escalated = true;
@@ -1137,9 +1138,13 @@ pub fn apply(
             S::Confirmed => match rules.semantics {
                 EffectSemantics::ObserveOnly => Err(Refusal::NotCompensable),
                 EffectSemantics::Idempotent | EffectSemantics::NonIdempotent => {
-                    // Undoing the commit makes its verification moot; owed duplicate
-                    // clean-ups travel with the compensation.
-                    next.verify_pending = false;
+                    // Owed duplicate clean-ups travel with the compensation. A last look still
+                    // owed is kept for after it: a second commit it would have found (behind
+                    // one 2xx, or an earlier attempt landing late) must not outlive the undo.
+                    next.verify_pending = state.verify_pending
+                        || (rules.semantics == EffectSemantics::NonIdempotent
+                            && state.ambiguous_before
+                            && rules.has_status_check);
                     if rules.has_compensate {
                         next.status = S::Compensating;
                         next.compensation = Some(Box::new(CompensationInfo {
@@ -1159,6 +1164,7 @@ pub fn apply(
                     } else {
                         next.status = S::NoCompensation;
                         next.escalated = true;
+                        next.verify_pending = false;
                         next.due_at = None;
                         Ok(step(
                             next,

@@ -412,6 +412,10 @@ impl Context {
                 self.clock.now(),
             )
             .await?;
+        // Read again now that the run is closed: a command reserved between the first read and
+        // the close (the reservation checks the close atomically) is in this list, so nothing
+        // the run accepted escapes the rollback.
+        let commands = self.ledger.list_run(run_id, None).await?;
         let operator = machine::Operator {
             actor: actor.to_owned(),
             reason: format!("run rolled back: {reason}"),
@@ -514,7 +518,10 @@ impl Context {
                     },
                 }),
             ),
-            CommandStatus::Confirmed | CommandStatus::Failed | CommandStatus::Cancelled
+            CommandStatus::Confirmed
+            | CommandStatus::Failed
+            | CommandStatus::Cancelled
+            | CommandStatus::Compensated
                 if command.state.verify_pending =>
             {
                 (

@@ -51,10 +51,11 @@ struct Args {
     /// `<this executable's target dir>/chaos`.
     #[arg(long)]
     build: bool,
-    /// Declare the late-commit and verification horizons in the catalog (a core that knows
-    /// `late_commit_ms`, `verify_after_ms` and `max_clock_skew_ms`).
+    /// Leave the late-commit and verification horizons (`late_commit_ms`, `verify_after_ms`,
+    /// `max_clock_skew_ms`) out of the catalog: the tools' defaults then apply, which do not
+    /// match this upstream's late commits and lagging lookups.
     #[arg(long)]
-    declare_horizons: bool,
+    no_horizons: bool,
     /// Seconds the pipeline may take to settle after the workload.
     #[arg(long, default_value_t = 240)]
     settle_timeout_secs: u64,
@@ -120,8 +121,9 @@ async fn run(args: Args, seed: u64) -> anyhow::Result<chaos::report::Report> {
     options.rate = args.rate;
     options.agents = args.agents;
     options.rates = options.rates.scaled(args.fault_scale);
-    options.horizons.declare = args.declare_horizons;
-    options.horizons.max_clock_skew_ms = args.clock_skew_ms;
+    options.horizons.declare = !args.no_horizons;
+    // Each service is offset by up to the skew either way: two of them differ by twice that.
+    options.horizons.max_clock_skew_ms = args.clock_skew_ms.saturating_mul(2);
     options.settle_timeout = Duration::from_secs(args.settle_timeout_secs);
     options.keep = args.keep;
     options.log_level = args.log_level;

@@ -199,13 +199,23 @@ impl Timing {
     }
 }
 
-/// Catalog fields that only a newer core accepts; off until they exist on main.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The catalog's horizons of late commits: declared by default, so the tools' windows match
+/// this upstream's late commits and lagging lookups (a tool author's job).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Horizons {
     /// Declare `[tool.policy] late_commit_ms` (the upstream's late-commit horizon) and
     /// `verify_after_ms` (past the lookups' lag), and the top-level `max_clock_skew_ms`.
     pub declare: bool,
     pub max_clock_skew_ms: u64,
+}
+
+impl Default for Horizons {
+    fn default() -> Self {
+        Self {
+            declare: true,
+            max_clock_skew_ms: 0,
+        }
+    }
 }
 
 /// The upstream's endpoints for the tools.
@@ -282,7 +292,10 @@ fn tool(
     policy.insert("max_checks".into(), int(5));
     policy.insert("max_replays".into(), int(2));
     policy.insert("settle_ms".into(), int(timing.settle_ms));
-    if let Some(ttl) = timing.lease_ttl_ms(kind) {
+    if let Some(ttl) = timing
+        .lease_ttl_ms(kind)
+        .map(|ttl| ttl + horizons.max_clock_skew_ms)
+    {
         policy.insert("lease_ttl_ms".into(), int(ttl));
     }
     match kind {

@@ -603,3 +603,58 @@ fn a_refused_replay_still_owes_the_last_look() {
     assert!(refused.state.verify_pending);
     assert_eq!(refused.state.due_at, Some(at(5_500)));
 }
+
+/// Found by the fault runner (seed 1): a rollback compensated a wire whose second commit,
+/// behind one 2xx, the pending last look would have found; the look is kept for after the undo.
+#[test]
+fn a_rollback_keeps_the_last_look_owed_and_a_commit_still_standing_is_escalated() {
+    let rules = Rules {
+        verify_after_commit: true,
+        ..wire_rules()
+    };
+    let leased = leased(&rules);
+    let confirmed = go(&leased, &rules, committed(&leased, "w-1"), at(100)).state;
+    assert!(confirmed.verify_pending);
+    let undoing = go(
+        &confirmed,
+        &rules,
+        Event::Rollback {
+            operator: op("run aborted"),
+        },
+        at(200),
+    )
+    .state;
+    assert!(
+        undoing.verify_pending,
+        "the last look survives the rollback"
+    );
+    let undone = go(
+        &undoing,
+        &rules,
+        Event::Compensated {
+            epoch: undoing.lease.epoch,
+            outcome: CompensationOutcome::Done {
+                reference: Some("rev-1".into()),
+            },
+        },
+        at(300),
+    )
+    .state;
+    assert_eq!(undone.status, S::Compensated);
+    assert_eq!(
+        undone.due_at,
+        Some(at(5_300)),
+        "looked at after verify_after_ms"
+    );
+    let standing = go(
+        &undone,
+        &rules,
+        observed(O::Present, Some("w-2"), &[]),
+        at(5_300),
+    );
+    assert_eq!(standing.to(), S::Compensated);
+    assert!(standing.state.escalated, "a person is told");
+    let clean = go(&undone, &rules, observed(O::Absent, None, &[]), at(5_300));
+    assert!(!clean.state.escalated);
+    assert_eq!(clean.state.due_at, None);
+}

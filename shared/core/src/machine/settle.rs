@@ -514,8 +514,9 @@ fn absent(
         )
     };
     step.evidence = evidence.clone();
-    if non_idempotent {
-        // Decided on absence: a commit that shows up later is not left standing.
+    if rules.semantics != EffectSemantics::ObserveOnly {
+        // Decided for good on absence: a commit that shows up later (a lookup that lagged)
+        // is not left standing, whatever the tool's semantics.
         owe_verification(&mut step, rules, now);
     }
     step
@@ -573,7 +574,7 @@ pub(super) fn observed(
                 evidence.clone(),
                 now,
             );
-            if non_idempotent
+            if (non_idempotent || rules.verify_after_commit)
                 && step.state.status == CommandStatus::Confirmed
                 && step.state.owed_duplicates.is_empty()
                 && !step.state.escalated
@@ -664,6 +665,18 @@ pub(super) fn verified(
         reason: reason.to_owned(),
         evidence: evidence.clone(),
     };
+    if from == CommandStatus::Compensated {
+        return verified_undone(
+            next,
+            state,
+            rules,
+            observation,
+            external_ref,
+            evidence,
+            extra_refs,
+            now,
+        );
+    }
     let settled_unsent = from != CommandStatus::Confirmed;
     match observation {
         Observation::Absent if settled_unsent => {
@@ -822,6 +835,13 @@ pub(super) fn compensated(
     };
     next.status = status;
     next.due_at = None;
+    if status == CommandStatus::Compensated && state.verify_pending {
+        // The last look the command still owed: a second commit must not outlive the undo.
+        next.checks = 0;
+        next.due_at = Some(now.plus_millis(rules.verify_after_ms));
+    } else {
+        next.verify_pending = false;
+    }
     next.compensation = Some(info);
     next.owed_duplicates.clear();
     Step {
@@ -830,5 +850,71 @@ pub(super) fn compensated(
         actions,
         reason,
         evidence,
+    }
+}
+
+/// The last look at a COMPENSATED command: its own commit is undone, so any commit the check
+/// still shows (a second one behind one 2xx, an earlier attempt that landed late) stands
+/// against a run that was rolled back — a person must see it.
+#[allow(clippy::too_many_arguments)]
+fn verified_undone(
+    mut next: CommandState,
+    state: &CommandState,
+    rules: &Rules,
+    observation: Observation,
+    external_ref: &Option<String>,
+    evidence: &Value,
+    extra_refs: &[String],
+    now: Timestamp,
+) -> Step {
+    let from = state.status;
+    let step = |next: CommandState, actions: Vec<Action>, reason: String| Step {
+        from,
+        state: next,
+        actions,
+        reason,
+        evidence: evidence.clone(),
+    };
+    match observation {
+        Observation::Absent => {
+            next.verify_pending = false;
+            next.due_at = None;
+            step(next, vec![], "verified: nothing of it stands".into())
+        }
+        Observation::Present | Observation::Duplicate => {
+            next.verify_pending = false;
+            next.due_at = None;
+            next.escalated = true;
+            let seen: Vec<&String> = external_ref.iter().chain(extra_refs).collect();
+            let why = format!("compensated, yet commits still stand upstream: {seen:?}");
+            step(
+                next,
+                vec![Action::Escalate {
+                    reason: why.clone(),
+                }],
+                why,
+            )
+        }
+        Observation::Inconclusive if next.checks >= rules.max_checks => {
+            next.verify_pending = false;
+            next.due_at = None;
+            next.escalated = true;
+            let why = format!(
+                "the undone command could not be verified after {} looks",
+                rules.max_checks
+            );
+            step(
+                next,
+                vec![Action::Escalate {
+                    reason: why.clone(),
+                }],
+                why,
+            )
+        }
+        Observation::Inconclusive => {
+            next.due_at =
+                Some(now.plus_millis(rules.backoff_ms(state.checks).max(rules.settle_ms)));
+            step(next, vec![], "verification: look again later".into())
+        }
     }
 }

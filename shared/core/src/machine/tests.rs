@@ -1097,8 +1097,8 @@ proptest! {
             }
             if step.state.verify_pending {
                 prop_assert!(
-                    matches!(to, S::Confirmed | S::Failed | S::Cancelled),
-                    "only a settled command is verified, not a {}", to
+                    matches!(to, S::Confirmed | S::Failed | S::Cancelled | S::Compensating | S::Compensated),
+                    "only a settled (or undone) command is verified, not a {}", to
                 );
             }
             if !step.state.owed_duplicates.is_empty() {
@@ -1107,7 +1107,7 @@ proptest! {
                     "owed clean-up in {}", to
                 );
             }
-            if matches!(to, S::Confirmed | S::Failed | S::Cancelled)
+            if matches!(to, S::Confirmed | S::Failed | S::Cancelled | S::Compensated)
                 && (step.state.verify_pending || !step.state.owed_duplicates.is_empty())
             {
                 prop_assert!(step.state.due_at.is_some(), "owed work without a due time");
