@@ -206,6 +206,35 @@ pub fn lease_usable(state: &CommandState, rules: &Rules, now: Timestamp) -> bool
             .is_some_and(|expires_at| expires_at.millis_since(now) > rules.call_margin_ms())
 }
 
+/// What a run's rollback does to one of its commands as it is now (decided afresh on every
+/// read, so a command that moved while the rollback ran is still taken): cancel what has not
+/// started, undo what committed, mark what is in flight; `None` for what needs nothing (a
+/// read, a command already settled without a commit, or already undone or marked).
+pub fn rollback_event(
+    state: &CommandState,
+    semantics: EffectSemantics,
+    operator: &Operator,
+) -> Option<Event> {
+    use CommandStatus as S;
+    let operator = operator.clone();
+    let undoable = semantics != EffectSemantics::ObserveOnly;
+    match state.status {
+        S::Pending | S::Approved if state.outcome_unknown => (undoable
+            && state.rollback_pending.is_none())
+        .then_some(Event::MarkRollback { operator }),
+        S::Scheduled | S::Pending | S::Blocked | S::Approved => Some(Event::Cancel { operator }),
+        S::Leased | S::Unknown | S::Stuck => (undoable && state.rollback_pending.is_none())
+            .then_some(Event::MarkRollback { operator }),
+        S::Confirmed => undoable.then_some(Event::Rollback { operator }),
+        S::Failed
+        | S::Cancelled
+        | S::Compensating
+        | S::Compensated
+        | S::CompensationFailed
+        | S::NoCompensation => None,
+    }
+}
+
 /// Of a run's commands in journal order, the one whose compensation may run now: the last one
 /// still to be undone. Compensation is last-in-first-out: nothing earlier in the journal is
 /// undone while a later command is COMPENSATING or still in flight under a rollback (its
@@ -216,7 +245,10 @@ pub fn next_to_compensate<T>(run: &[T], state_of: impl Fn(&T) -> &CommandState) 
         if state.status == CommandStatus::Compensating {
             return Some(index);
         }
-        if state.rollback_pending.is_some() && !state.status.is_terminal() {
+        // Still moving under the rollback: its outcome decides whether it is undone first. A
+        // STUCK one waits for a person, perhaps for days, and does not hold the others up; if
+        // it is resolved CONFIRMED it is undone then, out of order, and the audit says so.
+        if state.rollback_pending.is_some() && !state.status.is_settled() {
             return None;
         }
     }

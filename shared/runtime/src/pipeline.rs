@@ -424,42 +424,13 @@ impl Context {
             in_flight,
             ..RollbackBegun::default()
         };
-        // Last in the journal first, as the compensations will run.
+        // Last in the journal first, as the compensations will run. What to do with each is the
+        // core's decision, taken again on the command as it is at each write: one that moved
+        // while the rollback ran (fell due, was leased, settled) is still taken.
         for command in commands.iter().rev() {
-            let event = match command.status() {
-                CommandStatus::Pending | CommandStatus::Approved
-                    if command.state.outcome_unknown =>
-                {
-                    Event::MarkRollback {
-                        operator: operator.clone(),
-                    }
-                }
-                CommandStatus::Scheduled
-                | CommandStatus::Pending
-                | CommandStatus::Blocked
-                | CommandStatus::Approved => Event::Cancel {
-                    operator: operator.clone(),
-                },
-                CommandStatus::Leased | CommandStatus::Unknown | CommandStatus::Stuck
-                    if command.semantics != sluice_core::command::EffectSemantics::ObserveOnly =>
-                {
-                    Event::MarkRollback {
-                        operator: operator.clone(),
-                    }
-                }
-                CommandStatus::Confirmed
-                    if command.semantics != sluice_core::command::EffectSemantics::ObserveOnly =>
-                {
-                    Event::Rollback {
-                        operator: operator.clone(),
-                    }
-                }
-                _ => continue,
-            };
-            let expected = command.status();
             let driven = self
                 .drive_from(command.clone(), actor, |current| {
-                    (current.status() == expected).then(|| event.clone())
+                    machine::rollback_event(&current.state, current.semantics, &operator)
                 })
                 .await?;
             if let Driven::Applied(command, step) = driven {

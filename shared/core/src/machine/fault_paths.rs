@@ -658,3 +658,47 @@ fn a_rollback_keeps_the_last_look_owed_and_a_commit_still_standing_is_escalated(
     assert!(!clean.state.escalated);
     assert_eq!(clean.state.due_at, None);
 }
+
+/// Found by the fault runner (seed 1): a rollback that listed a command SCHEDULED skipped it
+/// when it had fallen due meanwhile; the core now decides on the command as it is.
+#[test]
+fn a_rollback_decides_on_each_command_as_it_is_now() {
+    let operator = op("abort");
+    let mut state = CommandState::reserved(at(0), None, 10_000);
+    for (status, unknown, expected) in [
+        (S::Scheduled, false, Some(EventKind::Cancel)),
+        (S::Pending, false, Some(EventKind::Cancel)),
+        (S::Pending, true, Some(EventKind::MarkRollback)),
+        (S::Leased, false, Some(EventKind::MarkRollback)),
+        (S::Unknown, false, Some(EventKind::MarkRollback)),
+        (S::Stuck, false, Some(EventKind::MarkRollback)),
+        (S::Confirmed, false, Some(EventKind::Rollback)),
+        (S::Failed, false, None),
+        (S::Compensating, false, None),
+    ] {
+        state.status = status;
+        state.outcome_unknown = unknown;
+        assert_eq!(
+            rollback_event(&state, E::NonIdempotent, &operator).map(|e| e.kind()),
+            expected,
+            "{status} (outcome unknown: {unknown})"
+        );
+    }
+    state.status = S::Confirmed;
+    assert_eq!(rollback_event(&state, E::ObserveOnly, &operator), None);
+    state.status = S::Leased;
+    state.rollback_pending = Some(LeaseEpoch::new(1));
+    assert_eq!(
+        rollback_event(&state, E::NonIdempotent, &operator),
+        None,
+        "marked once"
+    );
+
+    // A marked command that went STUCK waits for a person; it holds up nobody.
+    let mut earlier = CommandState::reserved(at(0), None, 10_000);
+    earlier.status = S::Compensating;
+    let mut stuck = earlier.clone();
+    stuck.status = S::Stuck;
+    stuck.rollback_pending = Some(LeaseEpoch::new(1));
+    assert_eq!(next_to_compensate(&[earlier, stuck], |s| s), Some(0));
+}
