@@ -226,12 +226,9 @@ pub fn rollback_event(
         S::Leased | S::Unknown | S::Stuck => (undoable && state.rollback_pending.is_none())
             .then_some(Event::MarkRollback { operator }),
         S::Confirmed => undoable.then_some(Event::Rollback { operator }),
-        S::Failed
-        | S::Cancelled
-        | S::Compensating
-        | S::Compensated
-        | S::CompensationFailed
-        | S::NoCompensation => None,
+        S::Failed | S::Cancelled => (undoable && state.rollback_pending.is_none())
+            .then_some(Event::MarkRollback { operator }),
+        S::Compensating | S::Compensated | S::CompensationFailed | S::NoCompensation => None,
     }
 }
 
@@ -757,7 +754,7 @@ pub fn apply(
                 // Nothing was sent under this lease: the attempt does not count.
                 next.attempts = state.attempts.saturating_sub(1);
                 if state.rollback_pending.is_some() && !state.outcome_unknown {
-                    next.rollback_pending = None;
+                    // The mark stays: the run was rolled back, so the command is never replayed.
                     return Ok(cancelled_unsent(
                         next,
                         from,
@@ -1112,14 +1109,14 @@ pub fn apply(
         },
 
         Event::MarkRollback { operator } => {
+            // FAILED and CANCELLED are marked too: nothing of them stands, but the mark keeps
+            // a person from replaying them into a run that was rolled back.
             let in_flight = match from {
-                S::Leased | S::Unknown | S::Stuck => true,
+                S::Leased | S::Unknown | S::Stuck | S::Failed | S::Cancelled => true,
                 S::Pending | S::Approved => state.outcome_unknown,
                 S::Scheduled
                 | S::Blocked
                 | S::Confirmed
-                | S::Failed
-                | S::Cancelled
                 | S::Compensating
                 | S::Compensated
                 | S::CompensationFailed
@@ -1339,7 +1336,7 @@ pub fn apply(
                     return Ok(step);
                 }
                 next.status = status;
-                next.rollback_pending = None;
+                // The mark stays: the run was rolled back, so the command is never replayed.
                 Ok(step(
                     next,
                     vec![Action::Publish { status }],

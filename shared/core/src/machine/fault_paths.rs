@@ -673,7 +673,7 @@ fn a_rollback_decides_on_each_command_as_it_is_now() {
         (S::Unknown, false, Some(EventKind::MarkRollback)),
         (S::Stuck, false, Some(EventKind::MarkRollback)),
         (S::Confirmed, false, Some(EventKind::Rollback)),
-        (S::Failed, false, None),
+        (S::Failed, false, Some(EventKind::MarkRollback)),
         (S::Compensating, false, None),
     ] {
         state.status = status;

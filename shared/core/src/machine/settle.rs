@@ -361,7 +361,7 @@ pub(super) fn dispatched(
             )
         }
         DispatchOutcome::Refused { reason } => {
-            next.rollback_pending = None;
+            // The mark stays: the run was rolled back, so the command is never replayed.
             let mut step = failed(next, from, format!("refused: {reason}"));
             owe_last_look_after_ambiguity(&mut step, state, rules, now);
             step
@@ -382,7 +382,7 @@ pub(super) fn dispatched(
         DispatchOutcome::NotSent { reason }
             if state.rollback_pending.is_some() && !state.outcome_unknown =>
         {
-            next.rollback_pending = None;
+            // The mark stays: the run was rolled back, so the command is never replayed.
             cancelled_unsent(
                 next,
                 from,
@@ -486,7 +486,7 @@ fn absent(
     };
     next.first_absent_at = None;
     let mut step = if state.rollback_pending.is_some() {
-        next.rollback_pending = None;
+        // The mark stays: the run was rolled back, so the command is never replayed.
         cancelled_unsent(next, from, format!("{looked}; the run was rolled back"))
     } else if non_idempotent && rules.on_absent == OnAbsent::Fail {
         failed(

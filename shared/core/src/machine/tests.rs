@@ -218,10 +218,10 @@ BLOCKED              -   -   -   -   -   -   -   -   -   -   -   -   -   -   -  
 APPROVED             -   LSD -   -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
 LEASED               -   -   LSD PEN BLK FLD CNF FLD UNK PEN UNK -   -   -   -   -   -   -   -   -   -   -   LSD -   -   -   -
 CONFIRMED            -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMG -   -   CNF -   -
-FAILED               -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   PEN
+FAILED               -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   FLD -   -   -   PEN
 UNKNOWN              -   -   -   -   -   -   -   -   -   -   -   CNF UNK CNF UNK !   STK -   -   -   -   -   UNK -   -   -   -
 STUCK                -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   STK -   -   CNF PEN
-CANCELLED            -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+CANCELLED            -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -
 COMPENSATING         -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMD -   -   -
 COMPENSATED          -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
 COMPENSATION_FAILED  -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
