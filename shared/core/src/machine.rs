@@ -1129,12 +1129,12 @@ pub fn apply(
                 return Err(Refusal::NotCompensable);
             }
             next.rollback_pending = Some(state.lease.epoch);
-            // A new epoch fences a look at the world that began before the rollback (its
-            // result is re-decided under the mark); the lease holder of the epoch the mark
-            // records may still write its outcome (`check_holder`).
-            if matches!(from, S::Leased | S::Unknown) {
-                next.lease.epoch = state.lease.epoch.next();
-            }
+            // A new epoch makes every write begun from a copy read before the mark lose its
+            // compare-and-set and be decided again under it (a lease taken from a stale
+            // PENDING copy would otherwise overwrite the mark: found by the fault runner); the
+            // lease holder of the epoch the mark records may still write its outcome
+            // (`check_holder`).
+            next.lease.epoch = state.lease.epoch.next();
             Ok(step(
                 next,
                 vec![],

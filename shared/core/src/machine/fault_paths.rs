@@ -702,3 +702,24 @@ fn a_rollback_decides_on_each_command_as_it_is_now() {
     stuck.rollback_pending = Some(LeaseEpoch::new(1));
     assert_eq!(next_to_compensate(&[earlier, stuck], |s| s), Some(0));
 }
+
+/// Found by the fault runner (seed 0x5eed0002): a dispatcher leasing from a PENDING copy read
+/// before the rollback's mark overwrote the mark; the mark now moves the epoch on, so that
+/// lease loses its compare-and-set and is decided again under the mark.
+#[test]
+fn a_rollback_mark_moves_the_epoch_of_every_command_it_marks() {
+    let rules = Rules::defaults(E::Idempotent);
+    let mut retry = CommandState::reserved(at(0), None, 10_000);
+    retry.outcome_unknown = true;
+    retry.lease.epoch = LeaseEpoch::new(3);
+    let marked = go(
+        &retry,
+        &rules,
+        Event::MarkRollback {
+            operator: op("abort"),
+        },
+        at(0),
+    );
+    assert_eq!(marked.to(), S::Pending);
+    assert!(marked.state.lease.epoch > retry.lease.epoch);
+}
