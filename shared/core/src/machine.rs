@@ -1414,10 +1414,12 @@ pub fn apply(
 }
 
 mod settle;
+mod verify;
 use settle::{
     cancelled, cancelled_unsent, check_epoch, check_holder, compensated, dispatched, enter_unknown,
-    is_empty_evidence, observed, released, stuck, undo_commit, verified,
+    is_empty_evidence, observed, released, stuck, undo_commit,
 };
+use verify::verified;
 
 #[cfg(test)]
 mod fault_paths;
