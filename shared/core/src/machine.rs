@@ -758,7 +758,9 @@ pub fn apply(
                     return Ok(cancelled_unsent(
                         next,
                         from,
+                        rules,
                         format!("run rolled back; the lease was given back unused ({reason})"),
+                        now,
                     ));
                 }
                 next.status = S::Pending;
@@ -1051,7 +1053,7 @@ pub fn apply(
         },
 
         Event::Reject { operator } => match from {
-            S::Blocked => Ok(cancelled(next, from, operator)),
+            S::Blocked => Ok(cancelled(next, from, rules, operator, now)),
             S::Scheduled
             | S::Pending
             | S::Approved
@@ -1149,7 +1151,7 @@ pub fn apply(
         Event::Cancel { operator } => match from {
             S::Pending | S::Approved if state.outcome_unknown => Err(Refusal::OutcomeUnknown),
             S::Scheduled | S::Pending | S::Blocked | S::Approved => {
-                Ok(cancelled(next, from, operator))
+                Ok(cancelled(next, from, rules, operator, now))
             }
             S::Leased
             | S::Confirmed

@@ -723,3 +723,118 @@ fn a_rollback_mark_moves_the_epoch_of_every_command_it_marks() {
     assert_eq!(marked.to(), S::Pending);
     assert!(marked.state.lease.epoch > retry.lease.epoch);
 }
+
+fn sms_rules() -> Rules {
+    Rules {
+        semantics: E::Idempotent,
+        verify_after_commit: true,
+        ..wire_rules()
+    }
+}
+
+/// Found by the fault runner (seed 0x5eed0002): an IDEMPOTENT command redispatched on an
+/// `absent` seen before its first attempt could land was then cancelled by its run's rollback
+/// as though nothing had been sent, and the first attempt landed after it. Such an absence
+/// proves nothing: the earlier attempt's outcome stays unknown, so the rollback waits for it.
+#[test]
+fn a_same_key_redispatch_before_the_horizon_keeps_the_outcome_unknown() {
+    let rules = sms_rules();
+    let leased = leased(&rules);
+    let unknown = go(&leased, &rules, ambiguous(&leased), at(300)).state;
+    let redispatch = go(&unknown, &rules, observed(O::Absent, None, &[]), at(310));
+    assert_eq!(
+        redispatch.to(),
+        S::Pending,
+        "a same-key retry is safe at any time"
+    );
+    assert!(
+        redispatch.state.outcome_unknown,
+        "the first attempt may still land"
+    );
+    assert_eq!(
+        rollback_event(&redispatch.state, E::Idempotent, &op("abort")),
+        Some(Event::MarkRollback {
+            operator: op("abort")
+        }),
+        "marked, not cancelled"
+    );
+    assert_eq!(
+        apply(
+            &redispatch.state,
+            &rules,
+            &Event::Cancel {
+                operator: op("stop")
+            },
+            at(320)
+        ),
+        Err(Refusal::OutcomeUnknown)
+    );
+
+    // Past the horizon an absence is believed: the retry is an ordinary one.
+    let late = go(&unknown, &rules, observed(O::Absent, None, &[]), at(2_500));
+    assert_eq!(late.to(), S::Pending);
+    assert!(!late.state.outcome_unknown);
+}
+
+/// A marked same-key retry that commits is undone, and the undo looked at once more: an
+/// upstream that ignores the key may hold the first attempt's commit as well.
+#[test]
+fn an_undo_after_an_ambiguous_attempt_is_looked_at_again() {
+    let rules = sms_rules();
+    let mut state = leased(&rules);
+    state.attempts = 2;
+    state.ambiguous_before = true;
+    state.rollback_pending = Some(state.lease.epoch);
+    let undoing = go(&state, &rules, committed(&state, "s-2"), at(500));
+    assert_eq!(undoing.to(), S::Compensating);
+    assert!(undoing.state.verify_pending);
+    let undone = go(
+        &undoing.state,
+        &rules,
+        Event::Compensated {
+            epoch: undoing.state.lease.epoch,
+            outcome: CompensationOutcome::Done { reference: None },
+        },
+        at(600),
+    );
+    assert_eq!(undone.to(), S::Compensated);
+    assert_eq!(undone.state.due_at, Some(at(600 + 5_000)));
+    let standing = go(
+        &undone.state,
+        &rules,
+        observed(O::Present, Some("s-1"), &[]),
+        at(5_600),
+    );
+    assert!(
+        standing.state.escalated,
+        "the first attempt's commit stands"
+    );
+}
+
+/// A command cancelled after an ambiguous attempt (its absence believed, yet lookups may lag)
+/// owes a last look, and a commit it finds is undone.
+#[test]
+fn a_command_cancelled_after_an_ambiguous_attempt_is_looked_at_again() {
+    let rules = sms_rules();
+    let leased = leased(&rules);
+    let unknown = go(&leased, &rules, ambiguous(&leased), at(300)).state;
+    let pending = go(&unknown, &rules, observed(O::Absent, None, &[]), at(2_500)).state;
+    let cancelled = go(
+        &pending,
+        &rules,
+        Event::Cancel {
+            operator: op("abort"),
+        },
+        at(2_600),
+    );
+    assert_eq!(cancelled.to(), S::Cancelled);
+    assert!(cancelled.state.verify_pending);
+    assert_eq!(cancelled.state.due_at, Some(at(2_600 + 5_000)));
+    let found = go(
+        &cancelled.state,
+        &rules,
+        observed(O::Present, Some("s-1"), &[]),
+        at(7_600),
+    );
+    assert_eq!(found.to(), S::Compensating);
+}

@@ -102,21 +102,28 @@ pub(super) fn stuck(mut next: CommandState, from: CommandStatus, reason: String)
 pub(super) fn cancelled(
     next: CommandState,
     from: CommandStatus,
+    rules: &Rules,
     operator: &super::Operator,
+    now: Timestamp,
 ) -> Step {
-    cancelled_unsent(next, from, operator.reason.clone())
+    cancelled_unsent(next, from, rules, operator.reason.clone(), now)
 }
 
-/// CANCELLED: nothing of it was sent (or what was sent is known not to have committed).
+/// CANCELLED: nothing of it was sent, or what was sent is believed not to have committed. A
+/// command that once went through UNKNOWN owes a last look all the same: the absence it was
+/// decided on may have come from a lookup that lagged.
 pub(super) fn cancelled_unsent(
     mut next: CommandState,
     from: CommandStatus,
+    rules: &Rules,
     reason: String,
+    now: Timestamp,
 ) -> Step {
     next.status = CommandStatus::Cancelled;
     next.due_at = None;
     next.lands_by = None;
-    Step {
+    let ambiguous = next.ambiguous_before;
+    let mut step = Step {
         from,
         state: next,
         actions: vec![Action::Publish {
@@ -124,7 +131,11 @@ pub(super) fn cancelled_unsent(
         }],
         reason,
         evidence: Value::Null,
+    };
+    if ambiguous && rules.semantics != EffectSemantics::ObserveOnly {
+        owe_verification(&mut step, rules, now);
     }
+    step
 }
 
 pub(super) fn failed(mut next: CommandState, from: CommandStatus, reason: String) -> Step {
@@ -207,6 +218,9 @@ pub(super) fn undo_commit(
     next.outcome_unknown = false;
     next.lands_by = None;
     if rules.has_compensate && rules.semantics != EffectSemantics::ObserveOnly {
+        // After an ambiguous attempt the undo is looked at once more: the commit undone may
+        // not be the only one (an upstream that ignores the key, an attempt landing late).
+        next.verify_pending = next.ambiguous_before && rules.has_status_check;
         next.status = CommandStatus::Compensating;
         next.owed_duplicates = extra_refs.to_vec();
         next.compensation = Some(Box::new(CompensationInfo {
@@ -386,7 +400,9 @@ pub(super) fn dispatched(
             cancelled_unsent(
                 next,
                 from,
+                rules,
                 format!("run rolled back; the call was not sent: {reason}"),
+                now,
             )
         }
         DispatchOutcome::NotSent { reason } => {
@@ -487,7 +503,13 @@ fn absent(
     next.first_absent_at = None;
     let mut step = if state.rollback_pending.is_some() {
         // The mark stays: the run was rolled back, so the command is never replayed.
-        cancelled_unsent(next, from, format!("{looked}; the run was rolled back"))
+        cancelled_unsent(
+            next,
+            from,
+            rules,
+            format!("{looked}; the run was rolled back"),
+            now,
+        )
     } else if non_idempotent && rules.on_absent == OnAbsent::Fail {
         failed(
             next,
@@ -495,9 +517,13 @@ fn absent(
             format!("{looked}; the tool asks a person to decide (on_absent = fail)"),
         )
     } else if state.attempts < rules.max_attempts {
+        // A same-key retry is safe at any time, but an absence seen before the last attempt
+        // can land proves nothing: that attempt's outcome stays unknown (a cancel is refused,
+        // a rollback waits for it) until an answer or a believed absence settles it.
+        let may_land = state.lands_by.filter(|at| *at > now);
         next.status = CommandStatus::Pending;
-        next.lands_by = None;
-        next.outcome_unknown = false;
+        next.lands_by = may_land;
+        next.outcome_unknown = may_land.is_some();
         next.due_at = Some(now.plus_millis(rules.pending_stale_ms));
         return Step {
             from,
