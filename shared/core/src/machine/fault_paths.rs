@@ -838,3 +838,16 @@ fn a_command_cancelled_after_an_ambiguous_attempt_is_looked_at_again() {
     );
     assert_eq!(found.to(), S::Compensating);
 }
+
+/// Found by the fault runner (seed 4): a commit undone because the run was rolled back while
+/// it was in flight skipped the look the tool asks for after every commit, so a second commit
+/// the same request made (behind one 2xx) outlived the undo unseen.
+#[test]
+fn an_undone_commit_still_gets_the_look_the_tool_asks_for_after_every_commit() {
+    let rules = sms_rules();
+    let mut state = leased(&rules);
+    state.rollback_pending = Some(state.lease.epoch);
+    let undoing = go(&state, &rules, committed(&state, "s-1"), at(500));
+    assert_eq!(undoing.to(), S::Compensating);
+    assert!(undoing.state.verify_pending);
+}

@@ -218,9 +218,11 @@ pub(super) fn undo_commit(
     next.outcome_unknown = false;
     next.lands_by = None;
     if rules.has_compensate && rules.semantics != EffectSemantics::ObserveOnly {
-        // After an ambiguous attempt the undo is looked at once more: the commit undone may
-        // not be the only one (an upstream that ignores the key, an attempt landing late).
-        next.verify_pending = next.ambiguous_before && rules.has_status_check;
+        // The undo is looked at once more after an ambiguous attempt, or when the tool asks
+        // for a look after every commit: the commit undone may not be the only one (an
+        // upstream that ignores the key, an attempt landing late, two commits behind one 2xx).
+        next.verify_pending =
+            (next.ambiguous_before || rules.verify_after_commit) && rules.has_status_check;
         next.status = CommandStatus::Compensating;
         next.owed_duplicates = extra_refs.to_vec();
         next.compensation = Some(Box::new(CompensationInfo {
