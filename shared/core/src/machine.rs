@@ -1254,9 +1254,9 @@ pub fn apply(
                 check_epoch(state, *epoch)?;
                 next.owed_duplicates.clear();
                 // A verification still owed falls due after the clean-up.
-                next.due_at = state
-                    .verify_pending
-                    .then(|| now.plus_millis(rules.verify_after_ms));
+                next.due_at = state.verify_pending.then(|| {
+                    settle::last_landing(state.lands_by, now).plus_millis(rules.verify_after_ms)
+                });
                 let (actions, reason) = match outcome {
                     CompensationOutcome::Done { reference } => (
                         vec![],

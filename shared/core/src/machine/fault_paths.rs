@@ -851,3 +851,77 @@ fn an_undone_commit_still_gets_the_look_the_tool_asks_for_after_every_commit() {
     assert_eq!(undoing.to(), S::Compensating);
     assert!(undoing.state.verify_pending);
 }
+
+/// Found by the fault runner (seed 4): a same-key retry sent before the first attempt could
+/// land committed at once, and its last look came `verify_after_ms` after that commit — before
+/// the first attempt's late commit was visible. The look is due `verify_after_ms` after the
+/// latest time anything of the command may land.
+#[test]
+fn the_last_look_waits_for_every_attempt_that_may_still_land() {
+    let rules = sms_rules();
+    let leased = leased(&rules);
+    let unknown = go(&leased, &rules, ambiguous(&leased), at(300)).state;
+    let lands_by = unknown
+        .lands_by
+        .expect("an ambiguous attempt has a horizon");
+    let pending = go(&unknown, &rules, observed(O::Absent, None, &[]), at(310)).state;
+    let again = go(
+        &pending,
+        &rules,
+        Event::Lease {
+            owner: "d-2".into(),
+        },
+        at(311),
+    )
+    .state;
+    let confirmed = go(&again, &rules, committed(&again, "s-2"), at(320));
+    assert_eq!(confirmed.to(), S::Confirmed);
+    assert!(confirmed.state.verify_pending);
+    assert_eq!(
+        confirmed.state.due_at,
+        Some(lands_by.plus_millis(rules.verify_after_ms)),
+        "looked at only once the first attempt, landing late, is visible"
+    );
+
+    // The same holds for the undo of a rolled-back run.
+    let mut marked = again.clone();
+    marked.rollback_pending = Some(marked.lease.epoch);
+    let undoing = go(&marked, &rules, committed(&marked, "s-2"), at(320)).state;
+    let undone = go(
+        &undoing,
+        &rules,
+        Event::Compensated {
+            epoch: undoing.lease.epoch,
+            outcome: CompensationOutcome::Done { reference: None },
+        },
+        at(400),
+    );
+    assert_eq!(
+        undone.state.due_at,
+        Some(lands_by.plus_millis(rules.verify_after_ms))
+    );
+
+    // And for a confirmed command undone by a rollback soon after.
+    let rolled = go(
+        &confirmed.state,
+        &rules,
+        Event::Rollback {
+            operator: op("abort"),
+        },
+        at(330),
+    )
+    .state;
+    let undone = go(
+        &rolled,
+        &rules,
+        Event::Compensated {
+            epoch: rolled.lease.epoch,
+            outcome: CompensationOutcome::Done { reference: None },
+        },
+        at(400),
+    );
+    assert_eq!(
+        undone.state.due_at,
+        Some(lands_by.plus_millis(rules.verify_after_ms))
+    );
+}

@@ -121,7 +121,7 @@ pub(super) fn cancelled_unsent(
 ) -> Step {
     next.status = CommandStatus::Cancelled;
     next.due_at = None;
-    next.lands_by = None;
+    let lands_by = next.lands_by.take();
     let ambiguous = next.ambiguous_before;
     let mut step = Step {
         from,
@@ -133,7 +133,7 @@ pub(super) fn cancelled_unsent(
         evidence: Value::Null,
     };
     if ambiguous && rules.semantics != EffectSemantics::ObserveOnly {
-        owe_verification(&mut step, rules, now);
+        owe_verification(&mut step, rules, now, lands_by);
     }
     step
 }
@@ -163,7 +163,7 @@ fn confirmed(
 ) -> Step {
     next.status = CommandStatus::Confirmed;
     next.due_at = None;
-    next.lands_by = None;
+    // `lands_by` is kept: a look owed now or after an undo waits for it.
     next.outcome_unknown = false;
     if external_ref.is_some() {
         next.external_ref = external_ref;
@@ -179,12 +179,19 @@ fn confirmed(
     }
 }
 
-/// Owes the command a last look `verify_after_ms` from now, where the tool can look.
-fn owe_verification(step: &mut Step, rules: &Rules, now: Timestamp) {
+/// The latest time anything of the command may still land: now, or the landing horizon of an
+/// earlier attempt whose outcome is still open (a same-key retry sent before it).
+pub(super) fn last_landing(lands_by: Option<Timestamp>, now: Timestamp) -> Timestamp {
+    lands_by.map_or(now, |at| at.max(now))
+}
+
+/// Owes the command a last look, where the tool can look: `verify_after_ms` after the latest
+/// time anything of it may land (`lands_by`, else now).
+fn owe_verification(step: &mut Step, rules: &Rules, now: Timestamp, lands_by: Option<Timestamp>) {
     if rules.has_status_check {
         step.state.verify_pending = true;
         step.state.checks = 0;
-        step.state.due_at = Some(now.plus_millis(rules.verify_after_ms));
+        step.state.due_at = Some(last_landing(lands_by, now).plus_millis(rules.verify_after_ms));
     }
 }
 
@@ -198,7 +205,7 @@ fn owe_last_look_after_ambiguity(
     now: Timestamp,
 ) {
     if rules.semantics == EffectSemantics::NonIdempotent && state.ambiguous_before {
-        owe_verification(step, rules, now);
+        owe_verification(step, rules, now, state.lands_by);
     }
 }
 
@@ -216,13 +223,15 @@ pub(super) fn undo_commit(
     next.rollback_pending = None;
     next.verify_pending = false;
     next.outcome_unknown = false;
-    next.lands_by = None;
+    let lands_by = next.lands_by.take();
     if rules.has_compensate && rules.semantics != EffectSemantics::ObserveOnly {
         // The undo is looked at once more after an ambiguous attempt, or when the tool asks
         // for a look after every commit: the commit undone may not be the only one (an
         // upstream that ignores the key, an attempt landing late, two commits behind one 2xx).
         next.verify_pending =
             (next.ambiguous_before || rules.verify_after_commit) && rules.has_status_check;
+        // Kept for the look after the undo: it waits for an earlier attempt landing late.
+        next.lands_by = lands_by.filter(|_| next.verify_pending);
         next.status = CommandStatus::Compensating;
         next.owed_duplicates = extra_refs.to_vec();
         next.compensation = Some(Box::new(CompensationInfo {
@@ -363,7 +372,7 @@ pub(super) fn dispatched(
             if step.state.status == CommandStatus::Confirmed
                 && (redispatched || rules.verify_after_commit)
             {
-                owe_verification(&mut step, rules, now);
+                owe_verification(&mut step, rules, now, state.lands_by);
             }
             step
         }
@@ -545,7 +554,7 @@ fn absent(
     if rules.semantics != EffectSemantics::ObserveOnly {
         // Decided for good on absence: a commit that shows up later (a lookup that lagged)
         // is not left standing, whatever the tool's semantics.
-        owe_verification(&mut step, rules, now);
+        owe_verification(&mut step, rules, now, state.lands_by);
     }
     step
 }
@@ -608,7 +617,7 @@ pub(super) fn observed(
                 && !step.state.escalated
             {
                 // Went through UNKNOWN: an attempt may still show up late.
-                owe_verification(&mut step, rules, now);
+                owe_verification(&mut step, rules, now, state.lands_by);
             }
             step
         }
@@ -752,10 +761,11 @@ pub(super) fn compensated(
     };
     next.status = status;
     next.due_at = None;
+    let lands_by = next.lands_by.take();
     if status == CommandStatus::Compensated && state.verify_pending {
         // The last look the command still owed: a second commit must not outlive the undo.
         next.checks = 0;
-        next.due_at = Some(now.plus_millis(rules.verify_after_ms));
+        next.due_at = Some(last_landing(lands_by, now).plus_millis(rules.verify_after_ms));
     } else {
         next.verify_pending = false;
     }
