@@ -5,9 +5,10 @@
 
 use reqwest::StatusCode;
 use serde_json::json;
-use sluice_core::command::CommandStatus;
+use sluice_core::command::{Command, CommandStatus};
 use sluice_tests::*;
 use sluice_upstream::Faults;
+use std::time::Duration;
 
 /// The producer refuses bodies over this.
 const MAX_BODY: usize = 4_096;
@@ -667,4 +668,99 @@ async fn prefer_return_minimal_answers_with_keys_and_status_only() {
     assert_eq!(full.status, StatusCode::OK, "{}", full.text);
     assert_eq!(applied, None);
     assert_eq!(full.command().args["subject"], "second");
+}
+
+/// `Prefer: wait=<seconds>` (RFC 7240): a submission answered once its command is terminal,
+/// 201 or 200 as without the wait; BLOCKED (a person's to decide) and a SCHEDULED effect not
+/// due within the wait answered at once with 202 and where to poll; a wait that is not a number
+/// of seconds refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefer_wait_answers_with_the_settled_command_or_202_and_where_to_poll() {
+    let h = harness().await;
+    let run = "r-wait";
+    let email = effect(run, 1, "email/send", 0, email_args("waited"));
+    let (sent, applied) = h
+        .agent
+        .post_preferring("/v1/effects", &email, "wait=20")
+        .await;
+    assert_eq!(sent.status, StatusCode::CREATED, "{}", sent.text);
+    assert_eq!(applied.as_deref(), Some("wait=20"));
+    let sent = sent.command();
+    assert_eq!(sent.status(), CommandStatus::Confirmed, "{sent:?}");
+    assert!(
+        sent.state.external_ref.is_some(),
+        "the upstream's answer is in it"
+    );
+
+    // The same effect again: the stored, settled command, 200.
+    let (again, _) = h
+        .agent
+        .post_preferring("/v1/effects", &email, "return=minimal, wait=20")
+        .await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.text);
+    assert_eq!(again.body["command_status"], "CONFIRMED");
+
+    // A wire over the approval threshold waits for a person: answered as soon as it is BLOCKED.
+    let started = std::time::Instant::now();
+    let big = effect(run, 2, "wire", 0, wire_args("acc-big", 2_000_000));
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/effects", h.agent.base()))
+        .header("prefer", "wait=30")
+        .json(&big)
+        .send()
+        .await
+        .expect("the producer answers");
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    assert_eq!(
+        response
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok()),
+        Some("/v1/runs/r-wait/effects/d-2/payments/wire/0")
+    );
+    let blocked: Command = response.json().await.expect("a command");
+    assert_eq!(blocked.status(), CommandStatus::Blocked);
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "answered when BLOCKED, not at the end of the wait"
+    );
+
+    // Scheduled an hour ahead: nothing happens within the wait, so it is answered at once.
+    let mut later = effect(run, 3, "email/send", 0, email_args("later"));
+    later["delay_ms"] = json!(3_600_000);
+    let (scheduled, _) = h
+        .agent
+        .post_preferring("/v1/effects", &later, "wait=30")
+        .await;
+    assert_eq!(scheduled.status, StatusCode::ACCEPTED, "{}", scheduled.text);
+    assert_eq!(scheduled.command().status(), CommandStatus::Scheduled);
+
+    // A batch waits for all of its effects.
+    let body = json!({"effects": [
+        effect(run, 4, "email/send", 0, email_args("four")),
+        effect("r-wait-2", 1, "email/send", 0, email_args("other run")),
+    ]});
+    let (batch, applied) = h
+        .agent
+        .post_preferring("/v1/effects/batch", &body, "wait=20")
+        .await;
+    assert_eq!(batch.status, StatusCode::OK, "{}", batch.text);
+    assert_eq!(applied.as_deref(), Some("wait=20"));
+    for result in batch.body["results"].as_array().expect("results") {
+        assert_eq!(result["status"], 201, "{}", batch.text);
+        assert_eq!(result["command"]["status"], "CONFIRMED", "{}", batch.text);
+    }
+
+    // Bad input is named.
+    let (bad, _) = h
+        .agent
+        .post_preferring(
+            "/v1/effects",
+            &effect(run, 5, "email/send", 0, email_args("x")),
+            "wait=5s",
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", bad.text);
+    assert!(bad.text.contains("wait"), "{}", bad.text);
+    h.stop().await;
 }

@@ -1,0 +1,610 @@
+//! Submissions: `POST /v1/effects` and `POST /v1/effects/batch`, and the preferences a client
+//! may state for their answers (RFC 7240 `Prefer`):
+//!
+//! - `return=minimal`: the command's keys and status instead of the whole command;
+//! - `wait=<seconds>`: the answer is held until the command is terminal (201 or 200, as without
+//!   the wait) or the wait passes (202 with the command as it is and a `Location` to poll).
+//!   BLOCKED and STUCK answer at once, since they wait for a person, and so does a SCHEDULED
+//!   command not due before the wait ends. The wait is capped at `producer.max_wait_ms`.
+//!
+//! Preferences this service does not know are ignored, as the RFC asks; a `wait` that is not
+//! a number of seconds is refused (422), since ignoring it would silently answer at once.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use sluice_bus::{Admission, Topic};
+use sluice_core::catalog::CatalogError;
+use sluice_core::command::{Command, CommandStatus, Intent};
+use sluice_core::ids::{CommandKey, RunId};
+use sluice_core::policy;
+use sluice_core::time::Timestamp;
+use sluice_ledger::{LedgerError, Reserved};
+use sluice_runtime::messages::{Cause, DispatchRequest, encode};
+use tokio::time::Instant;
+
+use crate::auth::{Caller, Need, Principal};
+use crate::http::{ApiError, RawBody, parse_json};
+use crate::wait::until_settled;
+use crate::{ACTOR, Api, MAX_DELAY_MS};
+
+/// One effect as an agent submits it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EffectRequest {
+    pub run_id: String,
+    pub decision: u32,
+    pub tool: String,
+    pub call_idx: u32,
+    pub args: Value,
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+    #[serde(default)]
+    pub not_before: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchRequest {
+    effects: Vec<Value>,
+}
+
+/// The answer to one submission: the status code and the command.
+struct Submitted {
+    status: StatusCode,
+    command: Command,
+}
+
+impl Api {
+    /// Validates, reserves and requests dispatch of one effect.
+    async fn submit(&self, principal: &Principal, raw: Value) -> Result<Submitted, ApiError> {
+        sluice_faults::point!("producer.submit.pre");
+        let request: EffectRequest = serde_json::from_value(raw).map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                format!("invalid effect: {e}"),
+            )
+        })?;
+        let invalid = |field: &str, message: String| {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+                .with_details(json!({ "pointer": format!("/{field}") }))
+        };
+        let run_id = RunId::parse(&request.run_id).map_err(|e| invalid("run_id", e.to_string()))?;
+        if run_id.as_str() == sluice_ledger::SYSTEM_RUN {
+            return Err(invalid(
+                "run_id",
+                format!("run id {run_id} is reserved for the ledger's own records"),
+            ));
+        }
+        let catalog = &self.ctx.catalog;
+        let tool = catalog.resolve(&request.tool).map_err(|e| match e {
+            CatalogError::UnknownTool { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "unknown_tool", e.to_string())
+            }
+            other => invalid("tool", other.to_string()),
+        })?;
+        tool.validate_args(&request.args).map_err(|e| {
+            let violations: Vec<Value> = e
+                .violations()
+                .iter()
+                .map(|v| json!({"pointer": format!("/args{}", v.pointer), "message": v.message}))
+                .collect();
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_arguments",
+                format!("arguments of {} do not match its schema: {e}", tool.name()),
+            )
+            .with_details(json!({ "violations": violations }))
+        })?;
+        let business_key = tool
+            .business_key(&request.args)
+            .map_err(|e| invalid("args", e.to_string()))?;
+        let now = self.ctx.clock.now();
+        let not_before = match (request.delay_ms, request.not_before.as_deref()) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "not_before",
+                    "give delay_ms or not_before, not both".into(),
+                ));
+            }
+            (Some(delay), None) if delay > MAX_DELAY_MS => {
+                return Err(invalid(
+                    "delay_ms",
+                    format!("delay_ms may be at most {MAX_DELAY_MS} (one year)"),
+                ));
+            }
+            (Some(delay), None) => Some(
+                now.plus_millis(
+                    i64::try_from(delay)
+                        .map_err(|_| invalid("delay_ms", "delay_ms is too large".into()))?,
+                ),
+            ),
+            (None, Some(at)) => {
+                let at = Timestamp::parse_rfc3339(at)
+                    .map_err(|e| invalid("not_before", e.to_string()))?;
+                if at.millis_since(now) > MAX_DELAY_MS as i64 {
+                    return Err(invalid(
+                        "not_before",
+                        "not_before may be at most one year ahead".into(),
+                    ));
+                }
+                Some(at)
+            }
+            (None, None) => None,
+        };
+        let rules = tool.rules();
+        let command = Command::from_intent(
+            Intent {
+                run_id,
+                command_key: CommandKey::new(
+                    request.decision,
+                    tool.name().clone(),
+                    request.call_idx,
+                ),
+                semantics: tool.semantics(),
+                args: request.args,
+                business_key,
+                policy_version: catalog.policy_version().to_owned(),
+                max_attempts: rules.max_attempts,
+                not_before,
+            },
+            now,
+            rules.pending_stale_ms,
+        );
+        // A tool that may be called twice with one key is leased in its reservation's own
+        // write: its dispatch then costs no lease write (machine::lease_at_reservation).
+        let policy = policy::evaluate(tool, &command.args, None, catalog.policy_version());
+        let command = command.leased_at_reservation(&rules, &policy, now);
+        let command = match principal.submitter() {
+            Some(name) => command.submitted_by(name),
+            None => command,
+        };
+        let tool_label = tool.name().to_string();
+        let audit = command.reservation_audit(ACTOR);
+        // Room in the dispatch backlog, taken before the reservation: a burst waits here
+        // instead of piling up behind the dispatcher (`bus.admission`).
+        let admission = if matches!(
+            command.status(),
+            CommandStatus::Pending | CommandStatus::Leased
+        ) {
+            Some(self.admit().await?)
+        } else {
+            None
+        };
+        // An agent adds to its own runs only.
+        let confined = self.must_confine(principal, &command.run_id);
+        let run_id = command.run_id.clone();
+        sluice_faults::point!("producer.reserve.pre");
+        let reserved = if confined {
+            self.ctx.ledger.reserve_own(command, audit).await
+        } else {
+            self.ctx.ledger.reserve(command, audit).await
+        };
+        sluice_faults::point!("producer.reserve.post");
+        let reserved = match reserved {
+            Ok(reserved) => {
+                // The run now holds this agent's command, and only its own. A business key held
+                // elsewhere wrote nothing here, so that run is not known to be the agent's.
+                if confined && !matches!(reserved, Reserved::BusinessKeyHeld(_)) {
+                    self.remember_owned(principal, &run_id);
+                }
+                reserved
+            }
+            Err(e @ LedgerError::ForeignRun { .. }) => {
+                self.count(&tool_label, "forbidden");
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    format!(
+                        "{e} (you are {} with role {})",
+                        principal.name, principal.role
+                    ),
+                ));
+            }
+            Err(e @ LedgerError::ArgumentDrift { .. }) => {
+                self.count(&tool_label, "drift");
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "argument_drift",
+                    e.to_string(),
+                ));
+            }
+            Err(e @ LedgerError::RunClosed { .. }) => {
+                self.count(&tool_label, "run_closed");
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "run_rolled_back",
+                    e.to_string(),
+                ));
+            }
+            Err(e) => return Err(ApiError::unavailable(&e)),
+        };
+        match reserved {
+            Reserved::Created(command) => {
+                self.count(&tool_label, "created");
+                if matches!(
+                    command.status(),
+                    CommandStatus::Pending | CommandStatus::Leased
+                ) {
+                    let request = DispatchRequest {
+                        run_id: command.run_id.clone(),
+                        command_key: command.command_key.clone(),
+                        cause: Cause::Reserved,
+                    };
+                    sluice_faults::point!("producer.publish.pre");
+                    if let Err(e) = self
+                        .ctx
+                        .bus
+                        .publish_admitted(
+                            admission.unwrap_or_else(Admission::unbounded),
+                            Topic::Requested,
+                            command.run_id.as_str(),
+                            encode(&request),
+                            vec![],
+                        )
+                        .await
+                    {
+                        // Recorded all the same: the stale-PENDING sweep republishes it, or
+                        // the lease-expiry sweep reconciles one leased at reservation.
+                        tracing::warn!(
+                            run_id = %command.run_id,
+                            command_key = %command.command_key,
+                            error = %e,
+                            "dispatch request not published; the sweep will"
+                        );
+                    }
+                    sluice_faults::point!("producer.publish.post");
+                }
+                sluice_faults::point!("producer.submit.post");
+                Ok(Submitted {
+                    status: StatusCode::CREATED,
+                    command,
+                })
+            }
+            Reserved::Existing(command) | Reserved::BusinessKeyHeld(command) => {
+                if principal.role == sluice_runtime::config::Role::Agent
+                    && principal.authenticated
+                    && command.submitted_by.as_deref() != Some(principal.name.as_str())
+                {
+                    return Err(ApiError::new(
+                        StatusCode::CONFLICT,
+                        "business_key_held",
+                        format!(
+                            "the business key of this effect is held by command {}/{} of another agent",
+                            command.run_id, command.command_key
+                        ),
+                    ));
+                }
+                self.count(&tool_label, "replayed");
+                Ok(Submitted {
+                    status: StatusCode::OK,
+                    command,
+                })
+            }
+        }
+    }
+
+    fn count(&self, tool: &str, outcome: &str) {
+        self.ctx
+            .metrics
+            .submissions
+            .with_label_values(&[tool, outcome])
+            .inc();
+    }
+}
+
+const PREFER: &str = "prefer";
+const PREFERENCE_APPLIED: &str = "preference-applied";
+
+/// What a client stated in `Prefer` that this service honours.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Preferences {
+    /// `return=minimal`.
+    pub minimal: bool,
+    /// `wait=<seconds>`, capped at `producer.max_wait_ms`; `None`: answer at once.
+    pub wait: Option<Duration>,
+}
+
+impl Preferences {
+    /// The preferences in `headers` (every `Prefer` header, comma-separated preferences, each
+    /// `name[=value][; parameters]`).
+    pub(crate) fn of(headers: &HeaderMap, max_wait: Duration) -> Result<Self, ApiError> {
+        let mut preferences = Self::default();
+        let stated = headers
+            .get_all(PREFER)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .filter_map(|preference| {
+                let preference = preference.split(';').next()?.trim();
+                let (name, value) = preference.split_once('=')?;
+                Some((name.trim(), value.trim().trim_matches('"')))
+            });
+        for (name, value) in stated {
+            if name.eq_ignore_ascii_case("return") && value.eq_ignore_ascii_case("minimal") {
+                preferences.minimal = true;
+            } else if name.eq_ignore_ascii_case("wait") {
+                let seconds: u64 = value.parse().map_err(|_| {
+                    ApiError::invalid(format!(
+                        "Prefer: wait={:?} is not a whole number of seconds (RFC 7240)",
+                        value.chars().take(32).collect::<String>()
+                    ))
+                })?;
+                preferences.wait = Some(Duration::from_secs(seconds).min(max_wait));
+            }
+        }
+        Ok(preferences)
+    }
+
+    /// Marks `response` with the preferences applied to it (`Preference-Applied`).
+    fn mark(self, mut response: Response) -> Response {
+        let mut applied = Vec::new();
+        if self.minimal {
+            applied.push("return=minimal".to_owned());
+        }
+        if let Some(wait) = self.wait {
+            applied.push(format!("wait={}", wait.as_secs()));
+        }
+        if let Ok(value) = HeaderValue::from_str(&applied.join(", "))
+            && !applied.is_empty()
+        {
+            response.headers_mut().insert(PREFERENCE_APPLIED, value);
+        }
+        response
+    }
+}
+
+/// A submitted command as `Prefer: return=minimal` answers it.
+#[derive(Serialize)]
+struct MinimalCommand<'a> {
+    run_id: &'a RunId,
+    command_key: &'a CommandKey,
+    command_status: CommandStatus,
+}
+
+impl<'a> MinimalCommand<'a> {
+    fn of(command: &'a Command) -> Self {
+        Self {
+            run_id: &command.run_id,
+            command_key: &command.command_key,
+            command_status: command.status(),
+        }
+    }
+}
+
+impl Api {
+    /// Holds `submitted` until its command is terminal or `deadline` (no deadline: as it is).
+    /// A command still moving is answered 202.
+    async fn settle(
+        &self,
+        principal: &Principal,
+        submitted: Submitted,
+        deadline: Option<Instant>,
+    ) -> Result<Submitted, ApiError> {
+        let Some(deadline) = deadline else {
+            return Ok(submitted);
+        };
+        let command = submitted.command;
+        let (run_id, command_key) = (command.run_id.clone(), command.command_key.clone());
+        let command = until_settled(
+            self,
+            principal,
+            &run_id,
+            &command_key,
+            Some(command),
+            deadline,
+        )
+        .await?;
+        let status = if command.status().is_terminal() {
+            submitted.status
+        } else {
+            StatusCode::ACCEPTED
+        };
+        Ok(Submitted { status, command })
+    }
+}
+
+/// Where a command is polled: `GET /v1/runs/{run_id}/effects/{command_key}`.
+fn location(command: &Command) -> Option<HeaderValue> {
+    HeaderValue::from_str(&format!(
+        "/v1/runs/{}/effects/{}",
+        command.run_id, command.command_key
+    ))
+    .ok()
+}
+
+pub(crate) async fn submit_one(
+    State(api): State<Api>,
+    Caller(principal): Caller,
+    headers: HeaderMap,
+    RawBody(body): RawBody,
+) -> Response {
+    let max_wait = Duration::from_millis(api.config.max_wait_ms);
+    let answer = match principal
+        .require(Need::Submit)
+        .and_then(|()| Preferences::of(&headers, max_wait))
+        .and_then(|preferences| Ok((preferences, parse_json(&body)?)))
+    {
+        Ok((preferences, raw)) => {
+            let deadline = preferences.wait.map(|wait| Instant::now() + wait);
+            let submitted = match api.submit(&principal, raw).await {
+                Ok(submitted) => api.settle(&principal, submitted, deadline).await,
+                Err(e) => Err(e),
+            };
+            match submitted {
+                Ok(submitted) => {
+                    let mut response = if preferences.minimal {
+                        (
+                            submitted.status,
+                            Json(MinimalCommand::of(&submitted.command)),
+                        )
+                            .into_response()
+                    } else {
+                        (submitted.status, Json(&submitted.command)).into_response()
+                    };
+                    if submitted.status == StatusCode::ACCEPTED
+                        && let Some(location) = location(&submitted.command)
+                    {
+                        response
+                            .headers_mut()
+                            .insert(axum::http::header::LOCATION, location);
+                    }
+                    preferences.mark(response)
+                }
+                Err(e) => e.into_response(),
+            }
+        }
+        Err(e) => e.into_response(),
+    };
+    api.ctx
+        .metrics
+        .http_requests
+        .with_label_values(&["submit", answer.status().as_str()])
+        .inc();
+    answer
+}
+
+pub(crate) async fn submit_batch(
+    State(api): State<Api>,
+    Caller(principal): Caller,
+    headers: HeaderMap,
+    RawBody(body): RawBody,
+) -> Result<Response, ApiError> {
+    principal.require(Need::Submit)?;
+    let preferences = Preferences::of(&headers, Duration::from_millis(api.config.max_wait_ms))?;
+    let minimal = preferences.minimal;
+    let deadline = preferences.wait.map(|wait| Instant::now() + wait);
+    let batch: BatchRequest = serde_json::from_value(parse_json(&body)?).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            format!("a batch is {{\"effects\": [...]}}: {e}"),
+        )
+    })?;
+    if batch.effects.len() > api.config.max_batch {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "batch_too_large",
+            format!(
+                "{} effects in one batch; the limit is {}",
+                batch.effects.len(),
+                api.config.max_batch
+            ),
+        ));
+    }
+    // Runs are submitted concurrently, so the ledger commits them in a few groups; one run's
+    // effects go one after another, in batch order. Its effects all write the run's audit
+    // head, so concurrent writes would only contend for it (on the CQL ledger each lost race
+    // is another LWT, and a large batch of one run could exhaust the retries), and the run's
+    // dispatch requests are published in the order the agent gave.
+    let mut runs: Vec<Vec<(usize, Value)>> = Vec::new();
+    let mut run_of: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (index, raw) in batch.effects.into_iter().enumerate() {
+        match raw.get("run_id").and_then(Value::as_str) {
+            Some(run) => {
+                let group = *run_of.entry(run.to_owned()).or_insert_with(|| {
+                    runs.push(Vec::new());
+                    runs.len() - 1
+                });
+                runs[group].push((index, raw));
+            }
+            // Malformed: answered on its own with the reason.
+            None => runs.push(vec![(index, raw)]),
+        }
+    }
+    let total = runs.iter().map(Vec::len).sum();
+    let answered = futures::future::join_all(runs.into_iter().map(|effects| {
+        let api = api.clone();
+        let principal = principal.clone();
+        async move {
+            // Every effect of the run is submitted before any is waited for: a run's effects
+            // are dispatched one after another, so waiting for them in order costs nothing.
+            let mut submitted = Vec::with_capacity(effects.len());
+            for (index, raw) in effects {
+                submitted.push((index, api.submit(&principal, raw).await));
+            }
+            let mut answers = Vec::with_capacity(submitted.len());
+            for (index, result) in submitted {
+                let result = match result {
+                    Ok(done) => api.settle(&principal, done, deadline).await,
+                    Err(e) => Err(e),
+                };
+                // Each answer is encoded as soon as it is known: a batch's answers wait for its
+                // slowest run, and an encoded command is a third of the memory of a `Value`
+                // tree of it, made without building that tree first.
+                let answer = match result {
+                    Ok(submitted) if minimal => encode_answer(&MinimalAnswer {
+                        status: submitted.status.as_u16(),
+                        command: MinimalCommand::of(&submitted.command),
+                    }),
+                    Ok(submitted) => encode_answer(&BatchAnswer {
+                        status: submitted.status.as_u16(),
+                        command: &submitted.command,
+                    }),
+                    Err(e) => {
+                        let mut body = e.body();
+                        body["status"] = json!(e.status().as_u16());
+                        encode_answer(&body)
+                    }
+                };
+                answers.push((index, answer));
+            }
+            answers
+        }
+    }))
+    .await;
+    let mut results: Vec<Option<Box<RawValue>>> = vec![None; total];
+    for (index, answer) in answered.into_iter().flatten() {
+        results[index] = Some(answer);
+    }
+    api.ctx
+        .metrics
+        .http_requests
+        .with_label_values(&["submit_batch", "200"])
+        .inc();
+    // Serialized as it is: through `json!` the encoded answers would be parsed back into trees.
+    Ok(preferences.mark(Json(BatchResults { results }).into_response()))
+}
+
+/// The answer to a batch: one entry per effect, in the order submitted.
+#[derive(Serialize)]
+struct BatchResults {
+    results: Vec<Option<Box<RawValue>>>,
+}
+
+/// One effect's answer in a batch: its status code and the command.
+#[derive(Serialize)]
+struct BatchAnswer<'a> {
+    status: u16,
+    command: &'a Command,
+}
+
+/// One effect's answer in a batch under `Prefer: return=minimal`.
+#[derive(Serialize)]
+struct MinimalAnswer<'a> {
+    status: u16,
+    command: MinimalCommand<'a>,
+}
+
+/// `answer` as JSON text.
+fn encode_answer(answer: &impl Serialize) -> Box<RawValue> {
+    // A command and an error body serialize to JSON objects with string keys; that cannot fail.
+    serde_json::value::to_raw_value(answer).expect("an answer serializes to JSON")
+}
+
+/// The JSON shape of an answer, for clients.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BatchResult {
+    pub status: u16,
+    #[serde(default)]
+    pub command: Option<Command>,
+    #[serde(default)]
+    pub error: Option<Value>,
+}
