@@ -54,8 +54,10 @@ impl Operated {
 }
 
 /// Acts every `every` until `stop`, on the runs created in the last `window`. Once
-/// `settling` is set only BLOCKED commands are acted on: the run is winding down, and a
-/// replay would start new work.
+/// `settling` is set only BLOCKED commands are acted on, in every run since the operator
+/// started: the run is winding down, a replay would start new work, and a command may reach
+/// BLOCKED long after its run was created (behind the run's earlier effects; found by seed 77,
+/// whose BLOCKED command left the window before anyone looked).
 pub async fn operate(
     api: Api,
     upstream: Arc<ChaosUpstream>,
@@ -69,6 +71,7 @@ pub async fn operate(
     let mut blocked_seen: HashMap<(String, String), Instant> = HashMap::new();
     let mut handled: HashSet<(String, String, u32, &'static str)> = HashSet::new();
     let mut round = 0u64;
+    let started_ms = now_ms();
     loop {
         tokio::select! {
             () = stop.cancelled() => return Ok(operated),
@@ -76,7 +79,12 @@ pub async fn operate(
         }
         round += 1;
         let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
-        let since = Timestamp::from_millis(now_ms().saturating_sub(window_ms)).to_string();
+        let since = if settling.load(Ordering::SeqCst) {
+            Timestamp::from_millis(started_ms.saturating_sub(window_ms))
+        } else {
+            Timestamp::from_millis(now_ms().saturating_sub(window_ms))
+        }
+        .to_string();
         for command in api.effects_with("BLOCKED", &since).await? {
             let id = (command.run_id.to_string(), command.command_key.to_string());
             let seen = *blocked_seen.entry(id.clone()).or_insert_with(Instant::now);
