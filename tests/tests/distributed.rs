@@ -414,7 +414,7 @@ async fn bench_on_kafka_and_cassandra_removes_its_keyspace_and_topics_unless_kep
             effects: 24,
             effects_per_run: 1,
             batch: 12,
-            concurrency: 2,
+            concurrency: vec![2],
             mode: Mode::Batch,
             no_paced: true,
             partitions: Some(2),

@@ -41,6 +41,13 @@ enum Command {
     Demo(sluice::demo::DemoArgs),
     /// Measure effects per second from submission to CONFIRMED, and their latency.
     Bench(sluice::bench::BenchArgs),
+    /// Serve the demo upstream without faults until a signal: the upstream process of `sluice
+    /// bench --mode agents`, which prints its URL on the first line of stdout.
+    #[command(hide = true)]
+    BenchUpstream {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+    },
     #[command(flatten)]
     Console(ConsoleCommand),
 }
@@ -93,6 +100,14 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::Bench(args) => {
             let outcome = sluice::bench::run(args, sluice_runtime::shutdown_on_signals()).await;
             return Ok(exit_code(outcome));
+        }
+        Command::BenchUpstream { listen } => {
+            let upstream =
+                sluice_upstream::Upstream::start(listen, sluice_upstream::Faults::none(), 0)
+                    .await?;
+            println!("upstream listening on {}", upstream.base_url());
+            sluice_runtime::shutdown_on_signals().cancelled().await;
+            upstream.shutdown().await;
         }
         Command::Console(command) => {
             return Ok(match sluice::console::run(cli.console, command).await {

@@ -119,7 +119,7 @@ async fn bench_small_run_confirms_every_effect_in_each_pass() {
     let args = BenchArgs {
         effects: 300,
         batch: 50,
-        concurrency: 8,
+        concurrency: vec![8],
         mode: Mode::Both,
         durability: Some(DurabilityArg::Normal),
         partitions: Some(16),

@@ -40,9 +40,11 @@ use tokio::task::JoinSet;
 use crate::demo::{DataDir, DataDirError, Progress, http_client, local_config};
 use crate::dev::StartError;
 
+mod agents;
 mod measure;
 mod pass;
 
+pub use agents::AgentsRow;
 use measure::*;
 use pass::*;
 
@@ -93,6 +95,11 @@ impl BenchTool {
 const EVENTS_GROUP: &str = "sluice-bench";
 /// A pass gives up when no effect settled for this long.
 const STALL: Duration = Duration::from_secs(30);
+/// Client tasks of a pass unless `--concurrency` says otherwise.
+const DEFAULT_CLIENTS: usize = 32;
+/// The rows of `--mode agents` unless `--concurrency` says otherwise.
+const DEFAULT_AGENTS: [usize; 4] = [1, 16, 64, 256];
+
 /// The paced pass sends a batch this often (or less often at low rates).
 const PACE_TICK: Duration = Duration::from_millis(10);
 
@@ -108,6 +115,10 @@ pub enum Mode {
     Both,
     /// No closed-loop pass: only the paced pass at `--rate`.
     Paced,
+    /// Agents in a closed loop, each effect one synchronous submission (`Prefer: wait`), one
+    /// row per `--concurrency` value (default 1,16,64,256); the pipeline (`sluice dev`) and the
+    /// upstream run in processes of their own.
+    Agents,
 }
 
 /// How hard the ledger syncs (`ledger.durability`).
@@ -165,9 +176,10 @@ pub struct BenchArgs {
     /// Effects per batch submission.
     #[arg(long, default_value_t = 500)]
     pub batch: usize,
-    /// Client tasks submitting at once.
-    #[arg(long, default_value_t = 32)]
-    pub concurrency: usize,
+    /// Client tasks submitting at once (default 32); for `--mode agents` a comma-separated list
+    /// of agent counts, one row each (default 1,16,64,256).
+    #[arg(long, value_delimiter = ',')]
+    pub concurrency: Vec<usize>,
     /// Which submission paths to measure.
     #[arg(long, value_enum, default_value_t = Mode::Both)]
     pub mode: Mode,
@@ -215,7 +227,7 @@ impl BenchArgs {
             tool: BenchTool::Email,
             config: None,
             batch: 500,
-            concurrency: 32,
+            concurrency: Vec::new(),
             mode: Mode::Both,
             durability: None,
             partitions: None,
@@ -243,8 +255,11 @@ impl BenchArgs {
         if self.batch == 0 {
             return invalid("--batch", "must be at least 1");
         }
-        if self.concurrency == 0 {
+        if self.concurrency.contains(&0) {
             return invalid("--concurrency", "must be at least 1");
+        }
+        if self.mode != Mode::Agents && self.concurrency.len() > 1 {
+            return invalid("--concurrency", "takes one value except with --mode agents");
         }
         if self.effects_per_run == 0 {
             return invalid("--effects-per-run", "must be at least 1");
@@ -262,6 +277,20 @@ impl BenchArgs {
             );
         }
         Ok(())
+    }
+
+    /// Client tasks of a single, batch or paced pass.
+    pub fn clients(&self) -> usize {
+        self.concurrency.first().copied().unwrap_or(DEFAULT_CLIENTS)
+    }
+
+    /// The agent counts of `--mode agents`, one row each.
+    pub fn concurrency_list(&self, mode: Mode) -> Vec<usize> {
+        match (mode, self.concurrency.is_empty()) {
+            (Mode::Agents, true) => DEFAULT_AGENTS.to_vec(),
+            (_, true) => vec![DEFAULT_CLIENTS],
+            (_, false) => self.concurrency.clone(),
+        }
     }
 
     /// The pipeline configuration of one pass.
@@ -345,6 +374,8 @@ pub enum BenchError {
     Stopped { pass: String, error: String },
     #[error("interrupted")]
     Interrupted,
+    #[error("agents bench: {0}")]
+    Process(String),
 }
 
 fn stall_note(stalled: bool) -> String {
@@ -468,6 +499,28 @@ pub async fn run(args: BenchArgs, shutdown: Shutdown) -> Result<(), BenchError> 
     let data_dir = DataDir::prepare(args.data_dir.as_deref(), "sluice-bench-")?;
     let progress = Progress::new(!args.json);
     let json = args.json;
+    if args.mode == Mode::Agents {
+        if !json {
+            println!(
+                "sluice bench --mode agents: {} effects per row, IDEMPOTENT email/send, one `Prefer: wait=30` submission per effect; the pipeline (`sluice dev`, ledger.durability = {}) and the demo upstream in processes of their own",
+                args.effects,
+                args.durability.unwrap_or(DurabilityArg::Full).as_str()
+            );
+        }
+        let rows = agents::run_agents(&args, data_dir.path(), &shutdown, &progress).await;
+        progress.clear();
+        let kept = data_dir.finish(args.keep);
+        let rows = rows?;
+        if json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&rows).unwrap_or_default()
+            );
+        } else if let Ok(Some(path)) = kept {
+            println!("data kept in {}", path.display());
+        }
+        return Ok(());
+    }
     let outcome = execute(&args, data_dir.path(), &shutdown, &progress, |settings| {
         if !json {
             print_settings(settings);
@@ -513,7 +566,7 @@ pub async fn execute(
         ledger: format!("{:?}", probe.ledger.kind).to_ascii_lowercase(),
         bus: format!("{:?}", probe.bus.kind).to_ascii_lowercase(),
         batch: args.batch,
-        concurrency: args.concurrency,
+        concurrency: args.clients(),
         partitions: probe.bus.partitions,
         admission: probe.bus.admission,
         dispatcher_concurrency: probe.dispatcher.concurrency,

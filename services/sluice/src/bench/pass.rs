@@ -326,7 +326,7 @@ pub(super) async fn submit(
     match submission {
         Submission::Single => {
             let next = Arc::new(AtomicUsize::new(0));
-            for _ in 0..args.concurrency.min(effects) {
+            for _ in 0..args.clients().min(effects) {
                 let (client, url, pass) = (client.clone(), url.to_owned(), pass.to_owned());
                 let (workload, tracker, next) =
                     (Arc::clone(workload), Arc::clone(tracker), Arc::clone(&next));
@@ -350,7 +350,7 @@ pub(super) async fn submit(
                     .collect(),
             );
             let next = Arc::new(AtomicUsize::new(0));
-            for _ in 0..args.concurrency.min(batches.len()) {
+            for _ in 0..args.clients().min(batches.len()) {
                 let (client, url, pass) = (client.clone(), url.to_owned(), pass.to_owned());
                 let (workload, tracker, next, batches) = (
                     Arc::clone(workload),
