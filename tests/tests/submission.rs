@@ -627,8 +627,17 @@ async fn prefer_return_minimal_answers_with_keys_and_status_only() {
     );
     assert_eq!(one.body["run_id"], run);
     assert_eq!(one.body["command_key"], "d-1/email/send/0");
-    let stored = h.agent.get(run, "d-1/email/send/0").await;
-    assert_eq!(one.body["command_status"], json!(stored.status()));
+    // The status when it was answered; the command may have moved on since.
+    let answered: CommandStatus =
+        serde_json::from_value(one.body["command_status"].clone()).expect("a status");
+    assert!(
+        matches!(
+            answered,
+            CommandStatus::Pending | CommandStatus::Leased | CommandStatus::Confirmed
+        ),
+        "{}",
+        one.text
+    );
 
     // A batch: minimal answers for what was submitted, the full error for what was not; the
     // preference is found among others, whatever its case and quoting.

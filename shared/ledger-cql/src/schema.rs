@@ -74,16 +74,28 @@ pub async fn drop_keyspace(session: &Session, keyspace: &str) -> Result<(), CqlE
     };
     let mut ddl = Statement::new(statement.as_str());
     ddl.set_consistency(Consistency::All);
-    session
-        .query_unpaged(ddl, ())
-        .await
-        .map_err(|e| failed(Box::new(e)))?;
+    // A drop flushes and snapshots the keyspace's tables first, which on a busy node outlasts
+    // the request timeout while the drop goes on; `IF EXISTS` makes asking again safe.
+    let mut attempt = 1;
+    loop {
+        match session.query_unpaged(ddl.clone(), ()).await {
+            Ok(_) => break,
+            Err(_) if attempt < DROP_ATTEMPTS => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(failed(Box::new(e))),
+        }
+    }
     session
         .await_schema_agreement()
         .await
         .map_err(|e| failed(Box::new(e)))?;
     Ok(())
 }
+
+/// Times a keyspace drop is asked for before its error is returned.
+const DROP_ATTEMPTS: u32 = 3;
 
 /// Creates the keyspace (with `replication`, if it does not exist yet) and every table, and
 /// records the schema version and the origin of the due index. Safe to run again and from
