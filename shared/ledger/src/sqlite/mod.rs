@@ -147,14 +147,16 @@ struct Inner {
 const MAX_READERS: usize = 8;
 
 /// A batch of fewer requests than this, found by a writer that committed within
-/// [`BUSY_WITHIN`], waits `commit_gather_us` for more before it commits.
+/// [`BUSY_WITHIN`] a batch of more than one request, waits `commit_gather_us` for more before
+/// it commits.
 ///
 /// Under load the writer's answers wake their callers a few at a time, and their next writes
 /// trickle in: without the wait, a commit of one to four requests (four pages or more, and an
 /// fsync) followed most large ones. With `sluice bench --mode batch --no-paced --effects 40000`,
 /// 830 of 2,054 commits held at most four requests, writing 4 WAL pages per request against 0.7 in
-/// batches of 65 or more; waiting 400 µs roughly halved the commits. A writer that was idle
-/// commits a lone request at once, so the wait costs latency only when the ledger is busy.
+/// batches of 65 or more; waiting 400 µs roughly halved the commits. A writer that was idle, or
+/// whose last commit held one request (writes coming one at a time, as one agent's do), commits
+/// at once, so the wait costs latency only when concurrent writers keep the ledger busy.
 pub const GATHER_BELOW: usize = 32;
 /// The writer counts as busy this long after a commit.
 pub const BUSY_WITHIN: Duration = Duration::from_millis(2);

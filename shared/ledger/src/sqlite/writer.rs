@@ -248,14 +248,16 @@ impl Writer {
         }
         let gather = Duration::from_micros(self.config.commit_gather_us);
         let mut last_commit: Option<std::time::Instant> = None;
+        let mut last_len = 0;
         while let Some(first) = rx.blocking_recv() {
             let mut batch = vec![first];
             self.take_waiting(&mut rx, &mut batch);
-            let busy = last_commit.is_some_and(|at| at.elapsed() < BUSY_WITHIN);
-            if busy && !gather.is_zero() && batch.len() < GATHER_BELOW {
+            let since_commit = last_commit.map(|at| at.elapsed());
+            if should_gather(since_commit, last_len, batch.len(), gather) {
                 std::thread::sleep(gather);
                 self.take_waiting(&mut rx, &mut batch);
             }
+            last_len = batch.len();
             self.run_batch(batch);
             last_commit = Some(std::time::Instant::now());
             self.checkpoint();
@@ -384,5 +386,42 @@ fn clone_error(error: &LedgerError) -> LedgerError {
             op: "write",
             source: other.to_string().into(),
         },
+    }
+}
+
+/// Whether the writer, holding `batch_len` requests, waits `gather` for more before it commits:
+/// only while it is busy with *concurrent* writers — its last commit was less than
+/// [`BUSY_WITHIN`] ago (`since_commit`) and held more than one request (`last_len`). Writes that
+/// come one at a time (an agent's effect: its reservation, then its outcome, each alone) are
+/// committed at once, since nobody else is coming: with one agent, `sluice bench --mode agents`
+/// found each effect waiting twice, once per commit.
+pub(super) fn should_gather(
+    since_commit: Option<Duration>,
+    last_len: usize,
+    batch_len: usize,
+    gather: Duration,
+) -> bool {
+    let busy = since_commit.is_some_and(|since| since < BUSY_WITHIN);
+    busy && last_len > 1 && !gather.is_zero() && batch_len < GATHER_BELOW
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_writer_gathers_only_while_concurrent_writers_keep_it_busy() {
+        let gather = Duration::from_micros(400);
+        let just = Some(Duration::from_micros(300));
+        // A trickle after a large commit: wait for company.
+        assert!(should_gather(just, 40, 2, gather));
+        // One writer at a time: commit at once.
+        assert!(!should_gather(just, 1, 1, gather));
+        // Idle, or the first batch: at once.
+        assert!(!should_gather(Some(BUSY_WITHIN * 2), 40, 1, gather));
+        assert!(!should_gather(None, 0, 1, gather));
+        // Enough already, or gathering turned off.
+        assert!(!should_gather(just, 40, GATHER_BELOW, gather));
+        assert!(!should_gather(just, 40, 2, Duration::ZERO));
     }
 }
