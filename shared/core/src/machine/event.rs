@@ -1,0 +1,318 @@
+//! What the state machine is told ([`Event`], with the outcomes a service reports), what it
+//! answers ([`Step`] and the [`Action`]s a service must carry out) and why it refuses
+//! ([`Refusal`]).
+
+use super::*;
+
+/// A person's action: who did it and why. The reason is mandatory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Operator {
+    pub actor: String,
+    pub reason: String,
+}
+
+/// What the upstream did with a dispatch, as the connector classified it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum DispatchOutcome {
+    /// 2xx: the effect committed.
+    Committed {
+        external_ref: Option<String>,
+        result: Option<std::sync::Arc<Value>>,
+    },
+    /// A definitive refusal (4xx other than 408/425/429): the effect did not happen.
+    Refused { reason: String },
+    /// Timeout, reset after send, 408/425/429, 5xx: the effect may or may not have happened.
+    Ambiguous { reason: String },
+    /// Failed before anything left the process (connection refused, DNS): it did not happen.
+    NotSent { reason: String },
+}
+
+/// What a compensate call did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum CompensationOutcome {
+    /// 2xx: undone.
+    Done { reference: Option<String> },
+    /// 4xx: the upstream says it cannot be undone; a person must act.
+    Impossible { reason: String },
+    /// Anything else: try again later.
+    Retry { reason: String },
+}
+
+/// How a person settles a STUCK command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Resolution {
+    Confirmed { external_ref: String },
+    Failed,
+}
+
+/// Everything that can happen to a command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// A scheduled command's time has come.
+    Due,
+    /// A dispatcher takes the lease.
+    Lease {
+        owner: std::sync::Arc<str>,
+    },
+    /// The lease holder extends its lease.
+    ExtendLease {
+        epoch: LeaseEpoch,
+    },
+    /// The lease holder gives its lease back before sending anything (too little of it was
+    /// left for the whole call): the attempt does not count.
+    Release {
+        epoch: LeaseEpoch,
+        reason: String,
+    },
+    /// Policy needs a person's approval first.
+    Block {
+        reason: String,
+        epoch: Option<LeaseEpoch>,
+    },
+    /// Policy forbids the effect outright.
+    Deny {
+        reason: String,
+        epoch: Option<LeaseEpoch>,
+    },
+    /// The lease holder reports what the upstream did.
+    Dispatched {
+        epoch: LeaseEpoch,
+        outcome: DispatchOutcome,
+    },
+    /// The sweep found the lease expired with no outcome written.
+    LeaseExpired,
+    /// A status check answered (for an UNKNOWN command, or to verify a CONFIRMED one).
+    Observed {
+        observation: Observation,
+        external_ref: Option<String>,
+        evidence: Value,
+        /// For `duplicate`: the commits other than the command's own.
+        #[serde(default)]
+        extra_refs: Vec<String>,
+    },
+    /// An IDEMPOTENT or OBSERVE_ONLY tool without a status check is retried with the same key.
+    RetrySameKey,
+    /// The outcome cannot be resolved from evidence at all (the tool declares no status check
+    /// and may not be retried blindly): a person must decide.
+    GiveUp {
+        reason: String,
+    },
+    Approve {
+        operator: Operator,
+        policy_version: String,
+    },
+    Reject {
+        operator: Operator,
+    },
+    /// A BLOCKED command waited the tool's whole approval timeout for a person.
+    ApprovalExpired,
+    Cancel {
+        operator: Operator,
+    },
+    /// The run is rolled back: compensate this command.
+    Rollback {
+        operator: Operator,
+    },
+    /// The run is rolled back while this command is in flight (LEASED, UNKNOWN, PENDING after
+    /// an ambiguous attempt, STUCK): its outcome, once known, is undone instead of confirmed.
+    MarkRollback {
+        operator: Operator,
+    },
+    /// A compensate handler returned (the time passed to [`apply`] is taken after it
+    /// returned), reported by the holder of the claim `epoch`.
+    Compensated {
+        epoch: LeaseEpoch,
+        outcome: CompensationOutcome,
+    },
+    /// Clean-up of an extra commit found by a `duplicate` observation finished, reported by
+    /// the holder of the claim `epoch`.
+    DuplicateSettled {
+        epoch: LeaseEpoch,
+        outcome: CompensationOutcome,
+    },
+    Resolve {
+        operator: Operator,
+        resolution: Resolution,
+        evidence: Value,
+    },
+    Replay {
+        operator: Operator,
+        evidence: Option<Value>,
+    },
+}
+
+/// The variant of an [`Event`], without its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Due,
+    Lease,
+    ExtendLease,
+    Release,
+    Block,
+    Deny,
+    Dispatched,
+    LeaseExpired,
+    Observed,
+    RetrySameKey,
+    GiveUp,
+    Approve,
+    Reject,
+    ApprovalExpired,
+    Cancel,
+    Rollback,
+    MarkRollback,
+    Compensated,
+    DuplicateSettled,
+    Resolve,
+    Replay,
+}
+
+impl Event {
+    pub fn kind(&self) -> EventKind {
+        match self {
+            Self::Due => EventKind::Due,
+            Self::Lease { .. } => EventKind::Lease,
+            Self::ExtendLease { .. } => EventKind::ExtendLease,
+            Self::Release { .. } => EventKind::Release,
+            Self::Block { .. } => EventKind::Block,
+            Self::Deny { .. } => EventKind::Deny,
+            Self::Dispatched { .. } => EventKind::Dispatched,
+            Self::LeaseExpired => EventKind::LeaseExpired,
+            Self::Observed { .. } => EventKind::Observed,
+            Self::RetrySameKey => EventKind::RetrySameKey,
+            Self::GiveUp { .. } => EventKind::GiveUp,
+            Self::Approve { .. } => EventKind::Approve,
+            Self::Reject { .. } => EventKind::Reject,
+            Self::ApprovalExpired => EventKind::ApprovalExpired,
+            Self::Cancel { .. } => EventKind::Cancel,
+            Self::Rollback { .. } => EventKind::Rollback,
+            Self::MarkRollback { .. } => EventKind::MarkRollback,
+            Self::Compensated { .. } => EventKind::Compensated,
+            Self::DuplicateSettled { .. } => EventKind::DuplicateSettled,
+            Self::Resolve { .. } => EventKind::Resolve,
+            Self::Replay { .. } => EventKind::Replay,
+        }
+    }
+
+    /// The person behind the event, for operator actions.
+    pub fn operator(&self) -> Option<&Operator> {
+        match self {
+            Self::Approve { operator, .. }
+            | Self::Reject { operator }
+            | Self::Cancel { operator }
+            | Self::Rollback { operator }
+            | Self::MarkRollback { operator }
+            | Self::Resolve { operator, .. }
+            | Self::Replay { operator, .. } => Some(operator),
+            Self::Due
+            | Self::Lease { .. }
+            | Self::ExtendLease { .. }
+            | Self::Release { .. }
+            | Self::Block { .. }
+            | Self::Deny { .. }
+            | Self::Dispatched { .. }
+            | Self::LeaseExpired
+            | Self::Observed { .. }
+            | Self::RetrySameKey
+            | Self::GiveUp { .. }
+            | Self::ApprovalExpired
+            | Self::Compensated { .. }
+            | Self::DuplicateSettled { .. } => None,
+        }
+    }
+}
+
+/// Work a service must carry out after storing a step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    /// Publish a dispatch request for the command.
+    Dispatch,
+    /// The lease is held: call the upstream with the idempotency key.
+    CallUpstream,
+    /// Resolve the UNKNOWN outcome from evidence.
+    Reconcile,
+    /// Call the tool's compensate for the command (run rollback).
+    Compensate,
+    /// Call the tool's compensate for the extra commit found by a `duplicate` observation.
+    CompensateDuplicate,
+    /// Publish a lifecycle event for outside consumers.
+    Publish { status: CommandStatus },
+    /// A person must look at the command.
+    Escalate { reason: String },
+}
+
+/// One transition: the next state, the work it implies, and what the audit chain records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub from: CommandStatus,
+    pub state: CommandState,
+    pub actions: Vec<Action>,
+    pub reason: String,
+    pub evidence: Value,
+}
+
+impl Step {
+    pub fn to(&self) -> CommandStatus {
+        self.state.status
+    }
+
+    /// The audit record of this step, written by `actor`.
+    pub fn audit(&self, command_key: &CommandKey, actor: &str) -> AuditDraft {
+        AuditDraft::transition(
+            command_key,
+            Some(self.from),
+            self.state.status,
+            actor,
+            self.reason.clone(),
+        )
+        .with_evidence(self.evidence.clone())
+    }
+}
+
+/// Why an event does not apply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "refusal", rename_all = "snake_case")]
+pub enum Refusal {
+    #[error("{event:?} does not apply to a {status} command")]
+    NotAllowed {
+        status: CommandStatus,
+        event: EventKind,
+    },
+    #[error("stale lease epoch {presented}: the current epoch is {current}")]
+    StaleEpoch {
+        current: LeaseEpoch,
+        presented: LeaseEpoch,
+    },
+    #[error("the command is not due until {due_at}")]
+    NotYetDue { due_at: Timestamp },
+    #[error("the lease is still valid until {expires_at}")]
+    LeaseStillValid { expires_at: Timestamp },
+    #[error("all {max_attempts} dispatch attempts are used")]
+    AttemptsExhausted { max_attempts: u32 },
+    #[error("a NON_IDEMPOTENT command is never retried blindly: it needs a status check")]
+    BlindRetry,
+    #[error("an OBSERVE_ONLY command has nothing to compensate")]
+    NotCompensable,
+    #[error("a reason is required")]
+    ReasonRequired,
+    #[error("evidence (an upstream reference or record) is required")]
+    EvidenceRequired,
+    #[error(
+        "replaying a NON_IDEMPOTENT command whose outcome is unknown needs evidence that it did not commit"
+    )]
+    ReplayNeedsEvidence,
+    #[error("the command was replayed {replays} times already (limit {max_replays})")]
+    ReplayLimit { replays: u32, max_replays: u32 },
+    #[error(
+        "an earlier attempt's outcome is unknown (it may have committed): the command is in flight, not waiting to start"
+    )]
+    OutcomeUnknown,
+    #[error("the command's run was rolled back: it is not dispatched again")]
+    RunRolledBack,
+}

@@ -1,0 +1,179 @@
+//! A tool's rules as the state machine reads them ([`Rules`]: semantics, timeouts, horizons,
+//! attempts), and how a command whose outcome is open is to be looked at ([`look_for`]).
+
+use super::*;
+
+/// What to do when a status check finds a NON_IDEMPOTENT effect absent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnAbsent {
+    /// Redispatch once the absence is seen twice, `settle` apart.
+    #[default]
+    Redispatch,
+    /// Fail the command, so a person decides whether to replay it.
+    Fail,
+}
+
+/// The per-tool rules the machine needs, taken from the catalog.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rules {
+    pub semantics: EffectSemantics,
+    /// Dispatch attempts per cycle (a replay starts a new cycle).
+    pub max_attempts: u32,
+    /// Status checks per UNKNOWN episode before the command is STUCK.
+    pub max_checks: u32,
+    /// Operator replays per command.
+    pub max_replays: u32,
+    pub has_status_check: bool,
+    pub has_compensate: bool,
+    pub on_absent: OnAbsent,
+    /// How long an `absent` must hold before a NON_IDEMPOTENT effect is redispatched.
+    pub settle_ms: i64,
+    pub lease_ttl_ms: i64,
+    /// How long one dispatch call may take (the connector's timeout).
+    #[serde(default = "default_dispatch_timeout_ms")]
+    pub dispatch_timeout_ms: i64,
+    /// A PENDING command not leased within this long is republished by the sweep.
+    pub pending_stale_ms: i64,
+    /// First delay between status checks or retries; doubles each time up to `backoff_max_ms`.
+    pub backoff_base_ms: i64,
+    pub backoff_max_ms: i64,
+    /// How long a compensation may run before the sweep retries it.
+    pub compensation_timeout_ms: i64,
+    /// Look a 2xx commit up once more (after `verify_after_ms`) to catch a double commit the
+    /// upstream did not report; needs a status check.
+    #[serde(default)]
+    pub verify_after_commit: bool,
+    /// How long after the client gave up (the call's timeout) an attempt may still commit
+    /// upstream: servers keep working after the client disconnects. An `absent` observation
+    /// counts only once this horizon has passed.
+    #[serde(default = "default_late_commit_ms")]
+    pub late_commit_ms: i64,
+    /// How long after a NON_IDEMPOTENT command settled through UNKNOWN (or a redispatch) it is
+    /// looked up once more, for a commit that landed late or a lookup that lagged.
+    #[serde(default = "default_verify_after_ms")]
+    pub verify_after_ms: i64,
+    /// The bound on clock skew between the components (the catalog's `max_clock_skew_ms`):
+    /// every horizon and lease margin is widened by it.
+    #[serde(default = "default_clock_skew_ms")]
+    pub clock_skew_ms: i64,
+    /// How long a BLOCKED command waits for a person before it is cancelled (escalated).
+    #[serde(default = "default_approval_timeout_ms")]
+    pub approval_timeout_ms: i64,
+}
+
+fn default_dispatch_timeout_ms() -> i64 {
+    10_000
+}
+
+fn default_late_commit_ms() -> i64 {
+    10_000
+}
+
+fn default_verify_after_ms() -> i64 {
+    30_000
+}
+
+fn default_clock_skew_ms() -> i64 {
+    500
+}
+
+fn default_approval_timeout_ms() -> i64 {
+    86_400_000
+}
+
+impl Rules {
+    /// Conservative defaults for a tool of the given semantics.
+    pub fn defaults(semantics: EffectSemantics) -> Self {
+        Self {
+            semantics,
+            max_attempts: 3,
+            max_checks: 5,
+            max_replays: 3,
+            has_status_check: false,
+            has_compensate: false,
+            on_absent: OnAbsent::Redispatch,
+            settle_ms: 2_000,
+            lease_ttl_ms: 30_000,
+            dispatch_timeout_ms: default_dispatch_timeout_ms(),
+            pending_stale_ms: 10_000,
+            backoff_base_ms: 500,
+            backoff_max_ms: 60_000,
+            compensation_timeout_ms: 30_000,
+            verify_after_commit: false,
+            late_commit_ms: default_late_commit_ms(),
+            verify_after_ms: default_verify_after_ms(),
+            clock_skew_ms: default_clock_skew_ms(),
+            approval_timeout_ms: default_approval_timeout_ms(),
+        }
+    }
+
+    /// The rules a command is decided by: its tool's rules as the catalog declares them now,
+    /// with the semantics the command was accepted under kept wherever they are the stricter
+    /// (NON_IDEMPOTENT over IDEMPOTENT over OBSERVE_ONLY), and its own attempt budget. A tool
+    /// that turned NON_IDEMPOTENT is never retried blindly for commands accepted before; one
+    /// that turned IDEMPOTENT keeps the settle rule for commands accepted as NON_IDEMPOTENT.
+    #[must_use]
+    pub fn for_command(mut self, stored: EffectSemantics, max_attempts: u32) -> Self {
+        let strictness = |semantics: EffectSemantics| match semantics {
+            EffectSemantics::ObserveOnly => 0,
+            EffectSemantics::Idempotent => 1,
+            EffectSemantics::NonIdempotent => 2,
+        };
+        if strictness(stored) > strictness(self.semantics) {
+            self.semantics = stored;
+        }
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// The lease time a call needs: the whole call's timeout plus the skew bound, so the
+    /// sweep cannot take the lease for expired while the call may still be in flight.
+    pub fn call_margin_ms(&self) -> i64 {
+        self.dispatch_timeout_ms.saturating_add(self.clock_skew_ms)
+    }
+
+    /// Delay before the `n`-th retry or check (n from 0): base·2ⁿ, capped.
+    pub fn backoff_ms(&self, n: u32) -> i64 {
+        let factor = 1_i64.checked_shl(n.min(30)).unwrap_or(i64::MAX);
+        self.backoff_base_ms
+            .saturating_mul(factor)
+            .min(self.backoff_max_ms)
+    }
+}
+
+/// How an UNKNOWN command (or a CONFIRMED, FAILED or CANCELLED one owing a verification) is
+/// looked at: decided here, from the command's rules, so no service decides it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Look {
+    /// Ask the tool's status check.
+    StatusCheck,
+    /// Call again with the same idempotency key (IDEMPOTENT, OBSERVE_ONLY without a check).
+    RetrySameKey,
+    /// Nothing can resolve it: a person must ([`Event::GiveUp`] with this reason).
+    GiveUp(String),
+}
+
+/// What to do with a command that waits for a look at the world. `tool_present`: the tool is
+/// still in the catalog.
+pub fn look_for(state: &CommandState, rules: &Rules, tool_present: bool) -> Look {
+    if !tool_present {
+        return Look::GiveUp(
+            "the tool is no longer in the catalog; a person must find out whether the effect happened"
+                .into(),
+        );
+    }
+    if rules.has_status_check {
+        return Look::StatusCheck;
+    }
+    match (state.status, rules.semantics) {
+        (CommandStatus::Unknown, EffectSemantics::Idempotent | EffectSemantics::ObserveOnly) => {
+            Look::RetrySameKey
+        }
+        (CommandStatus::Unknown, EffectSemantics::NonIdempotent) => Look::GiveUp(
+            "the tool declares no status check; a person must find out whether the effect happened"
+                .into(),
+        ),
+        _ => Look::GiveUp("the tool no longer declares a status check to verify with".into()),
+    }
+}
