@@ -5,9 +5,10 @@
 //! Waiters are woken by the lifecycle events this producer reads from the bus
 //! ([`watch_events`]). Each waiter registers the command it waits for in [`Waiters`]: an event
 //! wakes only the waiters of its own command (a map lookup), so a thousand waiters cost nothing
-//! per event but their own. A waiter arms its wake-up *before* it reads the ledger, so an event
-//! between the read and the wait is not lost; it re-reads the ledger every second all the same,
-//! for an event that never comes (the bus down, another producer's consumer group).
+//! per event but their own. The event hands each waiter the command as it was written (its
+//! payload), so a woken waiter answers without reading the ledger again. A waiter registers
+//! *before* it reads the ledger, so an event after the read is not lost; it re-reads the ledger
+//! every second all the same, for an event that never comes (the bus down).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -23,8 +24,8 @@ use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::time::Timestamp;
 use sluice_runtime::Shutdown;
-use sluice_runtime::messages::header;
-use tokio::sync::Notify;
+use sluice_runtime::messages::{event_command, header};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::Api;
@@ -34,15 +35,19 @@ use crate::http::{ApiError, Q};
 /// How often a waiter re-reads the ledger when no event woke it.
 const REREAD: Duration = Duration::from_secs(1);
 
-/// The commands waited for, each with one [`Notify`] its waiters share.
+/// The commands waited for, each with one channel its waiters share, holding the command as
+/// the latest lifecycle event carried it.
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
     watched: Mutex<HashMap<String, Watched>>,
 }
 
+/// A lifecycle event's payload: the command as it was written.
+type Payload = Option<Arc<[u8]>>;
+
 #[derive(Debug)]
 struct Watched {
-    notify: Arc<Notify>,
+    latest: watch::Sender<Payload>,
     watchers: usize,
 }
 
@@ -50,7 +55,20 @@ struct Watched {
 pub(crate) struct Watch {
     waiters: Arc<Waiters>,
     subject: String,
-    notify: Arc<Notify>,
+    events: watch::Receiver<Payload>,
+}
+
+impl Watch {
+    /// Waits for the next event of the command (`false`: none can come any more).
+    async fn changed(&mut self) -> bool {
+        self.events.changed().await.is_ok()
+    }
+
+    /// The command the latest event carried, if it decodes.
+    fn latest(&mut self) -> Option<Command> {
+        let payload = self.events.borrow_and_update().clone()?;
+        event_command(&payload).ok()
+    }
 }
 
 impl Waiters {
@@ -58,22 +76,23 @@ impl Waiters {
     pub(crate) fn watch(self: &Arc<Self>, subject: String) -> Watch {
         let mut watched = self.lock();
         let entry = watched.entry(subject.clone()).or_insert_with(|| Watched {
-            notify: Arc::new(Notify::new()),
+            latest: watch::Sender::new(None),
             watchers: 0,
         });
         entry.watchers += 1;
-        let notify = Arc::clone(&entry.notify);
+        let events = entry.latest.subscribe();
         Watch {
             waiters: Arc::clone(self),
             subject,
-            notify,
+            events,
         }
     }
 
-    /// Wakes every waiter of `subject`; nobody waiting costs one map lookup.
-    pub(crate) fn wake(&self, subject: &str) {
+    /// Hands `payload` (the event's command) to every waiter of `subject`; nobody waiting costs
+    /// one map lookup.
+    pub(crate) fn wake(&self, subject: &str, payload: &[u8]) {
         if let Some(watched) = self.lock().get(subject) {
-            watched.notify.notify_waiters();
+            watched.latest.send_replace(Some(Arc::from(payload)));
         }
     }
 
@@ -133,12 +152,9 @@ pub(crate) async fn until_settled(
         return Ok(command);
     }
     let subject = format!("{run_id}/{command_key}");
-    let watch = api.waiters.watch(subject.clone());
-    loop {
-        let woken = watch.notify.notified();
-        tokio::pin!(woken);
-        // Armed before the read: an event that comes between the read and the wait wakes it.
-        woken.as_mut().enable();
+    // Registered before the read: an event that comes after the read is not missed.
+    let mut watch = api.waiters.watch(subject.clone());
+    let read = || async {
         let command = api
             .ctx
             .ledger
@@ -153,10 +169,28 @@ pub(crate) async fn until_settled(
                 )
             })?;
         principal.require_owner(run_id, std::slice::from_ref(&command))?;
-        if done_waiting(&command, deadline, api.ctx.clock.now()) {
+        Ok::<_, ApiError>(command)
+    };
+    let mut command = read().await?;
+    loop {
+        let now = api.ctx.clock.now();
+        if done_waiting(&command, deadline, now) {
             return Ok(command);
         }
-        let _ = tokio::time::timeout_at(deadline.min(Instant::now() + REREAD), woken).await;
+        let woken = tokio::time::timeout_at(deadline.min(Instant::now() + REREAD), watch.changed())
+            .await
+            .unwrap_or(false);
+        // The event carries the command as it was written: no read needed, unless it is older
+        // than what this waiter already saw (events of a command arrive in order, but one
+        // published before the read may arrive after it).
+        match watch.latest().filter(|_| woken) {
+            Some(latest) if latest.state.updated_at >= command.state.updated_at => {
+                principal.require_owner(run_id, std::slice::from_ref(&latest))?;
+                command = latest;
+            }
+            Some(_) => {}
+            None => command = read().await?,
+        }
     }
 }
 
@@ -235,7 +269,7 @@ pub(crate) async fn watch_events(api: Api, shutdown: Shutdown) {
             },
         };
         if let Some(subject) = header(&delivery.message.headers, "ce_subject") {
-            api.waiters.wake(subject);
+            api.waiters.wake(subject, &delivery.message.payload);
         }
         let _ = delivery.ack().await;
     }
@@ -256,30 +290,42 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_wake_reaches_only_the_waiters_of_its_command_and_registrations_are_dropped() {
+    async fn a_wake_hands_the_event_to_the_waiters_of_its_command_only() {
         let waiters = Arc::new(Waiters::default());
-        let mine = waiters.watch("r/a".into());
-        let also_mine = waiters.watch("r/a".into());
-        let other = waiters.watch("r/b".into());
+        let mut mine = waiters.watch("r/a".into());
+        let mut also_mine = waiters.watch("r/a".into());
+        let mut other = waiters.watch("r/b".into());
         assert_eq!(waiters.watched(), 2);
-        {
-            let woken = mine.notify.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            let not_woken = other.notify.notified();
-            tokio::pin!(not_woken);
-            not_woken.as_mut().enable();
-            waiters.wake("r/a");
-            tokio::time::timeout(Duration::from_secs(1), woken)
-                .await
-                .expect("the waiter of r/a is woken");
+        let intent = sluice_core::command::Intent {
+            run_id: RunId::parse("r").expect("a run id"),
+            command_key: CommandKey::parse("d-1/email/send/0").expect("a command key"),
+            semantics: sluice_core::command::EffectSemantics::Idempotent,
+            args: serde_json::json!({"to": "ops@example.com"}),
+            business_key: None,
+            policy_version: "p-1".into(),
+            max_attempts: 3,
+            not_before: None,
+        };
+        let mut command = Command::from_intent(intent, Timestamp::from_millis(1_000), 5_000);
+        command.state.status = CommandStatus::Confirmed;
+        let payload = serde_json::to_vec(&command).expect("a command serializes");
+        // Sent before the waiters wait: a registered waiter still sees it.
+        waiters.wake("r/a", &payload);
+        for waiter in [&mut mine, &mut also_mine] {
             assert!(
-                tokio::time::timeout(Duration::from_millis(50), not_woken)
+                tokio::time::timeout(Duration::from_secs(1), waiter.changed())
                     .await
-                    .is_err(),
-                "the waiter of r/b is not"
+                    .expect("the waiter of r/a is woken")
             );
+            let latest = waiter.latest().expect("the event's command");
+            assert_eq!(latest.status(), CommandStatus::Confirmed);
         }
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), other.changed())
+                .await
+                .is_err(),
+            "the waiter of r/b is not woken"
+        );
         drop(mine);
         assert_eq!(waiters.watched(), 2, "r/a still has a waiter");
         drop(also_mine);
