@@ -67,10 +67,13 @@ pub async fn run(
 fn needs_look(command: &Command) -> bool {
     match command.status() {
         CommandStatus::Unknown => true,
-        CommandStatus::Confirmed
-        | CommandStatus::Failed
-        | CommandStatus::Cancelled
-        | CommandStatus::Compensated => command.state.verify_pending,
+        // Owed extra commits are the compensator's first; the last look comes after them.
+        CommandStatus::Confirmed => {
+            command.state.verify_pending && command.state.owed_duplicates.is_empty()
+        }
+        CommandStatus::Failed | CommandStatus::Cancelled | CommandStatus::Compensated => {
+            command.state.verify_pending
+        }
         _ => false,
     }
 }

@@ -925,3 +925,39 @@ fn the_last_look_waits_for_every_attempt_that_may_still_land() {
         Some(lands_by.plus_millis(rules.verify_after_ms))
     );
 }
+
+/// Found by the CI fault run (seed 0x5eed0002): an UNKNOWN command whose look found a
+/// duplicate was confirmed with the extra commit owed, and owed no last look; a third attempt's
+/// commit, visible only after the lookup's lag, then stood unseen once the extra was undone.
+/// The last look is owed all the same, and falls due after the clean-up.
+#[test]
+fn a_duplicate_found_by_a_look_still_owes_the_last_look_after_its_clean_up() {
+    let rules = sms_rules();
+    let leased = leased(&rules);
+    let unknown = go(&leased, &rules, ambiguous(&leased), at(300)).state;
+    let found = go(
+        &unknown,
+        &rules,
+        observed(O::Duplicate, Some("s-1"), &["s-2"]),
+        at(2_500),
+    );
+    assert_eq!(found.to(), S::Confirmed);
+    assert_eq!(found.state.owed_duplicates, vec!["s-2".to_owned()]);
+    assert!(found.state.verify_pending, "a third commit may still show");
+    assert_eq!(found.actions[0], Action::CompensateDuplicate);
+    let cleaned = go(
+        &found.state,
+        &rules,
+        Event::DuplicateSettled {
+            epoch: found.state.lease.epoch,
+            outcome: CompensationOutcome::Done { reference: None },
+        },
+        at(2_600),
+    );
+    assert!(cleaned.state.verify_pending);
+    assert_eq!(
+        cleaned.state.due_at,
+        Some(at(2_600 + rules.verify_after_ms)),
+        "the last look falls due after the clean-up"
+    );
+}

@@ -613,11 +613,17 @@ pub(super) fn observed(
             );
             if (non_idempotent || rules.verify_after_commit)
                 && step.state.status == CommandStatus::Confirmed
-                && step.state.owed_duplicates.is_empty()
                 && !step.state.escalated
             {
-                // Went through UNKNOWN: an attempt may still show up late.
-                owe_verification(&mut step, rules, now, state.lands_by);
+                // Went through UNKNOWN: an attempt may still show up late. With extra commits
+                // owed, the look is owed too but falls due after their clean-up
+                // (`DuplicateSettled`), so the clean-up's due time stays.
+                if step.state.owed_duplicates.is_empty() {
+                    owe_verification(&mut step, rules, now, state.lands_by);
+                } else if rules.has_status_check {
+                    step.state.verify_pending = true;
+                    step.state.checks = 0;
+                }
             }
             step
         }

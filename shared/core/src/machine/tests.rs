@@ -587,7 +587,9 @@ fn a_duplicate_is_confirmed_and_its_extra_commit_compensated() {
         },
     );
     assert!(settled.state.owed_duplicates.is_empty());
-    assert_eq!(settled.state.due_at, None);
+    // A last look follows the clean-up: a third commit may still show (fault_paths.rs).
+    assert!(settled.state.verify_pending);
+    assert!(settled.state.due_at.is_some());
     let without = step(
         &state_in(S::Unknown),
         &Rules {
