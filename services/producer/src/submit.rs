@@ -352,9 +352,10 @@ impl Preferences {
         if let Some(wait) = self.wait {
             applied.push(format!("wait={}", wait.as_secs()));
         }
-        if let Ok(value) = HeaderValue::from_str(&applied.join(", "))
-            && !applied.is_empty()
-        {
+        if applied.is_empty() {
+            return response;
+        }
+        if let Ok(value) = HeaderValue::from_str(&applied.join(", ")) {
             response.headers_mut().insert(PREFERENCE_APPLIED, value);
         }
         response
