@@ -961,3 +961,34 @@ fn a_duplicate_found_by_a_look_still_owes_the_last_look_after_its_clean_up() {
         "the last look falls due after the clean-up"
     );
 }
+
+/// Found by the CI property run: a last look given up on while an extra commit is still owed
+/// its clean-up dropped the due time, and the clean-up with it: nothing would ever sweep it.
+/// The escalation is for the look; the clean-up stays owed and due.
+#[test]
+fn giving_up_the_last_look_keeps_an_owed_clean_up_due() {
+    let rules = sms_rules();
+    let leased = leased(&rules);
+    let unknown = go(&leased, &rules, ambiguous(&leased), at(300)).state;
+    let found = go(
+        &unknown,
+        &rules,
+        observed(O::Duplicate, Some("s-1"), &["s-2"]),
+        at(2_500),
+    )
+    .state;
+    let owed_at = found.due_at;
+    assert!(found.verify_pending && owed_at.is_some());
+    let escalated = go(
+        &found,
+        &rules,
+        Event::GiveUp {
+            reason: "no status check".into(),
+        },
+        at(2_600),
+    );
+    assert!(escalated.state.escalated);
+    assert!(!escalated.state.verify_pending);
+    assert_eq!(escalated.state.owed_duplicates, vec!["s-2".to_owned()]);
+    assert_eq!(escalated.state.due_at, owed_at, "the clean-up is still due");
+}
