@@ -43,7 +43,32 @@ cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 
-# Sum the per-binary "test result:" lines into one closing line.
+# The other languages' suites (SDKs, the browser, the API fuzzer): every scripts/suites/*.sh
+# runs after cargo's, against the binaries just built (SLUICE_BIN), and ends its output with
+# one "N passed, N failed, N skipped" line, summed into the closing line below.
+export SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice"
+suites="$(mktemp -t sluice-suites.XXXXXX)"
+for suite in scripts/suites/*.sh; do
+  [ -e "$suite" ] || continue
+  echo "== $suite"
+  set +e
+  bash "$suite" 2>&1 | tee "$suites.one"
+  suite_status=${PIPESTATUS[0]}
+  set -e
+  line="$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$suites.one" | tail -n 1)"
+  if [ -z "$line" ]; then
+    echo "$suite printed no summary line: counted as one failure"
+    line="0 passed, 1 failed, 0 skipped"
+  elif [ "$suite_status" != 0 ] && [ "$(echo "$line" | awk '{print $3}')" = 0 ]; then
+    echo "$suite exited $suite_status with no failed test: counted as one failure"
+    line="$(echo "$line" | awk '{printf "%d passed, 1 failed, %d skipped", $1, $5}')"
+  fi
+  echo "$line" >>"$suites"
+  if [ "$suite_status" != 0 ] && [ "$status" = 0 ]; then status=$suite_status; fi
+done
+rm -f "$suites.one"
+
+# Sum cargo's per-binary "test result:" lines and the suites' lines into one closing line.
 awk '/^test result:/ {
         for (i = 1; i <= NF; i++) {
             if ($(i+1) ~ /^passed/)  passed  += $i
@@ -51,5 +76,7 @@ awk '/^test result:/ {
             if ($(i+1) ~ /^ignored/) ignored += $i
         }
      }
-     END { printf "%d passed, %d failed, %d skipped\n", passed, failed, ignored }' "$log"
+     /^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$/ { passed += $1; failed += $3; ignored += $5 }
+     END { printf "%d passed, %d failed, %d skipped\n", passed, failed, ignored }' "$log" "$suites"
+rm -f "$suites"
 exit "$status"
