@@ -18,6 +18,8 @@ const SERVED: &[(&str, &str)] = &[
     ("POST", "/v1/effects"),
     ("GET", "/v1/effects"),
     ("POST", "/v1/effects/batch"),
+    ("GET", "/v1/tools"),
+    ("GET", "/v1/tools/{tool}"),
     ("GET", "/v1/runs"),
     ("GET", "/v1/runs/{run_id}/effects"),
     ("GET", "/v1/runs/{run_id}/scheduled"),
@@ -199,6 +201,64 @@ async fn the_server_answers_as_the_openapi_document_says() {
         .await;
     spec.call(&nobody, "GET", "/v1/whoami", "/v1/whoami", None, 401)
         .await;
+
+    // Tool discovery.
+    let tools = spec
+        .call(&agent, "GET", "/v1/tools", "/v1/tools", None, 200)
+        .await;
+    let names: Vec<&str> = tools.body["tools"]
+        .as_array()
+        .expect("a list of tools")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(names.contains(&"payments/wire"), "{}", tools.text);
+    spec.call(&nobody, "GET", "/v1/tools", "/v1/tools", None, 401)
+        .await;
+    let wire = spec
+        .call(
+            &operator,
+            "GET",
+            "/v1/tools/{tool}",
+            "/v1/tools/payments/wire",
+            None,
+            200,
+        )
+        .await;
+    assert_eq!(
+        wire.body["semantics"],
+        json!("NON_IDEMPOTENT"),
+        "{}",
+        wire.text
+    );
+    assert!(wire.body["business_key"].is_string(), "{}", wire.text);
+    spec.call(
+        &agent,
+        "GET",
+        "/v1/tools/{tool}",
+        "/v1/tools/payments%2Fwire",
+        None,
+        200,
+    )
+    .await;
+    spec.call(
+        &agent,
+        "GET",
+        "/v1/tools/{tool}",
+        "/v1/tools/payments/nothing",
+        None,
+        404,
+    )
+    .await;
+    spec.call(
+        &agent,
+        "GET",
+        "/v1/tools/{tool}",
+        "/v1/tools/Bad%20Name",
+        None,
+        422,
+    )
+    .await;
 
     // Submissions.
     let email = effect(run, 1, "email/send", 0, email_args("openapi"));

@@ -177,7 +177,8 @@ async fn every_route_answers_every_role_as_it_should() {
             method: "POST",
             path: "/v1/runs/r-matrix-nobody/rollback".into(),
             body: Some(json!({"reason": "r"})),
-            expect: |w| admin_only(w, 404),
+            // An agent may roll back its own runs; a run with no commands is nobody's.
+            expect: |w| authenticated(w, |w| if w == Who::Operator { 403 } else { 404 }),
         },
         Case {
             method: "GET",
@@ -202,6 +203,18 @@ async fn every_route_answers_every_role_as_it_should() {
             path: "/v1/audit/purge".into(),
             body: Some(json!({"older_than": "2000-01-01T00:00:00Z", "reason": "matrix"})),
             expect: |w| admin_only(w, 200),
+        },
+        Case {
+            method: "GET",
+            path: "/v1/tools".into(),
+            body: None,
+            expect: |w| authenticated(w, |_| 200),
+        },
+        Case {
+            method: "GET",
+            path: "/v1/tools/payments/wire".into(),
+            body: None,
+            expect: |w| authenticated(w, |_| 200),
         },
         Case {
             method: "GET",
@@ -408,5 +421,56 @@ async fn a_business_key_held_elsewhere_does_not_make_a_run_the_agents() {
         ))
         .await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.text);
+    h.stop().await;
+}
+
+/// An agent undoes its own failed run (Fuze's "the run failed, undo its side effects"): another
+/// agent and an operator are refused and change nothing; the owner's rollback compensates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_rolls_back_its_own_run_and_no_one_elses() {
+    let h = Harness::start_with(Faults::none(), |c| c, tokens::install).await;
+    let owner = h.agent.with_token(AGENT_A);
+    let run = "r-own-rollback";
+    let key = "d-1/tickets/create/0";
+    owner
+        .submit_created(&effect(run, 1, "tickets/create", 0, ticket_args("undo me")))
+        .await;
+    assert_eq!(
+        owner.wait_settled(run, key).await.status().as_str(),
+        "CONFIRMED"
+    );
+
+    for (who, token) in [("another agent", AGENT_B), ("an operator", OPERATOR)] {
+        let refused = h.agent.with_token(token).rollback(run, "not mine").await;
+        assert_eq!(
+            refused.status,
+            StatusCode::FORBIDDEN,
+            "{who}: {}",
+            refused.text
+        );
+        assert_eq!(refused.error_code(), "forbidden", "{}", refused.text);
+    }
+    assert_eq!(owner.get(run, key).await.status().as_str(), "CONFIRMED");
+
+    let accepted = owner.rollback(run, "the run failed").await;
+    assert_eq!(accepted.status, StatusCode::ACCEPTED, "{}", accepted.text);
+    let undone = owner
+        .wait_until(run, key, "compensated", |c| {
+            c.status().as_str() == "COMPENSATED"
+        })
+        .await;
+    assert_eq!(undone.status().as_str(), "COMPENSATED");
+    let trail = h.audit(run).await;
+    let rollback = trail
+        .entries
+        .iter()
+        .find(|e| e.record.command_key.is_none())
+        .expect("a run-level rollback record");
+    assert_eq!(rollback.record.actor, "agent-a", "audited as the agent's");
+    assert_eq!(
+        h.upstream.stats().tickets_closed,
+        1,
+        "the ticket was closed"
+    );
     h.stop().await;
 }

@@ -44,6 +44,10 @@ pub enum Need {
     Admin,
     /// Cancel a scheduled effect (DELETE): its owning agent or an admin.
     RemoveScheduled,
+    /// Roll a run back: its owning agent (undoing its own failed run) or an admin.
+    Rollback,
+    /// Read the catalog's tools: any authenticated caller.
+    Discover,
 }
 
 impl Need {
@@ -54,6 +58,8 @@ impl Need {
             Self::ReadAll => "reading across runs needs an operator or admin token",
             Self::Admin => "this operator action needs an admin token",
             Self::RemoveScheduled => "removing an effect needs its agent's token or an admin token",
+            Self::Rollback => "rolling a run back needs its agent's token or an admin token",
+            Self::Discover => "reading the tools needs a token",
         }
     }
 }
@@ -155,10 +161,12 @@ impl Principal {
     pub fn may(&self, need: Need) -> bool {
         match need {
             Need::Submit => matches!(self.role, Role::Agent | Role::Admin),
-            Need::ReadRun => true,
+            Need::ReadRun | Need::Discover => true,
             Need::ReadAll => matches!(self.role, Role::Operator | Role::Admin),
             Need::Admin => self.role == Role::Admin,
-            Need::RemoveScheduled => matches!(self.role, Role::Agent | Role::Admin),
+            Need::RemoveScheduled | Need::Rollback => {
+                matches!(self.role, Role::Agent | Role::Admin)
+            }
         }
     }
 

@@ -23,6 +23,7 @@ pub mod auth;
 pub mod http;
 pub mod operator;
 pub mod submit;
+pub mod tools;
 pub mod wait;
 
 pub use http::ApiError;
@@ -188,6 +189,8 @@ pub fn router(api: Api) -> Router {
             post(submit::submit_one).get(operator::list_all_effects),
         )
         .route("/v1/effects/batch", post(submit::submit_batch))
+        .route("/v1/tools", get(tools::list))
+        .route("/v1/tools/{*name}", get(tools::one))
         .route("/v1/runs", get(operator::list_runs))
         .route("/v1/runs/{run_id}/effects", get(list_effects))
         .route("/v1/runs/{run_id}/scheduled", get(list_scheduled))
@@ -317,7 +320,7 @@ async fn rollback(
     Path(run_id): Path<String>,
     RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
-    principal.require(Need::Admin)?;
+    principal.require(Need::Rollback)?;
     let run_id = parse_run(&run_id)?;
     let request: RollbackRequest = parse_body(&body, "{\"reason\": \"...\"}")?;
     let reason = operator::check_reason(&request.reason)?;
@@ -336,6 +339,8 @@ async fn rollback(
         }
     };
     let known = api.commands_of(&run_id).await?;
+    // An agent undoes only its own runs (a run failed, its side effects go); an admin any.
+    principal.require_no_foreign(&run_id, &known)?;
     if known.is_empty() {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
