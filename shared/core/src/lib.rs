@@ -15,6 +15,7 @@ pub mod catalog;
 pub mod command;
 pub mod error;
 pub mod ids;
+pub mod journal;
 pub mod machine;
 pub mod policy;
 pub mod time;
