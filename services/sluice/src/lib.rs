@@ -1,8 +1,9 @@
 //! The `sluice` command: `sluice dev` (the four services in one process on the embedded ledger
-//! and bus), `sluice demo`, `sluice bench` and the operator console.
+//! and bus), `sluice demo`, `sluice bench`, `sluice mcp` and the operator console.
 
 pub mod bench;
 pub mod console;
 pub mod demo;
 pub mod dev;
+pub mod mcp;
 pub mod migrate;

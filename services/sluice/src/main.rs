@@ -48,6 +48,9 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: std::net::SocketAddr,
     },
+    /// Serve the catalog's tools over the Model Context Protocol (stdio or streamable HTTP):
+    /// every tool call of an MCP agent is recorded, executed and reconciled by Sluice.
+    Mcp(sluice::mcp::McpArgs),
     #[command(flatten)]
     Console(ConsoleCommand),
 }
@@ -108,6 +111,17 @@ async fn main() -> anyhow::Result<ExitCode> {
             println!("upstream listening on {}", upstream.base_url());
             sluice_runtime::shutdown_on_signals().cancelled().await;
             upstream.shutdown().await;
+        }
+        Command::Mcp(args) => {
+            // Logs go to stderr: over stdio, stdout carries the protocol.
+            sluice_runtime::telemetry::init(&Default::default());
+            sluice::mcp::run(
+                &cli.console.url,
+                cli.console.token,
+                args,
+                sluice_runtime::shutdown_on_signals(),
+            )
+            .await?;
         }
         Command::Console(command) => {
             return Ok(match sluice::console::run(cli.console, command).await {

@@ -45,6 +45,15 @@ impl Journal {
         self.decision
     }
 
+    /// Moves to `decision` as a client names it (an MCP client's `_meta`); call indexes
+    /// restart when the decision changes, so going back re-walks that decision's positions.
+    pub fn move_to(&mut self, decision: u32) {
+        if decision != self.decision {
+            self.decision = decision;
+            self.calls.clear();
+        }
+    }
+
     /// The key of the next call of `tool` in this decision, and counts the call.
     pub fn next_call(&mut self, tool: &ToolName) -> CommandKey {
         let index = self.calls.entry(tool.clone()).or_insert(0);

@@ -1,0 +1,326 @@
+//! `sluice mcp`: a Model Context Protocol server (on the `rmcp` crate, over stdio or streamable
+//! HTTP) that puts every tool call of an MCP agent through Sluice. It lists the catalog's tools
+//! with their schemas and descriptions; each `tools/call` is recorded in the ledger before it
+//! runs, executed under a lease with a stable idempotency key, reconciled when its outcome is
+//! ambiguous, and answered with its result or with what a person must do.
+//!
+//! It is a client of the producer's HTTP API (`--url`, `--token`), so it runs beside `sluice
+//! dev` or a distributed deployment alike, and the API's roles apply: over HTTP a caller's own
+//! bearer token is passed through, so each MCP client acts as its own agent.
+//!
+//! **Runs and journal positions.** The run is the MCP session: one per `sluice mcp` process
+//! over stdio, one per `Mcp-Session-Id` over HTTP (`mcp-<session id>`), or the run a client
+//! names in a call's `_meta` (`dev.sluice/run_id`), which sessionless HTTP clients must do. The
+//! journal position comes from the call order (`dev.sluice/decision` in `_meta` moves to a
+//! decision), so a client that replays its calls in the same order gets the same keys, and
+//! the stored results instead of new effects.
+
+mod bridge;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use serde_json::{Map, Value};
+use sluice_core::{RunId, ToolName};
+use tokio_util::sync::CancellationToken;
+
+pub use bridge::{Bridge, BridgeError, ListedTool, Outcome, mcp_name};
+
+/// The `_meta` key naming the run of a call.
+pub const META_RUN_ID: &str = "dev.sluice/run_id";
+/// The `_meta` key naming the decision of a call.
+pub const META_DECISION: &str = "dev.sluice/decision";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    /// JSON-RPC over this process's stdin and stdout (an MCP client starts `sluice mcp`).
+    Stdio,
+    /// Streamable HTTP on `--listen`, path `/mcp`.
+    Http,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct McpArgs {
+    /// How MCP clients reach this server.
+    #[arg(long, value_enum, default_value = "stdio")]
+    pub transport: Transport,
+    /// Where the HTTP transport listens (loopback unless `--allowed-host` names others).
+    #[arg(long, default_value = "127.0.0.1:8701")]
+    pub listen: SocketAddr,
+    /// Host names (or host:port) the HTTP transport accepts in `Host`, besides loopback: a
+    /// guard against DNS rebinding. Repeat for each.
+    #[arg(long = "allowed-host")]
+    pub allowed_hosts: Vec<String>,
+    /// The run of every call that names none: the default is a new `mcp-<uuid>` per process
+    /// over stdio, and the session over HTTP.
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// The longest one call waits for its effect to settle before answering "still running".
+    #[arg(long, default_value = "120", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub max_wait_s: u64,
+}
+
+/// Serves MCP until the client goes (stdio) or `shutdown` (HTTP).
+pub async fn run(
+    url: &str,
+    token: Option<String>,
+    args: McpArgs,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let run_id = match &args.run_id {
+        Some(raw) => Some(RunId::parse(raw).map_err(|e| anyhow::anyhow!("--run-id: {e}"))?),
+        None if args.transport == Transport::Stdio => Some(RunId::parse(&format!(
+            "mcp-{}",
+            uuid::Uuid::new_v4().simple()
+        ))?),
+        None => None,
+    };
+    let bridge = Arc::new(Bridge::new(
+        url,
+        token,
+        Duration::from_secs(args.max_wait_s),
+    ));
+    let server = SluiceMcp { bridge, run_id };
+    match args.transport {
+        Transport::Stdio => {
+            let running = server.serve(rmcp::transport::stdio()).await?;
+            tokio::select! {
+                quit = running.waiting() => { quit?; }
+                () = shutdown.cancelled() => {}
+            }
+        }
+        Transport::Http => {
+            let mut allowed: Vec<String> =
+                vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+            allowed.extend(args.allowed_hosts.iter().cloned());
+            // Loopback hosts only unless named (DNS rebinding), and no browser origin at
+            // all: an MCP client is not a web page, and a page must not drive an agent's tools.
+            let config = StreamableHttpServerConfig::default()
+                .with_cancellation_token(shutdown.child_token())
+                .with_allowed_hosts(allowed)
+                .enforce_origin_validation();
+            let service: StreamableHttpService<SluiceMcp, LocalSessionManager> =
+                StreamableHttpService::new(move || Ok(server.clone()), Default::default(), config);
+            let router = axum::Router::new().nest_service("/mcp", service);
+            let listener = tokio::net::TcpListener::bind(args.listen).await?;
+            // The first line of stdout says where it listens (scripts and tests read it).
+            println!(
+                "sluice mcp listening on http://{}/mcp",
+                listener.local_addr()?
+            );
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// The MCP server: one per session (HTTP) or process (stdio); the bridge and journals are
+/// shared.
+#[derive(Debug, Clone)]
+pub struct SluiceMcp {
+    bridge: Arc<Bridge>,
+    run_id: Option<RunId>,
+}
+
+/// What the HTTP transport knows of the caller: its bearer token and its session.
+fn http_caller(context: &RequestContext<RoleServer>) -> (Option<String>, Option<String>) {
+    let Some(parts) = context.extensions.get::<axum::http::request::Parts>() else {
+        return (None, None);
+    };
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let token = header("authorization").and_then(|v| {
+        v.strip_prefix("Bearer ")
+            .or_else(|| v.strip_prefix("bearer "))
+            .map(str::to_owned)
+    });
+    (token, header("mcp-session-id"))
+}
+
+/// The run of a session: `mcp-` and the session id's characters a run id allows.
+fn session_run(session: &str) -> Option<RunId> {
+    let kept: String = session
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'))
+        .take(120)
+        .collect();
+    (!kept.is_empty())
+        .then(|| RunId::parse(&format!("mcp-{kept}")).ok())
+        .flatten()
+}
+
+fn meta_field<'m>(
+    request: &'m CallToolRequestParams,
+    context: &'m RequestContext<RoleServer>,
+    key: &str,
+) -> Option<&'m Value> {
+    request
+        .meta
+        .as_ref()
+        .and_then(|m| m.0.0.get(key))
+        .or_else(|| context.meta.0.0.get(key))
+}
+
+fn text_result(outcome: &Outcome) -> CallToolResult {
+    let mut details = outcome.details.clone();
+    if let Value::Object(map) = &mut details {
+        map.insert("message".into(), Value::String(outcome.message.clone()));
+    }
+    let content = vec![ContentBlock::text(details.to_string())];
+    let mut result = if outcome.is_error {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
+    };
+    result.structured_content = Some(details);
+    result
+}
+
+fn describe(tool: &ListedTool) -> Tool {
+    let schema: Map<String, Value> = match &tool.schema {
+        Value::Object(map) => map.clone(),
+        _ => Map::new(),
+    };
+    let read_only = tool.semantics == "OBSERVE_ONLY";
+    let annotations = ToolAnnotations::new()
+        .read_only(read_only)
+        .destructive(!read_only)
+        .idempotent(tool.semantics != "NON_IDEMPOTENT")
+        .open_world(true);
+    Tool::new(
+        tool.mcp_name.clone(),
+        tool.description.clone(),
+        Arc::new(schema),
+    )
+    .with_annotations(annotations)
+}
+
+impl ServerHandler for SluiceMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("sluice", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Every tool call is recorded in Sluice's ledger before it runs and is executed \
+                 once. A call that waits for a person (approval, or an outcome nobody can \
+                 determine) says so with its command key: do not repeat it.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let (token, _) = http_caller(&context);
+        let tools = self
+            .bridge
+            .tools(token.as_deref())
+            .await
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        Ok(ListToolsResult::with_all_items(
+            tools.iter().map(describe).collect(),
+        ))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let tool = request
+            .name
+            .split_once("__")
+            .and_then(|(namespace, name)| ToolName::from_parts(namespace, name).ok())
+            .ok_or_else(|| {
+                ErrorData::invalid_params(
+                    format!(
+                        "unknown tool {:?}: Sluice's tools are named namespace__name (tools/list)",
+                        request.name
+                    ),
+                    None,
+                )
+            })?;
+        let (token, session) = http_caller(&context);
+        let run = match meta_field(&request, &context, META_RUN_ID) {
+            Some(raw) => {
+                let raw = raw.as_str().unwrap_or_default();
+                RunId::parse(raw).map_err(|e| {
+                    ErrorData::invalid_params(format!("_meta {META_RUN_ID}: {e}"), None)
+                })?
+            }
+            None => match (
+                self.run_id.clone(),
+                session.as_deref().and_then(session_run),
+            ) {
+                (Some(run), _) | (None, Some(run)) => run,
+                (None, None) => {
+                    return Err(ErrorData::invalid_params(
+                        format!(
+                            "no run for this call: name one in _meta[\"{META_RUN_ID}\"] (a sessionless client must), or start sluice mcp with --run-id"
+                        ),
+                        None,
+                    ));
+                }
+            },
+        };
+        let decision = match meta_field(&request, &context, META_DECISION) {
+            None => None,
+            Some(value) => Some(
+                value
+                    .as_u64()
+                    .and_then(|d| u32::try_from(d).ok())
+                    .ok_or_else(|| {
+                        ErrorData::invalid_params(
+                            format!("_meta {META_DECISION} must be a non-negative integer"),
+                            None,
+                        )
+                    })?,
+            ),
+        };
+        let key = self.bridge.next_key(&run, &tool, decision);
+        let args = Value::Object(request.arguments.unwrap_or_default());
+        let outcome = self
+            .bridge
+            .run_call(&run, &key, args, token.as_deref())
+            .await
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        tracing::info!(run_id = %run, command_key = %key, is_error = outcome.is_error, "mcp tool call");
+        Ok(text_result(&outcome).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_names_a_valid_run() {
+        let run = session_run("3f2a/9b+c=").expect("a run");
+        assert_eq!(run.as_str(), "mcp-3f2a9bc");
+        assert!(session_run("///").is_none());
+    }
+
+    #[test]
+    fn mcp_names_have_no_slash() {
+        let tool = ToolName::parse("payments/wire").expect("tool");
+        assert_eq!(mcp_name(&tool), "payments__wire");
+    }
+}

@@ -1,0 +1,202 @@
+"""`sluice mcp` driven by the official MCP client SDK (PyPI `mcp`) over both transports,
+against a real `sluice dev`: the catalog is listed with its schemas, each tool call is an
+effect recorded and run by Sluice, a re-driven session gets the same keys and the stored
+results, and effects that wait for a person come back as results that say so."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from conftest import ADMIN_TOKEN, AGENT_TOKEN, OTHER_AGENT_TOKEN, SLUICE, Sluice, api, first_line
+
+pytestmark = pytest.mark.anyio
+
+EMAIL = {"to": "ops@example.com", "subject": "hello", "body": "from an MCP agent"}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@contextlib.asynccontextmanager
+async def stdio_session(sluice: Sluice, run_id: str) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(
+        command=SLUICE,
+        args=["mcp", "--url", sluice.url, "--run-id", run_id, "--max-wait-s", "20"],
+        env={"SLUICE_TOKEN": AGENT_TOKEN, "RUST_LOG": "warn"},
+    )
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            yield session
+
+
+@contextlib.contextmanager
+def http_server(sluice: Sluice) -> Any:
+    """`sluice mcp --transport http` with no token of its own: callers bring theirs."""
+    process = subprocess.Popen(
+        [SLUICE, "mcp", "--transport", "http", "--listen", "127.0.0.1:0", "--url", sluice.url,
+         "--max-wait-s", "20"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "RUST_LOG": "warn"},
+    )
+    try:
+        yield first_line(process, "listening on").rsplit(" ", 1)[-1]
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+@contextlib.asynccontextmanager
+async def http_session(url: str, token: str) -> AsyncIterator[ClientSession]:
+    client = create_mcp_http_client(headers={"authorization": f"Bearer {token}"})
+    async with client, streamable_http_client(url, http_client=client) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            yield session
+
+
+def facts(result: Any) -> dict[str, Any]:
+    assert result.structured_content is not None or result.structuredContent is not None
+    structured = getattr(result, "structured_content", None) or result.structuredContent
+    text = json.loads(result.content[0].text)
+    assert text == structured, "the text and the structured content say the same"
+    return structured
+
+
+def is_error(result: Any) -> bool:
+    return bool(getattr(result, "is_error", None) or getattr(result, "isError", None))
+
+
+def effects_of(sluice: Sluice, run_id: str) -> list[dict[str, Any]]:
+    return api(sluice, "GET", f"/v1/runs/{run_id}/effects", ADMIN_TOKEN)["effects"]
+
+
+async def test_the_catalog_is_listed_with_schemas_and_semantics(sluice: Sluice) -> None:
+    async with stdio_session(sluice, f"r-mcp-{uuid.uuid4().hex[:8]}") as session:
+        listed = {tool.name: tool for tool in (await session.list_tools()).tools}
+    assert {"payments__wire", "email__send", "tickets__create", "lab__stall"} <= set(listed)
+    wire = listed["payments__wire"]
+    assert wire.input_schema["required"] == ["account", "amount_minor", "beneficiary", "date"]
+    assert "NON_IDEMPOTENT" in wire.description and "approval" in wire.description
+    assert wire.annotations.idempotent_hint is False
+    assert listed["search__lookup"].annotations.read_only_hint is True
+
+
+async def test_a_call_runs_once_and_a_re_driven_session_gets_the_stored_result(sluice: Sluice) -> None:
+    run_id = f"r-mcp-{uuid.uuid4().hex[:8]}"
+    async with stdio_session(sluice, run_id) as session:
+        first = await session.call_tool("email__send", EMAIL)
+        second = await session.call_tool("email__send", {**EMAIL, "subject": "second"})
+    assert not is_error(first), first
+    done = facts(first)
+    assert (done["status"], done["command_key"], done["run_id"]) == (
+        "CONFIRMED", "d-1/email/send/0", run_id)
+    assert done["external_ref"], done
+    assert facts(second)["command_key"] == "d-1/email/send/1"
+
+    # The agent is re-driven from the start: same positions, same keys, the stored results.
+    async with stdio_session(sluice, run_id) as session:
+        again = await session.call_tool("email__send", EMAIL)
+    assert facts(again)["external_ref"] == done["external_ref"]
+    assert facts(again)["command_key"] == "d-1/email/send/0"
+    effects = effects_of(sluice, run_id)
+    assert len(effects) == 2, "the re-drive made no new effect"
+    assert {e["submitted_by"] for e in effects} == {"mcp-agent"}
+
+
+async def test_drift_and_bad_arguments_are_errors_the_model_can_read(sluice: Sluice) -> None:
+    run_id = f"r-mcp-{uuid.uuid4().hex[:8]}"
+    async with stdio_session(sluice, run_id) as session:
+        await session.call_tool("email__send", EMAIL)
+    async with stdio_session(sluice, run_id) as session:
+        drifted = await session.call_tool("email__send", {**EMAIL, "body": "something else"})
+        bad = await session.call_tool("email__send", {"to": "not an address"})
+    assert is_error(drifted)
+    assert facts(drifted)["code"] == "argument_drift"
+    assert "same order" in facts(drifted)["message"]
+    assert is_error(bad)
+    assert facts(bad)["http_status"] == 422
+    assert len(effects_of(sluice, run_id)) == 1, "nothing refused was recorded"
+
+
+async def test_effects_waiting_for_a_person_say_so_with_their_key(sluice: Sluice) -> None:
+    run_id = f"r-mcp-{uuid.uuid4().hex[:8]}"
+    big_wire = {"account": "acc-1", "amount_minor": 5_000_000, "beneficiary": "b-1",
+                "date": "2026-11-25"}
+    async with stdio_session(sluice, run_id) as session:
+        blocked = await session.call_tool("payments__wire", big_wire)
+        stuck = await session.call_tool("lab__stall", {"slot": f"s-{run_id}"})
+    for result, status, key in [(blocked, "BLOCKED", "d-1/payments/wire/0"),
+                                (stuck, "STUCK", "d-1/lab/stall/0")]:
+        assert not is_error(result), "a person's wait is not the model's error"
+        said = facts(result)
+        assert (said["status"], said["command_key"]) == (status, key), said
+        assert "person" in said["message"] and key in said["message"]
+    statuses = {e["command_key"]: e["status"] for e in effects_of(sluice, run_id)}
+    assert statuses == {"d-1/payments/wire/0": "BLOCKED", "d-1/lab/stall/0": "STUCK"}
+
+
+async def test_over_http_each_session_is_a_run_and_callers_act_as_themselves(sluice: Sluice) -> None:
+    with http_server(sluice) as url:
+        async with http_session(url, AGENT_TOKEN) as session:
+            tools = await session.list_tools()
+            assert "email__send" in {t.name for t in tools.tools}
+            done = facts(await session.call_tool("email__send", EMAIL))
+            again = facts(await session.call_tool("email__send", EMAIL))
+        assert done["status"] == "CONFIRMED"
+        assert done["run_id"].startswith("mcp-")
+        assert again["command_key"] == "d-1/email/send/1", "call order is the journal"
+        effects = effects_of(sluice, done["run_id"])
+        assert {e["submitted_by"] for e in effects} == {"mcp-agent"}
+
+        # Another agent's session is another run, under its own name.
+        async with http_session(url, OTHER_AGENT_TOKEN) as session:
+            other = facts(await session.call_tool("email__send", EMAIL))
+        assert other["run_id"] != done["run_id"]
+        assert effects_of(sluice, other["run_id"])[0]["submitted_by"] == "other-agent"
+
+        # A client naming its run in _meta walks that run's journal.
+        named = f"r-mcp-{uuid.uuid4().hex[:8]}"
+        async with http_session(url, AGENT_TOKEN) as session:
+            result = await session.call_tool(
+                "email__send", EMAIL, meta={"dev.sluice/run_id": named, "dev.sluice/decision": 3})
+        assert (facts(result)["run_id"], facts(result)["command_key"]) == (named, "d-3/email/send/0")
+
+        # No token: Sluice refuses, and nothing is recorded.
+        async with http_session(url, "not-a-known-token-at-all") as session:
+            refused = await session.call_tool("email__send", EMAIL)
+        assert is_error(refused) and facts(refused)["http_status"] == 401
+
+
+async def test_the_http_transport_refuses_browser_origins(sluice: Sluice) -> None:
+    with http_server(sluice) as url:
+        answer = httpx.post(
+            url,
+            headers={"origin": "https://evil.example", "content-type": "application/json",
+                     "accept": "application/json, text/event-stream"},
+            content=json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": "page", "version": "1"}}}),
+        )
+    assert answer.status_code == 403, answer.text
+
+
+async def test_an_unknown_tool_is_a_protocol_error(sluice: Sluice) -> None:
+    async with stdio_session(sluice, f"r-mcp-{uuid.uuid4().hex[:8]}") as session:
+        with pytest.raises(Exception, match="namespace__name"):
+            await session.call_tool("no_such_tool", {})
