@@ -690,7 +690,12 @@ async fn rollback_progress_is_visible_per_command() {
     ] {
         assert_eq!(agent.wait_settled(run, key).await.status(), Confirmed);
     }
-    let denied = agent.rollback(run, "agent wants out").await;
+    // An operator reads but does not act (the agent may roll back its own run: roles.rs).
+    let denied = h
+        .agent
+        .with_token(OPERATOR)
+        .rollback(run, "operator wants out")
+        .await;
     assert_eq!(denied.status, StatusCode::FORBIDDEN);
     let started = admin.rollback(run, "customer cancelled the order").await;
     assert_eq!(started.status, StatusCode::ACCEPTED, "{}", started.text);

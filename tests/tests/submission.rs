@@ -314,7 +314,6 @@ async fn bare_names_batches_status_filters_and_business_keys() {
             effect(run, 1, "payments/wire", 0, drifted),
             effect(run, 3, "payments/teleport", 0, json!({})),
             effect(run, 4, "tickets/create", 0, json!({"title": ""})),
-            json!({"run_id": run}),
             effect(run, 5, "tickets/create", 0, ticket_args("later")),
         ])
         .await;
@@ -325,12 +324,7 @@ async fn bare_names_batches_status_filters_and_business_keys() {
         .iter()
         .map(|r| r["status"].as_u64().unwrap_or(0))
         .collect();
-    assert_eq!(
-        statuses,
-        [201, 200, 409, 404, 422, 422, 201],
-        "{}",
-        batch.text
-    );
+    assert_eq!(statuses, [201, 200, 409, 404, 422, 201], "{}", batch.text);
     assert_eq!(
         batch.body["results"][0]["command"]["command_key"],
         "d-2/email/send/0"
@@ -339,6 +333,31 @@ async fn bare_names_batches_status_filters_and_business_keys() {
         batch.body["results"][4]["error"]["details"]["violations"][0]["pointer"], "/args/title",
         "{}",
         batch.text
+    );
+
+    // A malformed item refuses the batch whole, naming it: nothing of the batch is recorded.
+    let before = h.agent.commands(run, None).await.len();
+    let malformed = h
+        .agent
+        .batch(vec![
+            effect(run, 6, "tickets/create", 0, ticket_args("never")),
+            json!({"run_id": run, "decision": 7, "tool": "Tickets/create", "call_idx": 0, "args": {}}),
+        ])
+        .await;
+    assert_eq!(
+        malformed.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        malformed.text
+    );
+    assert_eq!(
+        malformed.body["error"]["details"]["pointer"],
+        "/effects/1/tool"
+    );
+    assert_eq!(
+        h.agent.commands(run, None).await.len(),
+        before,
+        "nothing recorded"
     );
 
     // Interleaved runs: each run's effects are reserved in batch order, the answers come back
@@ -577,6 +596,21 @@ async fn a_full_dispatch_backlog_refuses_new_submissions_with_nothing_recorded()
         refused.text
     );
     assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+    // Said to clients as a pause to take, not a failure to give up on.
+    let again = reqwest::Client::new()
+        .post(format!("{}/v1/effects", h.agent.base()))
+        .json(&waiting)
+        .send()
+        .await
+        .expect("the producer answers");
+    assert_eq!(again.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        again
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
     let run = sluice_core::ids::RunId::parse("r-waiting").expect("valid");
     let recorded = h.ctx().ledger.list_run(&run, None).await.expect("list");
     assert!(recorded.is_empty(), "nothing recorded: {recorded:?}");
@@ -725,7 +759,8 @@ async fn prefer_wait_answers_with_the_settled_command_or_202_and_where_to_poll()
             .headers()
             .get("location")
             .and_then(|v| v.to_str().ok()),
-        Some("/v1/runs/r-wait/effects/d-2/payments/wire/0")
+        Some("/v1/runs/r-wait/effects/d-2%2Fpayments%2Fwire%2F0"),
+        "the key as one percent-encoded segment"
     );
     let blocked: Command = response.json().await.expect("a command");
     assert_eq!(blocked.status(), CommandStatus::Blocked);

@@ -7,6 +7,7 @@ use axum::body::Bytes;
 use axum::extract::Query;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use sluice_core::ids::RunId;
 
@@ -17,6 +18,8 @@ pub struct ApiError {
     code: &'static str,
     message: String,
     details: Value,
+    /// The `Allow` header of a 405 (RFC 9110: the methods the resource has).
+    allow: Option<&'static str>,
 }
 
 impl ApiError {
@@ -26,6 +29,19 @@ impl ApiError {
             code,
             message: message.into(),
             details: Value::Null,
+            allow: None,
+        }
+    }
+
+    /// 405 `method_not_allowed` on a resource that has the methods `allow`.
+    pub(crate) fn method_not_allowed(allow: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            allow: Some(allow),
+            ..Self::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                message,
+            )
         }
     }
 
@@ -44,6 +60,11 @@ impl ApiError {
 
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// The JSON pointer the error names, if any (`details.pointer`).
+    pub fn pointer(&self) -> Option<&str> {
+        self.details.get("pointer").and_then(Value::as_str)
     }
 
     /// 422 `invalid_request`.
@@ -73,6 +94,19 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let unauthenticated = self.status == StatusCode::UNAUTHORIZED;
         let mut response = (self.status, Json(self.body())).into_response();
+        // Unavailable for now, not for good: a client backs off by the server's measure.
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        if let Some(allow) = self.allow {
+            response.headers_mut().insert(
+                axum::http::header::ALLOW,
+                axum::http::HeaderValue::from_static(allow),
+            );
+        }
         if unauthenticated {
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
@@ -171,12 +205,87 @@ pub(crate) async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -
 }
 
 pub(crate) async fn no_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        format!(
-            "{method} is not allowed on {}; the API is described in schemas/openapi.yaml",
-            uri.path().chars().take(200).collect::<String>()
+    let message = format!(
+        "{method} is not allowed on {}; the API is described in schemas/openapi.yaml",
+        uri.path().chars().take(200).collect::<String>()
+    );
+    // A command (GET, DELETE) and its actions (`…/effects/{key}:approve`, POST) share one route,
+    // whose methods the router would list for both: each is told its own.
+    let effect = uri
+        .path()
+        .strip_prefix("/v1/runs/")
+        .and_then(|rest| rest.split_once("/effects/"))
+        .map(|(_, key)| key)
+        .filter(|key| !key.is_empty());
+    match effect {
+        Some(key) if is_action_path(key) => ApiError::method_not_allowed("POST", message),
+        Some(_) => ApiError::method_not_allowed("GET, HEAD, DELETE", message),
+        None => ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            message,
         ),
-    )
+    }
+}
+
+/// The command actions, as they follow a command key after a colon.
+pub(crate) const ACTIONS: [&str; 5] = ["approve", "reject", "cancel", "replay", "resolve"];
+
+/// Whether the rest of an effect path (`{key}` or `{key}:{action}`) names an action.
+pub(crate) fn is_action_path(rest: &str) -> bool {
+    rest.rsplit_once(':')
+        .is_some_and(|(_, action)| ACTIONS.contains(&action))
+}
+
+/// Refuses GET and DELETE of a command action's path with 405 `Allow: POST`.
+pub(crate) fn not_on_action(rest: &str) -> Result<(), ApiError> {
+    if is_action_path(rest) {
+        return Err(ApiError::method_not_allowed(
+            "POST",
+            "a command action is POSTed: …/effects/{command_key}:{action}",
+        ));
+    }
+    Ok(())
+}
+
+/// A JSON integer as JSON Schema reads it: `7` and `7.0` alike (the document's `integer`
+/// admits both), within `T`'s range; anything else is refused.
+fn whole<T: TryFrom<u64>>(number: &serde_json::Number) -> Option<T> {
+    let value = match number.as_u64() {
+        Some(value) => value,
+        None => {
+            let float = number.as_f64()?;
+            // Exactly representable whole numbers only: 2^53 and beyond are not exact in f64.
+            if float.fract() != 0.0 || !(0.0..=9_007_199_254_740_992.0).contains(&float) {
+                return None;
+            }
+            float as u64
+        }
+    };
+    T::try_from(value).ok()
+}
+
+/// `#[serde(deserialize_with = "crate::http::whole_number")]` for an integer field.
+pub(crate) fn whole_number<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    let number = serde_json::Number::deserialize(deserializer)?;
+    whole(&number)
+        .ok_or_else(|| serde::de::Error::custom(format!("{number} is not a whole number in range")))
+}
+
+/// [`whole_number`] for an optional field (`null` or absent: `None`).
+pub(crate) fn optional_whole_number<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    match Option::<serde_json::Number>::deserialize(deserializer)? {
+        None => Ok(None),
+        Some(number) => whole(&number).map(Some).ok_or_else(|| {
+            serde::de::Error::custom(format!("{number} is not a whole number in range"))
+        }),
+    }
 }

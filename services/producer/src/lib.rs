@@ -326,8 +326,11 @@ async fn rollback(
     let reason = operator::check_reason(&request.reason)?;
     // The actor is the token's name; only an open (tokenless) API takes it from the body.
     let actor = match (principal.authenticated, request.actor) {
+        // Acting under another name is not the caller's to do (403, not a malformed body).
         (true, Some(_)) => {
-            return Err(ApiError::invalid(
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
                 "actor is taken from the bearer token; leave it out",
             ));
         }
@@ -394,7 +397,15 @@ async fn ready(State(api): State<Api>) -> Response {
         .await
     {
         Ok(_) => (StatusCode::OK, "ready").into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+        // The cause goes to the log, not to whoever asks: it may name hosts and keyspaces.
+        Err(e) => {
+            tracing::warn!(error = %e, "not ready: the ledger does not answer");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not ready: the ledger does not answer",
+            )
+                .into_response()
+        }
     }
 }
 

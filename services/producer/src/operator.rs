@@ -24,6 +24,7 @@ use sluice_runtime::Driven;
 use sluice_runtime::messages::Cause;
 
 use crate::auth::{Caller, Need, Principal};
+use crate::http::ACTIONS;
 use crate::{
     ACTOR, Api, ApiError, Q, RawBody, parse_body, parse_run, parse_status_filter, parse_tool_filter,
 };
@@ -32,18 +33,26 @@ use crate::{
 pub const MAX_REASON_CHARS: usize = 1_000;
 /// Largest evidence accepted, in bytes of JSON.
 pub const MAX_EVIDENCE_BYTES: usize = 16 * 1024;
+/// Longest evidence given as text, in characters.
+pub const MAX_EVIDENCE_TEXT_CHARS: usize = 4 * 1024;
 /// Most runs a listing or a purge call covers.
 pub const MAX_LIST_LIMIT: usize = 1_000;
 
 /// A reason: non-blank, at most [`MAX_REASON_CHARS`], no control characters but newlines.
 pub fn check_reason(reason: &str) -> Result<&str, ApiError> {
-    if reason.trim().is_empty() {
+    if is_blank(reason) {
         return Err(
             ApiError::invalid("a reason is required").with_details(json!({"pointer": "/reason"}))
         );
     }
     check_text("reason", reason, MAX_REASON_CHARS)?;
     Ok(reason.trim())
+}
+
+/// Blank as the document's patterns read it: only white space, U+FEFF counted (ECMAScript's
+/// `\s` does).
+pub fn is_blank(text: &str) -> bool {
+    text.chars().all(|c| c.is_whitespace() || c == '\u{feff}')
 }
 
 /// Short free text: bounded and without control characters (they would corrupt a console).
@@ -72,7 +81,7 @@ fn check_evidence(evidence: &Value) -> Result<(), ApiError> {
         .with_details(json!({"pointer": "/evidence"})));
     }
     if let Value::String(text) = evidence {
-        check_text("evidence", text, MAX_EVIDENCE_BYTES)?;
+        check_text("evidence", text, MAX_EVIDENCE_TEXT_CHARS)?;
     }
     Ok(())
 }
@@ -218,9 +227,6 @@ struct ResolveBody {
     external_ref: Option<String>,
 }
 
-/// The actions of [`command_action`], as metric labels (a bounded set).
-const ACTIONS: [&str; 5] = ["approve", "reject", "cancel", "replay", "resolve"];
-
 /// `POST /v1/runs/{run}/effects/{key}:{action}`: approve, reject, cancel, replay, resolve;
 /// counted in `sluice_http_requests_total{route="command_<action>"}`.
 pub(crate) async fn command_action(
@@ -261,9 +267,8 @@ async fn act(
 ) -> Result<Response, ApiError> {
     let api = api.clone();
     let Some((raw_key, action)) = rest.rsplit_once(':') else {
-        return Err(ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
+        return Err(ApiError::method_not_allowed(
+            "GET, HEAD, DELETE",
             "POST a command action: …/effects/{command_key}:approve, :reject, :cancel, :replay or :resolve",
         ));
     };
@@ -338,7 +343,7 @@ async fn act(
                         .external_ref
                         .clone()
                         .or_else(|| body.evidence.as_str().map(str::to_owned))
-                        .filter(|r| !r.trim().is_empty())
+                        .filter(|r| !is_blank(r))
                         .ok_or_else(|| {
                             ApiError::invalid(
                                 "resolving as CONFIRMED needs the upstream reference: external_ref",
@@ -410,6 +415,7 @@ pub(crate) async fn remove_effect(
     Path((run_id, raw_key)): Path<(String, String)>,
     Q(query): Q<RemoveQuery>,
 ) -> Result<Response, ApiError> {
+    crate::http::not_on_action(&raw_key)?;
     principal.require(Need::RemoveScheduled)?;
     let run_id = parse_run(&run_id)?;
     let key = parse_key(&raw_key)?;
@@ -828,7 +834,7 @@ pub(crate) async fn audit_verify(
 struct PurgeBody {
     older_than: String,
     reason: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::http::optional_whole_number")]
     max_runs: Option<usize>,
 }
 
@@ -922,14 +928,23 @@ mod tests {
     #[test]
     fn reasons_are_required_bounded_and_printable() {
         assert_eq!(check_reason("  ok  ").expect("fine"), "ok");
-        for bad in ["", "   ", "a\u{7}b", &"x".repeat(MAX_REASON_CHARS + 1)] {
+        for bad in [
+            "",
+            "   ",
+            "\u{feff} ",
+            "a\u{7}b",
+            "a\u{85}b",
+            &"x".repeat(MAX_REASON_CHARS + 1),
+        ] {
             let err = check_reason(bad).expect_err("refused");
             assert_eq!(err.status(), StatusCode::UNPROCESSABLE_ENTITY, "{bad:?}");
         }
         assert!(check_reason("line one\nline two").is_ok());
         assert!(check_evidence(&json!({"ref": "w-1"})).is_ok());
-        let big = json!("x".repeat(MAX_EVIDENCE_BYTES + 1));
+        let big = json!("x".repeat(MAX_EVIDENCE_TEXT_CHARS + 1));
         assert!(check_evidence(&big).is_err());
+        let large = json!({"record": "x".repeat(MAX_EVIDENCE_BYTES)});
+        assert!(check_evidence(&large).is_err());
     }
 
     #[test]

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use sluice_bus::{Admission, Topic};
 use sluice_core::catalog::CatalogError;
 use sluice_core::command::{Command, CommandStatus, Intent};
-use sluice_core::ids::{CommandKey, RunId};
+use sluice_core::ids::{CommandKey, RunId, ToolName};
 use sluice_core::policy;
 use sluice_core::time::Timestamp;
 use sluice_ledger::{LedgerError, Reserved};
@@ -39,11 +39,13 @@ use crate::{ACTOR, Api, MAX_DELAY_MS};
 #[serde(deny_unknown_fields)]
 pub struct EffectRequest {
     pub run_id: String,
+    #[serde(deserialize_with = "crate::http::whole_number")]
     pub decision: u32,
     pub tool: String,
+    #[serde(deserialize_with = "crate::http::whole_number")]
     pub call_idx: u32,
     pub args: Value,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::http::optional_whole_number")]
     pub delay_ms: Option<u64>,
     #[serde(default)]
     pub not_before: Option<String>,
@@ -55,6 +57,30 @@ struct BatchRequest {
     effects: Vec<Value>,
 }
 
+/// When a submission asks to run: after a delay, or at a time.
+#[derive(Debug, Clone, Copy)]
+enum Schedule {
+    After(u64),
+    At(Timestamp),
+}
+
+/// A submission that is well formed (`Api::well_formed`), not yet checked against the catalog.
+#[derive(Debug)]
+struct WellFormed {
+    run_id: RunId,
+    tool: ToolName,
+    decision: u32,
+    call_idx: u32,
+    args: Value,
+    not_before: Option<Schedule>,
+}
+
+/// 422 `invalid_request` naming the field (a JSON pointer into the submission).
+fn invalid(field: &str, message: String) -> ApiError {
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+        .with_details(json!({ "pointer": format!("/{field}") }))
+}
+
 /// The answer to one submission: the status code and the command.
 struct Submitted {
     status: StatusCode,
@@ -62,9 +88,9 @@ struct Submitted {
 }
 
 impl Api {
-    /// Validates, reserves and requests dispatch of one effect.
-    async fn submit(&self, principal: &Principal, raw: Value) -> Result<Submitted, ApiError> {
-        sluice_faults::point!("producer.submit.pre");
+    /// Checks that one submission is well formed as `schemas/openapi.yaml`'s `EffectRequest`
+    /// describes it (shape, ids, tool name syntax, scheduling fields); nothing is read.
+    fn well_formed(&self, raw: Value) -> Result<WellFormed, ApiError> {
         let request: EffectRequest = serde_json::from_value(raw).map_err(|e| {
             ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -72,23 +98,70 @@ impl Api {
                 format!("invalid effect: {e}"),
             )
         })?;
-        let invalid = |field: &str, message: String| {
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
-                .with_details(json!({ "pointer": format!("/{field}") }))
-        };
         let run_id = RunId::parse(&request.run_id).map_err(|e| invalid("run_id", e.to_string()))?;
+        if !request.args.is_object() {
+            return Err(invalid("args", "args must be a JSON object".into()));
+        }
         if run_id.as_str() == sluice_ledger::SYSTEM_RUN {
             return Err(invalid(
                 "run_id",
                 format!("run id {run_id} is reserved for the ledger's own records"),
             ));
         }
-        let catalog = &self.ctx.catalog;
-        let tool = catalog.resolve(&request.tool).map_err(|e| match e {
-            CatalogError::UnknownTool { .. } => {
-                ApiError::new(StatusCode::NOT_FOUND, "unknown_tool", e.to_string())
+        let tool = ToolName::resolve(&request.tool, self.ctx.catalog.default_namespace())
+            .map_err(|e| invalid("tool", e.to_string()))?;
+        let not_before = match (request.delay_ms, request.not_before.as_deref()) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "not_before",
+                    "give delay_ms or not_before, not both".into(),
+                ));
             }
-            other => invalid("tool", other.to_string()),
+            (Some(delay), None) if delay > MAX_DELAY_MS => {
+                return Err(invalid(
+                    "delay_ms",
+                    format!("delay_ms may be at most {MAX_DELAY_MS} (one year)"),
+                ));
+            }
+            (Some(delay), None) => Some(Schedule::After(delay)),
+            (None, Some(at)) => Some(Schedule::At(
+                Timestamp::parse_rfc3339(at).map_err(|e| invalid("not_before", e.to_string()))?,
+            )),
+            (None, None) => None,
+        };
+        Ok(WellFormed {
+            run_id,
+            tool,
+            decision: request.decision,
+            call_idx: request.call_idx,
+            args: request.args,
+            not_before,
+        })
+    }
+
+    /// Validates, reserves and requests dispatch of one effect.
+    async fn submit(&self, principal: &Principal, raw: Value) -> Result<Submitted, ApiError> {
+        sluice_faults::point!("producer.submit.pre");
+        let request = self.well_formed(raw)?;
+        self.submit_well_formed(principal, request).await
+    }
+
+    /// [`Api::submit`] past the well-formedness checks: against the catalog, then reserved.
+    async fn submit_well_formed(
+        &self,
+        principal: &Principal,
+        request: WellFormed,
+    ) -> Result<Submitted, ApiError> {
+        let catalog = &self.ctx.catalog;
+        let tool = catalog.get(&request.tool).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_tool",
+                CatalogError::UnknownTool {
+                    tool: request.tool.clone(),
+                }
+                .to_string(),
+            )
         })?;
         tool.validate_args(&request.args).map_err(|e| {
             let violations: Vec<Value> = e
@@ -107,28 +180,14 @@ impl Api {
             .business_key(&request.args)
             .map_err(|e| invalid("args", e.to_string()))?;
         let now = self.ctx.clock.now();
-        let not_before = match (request.delay_ms, request.not_before.as_deref()) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    "not_before",
-                    "give delay_ms or not_before, not both".into(),
-                ));
-            }
-            (Some(delay), None) if delay > MAX_DELAY_MS => {
-                return Err(invalid(
-                    "delay_ms",
-                    format!("delay_ms may be at most {MAX_DELAY_MS} (one year)"),
-                ));
-            }
-            (Some(delay), None) => Some(
+        let not_before = match request.not_before {
+            Some(Schedule::After(delay)) => Some(
                 now.plus_millis(
                     i64::try_from(delay)
                         .map_err(|_| invalid("delay_ms", "delay_ms is too large".into()))?,
                 ),
             ),
-            (None, Some(at)) => {
-                let at = Timestamp::parse_rfc3339(at)
-                    .map_err(|e| invalid("not_before", e.to_string()))?;
+            Some(Schedule::At(at)) => {
                 if at.millis_since(now) > MAX_DELAY_MS as i64 {
                     return Err(invalid(
                         "not_before",
@@ -137,8 +196,9 @@ impl Api {
                 }
                 Some(at)
             }
-            (None, None) => None,
+            None => None,
         };
+        let run_id = request.run_id;
         let rules = tool.rules();
         let command = Command::from_intent(
             Intent {
@@ -412,11 +472,13 @@ impl Api {
     }
 }
 
-/// Where a command is polled: `GET /v1/runs/{run_id}/effects/{command_key}`.
+/// Where a command is polled: `GET /v1/runs/{run_id}/effects/{command_key}`, the key as one
+/// percent-encoded segment (as the document asks clients to send it).
 fn location(command: &Command) -> Option<HeaderValue> {
     HeaderValue::from_str(&format!(
         "/v1/runs/{}/effects/{}",
-        command.run_id, command.command_key
+        command.run_id,
+        command.command_key.as_str().replace('/', "%2F")
     ))
     .ok()
 }
@@ -505,20 +567,35 @@ pub(crate) async fn submit_batch(
     // head, so concurrent writes would only contend for it (on the CQL ledger each lost race
     // is another LWT, and a large batch of one run could exhaust the retries), and the run's
     // dispatch requests are published in the order the agent gave.
-    let mut runs: Vec<Vec<(usize, Value)>> = Vec::new();
-    let mut run_of: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    // Every item is checked to be well formed before any is recorded: a malformed item is the
+    // client's bug, and refusing the batch whole leaves no half of it behind (422 naming the
+    // item). What depends on the catalog or the ledger is answered per item below.
+    let mut items = Vec::with_capacity(batch.effects.len());
     for (index, raw) in batch.effects.into_iter().enumerate() {
-        match raw.get("run_id").and_then(Value::as_str) {
-            Some(run) => {
-                let group = *run_of.entry(run.to_owned()).or_insert_with(|| {
-                    runs.push(Vec::new());
-                    runs.len() - 1
-                });
-                runs[group].push((index, raw));
+        match api.well_formed(raw) {
+            Ok(item) => items.push(item),
+            Err(e) => {
+                let inner = e.pointer().unwrap_or_default();
+                return Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_request",
+                    format!(
+                        "effects[{index}]: {}; nothing in the batch was recorded",
+                        e.message()
+                    ),
+                )
+                .with_details(json!({ "pointer": format!("/effects/{index}{inner}") })));
             }
-            // Malformed: answered on its own with the reason.
-            None => runs.push(vec![(index, raw)]),
         }
+    }
+    let mut runs: Vec<Vec<(usize, WellFormed)>> = Vec::new();
+    let mut run_of: std::collections::HashMap<RunId, usize> = std::collections::HashMap::new();
+    for (index, item) in items.into_iter().enumerate() {
+        let group = *run_of.entry(item.run_id.clone()).or_insert_with(|| {
+            runs.push(Vec::new());
+            runs.len() - 1
+        });
+        runs[group].push((index, item));
     }
     let total = runs.iter().map(Vec::len).sum();
     let answered = futures::future::join_all(runs.into_iter().map(|effects| {
@@ -528,8 +605,9 @@ pub(crate) async fn submit_batch(
             // Every effect of the run is submitted before any is waited for: a run's effects
             // are dispatched one after another, so waiting for them in order costs nothing.
             let mut submitted = Vec::with_capacity(effects.len());
-            for (index, raw) in effects {
-                submitted.push((index, api.submit(&principal, raw).await));
+            for (index, item) in effects {
+                sluice_faults::point!("producer.submit.pre");
+                submitted.push((index, api.submit_well_formed(&principal, item).await));
             }
             let mut answers = Vec::with_capacity(submitted.len());
             for (index, result) in submitted {

@@ -202,16 +202,20 @@ pub(crate) struct GetQuery {
 
 /// Parses `30s`, `500ms`, `2m` or a plain number of milliseconds.
 pub fn parse_wait(raw: &str) -> Option<Duration> {
-    let raw = raw.trim();
     let (number, unit) = match raw.find(|c: char| !c.is_ascii_digit()) {
         Some(at) => raw.split_at(at),
         None => (raw, "ms"),
     };
+    // 1 to 18 digits always fit a u64; a longer wait is refused rather than wrapped (and the
+    // wait is capped at `producer.max_wait_ms` anyway).
+    if number.is_empty() || number.len() > 18 {
+        return None;
+    }
     let value: u64 = number.parse().ok()?;
     match unit {
         "ms" => Some(Duration::from_millis(value)),
         "s" => Some(Duration::from_secs(value)),
-        "m" => Some(Duration::from_secs(value.checked_mul(60)?)),
+        "m" => Some(Duration::from_secs(value.saturating_mul(60))),
         _ => None,
     }
 }
@@ -223,6 +227,7 @@ pub(crate) async fn get_effect(
     Path((run_id, command_key)): Path<(String, String)>,
     Q(query): Q<GetQuery>,
 ) -> Result<Response, ApiError> {
+    crate::http::not_on_action(&command_key)?;
     principal.require(Need::ReadRun)?;
     let run_id = RunId::parse(&run_id).map_err(|e| ApiError::invalid(e.to_string()))?;
     let command_key =
@@ -287,6 +292,12 @@ mod tests {
         assert_eq!(parse_wait("250"), Some(Duration::from_millis(250)));
         assert_eq!(parse_wait("soon"), None);
         assert_eq!(parse_wait("5h"), None);
+        assert_eq!(parse_wait(" 5s"), None, "exactly as documented: no spaces");
+        assert_eq!(parse_wait("1234567890123456789"), None, "at most 18 digits");
+        assert!(
+            parse_wait("999999999999999999m").is_some(),
+            "saturates, not refused"
+        );
     }
 
     #[tokio::test]
