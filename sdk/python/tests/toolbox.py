@@ -20,7 +20,7 @@ QUICK = {
     "lease_ttl_ms": 5000,
     "settle_ms": 100,
     "late_commit_ms": 100,
-    "verify_after_ms": 100,
+    "verify_after_ms": 800,
 }
 
 

@@ -38,12 +38,14 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .models import ROLLED_BACK, Effect
+from .models import ROLLED_BACK, SETTLED, TERMINAL, Effect
 
 #: The longest ``Prefer: wait`` / ``?wait=`` asked for at once (the server's default cap).
 MAX_WAIT_PER_REQUEST = 60.0
 #: Added to a held request's wait for its HTTP timeout.
 TIMEOUT_GRACE = 15.0
+#: How often an effect waiting for a person is looked at again.
+PEOPLE_POLL = 0.5
 #: HTTP timeout of a request that is not held.
 PLAIN_TIMEOUT = 30.0
 
@@ -202,19 +204,30 @@ def poll(
     *,
     deadline: float,
     retries: Retries,
+    through_people: bool = False,
     clock: Callable[[], float] = time.monotonic,
 ) -> Conversation[Effect]:
-    """Long-polls ``effect`` until it settles or ``deadline`` (a ``clock()`` time) passes."""
+    """Long-polls ``effect`` until it settles or ``deadline`` (a ``clock()`` time) passes.
+
+    With ``through_people``, a BLOCKED or STUCK effect is waited on too, until a person's
+    approval, rejection or resolution makes it terminal (the server answers long polls on such
+    an effect at once, so these are polled every :data:`PEOPLE_POLL` seconds).
+    """
     context = (effect.run_id, effect.command_key)
-    while not effect.settled:
+    done = TERMINAL if through_people else SETTLED
+    while effect.status not in done:
         remaining = deadline - clock()
         if remaining <= 0:
             break
         held = min(remaining, MAX_WAIT_PER_REQUEST)
+        params = {"wait": wait_param(held)}
+        if effect.status in SETTLED:
+            yield Sleep(min(PEOPLE_POLL, remaining))
+            params = {}
         request = Request(
             "GET",
             effect_path(effect.run_id, effect.command_key),
-            params={"wait": wait_param(held)},
+            params=params,
             timeout=held + TIMEOUT_GRACE,
         )
         answer = yield from send(request, retries, safe_to_repeat=True, context=context)
@@ -258,8 +271,8 @@ def effect_error(effect: Effect) -> EffectError | None:
         return AwaitingApproval(
             effect,
             f"{what}: its policy needs a person's approval; nothing has run",
-            f"`sluice approve {run} {key} --reason \"...\"` (or `sluice reject ...`), then "
-            "re-drive the agent, or wait for it with run.wait(...).",
+            f"`sluice approve {run} {key} --reason \"...\"` (or `sluice reject {run} {key} "
+            "--reason \"...\"`), then re-drive the agent, or wait for it with run.wait(...).",
         )
     if status == "CANCELLED":
         return EffectCancelled(

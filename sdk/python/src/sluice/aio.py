@@ -203,7 +203,9 @@ class AsyncRun:
         """See :meth:`sluice.Run.wait`."""
         effect = command_key if isinstance(command_key, Effect) else await self.get(command_key)
         deadline = time.monotonic() + (self.client._config.wait if timeout is None else timeout)
-        conversation = proto.poll(effect, deadline=deadline, retries=self.client._config.retries)
+        conversation = proto.poll(
+            effect, deadline=deadline, retries=self.client._config.retries, through_people=True
+        )
         return proto.outcome(await self.client.drive(conversation))
 
     async def rollback(self, reason: str) -> RollbackProgress:

@@ -203,10 +203,13 @@ class Run:
         return self.client.drive(self._core.get(command_key))
 
     def wait(self, command_key: str | Effect, timeout: float | None = None) -> Effect:
-        """Waits for an effect to settle; returns it CONFIRMED or raises as :meth:`call` does."""
+        """Waits for an effect to end, through an approval or a resolution by a person too;
+        returns it CONFIRMED or raises as :meth:`call` does (its status when the wait ends)."""
         effect = command_key if isinstance(command_key, Effect) else self.get(command_key)
         deadline = time.monotonic() + (self.client._config.wait if timeout is None else timeout)
-        conversation = proto.poll(effect, deadline=deadline, retries=self.client._config.retries)
+        conversation = proto.poll(
+            effect, deadline=deadline, retries=self.client._config.retries, through_people=True
+        )
         return proto.outcome(self.client.drive(conversation))
 
     def rollback(self, reason: str) -> RollbackProgress:
