@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import toolbox
+from servers import AppServer, SluiceDev
 
 import sluice
-from servers import AppServer, SluiceDev
-import toolbox
 
 
 @pytest.fixture(scope="session")
@@ -21,7 +21,9 @@ def tools_server() -> Iterator[AppServer]:
 
 
 @pytest.fixture(scope="session")
-def server(tools_server: AppServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SluiceDev]:
+def server(
+    tools_server: AppServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SluiceDev]:
     workdir = tmp_path_factory.mktemp("sluice")
     with SluiceDev(workdir, toolbox.catalog(tools_server.url)) as dev:
         yield dev

@@ -15,8 +15,21 @@ from typing import Any
 import httpx
 import uvicorn
 
-SLUICE_BIN = os.environ.get("SLUICE_BIN", "/work/bin/sluice")
 REPO = Path(__file__).resolve().parents[3]
+
+
+def _sluice_bin() -> str:
+    """`$SLUICE_BIN`, else the first debug build found."""
+    if os.environ.get("SLUICE_BIN"):
+        return os.environ["SLUICE_BIN"]
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    for candidate in (Path("/work/bin/sluice"), target / "debug" / "sluice"):
+        if candidate.exists():
+            return str(candidate)
+    raise RuntimeError("no sluice binary: set SLUICE_BIN (cargo build -p sluice builds one)")
+
+
+SLUICE_BIN = _sluice_bin()
 
 
 def free_port() -> int:
@@ -31,8 +44,9 @@ class AppServer:
     def __init__(self, app: Any) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="on")
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
@@ -81,7 +95,9 @@ class SluiceDev:
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 [SLUICE_BIN, "dev", "-c", str(self.config)],
-                stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
             )
         deadline = time.monotonic() + 30
         while True:
@@ -108,5 +124,6 @@ class SluiceDev:
     def console(self, *args: str) -> subprocess.CompletedProcess[str]:
         """The `sluice` operator console as an admin, as a person would run it."""
         env = {**os.environ, "SLUICE_URL": self.url, "SLUICE_TOKEN": self.admin_token}
-        return subprocess.run([SLUICE_BIN, *args], env=env, capture_output=True, text=True,
-                              timeout=60)
+        return subprocess.run(
+            [SLUICE_BIN, *args], env=env, capture_output=True, text=True, timeout=60
+        )

@@ -7,10 +7,10 @@ import asyncio
 from typing import Any
 
 import pytest
-
-import sluice
 from servers import SluiceDev
 from toolbox import World
+
+import sluice
 
 
 @sluice.effect(tool="shop/notify")
@@ -53,7 +53,10 @@ async def test_a_re_driven_async_agent_gets_the_same_keys_and_results(
     assert second == first
     assert [t["title"] for t in first[:3]] == ["a", "b", "c"]
     assert [e.command_key for e in effects] == [
-        "d-1/shop/ticket/0", "d-1/shop/ticket/1", "d-1/shop/ticket/2", "d-2/shop/notify/0"
+        "d-1/shop/ticket/0",
+        "d-1/shop/ticket/1",
+        "d-1/shop/ticket/2",
+        "d-2/shop/notify/0",
     ]
     assert [e.args["title"] for e in effects[:3]] == ["a", "b", "c"]
     assert world.calls["shop/ticket"] - before == 3
@@ -61,20 +64,19 @@ async def test_a_re_driven_async_agent_gets_the_same_keys_and_results(
 
 @pytest.mark.anyio
 async def test_async_outcomes_and_rollback(server: SluiceDev, run_id: str, world: World) -> None:
-    async with sluice.AsyncClient(server.url, server.agent_token, wait=30) as client:
-        async with client.run(run_id) as run:
-            opened = await ticket("to undo")
-            with pytest.raises(sluice.AwaitingApproval) as blocked:
-                await refund("o-9")
-            assert blocked.value.command_key == "d-1/shop/refund/0"
-            scheduled = await run.schedule_effect("shop/notify", {"to": "a@example.com", "text": "x"},
-                                                  delay=600)
-            assert [e.command_key for e in await run.get_scheduled_effects()] == [
-                scheduled.command_key
-            ]
-            await run.rollback("the async agent gave up")
-            progress = await run.wait_rolled_back(timeout=30)
-            statuses = {e.command_key: e.status for e in await run.effects()}
+    client = sluice.AsyncClient(server.url, server.agent_token, wait=30)
+    async with client, client.run(run_id) as run:
+        opened = await ticket("to undo")
+        with pytest.raises(sluice.AwaitingApproval) as blocked:
+            await refund("o-9")
+        assert blocked.value.command_key == "d-1/shop/refund/0"
+        scheduled = await run.schedule_effect(
+            "shop/notify", {"to": "a@example.com", "text": "x"}, delay=600
+        )
+        assert [e.command_key for e in await run.get_scheduled_effects()] == [scheduled.command_key]
+        await run.rollback("the async agent gave up")
+        progress = await run.wait_rolled_back(timeout=30)
+        statuses = {e.command_key: e.status for e in await run.effects()}
     assert [step.command_key for step in progress.commands] == ["d-1/shop/ticket/0"]
     # Compensated if it ran; cancelled if it had not started (awaiting approval, scheduled).
     assert statuses == {
@@ -87,9 +89,11 @@ async def test_async_outcomes_and_rollback(server: SluiceDev, run_id: str, world
 
 @pytest.mark.anyio
 async def test_an_async_effect_needs_an_async_run(client: sluice.Client, run_id: str) -> None:
-    with client.run(run_id):
-        with pytest.raises(sluice.NoActiveRun, match="needs a run of an AsyncClient"):
-            await notify("a@example.com", "x")
+    with (
+        client.run(run_id),
+        pytest.raises(sluice.NoActiveRun, match="needs a run of an AsyncClient"),
+    ):
+        await notify("a@example.com", "x")
 
 
 @pytest.mark.anyio

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-import sluice
 from servers import SluiceDev
 from toolbox import World
+
+import sluice
 
 
 def intent() -> dict[str, Any]:
@@ -32,7 +32,7 @@ def test_an_outbox_tool_the_server_does_not_know_is_refused(client: sluice.Clien
 
 
 def test_an_outbox_tool_declared_idempotent_by_the_server_is_refused(client: sluice.Client) -> None:
-    with pytest.raises(sluice.DeclarationError, match="IDEMPOTENT.*@sluice.effect"):
+    with pytest.raises(sluice.DeclarationError, match=r"IDEMPOTENT.*@sluice\.effect"):
         sluice.outbox_tool(tool="shop/notify", client=client)(intent)
 
 

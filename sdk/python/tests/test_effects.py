@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-import sluice
 from servers import SluiceDev
 from toolbox import World
+
+import sluice
 
 
 @sluice.effect(tool="shop/notify")
@@ -129,6 +129,6 @@ def test_refusals_are_typed(server: SluiceDev, client: sluice.Client, run_id: st
 
 def test_calls_outside_a_run_are_refused_before_anything_runs(world: World) -> None:
     before = world.calls["shop/notify"]
-    with pytest.raises(sluice.NoActiveRun, match="client.run"):
+    with pytest.raises(sluice.NoActiveRun, match=r"client\.run"):
         notify("a@example.com", "hello")
     assert world.calls["shop/notify"] == before

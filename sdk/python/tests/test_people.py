@@ -7,10 +7,10 @@ import shlex
 from typing import Any
 
 import pytest
-
-import sluice
 from servers import SluiceDev
 from toolbox import World
+
+import sluice
 
 
 @sluice.effect(tool="shop/refund")
@@ -38,7 +38,11 @@ def test_awaiting_approval_then_approved_returns_the_result_on_re_drive(
     with client.run(run_id), pytest.raises(sluice.AwaitingApproval) as blocked:
         refund("o-1", 2500)
     error = blocked.value
-    assert (error.status, error.run_id, error.command_key) == ("BLOCKED", run_id, "d-1/shop/refund/0")
+    assert (error.status, error.run_id, error.command_key) == (
+        "BLOCKED",
+        run_id,
+        "d-1/shop/refund/0",
+    )
     assert world.calls["shop/refund"] == before  # nothing ran
     approve = console_line(error.remedy, "sluice approve")
     assert approve[:3] == ["approve", run_id, "d-1/shop/refund/0"]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from toolbox import World
 
 import sluice
-from toolbox import World
 
 
 def test_an_agent_rolls_back_its_own_run(client: sluice.Client, run_id: str, world: World) -> None:
@@ -39,9 +39,7 @@ def test_an_agent_rolls_back_its_own_run(client: sluice.Client, run_id: str, wor
     assert world.wires[wire.external_ref or ""]["standing"] is False
     undone = [ref for _, ref, _ in world.compensations if ref in (*refs, wire.external_ref)]
     assert undone == [second.external_ref, first.external_ref, wire.external_ref]
-    assert (
-        "shop/ticket", first.external_ref, first.idempotency_key
-    ) in world.compensations
+    assert ("shop/ticket", first.external_ref, first.idempotency_key) in world.compensations
 
     with client.run(run_id) as run:
         # Re-driven, the first effect reports that it was undone...
@@ -59,11 +57,11 @@ def test_an_agent_rolls_back_its_own_run(client: sluice.Client, run_id: str, wor
 
 def test_scheduled_effects_are_listed_and_removed(client: sluice.Client, run_id: str) -> None:
     with client.run(run_id) as run:
-        later = run.schedule_effect("shop/notify", {"to": "a@example.com", "text": "later"}, delay=3600)
-        at = datetime.now(timezone.utc) + timedelta(hours=2)
-        much_later = run.schedule_effect(
-            "shop/ticket", {"title": "review"}, at=at
+        later = run.schedule_effect(
+            "shop/notify", {"to": "a@example.com", "text": "later"}, delay=3600
         )
+        at = datetime.now(UTC) + timedelta(hours=2)
+        much_later = run.schedule_effect("shop/ticket", {"title": "review"}, at=at)
         assert (later.status, later.command_key) == ("SCHEDULED", "d-1/shop/notify/0")
         assert much_later.not_before is not None and much_later.not_before.startswith(
             at.strftime("%Y-%m-%dT%H:%M")
@@ -85,7 +83,9 @@ def test_a_scheduled_effect_runs_when_due_and_can_no_longer_be_removed(
     client: sluice.Client, run_id: str
 ) -> None:
     with client.run(run_id) as run:
-        soon = run.schedule_effect("shop/notify", {"to": "b@example.com", "text": "soon"}, delay=0.5)
+        soon = run.schedule_effect(
+            "shop/notify", {"to": "b@example.com", "text": "soon"}, delay=0.5
+        )
         assert soon.status == "SCHEDULED"
         done = run.wait(soon, timeout=20)
         assert done.status == "CONFIRMED" and done.result["text"] == "soon"

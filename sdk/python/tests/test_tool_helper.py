@@ -12,15 +12,19 @@ from typing import Any
 
 import httpx
 import pytest
-
-import sluice
 import toolbox
 from servers import AppServer
+
+import sluice
 from sluice.tool import Call, MemoryStore, Refused, SQLiteStore, ToolApp
 
 
 def headers(key: str, business_key: str | None = None, **extra: str) -> dict[str, str]:
-    sent = {"idempotency-key": key, "x-sluice-run-id": "r-1", "x-sluice-command-key": "d-1/pay/out/0"}
+    sent = {
+        "idempotency-key": key,
+        "x-sluice-run-id": "r-1",
+        "x-sluice-command-key": "d-1/pay/out/0",
+    }
     if business_key is not None:
         sent["x-sluice-business-key"] = business_key
     return {**sent, **extra}
@@ -36,8 +40,9 @@ def payments(store: Any, calls: Counter[str], gate: threading.Event | None = Non
             raise Refused("payouts to the tax office cannot be reversed", status=409)
         return {"id": f"rev-{external_ref}", "undid": call.dispatch_idempotency_key, "args": args}
 
-    @app.tool("pay/out", semantics=sluice.NON_IDEMPOTENT, business_key="{to}:{amount}",
-              compensate=undo)
+    @app.tool(
+        "pay/out", semantics=sluice.NON_IDEMPOTENT, business_key="{to}:{amount}", compensate=undo
+    )
     def payout(to: str, amount: int) -> dict[str, Any]:
         """Pay someone"""
         calls["payout"] += 1
@@ -55,14 +60,21 @@ def payments(store: Any, calls: Counter[str], gate: threading.Event | None = Non
 def test_a_replay_gets_the_stored_answer_and_the_function_runs_once() -> None:
     calls: Counter[str] = Counter()
     with AppServer(payments(MemoryStore(), calls)) as tool:
-        first = httpx.post(f"{tool.url}/pay/out", json={"to": "ann", "amount": 5},
-                           headers=headers("k-1"))
-        again = httpx.post(f"{tool.url}/pay/out", json={"amount": 5, "to": "ann"},
-                           headers=headers("k-1"))
-        other = httpx.post(f"{tool.url}/pay/out", json={"to": "ann", "amount": 6},
-                           headers=headers("k-1"))
-        refused = [httpx.post(f"{tool.url}/pay/out", json={"to": "bob", "amount": -1},
-                              headers=headers("k-2")) for _ in range(2)]
+        first = httpx.post(
+            f"{tool.url}/pay/out", json={"to": "ann", "amount": 5}, headers=headers("k-1")
+        )
+        again = httpx.post(
+            f"{tool.url}/pay/out", json={"amount": 5, "to": "ann"}, headers=headers("k-1")
+        )
+        other = httpx.post(
+            f"{tool.url}/pay/out", json={"to": "ann", "amount": 6}, headers=headers("k-1")
+        )
+        refused = [
+            httpx.post(
+                f"{tool.url}/pay/out", json={"to": "bob", "amount": -1}, headers=headers("k-2")
+            )
+            for _ in range(2)
+        ]
     assert (first.status_code, first.json()) == (201, {"id": "p-1", "to": "ann", "amount": 5})
     assert (again.status_code, again.json()) == (201, first.json())
     assert again.headers["idempotent-replayed"] == "true"
@@ -75,12 +87,18 @@ def test_a_request_while_the_first_runs_is_in_progress_409() -> None:
     calls: Counter[str] = Counter()
     gate = threading.Event()
     with AppServer(payments(MemoryStore(), calls, gate)) as tool, ThreadPoolExecutor(1) as pool:
-        first = pool.submit(httpx.post, f"{tool.url}/pay/out", json={"to": "ann", "amount": 5},
-                            headers=headers("k-1"), timeout=20)
+        first = pool.submit(
+            httpx.post,
+            f"{tool.url}/pay/out",
+            json={"to": "ann", "amount": 5},
+            headers=headers("k-1"),
+            timeout=20,
+        )
         while calls["payout"] == 0:
             threading.Event().wait(0.01)
-        second = httpx.post(f"{tool.url}/pay/out", json={"to": "ann", "amount": 5},
-                            headers=headers("k-1"))
+        second = httpx.post(
+            f"{tool.url}/pay/out", json={"to": "ann", "amount": 5}, headers=headers("k-1")
+        )
         gate.set()
         assert first.result().status_code == 201
     assert second.status_code == 409 and "in progress" in second.json()["error"]
@@ -92,14 +110,21 @@ def test_status_by_business_key_from_a_durable_store(tmp_path: Path) -> None:
     with AppServer(payments(SQLiteStore(tmp_path / "keys.db"), calls)) as tool:
         lookup = f"{tool.url}/pay/out/by-key/"
         absent = httpx.get(lookup + "ann%3A5", headers=headers("k-9"))
-        httpx.post(f"{tool.url}/pay/out", json={"to": "ann", "amount": 5}, headers=headers("k-1", "ann:5"))
+        httpx.post(
+            f"{tool.url}/pay/out", json={"to": "ann", "amount": 5}, headers=headers("k-1", "ann:5")
+        )
         present = httpx.get(lookup + "ann%3A5")
         # A second commit under the same business key (another idempotency key): a duplicate.
-        httpx.post(f"{tool.url}/pay/out", json={"to": "ann", "amount": 5}, headers=headers("k-2", "ann:5"))
+        httpx.post(
+            f"{tool.url}/pay/out", json={"to": "ann", "amount": 5}, headers=headers("k-2", "ann:5")
+        )
         duplicate = httpx.get(lookup + "ann%3A5")
         # A call that raised may have committed: its lookup proves nothing.
-        lost = httpx.post(f"{tool.url}/pay/out", json={"to": "flaky", "amount": 1},
-                          headers=headers("k-3", "flaky:1"))
+        lost = httpx.post(
+            f"{tool.url}/pay/out",
+            json={"to": "flaky", "amount": 1},
+            headers=headers("k-3", "flaky:1"),
+        )
         unknown = httpx.get(lookup + "flaky%3A1")
     assert absent.status_code == 404
     assert (present.status_code, present.json()["id"]) == (200, "p-1")
@@ -130,8 +155,12 @@ def test_a_durable_store_answers_replays_after_a_restart(tmp_path: Path) -> None
 def test_a_call_that_raised_runs_again_under_its_key() -> None:
     calls: Counter[str] = Counter()
     with AppServer(payments(MemoryStore(), calls)) as tool:
-        answers = [httpx.post(f"{tool.url}/pay/out", json={"to": "flaky", "amount": 1},
-                              headers=headers("k-1")).status_code for _ in range(2)]
+        answers = [
+            httpx.post(
+                f"{tool.url}/pay/out", json={"to": "flaky", "amount": 1}, headers=headers("k-1")
+            ).status_code
+            for _ in range(2)
+        ]
     assert answers == [500, 500] and calls["payout"] == 2
 
 
@@ -140,10 +169,13 @@ def test_compensate_is_deduplicated_by_its_own_key() -> None:
     undo_headers = headers("k-1/compensate", **{"x-sluice-dispatch-idempotency-key": "k-1"})
     body = {"args": {"to": "ann", "amount": 5}, "external_ref": "p-1"}
     with AppServer(payments(MemoryStore(), calls)) as tool:
-        undone = [httpx.post(f"{tool.url}/pay/out/compensate/p-1", json=body, headers=undo_headers)
-                  for _ in range(2)]
-        impossible = httpx.post(f"{tool.url}/pay/out/compensate/never", json=body,
-                                headers=headers("k-2/compensate"))
+        undone = [
+            httpx.post(f"{tool.url}/pay/out/compensate/p-1", json=body, headers=undo_headers)
+            for _ in range(2)
+        ]
+        impossible = httpx.post(
+            f"{tool.url}/pay/out/compensate/never", json=body, headers=headers("k-2/compensate")
+        )
     assert [u.status_code for u in undone] == [200, 200]
     assert undone[0].json() == {"id": "rev-p-1", "undid": "k-1", "args": body["args"]}
     assert undone[1].headers["idempotent-replayed"] == "true"
@@ -172,8 +204,11 @@ def test_unsafe_declarations_are_refused_when_decorated() -> None:
 def test_the_printed_catalog_is_what_the_server_loaded(client: sluice.Client) -> None:
     printed = tomllib.loads(toolbox.catalog("http://127.0.0.1:9"))["tool"]
     wire = next(tool for tool in printed if tool["name"] == "bank/wire")
-    assert wire["dispatch"] == {"url": "http://127.0.0.1:9/bank/wire", "reference_pointer": "/id",
-                                "in_progress_status": [409]}
+    assert wire["dispatch"] == {
+        "url": "http://127.0.0.1:9/bank/wire",
+        "reference_pointer": "/id",
+        "in_progress_status": [409],
+    }
     assert wire["status_check"]["url"] == "http://127.0.0.1:9/bank/wire/by-key/{business_key}"
     assert wire["compensate"]["url"] == "http://127.0.0.1:9/bank/wire/compensate/{external_ref}"
     assert wire["schema"]["required"] == ["account", "amount_minor", "memo"]

@@ -81,7 +81,9 @@ def refund(order: str, amount_minor: int) -> dict[str, Any]:
 
 def find_wire(business_key: str) -> dict[str, Any] | list[dict[str, Any]] | None:
     with world.lock:
-        found = [w for w in world.wires.values() if w["business_key"] == business_key and w["standing"]]
+        found = [
+            w for w in world.wires.values() if w["business_key"] == business_key and w["standing"]
+        ]
     return found or None
 
 
@@ -109,8 +111,13 @@ def wire(account: str, amount_minor: int, memo: str, call: Call) -> dict[str, An
         raise Refused("amount_minor must be positive")
     ref = f"w-{world.count('bank/wire')}"
     with world.lock:
-        world.wires[ref] = {"id": ref, "account": account, "amount_minor": amount_minor,
-                            "business_key": call.business_key, "standing": True}
+        world.wires[ref] = {
+            "id": ref,
+            "account": account,
+            "amount_minor": amount_minor,
+            "business_key": call.business_key,
+            "standing": True,
+        }
     return {"id": ref, "account": account, "amount_minor": amount_minor}
 
 

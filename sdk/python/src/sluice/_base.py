@@ -7,7 +7,7 @@ import os
 import threading
 import uuid
 from collections.abc import Mapping
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from . import _protocol as proto
@@ -72,6 +72,15 @@ def tools_conversation(retries: proto.Retries) -> proto.Conversation[Catalog]:
     return Catalog.from_json(body)
 
 
+def schedule(delay: float | timedelta | None, at: datetime | None) -> dict[str, Any]:
+    """The submission fields of an effect due after ``delay`` or at ``at`` (exactly one)."""
+    if delay is not None and at is None:
+        return {"delay_ms": delay_ms(delay)}
+    if at is not None and delay is None:
+        return {"not_before": rfc3339(at)}
+    raise ValueError("give exactly one of delay or at")
+
+
 def delay_ms(delay: float | timedelta) -> int:
     seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
     if seconds < 0:
@@ -82,7 +91,7 @@ def delay_ms(delay: float | timedelta) -> int:
 def rfc3339(at: datetime) -> str:
     if at.tzinfo is None:
         raise ValueError("`at` must be timezone-aware (e.g. datetime.now(timezone.utc))")
-    utc = at.astimezone(timezone.utc)
+    utc = at.astimezone(UTC)
     return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
 
 

@@ -59,7 +59,7 @@ def check_tool_name(name: str) -> str:
 
 
 def resolve_tool(name: str, default_namespace: str) -> str:
-    """A qualified name as it is; a bare name placed in ``default_namespace`` (as the server does)."""
+    """A qualified name as it is; a bare name placed in ``default_namespace``."""
     return check_tool_name(name if "/" in name else f"{default_namespace}/{name}")
 
 

@@ -254,25 +254,26 @@ def effect_error(effect: Effect) -> EffectError | None:
         return EffectFailed(
             effect,
             f"{what}: {effect.last_error or 'the upstream refused it'}",
-            f"fix the cause, then `sluice replay {run} {key} --reason \"...\"` (try "
+            f'fix the cause, then `sluice replay {run} {key} --reason "..."` (try '
             "`--dry-run` first); or make a new call at a new journal position (run.decide()).",
         )
     if status == "STUCK":
         return EffectStuck(
             effect,
-            f"{what}: Sluice cannot tell whether it committed ({effect.last_error or 'no evidence'})"
+            f"{what}: Sluice cannot tell whether it committed "
+            f"({effect.last_error or 'no evidence'})"
             " and will not retry blindly",
             f"look it up upstream ({show} has the evidence), then settle it: "
-            f"`sluice resolve {run} {key} --outcome confirmed --evidence <ref> --reason \"...\"` "
+            f'`sluice resolve {run} {key} --outcome confirmed --evidence <ref> --reason "..."` '
             f"or `--outcome failed`; or `sluice replay {run} {key} --evidence <proof it did not "
-            "commit> --reason \"...\"`. Re-driving the agent then returns the outcome.",
+            'commit> --reason "..."`. Re-driving the agent then returns the outcome.',
         )
     if status == "BLOCKED":
         return AwaitingApproval(
             effect,
             f"{what}: its policy needs a person's approval; nothing has run",
-            f"`sluice approve {run} {key} --reason \"...\"` (or `sluice reject {run} {key} "
-            "--reason \"...\"`), then re-drive the agent, or wait for it with run.wait(...).",
+            f'`sluice approve {run} {key} --reason "..."` (or `sluice reject {run} {key} '
+            '--reason "..."`), then re-drive the agent, or wait for it with run.wait(...).',
         )
     if status == "CANCELLED":
         return EffectCancelled(
@@ -303,11 +304,13 @@ _HINTS = {
     401: "give the client a token: Client(token=...) or SLUICE_TOKEN (`sluice dev` prints one).",
     403: "use a token whose role may do this; an agent acts only in runs it submitted itself.",
     422: "fix the request: details name each failing JSON pointer.",
-    503: "the server is overloaded or its ledger is unavailable; nothing was recorded. Retry later.",
+    503: "the server is overloaded or its ledger is unavailable; nothing was recorded: retry.",
 }
 
 
-def error_from(answer: Answer, run_id: str | None = None, command_key: str | None = None) -> ApiError:
+def error_from(
+    answer: Answer, run_id: str | None = None, command_key: str | None = None
+) -> ApiError:
     """The typed error of an answer that is not a success."""
     error = answer.body.get("error") if isinstance(answer.body, dict) else None
     if isinstance(error, dict):
@@ -348,9 +351,7 @@ def error_from(answer: Answer, run_id: str | None = None, command_key: str | Non
             hint = "another agent's command already holds this effect; do not submit it again."
     elif status == 503:
         kind = Unavailable
-    return kind(
-        status, code, message, details, run_id=run_id, command_key=command_key, hint=hint
-    )
+    return kind(status, code, message, details, run_id=run_id, command_key=command_key, hint=hint)
 
 
 def call(

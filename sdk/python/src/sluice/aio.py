@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import httpx
 
 from . import _protocol as proto
-from ._base import DEFAULT_WAIT, ClientConfig, RunCore, delay_ms, rfc3339, tools_conversation
+from ._base import DEFAULT_WAIT, ClientConfig, RunCore, schedule, tools_conversation
 from ._context import current_run
 from .catalog import Catalog, ToolDescription
 from .client import Client
@@ -53,7 +53,10 @@ class AsyncClient:
         return self
 
     async def __aexit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         await self.aclose()
 
@@ -146,7 +149,10 @@ class AsyncRun:
         return self
 
     async def __aexit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         current_run.reset(self._tokens.pop())
 
@@ -155,7 +161,9 @@ class AsyncRun:
         return self._core.decide()
 
     async def _position(self, tool: str) -> Any:
-        catalog = None if "/" in tool else (self.client._config.catalog or await self.client.tools())
+        catalog = (
+            None if "/" in tool else (self.client._config.catalog or await self.client.tools())
+        )
         return self._core.position(catalog, tool)
 
     async def invoke(self, declaration: Declaration, args: Mapping[str, Any]) -> Effect:
@@ -164,7 +172,9 @@ class AsyncRun:
             await self.client.acheck(declaration)
         return await self.call(declaration.tool, args, wait=declaration.wait)
 
-    async def call(self, tool: str, args: Mapping[str, Any], *, wait: float | None = None) -> Effect:
+    async def call(
+        self, tool: str, args: Mapping[str, Any], *, wait: float | None = None
+    ) -> Effect:
         """See :meth:`sluice.Run.call`."""
         key = await self._position(tool)
         return proto.outcome(await self.client.drive(self._core.submit(key, args, wait)))
@@ -178,11 +188,9 @@ class AsyncRun:
         at: datetime | None = None,
     ) -> Effect:
         """See :meth:`sluice.Run.schedule_effect`."""
-        if (delay is None) == (at is None):
-            raise ValueError("give exactly one of delay or at")
+        when = schedule(delay, at)
         key = await self._position(tool)
-        schedule = {"delay_ms": delay_ms(delay)} if delay is not None else {"not_before": rfc3339(at)}  # type: ignore[arg-type]
-        return await self.client.drive(self._core.submit(key, args, 0, **schedule))
+        return await self.client.drive(self._core.submit(key, args, 0, **when))
 
     async def get_scheduled_effects(self, tool: str | None = None) -> list[Effect]:
         return await self.client.drive(self._core.listing("/scheduled", tool=tool))
@@ -215,14 +223,18 @@ class AsyncRun:
     async def rollback_progress(self) -> RollbackProgress:
         return await self.client.drive(self._core.rollback_progress())
 
-    async def wait_rolled_back(self, timeout: float = 60.0, interval: float = 0.2) -> RollbackProgress:
+    async def wait_rolled_back(
+        self, timeout: float = 60.0, interval: float = 0.2
+    ) -> RollbackProgress:
         deadline = time.monotonic() + timeout
         while True:
             progress = await self.rollback_progress()
             if progress.done:
                 return progress
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"rollback of {self.run_id} not done after {timeout} s: {progress}")
+                raise TimeoutError(
+                    f"rollback of {self.run_id} not done after {timeout} s: {progress}"
+                )
             await asyncio.sleep(interval)
 
 

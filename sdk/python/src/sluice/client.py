@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import httpx
 
 from . import _protocol as proto
-from ._base import DEFAULT_WAIT, ClientConfig, RunCore, delay_ms, rfc3339, tools_conversation
+from ._base import DEFAULT_WAIT, ClientConfig, RunCore, schedule, tools_conversation
 from ._context import current_run
 from .catalog import Catalog, ToolDescription
 from .effects import Declaration
@@ -57,7 +57,10 @@ class Client:
         return self
 
     def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
 
@@ -143,7 +146,10 @@ class Run:
         return self
 
     def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         current_run.reset(self._tokens.pop())
 
@@ -178,17 +184,17 @@ class Run:
     ) -> Effect:
         """Records an effect to run after ``delay`` (seconds or a timedelta) or at ``at``; returns
         it SCHEDULED at once. It takes a journal position like any call."""
-        if (delay is None) == (at is None):
-            raise ValueError("give exactly one of delay or at")
+        when = schedule(delay, at)
         key = self._core.position(self._catalog_for(tool), tool)
-        schedule = {"delay_ms": delay_ms(delay)} if delay is not None else {"not_before": rfc3339(at)}  # type: ignore[arg-type]
-        return self.client.drive(self._core.submit(key, args, 0, **schedule))
+        return self.client.drive(self._core.submit(key, args, 0, **when))
 
     def get_scheduled_effects(self, tool: str | None = None) -> list[Effect]:
         """The run's SCHEDULED effects, earliest first."""
         return self.client.drive(self._core.listing("/scheduled", tool=tool))
 
-    def remove_scheduled_effect(self, command_key: str | Effect, reason: str | None = None) -> Effect:
+    def remove_scheduled_effect(
+        self, command_key: str | Effect, reason: str | None = None
+    ) -> Effect:
         """Cancels an effect that has not started; returns it CANCELLED. Raises
         :class:`~sluice.errors.Conflict` if it already started."""
         key = command_key.command_key if isinstance(command_key, Effect) else command_key
@@ -230,7 +236,9 @@ class Run:
             if progress.done:
                 return progress
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"rollback of {self.run_id} not done after {timeout} s: {progress}")
+                raise TimeoutError(
+                    f"rollback of {self.run_id} not done after {timeout} s: {progress}"
+                )
             time.sleep(interval)
 
 
@@ -239,4 +247,3 @@ def _json(response: httpx.Response) -> Any:
         return response.json()
     except ValueError:
         return response.text
-

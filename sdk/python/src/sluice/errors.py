@@ -30,7 +30,7 @@ class NoActiveRun(SluiceError, RuntimeError):
 
 
 class DeclarationError(SluiceError, TypeError):
-    """A decorated tool does not match what the server's catalog declares (refused before any call)."""
+    """A decorated tool does not match the server's catalog (refused before any call)."""
 
 
 # --- the effect's outcome --------------------------------------------------------------------
@@ -69,11 +69,11 @@ class EffectError(SluiceError):
 
 
 class EffectFailed(EffectError):
-    """FAILED: the upstream refused the effect (a 4xx), or it ran out of attempts without committing."""
+    """FAILED: the upstream refused the effect (a 4xx), or it ran out of attempts uncommitted."""
 
 
 class EffectStuck(EffectError):
-    """STUCK: Sluice cannot tell whether the effect committed and will not guess; a person decides."""
+    """STUCK: Sluice cannot tell whether the effect committed and will not guess: a person does."""
 
 
 class AwaitingApproval(EffectError):

@@ -173,7 +173,8 @@ class ToolApp:
         return decorate
 
     def _check(self, spec: ToolSpec) -> None:
-        where = f"ToolApp.tool({spec.name!r}) on {getattr(spec.function, '__qualname__', spec.function)}()"
+        function = getattr(spec.function, "__qualname__", spec.function)
+        where = f"ToolApp.tool({spec.name!r}) on {function}()"
         try:
             check_tool_name(spec.name)
         except InvalidId as invalid:
@@ -244,7 +245,11 @@ class ToolApp:
                 "",
                 *_toml.table(
                     "[tool.dispatch]",
-                    {"url": base + spec.path, "reference_pointer": "/id", "in_progress_status": [409]},
+                    {
+                        "url": base + spec.path,
+                        "reference_pointer": "/id",
+                        "in_progress_status": [409],
+                    },
                 ),
             ]
             if spec.has_status_check:
@@ -305,7 +310,9 @@ class ToolApp:
     ) -> tuple[int, Any, list[tuple[bytes, bytes]]]:
         key = headers.get("idempotency-key")
         if not key:
-            return _error(400, "the Idempotency-Key header is required (Sluice sends it on every call)")
+            return _error(
+                400, "the Idempotency-Key header is required (Sluice sends it on every call)"
+            )
         try:
             args = json.loads(body or b"{}")
         except ValueError:
@@ -313,8 +320,9 @@ class ToolApp:
         if not isinstance(args, dict):
             return _error(400, "the body must be a JSON object of the arguments")
         business_key = headers.get("x-sluice-business-key") or _render(spec.business_key, args)
-        call = Call(key, headers.get("x-sluice-run-id"), headers.get("x-sluice-command-key"),
-                    business_key)
+        call = Call(
+            key, headers.get("x-sluice-run-id"), headers.get("x-sluice-command-key"), business_key
+        )
         record = Record(spec.name, key, _hash(args), IN_PROGRESS, business_key)
         taken = await self._take(record)
         if taken is not None:
@@ -342,16 +350,23 @@ class ToolApp:
         return _error(409, "a request with this Idempotency-Key is in progress; ask again later")
 
     async def _run(
-        self, tool: str, key: str, function: Callable[..., Any], arguments: dict[str, Any],
-        *, success: int,
+        self,
+        tool: str,
+        key: str,
+        function: Callable[..., Any],
+        arguments: dict[str, Any],
+        *,
+        success: int,
     ) -> tuple[int, Any, list[tuple[bytes, bytes]]]:
         try:
             result = await _invoke(function, arguments)
         except Refused as refused:
             answer = {"error": refused.message, "details": refused.details}
-            await anyio.to_thread.run_sync(self.store.finish, tool, key, refused.status, answer, None)
+            await anyio.to_thread.run_sync(
+                self.store.finish, tool, key, refused.status, answer, None
+            )
             return refused.status, answer, []
-        except Exception as failed:  # noqa: BLE001 - any failure leaves the outcome unknown
+        except Exception as failed:
             await anyio.to_thread.run_sync(self.store.doubt, tool, key)
             return _error(500, f"{type(failed).__name__}: {failed} (the outcome is unknown)")
         result = json.loads(json.dumps(result, default=str))
@@ -364,19 +379,33 @@ class ToolApp:
         self, spec: ToolSpec, by: str, value: str, headers: dict[str, str]
     ) -> tuple[int, Any, list[tuple[bytes, bytes]]]:
         business_key = value if by == "by-key" else headers.get("x-sluice-business-key")
-        idempotency_key = value if by == "by-idempotency-key" else headers.get("idempotency-key", "")
+        idempotency_key = (
+            value if by == "by-idempotency-key" else headers.get("idempotency-key", "")
+        )
         if spec.status is not None:
-            call = Call(idempotency_key, headers.get("x-sluice-run-id"),
-                        headers.get("x-sluice-command-key"), business_key)
-            offered = {"business_key": business_key, "idempotency_key": idempotency_key, "call": call}
+            call = Call(
+                idempotency_key,
+                headers.get("x-sluice-run-id"),
+                headers.get("x-sluice-command-key"),
+                business_key,
+            )
+            offered = {
+                "business_key": business_key,
+                "idempotency_key": idempotency_key,
+                "call": call,
+            }
             try:
                 found = await _invoke(spec.status, _pick(spec.status, offered))
-            except Exception as failed:  # noqa: BLE001 - a lookup that failed proves nothing
+            except Exception as failed:
                 return _error(503, f"lookup failed: {type(failed).__name__}: {failed}")
-            records = [] if found is None else list(found) if isinstance(found, list | tuple) else [found]
+            records = (
+                [] if found is None else list(found) if isinstance(found, list | tuple) else [found]
+            )
             return _lookup(records, durable=True)
         if by == "by-key" and business_key is not None:
-            stored = await anyio.to_thread.run_sync(self.store.by_business_key, spec.name, business_key)
+            stored = await anyio.to_thread.run_sync(
+                self.store.by_business_key, spec.name, business_key
+            )
         else:
             one = await anyio.to_thread.run_sync(self.store.get, spec.name, idempotency_key)
             stored = [one] if one is not None else []
@@ -391,11 +420,13 @@ class ToolApp:
         assert spec.compensate is not None  # routed only when declared
         key = headers.get("idempotency-key")
         if not key:
-            return _error(400, "the Idempotency-Key header is required (Sluice sends it on every call)")
+            return _error(
+                400, "the Idempotency-Key header is required (Sluice sends it on every call)"
+            )
         try:
             request = json.loads(body or b"{}")
         except ValueError:
-            return _error(400, "the body must be JSON: {\"args\": ..., \"external_ref\": ...}")
+            return _error(400, 'the body must be JSON: {"args": ..., "external_ref": ...}')
         args = request.get("args") if isinstance(request, dict) else None
         scope = spec.name + "#compensate"
         record = Record(scope, key, _hash([external_ref, args]), IN_PROGRESS)
@@ -403,12 +434,17 @@ class ToolApp:
         if taken is not None:
             # A compensation still running is "not now" (retried), never "impossible".
             return (503, *taken[1:]) if taken[0] == 409 else taken
-        call = Call(key, headers.get("x-sluice-run-id"), headers.get("x-sluice-command-key"),
-                    headers.get("x-sluice-business-key"),
-                    headers.get("x-sluice-dispatch-idempotency-key"))
+        call = Call(
+            key,
+            headers.get("x-sluice-run-id"),
+            headers.get("x-sluice-command-key"),
+            headers.get("x-sluice-business-key"),
+            headers.get("x-sluice-dispatch-idempotency-key"),
+        )
         offered = {"external_ref": external_ref, "args": args or {}, "call": call}
-        return await self._run(scope, key, spec.compensate, _pick(spec.compensate, offered),
-                               success=200)
+        return await self._run(
+            scope, key, spec.compensate, _pick(spec.compensate, offered), success=200
+        )
 
 
 def schema_of(function: Callable[..., Any]) -> dict[str, Any]:
@@ -434,7 +470,7 @@ def _hints(function: Callable[..., Any]) -> dict[str, Any]:
         import typing
 
         return typing.get_type_hints(function)
-    except Exception:  # noqa: BLE001 - unresolvable annotations just give no types
+    except Exception:
         return {}
 
 
@@ -460,7 +496,7 @@ async def _invoke(function: Callable[..., Any], arguments: dict[str, Any]) -> An
 
 
 def _render(template: str | None, args: dict[str, Any]) -> str | None:
-    """The business key from the arguments (Sluice sends it as a header; this is for other callers)."""
+    """The business key from the arguments (Sluice sends it as a header; this is for others)."""
     if template is None:
         return None
 
@@ -491,7 +527,11 @@ def _lookup(records: list[Any], *, durable: bool) -> tuple[int, Any, list[tuple[
     if len(records) == 1:
         return 200, records[0], []
     refs = [ref for ref in (_reference(r) for r in records) if ref is not None]
-    return 409, {"error": f"{len(records)} commits", "id": refs[0] if refs else None, "refs": refs}, []
+    return (
+        409,
+        {"error": f"{len(records)} commits", "id": refs[0] if refs else None, "refs": refs},
+        [],
+    )
 
 
 def _error(status: int, message: str) -> tuple[int, Any, list[tuple[bytes, bytes]]]:

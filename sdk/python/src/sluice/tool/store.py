@@ -69,9 +69,7 @@ class IdempotencyStore(Protocol):
         """``in_doubt`` → ``in_progress``; False if the record is not ``in_doubt``."""
         ...
 
-    def finish(
-        self, tool: str, key: str, status: int, body: Any, external_ref: str | None
-    ) -> None:
+    def finish(self, tool: str, key: str, status: int, body: Any, external_ref: str | None) -> None:
         """``in_progress`` → ``done`` with the answer."""
         ...
 
@@ -110,16 +108,20 @@ class MemoryStore:
         return self._move(tool, key, IN_DOUBT, state=IN_PROGRESS)
 
     def finish(self, tool: str, key: str, status: int, body: Any, external_ref: str | None) -> None:
-        self._move(tool, key, IN_PROGRESS, state=DONE, status=status, body=body,
-                   external_ref=external_ref)
+        self._move(
+            tool, key, IN_PROGRESS, state=DONE, status=status, body=body, external_ref=external_ref
+        )
 
     def doubt(self, tool: str, key: str) -> None:
         self._move(tool, key, IN_PROGRESS, state=IN_DOUBT)
 
     def by_business_key(self, tool: str, business_key: str) -> list[Record]:
         with self._lock:
-            found = [r for r in self._records.values()
-                     if r.tool == tool and r.business_key == business_key]
+            found = [
+                r
+                for r in self._records.values()
+                if r.tool == tool and r.business_key == business_key
+            ]
         return sorted(found, key=lambda r: r.created_at)
 
     def get(self, tool: str, key: str) -> Record | None:
@@ -173,9 +175,16 @@ class SQLiteStore:
     def begin(self, record: Record) -> Record | None:
         with self._lock:
             inserted = self._db.execute(
-                f"INSERT OR IGNORE INTO sluice_tool_keys ({_COLUMNS}) VALUES (?,?,?,?,?,NULL,NULL,NULL,?)",
-                (record.tool, record.key, record.args_hash, IN_PROGRESS, record.business_key,
-                 time.time()),
+                f"INSERT OR IGNORE INTO sluice_tool_keys ({_COLUMNS}) "
+                "VALUES (?,?,?,?,?,NULL,NULL,NULL,?)",
+                (
+                    record.tool,
+                    record.key,
+                    record.args_hash,
+                    IN_PROGRESS,
+                    record.business_key,
+                    time.time(),
+                ),
             ).rowcount
             if inserted:
                 return None
@@ -183,10 +192,12 @@ class SQLiteStore:
 
     def retake(self, tool: str, key: str) -> bool:
         with self._lock:
-            return bool(self._db.execute(
-                "UPDATE sluice_tool_keys SET state=? WHERE tool=? AND key=? AND state=?",
-                (IN_PROGRESS, tool, key, IN_DOUBT),
-            ).rowcount)
+            return bool(
+                self._db.execute(
+                    "UPDATE sluice_tool_keys SET state=? WHERE tool=? AND key=? AND state=?",
+                    (IN_PROGRESS, tool, key, IN_DOUBT),
+                ).rowcount
+            )
 
     def finish(self, tool: str, key: str, status: int, body: Any, external_ref: str | None) -> None:
         with self._lock:
