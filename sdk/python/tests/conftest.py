@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import toolbox
-from servers import AppServer, SluiceDev
 
 import sluice
+
+import toolbox
+from servers import AppServer, SluiceDev
 
 
 @pytest.fixture(scope="session")

@@ -7,10 +7,11 @@ import asyncio
 from typing import Any
 
 import pytest
-from servers import SluiceDev
-from toolbox import World
 
 import sluice
+
+from servers import SluiceDev
+from toolbox import World
 
 
 @sluice.effect(tool="shop/notify")

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from servers import SluiceDev
-from toolbox import World
 
 import sluice
+
+from servers import SluiceDev
+from toolbox import World
 
 
 def intent() -> dict[str, Any]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from servers import SluiceDev
-from toolbox import World
 
 import sluice
+
+from servers import SluiceDev
+from toolbox import World
 
 
 @sluice.effect(tool="shop/notify")

@@ -7,10 +7,11 @@ import shlex
 from typing import Any
 
 import pytest
-from servers import SluiceDev
-from toolbox import World
 
 import sluice
+
+from servers import SluiceDev
+from toolbox import World
 
 
 @sluice.effect(tool="shop/refund")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from servers import REPO, SLUICE_BIN, SluiceDev
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from toolbox import World
 
 import sluice
+
+from toolbox import World
 
 
 def test_an_agent_rolls_back_its_own_run(client: sluice.Client, run_id: str, world: World) -> None:

@@ -3,6 +3,8 @@ status by business key, compensation, refusals at decoration, and the catalog it
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import tomllib
 from collections import Counter
@@ -12,11 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
-import toolbox
-from servers import AppServer
 
 import sluice
 from sluice.tool import Call, MemoryStore, Refused, SQLiteStore, ToolApp
+
+import toolbox
+from servers import AppServer
 
 
 def headers(key: str, business_key: str | None = None, **extra: str) -> dict[str, str]:
@@ -223,3 +226,17 @@ def test_the_printed_catalog_is_what_the_server_loaded(client: sluice.Client) ->
         assert described.description == tool["description"]
         assert described.args_schema == tool["schema"]
     assert served.tools["shop/refund"].requires_approval
+    assert served.get("refund") == served.tools["shop/refund"]  # bare: the default namespace
+
+
+def test_the_catalog_entries_are_printed_from_the_command_line() -> None:
+    printed = subprocess.run(
+        [sys.executable, "-m", "sluice.tool", "toolbox:app", "http://127.0.0.1:9"],
+        cwd=Path(__file__).parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == toolbox.app.catalog_toml("http://127.0.0.1:9")
+    assert tomllib.loads(printed.stdout)["tool"][0]["name"] == "shop/notify"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -71,6 +72,13 @@ def open_ticket(title: str) -> dict[str, Any]:
     with world.lock:
         world.tickets[ref] = {"title": title, "open": True}
     return {"id": ref, "title": title}
+
+
+@app.tool("shop/slow", semantics=IDEMPOTENT)
+def slow(seconds: float) -> dict[str, Any]:
+    """Take a while"""
+    time.sleep(seconds)
+    return {"id": f"s-{world.count('shop/slow')}", "slept": seconds}
 
 
 @app.tool("shop/refund", semantics=IDEMPOTENT, policy={"requires_approval": True})

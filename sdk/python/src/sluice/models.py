@@ -42,10 +42,9 @@ class Effect:
         return cls(
             run_id=body["run_id"],
             command_key=body["command_key"],
-            idempotency_key=body.get("idempotency_key")
-            or f"{body['run_id']}/{body['command_key']}",
-            tool=body.get("tool") or body["command_key"].split("/", 1)[1].rsplit("/", 1)[0],
-            status=body.get("status") or body["command_status"],
+            idempotency_key=body["idempotency_key"],
+            tool=body["tool"],
+            status=body["status"],
             args=body.get("args") or {},
             result=body.get("result"),
             external_ref=body.get("external_ref"),
