@@ -18,7 +18,15 @@ fail_setup() {
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
   || fail_setup "python3 is $(python3 --version 2>&1); the SDK needs 3.11 or newer"
 if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv" || fail_setup "could not create the virtualenv $venv"
+  rm -rf "$venv"
+  if ! python3 -m venv "$venv"; then
+    # Debian's python3 leaves venv (ensurepip) to a package of its own.
+    rm -rf "$venv"
+    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    fi
+    python3 -m venv "$venv" || fail_setup "could not create the virtualenv $venv (install python3-venv)"
+  fi
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip \
   || fail_setup "could not upgrade pip in $venv"

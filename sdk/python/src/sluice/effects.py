@@ -25,7 +25,7 @@ import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 from ._context import current_run
 from ._ids import InvalidId, check_tool_name
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from .client import Client, Run
 
 P = ParamSpec("P")
-R = TypeVar("R")
 
 
 @dataclass(frozen=True)
