@@ -1,0 +1,104 @@
+"""What the server answers, as typed values: a command (:class:`Effect`) and rollback progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Statuses that end a command.
+TERMINAL = frozenset(
+    {"CONFIRMED", "FAILED", "CANCELLED", "COMPENSATED", "COMPENSATION_FAILED", "NO_COMPENSATION"}
+)
+#: Statuses a long poll returns on: terminal, or waiting for a person.
+SETTLED = TERMINAL | {"STUCK", "BLOCKED"}
+#: Statuses of an effect that was undone, or should have been and could not be.
+ROLLED_BACK = frozenset({"COMPENSATING", "COMPENSATED", "COMPENSATION_FAILED", "NO_COMPENSATION"})
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One command as the ledger holds it (``Command`` in schemas/openapi.yaml).
+
+    ``result`` is the upstream's answer to the dispatch (its JSON body) once CONFIRMED;
+    ``external_ref`` the reference the upstream gave the effect (e.g. a wire id). ``raw`` is the
+    whole command as the server sent it.
+    """
+
+    run_id: str
+    command_key: str
+    idempotency_key: str
+    tool: str
+    status: str
+    args: dict[str, Any] = field(default_factory=dict)
+    result: Any = None
+    external_ref: str | None = None
+    last_error: str | None = None
+    escalated: bool = False
+    not_before: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Effect:
+        return cls(
+            run_id=body["run_id"],
+            command_key=body["command_key"],
+            idempotency_key=body["idempotency_key"],
+            tool=body["tool"],
+            status=body["status"],
+            args=body.get("args") or {},
+            result=body.get("result"),
+            external_ref=body.get("external_ref"),
+            last_error=body.get("last_error"),
+            escalated=bool(body.get("escalated", False)),
+            not_before=body.get("not_before"),
+            raw=body,
+        )
+
+    @property
+    def settled(self) -> bool:
+        """Terminal, or waiting for a person (STUCK, BLOCKED)."""
+        return self.status in SETTLED
+
+
+@dataclass(frozen=True)
+class RollbackStep:
+    """One command of a rollback, in compensation order."""
+
+    command_key: str
+    tool: str
+    status: str
+    escalated: bool
+    compensation: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class RollbackProgress:
+    """Where a run's rollback stands. ``done`` once nothing is left to compensate."""
+
+    run_id: str
+    done: bool
+    counts: dict[str, int]
+    commands: list[RollbackStep]
+
+    @classmethod
+    def from_json(cls, run_id: str, progress: dict[str, Any]) -> RollbackProgress:
+        return cls(
+            run_id=run_id,
+            done=bool(progress["done"]),
+            counts=dict(progress.get("counts", {})),
+            commands=[
+                RollbackStep(
+                    command_key=step["command_key"],
+                    tool=step["tool"],
+                    status=step["status"],
+                    escalated=bool(step["escalated"]),
+                    compensation=step.get("compensation"),
+                )
+                for step in progress.get("commands", [])
+            ],
+        )
+
+    @property
+    def escalated(self) -> list[RollbackStep]:
+        """Commands a person must look at (nothing could undo them, or undoing failed)."""
+        return [step for step in self.commands if step.escalated]

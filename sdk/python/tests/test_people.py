@@ -1,0 +1,90 @@
+"""Outcomes that wait for a person — BLOCKED for approval, STUCK without evidence — surface as
+their exceptions, whose remedies are console command lines that work as printed."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import pytest
+
+import sluice
+
+from servers import SluiceDev
+from toolbox import World
+
+
+@sluice.effect(tool="shop/refund")
+def refund(order: str, amount_minor: int) -> dict[str, Any]:
+    return {"order": order, "amount_minor": amount_minor}
+
+
+@sluice.outbox_tool(tool="bank/flaky")
+def flaky(ref: str) -> dict[str, Any]:
+    return {"ref": ref}
+
+
+def console_line(remedy: str, start: str) -> list[str]:
+    """The `sluice …` command of a remedy that begins with `start`, as a person would copy it."""
+    for quoted in remedy.split("`")[1::2]:
+        if quoted.startswith(start):
+            return shlex.split(quoted.replace('"..."', '"checked by the test"'))[1:]
+    raise AssertionError(f"no `{start}` in {remedy!r}")
+
+
+def test_awaiting_approval_then_approved_returns_the_result_on_re_drive(
+    server: SluiceDev, client: sluice.Client, run_id: str, world: World
+) -> None:
+    before = world.calls["shop/refund"]
+    with client.run(run_id), pytest.raises(sluice.AwaitingApproval) as blocked:
+        refund("o-1", 2500)
+    error = blocked.value
+    assert (error.status, error.run_id, error.command_key) == (
+        "BLOCKED",
+        run_id,
+        "d-1/shop/refund/0",
+    )
+    assert world.calls["shop/refund"] == before  # nothing ran
+    approve = console_line(error.remedy, "sluice approve")
+    assert approve[:3] == ["approve", run_id, "d-1/shop/refund/0"]
+    done = server.console(*approve)
+    assert done.returncode == 0, done.stderr
+    with client.run(run_id):
+        result = refund("o-1", 2500)  # re-driven: the same position, now approved
+    assert result["order"] == "o-1" and result["id"].startswith("rf-")
+    assert world.calls["shop/refund"] == before + 1
+
+
+def test_waiting_for_an_approval_in_the_same_run(
+    server: SluiceDev, client: sluice.Client, run_id: str
+) -> None:
+    with client.run(run_id) as run:
+        with pytest.raises(sluice.AwaitingApproval) as blocked:
+            run.call("shop/refund", {"order": "o-2", "amount_minor": 10})
+        server.console(*console_line(blocked.value.remedy, "sluice reject"))
+        with pytest.raises(sluice.EffectCancelled) as rejected:
+            run.wait(blocked.value.command_key, timeout=10)
+    assert rejected.value.status == "CANCELLED"
+
+
+def test_a_stuck_effect_surfaces_with_the_resolve_command(
+    server: SluiceDev, client: sluice.Client, run_id: str, world: World
+) -> None:
+    before = world.calls["bank/flaky"]
+    with client.run(run_id), pytest.raises(sluice.EffectStuck) as stuck:
+        flaky("f-1")
+    error = stuck.value
+    assert (error.status, error.command_key) == ("STUCK", "d-1/bank/flaky/0")
+    assert error.effect.escalated
+    # Never retried blindly: the bank was called once.
+    assert world.calls["bank/flaky"] == before + 1
+    resolve = console_line(error.remedy, "sluice resolve")
+    assert resolve[:3] == ["resolve", run_id, "d-1/bank/flaky/0"]
+    resolve = [arg.replace("<ref>", "w-from-statement") for arg in resolve]
+    done = server.console(*resolve)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # A person confirmed it from the bank statement: the re-driven agent gets on with it.
+    with client.run(run_id) as run:
+        effect = run.call("bank/flaky", {"ref": "f-1"})
+    assert (effect.status, effect.external_ref) == ("CONFIRMED", "w-from-statement")
+    assert world.calls["bank/flaky"] == before + 1
