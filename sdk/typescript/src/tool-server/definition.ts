@@ -32,7 +32,12 @@ export interface CompensateRequest<Args> {
 }
 
 /** A JSON value, as the catalog's TOML can hold it. */
-export type JsonValue = string | number | boolean | JsonValue[] | { [key: string]: JsonValue };
+export type JsonValue =
+  | string
+  | number
+  | boolean
+  | readonly JsonValue[]
+  | { readonly [key: string]: JsonValue };
 
 /** The `[tool.policy]` keys of the catalog (deploy/catalog.toml documents each). */
 export interface CatalogPolicy {
@@ -64,7 +69,7 @@ export interface ToolDefinition<Args extends Record<string, unknown>, Result> {
   description?: string;
   semantics: Semantics;
   /** The JSON Schema of the arguments (`type: "object"`); Sluice validates every submission. */
-  schema: { [key: string]: JsonValue };
+  schema: { readonly [key: string]: JsonValue };
   /**
    * The template of the key the effect is known by (`"{account}:{amount_minor}:{date}"`),
    * over required argument fields. Sluice keeps one command per business key, and
