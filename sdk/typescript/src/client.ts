@@ -9,7 +9,8 @@
  *   recorded, never a second effect; reads, removals and rollbacks are idempotent.
  * - Command keys travel percent-encoded as one path segment.
  * - `submit` with a wait returns only a settled command (terminal, STUCK or BLOCKED) or throws
- *   {@link EffectTimeoutError}: it uses `Prefer: wait`, then long-polls the `Location`.
+ *   {@link EffectTimeoutError}: it uses `Prefer: wait`, and on a 202 long-polls the command
+ *   (`GET …/effects/{command_key}?wait=`, the resource the answer's `Location` names).
  */
 
 import { setTimeout as sleep } from "node:timers/promises";
@@ -76,7 +77,6 @@ const DEFAULT_TIMEOUT_MS = 300_000;
 
 interface Answer<T> {
   status: number;
-  headers: Headers;
   body: T;
 }
 
@@ -164,8 +164,7 @@ export class SluiceClient {
     if (wait === false || answer.status !== 202 || isSettled(answer.body.status)) {
       return answer.body;
     }
-    const location = answer.headers.get("location") ?? undefined;
-    return this.#poll(answer.body, location, started, wait);
+    return this.#poll(answer.body, started, wait);
   }
 
   /**
@@ -185,7 +184,7 @@ export class SluiceClient {
    */
   async waitForEffect(runId: string, commandKey: string, wait: WaitOptions = {}): Promise<Command> {
     const command = await this.getEffect(runId, commandKey);
-    return isSettled(command.status) ? command : this.#poll(command, undefined, Date.now(), wait);
+    return isSettled(command.status) ? command : this.#poll(command, Date.now(), wait);
   }
 
   /** A run's commands in journal order, optionally only those with `status` or `tool`. */
@@ -247,19 +246,13 @@ export class SluiceClient {
     return answer.body.progress;
   }
 
-  async #poll(
-    command: Command,
-    location: string | undefined,
-    started: number,
-    wait: WaitOptions,
-  ): Promise<Command> {
+  /** Long-polls `command` until it is settled or `timeoutMs` (counted from `started`) ran out. */
+  async #poll(command: Command, started: number, wait: WaitOptions): Promise<Command> {
     const timeoutMs = wait.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     const pollSeconds = wait.pollSeconds ?? DEFAULT_POLL_SECONDS;
-    // The server's Location names the command; the path built from its keys is the same
-    // resource, spelled with the command key as one encoded segment.
-    const path = location
-      ? new URL(location, this.url).pathname
-      : effectPath(command.run_id, command.command_key);
+    // Built from the command's keys rather than taken from `Location`, which the server
+    // spells with the command key's slashes unencoded: the same resource, one segment.
+    const path = effectPath(command.run_id, command.command_key);
     let current = command;
     while (!isSettled(current.status)) {
       const leftMs = timeoutMs - (Date.now() - started);
@@ -310,7 +303,7 @@ export class SluiceClient {
       }
       const text = await response.text();
       if (accept.includes(response.status)) {
-        return { status: response.status, headers: response.headers, body: parse(text) as T };
+        return { status: response.status, body: parse(text) as T };
       }
       if (response.status === 503 && !last) {
         await sleep(this.#backoff(attempt, response.headers.get("retry-after")));

@@ -39,29 +39,36 @@ policy_version = "sdk-test-1"
 max_clock_skew_ms = 100
 `;
 
-/** Starts `sluice dev` with `catalog` (TOML) and the test tokens; resolves once it serves. */
-export async function startSluice(catalog: string): Promise<SluiceProcess> {
+/** Configuration sections and keys (README, "Configuration") over the tests' defaults. */
+export type Settings = Record<string, Record<string, string | number | boolean>>;
+
+/**
+ * Starts `sluice dev` with `catalog` (TOML), the test tokens and `settings`; resolves once it
+ * serves.
+ */
+export async function startSluice(catalog: string, settings: Settings = {}): Promise<SluiceProcess> {
   const dir = mkdtempSync(join(tmpdir(), "sluice-ts-"));
   writeFileSync(join(dir, "catalog.toml"), catalog);
-  const tokens = Object.entries({ "agent-a": ["agent", TOKENS.agentA], "agent-b": ["agent", TOKENS.agentB], "admin-1": ["admin", TOKENS.admin] })
-    .map(([name, [role, token]]) => `[[auth.tokens]]\nname = "${name}"\nrole = "${role}"\ntoken = "${token}"\n`)
-    .join("");
-  writeFileSync(
-    join(dir, "sluice.toml"),
-    `[ledger]
-data_dir = ${JSON.stringify(join(dir, "data"))}
-durability = "normal"
-[catalog]
-path = ${JSON.stringify(join(dir, "catalog.toml"))}
-[producer]
-listen = "127.0.0.1:0"
-[reconciler]
-sweep_interval_ms = 200
-[telemetry]
-log_format = "json"
-log_level = "info"
-${tokens}`,
+  const sections: Settings = {
+    ledger: { data_dir: join(dir, "data"), durability: "normal" },
+    catalog: { path: join(dir, "catalog.toml") },
+    producer: { listen: "127.0.0.1:0" },
+    reconciler: { sweep_interval_ms: 200 },
+    telemetry: { log_format: "json", log_level: "info" },
+  };
+  for (const [section, keys] of Object.entries(settings)) {
+    sections[section] = { ...sections[section], ...keys };
+  }
+  const tokens = [
+    ["agent-a", "agent", TOKENS.agentA],
+    ["agent-b", "agent", TOKENS.agentB],
+    ["admin-1", "admin", TOKENS.admin],
+  ].map(([name, role, token]) => `[[auth.tokens]]\nname = "${name}"\nrole = "${role}"\ntoken = "${token}"\n`);
+  const config = Object.entries(sections).map(
+    ([section, keys]) =>
+      `[${section}]\n${Object.entries(keys).map(([key, value]) => `${key} = ${JSON.stringify(value)}\n`).join("")}`,
   );
+  writeFileSync(join(dir, "sluice.toml"), [...config, ...tokens].join(""));
   const child = spawn(SLUICE_BIN, ["dev", "-c", join(dir, "sluice.toml")], {
     stdio: ["ignore", "pipe", "pipe"],
     env: { ...process.env, SLUICE_URL: "", SLUICE_TOKEN: "" },
