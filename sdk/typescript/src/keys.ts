@@ -75,7 +75,7 @@ export function parseCommandKey(key: string): CommandKeyParts | undefined {
   if (match === null) {
     return undefined;
   }
-  const [, decision, tool, callIdx] = match as unknown as [string, string, string, string];
+  const [, decision = "", tool = "", callIdx = ""] = match;
   const parts = { decision: Number(decision), tool, callIdx: Number(callIdx) };
   return parts.decision <= MAX_POSITION && parts.callIdx <= MAX_POSITION ? parts : undefined;
 }

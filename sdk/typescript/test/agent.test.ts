@@ -7,6 +7,8 @@ import {
   ApprovalRequiredError,
   ArgumentDriftError,
   DefinitionError,
+  EffectCancelledError,
+  EffectFailedError,
   EffectRolledBackError,
   EffectStuckError,
   ForbiddenError,
@@ -114,6 +116,25 @@ describe("outcomes", () => {
     assert.equal(approved.status, 200, JSON.stringify(approved.body));
     const result = await agent();
     assert.equal(result.id, world.wires.find((w) => w.account === "acc-b")?.id);
+  });
+
+  test("a refused effect is EffectFailedError; a rejected one EffectCancelledError", async () => {
+    const failed = await sluice.run("failed-1").call("mail/send", { to: "nobody@example.com", subject: "s", body: "b" }).catch((e: unknown) => e);
+    assert.ok(failed instanceof EffectFailedError, String(failed));
+    assert.equal(failed.status, "FAILED");
+    assert.equal(failed.commandKey, "d-1/mail/send/0");
+    assert.match(failed.message, /mailbox nobody@example\.com does not exist/);
+    assert.match(failed.remedy, /sluice replay failed-1 d-1\/mail\/send\/0/);
+
+    const wire = () => sluice.run("cancelled-1").call("bank/wire", { account: "acc-c", amount_minor: 300_000 });
+    const blocked = await wire().catch((e: unknown) => e);
+    assert.ok(blocked instanceof ApprovalRequiredError, String(blocked));
+    const rejected = await asAdmin(server.url, "POST", `/v1/runs/cancelled-1/effects/${encodeURIComponent(blocked.commandKey)}:reject`, { reason: "not this vendor" });
+    assert.equal(rejected.status, 200, JSON.stringify(rejected.body));
+    const cancelled = await wire().catch((e: unknown) => e);
+    assert.ok(cancelled instanceof EffectCancelledError, String(cancelled));
+    assert.equal(cancelled.status, "CANCELLED");
+    assert.match(cancelled.remedy, /run\.decide\(\)/);
   });
 
   test("a read runs through a guard that says it has no side effect", async () => {

@@ -42,6 +42,9 @@ export function tools(world: World): ToolServer {
     schema: { type: "object", additionalProperties: false, required: ["to", "subject", "body"], properties: { to: text, subject: text, body: { type: "string" } } },
     dispatch: async (args, call) => {
       world.dispatchKeys.push(call.idempotencyKey);
+      if (args.to.startsWith("nobody@")) {
+        throw new ToolRefusal(`mailbox ${args.to} does not exist`);
+      }
       const mail = { id: world.id("m"), to: args.to, idempotencyKey: call.idempotencyKey };
       world.mail.push(mail);
       return { id: mail.id, to: mail.to };
