@@ -161,7 +161,8 @@ export class SluiceClient {
       }
       throw error;
     }
-    if (wait === false || answer.status !== 202 || isSettled(answer.body.status)) {
+    // A 202 (the wait ended first) or an answer without a wait is polled until settled.
+    if (wait === false || isSettled(answer.body.status)) {
       return answer.body;
     }
     return this.#poll(answer.body, started, wait);

@@ -91,6 +91,20 @@ describe("outcomes", () => {
     assert.equal(command.external_ref, booked[0]?.id);
   });
 
+  test("an effect still moving when Prefer: wait ends (202) is long-polled until it settles", async () => {
+    const requests: string[] = [];
+    const watched: typeof fetch = async (input, init) => {
+      const response = await fetch(input, init);
+      requests.push(`${init?.method ?? "GET"} ${response.status} ${String(input)}`);
+      return response;
+    };
+    const patient = await Sluice.connect({ url: server.url, token: TOKENS.agentA, fetch: watched, wait: { pollSeconds: 1 } });
+    const command = await patient.run("slow-1").submit("mail/send", { to: "slow@example.com", subject: "s", body: "b" });
+    assert.equal(command.status, "CONFIRMED");
+    assert.ok(requests.some((r) => r.startsWith("POST 202 ")), requests.join("\n"));
+    assert.ok(requests.some((r) => r.startsWith("GET 200 ") && r.includes("/effects/d-1%2Fmail%2Fsend%2F0?wait=1s")), requests.join("\n"));
+  });
+
   test("a STUCK effect surfaces as EffectStuckError with its keys and what a person can do", async () => {
     const post = sluice.guard("ledger/post", { sideEffect: true, compensate: true });
     const error = await sluice.agent("stuck-1", () => post({ entry: "fee 12.00" })).catch((e: unknown) => e);

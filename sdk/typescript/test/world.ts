@@ -45,6 +45,9 @@ export function tools(world: World): ToolServer {
       if (args.to.startsWith("nobody@")) {
         throw new ToolRefusal(`mailbox ${args.to} does not exist`);
       }
+      if (args.to.startsWith("slow@")) {
+        await new Promise((resolve) => setTimeout(resolve, 2_500));
+      }
       const mail = { id: world.id("m"), to: args.to, idempotencyKey: call.idempotencyKey };
       world.mail.push(mail);
       return { id: mail.id, to: mail.to };
