@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The TypeScript SDK (sdk/typescript, @sluice/client): installs its pinned dependencies with
+# `npm ci` from the committed package-lock.json (npm's cache in ~/.cache/sluice/npm), type-checks
+# and builds it with tsc, checks that the types generated from schemas/openapi.yaml are current,
+# and runs its tests with node's test runner against the real `sluice dev` ($SLUICE_BIN) and
+# tool servers on loopback. Needs Node 20+ and npm. Ends with "N passed, N failed, N skipped".
+set -uo pipefail
+cd "$(dirname "$0")/../../sdk/typescript"
+
+summary_fail() {
+  echo "typescript-sdk: $1" >&2
+  echo "0 passed, 1 failed, 0 skipped"
+  exit 1
+}
+
+command -v node >/dev/null && command -v npm >/dev/null || summary_fail "node and npm are needed (Node 20 or later)"
+major="$(node -p 'process.versions.node.split(".")[0]')"
+[ "$major" -ge 20 ] || summary_fail "Node 20 or later is needed, this is $(node --version)"
+export SLUICE_BIN="${SLUICE_BIN:-/work/bin/sluice}"
+[ -x "$SLUICE_BIN" ] || summary_fail "no sluice binary at $SLUICE_BIN (set SLUICE_BIN, e.g. to target/debug/sluice)"
+export npm_config_cache="${npm_config_cache:-$HOME/.cache/sluice/npm}"
+export npm_config_update_notifier=false
+
+echo "== npm ci"
+npm ci --no-audit --no-fund || summary_fail "npm ci failed"
+echo "== tsc (the package into dist/, then the tests, type-checked with it)"
+rm -rf dist build-test
+npm run --silent build || summary_fail "tsc could not build the package"
+npm run --silent build-tests || summary_fail "the tests do not type-check"
+echo "== generated types are current"
+npm run --silent check-generated || summary_fail "src/generated/openapi.ts is stale"
+echo "== node --test"
+log="$(mktemp -t sluice-ts-test.XXXXXX)"
+trap 'rm -f "$log"' EXIT
+node --test --test-reporter=spec build-test/test/*.test.js 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+
+# The spec reporter's totals: "ℹ pass N", "ℹ fail N", "ℹ cancelled N", "ℹ skipped N", "ℹ todo N".
+total() { awk -v name="$1" '$2 == name { n = $3 } END { print n + 0 }' "$log"; }
+passed="$(total pass)"
+failed=$(( $(total fail) + $(total cancelled) ))
+skipped=$(( $(total skipped) + $(total todo) ))
+if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
+  echo "node --test exited $status with no failed test"
+  failed=1
+fi
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
