@@ -20,9 +20,11 @@
 //! route shares is in [`http`].
 
 pub mod auth;
+pub mod events;
 pub mod http;
 pub mod operator;
 pub mod submit;
+pub mod ui;
 pub mod wait;
 
 pub use http::ApiError;
@@ -207,6 +209,8 @@ pub fn router(api: Api) -> Router {
             get(operator::audit_verify),
         )
         .route("/v1/audit/purge", post(operator::purge))
+        .route("/v1/events/stream", get(events::stream))
+        .merge(ui::routes(api.config.console_enabled(false)))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
