@@ -69,22 +69,12 @@ pub(crate) fn routes(enabled: bool) -> Router<Api> {
         return Router::new();
     }
     Router::new()
-        .route("/ui", get(|| async { redirect_to_index() }))
+        .route("/ui", get(|| async { serve("index.html") }))
         .route("/ui/", get(|| async { serve("index.html") }))
         .route(
             "/ui/{*path}",
             get(|Path(path): Path<String>| async move { serve(&path) }),
         )
-}
-
-fn redirect_to_index() -> Response {
-    secured(
-        (
-            StatusCode::PERMANENT_REDIRECT,
-            [(header::LOCATION, HeaderValue::from_static("/ui/"))],
-        )
-            .into_response(),
-    )
 }
 
 /// The embedded file at `path`, or a plain 404.
