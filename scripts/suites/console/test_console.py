@@ -479,6 +479,8 @@ def works_from_the_keyboard(browser):
     page = browser.new_page()
     sign_in(page, "admin")
     page.goto(ARGS.base + "/ui/#/runs")
+    # A reload signs in again from the tab's session storage, with focus at the top.
+    page.reload()
     expect(page.locator("tr[data-run]").first).to_be_visible()
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.className") == "skip"
@@ -491,6 +493,8 @@ def works_from_the_keyboard(browser):
     page.keyboard.press("Enter")
     expect(page.locator("main h1")).to_contain_text("Queues")
     expect(page.locator("nav a[aria-current=page]")).to_have_text("Queues")
+    # Focus lands on the new view's heading, not on the link just followed.
+    expect(page.locator("main h1")).to_be_focused()
     # A dialog opens with focus in it and closes with Escape.
     page.goto(ARGS.base + "/ui/#/run/r-blocked-2")
     page.locator("[data-action=approve]").focus()

@@ -167,3 +167,23 @@ export function liveBadge() {
   };
   return badge;
 }
+
+/**
+ * Re-renders `root` with `render()` keeping the keyboard focus on the same control (found by
+ * its data-key and data-action, or its id), so live updates do not throw a person out.
+ */
+export function keepingFocus(root, render) {
+  const active = document.activeElement;
+  let selector = null;
+  if (active && root.contains(active)) {
+    const holder = active.closest('[data-key]');
+    if (active.id) selector = `#${CSS.escape(active.id)}`;
+    else if (holder && active.dataset.action) selector = `[data-key="${CSS.escape(holder.dataset.key)}"] [data-action="${CSS.escape(active.dataset.action)}"]`;
+    else if (holder && active.tagName === 'SUMMARY') selector = `[data-key="${CSS.escape(holder.dataset.key)}"] > summary`;
+  }
+  render();
+  if (selector) {
+    const again = root.querySelector(selector);
+    if (again) again.focus({ preventScroll: true });
+  }
+}

@@ -104,7 +104,16 @@ document.getElementById('sign-in-form').addEventListener('submit', async (e) => 
   if (value && await signIn(value)) show();
 });
 document.getElementById('sign-out').addEventListener('click', () => signOut());
-window.addEventListener('hashchange', () => { if (session.role) show(); });
+window.addEventListener('hashchange', async () => {
+  if (!session.role) return;
+  await show();
+  // Keyboard and screen-reader users land on the new view, not on the link they followed.
+  const heading = view.querySelector('h1');
+  if (heading && !view.contains(document.activeElement)) {
+    heading.tabIndex = -1;
+    heading.focus({ preventScroll: true });
+  }
+});
 
 (async () => {
   const saved = token();

@@ -3,7 +3,9 @@
 // and the actions that settle it. Lifecycle events re-read the queues.
 
 import { api, paths } from '../api.js';
-import { h, replace, status, time, ago, id, json, empty, errorState, liveBadge, session } from '../dom.js';
+import {
+  h, replace, status, time, ago, id, empty, errorState, liveBadge, session, keepingFocus,
+} from '../dom.js';
 import { actionButtons, timeline } from './run.js';
 import { watch } from '../live.js';
 
@@ -65,7 +67,7 @@ export async function render(root, _arg, params) {
     const trails = new Map();
     const runs = [...new Set([...stuck, ...unknown, ...blocked].map((c) => c.run_id))].slice(0, MAX_TRAILS);
     await Promise.all(runs.map((r) => api(paths.audit(r)).then((t) => trails.set(r, t.entries)).catch(() => null)));
-    replace(body,
+    keepingFocus(body, () => replace(body,
       h('section', { 'aria-labelledby': 'q-blocked' },
         h('h2', { id: 'q-blocked' }, `‖ Waiting for approval (${blocked.length})`),
         blocked.length ? table('Blocked effects', blocked, trails, load)
@@ -80,7 +82,7 @@ export async function render(root, _arg, params) {
           h('div', {}, h('label', { for: 'unknown-age' }, 'Unknown'), select)),
         h('p', { class: 'muted' }, 'The reconciler is looking these up; one unknown for long usually means the upstream\'s status check is failing.'),
         unknown.length ? table('Unknown effects', unknown, trails, load)
-          : empty('No effect has been unknown that long.', 'Choose a shorter time to see effects being reconciled now.')));
+          : empty('No effect has been unknown that long.', 'Choose a shorter time to see effects being reconciled now.'))));
   }
 
   await load();

@@ -5,6 +5,7 @@
 import { api, paths } from '../api.js';
 import {
   h, replace, status, time, id, json, empty, errorState, isAdmin, NEEDS_ADMIN, liveBadge, announce,
+  keepingFocus,
 } from '../dom.js';
 import * as actions from '../actions.js';
 import { watch } from '../live.js';
@@ -148,11 +149,11 @@ export async function render(root, runId) {
     }
     const counts = {};
     for (const c of list) counts[c.status] = (counts[c.status] || 0) + 1;
-    replace(body,
+    keepingFocus(body, () => replace(body,
       h('div', { class: 'chips', 'aria-label': 'Effects by status' }, Object.entries(counts).map(([s, n]) => h('span', { class: 'chip' }, status(s), ` ${n}`))),
       progress ? progressPanel(progress.progress) : null,
       h('h2', {}, `Effects in journal order (${list.length})`),
-      list.map((c) => effectCard(c, trail.entries.filter((e) => e.command_key === c.command_key), open, load)));
+      list.map((c) => effectCard(c, trail.entries.filter((e) => e.command_key === c.command_key), open, load))));
   }
 
   await load();
