@@ -9,7 +9,7 @@
 //! signed-in person's authority. Every answer here carries a Content-Security-Policy that
 //! allows scripts, styles and connections from this origin only (no inline script, no
 //! `eval`), forbids framing (`frame-ancestors 'none'`), and sends no referrer; see
-//! `docs/operations.md`, "The web console".
+//! `docs/architecture.md`, "Web console".
 //!
 //! Served when `producer.console` is true: by default in `sluice dev`, by configuration in
 //! `sluice-producer`.

@@ -51,7 +51,7 @@ export async function render(root, runId) {
       h('tbody', {}, entries.map((e) => h('tr', { class: broken && broken.seq === e.seq ? 'broken' : '', 'data-seq': e.seq },
         h('td', {}, String(e.seq), broken && broken.seq === e.seq ? ' ✖ first broken' : ''),
         h('td', {}, time(e.at)),
-        h('td', { class: 'mono' }, e.command_key || '(run)'),
+        h('td', { class: 'mono key' }, e.command_key || '(run)'),
         h('td', {}, e.from ? status(e.from) : '—', ' → ', e.to ? status(e.to) : '—'),
         h('td', {}, e.actor),
         h('td', {}, e.reason),
