@@ -337,7 +337,9 @@ def rolls_a_run_back_and_watches_it_compensate(browser):
     dialog = page.locator("#action")
     dialog.locator("textarea[name=reason]").fill("customer cancelled")
     dialog.locator("button", has_text="Roll back").click()
-    expect(dialog.locator("[data-result=rollback]")).to_contain_text("Rollback begun")
+    begun = dialog.locator("[data-result=rollback]")
+    expect(begun).to_contain_text("Rollback begun")
+    expect(begun).to_contain_text("run rollback: customer cancelled")
     dialog.locator("button", has_text="Close").click()
     panel = page.locator("[data-rollback-done]")
     expect(panel).to_be_visible()
@@ -353,6 +355,7 @@ def rolls_a_run_back_and_watches_it_compensate(browser):
     )
     not_reloaded(page)
     expect(panel).to_contain_text("Rollback done")
+    expect(page.locator("[aria-label='Run records']")).to_contain_text("customer cancelled")
     shot(page, "run-rolled-back")
     status, progress, _ = call("GET", "/v1/runs/r-rollback/rollback", TOKENS["operator"])
     assert status == 200 and progress["progress"]["done"], progress

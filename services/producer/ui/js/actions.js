@@ -224,9 +224,17 @@ export function rollback(run, onDone) {
       run: async (v) => {
         const a = await api(paths.rollback(run), { method: 'POST', body: { reason: v.reason } });
         const r = a.rollback;
+        let record = null;
+        try {
+          record = (await api(paths.audit(run))).entries
+            .filter((e) => e.command_key === null && e.actor === session.name).pop() || null;
+        } catch {
+          record = null;
+        }
         return h('div', { class: 'banner ok', 'data-result': 'rollback' },
           h('strong', {}, 'Rollback begun. '),
           `${r.compensating} compensating, ${r.cancelled} cancelled, ${r.no_compensation} with no compensation, ${r.in_flight.length} in flight (${r.marked} marked). `,
+          record ? h('div', {}, `Audit record #${record.seq} by ${record.actor} at `, time(record.at), `: “${record.reason}”`) : null,
           'Close this to watch it progress live.');
       },
     }],

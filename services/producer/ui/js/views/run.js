@@ -100,6 +100,16 @@ function progressPanel(progress) {
       c.escalated ? ' — escalated: a person must look' : ''))));
 }
 
+/** The run's own audit records (a rollback, with who asked and why). */
+function runRecords(entries) {
+  if (!entries.length) return null;
+  const rolledBack = entries.some((e) => e.reason.startsWith('run rollback:'));
+  return h('section', { class: `banner ${rolledBack ? 'info' : ''}`, 'aria-label': 'Run records' },
+    rolledBack ? h('strong', {}, '↩ This run was rolled back: it takes no new effects. ') : null,
+    h('ul', {}, entries.map((e) => h('li', { 'data-seq': e.seq }, time(e.at), ' ', h('strong', {}, e.actor), `: ${e.reason}`,
+      h('span', { class: 'muted mono' }, ` #${e.seq}`)))));
+}
+
 export async function render(root, runId) {
   if (!runId) {
     location.hash = '#/runs';
@@ -151,6 +161,7 @@ export async function render(root, runId) {
     for (const c of list) counts[c.status] = (counts[c.status] || 0) + 1;
     keepingFocus(body, () => replace(body,
       h('div', { class: 'chips', 'aria-label': 'Effects by status' }, Object.entries(counts).map(([s, n]) => h('span', { class: 'chip' }, status(s), ` ${n}`))),
+      runRecords(trail.entries.filter((e) => e.command_key === null)),
       progress ? progressPanel(progress.progress) : null,
       h('h2', {}, `Effects in journal order (${list.length})`),
       list.map((c) => effectCard(c, trail.entries.filter((e) => e.command_key === c.command_key), open, load))));
