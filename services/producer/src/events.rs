@@ -121,10 +121,14 @@ impl Filter {
         {
             return None;
         }
+        let Some(agent) = &self.submitter else {
+            // Operators see every command as written: the payload is compact JSON (no line
+            // breaks), passed on without decoding it once per stream.
+            let text = std::str::from_utf8(&item.payload).ok()?;
+            return Some(Event::default().event("effect").data(text));
+        };
         let command = event_command(&item.payload).ok()?;
-        if let Some(agent) = &self.submitter
-            && command.submitted_by.as_deref() != Some(agent.as_str())
-        {
+        if command.submitted_by.as_deref() != Some(agent.as_str()) {
             return None;
         }
         Event::default().event("effect").json_data(&command).ok()

@@ -187,3 +187,27 @@ export function keepingFocus(root, render) {
     if (again) again.focus({ preventScroll: true });
   }
 }
+
+/**
+ * `fn` run at most once per `ms` however often the returned function is called (a busy
+ * system's events must not keep postponing a view's re-read for ever), and once more after
+ * the last call.
+ */
+export function throttled(fn, ms) {
+  let timer = null;
+  let again = false;
+  return () => {
+    if (timer) {
+      again = true;
+      return;
+    }
+    timer = setTimeout(async function tick() {
+      again = false;
+      try {
+        await fn();
+      } finally {
+        timer = again ? setTimeout(tick, ms) : null;
+      }
+    }, ms);
+  };
+}

@@ -5,6 +5,7 @@
 import { api, paths } from '../api.js';
 import {
   h, replace, status, time, ago, id, empty, errorState, liveBadge, session, keepingFocus,
+  throttled,
 } from '../dom.js';
 import { actionButtons, timeline } from './run.js';
 import { watch } from '../live.js';
@@ -86,9 +87,8 @@ export async function render(root, _arg, params) {
   }
 
   await load();
-  let timer = null;
+  const reload = throttled(load, 1000);
   return watch('', () => {
-    clearTimeout(timer);
-    timer = setTimeout(load, 800);
+    reload();
   }, (state) => live.set(state));
 }

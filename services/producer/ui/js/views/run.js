@@ -6,6 +6,7 @@ import { api, paths } from '../api.js';
 import {
   h, replace, status, time, id, json, empty, errorState, isAdmin, NEEDS_ADMIN, liveBadge, announce,
   keepingFocus,
+  throttled,
 } from '../dom.js';
 import * as actions from '../actions.js';
 import { watch } from '../live.js';
@@ -168,10 +169,9 @@ export async function render(root, runId) {
   }
 
   await load();
-  let timer = null;
+  const reload = throttled(load, 250);
   return watch(runId, (command) => {
     if (command) announce(`${command.command_key} is now ${command.status}`);
-    clearTimeout(timer);
-    timer = setTimeout(load, 250);
+    reload();
   }, (state) => live.set(state));
 }

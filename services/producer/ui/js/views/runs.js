@@ -3,7 +3,7 @@
 // their own runs, get a form to open one by id instead.
 
 import { api, paths } from '../api.js';
-import { h, replace, status, time, id, empty, errorState, session, STATUSES, liveBadge } from '../dom.js';
+import { h, replace, status, time, id, empty, errorState, session, STATUSES, liveBadge, throttled } from '../dom.js';
 import { watch } from '../live.js';
 
 const WINDOWS = [['1h', 3600e3], ['24h', 86400e3], ['7d', 7 * 86400e3], ['30d', 30 * 86400e3], ['all', 0]];
@@ -132,9 +132,8 @@ export async function render(root, _arg, params) {
   }
 
   await load();
-  let timer = null;
+  const reload = throttled(load, 1000);
   return watch('', () => {
-    clearTimeout(timer);
-    timer = setTimeout(load, 700);
+    reload();
   }, (state) => live.set(state));
 }

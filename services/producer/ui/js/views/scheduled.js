@@ -2,7 +2,7 @@
 // run (`#/scheduled?run=…`, agents too), with the admin's cancel.
 
 import { api, paths } from '../api.js';
-import { h, replace, time, id, empty, errorState, liveBadge, session } from '../dom.js';
+import { h, replace, time, id, empty, errorState, liveBadge, session, throttled } from '../dom.js';
 import { actionButtons } from './run.js';
 import { watch } from '../live.js';
 
@@ -54,9 +54,8 @@ export async function render(root, _arg, params) {
   }
 
   await load();
-  let timer = null;
+  const reload = throttled(load, 1000);
   return watch(run, () => {
-    clearTimeout(timer);
-    timer = setTimeout(load, 800);
+    reload();
   }, (state) => live.set(state));
 }
