@@ -123,6 +123,7 @@ mkdir -p "$shots"
   --ledger "$work/ledger" \
   --shots "$shots"
 status=$?
+echo "console screenshots: $shots" >&2
 if [ "$status" -ne 0 ]; then
   echo "--- last lines of the sluice log ---" >&2
   tail -n 40 "$work/sluice.log" >&2

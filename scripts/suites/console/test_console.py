@@ -105,9 +105,14 @@ def email(to="ops@example.com"):
 
 def seed():
     """The runs the tests work on: one STUCK, two BLOCKED, one to roll back, and others."""
-    set_faults({"bank": {"commit_then_5xx": 1.0}, "status_inconclusive": 1.0})
+    # The bank commits and answers 500, its lookups answer 503: the wire cannot be settled from
+    # evidence. The mail service answers 503 to every send: retried with its key until STUCK.
+    set_faults({"bank": {"commit_then_5xx": 1.0}, "email": {"error_5xx": 1.0},
+                "status_inconclusive": 1.0})
     stuck = submit("agent-a", "r-stuck", 1, WIRE, wire("acc-stuck", 5_000), wait=False)
+    retry = submit("agent-a", "r-retry", 1, "email/send", email("retry@example.com"), wait=False)
     wait_for("r-stuck", stuck["command_key"], {"STUCK"}, seconds=90)
+    wait_for("r-retry", retry["command_key"], {"STUCK"}, seconds=90)
     set_faults({})
     submit("agent-a", "r-blocked", 1, WIRE, wire("acc-big", 2_000_000))
     submit("agent-a", "r-blocked-2", 1, WIRE, wire("acc-big-2", 3_000_000))
@@ -291,6 +296,36 @@ def finds_a_stuck_effect_dry_runs_a_replay_and_resolves_it(browser):
     assert resolved["status"] == "CONFIRMED", resolved["status"]
     assert resolved["external_ref"] == "w-statement-77", resolved.get("external_ref")
     expect(page.locator("table[aria-label='Stuck effects'] tr[data-run=r-stuck]")).to_have_count(0)
+    page.close()
+
+
+@test
+def replays_a_stuck_email_after_a_dry_run_says_it_may(browser):
+    page = browser.new_page()
+    sign_in(page, "admin")
+    page.goto(ARGS.base + "/ui/#/run/r-retry")
+    card = page.locator("details[data-key='d-1/email/send/0']")
+    expect(card).to_have_attribute("data-status", "STUCK")
+    expect(page.locator(".live")).to_have_attribute("data-state", "live")
+    mark(page)
+    card.locator("[data-action=replay]").click()
+    dialog = page.locator("#action")
+    replay = dialog.locator("button", has_text="Replay").last
+    expect(replay).to_be_disabled()
+    dialog.locator("textarea[name=reason]").fill("mail service is back")
+    dialog.locator("button", has_text="Dry run").click()
+    expect(dialog.locator("[data-result=dry-run]")).to_contain_text("A replay is allowed")
+    expect(replay).to_be_enabled()
+    assert command("r-retry", "d-1/email/send/0")["status"] == "STUCK", "a dry run changed nothing"
+    replay.click()
+    result = dialog.locator("[data-result=applied]")
+    expect(result).to_contain_text("STUCK")
+    expect(result).to_contain_text("PENDING")
+    expect(result).to_contain_text("mail service is back")
+    dialog.locator("button", has_text="Close").click()
+    expect(card).to_have_attribute("data-status", "CONFIRMED", timeout=TIMEOUT_MS)
+    not_reloaded(page)
+    assert command("r-retry", "d-1/email/send/0")["replays"] == 1
     page.close()
 
 
