@@ -189,7 +189,8 @@ def signs_in_with_a_token_and_lists_runs(browser):
     expect(page.locator("[data-role=admin]")).to_have_text("admin")
     rows = page.locator("table[aria-label=Runs] tbody tr")
     expect(page.locator("tr[data-run=r-stuck]")).to_be_visible()
-    assert rows.count() >= 7, rows.count()
+    assert rows.count() >= 8, rows.count()
+    expect(page.locator("tr[data-run=r-b-private]")).to_contain_text("agent-b")
     # Counts by status, told apart by text and icon, not colour alone.
     stuck_chip = page.locator("[data-count-status=STUCK]")
     expect(stuck_chip).to_contain_text("STUCK")

@@ -112,13 +112,14 @@ export async function render(root, _arg, params) {
       table = empty('No run matches these filters.', 'Clear the search or the status and tool filters.');
     } else {
       table = h('table', { 'aria-label': 'Runs' },
-        h('thead', {}, h('tr', {}, ['Run', 'Created', 'Updated', 'Effects', 'Open', 'Statuses', 'Tools'].map((c) => h('th', { scope: 'col' }, c)))),
+        h('thead', {}, h('tr', {}, ['Run', 'Agent', 'Created', 'Updated', 'Effects', 'Open', 'Statuses', 'Tools'].map((c) => h('th', { scope: 'col' }, c)))),
         h('tbody', {}, shown.map((r) => {
           const mine = byRun.get(r.run_id) || [];
           const counts = {};
           for (const e of mine) counts[e.status] = (counts[e.status] || 0) + 1;
           return h('tr', { 'data-run': r.run_id },
             h('td', {}, id(r.run_id, 'run id', `#/run/${encodeURIComponent(r.run_id)}`)),
+            h('td', {}, [...new Set(mine.map((e) => e.submitted_by || '—'))].join(', ')),
             h('td', {}, time(r.created_at)), h('td', {}, time(r.updated_at)),
             h('td', {}, String(mine.length)), h('td', {}, String(r.open_commands)),
             h('td', {}, h('div', { class: 'chips' }, Object.entries(counts).map(([s, n]) => h('span', {}, status(s), ` ${n}`)))),
