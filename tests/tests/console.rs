@@ -261,6 +261,24 @@ async fn the_event_stream_checks_roles_and_delivers_an_event_when_an_effect_sett
             .all(|c| c["run_id"] == "r-b" && c["submitted_by"] == "agent-b"),
         "agent B saw another agent's effects: {seen_by_b:?}"
     );
+    // Across runs, an agent lists only the effects it submitted (its own runs).
+    let listed = agent_b.call("GET", "/v1/effects", None).await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.text);
+    let listed = listed.body["effects"].as_array().expect("effects").clone();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(
+        listed
+            .iter()
+            .all(|c| c["run_id"] == "r-b" && c["submitted_by"] == "agent-b"),
+        "{listed:?}"
+    );
+    let everything = h
+        .agent
+        .with_token(OPERATOR)
+        .call("GET", "/v1/effects", None)
+        .await;
+    assert_eq!(everything.body["effects"].as_array().map(Vec::len), Some(4));
+
     // A closed stream gives its slot back.
     drop(b_only);
     let mut again = None;

@@ -496,8 +496,10 @@ def an_agent_sees_only_its_own_runs(browser):
     page = browser.new_page()
     sign_in(page, "agent-b")
     expect(page.locator("main h1")).to_contain_text("Your runs")
-    page.fill("#open-run", "r-b-private")
-    page.keyboard.press("Enter")
+    expect(page.locator("tr[data-run=r-b-private]")).to_be_visible()
+    expect(page.locator("tr[data-run]")).to_have_count(1)
+    shot(page, "agent-runs")
+    page.click("tr[data-run=r-b-private] a")
     expect(page.locator("details[data-key='d-1/email/send/0']")).to_be_visible()
     expect(page.locator(".live")).to_have_attribute("data-state", "live")
     page.goto(ARGS.base + "/ui/#/run/r-rollback")
@@ -505,7 +507,7 @@ def an_agent_sees_only_its_own_runs(browser):
     expect(alert).to_contain_text("may not see")
     expect(page.locator("details[data-key]")).to_have_count(0)
     shot(page, "agent-forbidden")
-    for path in ("/v1/runs/r-rollback/audit", "/v1/events/stream?run_id=r-rollback", "/v1/effects"):
+    for path in ("/v1/runs/r-rollback/audit", "/v1/events/stream?run_id=r-rollback", "/v1/runs"):
         answer = in_page_fetch(page, "GET", path)
         assert answer["status"] == 403, (path, answer)
     page.goto(ARGS.base + "/ui/#/queues")

@@ -1,6 +1,6 @@
 // The runs view: counts by status, filters by status, tool and time, search by run id or
-// command key, and every run in the window with its effects' statuses. Agents, who may read only
-// their own runs, get a form to open one by id instead.
+// command key, and every run in the window with its effects' statuses. An agent sees its own
+// runs only, made from the effects it submitted (it may not list run summaries).
 
 import { api, paths } from '../api.js';
 import { h, replace, status, time, id, empty, errorState, session, STATUSES, liveBadge, throttled } from '../dom.js';
@@ -9,25 +9,23 @@ import { watch } from '../live.js';
 const WINDOWS = [['1h', 3600e3], ['24h', 86400e3], ['7d', 7 * 86400e3], ['30d', 30 * 86400e3], ['all', 0]];
 const LIMIT = 1000;
 
-function openRunForm(prefill = '') {
-  const input = h('input', { id: 'open-run', name: 'run', type: 'text', value: prefill, required: true, spellcheck: 'false', placeholder: 'r-abc' });
-  return h('form', {
-    class: 'row', role: 'search',
-    onsubmit: (e) => {
-      e.preventDefault();
-      const value = input.value.trim();
-      if (value) location.hash = `#/run/${encodeURIComponent(value)}`;
-    },
-  }, h('div', {}, h('label', { for: 'open-run' }, 'Run id'), input), h('button', { type: 'submit' }, 'Open run'));
+/** Run summaries made from effects (what an agent may read), newest first. */
+function runsOf(effects) {
+  const runs = new Map();
+  for (const e of effects) {
+    const r = runs.get(e.run_id) || { run_id: e.run_id, created_at: e.created_at, updated_at: e.updated_at, open_commands: 0 };
+    if (e.created_at < r.created_at) r.created_at = e.created_at;
+    if (e.updated_at > r.updated_at) r.updated_at = e.updated_at;
+    if (!TERMINAL.has(e.status)) r.open_commands += 1;
+    runs.set(e.run_id, r);
+  }
+  return [...runs.values()].sort((a, b) => b.created_at.localeCompare(a.created_at));
 }
 
+const TERMINAL = new Set(['CONFIRMED', 'FAILED', 'CANCELLED', 'COMPENSATED', 'COMPENSATION_FAILED', 'NO_COMPENSATION']);
+
 export async function render(root, _arg, params) {
-  if (session.role === 'agent') {
-    replace(root, h('h1', {}, 'Your runs'),
-      h('p', {}, `Signed in as agent ${session.name}: an agent token reads only the runs its agent submitted, so there is no list across runs. Open one of yours by id.`),
-      openRunForm());
-    return null;
-  }
+  const agent = session.role === 'agent';
   const win = WINDOWS.find(([k]) => k === params.since) ? params.since : "24h";
   const filters = { status: params.status || '', tool: params.tool || '', since: win, q: params.q || '' };
   const setParams = (changes) => {
@@ -60,7 +58,9 @@ export async function render(root, _arg, params) {
   h('button', { type: 'button', onclick: () => { location.hash = '#/runs'; } }, 'Clear'),
   toolList);
 
-  replace(root, h('div', { class: 'spread' }, h('h1', {}, 'Runs'), live), form, body);
+  replace(root, h('div', { class: 'spread' }, h('h1', {}, agent ? 'Your runs' : 'Runs'), live),
+    agent ? h('p', { class: 'muted' }, `Signed in as agent ${session.name}: an agent token reads only the runs its agent submitted.`) : null,
+    form, body);
 
   async function load() {
     const span = WINDOWS.find(([k]) => k === win)[1];
@@ -69,14 +69,15 @@ export async function render(root, _arg, params) {
     let effects;
     try {
       [runs, effects] = await Promise.all([
-        api(paths.runs({ since, limit: LIMIT })),
+        // An agent may not list run summaries: its runs are made from its own effects below.
+        agent ? null : api(paths.runs({ since, limit: LIMIT })),
         api(paths.effects({ since, limit: LIMIT, tool: filters.tool })),
       ]);
     } catch (e) {
       replace(body, errorState(e, load));
       return;
     }
-    draw(runs.runs, effects.effects);
+    draw(runs ? runs.runs : runsOf(effects.effects), effects.effects);
   }
 
   function draw(runs, effects) {
