@@ -510,8 +510,13 @@ def an_agent_sees_only_its_own_runs(browser):
     for path in ("/v1/runs/r-rollback/audit", "/v1/events/stream?run_id=r-rollback", "/v1/runs"):
         answer = in_page_fetch(page, "GET", path)
         assert answer["status"] == 403, (path, answer)
+    # Agent B's queues and schedule hold its own effects only: agent A's are not there.
     page.goto(ARGS.base + "/ui/#/queues")
-    expect(page.locator("main")).to_contain_text("need an operator or admin token")
+    expect(page.locator("main")).to_contain_text("Your own runs' effects only")
+    expect(page.locator("main")).to_contain_text("Nothing waits for approval")
+    expect(page.locator("tr[data-run]")).to_have_count(0)
+    page.goto(ARGS.base + "/ui/#/scheduled")
+    expect(page.locator("main .empty")).to_contain_text("Nothing is scheduled")
     page.close()
 
 

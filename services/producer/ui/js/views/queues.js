@@ -1,4 +1,4 @@
-// The queues a person works through: BLOCKED effects waiting for approval, STUCK effects and
+// The queues a person works through (an agent: its own runs'): BLOCKED effects waiting for approval, STUCK effects and
 // effects UNKNOWN for longer than a chosen time, each with the evidence from its audit chain
 // and the actions that settle it. Lifecycle events re-read the queues.
 
@@ -41,16 +41,14 @@ function table(label, effects, trails, reload) {
 }
 
 export async function render(root, _arg, params) {
-  if (session.role === 'agent') {
-    replace(root, h('h1', {}, 'Queues'), empty('Queues span every run, so they need an operator or admin token.', 'Sign in with one, or open your own run under Runs.'));
-    return null;
-  }
   const age = UNKNOWN_AGES.some(([k]) => k === params.unknown) ? params.unknown : '5';
   const live = liveBadge();
   const body = h('div', {}, h('p', { class: 'muted' }, 'Loading queues…'));
   const select = h('select', { id: 'unknown-age', onchange: (e) => { location.hash = `#/queues?unknown=${e.target.value}`; } },
     UNKNOWN_AGES.map(([k, label]) => h('option', { value: k, selected: k === age }, label)));
-  replace(root, h('div', { class: 'spread' }, h('h1', {}, 'Queues'), live), body);
+  replace(root, h('div', { class: 'spread' }, h('h1', {}, 'Queues'), live),
+    session.role === 'agent' ? h('p', { class: 'muted' }, 'Your own runs\' effects only: an agent token sees no other agent\'s work.') : null,
+    body);
 
   async function load() {
     let blocked;

@@ -1,5 +1,5 @@
-// Scheduled effects: what will run later, earliest first, across runs (operators) or in one
-// run (`#/scheduled?run=…`, agents too), with the admin's cancel.
+// Scheduled effects: what will run later, earliest first, across runs or in one
+// run (`#/scheduled?run=…`); an agent sees its own runs' only. The admin may cancel them.
 
 import { api, paths } from '../api.js';
 import { h, replace, time, id, empty, errorState, liveBadge, session, throttled } from '../dom.js';
@@ -10,7 +10,7 @@ export async function render(root, _arg, params) {
   const run = params.run || '';
   const agent = session.role === 'agent';
   const live = liveBadge();
-  const input = h('input', { id: 'sched-run', type: 'text', value: run, spellcheck: 'false', placeholder: agent ? 'your run id' : 'all runs' });
+  const input = h('input', { id: 'sched-run', type: 'text', value: run, spellcheck: 'false', placeholder: agent ? 'all your runs' : 'all runs' });
   const body = h('div', {}, h('p', { class: 'muted' }, 'Loading…'));
   replace(root,
     h('div', { class: 'spread' }, h('h1', {}, 'Scheduled effects'), live),
@@ -25,10 +25,6 @@ export async function render(root, _arg, params) {
     body);
 
   async function load() {
-    if (agent && !run) {
-      replace(body, empty('Agents see the scheduled effects of their own runs.', 'Enter one of your run ids above.'));
-      return;
-    }
     let effects;
     try {
       effects = run ? (await api(`/v1/runs/${encodeURIComponent(run)}/scheduled`)).effects
