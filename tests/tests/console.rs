@@ -2,7 +2,8 @@
 //! security headers (a Content-Security-Policy forbidding inline script, no framing, no
 //! sniffing, no referrer) only when `producer.console` is on; and `GET /v1/events/stream`
 //! checks roles (an agent only its own runs), bounds its open streams, delivers a lifecycle
-//! event when an effect settles, and ends its streams when the producer stops.
+//! event when an effect settles (or, as a summary, the runs that moved), and ends its streams
+//! when the producer stops.
 
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use sluice_upstream::Faults;
 fn console_on(config: &mut sluice_runtime::Config) {
     tokens::install(config);
     config.producer.console = Some(true);
-    config.producer.max_event_streams = 3;
+    config.producer.max_event_streams = 5;
 }
 
 fn client() -> reqwest::Client {
@@ -219,13 +220,26 @@ async fn the_event_stream_checks_roles_and_delivers_an_event_when_an_effect_sett
     let mut b_only = Stream::open(&base, AGENT_B, "")
         .await
         .expect("an agent streams its own runs");
-    for stream in [&mut own, &mut all, &mut b_only] {
+    // Summaries: at most one `changed` a second, naming the runs that moved.
+    let mut operator_summary = Stream::open(&base, OPERATOR, "?summary=true")
+        .await
+        .expect("an operator streams a summary");
+    let mut b_summary = Stream::open(&base, AGENT_B, "?summary=true")
+        .await
+        .expect("an agent streams a summary of its own runs");
+    for stream in [
+        &mut own,
+        &mut all,
+        &mut b_only,
+        &mut operator_summary,
+        &mut b_summary,
+    ] {
         let (kind, ready) = stream.next().await.expect("the stream opens");
         assert_eq!(kind, "ready", "{ready}");
     }
-    // The bound: three streams are open, the fourth is refused.
+    // The bound: five streams are open, the sixth is refused.
     let (status, body) = match Stream::open(&base, ADMIN, "").await {
-        Ok(_) => panic!("a fourth stream opened past producer.max_event_streams = 3"),
+        Ok(_) => panic!("a sixth stream opened past producer.max_event_streams = 5"),
         Err(refused) => refused,
     };
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
@@ -261,6 +275,26 @@ async fn the_event_stream_checks_roles_and_delivers_an_event_when_an_effect_sett
             .all(|c| c["run_id"] == "r-b" && c["submitted_by"] == "agent-b"),
         "agent B saw another agent's effects: {seen_by_b:?}"
     );
+    let mut summarised = std::collections::BTreeSet::new();
+    while !(summarised.contains("r-a") && summarised.contains("r-b")) {
+        let (kind, data) = operator_summary
+            .next()
+            .await
+            .expect("the summary stays open");
+        assert_eq!(kind, "changed", "{data}");
+        assert!(data["events"].as_u64() > Some(0), "{data}");
+        summarised.extend(
+            data["runs"]
+                .as_array()
+                .expect("runs")
+                .iter()
+                .map(|r| r.as_str().expect("a run id").to_owned()),
+        );
+    }
+    let (kind, data) = b_summary.next().await.expect("the summary stays open");
+    assert_eq!(kind, "changed", "{data}");
+    assert_eq!(data["runs"], serde_json::json!(["r-b"]), "{data}");
+
     // Across runs, an agent lists only the effects it submitted (its own runs).
     let listed = agent_b.call("GET", "/v1/effects", None).await;
     assert_eq!(listed.status, StatusCode::OK, "{}", listed.text);
@@ -281,6 +315,7 @@ async fn the_event_stream_checks_roles_and_delivers_an_event_when_an_effect_sett
 
     // A closed stream gives its slot back.
     drop(b_only);
+    drop(b_summary);
     let mut again = None;
     for _ in 0..50 {
         if let Ok(stream) = Stream::open(&base, ADMIN, "").await {

@@ -11,9 +11,12 @@
 //!
 //! Each event is `event: effect` with the command as it was written (the same JSON as
 //! `GET …/effects/{key}`); the stream opens with `event: ready` and says `event: lagged` when it
-//! fell behind and missed events (the client then re-reads what it shows). A comment every
-//! 15 seconds keeps idle connections open through proxies.
+//! fell behind and missed events (the client then re-reads what it shows). With `summary=true`
+//! it sends instead at most one `event: changed` a second (how many changes, in which runs):
+//! what a view of many runs needs to re-read, without every command of a busy system crossing
+//! the network. A comment every 15 seconds keeps idle connections open through proxies.
 
+use std::collections::BTreeSet;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -103,7 +106,15 @@ impl Drop for Slot {
 #[serde(deny_unknown_fields)]
 pub(crate) struct StreamQuery {
     run_id: Option<String>,
+    /// `true`: at most one `changed` event per [`SUMMARY_WINDOW`] instead of every command.
+    #[serde(default)]
+    summary: bool,
 }
+
+/// How long a summary stream gathers changes before it says so.
+const SUMMARY_WINDOW: Duration = Duration::from_secs(1);
+/// Most run ids one `changed` event names.
+const SUMMARY_RUNS: usize = 50;
 
 /// What one stream passes on.
 struct Filter {
@@ -114,25 +125,36 @@ struct Filter {
 }
 
 impl Filter {
-    /// The SSE event for `item`, if this stream passes it on.
-    fn event(&self, item: &Item) -> Option<Event> {
+    /// Whether this stream may pass `item` on.
+    fn passes(&self, item: &Item) -> bool {
         if let Some(prefix) = &self.prefix
             && !item.subject.starts_with(prefix.as_str())
         {
-            return None;
+            return false;
         }
-        let Some(agent) = &self.submitter else {
-            // Operators see every command as written: the payload is compact JSON (no line
-            // breaks), passed on without decoding it once per stream.
-            let text = std::str::from_utf8(&item.payload).ok()?;
-            return Some(Event::default().event("effect").data(text));
-        };
-        let command = event_command(&item.payload).ok()?;
-        if command.submitted_by.as_deref() != Some(agent.as_str()) {
-            return None;
+        match &self.submitter {
+            None => true,
+            Some(agent) => event_command(&item.payload)
+                .is_ok_and(|c| c.submitted_by.as_deref() == Some(agent.as_str())),
         }
-        Event::default().event("effect").json_data(&command).ok()
     }
+
+    /// The SSE event for `item`, if this stream passes it on.
+    fn event(&self, item: &Item) -> Option<Event> {
+        if !self.passes(item) {
+            return None;
+        }
+        // The command as written: the payload is compact JSON (no line breaks), passed on
+        // without decoding and encoding it again per stream.
+        let text = std::str::from_utf8(&item.payload).ok()?;
+        Some(Event::default().event("effect").data(text))
+    }
+}
+
+/// What the feed gave a stream.
+enum Received {
+    Item(Item),
+    Lagged(u64),
 }
 
 /// `GET /v1/events/stream`: the lifecycle events the caller may read, as they happen.
@@ -180,6 +202,7 @@ pub(crate) async fn stream(
         filter,
         _slot: slot,
         ready: Some(ready),
+        summary: query.summary,
     };
     let events = futures::stream::unfold(state, |mut state| async move {
         let event = state.next().await?;
@@ -197,6 +220,7 @@ struct Open {
     filter: Filter,
     _slot: Slot,
     ready: Option<Event>,
+    summary: bool,
 }
 
 impl Open {
@@ -205,32 +229,91 @@ impl Open {
         if let Some(ready) = self.ready.take() {
             return Some(ready);
         }
+        if self.summary {
+            return self.next_summary().await;
+        }
         loop {
-            if *self.closed.borrow() {
-                return None;
-            }
-            let received = tokio::select! {
-                changed = self.closed.changed() => {
-                    if changed.is_err() { return None; }
-                    continue;
-                }
-                received = self.feed.recv() => received,
-            };
-            match received {
-                Ok(item) => {
+            match self.receive().await? {
+                Received::Item(item) => {
                     if let Some(event) = self.filter.event(&item) {
                         return Some(event);
                     }
                 }
-                Err(broadcast::error::RecvError::Lagged(missed)) => {
-                    return Some(
-                        Event::default()
-                            .event("lagged")
-                            .data(json!({ "missed": missed }).to_string()),
-                    );
-                }
-                Err(broadcast::error::RecvError::Closed) => return None,
+                Received::Lagged(missed) => return Some(lagged(missed)),
             }
         }
     }
+
+    /// Waits for a change this stream may see, gathers what follows for [`SUMMARY_WINDOW`],
+    /// and says how many there were and in which runs: a view of many runs re-reads once.
+    async fn next_summary(&mut self) -> Option<Event> {
+        let mut events = 0_u64;
+        let mut missed = 0_u64;
+        let mut runs = BTreeSet::new();
+        while events == 0 && missed == 0 {
+            match self.receive().await? {
+                Received::Item(item) if self.filter.passes(&item) => {
+                    note(&item, &mut events, &mut runs);
+                }
+                Received::Item(_) => {}
+                Received::Lagged(n) => missed += n,
+            }
+        }
+        let window = tokio::time::sleep(SUMMARY_WINDOW);
+        tokio::pin!(window);
+        loop {
+            let received = tokio::select! {
+                () = &mut window => break,
+                received = self.receive() => received,
+            };
+            match received {
+                Some(Received::Item(item)) if self.filter.passes(&item) => {
+                    note(&item, &mut events, &mut runs);
+                }
+                Some(Received::Item(_)) => {}
+                Some(Received::Lagged(n)) => missed += n,
+                None => break,
+            }
+        }
+        Some(
+            Event::default()
+                .event("changed")
+                .data(json!({ "events": events, "missed": missed, "runs": runs }).to_string()),
+        )
+    }
+
+    /// The next item of the feed, or `None` once the streams are closed.
+    async fn receive(&mut self) -> Option<Received> {
+        loop {
+            if *self.closed.borrow() {
+                return None;
+            }
+            tokio::select! {
+                changed = self.closed.changed() => {
+                    if changed.is_err() { return None; }
+                }
+                received = self.feed.recv() => return match received {
+                    Ok(item) => Some(Received::Item(item)),
+                    Err(broadcast::error::RecvError::Lagged(missed)) => Some(Received::Lagged(missed)),
+                    Err(broadcast::error::RecvError::Closed) => None,
+                },
+            }
+        }
+    }
+}
+
+/// Counts one change and remembers its run (up to [`SUMMARY_RUNS`] of them).
+fn note(item: &Item, events: &mut u64, runs: &mut BTreeSet<String>) {
+    *events += 1;
+    if runs.len() < SUMMARY_RUNS
+        && let Some((run, _)) = item.subject.split_once('/')
+    {
+        runs.insert(run.to_owned());
+    }
+}
+
+fn lagged(missed: u64) -> Event {
+    Event::default()
+        .event("lagged")
+        .data(json!({ "missed": missed }).to_string())
 }

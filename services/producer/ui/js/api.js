@@ -81,7 +81,7 @@ export const paths = {
   rollback: (run) => `/v1/runs/${enc(run)}/rollback`,
   audit: (run) => `/v1/runs/${enc(run)}/audit`,
   verify: (run) => `/v1/runs/${enc(run)}/audit/verify`,
-  stream: (run) => `/v1/events/stream${query({ run_id: run })}`,
+  stream: (run, summary) => `/v1/events/stream${query({ run_id: run, summary: summary ? 'true' : '' })}`,
 };
 
 /** `?a=1&b=2` of the defined, non-empty values of `q`. */

@@ -6,9 +6,11 @@ import { authHeaders, paths } from './api.js';
 
 /**
  * Opens the event stream of `run` (or of every run the caller may read when `run` is empty).
- * `onEvent(command)` gets each settled or moved command; `onEvent(null)` means events were
- * missed and the view should re-read. `onState` gets 'live', 'reconnecting' or 'off'.
- * Returns a function that closes the stream.
+ * `onEvent(command)` gets each settled or moved command; `onEvent(null)` means something
+ * changed or events were missed, and the view should re-read. Without a run the stream is a
+ * summary (at most one change notice a second), so a busy system's every command does not
+ * cross the network. `onState` gets 'live', 'reconnecting' or 'off'. Returns a function that
+ * closes the stream.
  */
 export function watch(run, onEvent, onState = () => {}) {
   const controller = new AbortController();
@@ -18,7 +20,7 @@ export function watch(run, onEvent, onState = () => {}) {
   async function connect() {
     while (!stopped) {
       try {
-        const response = await fetch(paths.stream(run), {
+        const response = await fetch(paths.stream(run, !run), {
           headers: authHeaders({ accept: 'text/event-stream' }),
           credentials: 'omit',
           cache: 'no-store',
@@ -33,7 +35,7 @@ export function watch(run, onEvent, onState = () => {}) {
         await read(response.body, (type, data) => {
           if (type === 'ready') onState('live');
           else if (type === 'effect') onEvent(JSON.parse(data));
-          else if (type === 'lagged') onEvent(null);
+          else if (type === 'lagged' || type === 'changed') onEvent(null);
         });
       } catch (e) {
         if (stopped || e.name === 'AbortError') return;
