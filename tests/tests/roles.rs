@@ -128,7 +128,8 @@ async fn every_route_answers_every_role_as_it_should() {
             method: "GET",
             path: "/v1/effects?status=CONFIRMED".into(),
             body: None,
-            expect: read_all,
+            // An agent gets its own effects only (checked in tests/tests/console.rs).
+            expect: |w| authenticated(w, |_| 200),
         },
         Case {
             method: "GET",

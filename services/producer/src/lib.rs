@@ -20,10 +20,12 @@
 //! route shares is in [`http`].
 
 pub mod auth;
+pub mod events;
 pub mod http;
 pub mod operator;
 pub mod submit;
 pub mod tools;
+pub mod ui;
 pub mod wait;
 
 pub use http::ApiError;
@@ -210,6 +212,8 @@ pub fn router(api: Api) -> Router {
             get(operator::audit_verify),
         )
         .route("/v1/audit/purge", post(operator::purge))
+        .route("/v1/events/stream", get(events::stream))
+        .merge(ui::routes(api.config.console_enabled(false)))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))

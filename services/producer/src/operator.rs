@@ -664,13 +664,15 @@ pub(crate) async fn list_runs(
 }
 
 /// `GET /v1/effects`: effects across the runs created since `since` (newest runs first), by
-/// status and tool, at most `limit`.
+/// status and tool, at most `limit`. An agent gets only the effects it submitted (its own runs:
+/// a run holds one submitter's commands), so it can list its runs without knowing their ids.
 pub(crate) async fn list_all_effects(
     State(api): State<Api>,
     Caller(principal): Caller,
     Q(query): Q<RunsQuery>,
 ) -> Result<Response, ApiError> {
-    principal.require(Need::ReadAll)?;
+    principal.require(Need::ReadRun)?;
+    let only = (!principal.may(Need::ReadAll)).then(|| principal.name.clone());
     let since = parse_since(query.since.as_deref())?;
     let limit = parse_limit(query.limit)?;
     let status = parse_status_filter(query.status.as_deref())?;
@@ -696,6 +698,7 @@ pub(crate) async fn list_all_effects(
             commands
                 .into_iter()
                 .filter(|c| tool.as_ref().is_none_or(|t| &c.tool == t))
+                .filter(|c| only.is_none() || c.submitted_by.as_deref() == only.as_deref())
                 .take(limit - effects.len()),
         );
     }

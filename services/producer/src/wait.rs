@@ -40,6 +40,8 @@ const REREAD: Duration = Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
     watched: Mutex<HashMap<String, Watched>>,
+    /// The console's event streams, fed from the same events ([`crate::events`]).
+    pub(crate) streams: crate::events::Streams,
 }
 
 /// A lifecycle event's payload: the command as it was written.
@@ -91,6 +93,7 @@ impl Waiters {
     /// Hands `payload` (the event's command) to every waiter of `subject`; nobody waiting costs
     /// one map lookup.
     pub(crate) fn wake(&self, subject: &str, payload: &[u8]) {
+        self.streams.publish(subject, payload);
         if let Some(watched) = self.lock().get(subject) {
             watched.latest.send_replace(Some(Arc::from(payload)));
         }
@@ -255,8 +258,13 @@ pub(crate) async fn get_effect(
 }
 
 /// Reads the lifecycle events as a group of this producer's own, waking the waiters of each
-/// event's command.
+/// event's command; the event streams end when it stops.
 pub(crate) async fn watch_events(api: Api, shutdown: Shutdown) {
+    read_events(&api, shutdown).await;
+    api.waiters.streams.close();
+}
+
+async fn read_events(api: &Api, shutdown: Shutdown) {
     let group = format!("sluice-producer-{}", uuid::Uuid::new_v4().simple());
     let mut subscription = match api.ctx.bus.subscribe(Topic::Events, &group, &group).await {
         Ok(subscription) => subscription,

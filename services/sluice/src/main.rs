@@ -63,6 +63,8 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::Dev { service } => {
             let mut config = service.load()?;
             let generated = ensure_admin_token(&mut config);
+            // The web console is on in dev unless the configuration turns it off.
+            let console = *config.producer.console.get_or_insert(true);
             sluice_runtime::telemetry::init(&config.telemetry);
             let catalog = load_catalog(&config.catalog)?;
             let tools = catalog.len();
@@ -74,6 +76,9 @@ async fn main() -> anyhow::Result<ExitCode> {
                     "admin token for this session (not logged; give it to the console):\n  export SLUICE_URL={} SLUICE_TOKEN={token}",
                     pipeline.url()
                 );
+            }
+            if console {
+                println!("web console: {}/ui/", pipeline.url());
             }
             tracing::info!(
                 url = %pipeline.url(),

@@ -210,6 +210,18 @@ pub struct ProducerConfig {
     /// Longest a submission waits for room in the dispatch backlog (`bus.admission`) before
     /// it is refused with 503 `dispatch_backlog_full`, nothing recorded; in milliseconds.
     pub admission_wait_ms: u64,
+    /// Serve the operator's web console at `/ui`. Unset: on in `sluice dev`, off in
+    /// `sluice-producer` (a deployment opts in).
+    pub console: Option<bool>,
+    /// Most `GET /v1/events/stream` connections open at once; past it 503 `too_many_streams`.
+    pub max_event_streams: usize,
+}
+
+impl ProducerConfig {
+    /// Whether `/ui` is served: the configured choice, else `default` (the binary's).
+    pub fn console_enabled(&self, default: bool) -> bool {
+        self.console.unwrap_or(default)
+    }
 }
 
 impl Default for ProducerConfig {
@@ -220,6 +232,8 @@ impl Default for ProducerConfig {
             max_batch: 1_000,
             max_wait_ms: 60_000,
             admission_wait_ms: 10_000,
+            console: None,
+            max_event_streams: 64,
         }
     }
 }

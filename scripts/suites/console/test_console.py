@@ -1,0 +1,605 @@
+"""The web console's browser tests: Debian's chromium, driven by Playwright, against a running
+`sluice dev` (started by scripts/suites/console.sh with admin, operator and agent tokens) and
+the demo upstream, whose bank is made to misbehave to leave a wire STUCK.
+
+Each test drives the console as a person would (sign in, find, click, type a reason) and then
+checks the result through the API as well, so a console that only looks right fails. Ends
+with one line `N passed, N failed, N skipped`; screenshots of every view go to --shots.
+"""
+
+import argparse
+import glob
+import json
+import os
+import sqlite3
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from playwright.sync_api import expect, sync_playwright
+
+TOKENS = {
+    "admin": "console-admin-token-0123456789",
+    "operator": "console-operator-token-0123456789",
+    "agent-a": "console-agent-a-token-0123456789",
+    "agent-b": "console-agent-b-token-0123456789",
+}
+WIRE = "payments/wire"
+TIMEOUT_MS = 20_000
+
+ARGS = None
+
+
+# --- The API, for setting up scenarios and checking what the console did ------------------
+
+
+def call(method, path, token=None, body=None, base=None, headers=None):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request((base or ARGS.base) + path, data=data, method=method)
+    request.add_header("content-type", "application/json")
+    if token:
+        request.add_header("authorization", f"Bearer {token}")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
+    try:
+        with urllib.request.urlopen(request, timeout=40) as response:
+            text = response.read().decode()
+            try:
+                parsed = json.loads(text) if text else None
+            except ValueError:
+                parsed = text
+            return response.status, parsed, dict(response.headers)
+    except urllib.error.HTTPError as e:
+        text = e.read().decode()
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = text
+        return e.code, parsed, dict(e.headers)
+
+
+def key_path(run, key):
+    return f"/v1/runs/{run}/effects/{urllib.parse.quote(key, safe='')}"
+
+
+def submit(agent, run, decision, tool, args, wait=True, **extra):
+    body = {"run_id": run, "decision": decision, "tool": tool, "call_idx": 0, "args": args, **extra}
+    headers = {"prefer": "wait=30"} if wait else {}
+    status, answer, _ = call("POST", "/v1/effects", TOKENS[agent], body, headers=headers)
+    assert status in (200, 201, 202), f"submit {run} {tool}: {status} {answer}"
+    return answer
+
+
+def command(run, key):
+    status, answer, _ = call("GET", key_path(run, key), TOKENS["admin"])
+    assert status == 200, f"{run}/{key}: {status} {answer}"
+    return answer
+
+
+def wait_for(run, key, statuses, seconds=60):
+    deadline = time.time() + seconds
+    while True:
+        found = command(run, key)
+        if found["status"] in statuses:
+            return found
+        if time.time() > deadline:
+            raise AssertionError(f"{run}/{key} is {found['status']}, not {statuses}")
+        time.sleep(0.2)
+
+
+def set_faults(faults):
+    status, answer, _ = call("POST", "/_faults", body=faults, base=ARGS.upstream)
+    assert status == 200, f"faults: {status} {answer}"
+
+
+def wire(account, amount):
+    return {"account": account, "amount_minor": amount, "beneficiary": "b-9", "date": "2026-11-25"}
+
+
+def email(to="ops@example.com"):
+    return {"to": to, "subject": "paid", "body": "wire sent"}
+
+
+def seed():
+    """The runs the tests work on: one STUCK, two BLOCKED, one to roll back, and others."""
+    # The bank commits and answers 500, its lookups answer 503: the wire cannot be settled from
+    # evidence. The mail service answers 503 to every send: retried with its key until STUCK.
+    set_faults({"bank": {"commit_then_5xx": 1.0}, "email": {"error_5xx": 1.0},
+                "status_inconclusive": 1.0})
+    stuck = submit("agent-a", "r-stuck", 1, WIRE, wire("acc-stuck", 5_000), wait=False)
+    retry = submit("agent-a", "r-retry", 1, "email/send", email("retry@example.com"), wait=False)
+    wait_for("r-stuck", stuck["command_key"], {"STUCK"}, seconds=90)
+    wait_for("r-retry", retry["command_key"], {"STUCK"}, seconds=90)
+    set_faults({})
+    submit("agent-a", "r-blocked", 1, WIRE, wire("acc-big", 2_000_000))
+    submit("agent-a", "r-blocked-2", 1, WIRE, wire("acc-big-2", 3_000_000))
+    submit("agent-a", "r-rollback", 1, WIRE, wire("acc-rb", 7_000))
+    submit("agent-a", "r-rollback", 2, "tickets/create", {"title": "refund the customer"})
+    submit("agent-a", "r-rollback", 3, "email/send", email())
+    submit("agent-a", "r-tamper", 1, "email/send", email("audit@example.com"))
+    submit("agent-a", "r-later", 1, "email/send", email("later@example.com"), delay_ms=3_600_000)
+    submit("agent-b", "r-b-private", 1, "email/send", email("b@example.com"))
+    for run in ("r-rollback", "r-tamper", "r-b-private"):
+        status, answer, _ = call("GET", f"/v1/runs/{run}/effects", TOKENS["admin"])
+        assert status == 200
+        for effect in answer["effects"]:
+            wait_for(run, effect["command_key"], {"CONFIRMED"})
+
+
+# --- The browser ---------------------------------------------------------------------------
+
+
+def shot(page, name):
+    page.screenshot(path=os.path.join(ARGS.shots, f"{name}.png"), full_page=True)
+
+
+def sign_in(page, who):
+    page.goto(ARGS.base + "/ui/")
+    expect(page.locator("#sign-in")).to_be_visible()
+    page.fill("#token", TOKENS[who])
+    page.keyboard.press("Enter")
+    expect(page.locator("#who")).to_be_visible()
+    expect(page.locator("#who-name")).to_contain_text(f"console-{who}" if who in ("admin", "operator") else who)
+
+
+def mark(page):
+    """Marks the page so a later check can tell it was never reloaded."""
+    page.evaluate("window.__notReloaded = true")
+
+
+def not_reloaded(page):
+    assert page.evaluate("window.__notReloaded === true"), "the page was reloaded"
+
+
+def in_page_fetch(page, method, path, body=None):
+    """Calls the API from the page with the signed-in token, as the console does."""
+    return page.evaluate(
+        """async ([method, path, body]) => {
+            const headers = {authorization: 'Bearer ' + sessionStorage.getItem('sluice.token'),
+                             'content-type': 'application/json'};
+            const r = await fetch(path, {method, headers, body: body ? JSON.stringify(body) : undefined});
+            const text = await r.text();
+            return {status: r.status, text};
+        }""",
+        [method, path, body],
+    )
+
+
+TESTS = []
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+@test
+def signs_in_with_a_token_and_lists_runs(browser):
+    page = browser.new_page()
+    page.goto(ARGS.base + "/ui")
+    expect(page.locator("#sign-in")).to_be_visible()
+    shot(page, "sign-in")
+    page.fill("#token", "not-a-real-token-0000000000")
+    page.click("#sign-in-form button[type=submit]")
+    expect(page.locator("#sign-in-error")).to_contain_text("not recognised")
+    sign_in(page, "admin")
+    expect(page.locator("[data-role=admin]")).to_have_text("admin")
+    rows = page.locator("table[aria-label=Runs] tbody tr")
+    expect(page.locator("tr[data-run=r-stuck]")).to_be_visible()
+    assert rows.count() >= 8, rows.count()
+    expect(page.locator("tr[data-run=r-b-private]")).to_contain_text("agent-b")
+    # Counts by status, told apart by text and icon, not colour alone.
+    stuck_chip = page.locator("[data-count-status=STUCK]")
+    expect(stuck_chip).to_contain_text("STUCK")
+    expect(stuck_chip).to_contain_text("⚠")
+    # Timestamps in local time, UTC on hover.
+    title = page.locator("tr[data-run=r-stuck] time").first.get_attribute("title")
+    assert title.endswith("Z (UTC)"), title
+    shot(page, "runs")
+    # Filter by status, then search by command key.
+    stuck_chip.click()
+    expect(page.locator("tr[data-run=r-stuck]")).to_be_visible()
+    expect(page.locator("tr[data-run=r-rollback]")).to_have_count(0)
+    page.goto(ARGS.base + "/ui/#/runs?q=d-3/email")
+    expect(page.locator("tr[data-run=r-rollback]")).to_be_visible()
+    expect(page.locator("tr[data-run=r-stuck]")).to_have_count(0)
+    page.goto(ARGS.base + "/ui/#/runs?tool=tickets/create")
+    expect(page.locator("tr[data-run=r-rollback]")).to_be_visible()
+    expect(page.locator("tr[data-run=r-tamper]")).to_have_count(0)
+    page.close()
+
+
+@test
+def keeps_the_token_out_of_urls_cookies_and_lasting_storage(browser):
+    context = browser
+    page = context.new_page()
+    seen = []
+    page.on("request", lambda r: seen.append(r.url))
+    sign_in(page, "admin")
+    page.goto(ARGS.base + "/ui/#/run/r-rollback")
+    expect(page.locator("[data-key]").first).to_be_visible()
+    token = TOKENS["admin"]
+    assert all(token not in url for url in seen), "a request URL holds the token"
+    assert token not in page.url
+    assert page.evaluate("document.cookie") == ""
+    assert context.cookies() == []
+    assert page.evaluate("localStorage.length") == 0
+    assert page.evaluate("sessionStorage.getItem('sluice.token')") == token
+    # The policy forbids inline script; the page still works, so it needs none.
+    _, _, headers = call("GET", "/ui/")
+    headers = {k.lower(): v for k, v in headers.items()}
+    assert "script-src 'self'" in headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in headers["content-security-policy"]
+    assert headers["x-content-type-options"] == "nosniff"
+    assert headers["referrer-policy"] == "no-referrer"
+    # An injected inline script is refused by the browser, which reports the violation.
+    verdict = page.evaluate(
+        """() => new Promise((resolve) => {
+            document.addEventListener('securitypolicyviolation',
+                (e) => resolve(`blocked ${e.effectiveDirective}`), { once: true });
+            const script = document.createElement('script');
+            script.textContent = 'window.__inlineRan = true';
+            document.head.append(script);
+            setTimeout(() => resolve(window.__inlineRan ? 'ran' : 'no report'), 2000);
+        })"""
+    )
+    assert verdict.startswith("blocked script-src"), verdict
+    page.click("#sign-out")
+    expect(page.locator("#sign-in")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('sluice.token')") is None
+    page.close()
+
+
+@test
+def finds_a_stuck_effect_dry_runs_a_replay_and_resolves_it(browser):
+    page = browser.new_page()
+    sign_in(page, "admin")
+    page.click("nav >> text=Queues")
+    row = page.locator("table[aria-label='Stuck effects'] tr[data-run=r-stuck]")
+    expect(row).to_be_visible()
+    expect(row).to_contain_text("STUCK")
+    expect(row.locator("details summary").first).to_contain_text("Timeline")
+    shot(page, "queues")
+    # A replay offers its dry run first; without evidence it is refused, and says why.
+    row.locator("[data-action=replay]").click()
+    dialog = page.locator("#action")
+    expect(dialog).to_be_visible()
+    expect(dialog.locator("button", has_text="Replay").last).to_be_disabled()
+    dialog.locator("textarea[name=reason]").fill("see if a replay is safe")
+    dialog.locator("button", has_text="Dry run").click()
+    report = dialog.locator("[data-result=dry-run]")
+    expect(report).to_contain_text("Dry run: nothing was called or changed")
+    expect(report).to_contain_text("refused")
+    expect(dialog.locator("button", has_text="Replay").last).to_be_disabled()
+    shot(page, "replay-dry-run")
+    dialog.locator("button", has_text="Close").click()
+    assert command("r-stuck", "d-1/payments/wire/0")["status"] == "STUCK", "a dry run changed nothing"
+    # Resolve with evidence.
+    row.locator("[data-action=resolve]").click()
+    expect(dialog).to_be_visible()
+    dialog.locator("select[name=outcome]").select_option("CONFIRMED")
+    dialog.locator("textarea[name=evidence]").fill("w-statement-77")
+    dialog.locator("button", has_text="Resolve").click()
+    expect(dialog.locator("[role=alert]")).to_contain_text("reason")
+    dialog.locator("textarea[name=reason]").fill("on the bank statement")
+    dialog.locator("button", has_text="Resolve").click()
+    result = dialog.locator("[data-result=applied]")
+    expect(result).to_contain_text("STUCK")
+    expect(result).to_contain_text("CONFIRMED")
+    expect(result).to_contain_text("on the bank statement")
+    expect(result).to_contain_text("console-admin")
+    shot(page, "resolve-result")
+    dialog.locator("button", has_text="Close").click()
+    resolved = command("r-stuck", "d-1/payments/wire/0")
+    assert resolved["status"] == "CONFIRMED", resolved["status"]
+    assert resolved["external_ref"] == "w-statement-77", resolved.get("external_ref")
+    expect(page.locator("table[aria-label='Stuck effects'] tr[data-run=r-stuck]")).to_have_count(0)
+    page.close()
+
+
+@test
+def replays_a_stuck_email_after_a_dry_run_says_it_may(browser):
+    page = browser.new_page()
+    sign_in(page, "admin")
+    page.goto(ARGS.base + "/ui/#/run/r-retry")
+    card = page.locator("details[data-key='d-1/email/send/0']")
+    expect(card).to_have_attribute("data-status", "STUCK")
+    expect(page.locator(".live")).to_have_attribute("data-state", "live")
+    mark(page)
+    card.locator("[data-action=replay]").click()
+    dialog = page.locator("#action")
+    replay = dialog.locator("button", has_text="Replay").last
+    expect(replay).to_be_disabled()
+    dialog.locator("textarea[name=reason]").fill("mail service is back")
+    dialog.locator("button", has_text="Dry run").click()
+    expect(dialog.locator("[data-result=dry-run]")).to_contain_text("A replay is allowed")
+    expect(replay).to_be_enabled()
+    assert command("r-retry", "d-1/email/send/0")["status"] == "STUCK", "a dry run changed nothing"
+    replay.click()
+    result = dialog.locator("[data-result=applied]")
+    expect(result).to_contain_text("STUCK")
+    expect(result).to_contain_text("PENDING")
+    expect(result).to_contain_text("mail service is back")
+    dialog.locator("button", has_text="Close").click()
+    expect(card).to_have_attribute("data-status", "CONFIRMED", timeout=TIMEOUT_MS)
+    not_reloaded(page)
+    assert command("r-retry", "d-1/email/send/0")["replays"] == 1
+    page.close()
+
+
+@test
+def approves_a_blocked_wire_and_watches_it_confirm_live(browser):
+    page = browser.new_page()
+    sign_in(page, "admin")
+    page.goto(ARGS.base + "/ui/#/run/r-blocked")
+    card = page.locator("details[data-key='d-1/payments/wire/0']")
+    expect(card).to_have_attribute("data-status", "BLOCKED")
+    expect(page.locator(".live")).to_have_attribute("data-state", "live")
+    mark(page)
+    card.locator("[data-action=approve]").click()
+    dialog = page.locator("#action")
+    dialog.locator("textarea[name=reason]").fill("invoice 42 checked")
+    dialog.locator("button", has_text="Approve").click()
+    result = dialog.locator("[data-result=applied]")
+    expect(result).to_contain_text("BLOCKED")
+    expect(result).to_contain_text("APPROVED")
+    expect(result).to_contain_text("invoice 42 checked")
+    dialog.locator("button", has_text="Close").click()
+    # The card moves to CONFIRMED by the lifecycle events, without a reload.
+    expect(card).to_have_attribute("data-status", "CONFIRMED", timeout=TIMEOUT_MS)
+    not_reloaded(page)
+    if card.get_attribute("open") is None:
+        card.locator("summary").click()
+    timeline = card.locator("ol.timeline")
+    expect(timeline).to_contain_text("invoice 42 checked")
+    expect(timeline).to_contain_text("console-admin")
+    shot(page, "run-approved")
+    assert command("r-blocked", "d-1/payments/wire/0")["approval"]["approver"] == "console-admin"
+    page.close()
+
+
+@test
+def rolls_a_run_back_and_watches_it_compensate(browser):
+    page = browser.new_page()
+    sign_in(page, "admin")
+    page.goto(ARGS.base + "/ui/#/run/r-rollback")
+    expect(page.locator("details[data-key]")).to_have_count(3)
+    expect(page.locator(".live")).to_have_attribute("data-state", "live")
+    mark(page)
+    page.click("#rollback")
+    dialog = page.locator("#action")
+    dialog.locator("textarea[name=reason]").fill("customer cancelled")
+    dialog.locator("button", has_text="Roll back").click()
+    begun = dialog.locator("[data-result=rollback]")
+    expect(begun).to_contain_text("Rollback begun")
+    expect(begun).to_contain_text("run rollback: customer cancelled")
+    dialog.locator("button", has_text="Close").click()
+    panel = page.locator("[data-rollback-done]")
+    expect(panel).to_be_visible()
+    expect(panel).to_have_attribute("data-rollback-done", "true", timeout=TIMEOUT_MS)
+    expect(page.locator("details[data-key='d-1/payments/wire/0']")).to_have_attribute(
+        "data-status", "COMPENSATED", timeout=TIMEOUT_MS
+    )
+    expect(page.locator("details[data-key='d-2/tickets/create/0']")).to_have_attribute(
+        "data-status", "COMPENSATED"
+    )
+    expect(page.locator("details[data-key='d-3/email/send/0']")).to_have_attribute(
+        "data-status", "NO_COMPENSATION"
+    )
+    not_reloaded(page)
+    expect(panel).to_contain_text("Rollback done")
+    expect(page.locator("[aria-label='Run records']")).to_contain_text("customer cancelled")
+    shot(page, "run-rolled-back")
+    status, progress, _ = call("GET", "/v1/runs/r-rollback/rollback", TOKENS["operator"])
+    assert status == 200 and progress["progress"]["done"], progress
+    page.close()
+
+
+@test
+def verifies_a_chain_and_names_the_first_broken_link(browser):
+    page = browser.new_page()
+    sign_in(page, "admin")
+    page.click("nav >> text=Audit")
+    page.fill("#audit-run", "r-rollback")
+    page.keyboard.press("Enter")
+    verdict = page.locator("[data-verdict]")
+    expect(verdict).to_have_attribute("data-verdict", "valid")
+    expect(verdict).to_contain_text("The chain verifies")
+    shot(page, "audit-valid")
+    # Tamper with one record of r-tamper in the ledger file, as an intruder with disk access.
+    tamper_seq = tamper("r-tamper")
+    page.fill("#audit-run", "r-tamper")
+    page.keyboard.press("Enter")
+    expect(verdict).to_have_attribute("data-verdict", "broken")
+    expect(verdict).to_contain_text(f"broken at record #{tamper_seq}")
+    expect(page.locator(f"tr.broken[data-seq='{tamper_seq}']")).to_contain_text("first broken")
+    shot(page, "audit-broken")
+    page.close()
+
+
+def tamper(run):
+    """Rewrites the reason of `run`'s second audit record in the SQLite ledger; its seq."""
+    files = [f for f in glob.glob(os.path.join(ARGS.ledger, "**", "*"), recursive=True)
+             if os.path.isfile(f) and not f.endswith(("-wal", "-shm", "-journal"))]
+    for path in files:
+        try:
+            db = sqlite3.connect(path, timeout=10)
+            row = db.execute("SELECT run_seq FROM runs WHERE run_id = ?", (run,)).fetchone()
+        except sqlite3.DatabaseError:
+            continue
+        if row is None:
+            db.close()
+            continue
+        seq, record = db.execute(
+            "SELECT seq, record FROM audit WHERE run_seq = ? ORDER BY seq LIMIT 1 OFFSET 1", (row[0],)
+        ).fetchone()
+        altered = json.loads(record)
+        altered["reason"] = (altered.get("reason") or "") + " (edited)"
+        db.execute("UPDATE audit SET record = ? WHERE run_seq = ? AND seq = ?",
+                   (json.dumps(altered), row[0], seq))
+        db.commit()
+        db.close()
+        return seq
+    raise AssertionError(f"no ledger file under {ARGS.ledger} holds run {run}")
+
+
+@test
+def shows_scheduled_effects_and_cancels_one(browser):
+    page = browser.new_page()
+    sign_in(page, "admin")
+    page.click("nav >> text=Scheduled")
+    row = page.locator("table[aria-label='Scheduled effects'] tr[data-run=r-later]")
+    expect(row).to_be_visible()
+    expect(row).to_contain_text("email/send")
+    shot(page, "scheduled")
+    row.locator("[data-action=cancel]").click()
+    dialog = page.locator("#action")
+    dialog.locator("textarea[name=reason]").fill("not needed any more")
+    dialog.locator("button", has_text="Cancel").click()
+    expect(dialog.locator("[data-result=applied]")).to_contain_text("CANCELLED")
+    dialog.locator("button", has_text="Close").click()
+    expect(row).to_have_count(0)
+    expect(page.locator(".empty")).to_contain_text("Nothing is scheduled")
+    assert command("r-later", "d-1/email/send/0")["status"] == "CANCELLED"
+    page.close()
+
+
+@test
+def an_operator_reads_everything_and_cannot_act(browser):
+    page = browser.new_page()
+    sign_in(page, "operator")
+    expect(page.locator("tr[data-run=r-blocked-2]")).to_be_visible()
+    page.goto(ARGS.base + "/ui/#/run/r-blocked-2")
+    card = page.locator("details[data-key='d-1/payments/wire/0']")
+    expect(card).to_have_attribute("data-status", "BLOCKED")
+    approve = card.locator("[data-action=approve]")
+    expect(approve).to_be_disabled()
+    assert "admin token" in approve.get_attribute("title")
+    expect(page.locator("#rollback")).to_be_disabled()
+    expect(page.locator("#read-only")).to_contain_text("admin token")
+    shot(page, "operator-read-only")
+    # The server refuses too: the disabled button is a courtesy, not the rule.
+    answer = in_page_fetch(page, "POST", "/v1/runs/r-blocked-2/effects/d-1%2Fpayments%2Fwire%2F0:approve",
+                           {"reason": "trying"})
+    assert answer["status"] == 403, answer
+    answer = in_page_fetch(page, "POST", "/v1/runs/r-blocked-2/rollback", {"reason": "trying"})
+    assert answer["status"] == 403, answer
+    assert command("r-blocked-2", "d-1/payments/wire/0")["status"] == "BLOCKED"
+    page.close()
+
+
+@test
+def an_agent_sees_only_its_own_runs(browser):
+    page = browser.new_page()
+    sign_in(page, "agent-b")
+    expect(page.locator("main h1")).to_contain_text("Your runs")
+    expect(page.locator("tr[data-run=r-b-private]")).to_be_visible()
+    expect(page.locator("tr[data-run]")).to_have_count(1)
+    shot(page, "agent-runs")
+    page.click("tr[data-run=r-b-private] a")
+    expect(page.locator("details[data-key='d-1/email/send/0']")).to_be_visible()
+    expect(page.locator(".live")).to_have_attribute("data-state", "live")
+    page.goto(ARGS.base + "/ui/#/run/r-rollback")
+    alert = page.locator("main [role=alert]")
+    expect(alert).to_contain_text("may not see")
+    expect(page.locator("details[data-key]")).to_have_count(0)
+    shot(page, "agent-forbidden")
+    for path in ("/v1/runs/r-rollback/audit", "/v1/events/stream?run_id=r-rollback", "/v1/runs"):
+        answer = in_page_fetch(page, "GET", path)
+        assert answer["status"] == 403, (path, answer)
+    # Agent B's queues and schedule hold its own effects only: agent A's are not there.
+    page.goto(ARGS.base + "/ui/#/queues")
+    expect(page.locator("main")).to_contain_text("Your own runs' effects only")
+    expect(page.locator("main")).to_contain_text("Nothing waits for approval")
+    expect(page.locator("tr[data-run]")).to_have_count(0)
+    page.goto(ARGS.base + "/ui/#/scheduled")
+    expect(page.locator("main .empty")).to_contain_text("Nothing is scheduled")
+    page.close()
+
+
+@test
+def works_from_the_keyboard(browser):
+    page = browser.new_page()
+    sign_in(page, "admin")
+    page.goto(ARGS.base + "/ui/#/runs")
+    # A reload signs in again from the tab's session storage, with focus at the top.
+    page.reload()
+    expect(page.locator("tr[data-run]").first).to_be_visible()
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.className") == "skip"
+    # Tab to the Queues link and follow it with Enter.
+    for _ in range(10):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.textContent") == "Queues":
+            break
+    assert page.evaluate("document.activeElement.textContent") == "Queues"
+    page.keyboard.press("Enter")
+    expect(page.locator("main h1")).to_contain_text("Queues")
+    expect(page.locator("nav a[aria-current=page]")).to_have_text("Queues")
+    # Focus lands on the new view's heading, not on the link just followed.
+    expect(page.locator("main h1")).to_be_focused()
+    # A dialog opens with focus in it and closes with Escape.
+    page.goto(ARGS.base + "/ui/#/run/r-blocked-2")
+    page.locator("[data-action=approve]").focus()
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.name") == "reason"
+    page.keyboard.press("Escape")
+    expect(page.locator("#action")).not_to_be_visible()
+    page.close()
+
+
+def main():
+    global ARGS
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--base", required=True)
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--chromium", required=True)
+    parser.add_argument("--ledger", required=True)
+    parser.add_argument("--shots", required=True)
+    parser.add_argument("-k", default="", help="run only tests whose name holds this")
+    ARGS = parser.parse_args()
+    os.makedirs(ARGS.shots, exist_ok=True)
+    passed = failed = skipped = 0
+    try:
+        seed()
+    except Exception:  # noqa: BLE001 - every failure is reported, the suite goes on to its line
+        traceback.print_exc()
+        print("console: could not set up the scenarios", file=sys.stderr)
+        print(f"0 passed, 1 failed, {len(TESTS)} skipped")
+        return 1
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=ARGS.chromium, args=["--no-sandbox"])
+        for fn in TESTS:
+            name = fn.__name__
+            if ARGS.k and ARGS.k not in name:
+                skipped += 1
+                print(f"skip {name}")
+                continue
+            context = browser.new_context(viewport={"width": 1366, "height": 850})
+            context.set_default_timeout(TIMEOUT_MS)
+            started = time.time()
+            try:
+                fn(context)
+                passed += 1
+                print(f"ok   {name} ({time.time() - started:.1f}s)")
+            except Exception:  # noqa: BLE001
+                failed += 1
+                print(f"FAIL {name}")
+                traceback.print_exc()
+                try:
+                    for page in context.pages:
+                        shot(page, f"failed-{name}")
+                except Exception:  # noqa: BLE001
+                    pass
+            finally:
+                context.close()
+        browser.close()
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
