@@ -8,6 +8,7 @@
 //! * [`policy`] — deterministic policy checks against a command's stored arguments.
 //! * [`audit`] — the per-run audit hash chain and its verification.
 //! * [`time`] — millisecond timestamps and the `Clock` port.
+//! * [`trace`] — the W3C trace context a command carries from the agent's call onwards.
 
 pub mod audit;
 pub mod canonical;
@@ -19,6 +20,7 @@ pub mod journal;
 pub mod machine;
 pub mod policy;
 pub mod time;
+pub mod trace;
 
 pub use audit::{AuditDraft, AuditEntry, AuditRecord, BrokenLink, ChainHead, Checkpoint};
 pub use command::{Command, CommandState, CommandStatus, EffectSemantics, Observation};
