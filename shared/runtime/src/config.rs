@@ -299,6 +299,13 @@ pub struct TelemetryConfig {
     /// `/readyz` (e.g. `0.0.0.0:9464`); unset serves nothing. The producer serves them on its
     /// API address.
     pub listen: Option<SocketAddr>,
+    /// Where spans are exported over OTLP http/protobuf, e.g. `http://collector:4318` (the
+    /// `/v1/traces` path is added when the URL names none). Unset: the standard
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` (or `…_TRACES_ENDPOINT`) if set, else no export at all.
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` of exported spans; unset: the binary's name (`OTEL_SERVICE_NAME`
+    /// wins over both).
+    pub service_name: Option<String>,
 }
 
 impl Default for TelemetryConfig {
@@ -307,6 +314,8 @@ impl Default for TelemetryConfig {
             log_format: LogFormat::Text,
             log_level: "info".into(),
             listen: None,
+            otlp_endpoint: None,
+            service_name: None,
         }
     }
 }
@@ -548,6 +557,14 @@ impl Config {
                 "must be non-empty and use only letters, digits, '.', '_' and '-'",
             );
         }
+        if let Some(endpoint) = &self.telemetry.otlp_endpoint
+            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+        {
+            return invalid(
+                "telemetry.otlp_endpoint",
+                "must be an http:// or https:// URL (OTLP over http/protobuf)",
+            );
+        }
         if self.ledger.kind == LedgerKind::Cql {
             self.ledger
                 .cql
@@ -771,6 +788,24 @@ mod tests {
             Config::load(None, env(&[("SLUICE_BUS__PARTITION", "3")])).expect_err("unknown key");
         assert!(err.to_string().contains("partition"), "{err}");
         let err = Config::load(None, env(&[("SLUICE_BUS__PARTITIONS", "0")])).expect_err("zero");
+        let otlp = Config::load(
+            None,
+            env(&[("SLUICE_TELEMETRY__OTLP_ENDPOINT", "collector:4318")]),
+        )
+        .expect_err("not a URL");
+        assert!(
+            otlp.to_string().contains("telemetry.otlp_endpoint"),
+            "{otlp}"
+        );
+        let otlp = Config::load(
+            None,
+            env(&[("SLUICE_TELEMETRY__OTLP_ENDPOINT", "http://collector:4318")]),
+        )
+        .expect("an OTLP endpoint");
+        assert_eq!(
+            otlp.telemetry.otlp_endpoint.as_deref(),
+            Some("http://collector:4318")
+        );
         assert!(err.to_string().contains("bus.partitions"), "{err}");
         let err = Config::load(None, env(&[("SLUICE_LEDGER__COMMIT_GATHER_US", "20000")]))
             .expect_err("too long a wait");
