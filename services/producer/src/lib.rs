@@ -17,7 +17,7 @@
 //!
 //! Submissions and their `Prefer` answers are in [`submit`]; `GET …/effects/{key}?wait=30s`
 //! and `Prefer: wait=` hold the answer until the command settles ([`wait`]); the plumbing every
-//! route shares is in [`http`].
+//! route shares is in [`http`]; every request's W3C trace context is read in [`trace`].
 
 pub mod auth;
 pub mod events;
@@ -25,6 +25,7 @@ pub mod http;
 pub mod operator;
 pub mod submit;
 pub mod tools;
+pub mod trace;
 pub mod ui;
 pub mod wait;
 
@@ -53,8 +54,9 @@ use sluice_core::ids::{RunId, ToolName};
 use sluice_core::time::Timestamp;
 use sluice_runtime::Config;
 use sluice_runtime::config::ProducerConfig;
-use sluice_runtime::messages::{CompensateJob, CompensateRequest, encode};
+use sluice_runtime::messages::{CompensateJob, run_compensate_request};
 use sluice_runtime::{Context, Shutdown};
+use tracing::Instrument;
 
 /// The actor named in the audit chain for reservations.
 pub const ACTOR: &str = "producer";
@@ -219,6 +221,7 @@ pub fn router(api: Api) -> Router {
         .route("/metrics", get(metrics))
         .fallback(http::no_route)
         .method_not_allowed_fallback(http::no_method)
+        .layer(axum::middleware::from_fn(trace::request))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(api)
 }
@@ -358,23 +361,34 @@ async fn rollback(
     // Durable before the answer: every command to undo is COMPENSATING in the ledger (the
     // sweep finishes the work if the compensator never gets the job below).
     sluice_faults::point!("producer.rollback.pre");
+    // The operator action's span; each command's write in it joins that command's trace.
+    let span = tracing::debug_span!(
+        "operator",
+        otel.name = "operator.rollback",
+        run_id = %run_id,
+        actor = actor.as_str(),
+        outcome = tracing::field::Empty,
+    );
     let begun = api
         .ctx
         .begin_rollback(&run_id, &actor, reason)
+        .instrument(span.clone())
         .await
         .map_err(ApiError::unavailable)?;
+    span.record("outcome", "begun");
     sluice_faults::point!("producer.rollback.post");
-    let job = CompensateRequest {
-        run_id: run_id.clone(),
-        job: CompensateJob::Rollback {
+    let job = run_compensate_request(
+        &run_id,
+        CompensateJob::Rollback {
             actor,
             reason: reason.to_owned(),
         },
-    };
+    );
     if let Err(e) = api
         .ctx
         .bus
-        .publish(Topic::Compensate, run_id.as_str(), encode(&job), vec![])
+        .publish(Topic::Compensate, run_id.as_str(), job.payload, job.headers)
+        .instrument(span)
         .await
     {
         // Begun all the same: the sweep compensates each COMPENSATING command when due.

@@ -22,6 +22,7 @@ use sluice_core::policy::{self, PolicyDecision};
 use sluice_core::time::Timestamp;
 use sluice_runtime::Driven;
 use sluice_runtime::messages::Cause;
+use tracing::Instrument;
 
 use crate::auth::{Caller, Need, Principal};
 use crate::http::ACTIONS;
@@ -142,8 +143,35 @@ fn refused(command: &Command, refusal: &Refusal) -> ApiError {
     }))
 }
 
-/// Applies an operator event to a command and carries out what the step implies.
-#[tracing::instrument(skip(api, event, cause), fields(run_id = %run_id, command_key = %key, event = ?event.kind()))]
+/// The span name of an operator action.
+fn action_span_name(event: &Event) -> &'static str {
+    use sluice_core::machine::EventKind;
+    match event.kind() {
+        EventKind::Approve => "operator.approve",
+        EventKind::Reject => "operator.reject",
+        EventKind::Cancel => "operator.cancel",
+        EventKind::Replay => "operator.replay",
+        EventKind::Resolve => "operator.resolve",
+        _ => "operator.action",
+    }
+}
+
+/// Applies an operator event to a command and carries out what the step implies. Its span
+/// (`operator.<action>`, in the operator's request trace) gets the command's key, tool and
+/// the status it was left in; the write itself is a span in the command's own trace, linked
+/// to this one (`sluice_trace::adopt`).
+#[tracing::instrument(
+    name = "operator",
+    skip(api, event, cause),
+    fields(
+        otel.name = action_span_name(&event),
+        run_id = %run_id,
+        command_key = %key,
+        event = ?event.kind(),
+        tool = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    )
+)]
 async fn operate(
     api: &Api,
     run_id: &RunId,
@@ -885,12 +913,20 @@ pub(crate) async fn purge(
         )
         .await
         .map_err(|e| ApiError::unavailable(&e))?;
+    let span = tracing::debug_span!(
+        "operator",
+        otel.name = "operator.purge",
+        actor = principal.name.as_str(),
+        outcome = tracing::field::Empty,
+    );
     let report = api
         .ctx
         .ledger
         .purge(older_than, max_runs, &principal.name, now)
+        .instrument(span.clone())
         .await
         .map_err(|e| ApiError::unavailable(&e))?;
+    span.record("outcome", report.runs);
     tracing::info!(actor = %principal.name, runs = report.runs, "purged finished runs");
     Ok(Json(json!({
         "older_than": older_than,

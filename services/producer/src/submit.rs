@@ -26,8 +26,9 @@ use sluice_core::ids::{CommandKey, RunId, ToolName};
 use sluice_core::policy;
 use sluice_core::time::Timestamp;
 use sluice_ledger::{LedgerError, Reserved};
-use sluice_runtime::messages::{Cause, DispatchRequest, encode};
+use sluice_runtime::messages::{Cause, dispatch_request};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::auth::{Caller, Need, Principal};
 use crate::http::{ApiError, RawBody, parse_json};
@@ -226,6 +227,16 @@ impl Api {
             Some(name) => command.submitted_by(name),
             None => command,
         };
+        // The submission's span: the child of the request's, holding the reservation; the
+        // command is stored with its context, the parent of every later step of the effect.
+        let span = tracing::debug_span!(
+            "reserve",
+            run_id = %command.run_id,
+            command_key = %command.command_key,
+            tool = %command.tool,
+            outcome = tracing::field::Empty,
+        );
+        let command = command.traced(span.in_scope(crate::trace::for_command));
         let tool_label = tool.name().to_string();
         let audit = command.reservation_audit(ACTOR);
         // Room in the dispatch backlog, taken before the reservation: a burst waits here
@@ -243,11 +254,28 @@ impl Api {
         let run_id = command.run_id.clone();
         sluice_faults::point!("producer.reserve.pre");
         let reserved = if confined {
-            self.ctx.ledger.reserve_own(command, audit).await
+            self.ctx
+                .ledger
+                .reserve_own(command, audit)
+                .instrument(span.clone())
+                .await
         } else {
-            self.ctx.ledger.reserve(command, audit).await
+            self.ctx
+                .ledger
+                .reserve(command, audit)
+                .instrument(span.clone())
+                .await
         };
         sluice_faults::point!("producer.reserve.post");
+        span.record(
+            "outcome",
+            match &reserved {
+                Ok(Reserved::Created(command)) => command.status().as_str(),
+                Ok(Reserved::Existing(_)) => "existing",
+                Ok(Reserved::BusinessKeyHeld(_)) => "business_key_held",
+                Err(_) => "refused",
+            },
+        );
         let reserved = match reserved {
             Ok(reserved) => {
                 // The run now holds this agent's command, and only its own. A business key held
@@ -293,11 +321,8 @@ impl Api {
                     command.status(),
                     CommandStatus::Pending | CommandStatus::Leased
                 ) {
-                    let request = DispatchRequest {
-                        run_id: command.run_id.clone(),
-                        command_key: command.command_key.clone(),
-                        cause: Cause::Reserved,
-                    };
+                    // Built in the reservation's span: the dispatcher's span is its child.
+                    let request = span.in_scope(|| dispatch_request(&command, Cause::Reserved));
                     sluice_faults::point!("producer.publish.pre");
                     if let Err(e) = self
                         .ctx
@@ -306,8 +331,8 @@ impl Api {
                             admission.unwrap_or_else(Admission::unbounded),
                             Topic::Requested,
                             command.run_id.as_str(),
-                            encode(&request),
-                            vec![],
+                            request.payload,
+                            request.headers,
                         )
                         .await
                     {

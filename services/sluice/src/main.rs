@@ -86,7 +86,9 @@ async fn main() -> anyhow::Result<ExitCode> {
                 tools,
                 "sluice dev is running; Ctrl-C stops it"
             );
-            pipeline.wait().await.map_err(anyhow::Error::msg)?;
+            let ran = pipeline.wait().await;
+            sluice_runtime::telemetry::shutdown();
+            ran.map_err(anyhow::Error::msg)?;
         }
         Command::Migrate { service, print } => {
             let config = service.load()?;
