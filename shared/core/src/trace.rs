@@ -259,7 +259,7 @@ mod tests {
             "Upper=1",
             "a=1,a=2",
             "a=va,lue=",
-            "a=x ",
+            "a=x y=z",
             "1abc=x",
         ] {
             let ctx = TraceContext::parse(VALID, Some(bad)).expect("traceparent kept");
