@@ -168,10 +168,12 @@ impl Span {
         }
     }
 
+    /// The attribute's last value (a field recorded again is exported again).
     fn attribute(&self, key: &str) -> Option<String> {
         self.attributes
             .as_array()?
             .iter()
+            .rev()
             .find(|a| a["key"] == key)
             .map(|a| {
                 let value = &a["value"];
@@ -236,7 +238,9 @@ async fn one_effect_is_one_trace_from_the_agents_call_to_the_upstream_and_back()
     // A NON_IDEMPOTENT wire, so the dispatcher takes a lease of its own, with its last look
     // soon after the commit, so the reconciler's status check joins the trace too.
     let catalog = CatalogEdit::example(&format!("http://{upstream}"))
-        .policy("payments/wire", "verify_after_ms", 2_000_i64)
+        .policy("payments/wire", "late_commit_ms", 500_i64)
+        .policy("payments/wire", "settle_ms", 300_i64)
+        .policy("payments/wire", "verify_after_ms", 1_000_i64)
         .build();
     let data = tempfile::tempdir().expect("a temporary directory");
     let config = test_config(data.path());
