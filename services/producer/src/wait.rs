@@ -61,6 +61,11 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
+    /// The command it watches, as [`subject`] names it.
+    pub(crate) fn subject(&self) -> &str {
+        &self.subject
+    }
+
     /// Waits for the next event of the command (`false`: none can come any more).
     async fn changed(&mut self) -> bool {
         self.events.changed().await.is_ok()
@@ -138,25 +143,35 @@ fn done_waiting(command: &Command, deadline: Instant, now: Timestamp) -> bool {
         })
 }
 
+/// The waiters' name for a command.
+pub(crate) fn subject(run_id: &RunId, command_key: &CommandKey) -> String {
+    format!("{run_id}/{command_key}")
+}
+
 /// The command `run_id`/`command_key` once it is terminal, STUCK or BLOCKED, or as it is at
 /// `deadline`. `known` is the command as the caller just read or wrote it: when it
-/// needs no wait, the ledger is not read again.
+/// needs no wait, the ledger is not read again. `registered` is a watch the caller took
+/// before it wrote or read `known` (a submission registers before it reserves): then no event
+/// after `known` can be missed, and `known` is not read again either.
 pub(crate) async fn until_settled(
     api: &Api,
     principal: &Principal,
     run_id: &RunId,
     command_key: &CommandKey,
     known: Option<Command>,
+    registered: Option<Watch>,
     deadline: Instant,
 ) -> Result<Command, ApiError> {
-    if let Some(command) = known
-        && done_waiting(&command, deadline, api.ctx.clock.now())
-    {
-        return Ok(command);
-    }
-    let subject = format!("{run_id}/{command_key}");
+    let known = match known {
+        Some(command) if done_waiting(&command, deadline, api.ctx.clock.now()) => {
+            return Ok(command);
+        }
+        other => other,
+    };
+    let subject = subject(run_id, command_key);
+    let fresh = registered.is_some();
     // Registered before the read: an event that comes after the read is not missed.
-    let mut watch = api.waiters.watch(subject.clone());
+    let mut watch = registered.unwrap_or_else(|| api.waiters.watch(subject.clone()));
     let read = || async {
         let command = api
             .ctx
@@ -174,7 +189,10 @@ pub(crate) async fn until_settled(
         principal.require_owner(run_id, std::slice::from_ref(&command))?;
         Ok::<_, ApiError>(command)
     };
-    let mut command = read().await?;
+    let mut command = match known {
+        Some(command) if fresh => command,
+        _ => read().await?,
+    };
     loop {
         let now = api.ctx.clock.now();
         if done_waiting(&command, deadline, now) {
@@ -250,6 +268,7 @@ pub(crate) async fn get_effect(
         &principal,
         &run_id,
         &command_key,
+        None,
         None,
         Instant::now() + wait,
     )
