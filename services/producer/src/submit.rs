@@ -504,6 +504,11 @@ pub(crate) async fn submit_one(
     {
         Ok((preferences, raw)) => {
             let deadline = preferences.wait.map(|wait| Instant::now() + wait);
+            // Taken before anything is recorded: past the bound, 503 and nothing written.
+            let slot = match deadline.map(|_| api.wait_slot(&principal)).transpose() {
+                Ok(slot) => slot,
+                Err(e) => return count(&api, "submit", e.into_response()),
+            };
             let submitted = match api.well_formed(raw) {
                 Ok(request) => {
                     // A waiting submission registers before it reserves: the events of its
@@ -521,7 +526,7 @@ pub(crate) async fn submit_one(
                 }
                 Err(e) => Err(e),
             };
-            match submitted {
+            let answer = match submitted {
                 Ok(submitted) => {
                     let mut response = if preferences.minimal {
                         (
@@ -542,14 +547,21 @@ pub(crate) async fn submit_one(
                     preferences.mark(response)
                 }
                 Err(e) => e.into_response(),
-            }
+            };
+            drop(slot);
+            answer
         }
         Err(e) => e.into_response(),
     };
+    count(&api, "submit", answer)
+}
+
+/// Counts an answer in `sluice_http_requests_total{route}`.
+fn count(api: &Api, route: &str, answer: Response) -> Response {
     api.ctx
         .metrics
         .http_requests
-        .with_label_values(&["submit", answer.status().as_str()])
+        .with_label_values(&[route, answer.status().as_str()])
         .inc();
     answer
 }
@@ -564,6 +576,8 @@ pub(crate) async fn submit_batch(
     let preferences = Preferences::of(&headers, Duration::from_millis(api.config.max_wait_ms))?;
     let minimal = preferences.minimal;
     let deadline = preferences.wait.map(|wait| Instant::now() + wait);
+    // One place for the whole batch (one request held), taken before anything is recorded.
+    let _slot = deadline.map(|_| api.wait_slot(&principal)).transpose()?;
     let batch: BatchRequest = serde_json::from_value(parse_json(&body)?).map_err(|e| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,

@@ -167,10 +167,11 @@ fn exit_code(outcome: Result<(), impl std::error::Error>) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// Adds a freshly generated admin token when the configuration names none, so the console can
-/// be used at once; returns it for printing.
+/// Adds a freshly generated admin token when the configuration names none (and does not ask
+/// for an open API with `producer.open`), so the console can be used at once; returns it for
+/// printing.
 fn ensure_admin_token(config: &mut sluice_runtime::Config) -> Option<String> {
-    if config.auth.tokens.iter().any(|t| t.role == Role::Admin) {
+    if config.producer.open || config.auth.tokens.iter().any(|t| t.role == Role::Admin) {
         return None;
     }
     // Two v4 UUIDs: 244 bits from the operating system's random source.
