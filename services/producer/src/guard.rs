@@ -206,7 +206,7 @@ mod tests {
         let listed = vec!["https://console.example.com".to_owned()];
         let host = (header::HOST, "127.0.0.1:8700");
         assert_eq!(
-            origin_of(&headers(&[host.clone()]), &listed, false),
+            origin_of(&headers(std::slice::from_ref(&host)), &listed, false),
             Origin::None
         );
         for own in ["http://127.0.0.1:8700", "https://127.0.0.1:8700"] {

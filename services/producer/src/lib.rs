@@ -21,6 +21,7 @@
 //! and `Prefer: wait=` hold the answer until the command settles ([`wait`]); the plumbing every
 //! route shares is in [`http`].
 
+pub mod audit;
 pub mod auth;
 pub mod events;
 mod guard;
@@ -209,12 +210,9 @@ pub fn router(api: Api) -> Router {
             "/v1/runs/{run_id}/rollback",
             post(rollback).get(operator::rollback_status),
         )
-        .route("/v1/runs/{run_id}/audit", get(operator::audit_read))
-        .route(
-            "/v1/runs/{run_id}/audit/verify",
-            get(operator::audit_verify),
-        )
-        .route("/v1/audit/purge", post(operator::purge))
+        .route("/v1/runs/{run_id}/audit", get(audit::audit_read))
+        .route("/v1/runs/{run_id}/audit/verify", get(audit::audit_verify))
+        .route("/v1/audit/purge", post(audit::purge))
         .route("/v1/events/stream", get(events::stream))
         .merge(ui::routes(api.config.console_enabled(false)))
         .route("/healthz", get(|| async { "ok" }))

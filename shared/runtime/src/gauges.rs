@@ -36,14 +36,17 @@ struct Held {
     since: Timestamp,
 }
 
+/// A gauge's labels: the status and the tool.
+type Labels = (CommandStatus, Arc<str>);
+
 #[derive(Debug, Default)]
 struct State {
     held: HashMap<Arc<str>, Held>,
     /// Per (status, tool), its commands by the time they entered the status: the first is
     /// the oldest.
-    by_age: HashMap<(CommandStatus, Arc<str>), BTreeSet<(Timestamp, Arc<str>)>>,
+    by_age: HashMap<Labels, BTreeSet<(Timestamp, Arc<str>)>>,
     /// Per (status, tool), how many are held.
-    counts: HashMap<(CommandStatus, Arc<str>), u64>,
+    counts: HashMap<Labels, u64>,
     /// While a seed reads the ledger: the latest state of every command written meanwhile
     /// (`None`: it left the unresolved statuses), replayed over the seed when it lands.
     during_seed: Option<HashMap<Arc<str>, Option<Held>>>,
