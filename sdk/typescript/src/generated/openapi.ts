@@ -803,6 +803,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["Error"];
         };
     };
     listEffects: {
@@ -832,6 +833,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["Error"];
             422: components["responses"]["Error"];
         };
     };
@@ -886,6 +888,7 @@ export interface operations {
             404: components["responses"]["Error"];
             409: components["responses"]["Error"];
             413: components["responses"]["Error"];
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -927,7 +930,9 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             403: components["responses"]["Error"];
             413: components["responses"]["Error"];
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     listTools: {
@@ -953,6 +958,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["Error"];
         };
     };
     getTool: {
@@ -977,6 +983,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["Error"];
             404: components["responses"]["Error"];
             422: components["responses"]["Error"];
         };
@@ -1085,6 +1092,7 @@ export interface operations {
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
             422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     removeEffect: {
@@ -1179,6 +1187,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -1222,6 +1231,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -1265,6 +1275,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -1317,6 +1328,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -1371,6 +1383,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -1451,6 +1464,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -1577,6 +1591,7 @@ export interface operations {
             400: components["responses"]["Error"];
             401: components["responses"]["Unauthenticated"];
             403: components["responses"]["Error"];
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -1626,6 +1641,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
+            403: components["responses"]["Error"];
         };
     };
     consoleIndex: {
@@ -1646,6 +1662,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
+            403: components["responses"]["Error"];
         };
     };
     consoleAsset: {
@@ -1671,6 +1688,7 @@ export interface operations {
                     "image/svg+xml": string;
                 };
             };
+            403: components["responses"]["Error"];
             /** @description No such file */
             404: {
                 headers: {
@@ -1700,6 +1718,7 @@ export interface operations {
                     "text/plain": string;
                 };
             };
+            403: components["responses"]["Error"];
         };
     };
     readyz: {
@@ -1720,6 +1739,7 @@ export interface operations {
                     "text/plain": string;
                 };
             };
+            403: components["responses"]["Error"];
             /** @description The ledger does not answer */
             503: {
                 headers: {
@@ -1749,6 +1769,7 @@ export interface operations {
                     "text/plain": string;
                 };
             };
+            403: components["responses"]["Error"];
         };
     };
 }
