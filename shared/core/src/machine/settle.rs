@@ -664,10 +664,15 @@ pub(super) fn owe_duplicates(
 ) -> Step {
     let undoable = rules.has_compensate && rules.semantics != EffectSemantics::ObserveOnly;
     if undoable && !extra_refs.is_empty() {
-        step.state.owed_duplicates = extra_refs.to_vec();
         // Soon: the compensator claims the command (moving this) before it calls; if the
-        // request is lost, the sweep takes the clean-up up from here.
-        step.state.due_at = Some(now.plus_millis(rules.compensation_timeout_ms.min(5_000)));
+        // request is lost, the sweep takes the clean-up up from here. One already owed is not
+        // put off.
+        let soon = now.plus_millis(rules.compensation_timeout_ms.min(5_000));
+        step.state.due_at = Some(match step.state.due_at {
+            Some(owed) if !step.state.owed_duplicates.is_empty() => owed.min(soon),
+            _ => soon,
+        });
+        step.state.owed_duplicates = extra_refs.to_vec();
         step.actions.insert(0, Action::CompensateDuplicate);
     } else {
         step.state.escalated = true;
