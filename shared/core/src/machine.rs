@@ -238,11 +238,15 @@ pub fn apply(
             }
         }
 
-        Event::Dispatched { epoch, outcome } => match from {
+        Event::Dispatched {
+            epoch,
+            outcome,
+            sent_at,
+        } => match from {
             S::Leased => {
                 check_holder(state, *epoch)?;
                 next.lease = released(&state.lease);
-                Ok(dispatched(next, state, rules, outcome, now, from))
+                Ok(dispatched(next, state, rules, outcome, *sent_at, now, from))
             }
             S::Scheduled
             | S::Pending
