@@ -11,7 +11,9 @@
 //! If publishing the dispatch request fails afterwards, the command still is PENDING with a due
 //! time, and the reconciler's sweep republishes it.
 //!
-//! Every route under `/v1` checks its caller's bearer token and role ([`auth`]); operator
+//! Every request first passes [`guard`]: a browser's request from another origin is refused,
+//! a body must be JSON, and the answer's time is observed. Every route under `/v1` checks its
+//! caller's bearer token and role ([`auth`]); operator
 //! actions (approve, reject, cancel, replay, resolve, rollback, purge) and the audit routes live
 //! in [`operator`]. The OpenAPI document `schemas/openapi.yaml` describes every route.
 //!
@@ -19,8 +21,10 @@
 //! and `Prefer: wait=` hold the answer until the command settles ([`wait`]); the plumbing every
 //! route shares is in [`http`]; every request's W3C trace context is read in [`trace`].
 
+pub mod audit;
 pub mod auth;
 pub mod events;
+mod guard;
 pub mod http;
 pub mod operator;
 pub mod submit;
@@ -208,12 +212,9 @@ pub fn router(api: Api) -> Router {
             "/v1/runs/{run_id}/rollback",
             post(rollback).get(operator::rollback_status),
         )
-        .route("/v1/runs/{run_id}/audit", get(operator::audit_read))
-        .route(
-            "/v1/runs/{run_id}/audit/verify",
-            get(operator::audit_verify),
-        )
-        .route("/v1/audit/purge", post(operator::purge))
+        .route("/v1/runs/{run_id}/audit", get(audit::audit_read))
+        .route("/v1/runs/{run_id}/audit/verify", get(audit::audit_verify))
+        .route("/v1/audit/purge", post(audit::purge))
         .route("/v1/events/stream", get(events::stream))
         .merge(ui::routes(api.config.console_enabled(false)))
         .route("/healthz", get(|| async { "ok" }))
@@ -221,6 +222,10 @@ pub fn router(api: Api) -> Router {
         .route("/metrics", get(metrics))
         .fallback(http::no_route)
         .method_not_allowed_fallback(http::no_method)
+        .layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            guard::guard,
+        ))
         .layer(axum::middleware::from_fn(trace::request))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(api)
@@ -442,10 +447,17 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: Shutdown,
 ) -> std::io::Result<()> {
+    // No tokens and no explicit `producer.open`: refused, never served open by omission (and
+    // the services beside it in one process stop too).
+    if let Err(refused) = config.producer.check_serving(&config.auth) {
+        shutdown.cancel();
+        return Err(std::io::Error::other(refused));
+    }
     let api = Api::new(ctx, config);
     if api.auth.is_open() {
         tracing::warn!(
-            "no [auth] tokens configured: the API is open to anyone who can reach this loopback address"
+            "producer.open: the API has no tokens and is open to anyone who can reach this \
+             loopback address"
         );
     }
     let watcher = tokio::spawn(wait::watch_events(api.clone(), shutdown.clone()));

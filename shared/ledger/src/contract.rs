@@ -145,6 +145,7 @@ pub async fn dispatch_effect(
         &rules,
         &Event::Dispatched {
             epoch: leased.epoch(),
+            sent_at: now,
             outcome: DispatchOutcome::Committed {
                 external_ref: Some(format!("w-{task}-{i}")),
                 result: Some(Arc::new(json!({"id": format!("w-{task}-{i}")}))),
@@ -224,6 +225,7 @@ async fn lease(ledger: &dyn Ledger, command: &Command, owner: &str) -> Cas {
 fn committed(epoch: LeaseEpoch, result: Value) -> Event {
     Event::Dispatched {
         epoch,
+        sent_at: now(),
         outcome: DispatchOutcome::Committed {
             external_ref: Some("w-1".into()),
             result: Some(Arc::new(result)),
@@ -594,6 +596,7 @@ pub async fn transitions_are_audited_and_conflicts_are_not(ledger: Arc<dyn Ledge
     assert!(!lease(&*ledger, &pending, "other").await.is_applied());
     let ambiguous = Event::Dispatched {
         epoch: leased.epoch(),
+        sent_at: now(),
         outcome: DispatchOutcome::Ambiguous {
             reason: "timeout after send".into(),
         },
