@@ -186,9 +186,12 @@ impl Span {
     }
 }
 
-/// What the upstream saw: each request's method, path and `traceparent`.
+/// One request the upstream saw: its method, path and `traceparent`.
+type SeenRequest = (String, String, Option<String>);
+
+/// What the upstream saw, in order.
 #[derive(Debug, Clone, Default)]
-struct Seen(Arc<Mutex<Vec<(String, String, Option<String>)>>>);
+struct Seen(Arc<Mutex<Vec<SeenRequest>>>);
 
 /// A loopback upstream: every request is a success naming reference `w-1` (a wire's dispatch,
 /// and its status check finding it), and is recorded.

@@ -22,7 +22,6 @@ use sluice_core::policy::{self, PolicyDecision};
 use sluice_core::time::Timestamp;
 use sluice_runtime::Driven;
 use sluice_runtime::messages::Cause;
-use tracing::Instrument;
 
 use crate::auth::{Caller, Need};
 use crate::http::ACTIONS;
