@@ -755,6 +755,10 @@ export interface components {
         };
     };
     parameters: {
+        /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+        Traceparent: string;
+        /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+        Tracestate: string;
         /** @description RFC 7240 preferences: `return=minimal` answers submissions with keys and status only; `wait=<seconds>` holds the answer until the command is terminal (a wait that is not a whole number of seconds is refused with 422); other preferences are ignored */
         Prefer: string;
         /** @example r-example */
@@ -787,7 +791,12 @@ export interface operations {
     whoami: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -815,7 +824,12 @@ export interface operations {
                 since?: components["parameters"]["Since"];
                 limit?: components["parameters"]["Limit"];
             };
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -843,6 +857,10 @@ export interface operations {
             header?: {
                 /** @description RFC 7240 preferences: `return=minimal` answers submissions with keys and status only; `wait=<seconds>` holds the answer until the command is terminal (a wait that is not a whole number of seconds is refused with 422); other preferences are ignored */
                 Prefer?: components["parameters"]["Prefer"];
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
             };
             path?: never;
             cookie?: never;
@@ -899,6 +917,10 @@ export interface operations {
             header?: {
                 /** @description RFC 7240 preferences: `return=minimal` answers submissions with keys and status only; `wait=<seconds>` holds the answer until the command is terminal (a wait that is not a whole number of seconds is refused with 422); other preferences are ignored */
                 Prefer?: components["parameters"]["Prefer"];
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
             };
             path?: never;
             cookie?: never;
@@ -938,7 +960,12 @@ export interface operations {
     listTools: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -964,7 +991,12 @@ export interface operations {
     getTool: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path: {
                 /** @description The tool's name, `namespace/name` percent-encoded as one segment, or as two segments */
                 tool: components["schemas"]["ToolRef"];
@@ -994,7 +1026,12 @@ export interface operations {
                 since?: components["parameters"]["Since"];
                 limit?: components["parameters"]["Limit"];
             };
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -1023,7 +1060,12 @@ export interface operations {
                 /** @description A tool, `namespace/name` or a bare name in the default namespace */
                 tool?: components["parameters"]["Tool"];
             };
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path: {
                 /** @example r-example */
                 run_id: components["parameters"]["RunId"];
@@ -1044,7 +1086,12 @@ export interface operations {
                 /** @description A tool, `namespace/name` or a bare name in the default namespace */
                 tool?: components["parameters"]["Tool"];
             };
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path: {
                 /** @example r-example */
                 run_id: components["parameters"]["RunId"];
@@ -1065,7 +1112,12 @@ export interface operations {
                 /** @description How long to hold the answer while the command is not settled, in milliseconds (`500`, `500ms`), seconds (`30s`) or minutes (`1m`); capped at `producer.max_wait_ms` */
                 wait?: string;
             };
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path: {
                 /** @example r-example */
                 run_id: components["parameters"]["RunId"];
@@ -1101,7 +1153,12 @@ export interface operations {
                 /** @description Why, for the audit chain (default `removed by <token name>`) */
                 reason?: components["schemas"]["Reason"];
             };
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path: {
                 /** @example r-example */
                 run_id: components["parameters"]["RunId"];
@@ -1151,7 +1208,12 @@ export interface operations {
     approve: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path: {
                 /** @example r-example */
                 run_id: components["parameters"]["RunId"];
@@ -1195,7 +1257,12 @@ export interface operations {
     reject: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path: {
                 /** @example r-example */
                 run_id: components["parameters"]["RunId"];
@@ -1239,7 +1306,12 @@ export interface operations {
     cancel: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path: {
                 /** @example r-example */
                 run_id: components["parameters"]["RunId"];
@@ -1283,7 +1355,12 @@ export interface operations {
     replay: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path: {
                 /** @example r-example */
                 run_id: components["parameters"]["RunId"];
@@ -1336,7 +1413,12 @@ export interface operations {
     resolve: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path: {
                 /** @example r-example */
                 run_id: components["parameters"]["RunId"];
@@ -1391,7 +1473,12 @@ export interface operations {
     rollbackProgress: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path: {
                 /** @example r-example */
                 run_id: components["parameters"]["RunId"];
@@ -1421,7 +1508,12 @@ export interface operations {
     rollback: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path: {
                 /** @example r-example */
                 run_id: components["parameters"]["RunId"];
@@ -1472,7 +1564,12 @@ export interface operations {
     auditRead: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path: {
                 /** @example r-example */
                 run_id: components["parameters"]["RunId"];
@@ -1503,7 +1600,12 @@ export interface operations {
     auditVerify: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path: {
                 /** @example r-example */
                 run_id: components["parameters"]["RunId"];
@@ -1554,7 +1656,12 @@ export interface operations {
     purge: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -1602,7 +1709,12 @@ export interface operations {
                 run_id?: components["schemas"]["RunId"];
                 summary?: boolean;
             };
-            header?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
             path?: never;
             cookie?: never;
         };
