@@ -7,6 +7,7 @@
 //! * [`catalog`] — the tool catalog, loaded from TOML and validated once at start.
 //! * [`policy`] — deterministic policy checks against a command's stored arguments.
 //! * [`audit`] — the per-run audit hash chain and its verification.
+//! * [`sweep`] — due-index shards and the plan by which reconcilers split them.
 //! * [`time`] — millisecond timestamps and the `Clock` port.
 
 pub mod audit;
@@ -18,6 +19,7 @@ pub mod ids;
 pub mod journal;
 pub mod machine;
 pub mod policy;
+pub mod sweep;
 pub mod time;
 
 pub use audit::{AuditDraft, AuditEntry, AuditRecord, BrokenLink, ChainHead, Checkpoint};

@@ -38,6 +38,7 @@ mod claims;
 #[cfg(test)]
 mod pause;
 mod runs;
+mod shards;
 mod sweep;
 #[cfg(test)]
 mod tests;
@@ -68,8 +69,8 @@ use sluice_core::ids::{BusinessKey, CommandKey, LeaseEpoch, RunId, ToolName};
 use sluice_core::time::{Clock, SystemClock, Timestamp};
 use sluice_ledger::quarantine::Quarantine;
 use sluice_ledger::{
-    AuditTrail, Cas, Claim, DueItem, Guard, Ledger, LedgerError, PurgeReport, Reserved, RunSummary,
-    SYSTEM_RUN, Transition, cap_result,
+    AuditTrail, Cas, Claim, DueItem, Guard, Ledger, LedgerError, Member, PurgeReport, Reserved,
+    RunSummary, SYSTEM_RUN, ShardCas, ShardLease, SweepView, Transition, cap_result,
 };
 
 use crate::CqlError;
@@ -1705,8 +1706,34 @@ impl Ledger for CqlLedger {
     /// `now`. Entries are checked against their command; stale ones are deleted. Live entries
     /// in a bucket older than the sweep lag are carried forward into the current minute, so a
     /// cursor never waits behind a command that stays due, and can move past the bucket.
-    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<DueItem>, LedgerError> {
-        self.sweep_due(now, limit).await
+    async fn due_in(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        shards: &[u32],
+    ) -> Result<Vec<DueItem>, LedgerError> {
+        self.sweep_due(now, limit, shards).await
+    }
+
+    fn due_shards(&self) -> u32 {
+        self.inner.config.due_shards
+    }
+
+    async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError> {
+        self.read_sweep_view(group, shards).await
+    }
+
+    async fn write_shard_lease(
+        &self,
+        group: &str,
+        guard: Option<u64>,
+        next: ShardLease,
+    ) -> Result<ShardCas, LedgerError> {
+        self.put_shard_lease(group, guard, next).await
+    }
+
+    async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
+        self.put_member(group, member).await
     }
 
     async fn audit_append(
