@@ -425,6 +425,10 @@ impl Bus for KafkaBus {
         Ok(Subscription::new(topic, group, member, Box::new(source)))
     }
 
+    fn backlog(&self) -> u64 {
+        u64::try_from(self.inner.producer.in_flight_count()).unwrap_or(0)
+    }
+
     async fn watch(&self, topic: Topic, member: &str) -> Result<Subscription, BusError> {
         if self.is_closed() {
             return Err(BusError::Closed);

@@ -351,6 +351,12 @@ pub trait Bus: Send + Sync + fmt::Debug + 'static {
         member: &str,
     ) -> Result<Subscription, BusError>;
 
+    /// Messages published by this handle and not yet stored by the bus: how far behind the
+    /// bus is, for admission (`sluice_core::load::admit`). 0 for a bus that does not queue.
+    fn backlog(&self) -> u64 {
+        0
+    }
+
     /// Reads `topic` from now on, in no consumer group: every partition, from its end at the
     /// time of the call; acknowledging does nothing. For a reader that needs only what
     /// happens while it runs (a producer waking its long polls), so that starting one neither

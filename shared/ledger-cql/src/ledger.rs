@@ -112,6 +112,8 @@ struct Inner {
     known: Mutex<Known>,
     /// The first minute of the due index (written by `migrate`).
     due_origin: i64,
+    /// How long this handle's LWTs take now.
+    write_latency: sluice_ledger::latency::WriteLatency,
     /// Commands found undecodable: `due` skips them.
     quarantine: Quarantine,
     /// Where tests hold a task of this ledger (`pause`).
@@ -606,6 +608,7 @@ impl CqlLedger {
                 flushed: Mutex::new(HashMap::new()),
                 known: Mutex::new(Known::default()),
                 due_origin,
+                write_latency: Default::default(),
                 quarantine: Quarantine::default(),
                 #[cfg(test)]
                 pauses: pause::Pauses::default(),
@@ -695,7 +698,10 @@ impl CqlLedger {
         values: impl SerializeRow,
     ) -> Result<Lwt, LedgerError> {
         self.inner.stats.round_trip(op, Kind::Lwt);
-        match self.inner.session.execute_unpaged(statement, values).await {
+        let started = std::time::Instant::now();
+        let answer = self.inner.session.execute_unpaged(statement, values).await;
+        self.inner.write_latency.observe(started.elapsed());
+        match answer {
             Ok(result) => {
                 let row = rows_of(result)
                     .map_err(|why| storage_msg(what, why))?
@@ -1717,6 +1723,10 @@ impl Ledger for CqlLedger {
 
     fn due_shards(&self) -> u32 {
         self.inner.config.due_shards
+    }
+
+    fn write_latency_ms(&self) -> i64 {
+        self.inner.write_latency.millis()
     }
 
     async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError> {

@@ -32,6 +32,7 @@ use sluice_core::time::Timestamp;
 pub mod contract;
 mod error;
 pub mod identity;
+pub mod latency;
 pub mod quarantine;
 pub mod shards;
 pub mod sqlite;
@@ -429,6 +430,13 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
     /// (the embedded ledger has no network round trips to count).
     fn round_trips(&self) -> Vec<RoundTrips> {
         Vec::new()
+    }
+
+    /// What a write takes now, in milliseconds, as this handle measured its own writes
+    /// ([`latency::WriteLatency`]): leases are sized from it and producers refuse new work
+    /// past a limit of it (`sluice_core::load`). 0 for a ledger that does not measure.
+    fn write_latency_ms(&self) -> i64 {
+        0
     }
 
     /// Commands this handle found it cannot decode and set aside since it opened, each counted

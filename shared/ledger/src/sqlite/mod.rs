@@ -145,6 +145,8 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// Commands found undecodable: `due` skips them.
     quarantine: Arc<Quarantine>,
+    /// How long writes take now, from submission to answer.
+    write_latency: crate::latency::WriteLatency,
 }
 
 /// Read connections kept open, and reads run at once.
@@ -222,6 +224,7 @@ impl SqliteLedger {
                 waiting: Mutex::new(Waiting::default()),
                 clock,
                 quarantine: Arc::new(Quarantine::default()),
+                write_latency: Default::default(),
             }),
         })
     }
@@ -265,13 +268,16 @@ impl SqliteLedger {
 
     /// Sends `op` to the writer; the answer comes once its transaction committed.
     async fn submit(&self, op: Op) -> Result<Answer, LedgerError> {
+        let started = std::time::Instant::now();
         let (reply, answer) = oneshot::channel();
         self.inner
             .writer
             .send(Job { op, reply })
             .await
             .map_err(|_| LedgerError::Closed)?;
-        answer.await.map_err(|_| LedgerError::Closed)
+        let answer = answer.await.map_err(|_| LedgerError::Closed);
+        self.inner.write_latency.observe(started.elapsed());
+        answer
     }
 
     /// Reserves `command`; `confined` refuses a run holding another submitter's command.
@@ -592,6 +598,10 @@ impl Ledger for SqliteLedger {
 
     fn due_shards(&self) -> u32 {
         DUE_SHARDS
+    }
+
+    fn write_latency_ms(&self) -> i64 {
+        self.inner.write_latency.millis()
     }
 
     async fn due_in(
