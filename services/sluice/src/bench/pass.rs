@@ -67,6 +67,7 @@ impl Workload {
 
     /// The body of `POST /v1/effects/batch` for the effects in `range`, joined from their
     /// encoded bodies.
+    #[cfg(test)]
     fn batch_body(&self, range: std::ops::Range<usize>) -> String {
         self.batch_body_of(range)
     }
