@@ -22,7 +22,7 @@
 #   * Prometheus: every Sluice service is scraped; the alert rules cover the required cases;
 #     Grafana provisioning points at the dashboard folder and the Prometheus service;
 #   * SLUICE_ overrides and TOML keys name configuration keys that exist in
-#     shared/runtime/src/config.rs or shared/ledger-cql/src/config.rs (a warning, not a failure:
+#     shared/runtime/src/config.rs (and config/api.rs) or shared/ledger-cql/src/config.rs (a warning, not a failure:
 #     a key may be added by a change not merged yet).
 # When the tools are installed (they are optional; nothing is downloaded for them):
 #   * promtool: `check config`, `check rules`, `test rules` (deploy/prometheus/alerts.test.yml),
@@ -227,6 +227,57 @@ for svc in SERVICES:
         else:
             ok(f"{hpath}: HPA {name} on lag of {group}, maxReplicas {hpa['spec']['maxReplicas']} <= partitions {partitions}")
 
+# The KEDA option (k8s/keda, a kustomize Component): a ScaledObject per consumer on the same
+# lag, bounds and target as its HPA, and patches that delete those HPAs; and the
+# prometheus-adapter rule the HPAs need, shipped in k8s/autoscaling/.
+keda_component = next(iter(docs_by_file.get("k8s/keda/kustomization.yaml", [])), None)
+if not keda_component:
+    fail("k8s/keda/kustomization.yaml", "missing: the KEDA option")
+else:
+    deleted = {yaml.safe_load(p["patch"])["metadata"]["name"] for p in keda_component.get("patches", [])
+               if "$patch: delete" in p.get("patch", "")}
+    for svc, group in CONSUMERS.items():
+        name = f"sluice-{svc}"
+        sos = find("ScaledObject", name)
+        hpas = find("HorizontalPodAutoscaler", name)
+        if not sos or not hpas:
+            fail("k8s/keda/scaledobjects.yaml", f"no ScaledObject {name}")
+            continue
+        (spath, so), (_, hpa) = sos[0], hpas[0]
+        spec = so["spec"]
+        trig = [t for t in spec.get("triggers", []) if t.get("type") == "prometheus"
+                and f'consumergroup="{group}"' in t["metadata"].get("query", "")
+                and "kafka_consumergroup_lag" in t["metadata"].get("query", "")]
+        hpa_target = next((m["external"]["target"]["averageValue"] for m in hpa["spec"]["metrics"]
+                           if m.get("type") == "External"), None)
+        if spec["scaleTargetRef"]["name"] != name:
+            fail(spath, f"{name}: targets {spec['scaleTargetRef']['name']}")
+        elif not trig:
+            fail(spath, f"{name}: no prometheus trigger on kafka_consumergroup_lag of {group}")
+        elif (spec.get("minReplicaCount"), spec.get("maxReplicaCount")) != (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]):
+            fail(spath, f"{name}: replica bounds differ from its HPA's")
+        elif str(trig[0]["metadata"].get("threshold")) != str(hpa_target):
+            fail(spath, f"{name}: threshold {trig[0]['metadata'].get('threshold')} differs from the HPA's {hpa_target}")
+        elif name not in deleted:
+            fail("k8s/keda/kustomization.yaml", f"does not delete the HPA {name} (two autoscalers would fight)")
+        else:
+            ok(f"{spath}: ScaledObject {name} on lag of {group} as its HPA, which the component deletes")
+adapter_rules = []
+for path, key in (("k8s/autoscaling/prometheus-adapter-values.yaml", None),
+                  ("k8s/autoscaling/prometheus-adapter-config.yaml", "config.yaml")):
+    doc = next(iter(docs_by_file.get(path, [])), None)
+    if not doc:
+        fail(path, "missing: the prometheus-adapter rule the lag HPAs need")
+        continue
+    rules_ = doc["rules"]["external"] if key is None else yaml.safe_load(doc["data"][key])["externalRules"]
+    lag_rules = [r for r in rules_ if r.get("name", {}).get("as") == "kafka_consumergroup_lag"
+                 and "sum by (consumergroup)" in r.get("metricsQuery", "")
+                 and "kafka_consumergroup_lag" in r.get("seriesQuery", "")]
+    if lag_rules:
+        ok(f"{path}: serves kafka_consumergroup_lag by consumer group as an External metric")
+    else:
+        fail(path, "no external rule serving kafka_consumergroup_lag summed by consumergroup")
+
 # Migration Job.
 jobs = [(p, d) for p, d in k8s if d["kind"] == "Job"]
 if any(d["spec"]["template"]["spec"]["containers"][0].get("command", [])[-1:] == ["migrate"] for _, d in jobs):
@@ -292,6 +343,19 @@ if compose:
             fail(compose_path, f"{s}: no SLUICE_TELEMETRY__LISTEN (its /metrics would not be reachable)")
         if "healthcheck" not in svc:
             fail(compose_path, f"{s}: no healthcheck")
+    # No working admin token may ship: the token is required from the environment (`:?`),
+    # with no default (`:-` or `-`) to fall back on.
+    tokens = str(services.get("producer", {}).get("environment", {}).get("SLUICE_AUTH__TOKENS", ""))
+    if not re.search(r"\$\{SLUICE_ADMIN_TOKEN:\?[^}]+\}", tokens) or re.search(r"\$\{[A-Z_]+:?-", tokens):
+        fail(compose_path, "SLUICE_AUTH__TOKENS must take the admin token from ${SLUICE_ADMIN_TOKEN:?...}, with no default")
+    else:
+        ok(f"{compose_path}: the admin token is required from the environment, no default ships")
+    if str(services.get("producer", {}).get("environment", {}).get("SLUICE_PRODUCER__OPEN", "")).lower() != "false":
+        fail(compose_path, "the producer must set SLUICE_PRODUCER__OPEN=false (it listens beyond loopback)")
+    gauges = {s: str(services.get(s, {}).get("environment", {}).get("SLUICE_METRICS__COMMAND_GAUGES", "")).lower()
+              for s in SERVICES}
+    if [s for s, v in gauges.items() if v == "true"] != ["reconciler"]:
+        fail(compose_path, f"exactly the reconciler must report the state gauges, found {gauges}")
     if services.get("migrate", {}).get("command") != ["sluice", "migrate"]:
         fail(compose_path, "migrate must run `sluice migrate`")
     if services.get("kafka", {}).get("image") != "apache/kafka:4.1.1":
@@ -328,7 +392,10 @@ if alerts:
             fail(alerts_path, f"{r.get('alert')}: no severity label")
     exprs = " ".join(r.get("expr", "") for r in rules)
     required = {
-        "STUCK": 'to="STUCK"', "escalations": "sluice_escalations_total",
+        "STUCK now": 'sluice_commands{job="sluice", status="STUCK"}',
+        "BLOCKED too long": 'status="BLOCKED"',
+        "UNKNOWN past its horizon": "sluice_tool_unknown_horizon_seconds",
+        "escalations": "sluice_escalations_total",
         "dead letters": "sluice_dead_letters_total",
         "dispatch p99": "histogram_quantile(0.99", "ambiguous outcomes": 'outcome="ambiguous"',
         "CAS conflicts": "sluice_cas_conflicts_total", "LWT per confirmed effect": 'kind="lwt"',
@@ -353,7 +420,9 @@ if dash:
     for metric in ("sluice_effects_submitted_total", 'to="CONFIRMED"', "STUCK|FAILED",
                    "sluice_dispatch_duration_seconds_bucket", 'outcome="ambiguous"',
                    "sluice_sweep_items_total", "sluice_dead_letters_total", "sluice_cas_conflicts_total",
-                   "sluice_ledger_round_trips_total", "kafka_consumergroup_lag"):
+                   "sluice_ledger_round_trips_total", "kafka_consumergroup_lag", "sluice_commands{",
+                   "sluice_oldest_command_age_seconds", "sluice_http_request_duration_seconds_bucket",
+                   "process_cpu_seconds_total", "sluice_build_info"):
         if metric not in blob:
             fail(dash_path, f"no panel queries {metric}")
     ids = [p["id"] for p in dash["panels"]]
@@ -383,7 +452,8 @@ def parse_structs(src):
 
 
 structs = {}
-for src in ("shared/runtime/src/config.rs", "shared/ledger-cql/src/config.rs"):
+for src in ("shared/runtime/src/config.rs", "shared/runtime/src/config/api.rs",
+            "shared/ledger-cql/src/config.rs"):
     if os.path.exists(src):
         structs.update(parse_structs(open(src).read()))
 FREE_FORM = {"extra", "datacenters"}
@@ -480,6 +550,25 @@ rendered = None
 if kubectl:
     r = run([kubectl, "kustomize", "k8s"], "kubectl kustomize k8s renders", "k8s/kustomization.yaml")
     rendered = r.stdout if r else None
+    # The KEDA option as a user's overlay would use it (kustomize wants overlays outside the base).
+    overlay = Path(tempfile.mkdtemp(prefix=".keda-overlay-", dir="."))
+    try:
+        (overlay / "kustomization.yaml").write_text(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+            "resources: [../k8s]\ncomponents: [../k8s/keda]\n")
+        r = run([kubectl, "kustomize", str(overlay)], "kubectl kustomize renders k8s/ with the KEDA component",
+                "k8s/keda/kustomization.yaml")
+        if r:
+            kinds = sorted((d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(r.stdout)
+                           if d and d["kind"] in ("HorizontalPodAutoscaler", "ScaledObject"))
+            want = sorted([("HorizontalPodAutoscaler", "sluice-producer")]
+                          + [("ScaledObject", f"sluice-{s}") for s in CONSUMERS])
+            if kinds == want:
+                ok("with the KEDA component: ScaledObjects for the consumers, the producer's CPU HPA alone")
+            else:
+                fail("k8s/keda/kustomization.yaml", f"renders autoscalers {kinds}, expected {want}")
+    finally:
+        shutil.rmtree(overlay)
 else:
     skipped.append("kubectl kustomize")
 
@@ -510,14 +599,24 @@ if not compose_check and shutil.which("go"):
     if target.exists():
         compose_check = str(target)
 if compose_check:
-    run([compose_check, compose_path], f"compose-go loads {compose_path}", compose_path)
+    # With the admin token from the environment it loads; without it, it must refuse, naming it.
+    with_token = dict(os.environ, SLUICE_ADMIN_TOKEN="check-deploy-token-0123456789")
+    run([compose_check, compose_path], f"compose-go loads {compose_path} (SLUICE_ADMIN_TOKEN set)",
+        compose_path, env=with_token)
+    without = {k: v for k, v in os.environ.items() if k != "SLUICE_ADMIN_TOKEN"}
+    r = subprocess.run([compose_check, compose_path], capture_output=True, text=True, env=without)
+    if r.returncode == 0 or "SLUICE_ADMIN_TOKEN" not in r.stdout + r.stderr:
+        fail(compose_path, "compose-go loads it without SLUICE_ADMIN_TOKEN: a default token ships")
+    else:
+        ok(f"compose-go refuses {compose_path} without SLUICE_ADMIN_TOKEN, naming it")
 elif shutil.which("docker-compose"):
     # docker-compose v1 predates the top-level `name`; validate the rest of the file.
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir="deploy", delete=False) as f:
         f.write(re.sub(r"(?m)^name: .*\n", "", open(compose_path).read()))
     try:
         run(["docker-compose", "-f", f.name, "config", "-q"],
-            f"docker-compose config (v1, without the top-level name) accepts {compose_path}", compose_path)
+            f"docker-compose config (v1, without the top-level name) accepts {compose_path}", compose_path,
+            env=dict(os.environ, SLUICE_ADMIN_TOKEN="check-deploy-token-0123456789"))
     finally:
         os.unlink(f.name)
 else:

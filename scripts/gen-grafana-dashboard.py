@@ -114,15 +114,39 @@ row("Overview")
 panel("Services up", [(f'sum by (service) (up{{{S}}})', "{{service}}")], kind="stat", w=6, h=5,
       description="Scraped replicas answering, per service.",
       thresholds=None)
-panel("STUCK (last hour)", [(f'sum(increase(sluice_transitions_total{{{S}, to="STUCK"}}[1h]))', "STUCK")],
+# The state gauges: every process that reports them reports the whole ledger (only the
+# reconciler in deploy/ and k8s/), so replicas are taken once (max by), then tools are summed.
+panel("STUCK now", [(f'sum(max by (tool) (sluice_commands{{{S}, status="STUCK"}}))', "STUCK")],
       kind="stat", w=6, h=5, thresholds=[(1, "red")],
-      description="Commands whose outcome could not be established; each waits for a person.")
+      description="Commands whose outcome could not be established; each waits for a person. "
+                  "The SluiceCommandsStuck alert holds while this is above 0.")
 panel("Escalations (last hour)", [(f'sum(increase(sluice_escalations_total{{{S}}}[1h]))', "escalations")],
       kind="stat", w=6, h=5, thresholds=[(1, "orange")],
       description="Commands handed to a person: STUCK, NO_COMPENSATION, failed compensation.")
 panel("Dead letters (last hour)", [(f'sum(increase(sluice_dead_letters_total{{{S}}}[1h]))', "dead letters")],
       kind="stat", w=6, h=5, thresholds=[(1, "orange")],
       description="Messages moved to the dlq topic because they could not be parsed or validated.")
+
+row("State now")
+panel("Unresolved commands by status",
+      [(f'sum by (status) (max by (status, tool) (sluice_commands{{{S}}}))', "{{status}}")],
+      unit="short", w=12, stack=True,
+      description="sluice_commands: maintained at every ledger write, seeded from the ledger at start "
+                  "(docs/architecture.md, \"Observability\"). Terminal commands are not held.")
+panel("Oldest command by status",
+      [(f'max by (status) (sluice_oldest_command_age_seconds{{{S}}})', "{{status}}")],
+      unit="s", w=12,
+      description="How long the oldest command in each status has been in it. BLOCKED past an hour "
+                  "and UNKNOWN past its tool's horizon alert.")
+panel("Unresolved commands by tool and status",
+      [(f'max by (status, tool) (sluice_commands{{{S}}}) > 0', "{{tool}} {{status}}")],
+      unit="short", w=12, description="Every (tool, status) pair with commands in it now.")
+panel("UNKNOWN age against the tool's horizon",
+      [(f'max by (tool) (sluice_oldest_command_age_seconds{{{S}, status="UNKNOWN"}}) '
+        f'/ on (tool) max by (tool) (sluice_tool_unknown_horizon_seconds{{{S}}})', "{{tool}}")],
+      unit="percentunit", w=12, thresholds=[(1, "red")],
+      description="The oldest UNKNOWN command's age as a share of the time its tool's status checks take "
+                  "(sluice_tool_unknown_horizon_seconds). Above 100%: SluiceUnknownPastHorizon.")
 
 row("Effects")
 panel("Submissions by outcome",
@@ -140,8 +164,23 @@ panel("All transitions",
       [(f'sum by (from, to) (rate(sluice_transitions_total{{{S}}}[{R}]))', "{{from}} → {{to}}")],
       unit="ops", w=12, description="Every stored state change, by edge of the state machine.")
 panel("Producer HTTP requests",
-      [(f'sum by (route, status) (rate(sluice_http_requests_total{{{S}}}[{R}]))', "{{route}} {{status}}")],
+      [(f'sum by (method, route, status) (rate(sluice_http_request_duration_seconds_count{{{S}}}[{R}]))',
+        "{{method}} {{route}} {{status}}")],
       unit="reqps", w=12)
+panel("Producer answer time p50 / p99 by route",
+      [(f'histogram_quantile(0.50, sum by (method, route, le) (rate(sluice_http_request_duration_seconds_bucket{{{S}}}[{R}])))',
+        "p50 {{method}} {{route}}"),
+       (f'histogram_quantile(0.99, sum by (method, route, le) (rate(sluice_http_request_duration_seconds_bucket{{{S}}}[{R}])))',
+        "p99 {{method}} {{route}}")],
+      unit="s", w=12, thresholds=[(1, "orange")],
+      description="Time to the answer's head, by route template. Long polls (?wait=, Prefer: wait) "
+                  "take as long as they wait, up to producer.max_wait_ms.")
+panel("Refused at the door",
+      [(f'sum by (status) (rate(sluice_http_request_duration_seconds_count{{{S}, status=~"403|415|503"}}[{R}]))',
+        "{{status}}")],
+      unit="reqps", w=12,
+      description="403: a browser origin not allowed (or a role); 415: a body that is not JSON; "
+                  "503: the ledger, the dispatch backlog or the long-poll bound (too_many_waits).")
 
 row("Dispatch")
 panel("Dispatch latency p50 / p99 by tool",
@@ -184,6 +223,20 @@ panel("LWTs per confirmed effect",
         f'/ sum(rate(sluice_transitions_total{{{S}, to="CONFIRMED"}}[5m]))', "LWT / confirmed")],
       unit="short", w=12, thresholds=[(3.5, "red")],
       description="Expected 3 (4 with a business key). Alert above 3.5 for 30 minutes: a ledger cost regression.")
+
+row("Processes")
+panel("CPU by service",
+      [(f'sum by (service) (rate(process_cpu_seconds_total{{{S}}}[{R}]))', "{{service}}")],
+      unit="percentunit", w=8, description="Cores used by each service's processes.")
+panel("Resident memory by instance",
+      [(f'max by (service, instance) (process_resident_memory_bytes{{{S}}})', "{{service}} {{instance}}")],
+      unit="bytes", w=8)
+panel("Open file descriptors by instance",
+      [(f'max by (service, instance) (process_open_fds{{{S}}})', "{{service}} {{instance}}")],
+      unit="short", w=8, description="Sockets included: long polls and event streams each hold one.")
+panel("Builds running",
+      [(f'count by (version, revision) (sluice_build_info{{{S}}})', "{{version}} {{revision}}")],
+      kind="stat", w=24, h=4, description="Processes per build (sluice_build_info): more than one during a rollout.")
 
 row("Kafka")
 panel("Consumer lag by group",

@@ -28,6 +28,19 @@ fi
 # shellcheck source=engines/env.sh
 . scripts/engines/env.sh
 
+# The trace test (tests/tests/traces.rs) exports to a real OpenTelemetry Collector, built once
+# from the Go module proxy into ~/.cache/sluice/otelcol (scripts/otelcol/install.sh); the test
+# starts it on a free loopback port and stops it. Without it (no Go, no proxy, or
+# SLUICE_SKIP_OTELCOL=1) that test says it is skipped and the rest runs.
+if [ "${SLUICE_SKIP_OTELCOL:-0}" != 1 ]; then
+  echo "== OpenTelemetry Collector (scripts/otelcol/install.sh)"
+  if otelcol="$(scripts/otelcol/install.sh | tail -n 1)" && [ -x "$otelcol" ]; then
+    export SLUICE_OTELCOL_BIN="$otelcol"
+  else
+    echo "no OpenTelemetry Collector could be built: the trace export test is skipped"
+  fi
+fi
+
 echo "== deploy/ and k8s/ (scripts/check-deploy.sh)"
 scripts/check-deploy.sh >"$log" 2>&1 || { cat "$log"; exit 1; }
 tail -n 1 "$log"

@@ -41,6 +41,8 @@ durability = "normal"
 path = "$work/catalog.toml"
 [producer]
 listen = "127.0.0.1:$port"
+# A fuzzed long poll on a command that never settles would hold its request this long.
+max_wait_ms = 2000
 [[auth.tokens]]
 name = "fuzz-admin"
 role = "admin"

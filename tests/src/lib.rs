@@ -186,6 +186,8 @@ pub fn test_config(data_dir: &Path) -> Config {
     config.ledger.data_dir = data_dir.to_owned();
     config.producer.listen = ANY_PORT;
     config.reconciler.sweep_interval_ms = SWEEP_INTERVAL_MS;
+    // No tokens unless a suite installs them ([`tokens::install`]): open, on loopback.
+    config.producer.open = true;
     config.validate().expect("the test configuration is valid");
     config
 }
@@ -860,8 +862,10 @@ pub mod tokens {
     pub const OPERATOR: &str = "operator-token-0123456789";
     pub const ADMIN: &str = "admin-token-0123456789";
 
-    /// Adds the four tokens to `config` (names: agent-a, agent-b, operator-1, admin-1).
+    /// Adds the four tokens to `config` (names: agent-a, agent-b, operator-1, admin-1); the
+    /// API is then no longer open.
     pub fn install(config: &mut Config) {
+        config.producer.open = false;
         for (name, role, token) in [
             ("agent-a", Role::Agent, AGENT_A),
             ("agent-b", Role::Agent, AGENT_B),

@@ -171,6 +171,8 @@ fn distributed_config(
         .insert("session.timeout.ms".into(), "6000".into());
     config.producer.listen = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
     config.reconciler.sweep_interval_ms = 200;
+    // On loopback, without tokens: open by choice.
+    config.producer.open = true;
     config
         .validate()
         .expect("the distributed configuration is valid");

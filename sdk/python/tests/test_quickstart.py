@@ -16,13 +16,16 @@ import pytest
 from servers import REPO, SLUICE_BIN, SluiceDev
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+# The repository's README shows the same block; both are held to running as written.
+ROOT_README = Path(__file__).resolve().parents[3] / "README.md"
+MARKED = r"<!-- quickstart:python -->\n(.*?)<!-- /quickstart:python -->"
 
 
 def quickstart() -> str:
-    block = re.search(
-        r"<!-- quickstart:python -->\n(.*?)<!-- /quickstart:python -->", README.read_text(), re.S
-    )
+    block = re.search(MARKED, README.read_text(), re.S)
     assert block, "README.md has no quickstart:python block"
+    shown = re.search(MARKED, ROOT_README.read_text(), re.S)
+    assert shown and shown.group(1) == block.group(1), "the repository README shows the same quickstart"
     assert len(block.group(1).splitlines()) <= 15, "the quickstart must stay within 15 lines"
     code = re.fullmatch(r"```python\n(.*)```\n", block.group(1), re.S)
     assert code, "the quickstart block is one ```python fence"

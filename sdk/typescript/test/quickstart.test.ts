@@ -18,9 +18,12 @@ let dir: string;
 
 /** The code between the README's quickstart markers, without its fence. */
 function quickstart(): string {
-  const readme = readFileSync(join(PACKAGE, "README.md"), "utf8");
-  const block = /<!-- quickstart:typescript -->\n```js\n([\s\S]*?)```\n<!-- \/quickstart:typescript -->/.exec(readme);
+  const marked = /<!-- quickstart:typescript -->\n```js\n([\s\S]*?)```\n<!-- \/quickstart:typescript -->/;
+  const block = marked.exec(readFileSync(join(PACKAGE, "README.md"), "utf8"));
   assert.ok(block?.[1], "README.md has a ```js block between the quickstart:typescript markers");
+  // The repository's README shows the same block; both are held to running as written.
+  const shown = marked.exec(readFileSync(join(REPO, "README.md"), "utf8"));
+  assert.equal(shown?.[1], block[1], "the repository README shows the same quickstart");
   return block[1];
 }
 

@@ -122,6 +122,8 @@ pub async fn dispatch(
         });
     }
 
+    // When the attempt leaves: an ambiguous answer may be worked on until its timeout after.
+    let sent_at = ctx.clock.now();
     let outcome = match catalog.get(&leased.tool) {
         Some(tool) => {
             let started = Instant::now();
@@ -148,6 +150,7 @@ pub async fn dispatch(
             Some(Event::Dispatched {
                 epoch,
                 outcome: outcome.clone(),
+                sent_at,
             })
         })
         .await?;

@@ -28,6 +28,9 @@ async fn main() -> anyhow::Result<()> {
     let ctx = assemble_service(&config, load_catalog(&config.catalog)?, "dispatcher").await?;
     let shutdown = sluice_runtime::shutdown_on_signals();
     sluice_runtime::ops::spawn(&ctx, config.telemetry.listen, &shutdown);
-    sluice_dispatcher::run(ctx, config.dispatcher.clone(), shutdown).await?;
+    let ran = sluice_dispatcher::run(ctx, config.dispatcher.clone(), shutdown).await;
+    // Spans still batched are exported before the process ends.
+    sluice_runtime::telemetry::shutdown();
+    ran?;
     Ok(())
 }

@@ -11,20 +11,25 @@
 //! If publishing the dispatch request fails afterwards, the command still is PENDING with a due
 //! time, and the reconciler's sweep republishes it.
 //!
-//! Every route under `/v1` checks its caller's bearer token and role ([`auth`]); operator
+//! Every request first passes [`guard`]: a browser's request from another origin is refused,
+//! a body must be JSON, and the answer's time is observed. Every route under `/v1` checks its
+//! caller's bearer token and role ([`auth`]); operator
 //! actions (approve, reject, cancel, replay, resolve, rollback, purge) and the audit routes live
 //! in [`operator`]. The OpenAPI document `schemas/openapi.yaml` describes every route.
 //!
 //! Submissions and their `Prefer` answers are in [`submit`]; `GET …/effects/{key}?wait=30s`
 //! and `Prefer: wait=` hold the answer until the command settles ([`wait`]); the plumbing every
-//! route shares is in [`http`].
+//! route shares is in [`http`]; every request's W3C trace context is read in [`trace`].
 
+pub mod audit;
 pub mod auth;
 pub mod events;
+mod guard;
 pub mod http;
 pub mod operator;
 pub mod submit;
 pub mod tools;
+pub mod trace;
 pub mod ui;
 pub mod wait;
 
@@ -53,8 +58,9 @@ use sluice_core::ids::{RunId, ToolName};
 use sluice_core::time::Timestamp;
 use sluice_runtime::Config;
 use sluice_runtime::config::ProducerConfig;
-use sluice_runtime::messages::{CompensateJob, CompensateRequest, encode};
+use sluice_runtime::messages::{CompensateJob, run_compensate_request};
 use sluice_runtime::{Context, Shutdown};
+use tracing::Instrument;
 
 /// The actor named in the audit chain for reservations.
 pub const ACTOR: &str = "producer";
@@ -226,12 +232,9 @@ pub fn router(api: Api) -> Router {
             "/v1/runs/{run_id}/rollback",
             post(rollback).get(operator::rollback_status),
         )
-        .route("/v1/runs/{run_id}/audit", get(operator::audit_read))
-        .route(
-            "/v1/runs/{run_id}/audit/verify",
-            get(operator::audit_verify),
-        )
-        .route("/v1/audit/purge", post(operator::purge))
+        .route("/v1/runs/{run_id}/audit", get(audit::audit_read))
+        .route("/v1/runs/{run_id}/audit/verify", get(audit::audit_verify))
+        .route("/v1/audit/purge", post(audit::purge))
         .route("/v1/events/stream", get(events::stream))
         .merge(ui::routes(api.config.console_enabled(false)))
         .route("/healthz", get(|| async { "ok" }))
@@ -239,6 +242,11 @@ pub fn router(api: Api) -> Router {
         .route("/metrics", get(metrics))
         .fallback(http::no_route)
         .method_not_allowed_fallback(http::no_method)
+        .layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            guard::guard,
+        ))
+        .layer(axum::middleware::from_fn(trace::request))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(api)
 }
@@ -378,23 +386,34 @@ async fn rollback(
     // Durable before the answer: every command to undo is COMPENSATING in the ledger (the
     // sweep finishes the work if the compensator never gets the job below).
     sluice_faults::point!("producer.rollback.pre");
+    // The operator action's span; each command's write in it joins that command's trace.
+    let span = tracing::debug_span!(
+        "operator",
+        otel.name = "operator.rollback",
+        run_id = %run_id,
+        actor = actor.as_str(),
+        outcome = tracing::field::Empty,
+    );
     let begun = api
         .ctx
         .begin_rollback(&run_id, &actor, reason)
+        .instrument(span.clone())
         .await
         .map_err(ApiError::unavailable)?;
+    span.record("outcome", "begun");
     sluice_faults::point!("producer.rollback.post");
-    let job = CompensateRequest {
-        run_id: run_id.clone(),
-        job: CompensateJob::Rollback {
+    let job = run_compensate_request(
+        &run_id,
+        CompensateJob::Rollback {
             actor,
             reason: reason.to_owned(),
         },
-    };
+    );
     if let Err(e) = api
         .ctx
         .bus
-        .publish(Topic::Compensate, run_id.as_str(), encode(&job), vec![])
+        .publish(Topic::Compensate, run_id.as_str(), job.payload, job.headers)
+        .instrument(span)
         .await
     {
         // Begun all the same: the sweep compensates each COMPENSATING command when due.
@@ -448,10 +467,17 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: Shutdown,
 ) -> std::io::Result<()> {
+    // No tokens and no explicit `producer.open`: refused, never served open by omission (and
+    // the services beside it in one process stop too).
+    if let Err(refused) = config.producer.check_serving(&config.auth) {
+        shutdown.cancel();
+        return Err(std::io::Error::other(refused));
+    }
     let api = Api::new(ctx, config);
     if api.auth.is_open() {
         tracing::warn!(
-            "no [auth] tokens configured: the API is open to anyone who can reach this loopback address"
+            "producer.open: the API has no tokens and is open to anyone who can reach this \
+             loopback address"
         );
     }
     let watcher = tokio::spawn(wait::watch_events(api.clone(), shutdown.clone()));

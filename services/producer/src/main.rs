@@ -26,6 +26,9 @@ async fn main() -> anyhow::Result<()> {
     sluice_runtime::telemetry::init(&config.telemetry);
     require_shared_bus(&config, "producer")?;
     let ctx = assemble_service(&config, load_catalog(&config.catalog)?, "producer").await?;
-    sluice_producer::run(ctx, &config, sluice_runtime::shutdown_on_signals()).await?;
+    let ran = sluice_producer::run(ctx, &config, sluice_runtime::shutdown_on_signals()).await;
+    // Spans still batched are exported before the process ends.
+    sluice_runtime::telemetry::shutdown();
+    ran?;
     Ok(())
 }

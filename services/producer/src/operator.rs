@@ -1,5 +1,6 @@
 //! The operator surface (docs/architecture.md, "HTTP API"): approve, reject, cancel, replay (dry run),
-//! resolve and remove commands; read, verify and purge audit chains; list across runs.
+//! resolve and remove commands; list across runs; rollback progress. The audit routes are in
+//! `audit.rs`.
 //!
 //! Every change is an event of the pure state machine, applied through the same guarded ledger
 //! write as the services' own ([`Context::drive`]), so an operator action either is a recorded
@@ -14,7 +15,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sluice_core::audit::{AuditDraft, verify};
 use sluice_core::command::{Command, CommandStatus, EffectSemantics};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{self, Event, EventKind, Operator, Refusal, Resolution, Step};
@@ -23,7 +23,7 @@ use sluice_core::time::Timestamp;
 use sluice_runtime::Driven;
 use sluice_runtime::messages::Cause;
 
-use crate::auth::{Caller, Need, Principal};
+use crate::auth::{Caller, Need};
 use crate::http::ACTIONS;
 use crate::{
     ACTOR, Api, ApiError, Q, RawBody, parse_body, parse_run, parse_status_filter, parse_tool_filter,
@@ -142,8 +142,35 @@ fn refused(command: &Command, refusal: &Refusal) -> ApiError {
     }))
 }
 
-/// Applies an operator event to a command and carries out what the step implies.
-#[tracing::instrument(skip(api, event, cause), fields(run_id = %run_id, command_key = %key, event = ?event.kind()))]
+/// The span name of an operator action.
+fn action_span_name(event: &Event) -> &'static str {
+    use sluice_core::machine::EventKind;
+    match event.kind() {
+        EventKind::Approve => "operator.approve",
+        EventKind::Reject => "operator.reject",
+        EventKind::Cancel => "operator.cancel",
+        EventKind::Replay => "operator.replay",
+        EventKind::Resolve => "operator.resolve",
+        _ => "operator.action",
+    }
+}
+
+/// Applies an operator event to a command and carries out what the step implies. Its span
+/// (`operator.<action>`, in the operator's request trace) gets the command's key, tool and
+/// the status it was left in; the write itself is a span in the command's own trace, linked
+/// to this one (`sluice_trace::adopt`).
+#[tracing::instrument(
+    name = "operator",
+    skip(api, event, cause),
+    fields(
+        otel.name = action_span_name(&event),
+        run_id = %run_id,
+        command_key = %key,
+        event = ?event.kind(),
+        tool = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    )
+)]
 async fn operate(
     api: &Api,
     run_id: &RunId,
@@ -629,7 +656,7 @@ fn parse_since(raw: Option<&str>) -> Result<Timestamp, ApiError> {
     })
 }
 
-fn parse_limit(raw: Option<usize>) -> Result<usize, ApiError> {
+pub(crate) fn parse_limit(raw: Option<usize>) -> Result<usize, ApiError> {
     match raw {
         None => Ok(100),
         Some(0) => Err(ApiError::invalid("limit must be at least 1")),
@@ -754,150 +781,6 @@ pub(crate) async fn rollback_status(
         ));
     }
     Ok(Json(json!({"run_id": run_id, "progress": rollback_progress(&effects)})).into_response())
-}
-
-/// Reads a run's chain after checking the caller may see the run.
-async fn trail_for(
-    api: &Api,
-    principal: &Principal,
-    run_id: &RunId,
-) -> Result<sluice_ledger::AuditTrail, ApiError> {
-    // Agents see the chains of their own runs; the ledger's own chain is for operators.
-    if run_id.as_str() == sluice_ledger::SYSTEM_RUN {
-        principal.require(Need::ReadAll)?;
-    } else {
-        api.run_for(principal, run_id).await?;
-    }
-    let trail = api
-        .ctx
-        .ledger
-        .audit_read(run_id)
-        .await
-        .map_err(|e| ApiError::unavailable(&e))?;
-    if trail.entries.is_empty() && trail.checkpoint.is_none() {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "unknown_run",
-            format!("run {run_id} has no audit records"),
-        ));
-    }
-    Ok(trail)
-}
-
-/// `GET /v1/runs/{run}/audit`: the run's chain (checkpoint, then records in order).
-pub(crate) async fn audit_read(
-    State(api): State<Api>,
-    Caller(principal): Caller,
-    Path(run_id): Path<String>,
-) -> Result<Response, ApiError> {
-    principal.require(Need::ReadRun)?;
-    let run_id = parse_run(&run_id)?;
-    let trail = trail_for(&api, &principal, &run_id).await?;
-    Ok(Json(json!({
-        "run_id": run_id,
-        "checkpoint": trail.checkpoint,
-        "entries": trail.entries,
-    }))
-    .into_response())
-}
-
-/// `GET /v1/runs/{run}/audit/verify`: recomputes the chain; names the first broken link.
-pub(crate) async fn audit_verify(
-    State(api): State<Api>,
-    Caller(principal): Caller,
-    Path(run_id): Path<String>,
-) -> Result<Response, ApiError> {
-    principal.require(Need::ReadRun)?;
-    let run_id = parse_run(&run_id)?;
-    let trail = trail_for(&api, &principal, &run_id).await?;
-    let answer = match verify(&run_id, trail.checkpoint.as_ref(), &trail.entries) {
-        Ok(verified) => json!({
-            "run_id": run_id,
-            "valid": true,
-            "records": verified.records,
-            "head": verified.head,
-            "checkpoint": verified.checkpoint,
-        }),
-        Err(broken) => {
-            tracing::warn!(run_id = %run_id, seq = broken.seq, kind = ?broken.kind, "audit chain broken");
-            json!({
-                "run_id": run_id,
-                "valid": false,
-                "message": broken.to_string(),
-                "broken": broken,
-                "checkpoint": trail.checkpoint,
-            })
-        }
-    };
-    Ok(Json(answer).into_response())
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PurgeBody {
-    older_than: String,
-    reason: String,
-    #[serde(default, deserialize_with = "crate::http::optional_whole_number")]
-    max_runs: Option<usize>,
-}
-
-/// `POST /v1/audit/purge`: removes finished runs untouched since `older_than`, with their
-/// idempotency and business keys, leaving a checkpoint per run; the request and what it removed
-/// are recorded in the ledger's own chain.
-pub(crate) async fn purge(
-    State(api): State<Api>,
-    Caller(principal): Caller,
-    RawBody(body): RawBody,
-) -> Result<Response, ApiError> {
-    principal.require(Need::Admin)?;
-    let body: PurgeBody = parse_body(
-        &body,
-        "{\"older_than\": \"<RFC 3339>\", \"reason\": \"...\", \"max_runs\": n}",
-    )?;
-    let reason = check_reason(&body.reason)?;
-    let older_than = Timestamp::parse_rfc3339(&body.older_than).map_err(|e| {
-        ApiError::invalid(format!("older_than: {e}"))
-            .with_details(json!({"pointer": "/older_than"}))
-    })?;
-    let now = api.ctx.clock.now();
-    if older_than > now {
-        return Err(
-            ApiError::invalid("older_than is in the future: a cutoff must be in the past")
-                .with_details(json!({"pointer": "/older_than"})),
-        );
-    }
-    let max_runs = parse_limit(body.max_runs.or(Some(MAX_LIST_LIMIT)))?;
-    let system = RunId::parse(sluice_ledger::SYSTEM_RUN)
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    api.ctx
-        .ledger
-        .audit_append(
-            &system,
-            AuditDraft {
-                command_key: None,
-                from: None,
-                to: None,
-                actor: principal.name.clone(),
-                reason: format!("purge requested: {reason}"),
-                evidence: json!({ "older_than": older_than, "max_runs": max_runs }),
-            },
-            now,
-        )
-        .await
-        .map_err(|e| ApiError::unavailable(&e))?;
-    let report = api
-        .ctx
-        .ledger
-        .purge(older_than, max_runs, &principal.name, now)
-        .await
-        .map_err(|e| ApiError::unavailable(&e))?;
-    tracing::info!(actor = %principal.name, runs = report.runs, "purged finished runs");
-    Ok(Json(json!({
-        "older_than": older_than,
-        "actor": principal.name,
-        "report": report,
-    }))
-    .into_response())
 }
 
 #[cfg(test)]

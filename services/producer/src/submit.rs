@@ -26,12 +26,13 @@ use sluice_core::ids::{CommandKey, RunId, ToolName};
 use sluice_core::policy;
 use sluice_core::time::Timestamp;
 use sluice_ledger::{LedgerError, Reserved};
-use sluice_runtime::messages::{Cause, DispatchRequest, encode};
+use sluice_runtime::messages::{Cause, dispatch_request};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::auth::{Caller, Need, Principal};
 use crate::http::{ApiError, RawBody, parse_json};
-use crate::wait::until_settled;
+use crate::wait::{Watch, subject, until_settled};
 use crate::{ACTOR, Api, MAX_DELAY_MS};
 
 /// One effect as an agent submits it.
@@ -73,6 +74,14 @@ struct WellFormed {
     call_idx: u32,
     args: Value,
     not_before: Option<Schedule>,
+}
+
+impl WellFormed {
+    /// The waiters' name of the command this submission is for.
+    fn subject(&self) -> String {
+        let key = CommandKey::new(self.decision, self.tool.clone(), self.call_idx);
+        subject(&self.run_id, &key)
+    }
 }
 
 /// 422 `invalid_request` naming the field (a JSON pointer into the submission).
@@ -139,14 +148,8 @@ impl Api {
         })
     }
 
-    /// Validates, reserves and requests dispatch of one effect.
-    async fn submit(&self, principal: &Principal, raw: Value) -> Result<Submitted, ApiError> {
-        sluice_faults::point!("producer.submit.pre");
-        let request = self.well_formed(raw)?;
-        self.submit_well_formed(principal, request).await
-    }
-
-    /// [`Api::submit`] past the well-formedness checks: against the catalog, then reserved.
+    /// Checks a well-formed submission against the catalog, reserves it and requests its
+    /// dispatch.
     async fn submit_well_formed(
         &self,
         principal: &Principal,
@@ -226,6 +229,16 @@ impl Api {
             Some(name) => command.submitted_by(name),
             None => command,
         };
+        // The submission's span: the child of the request's, holding the reservation; the
+        // command is stored with its context, the parent of every later step of the effect.
+        let span = tracing::debug_span!(
+            "reserve",
+            run_id = %command.run_id,
+            command_key = %command.command_key,
+            tool = %command.tool,
+            outcome = tracing::field::Empty,
+        );
+        let command = command.traced(span.in_scope(crate::trace::for_command));
         let tool_label = tool.name().to_string();
         let audit = command.reservation_audit(ACTOR);
         // Room in the dispatch backlog, taken before the reservation: a burst waits here
@@ -243,11 +256,28 @@ impl Api {
         let run_id = command.run_id.clone();
         sluice_faults::point!("producer.reserve.pre");
         let reserved = if confined {
-            self.ctx.ledger.reserve_own(command, audit).await
+            self.ctx
+                .ledger
+                .reserve_own(command, audit)
+                .instrument(span.clone())
+                .await
         } else {
-            self.ctx.ledger.reserve(command, audit).await
+            self.ctx
+                .ledger
+                .reserve(command, audit)
+                .instrument(span.clone())
+                .await
         };
         sluice_faults::point!("producer.reserve.post");
+        span.record(
+            "outcome",
+            match &reserved {
+                Ok(Reserved::Created(command)) => command.status().as_str(),
+                Ok(Reserved::Existing(_)) => "existing",
+                Ok(Reserved::BusinessKeyHeld(_)) => "business_key_held",
+                Err(_) => "refused",
+            },
+        );
         let reserved = match reserved {
             Ok(reserved) => {
                 // The run now holds this agent's command, and only its own. A business key held
@@ -293,11 +323,8 @@ impl Api {
                     command.status(),
                     CommandStatus::Pending | CommandStatus::Leased
                 ) {
-                    let request = DispatchRequest {
-                        run_id: command.run_id.clone(),
-                        command_key: command.command_key.clone(),
-                        cause: Cause::Reserved,
-                    };
+                    // Built in the reservation's span: the dispatcher's span is its child.
+                    let request = span.in_scope(|| dispatch_request(&command, Cause::Reserved));
                     sluice_faults::point!("producer.publish.pre");
                     if let Err(e) = self
                         .ctx
@@ -306,8 +333,8 @@ impl Api {
                             admission.unwrap_or_else(Admission::unbounded),
                             Topic::Requested,
                             command.run_id.as_str(),
-                            encode(&request),
-                            vec![],
+                            request.payload,
+                            request.headers,
                         )
                         .await
                     {
@@ -447,6 +474,7 @@ impl Api {
         &self,
         principal: &Principal,
         submitted: Submitted,
+        registered: Option<Watch>,
         deadline: Option<Instant>,
     ) -> Result<Submitted, ApiError> {
         let Some(deadline) = deadline else {
@@ -454,12 +482,16 @@ impl Api {
         };
         let command = submitted.command;
         let (run_id, command_key) = (command.run_id.clone(), command.command_key.clone());
+        // A business key held elsewhere answers with the holder, another command than the one
+        // the watch was taken for: that one is watched afresh.
+        let registered = registered.filter(|w| w.subject() == subject(&run_id, &command_key));
         let command = until_settled(
             self,
             principal,
             &run_id,
             &command_key,
             Some(command),
+            registered,
             deadline,
         )
         .await?;
@@ -497,11 +529,29 @@ pub(crate) async fn submit_one(
     {
         Ok((preferences, raw)) => {
             let deadline = preferences.wait.map(|wait| Instant::now() + wait);
-            let submitted = match api.submit(&principal, raw).await {
-                Ok(submitted) => api.settle(&principal, submitted, deadline).await,
+            // Taken before anything is recorded: past the bound, 503 and nothing written.
+            let slot = match deadline.map(|_| api.wait_slot(&principal)).transpose() {
+                Ok(slot) => slot,
+                Err(e) => return count(&api, "submit", e.into_response()),
+            };
+            let submitted = match api.well_formed(raw) {
+                Ok(request) => {
+                    // A waiting submission registers before it reserves: the events of its
+                    // command cannot then come before the waiter, and the command the
+                    // reservation returns needs no second read.
+                    let registered = deadline.map(|_| api.waiters.watch(request.subject()));
+                    sluice_faults::point!("producer.submit.pre");
+                    match api.submit_well_formed(&principal, request).await {
+                        Ok(submitted) => {
+                            api.settle(&principal, submitted, registered, deadline)
+                                .await
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
                 Err(e) => Err(e),
             };
-            match submitted {
+            let answer = match submitted {
                 Ok(submitted) => {
                     let mut response = if preferences.minimal {
                         (
@@ -522,14 +572,21 @@ pub(crate) async fn submit_one(
                     preferences.mark(response)
                 }
                 Err(e) => e.into_response(),
-            }
+            };
+            drop(slot);
+            answer
         }
         Err(e) => e.into_response(),
     };
+    count(&api, "submit", answer)
+}
+
+/// Counts an answer in `sluice_http_requests_total{route}`.
+fn count(api: &Api, route: &str, answer: Response) -> Response {
     api.ctx
         .metrics
         .http_requests
-        .with_label_values(&["submit", answer.status().as_str()])
+        .with_label_values(&[route, answer.status().as_str()])
         .inc();
     answer
 }
@@ -544,6 +601,8 @@ pub(crate) async fn submit_batch(
     let preferences = Preferences::of(&headers, Duration::from_millis(api.config.max_wait_ms))?;
     let minimal = preferences.minimal;
     let deadline = preferences.wait.map(|wait| Instant::now() + wait);
+    // One place for the whole batch (one request held), taken before anything is recorded.
+    let _slot = deadline.map(|_| api.wait_slot(&principal)).transpose()?;
     let batch: BatchRequest = serde_json::from_value(parse_json(&body)?).map_err(|e| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -606,13 +665,15 @@ pub(crate) async fn submit_batch(
             // are dispatched one after another, so waiting for them in order costs nothing.
             let mut submitted = Vec::with_capacity(effects.len());
             for (index, item) in effects {
+                let registered = deadline.map(|_| api.waiters.watch(item.subject()));
                 sluice_faults::point!("producer.submit.pre");
-                submitted.push((index, api.submit_well_formed(&principal, item).await));
+                let result = api.submit_well_formed(&principal, item).await;
+                submitted.push((index, registered, result));
             }
             let mut answers = Vec::with_capacity(submitted.len());
-            for (index, result) in submitted {
+            for (index, registered, result) in submitted {
                 let result = match result {
-                    Ok(done) => api.settle(&principal, done, deadline).await,
+                    Ok(done) => api.settle(&principal, done, registered, deadline).await,
                     Err(e) => Err(e),
                 };
                 // Each answer is encoded as soon as it is known: a batch's answers wait for its

@@ -9,6 +9,11 @@
 //! payload), so a woken waiter answers without reading the ledger again. A waiter registers
 //! *before* it reads the ledger, so an event after the read is not lost; it re-reads the ledger
 //! every second all the same, for an event that never comes (the bus down).
+//!
+//! A held request costs a connection and a task, so they are bounded ([`WaitSlots`]): at most
+//! `producer.max_waits` at once and `producer.max_waits_per_principal` per caller; past either
+//! a request that would wait is refused with 503 `too_many_waits` (and `Retry-After`) before it
+//! reads or records anything.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -42,6 +47,108 @@ pub(crate) struct Waiters {
     watched: Mutex<HashMap<String, Watched>>,
     /// The console's event streams, fed from the same events ([`crate::events`]).
     pub(crate) streams: crate::events::Streams,
+    /// Requests holding their answer now.
+    pub(crate) slots: Arc<WaitSlots>,
+}
+
+/// Requests holding their answer now: in all, and per principal.
+#[derive(Debug, Default)]
+pub(crate) struct WaitSlots {
+    held: Mutex<(usize, HashMap<String, usize>)>,
+}
+
+/// One held request's place; dropping it frees the place.
+#[derive(Debug)]
+pub(crate) struct WaitSlot {
+    slots: Arc<WaitSlots>,
+    principal: String,
+    /// `sluice_http_waiting_requests`, when counted.
+    gauge: Option<prometheus::IntGauge>,
+}
+
+impl WaitSlots {
+    /// A place for a request of `principal` that will wait, within `max` in all and
+    /// `per_principal` for it; else 503 `too_many_waits`.
+    pub(crate) fn take(
+        self: &Arc<Self>,
+        principal: &Principal,
+        max: usize,
+        per_principal: usize,
+    ) -> Result<WaitSlot, ApiError> {
+        // Open mode's anonymous admin and a token named the same are different callers.
+        let name = format!("{}:{}", principal.authenticated, principal.name);
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let (total, by_principal) = &mut *held;
+        let mine = by_principal.get(&name).copied().unwrap_or(0);
+        let refused = if *total >= max {
+            Some(format!(
+                "{total} requests are waiting already (producer.max_waits)"
+            ))
+        } else if mine >= per_principal {
+            Some(format!(
+                "{mine} requests of {} are waiting already (producer.max_waits_per_principal)",
+                principal.name
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_waits",
+                format!("{why}; nothing was read or recorded: ask again later, or without a wait"),
+            ));
+        }
+        *total += 1;
+        by_principal.insert(name.clone(), mine + 1);
+        Ok(WaitSlot {
+            slots: Arc::clone(self),
+            principal: name,
+            gauge: None,
+        })
+    }
+
+    /// Requests waiting now, in all.
+    #[cfg(test)]
+    fn total(&self) -> usize {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).0
+    }
+}
+
+impl Drop for WaitSlot {
+    fn drop(&mut self) {
+        if let Some(gauge) = &self.gauge {
+            gauge.dec();
+        }
+        let mut held = self
+            .slots
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (total, by_principal) = &mut *held;
+        *total = total.saturating_sub(1);
+        if let Some(mine) = by_principal.get_mut(&self.principal) {
+            *mine = mine.saturating_sub(1);
+            if *mine == 0 {
+                by_principal.remove(&self.principal);
+            }
+        }
+    }
+}
+
+impl Api {
+    /// A place for a request of `principal` that will hold its answer (see [`WaitSlots`]).
+    pub(crate) fn wait_slot(&self, principal: &Principal) -> Result<WaitSlot, ApiError> {
+        let mut slot = self.waiters.slots.take(
+            principal,
+            self.config.max_waits,
+            self.config.max_waits_per_principal,
+        )?;
+        let gauge = self.ctx.metrics.waiting_requests.clone();
+        gauge.inc();
+        slot.gauge = Some(gauge);
+        Ok(slot)
+    }
 }
 
 /// A lifecycle event's payload: the command as it was written.
@@ -61,6 +168,11 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
+    /// The command it watches, as [`subject`] names it.
+    pub(crate) fn subject(&self) -> &str {
+        &self.subject
+    }
+
     /// Waits for the next event of the command (`false`: none can come any more).
     async fn changed(&mut self) -> bool {
         self.events.changed().await.is_ok()
@@ -146,25 +258,35 @@ fn done_waiting(command: &Command, deadline: Instant, now: Timestamp) -> bool {
         })
 }
 
+/// The waiters' name for a command.
+pub(crate) fn subject(run_id: &RunId, command_key: &CommandKey) -> String {
+    format!("{run_id}/{command_key}")
+}
+
 /// The command `run_id`/`command_key` once it is terminal, STUCK or BLOCKED, or as it is at
 /// `deadline`. `known` is the command as the caller just read or wrote it: when it
-/// needs no wait, the ledger is not read again.
+/// needs no wait, the ledger is not read again. `registered` is a watch the caller took
+/// before it wrote or read `known` (a submission registers before it reserves): then no event
+/// after `known` can be missed, and `known` is not read again either.
 pub(crate) async fn until_settled(
     api: &Api,
     principal: &Principal,
     run_id: &RunId,
     command_key: &CommandKey,
     known: Option<Command>,
+    registered: Option<Watch>,
     deadline: Instant,
 ) -> Result<Command, ApiError> {
-    if let Some(command) = known
-        && done_waiting(&command, deadline, api.ctx.clock.now())
-    {
-        return Ok(command);
-    }
-    let subject = format!("{run_id}/{command_key}");
+    let known = match known {
+        Some(command) if done_waiting(&command, deadline, api.ctx.clock.now()) => {
+            return Ok(command);
+        }
+        other => other,
+    };
+    let subject = subject(run_id, command_key);
+    let fresh = registered.is_some();
     // Registered before the read: an event that comes after the read is not missed.
-    let mut watch = api.waiters.watch(subject.clone());
+    let mut watch = registered.unwrap_or_else(|| api.waiters.watch(subject.clone()));
     let read = || async {
         let command = api
             .ctx
@@ -182,7 +304,10 @@ pub(crate) async fn until_settled(
         principal.require_owner(run_id, std::slice::from_ref(&command))?;
         Ok::<_, ApiError>(command)
     };
-    let mut command = read().await?;
+    let mut command = match known {
+        Some(command) if fresh => command,
+        _ => read().await?,
+    };
     loop {
         let now = api.ctx.clock.now();
         if done_waiting(&command, deadline, now) {
@@ -253,11 +378,18 @@ pub(crate) async fn get_effect(
             })?
             .min(Duration::from_millis(api.config.max_wait_ms)),
     };
+    // Held while this request waits; a plain read takes none.
+    let _slot = if wait.is_zero() {
+        None
+    } else {
+        Some(api.wait_slot(&principal)?)
+    };
     let command = until_settled(
         &api,
         &principal,
         &run_id,
         &command_key,
+        None,
         None,
         Instant::now() + wait,
     )
@@ -332,6 +464,35 @@ mod tests {
             parse_wait("999999999999999999m").is_some(),
             "saturates, not refused"
         );
+    }
+
+    #[test]
+    fn wait_slots_bound_each_principal_and_all() {
+        let slots = Arc::new(WaitSlots::default());
+        let who = |name: &str| Principal {
+            name: name.into(),
+            role: sluice_runtime::config::Role::Agent,
+            authenticated: true,
+        };
+        let a1 = slots.take(&who("a"), 3, 2).expect("a's first");
+        let _a2 = slots.take(&who("a"), 3, 2).expect("a's second");
+        let refused = slots
+            .take(&who("a"), 3, 2)
+            .expect_err("a's third is past its bound");
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.code(), "too_many_waits");
+        let _b1 = slots.take(&who("b"), 3, 2).expect("b has its own bound");
+        let all = slots
+            .take(&who("c"), 3, 2)
+            .expect_err("past the bound in all");
+        assert!(
+            all.message().contains("producer.max_waits"),
+            "{}",
+            all.message()
+        );
+        drop(a1);
+        assert_eq!(slots.total(), 2, "a dropped slot is freed");
+        slots.take(&who("a"), 3, 2).expect("a's place is back");
     }
 
     #[tokio::test]

@@ -532,6 +532,8 @@ pub(crate) fn local_config(data_dir: &Path) -> Config {
     let mut config = Config::default();
     config.producer.listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
     config.ledger.data_dir = data_dir.to_owned();
+    // The demo's own agents on loopback; the bench adds a token of its own instead.
+    config.producer.open = true;
     config
 }
 

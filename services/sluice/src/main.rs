@@ -70,15 +70,22 @@ async fn main() -> anyhow::Result<ExitCode> {
             let tools = catalog.len();
             let shutdown = sluice_runtime::shutdown_on_signals();
             let pipeline = sluice::dev::start(&config, catalog, shutdown).await?;
-            // On the terminal only, never through the log.
+            // On the terminal only, never through the log. A reader that goes away (`| head`)
+            // must not take the server with it: a failed write is ignored, not a panic.
+            let mut banner = String::new();
             if let Some(token) = generated {
-                println!(
-                    "admin token for this session (not logged; give it to the console):\n  export SLUICE_URL={} SLUICE_TOKEN={token}",
+                banner.push_str(&format!(
+                    "admin token for this session (not logged; give it to the console):\n  export SLUICE_URL={} SLUICE_TOKEN={token}\n",
                     pipeline.url()
-                );
+                ));
             }
             if console {
-                println!("web console: {}/ui/", pipeline.url());
+                banner.push_str(&format!("web console: {}/ui/\n", pipeline.url()));
+            }
+            {
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(banner.as_bytes()).and_then(|()| out.flush());
             }
             tracing::info!(
                 url = %pipeline.url(),
@@ -86,7 +93,9 @@ async fn main() -> anyhow::Result<ExitCode> {
                 tools,
                 "sluice dev is running; Ctrl-C stops it"
             );
-            pipeline.wait().await.map_err(anyhow::Error::msg)?;
+            let ran = pipeline.wait().await;
+            sluice_runtime::telemetry::shutdown();
+            ran.map_err(anyhow::Error::msg)?;
         }
         Command::Migrate { service, print } => {
             let config = service.load()?;
@@ -160,10 +169,11 @@ fn exit_code(outcome: Result<(), impl std::error::Error>) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// Adds a freshly generated admin token when the configuration names none, so the console can
-/// be used at once; returns it for printing.
+/// Adds a freshly generated admin token when the configuration names none (and does not ask
+/// for an open API with `producer.open`), so the console can be used at once; returns it for
+/// printing.
 fn ensure_admin_token(config: &mut sluice_runtime::Config) -> Option<String> {
-    if config.auth.tokens.iter().any(|t| t.role == Role::Admin) {
+    if config.producer.open || config.auth.tokens.iter().any(|t| t.role == Role::Admin) {
         return None;
     }
     // Two v4 UUIDs: 244 bits from the operating system's random source.

@@ -13,18 +13,20 @@
 //!   even be built), so nothing reached the upstream;
 //! * each call, body included, ends within the endpoint's `timeout_ms`;
 //! * no header value is logged: spans carry `run_id`, `command_key` and `tool`, events the
-//!   outcome and the HTTP status. Only the contract's own headers are sent (no credentials).
+//!   outcome and the HTTP status. Only the contract's own headers are sent (no credentials),
+//!   plus the W3C `traceparent`/`tracestate` of the call's own span, in the effect's trace.
 
 use std::error::Error as StdError;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use reqwest::header::{HeaderName, HeaderValue};
 use reqwest::{Client, Response};
 use serde_json::{Value, json};
 use sluice_core::catalog::Tool;
 use sluice_core::command::Command;
 use sluice_core::machine::{CompensationOutcome, DispatchOutcome};
-use tracing::{Span, debug, field, instrument, warn};
+use tracing::{Instrument, Span, debug, field, warn};
 
 use crate::classify::{self, Answer, DEFAULT_EXCERPT_BYTES, NoAnswer};
 use crate::error::ConnectorError;
@@ -263,21 +265,99 @@ fn with_request(mut report: StatusReport, request: Value) -> StatusReport {
     report
 }
 
+/// The span of one upstream call, in the command's trace (`sluice_trace::adopt`): a client
+/// span whose id the request carries in its `traceparent`. Attributes: run id, command key,
+/// tool, the HTTP status and the outcome; never arguments, URLs or header values.
+macro_rules! call_span {
+    ($name:literal, $otel_name:literal, $tool:expr, $command:expr) => {{
+        let span = tracing::info_span!(
+            $name,
+            otel.name = $otel_name,
+            otel.kind = "client",
+            run_id = %$command.run_id,
+            command_key = %$command.command_key,
+            tool = %$tool.name(),
+            target = field::Empty,
+            http_status = field::Empty,
+            outcome = field::Empty,
+        );
+        sluice_trace::adopt(&span, $command.trace.as_ref());
+        span
+    }};
+}
+
 #[async_trait]
 impl Connector for HttpConnector {
-    #[instrument(
-        name = "connector.dispatch",
-        skip_all,
-        fields(
-            run_id = %command.run_id,
-            command_key = %command.command_key,
-            tool = %tool.name(),
-            http_status = field::Empty,
-        )
-    )]
     async fn dispatch(&self, tool: &Tool, command: &Command) -> DispatchOutcome {
+        let span = call_span!("connector.dispatch", "upstream.dispatch", tool, command);
+        self.dispatch_in(tool, command).instrument(span).await
+    }
+
+    async fn status_check(&self, tool: &Tool, command: &Command) -> StatusReport {
+        let span = call_span!(
+            "connector.status_check",
+            "upstream.status_check",
+            tool,
+            command
+        );
+        self.status_check_in(tool, command).instrument(span).await
+    }
+
+    async fn compensate(
+        &self,
+        tool: &Tool,
+        command: &Command,
+        target: CompensationTarget,
+    ) -> CompensationOutcome {
+        let span = call_span!("connector.compensate", "upstream.compensate", tool, command);
+        span.record("target", field::debug(&target));
+        self.compensate_in(tool, command, target)
+            .instrument(span)
+            .await
+    }
+}
+
+/// `call` with the W3C trace headers of the current (call) span: its own span id, in the
+/// command's trace (`sluice_trace::for_call`).
+fn traced(mut call: Call, command: &Command) -> Call {
+    if let Some(trace) = sluice_trace::for_call(command.trace.as_ref()) {
+        if let Ok(value) = HeaderValue::from_str(&trace.traceparent) {
+            call.headers
+                .insert(HeaderName::from_static(sluice_trace::TRACEPARENT), value);
+        }
+        if let Some(value) = trace
+            .tracestate
+            .as_deref()
+            .and_then(|state| HeaderValue::from_str(state).ok())
+        {
+            call.headers
+                .insert(HeaderName::from_static(sluice_trace::TRACESTATE), value);
+        }
+    }
+    call
+}
+
+fn dispatch_kind(outcome: &DispatchOutcome) -> &'static str {
+    match outcome {
+        DispatchOutcome::Committed { .. } => "committed",
+        DispatchOutcome::Refused { .. } => "refused",
+        DispatchOutcome::Ambiguous { .. } => "ambiguous",
+        DispatchOutcome::NotSent { .. } => "not_sent",
+    }
+}
+
+fn compensation_kind(outcome: &CompensationOutcome) -> &'static str {
+    match outcome {
+        CompensationOutcome::Done { .. } => "done",
+        CompensationOutcome::Impossible { .. } => "impossible",
+        CompensationOutcome::Retry { .. } => "retry",
+    }
+}
+
+impl HttpConnector {
+    async fn dispatch_in(&self, tool: &Tool, command: &Command) -> DispatchOutcome {
         let call = match request::dispatch(tool, command) {
-            Ok(call) => call,
+            Ok(call) => traced(call, command),
             Err(error) => {
                 let reason = format!("not sent: {}", chain(&error));
                 warn!(outcome = "not_sent", %reason, "dispatch could not be sent");
@@ -299,6 +379,7 @@ impl Connector for HttpConnector {
             }
             Err(no_answer) => classify::dispatch_without_answer(no_answer),
         };
+        Span::current().record("outcome", dispatch_kind(&outcome));
         match &outcome {
             DispatchOutcome::Committed { external_ref, .. } => {
                 debug!(outcome = "committed", external_ref = ?external_ref, "dispatch committed");
@@ -316,17 +397,7 @@ impl Connector for HttpConnector {
         outcome
     }
 
-    #[instrument(
-        name = "connector.status_check",
-        skip_all,
-        fields(
-            run_id = %command.run_id,
-            command_key = %command.command_key,
-            tool = %tool.name(),
-            http_status = field::Empty,
-        )
-    )]
-    async fn status_check(&self, tool: &Tool, command: &Command) -> StatusReport {
+    async fn status_check_in(&self, tool: &Tool, command: &Command) -> StatusReport {
         let Some(endpoint) = tool.status_check() else {
             let error = format!(
                 "tool {} declares no status_check, so the effect cannot be observed",
@@ -336,7 +407,7 @@ impl Connector for HttpConnector {
             return StatusReport::inconclusive(json!({ "error": error }));
         };
         let call = match request::status_check(tool, endpoint, command) {
-            Ok(call) => call,
+            Ok(call) => traced(call, command),
             Err(error) => {
                 let error = chain(&error);
                 warn!(observation = "inconclusive", %error, "status check could not be sent");
@@ -358,6 +429,7 @@ impl Connector for HttpConnector {
             }
             Err(no_answer) => classify::status_check_without_answer(&no_answer),
         };
+        Span::current().record("outcome", report.observation.as_str());
         debug!(
             observation = report.observation.as_str(),
             external_ref = ?report.external_ref,
@@ -366,18 +438,7 @@ impl Connector for HttpConnector {
         with_request(report, request)
     }
 
-    #[instrument(
-        name = "connector.compensate",
-        skip_all,
-        fields(
-            run_id = %command.run_id,
-            command_key = %command.command_key,
-            tool = %tool.name(),
-            target = ?target,
-            http_status = field::Empty,
-        )
-    )]
-    async fn compensate(
+    async fn compensate_in(
         &self,
         tool: &Tool,
         command: &Command,
@@ -395,7 +456,7 @@ impl Connector for HttpConnector {
         // lacks, or a value that cannot be sent): a person must act, so it is not retried.
         let call = match request::compensate(tool, endpoint, command, target.external_ref(command))
         {
-            Ok(call) => call,
+            Ok(call) => traced(call, command),
             Err(error) => {
                 let reason = format!("cannot call compensate: {}", chain(&error));
                 warn!(outcome = "impossible", %reason, "compensate could not be sent");
@@ -416,6 +477,7 @@ impl Connector for HttpConnector {
             }
             Err(no_answer) => classify::compensation_without_answer(no_answer),
         };
+        Span::current().record("outcome", compensation_kind(&outcome));
         match &outcome {
             CompensationOutcome::Done { reference } => {
                 debug!(outcome = "done", reference = ?reference, "compensated");

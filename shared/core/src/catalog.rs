@@ -264,6 +264,15 @@ pub enum CatalogError {
         key: &'static str,
         url: String,
     },
+    #[error(
+        "{file}: tool {tool}: {key} {url:?} has a placeholder in its scheme, host or port; placeholders go in the path and query only, so no argument or key chooses where the request goes"
+    )]
+    PlaceholderInAuthority {
+        file: String,
+        tool: String,
+        key: &'static str,
+        url: String,
+    },
     #[error("{file}: tool {tool}: dispatch: set reference_pointer or reference_header, not both")]
     ReferenceChoice { file: String, tool: String },
     #[error(
@@ -1575,6 +1584,23 @@ fn build_endpoint(
             url: raw.url,
         });
     }
+    // The authority (user info, host, port) ends at the first '/', '?' or '#' after the scheme:
+    // a placeholder there would let an argument send the call to a host of its choosing.
+    let authority = raw
+        .url
+        .split_once("://")
+        .map_or("", |(_, rest)| rest)
+        .split(['/', '?', '#'])
+        .next()
+        .unwrap_or_default();
+    if authority.contains(['{', '}']) {
+        return Err(CatalogError::PlaceholderInAuthority {
+            file: at.file(),
+            tool: at.tool(),
+            key,
+            url: raw.url,
+        });
+    }
     let url = parse_template(at, key, &raw.url)?;
     for name in url.placeholders() {
         let unavailable = |placeholder, why| CatalogError::UnavailableKey {
@@ -1692,6 +1718,74 @@ mod tests {
                 .count(),
             0
         );
+    }
+
+    #[test]
+    fn placeholders_stay_out_of_a_urls_scheme_host_and_port() {
+        // Each declares a field `host`, so only the placeholder's position is at fault.
+        let with_url = |section: &str, url: &str| {
+            let text = WIRE
+                .replace(
+                    "required = [\"account\", \"amount_minor\", \"date\"]",
+                    "required = [\"account\", \"amount_minor\", \"date\", \"host\"]",
+                )
+                .replace(
+                    "date = { type = \"string\", format = \"date\" } }",
+                    "date = { type = \"string\", format = \"date\" }, host = { type = \"string\" } }",
+                )
+                .replace(
+                    &format!("[tool.{section}]\n        url = \""),
+                    &format!("[tool.{section}]\n        url = \"{url}\"\n        x_was = \""),
+                );
+            // The old url is moved to a key that does not exist: drop that line again.
+            let text: String = text
+                .lines()
+                .filter(|line| !line.trim_start().starts_with("x_was"))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            Catalog::from_toml_str(&text, "ssrf.toml")
+        };
+        for (section, key, url) in [
+            ("dispatch", "dispatch.url", "http://{host}/wires"),
+            ("dispatch", "dispatch.url", "https://{host}"),
+            ("dispatch", "dispatch.url", "http://bank:{host}/wires"),
+            (
+                "dispatch",
+                "dispatch.url",
+                "http://{host}.bank.internal/wires",
+            ),
+            ("dispatch", "dispatch.url", "http://user:{host}@bank/wires"),
+            (
+                "status_check",
+                "status_check.url",
+                "http://bank{host}/by-key",
+            ),
+            (
+                "compensate",
+                "compensate.url",
+                "http://{external_ref}/reverse",
+            ),
+        ] {
+            let err = with_url(section, url).expect_err(url);
+            assert!(
+                matches!(err, CatalogError::PlaceholderInAuthority { .. }),
+                "{url}: {err}"
+            );
+            let message = err.to_string();
+            assert!(
+                message.contains("ssrf.toml")
+                    && message.contains("payments/wire")
+                    && message.contains(key),
+                "the error names the file, tool and key: {message}"
+            );
+        }
+        for (section, url) in [
+            ("dispatch", "http://bank/wires/{host}"),
+            ("dispatch", "http://bank:8787/wires?to={host}"),
+            ("status_check", "http://bank/by-key/{business_key}#{host}"),
+        ] {
+            with_url(section, url).unwrap_or_else(|e| panic!("{url} is fine: {e}"));
+        }
     }
 
     #[test]

@@ -361,6 +361,12 @@ pub struct Command {
     /// it submitted. `None` for commands recorded without authentication.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitted_by: Option<Arc<str>>,
+    /// The W3C trace context of the submission (the producer's span of it), stored with the
+    /// identity so every later step of the effect joins the same trace. Not part of the
+    /// command's JSON (the API's answers and lifecycle payloads): the ledgers store it in the
+    /// identity, and bus messages carry it in headers.
+    #[serde(skip)]
+    pub trace: Option<crate::trace::TraceContext>,
     #[serde(flatten)]
     pub state: CommandState,
 }
@@ -399,6 +405,7 @@ impl Command {
             not_before: intent.not_before,
             created_at: now,
             submitted_by: None,
+            trace: None,
         }
     }
 
@@ -406,6 +413,13 @@ impl Command {
     #[must_use]
     pub fn submitted_by(mut self, principal: impl Into<Arc<str>>) -> Self {
         self.submitted_by = Some(principal.into());
+        self
+    }
+
+    /// The same command, carrying `trace` (see [`Command::trace`]).
+    #[must_use]
+    pub fn traced(mut self, trace: Option<crate::trace::TraceContext>) -> Self {
+        self.trace = trace;
         self
     }
 

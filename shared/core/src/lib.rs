@@ -10,6 +10,7 @@
 //! * [`audit`] — the per-run audit hash chain and its verification.
 //! * [`sweep`] — due-index shards and the plan by which reconcilers split them.
 //! * [`time`] — millisecond timestamps and the `Clock` port.
+//! * [`trace`] — the W3C trace context a command carries from the agent's call onwards.
 
 pub mod audit;
 pub mod canonical;
@@ -23,6 +24,7 @@ pub mod machine;
 pub mod policy;
 pub mod sweep;
 pub mod time;
+pub mod trace;
 
 pub use audit::{AuditDraft, AuditEntry, AuditRecord, BrokenLink, ChainHead, Checkpoint};
 pub use command::{Command, CommandState, CommandStatus, EffectSemantics, Observation};

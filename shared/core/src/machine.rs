@@ -238,11 +238,15 @@ pub fn apply(
             }
         }
 
-        Event::Dispatched { epoch, outcome } => match from {
+        Event::Dispatched {
+            epoch,
+            outcome,
+            sent_at,
+        } => match from {
             S::Leased => {
                 check_holder(state, *epoch)?;
                 next.lease = released(&state.lease);
-                Ok(dispatched(next, state, rules, outcome, now, from))
+                Ok(dispatched(next, state, rules, outcome, *sent_at, now, from))
             }
             S::Scheduled
             | S::Pending
@@ -387,10 +391,9 @@ pub fn apply(
             // A last look nobody can take any more (the tool lost its status check or left
             // the catalog): a person, not a loop.
             S::Confirmed | S::Failed | S::Cancelled | S::Compensated if state.verify_pending => {
-                next.verify_pending = false;
                 // An extra commit still owed its clean-up stays due: the escalation is for
                 // the look alone.
-                next.due_at = state.due_at.filter(|_| !state.owed_duplicates.is_empty());
+                verify::end_look(&mut next);
                 next.escalated = true;
                 let why = format!("the last look cannot be taken: {reason}");
                 Ok(step(

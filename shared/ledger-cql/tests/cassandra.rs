@@ -235,6 +235,7 @@ async fn finalize(ledger: &CqlLedger, leased: &Command) -> Cas {
         &wire_rules(),
         &Event::Dispatched {
             epoch: leased.epoch(),
+            sent_at: now(),
             outcome: DispatchOutcome::Committed {
                 external_ref: Some("x-1".into()),
                 result: None,

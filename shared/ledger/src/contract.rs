@@ -49,6 +49,7 @@ macro_rules! ledger_contract_tests {
             purge_removes_finished_runs_and_leaves_checkpoints,
             list_runs_shows_recent_runs_with_open_counts,
             the_submitter_is_kept_through_transitions,
+            the_trace_context_is_kept_through_transitions,
             reserve_own_refuses_a_run_with_another_submitter,
             two_agents_opening_one_run_at_once_cannot_both_get_in,
             shard_leases_are_taken_renewed_and_released_under_their_epoch,
@@ -155,6 +156,7 @@ pub async fn dispatch_effect(
         &rules,
         &Event::Dispatched {
             epoch: leased.epoch(),
+            sent_at: now,
             outcome: DispatchOutcome::Committed {
                 external_ref: Some(format!("w-{task}-{i}")),
                 result: Some(Arc::new(json!({"id": format!("w-{task}-{i}")}))),
@@ -234,6 +236,7 @@ async fn lease(ledger: &dyn Ledger, command: &Command, owner: &str) -> Cas {
 fn committed(epoch: LeaseEpoch, result: Value) -> Event {
     Event::Dispatched {
         epoch,
+        sent_at: now(),
         outcome: DispatchOutcome::Committed {
             external_ref: Some("w-1".into()),
             result: Some(Arc::new(result)),
@@ -604,6 +607,7 @@ pub async fn transitions_are_audited_and_conflicts_are_not(ledger: Arc<dyn Ledge
     assert!(!lease(&*ledger, &pending, "other").await.is_applied());
     let ambiguous = Event::Dispatched {
         epoch: leased.epoch(),
+        sent_at: now(),
         outcome: DispatchOutcome::Ambiguous {
             reason: "timeout after send".into(),
         },
@@ -1080,6 +1084,50 @@ pub async fn the_submitter_is_kept_through_transitions(ledger: Arc<dyn Ledger>) 
     let listed = ledger.list_run(&run, None).await.expect("list");
     let submitters: Vec<Option<&str>> = listed.iter().map(|c| c.submitted_by.as_deref()).collect();
     assert_eq!(submitters, vec![None, Some("agent-7")]);
+}
+
+/// The trace context a command was submitted under is stored with its identity and survives
+/// its transitions: every later step of the effect (a sweep's included) joins that trace.
+pub async fn the_trace_context_is_kept_through_transitions(ledger: Arc<dyn Ledger>) {
+    use sluice_core::trace::TraceContext;
+    let run = fresh_run("trace");
+    let trace = TraceContext::parse(
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        Some("vendor=opaque"),
+    );
+    assert!(trace.is_some());
+    let untraced = reserve_new(&*ledger, command(&run, 0, "email/send", 0, json!({}))).await;
+    assert_eq!(untraced.trace, None);
+    let traced = reserve_new(
+        &*ledger,
+        command(&run, 1, "email/send", 0, json!({})).traced(trace.clone()),
+    )
+    .await;
+    assert_eq!(traced.trace, trace);
+    let leased = lease(&*ledger, &traced, "d-1").await;
+    let leased = leased.applied().expect("the lease applies");
+    assert_eq!(leased.trace, trace);
+    let read = ledger
+        .get(&run, &traced.command_key)
+        .await
+        .expect("get")
+        .expect("stored");
+    assert_eq!(read.trace, trace);
+    let listed = ledger.list_run(&run, None).await.expect("list");
+    let traces: Vec<Option<TraceContext>> = listed.iter().map(|c| c.trace.clone()).collect();
+    assert_eq!(traces, vec![None, trace.clone()]);
+    // The same key again returns the stored command with its own context, not the caller's.
+    let again = ledger
+        .reserve(
+            command(&run, 1, "email/send", 0, json!({})),
+            command(&run, 1, "email/send", 0, json!({})).reservation_audit("contract"),
+        )
+        .await
+        .expect("reserve");
+    match again {
+        Reserved::Existing(existing) => assert_eq!(existing.trace, trace),
+        other => panic!("expected the existing command, got {other:?}"),
+    }
 }
 
 async fn reserve_own(ledger: &dyn Ledger, command: Command) -> Result<Reserved, LedgerError> {

@@ -7,6 +7,7 @@ use serde_json::Value;
 use sluice_core::command::{Command, CommandState, EffectSemantics};
 use sluice_core::ids::{ArgsHash, BusinessKey, CommandKey, IdempotencyKey, RunId, ToolName};
 use sluice_core::time::Timestamp;
+use sluice_core::trace::TraceContext;
 
 /// A command's fixed part — everything but its state — stored once, as JSON, by every ledger
 /// (the `identity` column of SQLite and CQL alike), so both read and write the same shape.
@@ -28,6 +29,9 @@ pub struct Identity {
     created_at: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     submitted_by: Option<Arc<str>>,
+    /// Absent from rows written before traces were stored: those read as `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    trace: Option<TraceContext>,
 }
 
 impl Identity {
@@ -46,6 +50,7 @@ impl Identity {
             not_before: command.not_before,
             created_at: command.created_at,
             submitted_by: command.submitted_by.clone(),
+            trace: command.trace.clone(),
         }
     }
 
@@ -68,7 +73,36 @@ impl Identity {
             not_before: self.not_before,
             created_at: self.created_at,
             submitted_by: self.submitted_by,
+            trace: self.trace,
             state,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A row written before trace contexts were stored has no `trace` in its identity: it
+    /// reads as none, and writing it back adds nothing.
+    #[test]
+    fn an_identity_without_a_trace_reads_as_none() {
+        let old = json!({
+            "run_id": "r-1",
+            "command_key": "d-1/email/send/0",
+            "idempotency_key": "r-1/d-1/email/send/0",
+            "tool": "email/send",
+            "semantics": "IDEMPOTENT",
+            "args": {},
+            "args_hash": "0".repeat(64),
+            "policy_version": "v1",
+            "max_attempts": 3,
+            "created_at": "2026-11-25T00:00:00Z",
+        });
+        let identity: Identity = serde_json::from_value(old).expect("an old row decodes");
+        assert_eq!(identity.trace, None);
+        let written = serde_json::to_value(&identity).expect("encodes");
+        assert!(written.get("trace").is_none(), "{written}");
     }
 }

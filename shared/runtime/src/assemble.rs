@@ -14,6 +14,7 @@ use sluice_ledger_cql::{CqlError, CqlLedger, connect_session};
 use thiserror::Error;
 
 use crate::config::{BusKind, CatalogConfig, Config, LedgerKind};
+use crate::gauges::GaugedLedger;
 use crate::{Context, Metrics};
 
 /// The example catalog shipped in `deploy/catalog.toml`, used when no catalog is configured.
@@ -149,6 +150,20 @@ pub async fn assemble_with_clock(
     let ledger = open_ledger(config, Arc::clone(&clock)).await?;
     let metrics = Metrics::new();
     metrics.observe_ledger(Arc::clone(&ledger));
+    metrics.observe_catalog(&catalog);
+    let ledger = if config.metrics.command_gauges {
+        let counted = GaugedLedger::wrap(ledger, metrics.commands.clone());
+        metrics.observe_commands(Arc::clone(&clock));
+        tokio::spawn(
+            metrics
+                .commands
+                .clone()
+                .keep_seeded(Arc::downgrade(&counted), config.command_gauges_refresh()),
+        );
+        counted
+    } else {
+        ledger
+    };
     Ok(Context {
         ledger,
         bus: open_bus(config).await?,

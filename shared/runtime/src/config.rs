@@ -12,6 +12,9 @@ use sluice_ledger::sqlite::Durability;
 use sluice_ledger_cql::CqlConfig;
 use thiserror::Error;
 
+mod api;
+pub use api::{AuthConfig, MIN_TOKEN_CHARS, ProducerConfig, Role, TokenConfig};
+
 /// The environment prefix of configuration overrides.
 pub const ENV_PREFIX: &str = "SLUICE_";
 
@@ -27,6 +30,49 @@ pub struct Config {
     pub compensator: CompensatorConfig,
     pub telemetry: TelemetryConfig,
     pub auth: AuthConfig,
+    pub metrics: MetricsConfig,
+}
+
+/// The state gauges (`sluice_commands`, `sluice_oldest_command_age_seconds`): kept in memory
+/// at each ledger write this process makes, read from the ledger at start (docs/architecture.md,
+/// "Observability").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Keep and export the state gauges. In a deployment of many processes, turn them on in
+    /// the one that reports them (the reconciler in `deploy/` and `k8s/`) and off elsewhere.
+    pub command_gauges: bool,
+    /// Read the gauges' figures from the ledger again this often, in milliseconds; 0 reads
+    /// them only at start. Unset: 0 on the embedded bus (one process makes every write, so
+    /// its own count is the whole count), 60 000 on Kafka (other processes write too). Each
+    /// read lists the runs and reads those with unresolved commands.
+    pub command_gauges_refresh_ms: Option<u64>,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            command_gauges: true,
+            command_gauges_refresh_ms: None,
+        }
+    }
+}
+
+/// `metrics.command_gauges_refresh_ms` on Kafka unless configured.
+pub const KAFKA_GAUGES_REFRESH_MS: u64 = 60_000;
+
+impl Config {
+    /// How often the state gauges are read from the ledger again; `None`: only at start.
+    pub fn command_gauges_refresh(&self) -> Option<std::time::Duration> {
+        let ms = self
+            .metrics
+            .command_gauges_refresh_ms
+            .unwrap_or(match self.bus.kind {
+                BusKind::Embedded => 0,
+                BusKind::Kafka => KAFKA_GAUGES_REFRESH_MS,
+            });
+        (ms > 0).then(|| std::time::Duration::from_millis(ms))
+    }
 }
 
 /// Which ledger, and its settings.
@@ -199,56 +245,6 @@ pub struct CatalogConfig {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct ProducerConfig {
-    pub listen: SocketAddr,
-    /// Largest request body accepted, in bytes.
-    pub max_body_bytes: usize,
-    /// Most effects in one batch submission.
-    pub max_batch: usize,
-    /// Longest `?wait=` a client may ask for, in milliseconds.
-    pub max_wait_ms: u64,
-    /// Longest a submission waits for room in the dispatch backlog (`bus.admission`) before
-    /// it is refused with 503 `dispatch_backlog_full`, nothing recorded; in milliseconds.
-    pub admission_wait_ms: u64,
-    /// The ledger's measured write latency past which a submission is refused with 503
-    /// `ledger_behind` and `Retry-After`, nothing recorded (`sluice_core::load::admit`); in
-    /// milliseconds, 0 for no limit.
-    pub max_write_latency_ms: u64,
-    /// Messages waiting in the bus client past which a submission is refused with 503
-    /// `bus_behind`; 0 for no limit.
-    pub max_bus_backlog: u64,
-    /// Serve the operator's web console at `/ui`. Unset: on in `sluice dev`, off in
-    /// `sluice-producer` (a deployment opts in).
-    pub console: Option<bool>,
-    /// Most `GET /v1/events/stream` connections open at once; past it 503 `too_many_streams`.
-    pub max_event_streams: usize,
-}
-
-impl ProducerConfig {
-    /// Whether `/ui` is served: the configured choice, else `default` (the binary's).
-    pub fn console_enabled(&self, default: bool) -> bool {
-        self.console.unwrap_or(default)
-    }
-}
-
-impl Default for ProducerConfig {
-    fn default() -> Self {
-        Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8700)),
-            max_body_bytes: 1024 * 1024,
-            max_batch: 1_000,
-            max_wait_ms: 60_000,
-            admission_wait_ms: 10_000,
-            max_write_latency_ms: 1_000,
-            max_bus_backlog: 20_000,
-            console: None,
-            max_event_streams: 64,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
 pub struct DispatcherConfig {
     /// Runs dispatched at the same time (a run's own commands go one at a time, in order).
     pub concurrency: usize,
@@ -322,6 +318,13 @@ pub struct TelemetryConfig {
     /// `/readyz` (e.g. `0.0.0.0:9464`); unset serves nothing. The producer serves them on its
     /// API address.
     pub listen: Option<SocketAddr>,
+    /// Where spans are exported over OTLP http/protobuf, e.g. `http://collector:4318` (the
+    /// `/v1/traces` path is added when the URL names none). Unset: the standard
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` (or `…_TRACES_ENDPOINT`) if set, else no export at all.
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` of exported spans; unset: the binary's name (`OTEL_SERVICE_NAME`
+    /// wins over both).
+    pub service_name: Option<String>,
 }
 
 impl Default for TelemetryConfig {
@@ -330,6 +333,8 @@ impl Default for TelemetryConfig {
             log_format: LogFormat::Text,
             log_level: "info".into(),
             listen: None,
+            otlp_endpoint: None,
+            service_name: None,
         }
     }
 }
@@ -339,152 +344,6 @@ impl Default for TelemetryConfig {
 pub enum LogFormat {
     Text,
     Json,
-}
-
-/// Who may call the API: bearer tokens, each with a role and a name.
-///
-/// With no tokens the API is open (every caller is an anonymous admin), which is allowed only
-/// while the producer listens on a loopback address; `sluice dev` generates an admin token
-/// instead. Tokens are compared by their SHA-256 digest in constant time, never logged, and
-/// never serialized back out (`token_sha256` lets a file hold no secret at all).
-///
-/// ```toml
-/// [[auth.tokens]]
-/// name = "billing-agent"     # the principal recorded on commands and in the audit chain
-/// role = "agent"             # agent | operator | admin
-/// token = "..."              # at least 16 characters; or token_sha256 = "<64 hex digits>"
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AuthConfig {
-    pub tokens: Vec<TokenConfig>,
-}
-
-/// One bearer token.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenConfig {
-    pub name: String,
-    pub role: Role,
-    /// The token itself; never serialized.
-    #[serde(default, skip_serializing)]
-    pub token: Option<String>,
-    /// The token's SHA-256 digest in hex, for configuration that must not hold the secret.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token_sha256: Option<String>,
-}
-
-impl std::fmt::Debug for TokenConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokenConfig")
-            .field("name", &self.name)
-            .field("role", &self.role)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field(
-                "token_sha256",
-                &self.token_sha256.as_ref().map(|_| "<redacted>"),
-            )
-            .finish()
-    }
-}
-
-/// What a token may do. Each role includes the ones before it, except that an operator does
-/// not submit effects: agent (submit, read its own runs) < operator (read everything) < admin
-/// (approve, reject, cancel, replay, resolve, rollback, purge).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    Agent,
-    Operator,
-    Admin,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Agent => "agent",
-            Self::Operator => "operator",
-            Self::Admin => "admin",
-        }
-    }
-}
-
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The shortest token accepted in configuration.
-pub const MIN_TOKEN_CHARS: usize = 16;
-
-impl AuthConfig {
-    /// Checks names, secrets and uniqueness; `listen` is where the producer serves.
-    fn validate(&self, listen: SocketAddr) -> Result<(), ConfigError> {
-        let invalid = |key: String, message: String| Err(ConfigError::Invalid { key, message });
-        if self.tokens.is_empty() && !listen.ip().is_loopback() {
-            return invalid(
-                "auth.tokens".into(),
-                format!(
-                    "the producer listens on {listen}, beyond loopback, so the API needs bearer \
-                     tokens: add [[auth.tokens]] entries with name, role and token"
-                ),
-            );
-        }
-        let mut names = std::collections::BTreeSet::new();
-        let mut secrets = std::collections::BTreeSet::new();
-        for (i, entry) in self.tokens.iter().enumerate() {
-            let key = |field: &str| format!("auth.tokens[{i}].{field}");
-            let name_ok = !entry.name.is_empty()
-                && entry.name.len() <= 64
-                && entry
-                    .name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'@'));
-            if !name_ok {
-                return invalid(
-                    key("name"),
-                    "must be 1 to 64 letters, digits, '-', '_', '.' or '@'".into(),
-                );
-            }
-            if !names.insert(entry.name.as_str()) {
-                return invalid(key("name"), format!("{:?} is used twice", entry.name));
-            }
-            match (&entry.token, &entry.token_sha256) {
-                (Some(token), None) => {
-                    if token.chars().count() < MIN_TOKEN_CHARS
-                        || token.chars().any(char::is_whitespace)
-                    {
-                        return invalid(
-                            key("token"),
-                            format!("must be at least {MIN_TOKEN_CHARS} characters without spaces"),
-                        );
-                    }
-                    if !secrets.insert(token.clone()) {
-                        return invalid(key("token"), "the same token is given twice".into());
-                    }
-                }
-                (None, Some(digest)) => {
-                    if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
-                        return invalid(key("token_sha256"), "must be 64 hex digits".into());
-                    }
-                    if !secrets.insert(digest.to_ascii_lowercase()) {
-                        return invalid(
-                            key("token_sha256"),
-                            "the same digest is given twice".into(),
-                        );
-                    }
-                }
-                (Some(_), Some(_)) | (None, None) => {
-                    return invalid(
-                        key("token"),
-                        "give exactly one of token and token_sha256".into(),
-                    );
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 /// A configuration that cannot be used.
@@ -571,6 +430,14 @@ impl Config {
                 "must be non-empty and use only letters, digits, '.', '_' and '-'",
             );
         }
+        if let Some(endpoint) = &self.telemetry.otlp_endpoint
+            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+        {
+            return invalid(
+                "telemetry.otlp_endpoint",
+                "must be an http:// or https:// URL (OTLP over http/protobuf)",
+            );
+        }
         if self.ledger.kind == LedgerKind::Cql {
             self.ledger
                 .cql
@@ -618,6 +485,16 @@ impl Config {
                 return invalid(key, "must be at least 1");
             }
         }
+        if self
+            .metrics
+            .command_gauges_refresh_ms
+            .is_some_and(|ms| ms > 0 && ms < 1_000)
+        {
+            return invalid(
+                "metrics.command_gauges_refresh_ms",
+                "must be 0 (only at start) or at least 1000: each refresh reads the ledger",
+            );
+        }
         if self.reconciler.sweep_interval_ms < 10 {
             return invalid("reconciler.sweep_interval_ms", "must be at least 10");
         }
@@ -633,6 +510,7 @@ impl Config {
             return invalid("reconciler.sweep_item_timeout_ms", "must be at least 1");
         }
         self.auth.validate(self.producer.listen)?;
+        self.producer.validate(&self.auth)?;
         Ok(())
     }
 }
@@ -809,6 +687,24 @@ mod tests {
             Config::load(None, env(&[("SLUICE_BUS__PARTITION", "3")])).expect_err("unknown key");
         assert!(err.to_string().contains("partition"), "{err}");
         let err = Config::load(None, env(&[("SLUICE_BUS__PARTITIONS", "0")])).expect_err("zero");
+        let otlp = Config::load(
+            None,
+            env(&[("SLUICE_TELEMETRY__OTLP_ENDPOINT", "collector:4318")]),
+        )
+        .expect_err("not a URL");
+        assert!(
+            otlp.to_string().contains("telemetry.otlp_endpoint"),
+            "{otlp}"
+        );
+        let otlp = Config::load(
+            None,
+            env(&[("SLUICE_TELEMETRY__OTLP_ENDPOINT", "http://collector:4318")]),
+        )
+        .expect("an OTLP endpoint");
+        assert_eq!(
+            otlp.telemetry.otlp_endpoint.as_deref(),
+            Some("http://collector:4318")
+        );
         assert!(err.to_string().contains("bus.partitions"), "{err}");
         let err = Config::load(None, env(&[("SLUICE_LEDGER__COMMIT_GATHER_US", "20000")]))
             .expect_err("too long a wait");

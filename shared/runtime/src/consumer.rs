@@ -75,6 +75,7 @@ use sluice_ledger::LedgerError;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::messages::{DLQ_REASON_HEADER, DLQ_TOPIC_HEADER, MessageError};
 use crate::metrics::Metrics;
@@ -220,14 +221,61 @@ where
             shutdown: shutdown.clone(),
             budget: Arc::clone(&budget),
         };
-        tasks.spawn(async move {
-            one.handle(delivery, handler).await;
-            drop(permit);
-        });
+        let span = delivery_span(spec.topic, &delivery);
+        tasks.spawn(
+            WORK_SPAN.scope(
+                span.clone(),
+                async move {
+                    one.handle(delivery, handler).await;
+                    drop(permit);
+                }
+                .instrument(span),
+            ),
+        );
         while tasks.try_join_next().is_some() {}
     }
     while tasks.join_next().await.is_some() {}
     Ok(())
+}
+
+tokio::task_local! {
+    /// The span of the delivery being handled ([`delivery_span`]), for `Context::drive` to
+    /// record the command key, tool and outcome on, however deep in the handler's own spans
+    /// it writes.
+    pub(crate) static WORK_SPAN: tracing::Span;
+}
+
+/// The span of handling one delivery, named for the work (`dispatch`, `reconcile`,
+/// `compensate`) and the child of the span that published the message (its `traceparent`
+/// header), so the effect's trace crosses the bus. The handler records the command key, tool
+/// and outcome on it as it writes (`Context::drive`). Debug level: disabled, and nearly free,
+/// unless traces are exported.
+fn delivery_span(topic: Topic, delivery: &Delivery) -> tracing::Span {
+    let name = match topic {
+        Topic::Requested => "dispatch",
+        Topic::Unknown => "reconcile",
+        Topic::Compensate => "compensate",
+        Topic::Events => "event",
+        Topic::Dlq => "dead_letter",
+    };
+    let span = tracing::debug_span!(
+        "consume",
+        otel.name = name,
+        otel.kind = "consumer",
+        messaging.destination.name = topic.suffix(),
+        messaging.kafka.partition = delivery.partition,
+        messaging.kafka.offset = delivery.offset,
+        run_id = delivery.key(),
+        command_key = tracing::field::Empty,
+        tool = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    if !span.is_disabled()
+        && let Some(parent) = crate::messages::trace_of(&delivery.message.headers)
+    {
+        sluice_trace::set_parent(&span, &parent);
+    }
+    span
 }
 
 /// What handling one delivery needs.

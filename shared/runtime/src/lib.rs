@@ -5,6 +5,7 @@ pub mod assemble;
 pub mod cli;
 pub mod config;
 pub mod consumer;
+pub mod gauges;
 pub mod messages;
 pub mod metrics;
 pub mod ops;

@@ -6,6 +6,14 @@
 //!
 //! Lifecycle events follow CloudEvents 1.0 in binary mode: the attributes travel as `ce_`
 //! headers and the payload is the command as JSON.
+//!
+//! Every message carries the effect's trace context: requests in the W3C headers
+//! `traceparent` and `tracestate` (as Kafka headers on Kafka), lifecycle events in the
+//! CloudEvents distributed-tracing extension (`ce_traceparent`, `ce_tracestate`). The builders
+//! here ([`dispatch_request`], [`reconcile_request`], [`compensate_request`],
+//! [`LifecycleEvent::new`]) are the only places a message is put together, so none goes out
+//! without it; the context is the sending span's when it is in the command's trace, else the
+//! one stored with the command (`sluice_trace::outgoing`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -14,6 +22,7 @@ use thiserror::Error;
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::time::Timestamp;
+use sluice_core::trace::TraceContext;
 
 /// Largest message accepted from the bus.
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
@@ -68,6 +77,106 @@ pub enum CompensateJob {
         command_key: CommandKey,
         extra_refs: Vec<String>,
     },
+}
+
+/// A request ready for the bus: its payload and its headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    pub payload: Vec<u8>,
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+/// The header of the CloudEvents distributed-tracing extension's `traceparent`.
+pub const CE_TRACEPARENT: &str = "ce_traceparent";
+/// The header of the CloudEvents distributed-tracing extension's `tracestate`.
+pub const CE_TRACESTATE: &str = "ce_tracestate";
+
+/// The W3C trace headers of `trace` (under `prefix`: `""` for requests, `"ce_"` for events).
+fn trace_headers(prefix: &str, trace: Option<&TraceContext>) -> Vec<(String, Vec<u8>)> {
+    let Some(trace) = trace else {
+        return Vec::new();
+    };
+    let mut headers = vec![(
+        format!("{prefix}{}", sluice_trace::TRACEPARENT),
+        trace.traceparent.as_bytes().to_vec(),
+    )];
+    if let Some(state) = &trace.tracestate {
+        headers.push((
+            format!("{prefix}{}", sluice_trace::TRACESTATE),
+            state.as_bytes().to_vec(),
+        ));
+    }
+    headers
+}
+
+/// The trace context a delivered message carries: `traceparent`/`tracestate` on requests,
+/// `ce_traceparent`/`ce_tracestate` on lifecycle events.
+pub fn trace_of(headers: &[(String, Vec<u8>)]) -> Option<TraceContext> {
+    let find = |name: &str| {
+        headers
+            .iter()
+            .rev()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_slice())
+    };
+    sluice_trace::from_headers(find).or_else(|| {
+        let traceparent = std::str::from_utf8(find(CE_TRACEPARENT)?).ok()?;
+        let tracestate = find(CE_TRACESTATE).and_then(|v| std::str::from_utf8(v).ok());
+        TraceContext::parse(traceparent, tracestate)
+    })
+}
+
+/// A request about `command`, with the trace headers it is sent under.
+fn request_for<T: Serialize>(command: &Command, request: &T) -> Outgoing {
+    Outgoing {
+        payload: encode(request),
+        headers: trace_headers("", sluice_trace::outgoing(command.trace.as_ref()).as_ref()),
+    }
+}
+
+/// `requested`: a dispatch request for `command`.
+pub fn dispatch_request(command: &Command, cause: Cause) -> Outgoing {
+    request_for(
+        command,
+        &DispatchRequest {
+            run_id: command.run_id.clone(),
+            command_key: command.command_key.clone(),
+            cause,
+        },
+    )
+}
+
+/// `unknown`: a reconcile request for `command`.
+pub fn reconcile_request(command: &Command) -> Outgoing {
+    request_for(
+        command,
+        &ReconcileRequest {
+            run_id: command.run_id.clone(),
+            command_key: command.command_key.clone(),
+        },
+    )
+}
+
+/// `compensate`: a job about `command` (its own compensation, or its duplicates').
+pub fn compensate_request(command: &Command, job: CompensateJob) -> Outgoing {
+    request_for(
+        command,
+        &CompensateRequest {
+            run_id: command.run_id.clone(),
+            job,
+        },
+    )
+}
+
+/// `compensate`: a job about a whole run (a rollback), sent under the current span's context.
+pub fn run_compensate_request(run_id: &RunId, job: CompensateJob) -> Outgoing {
+    Outgoing {
+        payload: encode(&CompensateRequest {
+            run_id: run_id.clone(),
+            job,
+        }),
+        headers: trace_headers("", sluice_trace::current().as_ref()),
+    }
 }
 
 /// A message that cannot be used; it goes to the dead-letter topic with this reason.
@@ -129,7 +238,7 @@ impl LifecycleEvent {
         subject.extend_from_slice(key.as_bytes());
         let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
         let id = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut id);
-        let headers = vec![
+        let mut headers = vec![
             ("ce_specversion".to_owned(), b"1.0".to_vec()),
             ("ce_id".to_owned(), id.as_bytes().to_vec()),
             (
@@ -144,6 +253,11 @@ impl LifecycleEvent {
             ("ce_time".to_owned(), at.to_string().into_bytes()),
             ("content-type".to_owned(), b"application/json".to_vec()),
         ];
+        // CloudEvents distributed-tracing extension.
+        headers.extend(trace_headers(
+            "ce_",
+            sluice_trace::outgoing(command.trace.as_ref()).as_ref(),
+        ));
         Self {
             headers,
             payload: serde_json::to_vec(command).unwrap_or_default(),
@@ -230,6 +344,62 @@ mod tests {
         assert_eq!(
             decode::<CompensateRequest>("compensate request", text.as_bytes()).expect("ok"),
             job
+        );
+    }
+
+    #[test]
+    fn every_message_carries_the_commands_trace_context() {
+        use sluice_core::command::{EffectSemantics, Intent};
+        let trace = TraceContext::parse(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            Some("vendor=x"),
+        );
+        let command = Command::from_intent(
+            Intent {
+                run_id: RunId::parse("r-1").expect("valid"),
+                command_key: CommandKey::parse("d-1/email/send/0").expect("valid"),
+                semantics: EffectSemantics::Idempotent,
+                args: serde_json::json!({}),
+                business_key: None,
+                policy_version: "v1".into(),
+                max_attempts: 3,
+                not_before: None,
+            },
+            Timestamp::from_millis(1),
+            1_000,
+        )
+        .traced(trace.clone());
+        for outgoing in [
+            dispatch_request(&command, Cause::Reserved),
+            reconcile_request(&command),
+            compensate_request(
+                &command,
+                CompensateJob::Command {
+                    command_key: command.command_key.clone(),
+                },
+            ),
+        ] {
+            assert_eq!(
+                header(&outgoing.headers, "traceparent"),
+                Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+            );
+            assert_eq!(header(&outgoing.headers, "tracestate"), Some("vendor=x"));
+            assert_eq!(trace_of(&outgoing.headers), trace);
+        }
+        let event = LifecycleEvent::new("dispatcher", &command, Timestamp::from_millis(2));
+        assert_eq!(
+            event.header("ce_traceparent"),
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        );
+        assert_eq!(event.header("ce_tracestate"), Some("vendor=x"));
+        assert_eq!(event.header("traceparent"), None);
+        assert_eq!(trace_of(&event.headers), trace);
+        // No context, no headers: a command submitted without one and no span to send from.
+        let untraced = command.clone().traced(None);
+        assert!(dispatch_request(&untraced, Cause::Due).headers.is_empty());
+        assert_eq!(
+            LifecycleEvent::new("x", &untraced, Timestamp::from_millis(2)).header("ce_traceparent"),
+            None
         );
     }
 

@@ -1,16 +1,32 @@
 //! Every metric of the services, named in one place: `sluice_<thing>_<unit>`, labels bounded
 //! (tool, status, outcome, topic, route — never a run id).
+//!
+//! Figures owned by something else (the ledger's round trips, the state gauges) are read by a
+//! [`Collector`] at each scrape into metrics built for that scrape alone, so two scrapes at
+//! once cannot race on a shared counter.
 
 use std::sync::Arc;
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use sluice_ledger::Ledger;
 
+use sluice_core::catalog::Catalog;
 use sluice_core::command::{Command, CommandStatus};
+use sluice_core::machine::Rules;
+use sluice_core::time::Clock;
+
+use crate::gauges::CommandGauges;
+
+/// Buckets of `sluice_http_request_duration_seconds`: a submission answers in milliseconds, a
+/// long poll in up to `producer.max_wait_ms` (60 s by default).
+const HTTP_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0, 60.0,
+];
 
 /// The services' metrics, registered in their own registry.
 #[derive(Debug, Clone)]
@@ -40,6 +56,16 @@ pub struct Metrics {
     pub http_requests: IntCounterVec,
     /// `sluice_effects_submitted_total{tool, outcome}`: created, replayed, drift, invalid.
     pub submissions: IntCounterVec,
+    /// `sluice_http_request_duration_seconds{method, route, status}`: the producer's answers,
+    /// by route template (never a concrete path, which would name runs).
+    pub http_seconds: HistogramVec,
+    /// `sluice_http_waiting_requests`: requests holding their answer now (long polls and
+    /// `Prefer: wait`), bounded by `producer.max_waits`.
+    pub waiting_requests: IntGauge,
+    /// The figures of `sluice_commands{status, tool}` and
+    /// `sluice_oldest_command_age_seconds{status, tool}`, exported by
+    /// [`Metrics::observe_commands`].
+    pub commands: CommandGauges,
 }
 
 impl Metrics {
@@ -119,6 +145,52 @@ impl Metrics {
         registry
             .register(Box::new(dispatch_seconds.clone()))
             .expect("each metric is registered once");
+        let http_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "http_request_duration_seconds",
+                "Time to answer an HTTP request of the producer, by route template and status",
+            )
+            .buckets(HTTP_BUCKETS.to_vec()),
+            &["method", "route", "status"],
+        )
+        .expect("metric definitions are static and valid");
+        registry
+            .register(Box::new(http_seconds.clone()))
+            .expect("each metric is registered once");
+        let waiting_requests = IntGauge::new(
+            "http_waiting_requests",
+            "Requests holding their answer now (GET ?wait=, Prefer: wait)",
+        )
+        .expect("metric definitions are static and valid");
+        registry
+            .register(Box::new(waiting_requests.clone()))
+            .expect("each metric is registered once");
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "build_info",
+                "The running build: always 1, its facts in labels",
+            ),
+            &["version", "revision"],
+        )
+        .expect("metric definitions are static and valid");
+        build_info
+            .with_label_values(&[
+                env!("CARGO_PKG_VERSION"),
+                option_env!("SLUICE_GIT_REVISION").unwrap_or("unknown"),
+            ])
+            .set(1);
+        registry
+            .register(Box::new(build_info))
+            .expect("each metric is registered once");
+        // The process's CPU, memory, file descriptors and start time, as `process_*` (not
+        // prefixed: dashboards and alerts everywhere know these names). Linux only.
+        #[cfg(target_os = "linux")]
+        if let Err(error) = prometheus::default_registry().register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        )) {
+            // Registered once per process, however many registries it makes (tests make many).
+            tracing::trace!(%error, "the process collector is already registered");
+        }
         Self {
             registry,
             transitions,
@@ -132,6 +204,19 @@ impl Metrics {
             sweep_items,
             http_requests,
             submissions,
+            http_seconds,
+            waiting_requests,
+            commands: CommandGauges::default(),
+        }
+    }
+
+    /// Exports `sluice_commands{status, tool}`, `sluice_oldest_command_age_seconds{status, tool}`
+    /// and `sluice_command_gauges_seeded` from [`Metrics::commands`], read at every scrape
+    /// (ages against `clock`). Call once per registry, in the process that reports them.
+    pub fn observe_commands(&self, clock: Arc<dyn Clock>) {
+        let collector = StateGauges::new(self.commands.clone(), clock);
+        if let Err(error) = self.registry.register(Box::new(collector)) {
+            tracing::warn!(%error, "the command gauges are already exported");
         }
     }
 
@@ -150,25 +235,35 @@ impl Metrics {
     /// `sluice_ledger_quarantined_commands_total` from `ledger`'s own counters, read at every
     /// scrape. Call once per registry.
     pub fn observe_ledger(&self, ledger: Arc<dyn Ledger>) {
-        let counter = IntCounterVec::new(
-            Opts::new(
-                "ledger_round_trips_total",
-                "Round trips to the ledger's store by operation and kind (lwt, serial, plain)",
-            ),
-            &["op", "kind"],
-        )
-        .expect("metric definitions are static and valid");
-        let quarantined = IntCounter::new(
-            "ledger_quarantined_commands_total",
-            "Commands the ledger found it cannot decode and set aside (sweeps skip them)",
-        )
-        .expect("metric definitions are static and valid");
-        if let Err(error) = self.registry.register(Box::new(LedgerRoundTrips {
-            ledger,
-            counter,
-            quarantined,
-        })) {
+        if let Err(error) = self
+            .registry
+            .register(Box::new(LedgerRoundTrips::new(ledger)))
+        {
             tracing::warn!(%error, "ledger round trips are already exported");
+        }
+    }
+
+    /// Exports `sluice_tool_unknown_horizon_seconds{tool}`: how long a command of each tool
+    /// of `catalog` may stay UNKNOWN while the reconciler works on it as the catalog
+    /// declares (see [`unknown_horizon_ms`]); the alert on UNKNOWN commands compares
+    /// `sluice_oldest_command_age_seconds` with it.
+    pub fn observe_catalog(&self, catalog: &Catalog) {
+        let horizon = GaugeVec::new(
+            Opts::new(
+                "tool_unknown_horizon_seconds",
+                "How long a command of the tool may be UNKNOWN while it is reconciled as declared",
+            ),
+            &["tool"],
+        )
+        .expect("metric definitions are static and valid");
+        for tool in catalog.tools() {
+            let ms = unknown_horizon_ms(&tool.rules());
+            horizon
+                .with_label_values(&[tool.name().to_string().as_str()])
+                .set(ms as f64 / 1_000.0);
+        }
+        if let Err(error) = self.registry.register(Box::new(horizon)) {
+            tracing::warn!(%error, "the tools' horizons are already exported");
         }
     }
 
@@ -176,7 +271,15 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = Vec::new();
         // Encoding our own registry into a Vec cannot fail.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        let mut families = self.registry.gather();
+        #[cfg(target_os = "linux")]
+        families.extend(
+            prometheus::default_registry()
+                .gather()
+                .into_iter()
+                .filter(|family| family.name().starts_with("process_")),
+        );
+        let _ = TextEncoder::new().encode(&families, &mut out);
         String::from_utf8(out).unwrap_or_default()
     }
 }
@@ -187,32 +290,148 @@ impl Default for Metrics {
     }
 }
 
-/// Copies a ledger's round-trip and quarantine counts into counters when scraped.
+/// How long a command may stay UNKNOWN when the reconciler works as the tool's rules say: the
+/// landing horizon of its last attempt (call timeout, `late_commit_ms`, the skew bound), then
+/// every status check with its backoff, its own timeout and the settle interval. Past it the
+/// command should have left UNKNOWN (for CONFIRMED, a retry, FAILED or STUCK): one still
+/// there means the reconciler is not getting to it.
+pub fn unknown_horizon_ms(rules: &Rules) -> i64 {
+    let checks = (0..rules.max_checks).fold(0_i64, |sum, n| {
+        sum.saturating_add(rules.backoff_ms(n))
+            .saturating_add(rules.dispatch_timeout_ms)
+    });
+    rules
+        .dispatch_timeout_ms
+        .saturating_add(rules.late_commit_ms)
+        .saturating_add(rules.clock_skew_ms)
+        .saturating_add(rules.settle_ms)
+        .saturating_add(checks)
+}
+
+/// Reads a ledger's round-trip and quarantine counts when scraped, into counters made for that
+/// scrape: the ledger's own atomics are the counters, so nothing here is shared between
+/// scrapes (copying them into long-lived counters by `inc_by(count - get())` raced when two
+/// scrapes overlapped, and could count a stretch twice).
 #[derive(Debug)]
 struct LedgerRoundTrips {
     ledger: Arc<dyn Ledger>,
-    counter: IntCounterVec,
-    quarantined: IntCounter,
+    descs: Vec<Desc>,
+}
+
+impl LedgerRoundTrips {
+    fn counters() -> (IntCounterVec, IntCounter) {
+        let counter = IntCounterVec::new(
+            Opts::new(
+                "ledger_round_trips_total",
+                "Round trips to the ledger's store by operation and kind (lwt, serial, plain)",
+            ),
+            &["op", "kind"],
+        )
+        .expect("metric definitions are static and valid");
+        let quarantined = IntCounter::with_opts(Opts::new(
+            "ledger_quarantined_commands_total",
+            "Commands the ledger found it cannot decode and set aside (sweeps skip them)",
+        ))
+        .expect("metric definitions are static and valid");
+        (counter, quarantined)
+    }
+
+    fn new(ledger: Arc<dyn Ledger>) -> Self {
+        let (counter, quarantined) = Self::counters();
+        let mut descs: Vec<Desc> = counter.desc().into_iter().cloned().collect();
+        descs.extend(quarantined.desc().into_iter().cloned());
+        Self { ledger, descs }
+    }
 }
 
 impl Collector for LedgerRoundTrips {
     fn desc(&self) -> Vec<&Desc> {
-        let mut descs = self.counter.desc();
-        descs.extend(self.quarantined.desc());
-        descs
+        self.descs.iter().collect()
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        // Only this collector moves the counters, so each holds the count of the last scrape.
+        let (counter, quarantined) = Self::counters();
         for trips in self.ledger.round_trips() {
-            let counter = self.counter.with_label_values(&[trips.op, trips.kind]);
-            counter.inc_by(trips.count.saturating_sub(counter.get()));
+            counter
+                .with_label_values(&[trips.op, trips.kind])
+                .inc_by(trips.count);
         }
-        let quarantined = self.ledger.quarantined();
-        self.quarantined
-            .inc_by(quarantined.saturating_sub(self.quarantined.get()));
-        let mut families = self.counter.collect();
-        families.extend(self.quarantined.collect());
+        quarantined.inc_by(self.ledger.quarantined());
+        let mut families = counter.collect();
+        families.extend(quarantined.collect());
+        families
+    }
+}
+
+/// The state gauges, built at each scrape from [`CommandGauges`].
+#[derive(Debug)]
+struct StateGauges {
+    gauges: CommandGauges,
+    clock: Arc<dyn Clock>,
+    descs: Vec<Desc>,
+}
+
+impl StateGauges {
+    fn metrics() -> (IntGaugeVec, GaugeVec, IntGauge) {
+        let counts = IntGaugeVec::new(
+            Opts::new(
+                "commands",
+                "Unresolved commands now, by status and tool (maintained at each ledger write, \
+                 seeded from the ledger)",
+            ),
+            &["status", "tool"],
+        )
+        .expect("metric definitions are static and valid");
+        let oldest = GaugeVec::new(
+            Opts::new(
+                "oldest_command_age_seconds",
+                "How long the oldest command of a tool in an unresolved status has been in it \
+                 (0: none)",
+            ),
+            &["status", "tool"],
+        )
+        .expect("metric definitions are static and valid");
+        let seeded = IntGauge::with_opts(Opts::new(
+            "command_gauges_seeded",
+            "1 once the command gauges were read from the ledger, 0 before",
+        ))
+        .expect("metric definitions are static and valid");
+        (counts, oldest, seeded)
+    }
+
+    fn new(gauges: CommandGauges, clock: Arc<dyn Clock>) -> Self {
+        let (counts, oldest, seeded) = Self::metrics();
+        let mut descs: Vec<Desc> = counts.desc().into_iter().cloned().collect();
+        descs.extend(oldest.desc().into_iter().cloned());
+        descs.extend(seeded.desc().into_iter().cloned());
+        Self {
+            gauges,
+            clock,
+            descs,
+        }
+    }
+}
+
+impl Collector for StateGauges {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let (counts, oldest, seeded) = Self::metrics();
+        for figure in self.gauges.figures(self.clock.now()) {
+            let labels = [figure.status.as_str(), &figure.tool];
+            counts
+                .with_label_values(&labels)
+                .set(i64::try_from(figure.count).unwrap_or(i64::MAX));
+            oldest
+                .with_label_values(&labels)
+                .set(figure.oldest.as_secs_f64());
+        }
+        seeded.set(i64::from(self.gauges.is_seeded()));
+        let mut families = counts.collect();
+        families.extend(oldest.collect());
+        families.extend(seeded.collect());
         families
     }
 }

@@ -60,6 +60,14 @@ async fn ready(State(ctx): State<Context>) -> Response {
         .await
     {
         Ok(_) => (StatusCode::OK, "ready").into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+        // The cause goes to the log, not to whoever asks: it may name hosts and keyspaces.
+        Err(e) => {
+            tracing::warn!(error = %e, "not ready: the ledger does not answer");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not ready: the ledger does not answer",
+            )
+                .into_response()
+        }
     }
 }

@@ -18,10 +18,11 @@ use sluice_core::machine::{self, Action, Event, Refusal, Step};
 use sluice_core::time::Clock;
 use sluice_ledger::{Cas, Ledger, LedgerError, Transition};
 use thiserror::Error;
+use tracing::Instrument;
 
 use crate::messages::{
-    Cause, CompensateJob, CompensateRequest, DispatchRequest, LifecycleEvent, ReconcileRequest,
-    encode,
+    Cause, CompensateJob, LifecycleEvent, Outgoing, compensate_request, dispatch_request,
+    reconcile_request,
 };
 use crate::metrics::Metrics;
 
@@ -90,6 +91,51 @@ pub struct RollbackBegun {
     pub in_flight: Vec<String>,
     /// How many of them were marked.
     pub marked: usize,
+}
+
+/// The span of one guarded write: `lease` (taking a lease), `finalize` (a call's outcome), or
+/// the event's name, in the command's trace (`sluice_trace::adopt`). Attributes: run id,
+/// command key, tool, the event, the status it leads to, and (recorded after the write) the
+/// outcome: the status stored, or `conflict` for a lost compare-and-set. Never arguments.
+fn write_span(command: &Command, event: &Event, to: CommandStatus) -> tracing::Span {
+    use machine::EventKind;
+    let name = match event.kind() {
+        EventKind::Lease => "lease",
+        EventKind::Dispatched => "finalize",
+        EventKind::Release => "release",
+        EventKind::Block => "block",
+        EventKind::Deny => "deny",
+        EventKind::Due => "due",
+        EventKind::LeaseExpired => "lease_expired",
+        EventKind::Observed => "observed",
+        EventKind::RetrySameKey => "retry_same_key",
+        EventKind::GiveUp => "give_up",
+        EventKind::Compensated => "compensated",
+        EventKind::DuplicateSettled => "duplicate_settled",
+        EventKind::Approve => "approve",
+        EventKind::Reject => "reject",
+        EventKind::ApprovalExpired => "approval_expired",
+        EventKind::Cancel => "cancel",
+        EventKind::Rollback => "rollback",
+        EventKind::MarkRollback => "mark_rollback",
+        EventKind::Resolve => "resolve",
+        EventKind::Replay => "replay",
+        _ => "transition",
+    };
+    // Debug level: without the exporter (whose filter takes Sluice's debug spans) and at the
+    // default log level, the span is disabled and costs next to nothing per write.
+    let span = tracing::debug_span!(
+        "ledger.write",
+        otel.name = name,
+        run_id = %command.run_id,
+        command_key = %command.command_key,
+        tool = %command.tool,
+        epoch = command.epoch().get(),
+        to = to.as_str(),
+        outcome = tracing::field::Empty,
+    );
+    sluice_trace::adopt(&span, command.trace.as_ref());
+    span
 }
 
 /// The tool of a command, or a reason the command cannot run any more.
@@ -210,17 +256,33 @@ impl Context {
             };
             round += 1;
             let write = Transition::from_step(&command, &step, actor);
-            let cas = match &event {
-                Event::Lease { .. } => self.ledger.acquire_lease(write).await?,
-                Event::Dispatched { .. } => self.ledger.finalize(write).await?,
-                _ => self.ledger.transition(write).await?,
-            };
+            let span = write_span(&command, &event, step.to());
+            let cas = async {
+                match &event {
+                    Event::Lease { .. } => self.ledger.acquire_lease(write).await,
+                    Event::Dispatched { .. } => self.ledger.finalize(write).await,
+                    _ => self.ledger.transition(write).await,
+                }
+            }
+            .instrument(span.clone())
+            .await?;
             match cas {
                 Cas::Applied(stored) => {
+                    span.record("outcome", stored.status().as_str());
+                    // The span of the work this write is part of (a message's, an operator
+                    // action's) names the command it came to and where it left it.
+                    let record = |work: &tracing::Span| {
+                        work.record("command_key", stored.command_key.as_str());
+                        work.record("tool", tracing::field::display(&stored.tool));
+                        work.record("outcome", stored.status().as_str());
+                    };
+                    record(&tracing::Span::current());
+                    let _ = crate::consumer::WORK_SPAN.try_with(record);
                     self.metrics.transition(&stored, step.from);
                     return Ok(Driven::Applied(stored, step));
                 }
                 Cas::Conflict(now) => {
+                    span.record("outcome", "conflict");
                     self.metrics.cas_conflicts.inc();
                     // Decided again on the command as it is now: a fenced event (an outcome,
                     // a compensation's result) is refused by the core if its epoch is gone,
@@ -271,48 +333,36 @@ impl Context {
         for action in &step.actions {
             match action {
                 Action::Dispatch => {
-                    let request = DispatchRequest {
-                        run_id: command.run_id.clone(),
-                        command_key: command.command_key.clone(),
-                        cause,
-                    };
-                    self.publish(Topic::Requested, command, encode(&request), vec![])
+                    self.publish(Topic::Requested, command, dispatch_request(command, cause))
                         .await?;
                 }
                 Action::Reconcile => {
-                    let request = ReconcileRequest {
-                        run_id: command.run_id.clone(),
-                        command_key: command.command_key.clone(),
-                    };
-                    self.publish(Topic::Unknown, command, encode(&request), vec![])
+                    self.publish(Topic::Unknown, command, reconcile_request(command))
                         .await?;
                 }
                 Action::Compensate => {
-                    let request = CompensateRequest {
-                        run_id: command.run_id.clone(),
-                        job: CompensateJob::Command {
-                            command_key: command.command_key.clone(),
-                        },
+                    let job = CompensateJob::Command {
+                        command_key: command.command_key.clone(),
                     };
-                    self.publish(Topic::Compensate, command, encode(&request), vec![])
+                    self.publish(Topic::Compensate, command, compensate_request(command, job))
                         .await?;
                 }
                 Action::CompensateDuplicate => {
-                    let request = CompensateRequest {
-                        run_id: command.run_id.clone(),
-                        job: CompensateJob::Duplicate {
-                            command_key: command.command_key.clone(),
-                            extra_refs: command.state.owed_duplicates.clone(),
-                        },
+                    let job = CompensateJob::Duplicate {
+                        command_key: command.command_key.clone(),
+                        extra_refs: command.state.owed_duplicates.clone(),
                     };
-                    self.publish(Topic::Compensate, command, encode(&request), vec![])
+                    self.publish(Topic::Compensate, command, compensate_request(command, job))
                         .await?;
                 }
                 Action::Publish { status } => {
                     let event = LifecycleEvent::new(service, command, self.clock.now());
                     debug_assert_eq!(*status, command.status());
-                    self.publish(Topic::Events, command, event.payload, event.headers)
-                        .await?;
+                    let event = Outgoing {
+                        payload: event.payload,
+                        headers: event.headers,
+                    };
+                    self.publish(Topic::Events, command, event).await?;
                 }
                 Action::Escalate { reason } => {
                     self.metrics.escalations.inc();
@@ -334,11 +384,15 @@ impl Context {
         &self,
         topic: Topic,
         command: &Command,
-        payload: Vec<u8>,
-        headers: Vec<(String, Vec<u8>)>,
+        message: Outgoing,
     ) -> Result<(), BusError> {
         self.bus
-            .publish(topic, command.run_id.as_str(), payload, headers)
+            .publish(
+                topic,
+                command.run_id.as_str(),
+                message.payload,
+                message.headers,
+            )
             .await?;
         Ok(())
     }
@@ -463,40 +517,29 @@ impl Context {
 
     /// Republishes the request a command in `status` waits for (used by the sweeps).
     pub async fn nudge(&self, command: &Command, cause: Cause) -> Result<(), BusError> {
-        let (topic, payload) = match command.status() {
-            CommandStatus::Pending | CommandStatus::Approved => (
-                Topic::Requested,
-                encode(&DispatchRequest {
-                    run_id: command.run_id.clone(),
-                    command_key: command.command_key.clone(),
-                    cause,
-                }),
-            ),
-            CommandStatus::Unknown => (
-                Topic::Unknown,
-                encode(&ReconcileRequest {
-                    run_id: command.run_id.clone(),
-                    command_key: command.command_key.clone(),
-                }),
-            ),
+        let (topic, message) = match command.status() {
+            CommandStatus::Pending | CommandStatus::Approved => {
+                (Topic::Requested, dispatch_request(command, cause))
+            }
+            CommandStatus::Unknown => (Topic::Unknown, reconcile_request(command)),
             CommandStatus::Compensating => (
                 Topic::Compensate,
-                encode(&CompensateRequest {
-                    run_id: command.run_id.clone(),
-                    job: CompensateJob::Command {
+                compensate_request(
+                    command,
+                    CompensateJob::Command {
                         command_key: command.command_key.clone(),
                     },
-                }),
+                ),
             ),
             CommandStatus::Confirmed if !command.state.owed_duplicates.is_empty() => (
                 Topic::Compensate,
-                encode(&CompensateRequest {
-                    run_id: command.run_id.clone(),
-                    job: CompensateJob::Duplicate {
+                compensate_request(
+                    command,
+                    CompensateJob::Duplicate {
                         command_key: command.command_key.clone(),
                         extra_refs: command.state.owed_duplicates.clone(),
                     },
-                }),
+                ),
             ),
             CommandStatus::Confirmed
             | CommandStatus::Failed
@@ -504,13 +547,7 @@ impl Context {
             | CommandStatus::Compensated
                 if command.state.verify_pending =>
             {
-                (
-                    Topic::Unknown,
-                    encode(&ReconcileRequest {
-                        run_id: command.run_id.clone(),
-                        command_key: command.command_key.clone(),
-                    }),
-                )
+                (Topic::Unknown, reconcile_request(command))
             }
             CommandStatus::Scheduled
             | CommandStatus::Blocked
@@ -523,6 +560,6 @@ impl Context {
             | CommandStatus::CompensationFailed
             | CommandStatus::NoCompensation => return Ok(()),
         };
-        self.publish(topic, command, payload, vec![]).await
+        self.publish(topic, command, message).await
     }
 }

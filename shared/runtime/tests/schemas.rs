@@ -234,6 +234,7 @@ fn every_published_lifecycle_event_matches_its_schema() {
         &mut wire,
         Event::Dispatched {
             epoch,
+            sent_at: Timestamp::from_millis(1_763_800_000_000),
             outcome: DispatchOutcome::Committed {
                 external_ref: Some("w-1".into()),
                 result: Some(std::sync::Arc::new(json!({"id": "w-1"}))),

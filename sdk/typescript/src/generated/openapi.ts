@@ -28,7 +28,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Effects across the runs created since `since` (operator, admin) */
+        /** Effects across the runs created since `since` (operator, admin; an agent gets the effects it submitted) */
         get: operations["listEffects"];
         put?: never;
         /**
@@ -366,6 +366,99 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/events/stream": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Lifecycle events as they happen, as server-sent events (its agent's runs, operator, admin)
+         * @description A `text/event-stream` of the lifecycle events this producer reads: `event: effect` with
+         *     the command as it was written (the same JSON as `GET …/effects/{command_key}`) each time
+         *     one moves or settles. The stream opens with `event: ready` (`{run_id, as, role}`) and
+         *     says `event: lagged` (`{missed}`) when it fell behind and dropped events: re-read what
+         *     you show. With `summary=true` it sends instead at most one `event: changed` a second
+         *     (`{events, missed, runs}`: how many changes, and up to 50 of the runs they were in), for
+         *     a view of many runs that only needs to know when to re-read. A comment every 15 s keeps
+         *     it open. With `run_id`, one run (an agent's own
+         *     only: 403 otherwise); without, every run for an operator or admin, and the runs an agent
+         *     submitted for an agent. At most `producer.max_event_streams` streams are open at once
+         *     (503 `too_many_streams`); 503 `events_unavailable` when the producer is not reading
+         *     events (stopping, or the bus is down). Streams end when the producer stops. Send the
+         *     token as an `Authorization` header (a browser reads the stream with `fetch`, not
+         *     `EventSource`, so the token never goes into a URL).
+         */
+        get: operations["eventStream"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/ui": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The web console's page (when `producer.console` is on; else 404)
+         * @description The operator's console: static files compiled into the binary. The page holds no data;
+         *     it signs in with a bearer token kept in the browser's session storage and calls this
+         *     API. Every console answer carries `Content-Security-Policy` (this origin's scripts,
+         *     styles and connections only; no inline script; `frame-ancestors 'none'`),
+         *     `X-Content-Type-Options: nosniff`, `X-Frame-Options: DENY` and
+         *     `Referrer-Policy: no-referrer`. On in `sluice dev`, off in `sluice-producer` unless
+         *     configured.
+         */
+        get: operations["consolePage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/ui/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The web console's page, as `/ui` */
+        get: operations["consoleIndex"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/ui/{path}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One of the console's files (`style.css`, `js/main.js`, …) */
+        get: operations["consoleAsset"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -443,8 +536,11 @@ export interface components {
             timeout_ms: number;
         };
         RunId: string;
+        /** @description d-<decision>/<namespace>/<name>/<call_idx>; decision and call index are 0 to 4294967295 */
         CommandKey: string;
         ToolName: string;
+        /** @description A tool as a caller names it, `namespace/name`, or a bare name in the default namespace; each segment snake_case, at most 64 characters */
+        ToolRef: string;
         /** Format: date-time */
         Timestamp: string;
         Hash: string;
@@ -456,8 +552,11 @@ export interface components {
         };
         /** @enum {unknown} */
         Status: "SCHEDULED" | "PENDING" | "BLOCKED" | "APPROVED" | "LEASED" | "CONFIRMED" | "FAILED" | "UNKNOWN" | "STUCK" | "CANCELLED" | "COMPENSATING" | "COMPENSATED" | "COMPENSATION_FAILED" | "NO_COMPENSATION";
+        /** @description Why, for the audit chain; not blank, at most 1000 characters, no control characters but newlines */
         Reason: string;
-        /** @description An upstream reference or record; at most 16 KiB of JSON */
+        /** @description An upstream reference; not blank, at most 256 characters, no control characters but newlines */
+        Reference: string;
+        /** @description An upstream reference (text of at most 4096 characters, no control characters but newlines) or record (an object of at most 16 KiB of JSON) */
         Evidence: string | Record<string, unknown>;
         Principal: {
             name: string;
@@ -476,12 +575,13 @@ export interface components {
         EffectRequest: {
             run_id: components["schemas"]["RunId"];
             decision: number;
-            /** @description namespace/name, or a bare name in the default namespace */
-            tool: string;
+            tool: components["schemas"]["ToolRef"];
             call_idx: number;
             args: Record<string, unknown>;
-            delay_ms?: number;
-            not_before?: components["schemas"]["Timestamp"];
+            /** @description Run it this many milliseconds from now (at most a year) */
+            delay_ms?: number | null;
+            /** @description Run it at this time (at most a year ahead) */
+            not_before?: null | components["schemas"]["Timestamp"];
         };
         Command: {
             run_id: components["schemas"]["RunId"];
@@ -657,12 +757,16 @@ export interface components {
     parameters: {
         /** @description RFC 7240 preferences: `return=minimal` answers submissions with keys and status only; `wait=<seconds>` holds the answer until the command is terminal (a wait that is not a whole number of seconds is refused with 422); other preferences are ignored */
         Prefer: string;
+        /** @example r-example */
         RunId: components["schemas"]["RunId"];
-        /** @description Percent-encoded as one segment */
+        /**
+         * @description Percent-encoded as one segment
+         * @example d-1/email/send/0
+         */
         CommandKey: components["schemas"]["CommandKey"];
         Status: components["schemas"]["Status"];
         /** @description A tool, `namespace/name` or a bare name in the default namespace */
-        Tool: string;
+        Tool: components["schemas"]["ToolRef"];
         Since: components["schemas"]["Timestamp"];
         Limit: number;
     };
@@ -699,6 +803,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["Error"];
         };
     };
     listEffects: {
@@ -769,7 +874,7 @@ export interface operations {
             /** @description Recorded, and not terminal when the `Prefer: wait` ended */
             202: {
                 headers: {
-                    /** @description Where to poll the command: `GET /v1/runs/{run_id}/effects/{command_key}` */
+                    /** @description Where to poll the command: `GET /v1/runs/{run_id}/effects/{command_key}`, the key percent-encoded as one segment */
                     Location?: string;
                     [name: string]: unknown;
                 };
@@ -783,6 +888,7 @@ export interface operations {
             404: components["responses"]["Error"];
             409: components["responses"]["Error"];
             413: components["responses"]["Error"];
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -824,7 +930,9 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             403: components["responses"]["Error"];
             413: components["responses"]["Error"];
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     listTools: {
@@ -850,6 +958,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["Error"];
         };
     };
     getTool: {
@@ -858,7 +967,7 @@ export interface operations {
             header?: never;
             path: {
                 /** @description The tool's name, `namespace/name` percent-encoded as one segment, or as two segments */
-                tool: string;
+                tool: components["schemas"]["ToolRef"];
             };
             cookie?: never;
         };
@@ -874,6 +983,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["Error"];
             404: components["responses"]["Error"];
             422: components["responses"]["Error"];
         };
@@ -915,6 +1025,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @example r-example */
                 run_id: components["parameters"]["RunId"];
             };
             cookie?: never;
@@ -935,6 +1046,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @example r-example */
                 run_id: components["parameters"]["RunId"];
             };
             cookie?: never;
@@ -950,12 +1062,17 @@ export interface operations {
     getEffect: {
         parameters: {
             query?: {
+                /** @description How long to hold the answer while the command is not settled, in milliseconds (`500`, `500ms`), seconds (`30s`) or minutes (`1m`); capped at `producer.max_wait_ms` */
                 wait?: string;
             };
             header?: never;
             path: {
+                /** @example r-example */
                 run_id: components["parameters"]["RunId"];
-                /** @description Percent-encoded as one segment */
+                /**
+                 * @description Percent-encoded as one segment
+                 * @example d-1/email/send/0
+                 */
                 command_key: components["parameters"]["CommandKey"];
             };
             cookie?: never;
@@ -975,17 +1092,23 @@ export interface operations {
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
             422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     removeEffect: {
         parameters: {
             query?: {
-                reason?: string;
+                /** @description Why, for the audit chain (default `removed by <token name>`) */
+                reason?: components["schemas"]["Reason"];
             };
             header?: never;
             path: {
+                /** @example r-example */
                 run_id: components["parameters"]["RunId"];
-                /** @description Percent-encoded as one segment */
+                /**
+                 * @description Percent-encoded as one segment
+                 * @example d-1/email/send/0
+                 */
                 command_key: components["parameters"]["CommandKey"];
             };
             cookie?: never;
@@ -1030,8 +1153,12 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @example r-example */
                 run_id: components["parameters"]["RunId"];
-                /** @description Percent-encoded as one segment */
+                /**
+                 * @description Percent-encoded as one segment
+                 * @example d-1/email/send/0
+                 */
                 command_key: components["parameters"]["CommandKey"];
             };
             cookie?: never;
@@ -1060,6 +1187,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -1069,8 +1197,12 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @example r-example */
                 run_id: components["parameters"]["RunId"];
-                /** @description Percent-encoded as one segment */
+                /**
+                 * @description Percent-encoded as one segment
+                 * @example d-1/email/send/0
+                 */
                 command_key: components["parameters"]["CommandKey"];
             };
             cookie?: never;
@@ -1099,6 +1231,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -1108,8 +1241,12 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @example r-example */
                 run_id: components["parameters"]["RunId"];
-                /** @description Percent-encoded as one segment */
+                /**
+                 * @description Percent-encoded as one segment
+                 * @example d-1/email/send/0
+                 */
                 command_key: components["parameters"]["CommandKey"];
             };
             cookie?: never;
@@ -1138,6 +1275,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -1147,8 +1285,12 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @example r-example */
                 run_id: components["parameters"]["RunId"];
-                /** @description Percent-encoded as one segment */
+                /**
+                 * @description Percent-encoded as one segment
+                 * @example d-1/email/send/0
+                 */
                 command_key: components["parameters"]["CommandKey"];
             };
             cookie?: never;
@@ -1186,6 +1328,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -1195,8 +1338,12 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @example r-example */
                 run_id: components["parameters"]["RunId"];
-                /** @description Percent-encoded as one segment */
+                /**
+                 * @description Percent-encoded as one segment
+                 * @example d-1/email/send/0
+                 */
                 command_key: components["parameters"]["CommandKey"];
             };
             cookie?: never;
@@ -1208,9 +1355,9 @@ export interface operations {
                     outcome: "CONFIRMED" | "FAILED";
                     evidence: components["schemas"]["Evidence"];
                     /** @description The upstream reference of the commit (CONFIRMED only; a string evidence is taken as it when absent) */
-                    external_ref?: string;
+                    external_ref?: components["schemas"]["Reference"];
                     reason: components["schemas"]["Reason"];
-                };
+                } & (unknown & unknown);
             };
         };
         responses: {
@@ -1236,6 +1383,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -1245,6 +1393,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @example r-example */
                 run_id: components["parameters"]["RunId"];
             };
             cookie?: never;
@@ -1274,6 +1423,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @example r-example */
                 run_id: components["parameters"]["RunId"];
             };
             cookie?: never;
@@ -1282,8 +1432,8 @@ export interface operations {
             content: {
                 "application/json": {
                     reason: components["schemas"]["Reason"];
-                    /** @description Only on an API without tokens; otherwise the token's name is the actor */
-                    actor?: string;
+                    /** @description Only on an API without tokens (absent or null there means `api`); with a token the token's name is the actor and an actor is refused (403) */
+                    actor?: null | string;
                 };
             };
         };
@@ -1314,6 +1464,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -1323,6 +1474,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @example r-example */
                 run_id: components["parameters"]["RunId"];
             };
             cookie?: never;
@@ -1353,6 +1505,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @example r-example */
                 run_id: components["parameters"]["RunId"];
             };
             cookie?: never;
@@ -1410,7 +1563,8 @@ export interface operations {
                 "application/json": {
                     older_than: components["schemas"]["Timestamp"];
                     reason: components["schemas"]["Reason"];
-                    max_runs?: number;
+                    /** @description How many runs this call purges at most; absent or null: 1000 */
+                    max_runs?: number | null;
                 };
             };
         };
@@ -1437,8 +1591,113 @@ export interface operations {
             400: components["responses"]["Error"];
             401: components["responses"]["Unauthenticated"];
             403: components["responses"]["Error"];
+            415: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
+        };
+    };
+    eventStream: {
+        parameters: {
+            query?: {
+                run_id?: components["schemas"]["RunId"];
+                summary?: boolean;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The event stream, until the client or the producer closes it */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": string;
+                };
+            };
+            401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    consolePage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The page */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            403: components["responses"]["Error"];
+        };
+    };
+    consoleIndex: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The page */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            403: components["responses"]["Error"];
+        };
+    };
+    consoleAsset: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The rest of the path; it may hold `/` */
+                path: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The file */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/javascript": string;
+                    "text/css": string;
+                    "image/svg+xml": string;
+                };
+            };
+            403: components["responses"]["Error"];
+            /** @description No such file */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
         };
     };
     healthz: {
@@ -1459,6 +1718,7 @@ export interface operations {
                     "text/plain": string;
                 };
             };
+            403: components["responses"]["Error"];
         };
     };
     readyz: {
@@ -1479,6 +1739,7 @@ export interface operations {
                     "text/plain": string;
                 };
             };
+            403: components["responses"]["Error"];
             /** @description The ledger does not answer */
             503: {
                 headers: {
@@ -1508,6 +1769,7 @@ export interface operations {
                     "text/plain": string;
                 };
             };
+            403: components["responses"]["Error"];
         };
     };
 }

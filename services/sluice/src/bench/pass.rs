@@ -181,6 +181,7 @@ pub(super) async fn run_pass(
     // The client submits as an agent, with a bearer token, as agents do in production: the
     // producer then checks that each effect goes into a run of the agent's own.
     let token = uuid::Uuid::new_v4().simple().to_string();
+    config.producer.open = false;
     config.auth.tokens.push(TokenConfig {
         name: BENCH_AGENT.into(),
         role: Role::Agent,

@@ -82,6 +82,9 @@ pub enum Event {
     Dispatched {
         epoch: LeaseEpoch,
         outcome: DispatchOutcome,
+        /// When the attempt was sent, by the holder's clock: an ambiguous one may be worked on
+        /// until its timeout after this.
+        sent_at: Timestamp,
     },
     /// The sweep found the lease expired with no outcome written.
     LeaseExpired,

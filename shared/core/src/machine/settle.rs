@@ -339,11 +339,13 @@ pub(super) fn others_than_own(
     Ok((Some(own), others))
 }
 
+/// `sent_at` is when the holder sent the attempt, by its clock.
 pub(super) fn dispatched(
     mut next: CommandState,
     state: &CommandState,
     rules: &Rules,
     outcome: &DispatchOutcome,
+    sent_at: Timestamp,
     now: Timestamp,
     from: CommandStatus,
 ) -> Step {
@@ -392,9 +394,17 @@ pub(super) fn dispatched(
             step
         }
         DispatchOutcome::Ambiguous { reason } => {
-            // The call has ended (its answer, or its timeout, is here): it may still land
-            // until the horizon after now.
-            enter_unknown(&mut next, rules, now, now);
+            // An early answer (a gateway's 503, a reset) may come from something that handed
+            // the work on, so the attempt counts as running until its timeout, and may land
+            // until the horizon after that. The holder sent only with the whole call left in
+            // its lease, so the lease's expiry bounds it whatever the holder's clock said.
+            let timeout_at = sent_at.plus_millis(rules.dispatch_timeout_ms);
+            let ended_by = state
+                .lease
+                .expires_at
+                .map_or(timeout_at, |expiry| timeout_at.min(expiry))
+                .max(now);
+            enter_unknown(&mut next, rules, ended_by, now);
             next.last_error = Some(reason.clone());
             Step {
                 from,
@@ -664,10 +674,15 @@ pub(super) fn owe_duplicates(
 ) -> Step {
     let undoable = rules.has_compensate && rules.semantics != EffectSemantics::ObserveOnly;
     if undoable && !extra_refs.is_empty() {
-        step.state.owed_duplicates = extra_refs.to_vec();
         // Soon: the compensator claims the command (moving this) before it calls; if the
-        // request is lost, the sweep takes the clean-up up from here.
-        step.state.due_at = Some(now.plus_millis(rules.compensation_timeout_ms.min(5_000)));
+        // request is lost, the sweep takes the clean-up up from here. One already owed is not
+        // put off.
+        let soon = now.plus_millis(rules.compensation_timeout_ms.min(5_000));
+        step.state.due_at = Some(match step.state.due_at {
+            Some(owed) if !step.state.owed_duplicates.is_empty() => owed.min(soon),
+            _ => soon,
+        });
+        step.state.owed_duplicates = extra_refs.to_vec();
         step.actions.insert(0, Action::CompensateDuplicate);
     } else {
         step.state.escalated = true;

@@ -60,7 +60,11 @@ fn state_in(status: CommandStatus) -> CommandState {
 /// One concrete event per column of the table.
 fn samples() -> Vec<(&'static str, Event)> {
     let epoch = LeaseEpoch::new(1);
-    let dispatched = |outcome| Event::Dispatched { epoch, outcome };
+    let dispatched = |outcome| Event::Dispatched {
+        epoch,
+        outcome,
+        sent_at: now(),
+    };
     let observed = |observation| Event::Observed {
         observation,
         external_ref: Some("w-1".into()),
@@ -352,6 +356,7 @@ fn a_repeatable_tool_is_leased_by_its_reservation_and_the_lease_lapses_when_a_st
             &rules,
             Event::Dispatched {
                 epoch: LeaseEpoch::new(1),
+                sent_at: now(),
                 outcome: DispatchOutcome::Committed {
                     external_ref: Some("m-1".into()),
                     result: None,
@@ -416,6 +421,7 @@ fn a_stale_epoch_can_never_finalize() {
             &wire_rules(),
             &Event::Dispatched {
                 epoch: LeaseEpoch::new(stale),
+                sent_at: now(),
                 outcome: DispatchOutcome::Committed {
                     external_ref: None,
                     result: None,
@@ -451,6 +457,7 @@ fn not_sent_goes_back_to_pending_with_backoff_until_attempts_run_out() {
     let rules = wire_rules();
     let not_sent = Event::Dispatched {
         epoch: LeaseEpoch::new(1),
+        sent_at: now(),
         outcome: DispatchOutcome::NotSent {
             reason: "connection refused".into(),
         },
@@ -813,6 +820,7 @@ fn a_verified_commit_catches_a_double_commit_behind_a_2xx() {
         &rules,
         Event::Dispatched {
             epoch: LeaseEpoch::new(1),
+            sent_at: now(),
             outcome: DispatchOutcome::Committed {
                 external_ref: Some("w-1".into()),
                 result: None,
@@ -929,6 +937,8 @@ fn arb_compensation() -> impl Strategy<Value = CompensationOutcome> {
 
 fn arb_event() -> impl Strategy<Value = Event> {
     let epoch = (0u64..5).prop_map(LeaseEpoch::new);
+    // Any send time, even one a skewed clock put after the answer: the core bounds it.
+    let sent_at = (0i64..200_000).prop_map(|ms| now().plus_millis(ms));
     let outcome = prop_oneof![
         Just(DispatchOutcome::Committed {
             external_ref: Some("x".into()),
@@ -957,12 +967,18 @@ fn arb_event() -> impl Strategy<Value = Event> {
             reason: "policy".into(),
             epoch
         }),
-        (epoch.clone(), outcome.clone())
-            .prop_map(|(epoch, outcome)| Event::Dispatched { epoch, outcome }),
+        (epoch.clone(), outcome.clone(), sent_at.clone()).prop_map(|(epoch, outcome, sent_at)| {
+            Event::Dispatched {
+                epoch,
+                outcome,
+                sent_at,
+            }
+        }),
         // Weight the lease holder's own epoch up so sequences reach the later states.
-        (epoch.clone(), outcome).prop_map(|(_, outcome)| Event::Dispatched {
+        (outcome, sent_at).prop_map(|(outcome, sent_at)| Event::Dispatched {
             epoch: LeaseEpoch::new(u64::MAX),
-            outcome
+            outcome,
+            sent_at
         }),
         Just(Event::LeaseExpired),
         (prop::sample::select(O::ALL.to_vec()), evidence.clone()).prop_map(

@@ -46,8 +46,7 @@ pub(super) fn verified(
     let settled_unsent = from != CommandStatus::Confirmed;
     match observation {
         Observation::Absent if settled_unsent => {
-            next.verify_pending = false;
-            next.due_at = None;
+            end_look(&mut next);
             step(next, vec![], "verified: nothing committed")
         }
         Observation::Present | Observation::Duplicate if settled_unsent => {
@@ -74,8 +73,7 @@ pub(super) fn verified(
             undone
         }
         Observation::Present | Observation::Duplicate => {
-            next.verify_pending = false;
-            next.due_at = None;
+            end_look(&mut next);
             match others_than_own(state, external_ref, extra_refs) {
                 Ok((_, others)) if others.is_empty() && observation == Observation::Present => {
                     step(next, vec![], "verified: the commit is there once")
@@ -97,8 +95,7 @@ pub(super) fn verified(
             }
         }
         Observation::Absent | Observation::Inconclusive if next.checks >= rules.max_checks => {
-            next.verify_pending = false;
-            next.due_at = None;
+            end_look(&mut next);
             next.escalated = true;
             let reason = format!(
                 "the {from} command could not be verified after {} looks ({observation})",
@@ -113,11 +110,29 @@ pub(super) fn verified(
             )
         }
         Observation::Absent | Observation::Inconclusive => {
-            next.due_at =
-                Some(now.plus_millis(rules.backoff_ms(state.checks).max(rules.settle_ms)));
+            look_again(&mut next, state, rules, now);
             step(next, vec![], "verification: look again later")
         }
     }
+}
+
+/// Ends the last look, whatever it found. An extra commit's clean-up still owed keeps its due
+/// time: the look is done, the clean-up is not.
+pub(super) fn end_look(next: &mut CommandState) {
+    next.verify_pending = false;
+    if next.owed_duplicates.is_empty() {
+        next.due_at = None;
+    }
+}
+
+/// Puts the next look off by the check backoff (at least the settle window), never putting
+/// off a clean-up still owed.
+fn look_again(next: &mut CommandState, state: &CommandState, rules: &Rules, now: Timestamp) {
+    let later = now.plus_millis(rules.backoff_ms(state.checks).max(rules.settle_ms));
+    next.due_at = Some(match state.due_at {
+        Some(owed) if !state.owed_duplicates.is_empty() => owed.min(later),
+        _ => later,
+    });
 }
 
 /// The last look at a COMPENSATED command: its own commit is undone, so any commit the check
@@ -144,13 +159,11 @@ fn verified_undone(
     };
     match observation {
         Observation::Absent => {
-            next.verify_pending = false;
-            next.due_at = None;
+            end_look(&mut next);
             step(next, vec![], "verified: nothing of it stands".into())
         }
         Observation::Present | Observation::Duplicate => {
-            next.verify_pending = false;
-            next.due_at = None;
+            end_look(&mut next);
             next.escalated = true;
             let seen: Vec<&String> = external_ref.iter().chain(extra_refs).collect();
             let why = format!("compensated, yet commits still stand upstream: {seen:?}");
@@ -163,8 +176,7 @@ fn verified_undone(
             )
         }
         Observation::Inconclusive if next.checks >= rules.max_checks => {
-            next.verify_pending = false;
-            next.due_at = None;
+            end_look(&mut next);
             next.escalated = true;
             let why = format!(
                 "the undone command could not be verified after {} looks",
@@ -179,8 +191,7 @@ fn verified_undone(
             )
         }
         Observation::Inconclusive => {
-            next.due_at =
-                Some(now.plus_millis(rules.backoff_ms(state.checks).max(rules.settle_ms)));
+            look_again(&mut next, state, rules, now);
             step(next, vec![], "verification: look again later".into())
         }
     }
