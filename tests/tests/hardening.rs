@@ -13,8 +13,8 @@ use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{BusinessKey, CommandKey, RunId, ToolName};
 use sluice_core::time::Timestamp;
 use sluice_ledger::{
-    AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, PurgeReport, Reserved, RunSummary,
-    Transition,
+    AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, Member, PurgeReport, Reserved,
+    RunSummary, ShardCas, ShardLease, SweepView, Transition,
 };
 use sluice_runtime::Shutdown;
 use sluice_tests::{
@@ -436,6 +436,31 @@ impl Ledger for Unreachable {
     }
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<DueItem>, LedgerError> {
         self.0.due(now, limit).await
+    }
+    fn due_shards(&self) -> u32 {
+        self.0.due_shards()
+    }
+    async fn due_in(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        shards: &[u32],
+    ) -> Result<Vec<DueItem>, LedgerError> {
+        self.0.due_in(now, limit, shards).await
+    }
+    async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError> {
+        self.0.sweep_view(group, shards).await
+    }
+    async fn write_shard_lease(
+        &self,
+        group: &str,
+        guard: Option<u64>,
+        next: ShardLease,
+    ) -> Result<ShardCas, LedgerError> {
+        self.0.write_shard_lease(group, guard, next).await
+    }
+    async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
+        self.0.announce(group, member).await
     }
     async fn audit_append(
         &self,

@@ -142,6 +142,7 @@ pub async fn dispatch(
         },
     };
 
+    let leased = extend_before_finalize(ctx, leased).await?;
     let epoch = leased.epoch();
     sluice_faults::point!("dispatcher.finalize.pre");
     let written = ctx
@@ -255,4 +256,27 @@ fn outcome_label(outcome: &DispatchOutcome) -> &'static str {
         DispatchOutcome::Ambiguous { .. } => "ambiguous",
         DispatchOutcome::NotSent { .. } => "not_sent",
     }
+}
+
+/// Extends the lease first when the outcome's write, at the ledger's pace now, could outlive
+/// it (`load::extend_before_write`, the core's decision): a lease that lapsed under its holder's
+/// write is taken for expired by the sweep and reconciled, which costs the ledger several more
+/// writes for an outcome that was known. An extension that loses its compare-and-set changes
+/// nothing: the outcome's write is then decided on the command as it is.
+async fn extend_before_finalize(ctx: &Context, leased: Command) -> Result<Command, PipelineError> {
+    let now = ctx.clock.now();
+    let write_ms = ctx.ledger.write_latency_ms();
+    let Some(to) = sluice_core::load::extend_before_write(
+        &leased.state,
+        &ctx.rules_of(&leased),
+        now,
+        write_ms,
+    ) else {
+        return Ok(leased);
+    };
+    tracing::debug!(write_ms, "extending the lease before writing the outcome");
+    Ok(match ctx.ledger.extend_lease(&leased, to).await? {
+        sluice_ledger::Cas::Applied(extended) => extended,
+        sluice_ledger::Cas::Conflict(_) => leased,
+    })
 }

@@ -94,11 +94,17 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let unauthenticated = self.status == StatusCode::UNAUTHORIZED;
         let mut response = (self.status, Json(self.body())).into_response();
-        // Unavailable for now, not for good: a client backs off by the server's measure.
+        // Unavailable for now, not for good: a client backs off by the server's measure (an
+        // admission refusal says how long in its details, `sluice_core::load::admit`).
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            let after = self
+                .details
+                .get("retry_after_s")
+                .and_then(Value::as_u64)
+                .unwrap_or(1);
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("1"),
+                axum::http::HeaderValue::from(after),
             );
         }
         if let Some(allow) = self.allow {
@@ -287,5 +293,20 @@ where
         Some(number) => whole(&number).map(Some).ok_or_else(|| {
             serde::de::Error::custom(format!("{number} is not a whole number in range"))
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_503_says_when_to_come_back_by_the_refusals_measure() {
+        let refused = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ledger_behind", "slow")
+            .with_details(json!({"retry_after_s": 7}))
+            .into_response();
+        assert_eq!(refused.headers()[axum::http::header::RETRY_AFTER], "7");
+        let plain = ApiError::unavailable("down").into_response();
+        assert_eq!(plain.headers()[axum::http::header::RETRY_AFTER], "1");
     }
 }

@@ -131,6 +131,26 @@ impl Api {
     /// Waits for room for one more dispatch request (see [`sluice_bus::Bus::admit`]), at most
     /// `admission_wait_ms`.
     async fn admit(&self) -> Result<Admission, ApiError> {
+        // Behind already (the ledger's writes, the bus client's queue): refused before the
+        // reservation, so work that could not start in time is never taken on.
+        let limits = sluice_core::load::LoadLimits {
+            max_write_ms: i64::try_from(self.config.max_write_latency_ms).unwrap_or(i64::MAX),
+            max_backlog: self.config.max_bus_backlog,
+        };
+        let load = sluice_core::load::admit(
+            self.ctx.ledger.write_latency_ms(),
+            self.ctx.bus.backlog(),
+            &limits,
+        );
+        if let sluice_core::load::Admission::Refuse {
+            code,
+            why,
+            retry_after_s,
+        } = load
+        {
+            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, why)
+                .with_details(serde_json::json!({ "retry_after_s": retry_after_s })));
+        }
         let wait = Duration::from_millis(self.config.admission_wait_ms);
         match tokio::time::timeout(wait, self.ctx.bus.admit(Topic::Requested)).await {
             Ok(Ok(admission)) => Ok(admission),

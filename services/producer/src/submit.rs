@@ -202,7 +202,7 @@ impl Api {
             None => None,
         };
         let run_id = request.run_id;
-        let rules = tool.rules();
+        let rules = self.ctx.with_write_slack(tool.rules());
         let command = Command::from_intent(
             Intent {
                 run_id,

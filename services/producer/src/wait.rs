@@ -211,6 +211,14 @@ impl Waiters {
         }
     }
 
+    /// Wakes every waiter to re-read its command from the ledger: the events of a moment
+    /// were not read (a watch began), so none is trusted to have come.
+    pub(crate) fn reread(&self) {
+        for watched in self.lock().values() {
+            watched.latest.send_replace(None);
+        }
+    }
+
     /// How many commands are waited for now.
     #[cfg(test)]
     fn watched(&self) -> usize {
@@ -389,36 +397,54 @@ pub(crate) async fn get_effect(
     Ok(Json(command).into_response())
 }
 
-/// Reads the lifecycle events as a group of this producer's own, waking the waiters of each
-/// event's command; the event streams end when it stops.
+/// Watches the lifecycle events (from now on, in no consumer group: `Bus::watch`), waking
+/// the waiters of each event's command; the event streams end when it stops (the bus closed).
+/// A watch that cannot begin is tried again after a backoff. A watch misses what was published
+/// before it began, so it first tells every waiter to re-read the ledger.
 pub(crate) async fn watch_events(api: Api, shutdown: Shutdown) {
     read_events(&api, shutdown).await;
     api.waiters.streams.close();
 }
 
 async fn read_events(api: &Api, shutdown: Shutdown) {
-    let group = format!("sluice-producer-{}", uuid::Uuid::new_v4().simple());
-    let mut subscription = match api.ctx.bus.subscribe(Topic::Events, &group, &group).await {
-        Ok(subscription) => subscription,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch lifecycle events; long polls re-read the ledger");
-            return;
-        }
-    };
+    let member = format!("sluice-producer-{}", uuid::Uuid::new_v4().simple());
+    let mut backoff = WATCH_BACKOFF;
     loop {
-        let delivery = tokio::select! {
-            () = shutdown.cancelled() => return,
-            delivery = subscription.next() => match delivery {
-                Some(delivery) => delivery,
-                None => return,
-            },
+        let mut subscription = match api.ctx.bus.watch(Topic::Events, &member).await {
+            Ok(subscription) => subscription,
+            Err(sluice_bus::BusError::Closed) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, ?backoff, "cannot watch lifecycle events; long polls re-read the ledger meanwhile");
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(WATCH_BACKOFF_MAX);
+                continue;
+            }
         };
-        if let Some(subject) = header(&delivery.message.headers, "ce_subject") {
-            api.waiters.wake(subject, &delivery.message.payload);
+        api.waiters.reread();
+        loop {
+            let delivery = tokio::select! {
+                () = shutdown.cancelled() => return,
+                delivery = subscription.next() => match delivery {
+                    Some(delivery) => delivery,
+                    // The bus closed.
+                    None => return,
+                },
+            };
+            if let Some(subject) = header(&delivery.message.headers, "ce_subject") {
+                api.waiters.wake(subject, &delivery.message.payload);
+            }
+            let _ = delivery.ack().await;
         }
-        let _ = delivery.ack().await;
     }
 }
+
+/// The first wait before watching the events again after a failure; doubled up to
+/// [`WATCH_BACKOFF_MAX`].
+const WATCH_BACKOFF: Duration = Duration::from_millis(200);
+const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {
@@ -467,6 +493,25 @@ mod tests {
         drop(a1);
         assert_eq!(slots.total(), 2, "a dropped slot is freed");
         slots.take(&who("a"), 3, 2).expect("a's place is back");
+    }
+
+    #[tokio::test]
+    async fn a_reread_wakes_every_waiter_to_read_the_ledger() {
+        let waiters = Arc::new(Waiters::default());
+        let mut first = waiters.watch("r/a".into());
+        let mut second = waiters.watch("r/b".into());
+        waiters.reread();
+        for waiter in [&mut first, &mut second] {
+            assert!(
+                tokio::time::timeout(Duration::from_secs(1), waiter.changed())
+                    .await
+                    .expect("woken by the reread")
+            );
+            assert!(
+                waiter.latest().is_none(),
+                "no command: the waiter reads the ledger"
+            );
+        }
     }
 
     #[tokio::test]

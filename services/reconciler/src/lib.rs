@@ -13,13 +13,17 @@
 //! A sweep moves a command's due time forward before republishing it, so two sweeps in a row
 //! do not flood the bus, and a lost message is republished by a later sweep.
 
-use std::time::Duration;
+pub mod shards;
 
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
 use sluice_bus::{BusError, Delivery, Topic};
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{self, Event, Look};
-use sluice_ledger::{Guard, Transition};
+use sluice_core::sweep::ShardTimes;
+use sluice_ledger::{DueItem, Guard, Transition};
 use sluice_runtime::config::ReconcilerConfig;
 use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
 use sluice_runtime::messages::{Cause, ReconcileRequest, decode};
@@ -44,7 +48,18 @@ pub async fn run(
         member: format!("{ACTOR}-{}", std::process::id()),
         concurrency: config.concurrency,
     };
-    let sweeper = tokio::spawn(sweep_loop(ctx.clone(), config.clone(), shutdown.clone()));
+    let keeper = shards::ShardKeeper::new(
+        config.name.clone().unwrap_or_else(shards::member_name),
+        shards::SWEEP_GROUP,
+        shard_times(&ctx, &config),
+    );
+    let sweeper = tokio::spawn(sweep_loop(
+        ctx.clone(),
+        config.clone(),
+        shutdown.clone(),
+        keeper,
+        |_| {},
+    ));
     let (bus, metrics) = (ctx.bus.clone(), ctx.metrics.clone());
     let consumed = consume(bus, metrics, spec, shutdown, move |delivery: Delivery| {
         let ctx = ctx.clone();
@@ -157,84 +172,165 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
     })
 }
 
-async fn sweep_loop(ctx: Context, config: ReconcilerConfig, shutdown: Shutdown) {
+/// The times of this reconciler's shard leases: `shard_lease_ms`, against the catalog's
+/// largest clock-skew bound.
+pub fn shard_times(ctx: &Context, config: &ReconcilerConfig) -> ShardTimes {
+    let skew = ctx
+        .catalog
+        .tools()
+        .iter()
+        .map(|tool| tool.rules().clock_skew_ms)
+        .max()
+        .unwrap_or(i64::try_from(sluice_core::catalog::DEFAULT_MAX_CLOCK_SKEW_MS).unwrap_or(500));
+    ShardTimes::new(
+        i64::try_from(config.shard_lease_ms).unwrap_or(i64::MAX),
+        skew,
+    )
+}
+
+/// What one sweep did: who swept which shards, when, and which commands it acted on.
+#[derive(Debug, Clone)]
+pub struct SweepReport {
+    pub member: String,
+    pub shards: Vec<u32>,
+    pub started: Instant,
+    pub ended: Instant,
+    pub items: Vec<DueItem>,
+}
+
+/// Every sweep interval: a round of the shard split (`keeper`), then a sweep of the shards
+/// held with time left, cut off before the earliest of their leases could lapse. On shutdown
+/// the leases are given back. `observe` sees each sweep (tests; nothing in production).
+pub async fn sweep_loop(
+    ctx: Context,
+    config: ReconcilerConfig,
+    shutdown: Shutdown,
+    mut keeper: shards::ShardKeeper,
+    observe: impl Fn(SweepReport) + Send,
+) {
     let mut tick = tokio::time::interval(Duration::from_millis(config.sweep_interval_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            () = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => break,
             _ = tick.tick() => {}
         }
-        match sweep_once(&ctx, &config).await {
-            Ok(0) => {}
-            Ok(n) => tracing::debug!(items = n, "sweep"),
-            Err(e) => tracing::warn!(error = %e, "sweep failed; trying again next interval"),
+        if let Err(e) = keeper.round(&*ctx.ledger, ctx.clock.now()).await {
+            tracing::warn!(error = %e, "shard leases not kept this round; sweeping what is still held");
         }
+        let Some((shards, budget)) = keeper.sweepable(ctx.clock.now()) else {
+            continue;
+        };
+        let started = Instant::now();
+        let swept = tokio::time::timeout(budget, sweep_shards(&ctx, &config, &shards)).await;
+        match swept {
+            Ok(Ok(items)) => {
+                if !items.is_empty() {
+                    tracing::debug!(items = items.len(), ?shards, "sweep");
+                }
+                observe(SweepReport {
+                    member: keeper.name().to_owned(),
+                    shards,
+                    started,
+                    ended: Instant::now(),
+                    items,
+                });
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "sweep failed; trying again next interval"),
+            Err(_) => tracing::warn!(
+                ?budget,
+                "sweep cut off before its shard leases could lapse; the rest is swept next round"
+            ),
+        }
+    }
+    if let Err(e) = keeper.leave(&*ctx.ledger, ctx.clock.now()).await {
+        tracing::warn!(error = %e, "shard leases not given back; they lapse on their own");
     }
 }
 
-/// One pass over the due index; returns how many items it acted on.
+/// One pass over the whole due index; returns how many items it acted on.
 pub async fn sweep_once(ctx: &Context, config: &ReconcilerConfig) -> Result<usize, PipelineError> {
+    let all: Vec<u32> = (0..ctx.ledger.due_shards()).collect();
+    Ok(sweep_shards(ctx, config, &all).await?.len())
+}
+
+/// One pass over the due index's `shards`; returns the items it acted on. Items are handled
+/// `sweep_concurrency` at a time, each within `sweep_item_timeout_ms`, so one status endpoint
+/// that hangs holds one slot for a bounded time, not the due times of everything behind it.
+pub async fn sweep_shards(
+    ctx: &Context,
+    config: &ReconcilerConfig,
+    shards: &[u32],
+) -> Result<Vec<DueItem>, PipelineError> {
     let now = ctx.clock.now();
-    let items = ctx.ledger.due(now, config.sweep_batch).await?;
-    let count = items.len();
+    let items = ctx.ledger.due_in(now, config.sweep_batch, shards).await?;
     // A republished request gets this long to be handled before the next sweep repeats it.
     let grace = i64::try_from(config.sweep_interval_ms.saturating_mul(5))
         .unwrap_or(i64::MAX)
         .max(5_000);
-    for item in items {
-        ctx.metrics
-            .sweep_items
-            .with_label_values(&[item.status.as_str()])
-            .inc();
-        let result = match item.status {
-            CommandStatus::Scheduled => {
-                step_due(ctx, &item.run_id, &item.command_key, Event::Due, Cause::Due).await
-            }
-            CommandStatus::Leased => {
-                step_due(
-                    ctx,
-                    &item.run_id,
-                    &item.command_key,
-                    Event::LeaseExpired,
-                    Cause::Retry,
-                )
-                .await
-            }
-            CommandStatus::Blocked => {
-                step_due(
-                    ctx,
-                    &item.run_id,
-                    &item.command_key,
-                    Event::ApprovalExpired,
-                    Cause::Due,
-                )
-                .await
-            }
-            CommandStatus::Pending
-            | CommandStatus::Approved
-            | CommandStatus::Unknown
-            | CommandStatus::Confirmed
-            | CommandStatus::Failed
-            | CommandStatus::Cancelled
-            | CommandStatus::Compensating
-            | CommandStatus::Compensated => {
-                republish(ctx, &item.run_id, &item.command_key, grace).await
-            }
-            CommandStatus::Stuck
-            | CommandStatus::CompensationFailed
-            | CommandStatus::NoCompensation => Ok(()),
-        };
-        if let Err(e) = result {
+    let item_timeout = Duration::from_millis(config.sweep_item_timeout_ms);
+    let handled = items
+        .into_iter()
+        .map(|item| sweep_within(ctx, item, grace, item_timeout));
+    Ok(futures::stream::iter(handled)
+        .buffer_unordered(config.sweep_concurrency.max(1))
+        .collect()
+        .await)
+}
+
+/// Sweeps one item within `item_timeout`; returns it.
+async fn sweep_within(ctx: &Context, item: DueItem, grace: i64, item_timeout: Duration) -> DueItem {
+    ctx.metrics
+        .sweep_items
+        .with_label_values(&[item.status.as_str()])
+        .inc();
+    let result = match tokio::time::timeout(item_timeout, sweep_item(ctx, &item, grace)).await {
+        Ok(result) => result,
+        Err(_) => {
             tracing::warn!(
                 run_id = %item.run_id,
                 command_key = %item.command_key,
-                error = %e,
-                "sweep item failed"
+                ?item_timeout,
+                "sweep item timed out; its claim or due time brings it back"
             );
+            Ok(())
         }
+    };
+    if let Err(e) = result {
+        tracing::warn!(
+            run_id = %item.run_id,
+            command_key = %item.command_key,
+            error = %e,
+            "sweep item failed"
+        );
     }
-    Ok(count)
+    item
+}
+
+async fn sweep_item(ctx: &Context, item: &DueItem, grace: i64) -> Result<(), PipelineError> {
+    let (run_id, command_key) = (&item.run_id, &item.command_key);
+    match item.status {
+        CommandStatus::Scheduled => {
+            step_due(ctx, run_id, command_key, Event::Due, Cause::Due).await
+        }
+        CommandStatus::Leased => {
+            step_due(ctx, run_id, command_key, Event::LeaseExpired, Cause::Retry).await
+        }
+        CommandStatus::Blocked => {
+            step_due(ctx, run_id, command_key, Event::ApprovalExpired, Cause::Due).await
+        }
+        CommandStatus::Pending
+        | CommandStatus::Approved
+        | CommandStatus::Unknown
+        | CommandStatus::Confirmed
+        | CommandStatus::Failed
+        | CommandStatus::Cancelled
+        | CommandStatus::Compensating
+        | CommandStatus::Compensated => republish(ctx, run_id, command_key, grace).await,
+        CommandStatus::Stuck
+        | CommandStatus::CompensationFailed
+        | CommandStatus::NoCompensation => Ok(()),
+    }
 }
 
 async fn step_due(

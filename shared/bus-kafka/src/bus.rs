@@ -424,4 +424,22 @@ impl Bus for KafkaBus {
         tracing::debug!(topic = %name, group, member, "joined the group");
         Ok(Subscription::new(topic, group, member, Box::new(source)))
     }
+
+    fn backlog(&self) -> u64 {
+        u64::try_from(self.inner.producer.in_flight_count()).unwrap_or(0)
+    }
+
+    async fn watch(&self, topic: Topic, member: &str) -> Result<Subscription, BusError> {
+        if self.is_closed() {
+            return Err(BusError::Closed);
+        }
+        crate::watch::watch(
+            &self.inner.config,
+            topic,
+            &self.inner.names[topic.index()],
+            self.inner.partitions[topic.index()],
+            member,
+            self.inner.closed.subscribe(),
+        )
+    }
 }

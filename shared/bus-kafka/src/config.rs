@@ -264,6 +264,24 @@ impl KafkaConfig {
     }
 }
 
+impl KafkaConfig {
+    /// A watcher ([`sluice_bus::Bus::watch`]): assigned partitions, never a group member.
+    /// librdkafka wants a `group.id` to `assign()`, so it gets one that no member ever joins
+    /// and no offset is ever committed for (`enable.auto.commit` off): the broker never
+    /// records it as a group.
+    pub(crate) fn watcher(&self, member: &str) -> ClientConfig {
+        let _ = member;
+        let mut config = self.base(&format!("{}-watch", self.client_id));
+        config
+            .set("group.id", format!("{}-watch-unjoined", self.client_id))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "latest")
+            .set("enable.partition.eof", "false");
+        config
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

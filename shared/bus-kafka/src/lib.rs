@@ -33,6 +33,7 @@
 mod bus;
 pub mod config;
 pub mod consumer;
+mod watch;
 
 pub use bus::KafkaBus;
 pub use config::KafkaConfig;

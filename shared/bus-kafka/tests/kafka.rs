@@ -572,3 +572,99 @@ async fn acknowledged_offsets_are_committed_on_revoke() {
     assert_eq!(text(&first), "m5", "an acknowledged message came back");
     first.ack().await.expect("ack");
 }
+
+/// The consumer groups the broker knows.
+fn groups() -> BTreeSet<String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let admin: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .expect("a client");
+    admin
+        .fetch_group_list(None, Duration::from_secs(10))
+        .expect("the group list")
+        .groups()
+        .iter()
+        .map(|g| g.name().to_owned())
+        .collect()
+}
+
+/// What a watch hands out within `quiet` of its last message.
+async fn drain(watch: &mut Subscription, quiet: Duration) -> Vec<String> {
+    let mut seen = Vec::new();
+    while let Ok(Some(delivery)) = timeout(quiet, watch.next()).await {
+        delivery.ack().await.expect("a watch's ack is a no-op");
+        seen.push(text(&delivery));
+    }
+    seen
+}
+
+/// A producer watching `events` (issue 15): every start used to join a new group reading from
+/// the earliest offset, replaying the whole topic and leaving the group behind. A watch reads
+/// from the end, in no group: a restart replays nothing, and the broker lists no new group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_reads_from_the_end_and_leaves_no_group_behind() {
+    let bus = connect(config(fresh_prefix(), 4)).await;
+    let _topics = Topics(bus.clone());
+    for i in 0..20 {
+        bus.publish(
+            Topic::Events,
+            &format!("r-{i}"),
+            format!("old-{i}").into_bytes(),
+            vec![],
+        )
+        .await
+        .expect("publish");
+    }
+    // What a producer start did before: a group of its own from the earliest offset.
+    let old_way = fresh_group("sluice-producer");
+    let mut joined = bus
+        .subscribe(Topic::Events, &old_way, "producer-0")
+        .await
+        .expect("subscribe");
+    let replayed = drain(&mut joined, Duration::from_secs(8)).await;
+    assert_eq!(replayed.len(), 20, "a new group replays the whole topic");
+    drop(joined);
+    assert!(
+        groups().contains(&old_way),
+        "and stays behind on the broker"
+    );
+
+    let before = groups();
+    for start in 0..2 {
+        let mut watch = bus.watch(Topic::Events, "producer-1").await.expect("watch");
+        assert_eq!(watch.assignment().len(), 4, "every partition");
+        // The assignment takes effect on the first fetch: give it a moment, then publish.
+        assert!(
+            drain(&mut watch, Duration::from_secs(2)).await.is_empty(),
+            "start {start}: nothing published before the watch is replayed"
+        );
+        let fresh: BTreeSet<String> = (0..5).map(|i| format!("new-{start}-{i}")).collect();
+        for (i, payload) in fresh.iter().enumerate() {
+            bus.publish(
+                Topic::Events,
+                &format!("r-{i}"),
+                payload.clone().into_bytes(),
+                vec![],
+            )
+            .await
+            .expect("publish");
+        }
+        let seen: BTreeSet<String> = drain(&mut watch, Duration::from_secs(3))
+            .await
+            .into_iter()
+            .collect();
+        assert_eq!(
+            seen, fresh,
+            "start {start}: exactly what came after the watch"
+        );
+        drop(watch);
+    }
+    let after = groups();
+    // Other tests of this binary make groups of their own meanwhile; a watch's would name it.
+    let new: Vec<&String> = after
+        .difference(&before)
+        .filter(|g| g.contains("watch") || g.contains("producer-1"))
+        .collect();
+    assert!(new.is_empty(), "watches left groups behind: {new:?}");
+}

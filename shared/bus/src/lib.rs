@@ -350,6 +350,24 @@ pub trait Bus: Send + Sync + fmt::Debug + 'static {
         group: &str,
         member: &str,
     ) -> Result<Subscription, BusError>;
+
+    /// Messages published by this handle and not yet stored by the bus: how far behind the
+    /// bus is, for admission (`sluice_core::load::admit`). 0 for a bus that does not queue.
+    fn backlog(&self) -> u64 {
+        0
+    }
+
+    /// Reads `topic` from now on, in no consumer group: every partition, from its end at the
+    /// time of the call; acknowledging does nothing. For a reader that needs only what
+    /// happens while it runs (a producer waking its long polls), so that starting one neither
+    /// replays the topic nor leaves a group behind, whatever the number of replicas. It may
+    /// miss a message published around the call. The default joins a group named after
+    /// `member` (the embedded bus lives and dies with its process: there is nothing older
+    /// to replay, and nothing is left behind).
+    async fn watch(&self, topic: Topic, member: &str) -> Result<Subscription, BusError> {
+        self.subscribe(topic, &format!("watch-{member}"), member)
+            .await
+    }
 }
 
 /// Room for one admitted message (see [`Bus::admit`]); dropped unused, the room is given back.

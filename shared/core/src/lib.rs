@@ -5,8 +5,10 @@
 //! * [`machine`] — the state machine: `(state, event) -> step | refusal`, pure and total.
 //! * [`canonical`] — canonical JSON and the argument hash that detects drift.
 //! * [`catalog`] — the tool catalog, loaded from TOML and validated once at start.
+//! * [`load`] — bounds on the work per effect when the ledger or the bus falls behind.
 //! * [`policy`] — deterministic policy checks against a command's stored arguments.
 //! * [`audit`] — the per-run audit hash chain and its verification.
+//! * [`sweep`] — due-index shards and the plan by which reconcilers split them.
 //! * [`time`] — millisecond timestamps and the `Clock` port.
 //! * [`trace`] — the W3C trace context a command carries from the agent's call onwards.
 
@@ -17,8 +19,10 @@ pub mod command;
 pub mod error;
 pub mod ids;
 pub mod journal;
+pub mod load;
 pub mod machine;
 pub mod policy;
+pub mod sweep;
 pub mod time;
 pub mod trace;
 

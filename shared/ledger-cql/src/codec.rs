@@ -127,13 +127,9 @@ pub(crate) fn day_of(millis: i64) -> i64 {
 /// FNV-1a: a hash that stays the same across builds and platforms, so every writer and
 /// sweeper files a run in the same due shard.
 pub(crate) fn shard_of(run_id: &str, shards: u32) -> i32 {
-    let mut hash: u32 = 0x811c_9dc5;
-    for byte in run_id.bytes() {
-        hash ^= u32::from(byte);
-        hash = hash.wrapping_mul(0x0100_0193);
-    }
-    // `shards` is at most 1024 (validated), so the remainder fits an i32.
-    i32::try_from(hash % shards.max(1)).unwrap_or(0)
+    // `shards` is at most 1024 (validated), so the shard fits an i32. The function is the
+    // core's, so reconcilers lease the shards the entries are filed under.
+    i32::try_from(sluice_core::sweep::shard_of(run_id, shards)).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -38,6 +38,7 @@ mod claims;
 #[cfg(test)]
 mod pause;
 mod runs;
+mod shards;
 mod sweep;
 #[cfg(test)]
 mod tests;
@@ -68,8 +69,8 @@ use sluice_core::ids::{BusinessKey, CommandKey, LeaseEpoch, RunId, ToolName};
 use sluice_core::time::{Clock, SystemClock, Timestamp};
 use sluice_ledger::quarantine::Quarantine;
 use sluice_ledger::{
-    AuditTrail, Cas, Claim, DueItem, Guard, Ledger, LedgerError, PurgeReport, Reserved, RunSummary,
-    SYSTEM_RUN, Transition, cap_result,
+    AuditTrail, Cas, Claim, DueItem, Guard, Ledger, LedgerError, Member, PurgeReport, Reserved,
+    RunSummary, SYSTEM_RUN, ShardCas, ShardLease, SweepView, Transition, cap_result,
 };
 
 use crate::CqlError;
@@ -111,6 +112,8 @@ struct Inner {
     known: Mutex<Known>,
     /// The first minute of the due index (written by `migrate`).
     due_origin: i64,
+    /// How long this handle's LWTs take now.
+    write_latency: sluice_ledger::latency::WriteLatency,
     /// Commands found undecodable: `due` skips them.
     quarantine: Quarantine,
     /// Where tests hold a task of this ledger (`pause`).
@@ -605,6 +608,7 @@ impl CqlLedger {
                 flushed: Mutex::new(HashMap::new()),
                 known: Mutex::new(Known::default()),
                 due_origin,
+                write_latency: Default::default(),
                 quarantine: Quarantine::default(),
                 #[cfg(test)]
                 pauses: pause::Pauses::default(),
@@ -694,7 +698,10 @@ impl CqlLedger {
         values: impl SerializeRow,
     ) -> Result<Lwt, LedgerError> {
         self.inner.stats.round_trip(op, Kind::Lwt);
-        match self.inner.session.execute_unpaged(statement, values).await {
+        let started = std::time::Instant::now();
+        let answer = self.inner.session.execute_unpaged(statement, values).await;
+        self.inner.write_latency.observe(started.elapsed());
+        match answer {
             Ok(result) => {
                 let row = rows_of(result)
                     .map_err(|why| storage_msg(what, why))?
@@ -1705,8 +1712,38 @@ impl Ledger for CqlLedger {
     /// `now`. Entries are checked against their command; stale ones are deleted. Live entries
     /// in a bucket older than the sweep lag are carried forward into the current minute, so a
     /// cursor never waits behind a command that stays due, and can move past the bucket.
-    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<DueItem>, LedgerError> {
-        self.sweep_due(now, limit).await
+    async fn due_in(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        shards: &[u32],
+    ) -> Result<Vec<DueItem>, LedgerError> {
+        self.sweep_due(now, limit, shards).await
+    }
+
+    fn due_shards(&self) -> u32 {
+        self.inner.config.due_shards
+    }
+
+    fn write_latency_ms(&self) -> i64 {
+        self.inner.write_latency.millis()
+    }
+
+    async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError> {
+        self.read_sweep_view(group, shards).await
+    }
+
+    async fn write_shard_lease(
+        &self,
+        group: &str,
+        guard: Option<u64>,
+        next: ShardLease,
+    ) -> Result<ShardCas, LedgerError> {
+        self.put_shard_lease(group, guard, next).await
+    }
+
+    async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
+        self.put_member(group, member).await
     }
 
     async fn audit_append(

@@ -12,7 +12,7 @@ use crate::config::{Replication, Tablets, validate_keyspace};
 pub const SCHEMA_VERSION: i64 = 1;
 
 /// Schema files in order; each is applied whole, every statement idempotent.
-const SCHEMA_FILES: [(&str, &str); 3] = [
+const SCHEMA_FILES: [(&str, &str); 4] = [
     (
         "001_schema.cql",
         include_str!("../../../schemas/cql/001_schema.cql"),
@@ -24,6 +24,10 @@ const SCHEMA_FILES: [(&str, &str); 3] = [
     (
         "003_claim_fence.cql",
         include_str!("../../../schemas/cql/003_claim_fence.cql"),
+    ),
+    (
+        "004_sweep_shards.cql",
+        include_str!("../../../schemas/cql/004_sweep_shards.cql"),
     ),
 ];
 
@@ -234,7 +238,9 @@ mod tests {
                 "meta",
                 "ALTER TABLE sluice_test.commands ADD run_closed_at bigint static",
                 "ALTER TABLE sluice_test.business_keys ADD claim_id uuid",
-                "ALTER TABLE sluice_test.commands ADD claim_fences map<uuid, bigint>"
+                "ALTER TABLE sluice_test.commands ADD claim_fences map<uuid, bigint>",
+                "sweep_shards",
+                "sweep_members"
             ]
         );
         assert!(

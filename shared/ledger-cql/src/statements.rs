@@ -61,6 +61,13 @@ pub(crate) struct Statements {
     pub insert_run: PreparedStatement,
     pub delete_run: PreparedStatement,
     pub write_meta: PreparedStatement,
+    // Sweep shards (`ledger/shards.rs`).
+    pub read_shards: PreparedStatement,
+    pub read_shard_serial: PreparedStatement,
+    pub read_members: PreparedStatement,
+    pub take_shard: PreparedStatement,
+    pub write_shard: PreparedStatement,
+    pub announce: PreparedStatement,
 }
 
 impl Statements {
@@ -352,6 +359,52 @@ impl Statements {
             .await?,
             write_meta: prepare(
                 format!("UPDATE {ks}.meta SET value = ? WHERE name = ?"),
+                Write,
+            )
+            .await?,
+            read_shards: prepare(
+                format!(
+                    "SELECT shard, holder, epoch, expires_at FROM {ks}.sweep_shards \
+                     WHERE sweep_group = ? AND shard IN ?"
+                ),
+                Read,
+            )
+            .await?,
+            read_shard_serial: prepare(
+                format!(
+                    "SELECT shard, holder, epoch, expires_at, write_id FROM {ks}.sweep_shards \
+                     WHERE sweep_group = ? AND shard = ?"
+                ),
+                SerialRead,
+            )
+            .await?,
+            read_members: prepare(
+                format!("SELECT name, expires_at FROM {ks}.sweep_members WHERE sweep_group = ?"),
+                Read,
+            )
+            .await?,
+            take_shard: prepare(
+                format!(
+                    "INSERT INTO {ks}.sweep_shards \
+                     (sweep_group, shard, holder, epoch, expires_at, write_id) \
+                     VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS"
+                ),
+                Lwt,
+            )
+            .await?,
+            write_shard: prepare(
+                format!(
+                    "UPDATE {ks}.sweep_shards SET holder = ?, epoch = ?, expires_at = ?, \
+                     write_id = ? WHERE sweep_group = ? AND shard = ? IF epoch = ?"
+                ),
+                Lwt,
+            )
+            .await?,
+            announce: prepare(
+                format!(
+                    "INSERT INTO {ks}.sweep_members (sweep_group, name, expires_at) \
+                     VALUES (?, ?, ?) USING TTL ?"
+                ),
                 Write,
             )
             .await?,

@@ -29,10 +29,12 @@ pub enum Op {
     AuditAppend,
     AuditRead,
     Purge,
+    /// Sweep-shard leases and member announcements.
+    Sweep,
 }
 
 impl Op {
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 14] = [
         Self::Reserve,
         Self::ClaimBusinessKey,
         Self::Lease,
@@ -46,6 +48,7 @@ impl Op {
         Self::AuditAppend,
         Self::AuditRead,
         Self::Purge,
+        Self::Sweep,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -63,6 +66,7 @@ impl Op {
             Self::AuditAppend => "audit_append",
             Self::AuditRead => "audit_read",
             Self::Purge => "purge",
+            Self::Sweep => "sweep_shards",
         }
     }
 

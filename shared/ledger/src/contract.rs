@@ -51,7 +51,11 @@ macro_rules! ledger_contract_tests {
             the_submitter_is_kept_through_transitions,
             the_trace_context_is_kept_through_transitions,
             reserve_own_refuses_a_run_with_another_submitter,
-            two_agents_opening_one_run_at_once_cannot_both_get_in
+            two_agents_opening_one_run_at_once_cannot_both_get_in,
+            shard_leases_are_taken_renewed_and_released_under_their_epoch,
+            sixteen_racing_shard_takers_have_one_winner,
+            sweep_members_are_announced_and_withdrawn,
+            due_in_returns_only_the_listed_shards
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
@@ -64,6 +68,13 @@ macro_rules! ledger_contract_tests {
         )*
     };
 }
+
+mod shards;
+pub use shards::{
+    due_in_returns_only_the_listed_shards,
+    shard_leases_are_taken_renewed_and_released_under_their_epoch,
+    sixteen_racing_shard_takers_have_one_winner, sweep_members_are_announced_and_withdrawn,
+};
 
 static RUNS: AtomicU64 = AtomicU64::new(0);
 

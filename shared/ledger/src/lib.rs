@@ -4,6 +4,7 @@
 //! * [`sqlite`] — the embedded implementation (WAL, one writer thread, group commit).
 //! * [`contract`] — the one contract suite every implementation must pass, races included.
 //! * [`quarantine`] — commands that cannot be decoded, set aside so they stop nobody else.
+//! * [`shards`] — the sweep-shard leases by which reconcilers split the due index.
 //!
 //! # The contract
 //!
@@ -31,10 +32,13 @@ use sluice_core::time::Timestamp;
 pub mod contract;
 mod error;
 pub mod identity;
+pub mod latency;
 pub mod quarantine;
+pub mod shards;
 pub mod sqlite;
 
 pub use error::LedgerError;
+pub use shards::{Member, ShardCas, ShardLease, SweepView};
 
 /// Largest stored tool result, in bytes of JSON; larger results are replaced by a marker that
 /// keeps a prefix, so an agent can still see what came back.
@@ -352,7 +356,40 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
     /// scan of all commands). A command that cannot be decoded is skipped (and quarantined,
     /// [`quarantine`]), never an error of the whole call: one damaged row must not stop the
     /// sweep of every other.
-    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<DueItem>, LedgerError>;
+    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<DueItem>, LedgerError> {
+        let all: Vec<u32> = (0..self.due_shards()).collect();
+        self.due_in(now, limit, &all).await
+    }
+
+    /// How many shards the due index has: a run's commands are filed under
+    /// `sluice_core::sweep::shard_of(run_id, due_shards)`. Fixed for a ledger's life.
+    fn due_shards(&self) -> u32;
+
+    /// [`Ledger::due`] over the listed shards only: what a reconciler holding their leases
+    /// sweeps. Shards past [`Ledger::due_shards`] hold nothing.
+    async fn due_in(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        shards: &[u32],
+    ) -> Result<Vec<DueItem>, LedgerError>;
+
+    /// The shard leases of `group` for shards `0..shards`, and its announced members.
+    async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError>;
+
+    /// Writes a shard lease if the stored epoch is `guard` (`None`: only if the shard was
+    /// never leased). Of any number of racing writers with the same guard, exactly one is
+    /// applied; the others get the lease as stored.
+    async fn write_shard_lease(
+        &self,
+        group: &str,
+        guard: Option<u64>,
+        next: ShardLease,
+    ) -> Result<ShardCas, LedgerError>;
+
+    /// Announces (or, with an expiry in the past, withdraws) a member of `group`: a plain
+    /// upsert, a hint to the split that holds no lease by itself.
+    async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError>;
 
     /// Appends a record that is not a command transition (a run rollback request, a
     /// compensation of an extra commit, an operator note).
@@ -393,6 +430,13 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
     /// (the embedded ledger has no network round trips to count).
     fn round_trips(&self) -> Vec<RoundTrips> {
         Vec::new()
+    }
+
+    /// What a write takes now, in milliseconds, as this handle measured its own writes
+    /// ([`latency::WriteLatency`]): leases are sized from it and producers refuse new work
+    /// past a limit of it (`sluice_core::load`). 0 for a ledger that does not measure.
+    fn write_latency_ms(&self) -> i64 {
+        0
     }
 
     /// Commands this handle found it cannot decode and set aside since it opened, each counted

@@ -269,6 +269,16 @@ pub struct ReconcilerConfig {
     pub sweep_interval_ms: u64,
     /// Most due items handled per sweep.
     pub sweep_batch: usize,
+    /// Due items a sweep handles at once.
+    pub sweep_concurrency: usize,
+    /// The longest one due item may take (a status check that hangs is given up after it;
+    /// its claim or due time brings the command back).
+    pub sweep_item_timeout_ms: u64,
+    /// How long a lease on a due-index shard lasts; renewed once half of it is gone. A
+    /// reconciler that dies leaves its shards to the others after at most this long.
+    pub shard_lease_ms: u64,
+    /// This reconciler's name in the shard split; unique per start when unset.
+    pub name: Option<String>,
 }
 
 impl Default for ReconcilerConfig {
@@ -277,6 +287,10 @@ impl Default for ReconcilerConfig {
             concurrency: 32,
             sweep_interval_ms: 1_000,
             sweep_batch: 1_000,
+            sweep_concurrency: 16,
+            sweep_item_timeout_ms: 10_000,
+            shard_lease_ms: 10_000,
+            name: None,
         }
     }
 }
@@ -461,6 +475,10 @@ impl Config {
             ("dispatcher.concurrency", self.dispatcher.concurrency),
             ("reconciler.concurrency", self.reconciler.concurrency),
             ("reconciler.sweep_batch", self.reconciler.sweep_batch),
+            (
+                "reconciler.sweep_concurrency",
+                self.reconciler.sweep_concurrency,
+            ),
             ("compensator.concurrency", self.compensator.concurrency),
         ] {
             if value == 0 {
@@ -479,6 +497,17 @@ impl Config {
         }
         if self.reconciler.sweep_interval_ms < 10 {
             return invalid("reconciler.sweep_interval_ms", "must be at least 10");
+        }
+        if self.reconciler.shard_lease_ms < self.reconciler.sweep_interval_ms.saturating_mul(3)
+            || self.reconciler.shard_lease_ms < 3_000
+        {
+            return invalid(
+                "reconciler.shard_lease_ms",
+                "must be at least 3 s and three sweep intervals, so a lease is renewed before it lapses",
+            );
+        }
+        if self.reconciler.sweep_item_timeout_ms == 0 {
+            return invalid("reconciler.sweep_item_timeout_ms", "must be at least 1");
         }
         self.auth.validate(self.producer.listen)?;
         self.producer.validate(&self.auth)?;

@@ -19,7 +19,9 @@
 //! * **A handler that fails** (the ledger is locked or unreachable, the command kept changing,
 //!   a publish failed) is retried with jittered exponential backoff, holding its partition,
 //!   up to [`RetryPolicy::attempts`]; then the message is dead-lettered with the last error
-//!   and acknowledged.
+//!   and acknowledged. Retries come out of a budget the loop's successes refill (a tenth of a
+//!   retry each, `sluice_core::load::RetryBudget`): past it a retry waits the longest backoff,
+//!   so a ledger that is behind is not handed more work by the retries than by the successes.
 //! * **A dead letter the bus refuses**: one too large for the bus is sent again with its
 //!   payload cut to fit (marked with [`DLQ_TRUNCATED_HEADER`]); any other refusal is retried
 //!   with backoff for [`RetryPolicy::dead_letter_budget_ms`]. If the dead-letter topic still
@@ -68,6 +70,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use sluice_bus::{Bus, BusError, Delivery, Header, Topic};
+use sluice_core::load::RetryBudget;
 use sluice_ledger::LedgerError;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -189,6 +192,10 @@ where
 {
     let mut subscription = bus.subscribe(spec.topic, &spec.group, &spec.member).await?;
     let permits = Arc::new(Semaphore::new(spec.concurrency.max(1)));
+    let budget = Arc::new(std::sync::Mutex::new(RetryBudget::new(
+        RETRY_BUDGET_SAVED,
+        RETRY_BUDGET_PER_SUCCESS,
+    )));
     let mut tasks = JoinSet::new();
     loop {
         let permit = tokio::select! {
@@ -212,6 +219,7 @@ where
             topic: spec.topic,
             policy,
             shutdown: shutdown.clone(),
+            budget: Arc::clone(&budget),
         };
         let span = delivery_span(spec.topic, &delivery);
         tasks.spawn(
@@ -277,9 +285,31 @@ struct One {
     topic: Topic,
     policy: RetryPolicy,
     shutdown: CancellationToken,
+    /// The loop's retries, shared by its handlers (`sluice_core::load::RetryBudget`).
+    budget: Arc<std::sync::Mutex<RetryBudget>>,
 }
 
+/// Retries a consume loop keeps in hand, and the thousandths of a retry each handled message
+/// earns: under a ledger that fails most writes, retries stay about a tenth of the work that
+/// succeeds instead of multiplying the load.
+const RETRY_BUDGET_SAVED: u32 = 20;
+const RETRY_BUDGET_PER_SUCCESS: u32 = 100;
+
 impl One {
+    /// Whether a retry is in the budget now; one that is not waits the longest backoff.
+    fn retry_in_budget(&self) -> bool {
+        self.budget
+            .lock()
+            .map(|mut budget| budget.try_retry())
+            .unwrap_or(true)
+    }
+
+    fn succeeded(&self) {
+        if let Ok(mut budget) = self.budget.lock() {
+            budget.succeeded();
+        }
+    }
+
     async fn handle<H, F>(self, delivery: Delivery, handler: H)
     where
         H: Fn(Delivery) -> F,
@@ -294,7 +324,10 @@ impl One {
             // delivery would otherwise carry it inline, copied on every move of the task
             // (spawn, stage changes), which showed in profiles as memcpy.
             match Box::pin(handler(delivery.clone())).await {
-                Ok(Handled::Done) => break None,
+                Ok(Handled::Done) => {
+                    self.succeeded();
+                    break None;
+                }
                 Ok(Handled::Reject(reason)) => break Some(reason.to_string()),
                 Err(PipelineError::Ledger(e @ LedgerError::UndecodableCommand { .. })) => {
                     self.metrics
@@ -335,7 +368,14 @@ impl One {
                         error = %e,
                         "handler failed; retrying"
                     );
-                    if !self.pause(self.policy.backoff(attempt)).await {
+                    // Past the budget, the retry waits the longest backoff: retries stay a
+                    // share of what succeeds instead of adding to a ledger that is behind.
+                    let pause = if self.retry_in_budget() {
+                        self.policy.backoff(attempt)
+                    } else {
+                        Duration::from_millis(self.policy.max_backoff_ms)
+                    };
+                    if !self.pause(pause).await {
                         return;
                     }
                 }

@@ -23,8 +23,8 @@ use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{BusinessKey, CommandKey, RunId, ToolName};
 use sluice_core::time::Timestamp;
 use sluice_ledger::{
-    AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, PurgeReport, Reserved, RoundTrips,
-    RunSummary, Transition,
+    AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, Member, PurgeReport, Reserved,
+    RoundTrips, RunSummary, ShardCas, ShardLease, SweepView, Transition,
 };
 
 /// Where one held command stands.
@@ -377,6 +377,36 @@ impl Ledger for GaugedLedger {
         self.inner.due(now, limit).await
     }
 
+    fn due_shards(&self) -> u32 {
+        self.inner.due_shards()
+    }
+
+    async fn due_in(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        shards: &[u32],
+    ) -> Result<Vec<DueItem>, LedgerError> {
+        self.inner.due_in(now, limit, shards).await
+    }
+
+    async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError> {
+        self.inner.sweep_view(group, shards).await
+    }
+
+    async fn write_shard_lease(
+        &self,
+        group: &str,
+        guard: Option<u64>,
+        next: ShardLease,
+    ) -> Result<ShardCas, LedgerError> {
+        self.inner.write_shard_lease(group, guard, next).await
+    }
+
+    async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
+        self.inner.announce(group, member).await
+    }
+
     async fn audit_append(
         &self,
         run_id: &RunId,
@@ -412,6 +442,10 @@ impl Ledger for GaugedLedger {
 
     fn round_trips(&self) -> Vec<RoundTrips> {
         self.inner.round_trips()
+    }
+
+    fn write_latency_ms(&self) -> i64 {
+        self.inner.write_latency_ms()
     }
 
     fn quarantined(&self) -> u64 {

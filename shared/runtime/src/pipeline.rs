@@ -305,11 +305,20 @@ impl Context {
     /// attempts); a tool gone from the catalog keeps the command's own semantics with no
     /// status check or compensate.
     pub fn rules_of(&self, command: &Command) -> machine::Rules {
-        match tool_of(&self.catalog, command) {
+        let rules = match tool_of(&self.catalog, command) {
             Some(tool) => tool.rules(),
             None => machine::Rules::defaults(command.semantics),
         }
-        .for_command(command.semantics, command.max_attempts)
+        .for_command(command.semantics, command.max_attempts);
+        self.with_write_slack(rules)
+    }
+
+    /// `rules` with leases sized for the ledger's writes as this process measures them now
+    /// (`load::write_slack_ms`, at most the configured lease again).
+    pub fn with_write_slack(&self, rules: machine::Rules) -> machine::Rules {
+        let slack =
+            sluice_core::load::write_slack_ms(self.ledger.write_latency_ms(), rules.lease_ttl_ms);
+        rules.with_write_slack(slack)
     }
 
     /// Publishes the work a stored step implies. `CallUpstream` is the dispatcher's own job

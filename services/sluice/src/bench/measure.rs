@@ -76,6 +76,7 @@ pub(super) fn summarize(
         round_trips_per_effect: BTreeMap::new(),
         lwt_per_effect_by_op: BTreeMap::new(),
         plain_per_effect_by_op: BTreeMap::new(),
+        deferred_503: tracker.deferred.load(Ordering::Relaxed),
     }
 }
 

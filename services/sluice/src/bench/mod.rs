@@ -434,6 +434,9 @@ pub struct PassResult {
     pub round_trips_per_effect: BTreeMap<&'static str, f64>,
     pub lwt_per_effect_by_op: BTreeMap<&'static str, f64>,
     pub plain_per_effect_by_op: BTreeMap<&'static str, f64>,
+    /// Submissions answered 503 (the pipeline's admission: behind) and sent again after the
+    /// answer's `Retry-After`.
+    pub deferred_503: usize,
 }
 
 impl PassResult {
@@ -456,6 +459,12 @@ impl PassResult {
         );
         if let Some(cpu) = self.cpu_us_per_effect {
             line.push_str(&format!("; {cpu:.0} µs of this process's CPU per effect"));
+        }
+        if self.deferred_503 > 0 {
+            line.push_str(&format!(
+                "; {} submissions answered 503 and sent again after Retry-After",
+                self.deferred_503
+            ));
         }
         if !self.round_trips_per_effect.is_empty() {
             let kinds: Vec<String> = self

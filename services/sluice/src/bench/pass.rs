@@ -67,8 +67,14 @@ impl Workload {
 
     /// The body of `POST /v1/effects/batch` for the effects in `range`, joined from their
     /// encoded bodies.
+    #[cfg(test)]
     fn batch_body(&self, range: std::ops::Range<usize>) -> String {
-        let effects = &self.bodies[range];
+        self.batch_body_of(range)
+    }
+
+    /// The body of `POST /v1/effects/batch` for the effects at `indices`.
+    fn batch_body_of(&self, indices: impl IntoIterator<Item = usize>) -> String {
+        let effects: Vec<&RawValue> = indices.into_iter().map(|i| &*self.bodies[i]).collect();
         let len = effects.iter().map(|b| b.get().len() + 1).sum::<usize>();
         let mut body = String::with_capacity(len + 16);
         body.push_str("{\"effects\":[");
@@ -108,6 +114,9 @@ pub(super) struct Tracker {
     /// Effects that settled otherwise (FAILED, STUCK, BLOCKED, CANCELLED).
     failed: AtomicUsize,
     refused: AtomicUsize,
+    /// Effects answered 503 (admission: the pipeline is behind) and submitted again after the
+    /// answer's `Retry-After`, as a client should.
+    pub(super) deferred: AtomicUsize,
     first_refusal: std::sync::Mutex<Option<String>>,
     settled: Notify,
 }
@@ -121,6 +130,7 @@ impl Tracker {
             confirmed_count: AtomicUsize::new(0),
             failed: AtomicUsize::new(0),
             refused: AtomicUsize::new(0),
+            deferred: AtomicUsize::new(0),
             first_refusal: std::sync::Mutex::new(None),
             settled: Notify::new(),
         }
@@ -460,42 +470,82 @@ pub(super) async fn post_batch(
     range: std::ops::Range<usize>,
     tracker: &Tracker,
 ) -> Result<(), BenchError> {
-    let count = range.len();
-    let body = workload.batch_body(range);
     let http = |source| BenchError::Http {
         pass: pass.to_owned(),
         what: "POST /v1/effects/batch",
         source,
     };
-    let response = client
-        .post(format!("{url}/v1/effects/batch"))
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .header(PREFER, RETURN_MINIMAL)
-        .body(body)
-        .send()
-        .await
-        .map_err(http)?;
-    let status = response.status();
-    if status != StatusCode::OK {
-        let text = response.text().await.unwrap_or_default();
-        tracker.refuse(count, format!("{status} {text}"));
-        return Ok(());
-    }
-    let answer: BatchStatuses = response.json().await.map_err(http)?;
-    let results = answer.results;
-    for result in &results {
-        if result.status != 201 {
-            let error = result.error.as_ref().map_or("no error given", |e| e.get());
-            tracker.refuse(1, format!("{} {error}", result.status));
+    let mut pending: Vec<usize> = range.collect();
+    // Effects answered 503 are submitted again after the server's Retry-After, for up to
+    // this many rounds (the pipeline's admission refuses work it cannot start in time).
+    for round in 0..ADMISSION_ROUNDS {
+        let count = pending.len();
+        let response = client
+            .post(format!("{url}/v1/effects/batch"))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(PREFER, RETURN_MINIMAL)
+            .body(workload.batch_body_of(pending.iter().copied()))
+            .send()
+            .await
+            .map_err(http)?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(1);
+        let last = round + 1 == ADMISSION_ROUNDS;
+        if status == StatusCode::SERVICE_UNAVAILABLE && !last {
+            tracker.deferred.fetch_add(count, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_secs(retry_after.clamp(1, 30))).await;
+            continue;
         }
-    }
-    if results.len() != count {
-        tracker.refuse(
-            count.saturating_sub(results.len()),
-            format!("{} results for {count} effects", results.len()),
-        );
+        if status != StatusCode::OK {
+            let text = response.text().await.unwrap_or_default();
+            tracker.refuse(count, format!("{status} {text}"));
+            return Ok(());
+        }
+        let answer: BatchStatuses = response.json().await.map_err(http)?;
+        let results = answer.results;
+        let mut again = Vec::new();
+        let mut wait_s = 1;
+        for (result, index) in results.iter().zip(&pending) {
+            if result.status == 503 && !last {
+                again.push(*index);
+                wait_s = wait_s.max(retry_after_of(result));
+            } else if result.status != 201 {
+                let error = result.error.as_ref().map_or("no error given", |e| e.get());
+                tracker.refuse(1, format!("{} {error}", result.status));
+            }
+        }
+        if results.len() != count {
+            tracker.refuse(
+                count.saturating_sub(results.len()),
+                format!("{} results for {count} effects", results.len()),
+            );
+        }
+        if again.is_empty() {
+            return Ok(());
+        }
+        tracker.deferred.fetch_add(again.len(), Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_secs(wait_s.clamp(1, 30))).await;
+        pending = again;
     }
     Ok(())
+}
+
+/// Rounds of 503 answers a batch's effects are submitted again after.
+const ADMISSION_ROUNDS: usize = 60;
+
+/// The `retry_after_s` an effect's 503 error names (`details`), else 1.
+fn retry_after_of(result: &EffectStatus) -> u64 {
+    result
+        .error
+        .as_ref()
+        .and_then(|e| serde_json::from_str::<Value>(e.get()).ok())
+        .and_then(|e| e["details"]["retry_after_s"].as_u64())
+        .unwrap_or(1)
 }
 
 #[cfg(test)]

@@ -111,6 +111,7 @@ pub fn lease_at_reservation(
         rules
             .pending_stale_ms
             .saturating_add(rules.dispatch_timeout_ms)
+            .saturating_add(rules.write_slack_ms)
             .min(rules.lease_ttl_ms),
     );
     next.lease.expires_at = Some(expires_at);

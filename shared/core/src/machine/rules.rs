@@ -60,6 +60,15 @@ pub struct Rules {
     /// How long a BLOCKED command waits for a person before it is cancelled (escalated).
     #[serde(default = "default_approval_timeout_ms")]
     pub approval_timeout_ms: i64,
+    /// What the ledger's writes take now, measured (`load::write_slack_ms`): added to every
+    /// lease and to the room a call needs, so the outcome's write fits in the lease. 0 in the
+    /// catalog's rules; set by the services ([`Rules::with_write_slack`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub write_slack_ms: i64,
+}
+
+fn is_zero(ms: &i64) -> bool {
+    *ms == 0
 }
 
 fn default_dispatch_timeout_ms() -> i64 {
@@ -105,6 +114,7 @@ impl Rules {
             verify_after_ms: default_verify_after_ms(),
             clock_skew_ms: default_clock_skew_ms(),
             approval_timeout_ms: default_approval_timeout_ms(),
+            write_slack_ms: 0,
         }
     }
 
@@ -130,7 +140,19 @@ impl Rules {
     /// The lease time a call needs: the whole call's timeout plus the skew bound, so the
     /// sweep cannot take the lease for expired while the call may still be in flight.
     pub fn call_margin_ms(&self) -> i64 {
-        self.dispatch_timeout_ms.saturating_add(self.clock_skew_ms)
+        self.dispatch_timeout_ms
+            .saturating_add(self.clock_skew_ms)
+            .saturating_add(self.write_slack_ms)
+    }
+
+    /// These rules with leases `slack_ms` longer and calls needing that much more of them:
+    /// a lease covers the call and the write of its outcome, however slow the ledger is now
+    /// (the slack is bounded by whoever measured it, `load::write_slack_ms`).
+    pub fn with_write_slack(mut self, slack_ms: i64) -> Self {
+        let slack_ms = slack_ms.max(0);
+        self.lease_ttl_ms = self.lease_ttl_ms.saturating_add(slack_ms);
+        self.write_slack_ms = slack_ms;
+        self
     }
 
     /// Delay before the `n`-th retry or check (n from 0): base·2ⁿ, capped.

@@ -122,6 +122,7 @@ impl CqlLedger {
         &self,
         now: Timestamp,
         limit: usize,
+        only: &[u32],
     ) -> Result<Vec<DueItem>, LedgerError> {
         let op = Op::Due;
         self.inner.stats.call(op);
@@ -131,21 +132,36 @@ impl CqlLedger {
         // minute at the earliest), so a cursor may pass them once they are empty.
         let settled_before = clock_minute - config.sweep_lag_minutes;
         let mut cursors = self.cursors(op).await?;
+        // The shards this caller sweeps (the ones whose sweep leases it holds): the others
+        // are neither read nor have their cursors moved.
+        let mut selected = vec![false; cursors.len()];
+        for &shard in only {
+            if let Some(slot) = usize::try_from(shard)
+                .ok()
+                .and_then(|s| selected.get_mut(s))
+            {
+                *slot = true;
+            }
+        }
         let start = cursors
             .iter()
-            .copied()
-            .min()
-            .unwrap_or(self.inner.due_origin);
+            .zip(&selected)
+            .filter(|(_, selected)| **selected)
+            .map(|(cursor, _)| *cursor)
+            .min();
+        let Some(start) = start else {
+            return Ok(Vec::new());
+        };
         let last = minute_of(now);
         // Per shard: whether every bucket walked so far was left empty.
-        let mut clean = vec![true; cursors.len()];
+        let mut clean = selected.clone();
         let mut moved = vec![false; cursors.len()];
         let mut items: Vec<DueItem> = Vec::new();
         let mut seen = HashSet::new();
         let mut minute = start;
         while minute <= last && items.len() < limit {
             let shards: Vec<i32> = (0..cursors.len())
-                .filter(|&s| cursors[s] <= minute)
+                .filter(|&s| selected[s] && cursors[s] <= minute)
                 .filter_map(|s| i32::try_from(s).ok())
                 .collect();
             let buckets: Vec<Result<(i32, Vec<Fields>), LedgerError>> =

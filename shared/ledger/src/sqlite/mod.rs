@@ -21,6 +21,7 @@
 //! commit waits for a checkpoint (see `Checkpointer`).
 
 mod schema;
+mod sweep;
 mod waiting;
 mod writer;
 
@@ -42,8 +43,8 @@ use sluice_core::time::{Clock, SystemClock, Timestamp};
 use crate::identity::Identity;
 use crate::quarantine::Quarantine;
 use crate::{
-    AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, PurgeReport, Reserved, RunSummary,
-    SYSTEM_RUN, Transition, cap_result,
+    AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, Member, PurgeReport, Reserved,
+    RunSummary, SYSTEM_RUN, ShardCas, ShardLease, SweepView, Transition, cap_result,
 };
 
 use self::schema::{
@@ -57,6 +58,9 @@ use self::writer::{Answer, CasReply, Checkpointer, Job, Op, Reply, ReserveReply,
 pub const DEFAULT_DATA_DIR: &str = ".sluice";
 /// The ledger's file name inside the data directory.
 pub const LEDGER_FILE: &str = "ledger.db";
+/// Shards of the embedded ledger's due index (a filter on its due query, not a layout): what
+/// reconcilers sharing one file split between them.
+pub const DUE_SHARDS: u32 = 16;
 
 /// How hard SQLite syncs a commit to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -141,6 +145,8 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// Commands found undecodable: `due` skips them.
     quarantine: Arc<Quarantine>,
+    /// How long writes take now, from submission to answer.
+    write_latency: crate::latency::WriteLatency,
 }
 
 /// Read connections kept open, and reads run at once.
@@ -218,6 +224,7 @@ impl SqliteLedger {
                 waiting: Mutex::new(Waiting::default()),
                 clock,
                 quarantine: Arc::new(Quarantine::default()),
+                write_latency: Default::default(),
             }),
         })
     }
@@ -261,13 +268,16 @@ impl SqliteLedger {
 
     /// Sends `op` to the writer; the answer comes once its transaction committed.
     async fn submit(&self, op: Op) -> Result<Answer, LedgerError> {
+        let started = std::time::Instant::now();
         let (reply, answer) = oneshot::channel();
         self.inner
             .writer
             .send(Job { op, reply })
             .await
             .map_err(|_| LedgerError::Closed)?;
-        answer.await.map_err(|_| LedgerError::Closed)
+        let answer = answer.await.map_err(|_| LedgerError::Closed);
+        self.inner.write_latency.observe(started.elapsed());
+        answer
     }
 
     /// Reserves `command`; `confined` refuses a run holding another submitter's command.
@@ -586,60 +596,54 @@ impl Ledger for SqliteLedger {
         }
     }
 
-    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<DueItem>, LedgerError> {
-        let (path, config) = (self.inner.path.clone(), self.inner.config.clone());
-        let quarantine = Arc::clone(&self.inner.quarantine);
-        self.read("due", move |conn| {
-            // Quarantined commands are skipped below; read past them so they never take the
-            // place of commands that can be swept.
-            let wanted = limit.saturating_add(quarantine.len());
-            let rows: Vec<(String, String, String, i64)> = conn
-                .prepare_cached(
-                    "SELECT run_id, command_key, status, due_at FROM commands \
-                     WHERE due_at IS NOT NULL AND due_at <= ?1 ORDER BY due_at LIMIT ?2",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_map(
-                        params![now.as_millis(), i64::try_from(wanted).unwrap_or(i64::MAX)],
-                        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
-                    )?
-                    .collect()
-                })
-                .map_err(|e| map_err(e, "due", &path, &config))?;
-            let mut items = Vec::with_capacity(rows.len().min(limit));
-            for (run, key, status, due_at) in rows {
-                if items.len() == limit {
-                    break;
-                }
-                if quarantine.holds(&run, &key) {
-                    continue;
-                }
-                let parsed = RunId::parse(&run)
-                    .map_err(|e| e.to_string())
-                    .and_then(|run_id| {
-                        CommandKey::parse(&key)
-                            .map(|key| (run_id, key))
-                            .map_err(|e| e.to_string())
-                    })
-                    .and_then(|(run_id, key)| {
-                        status
-                            .parse()
-                            .map(|status| (run_id, key, status))
-                            .map_err(|e: sluice_core::command::UnknownStatus| e.to_string())
-                    });
-                match parsed {
-                    Ok((run_id, command_key, status)) => items.push(DueItem {
-                        run_id,
-                        command_key,
-                        status,
-                        due_at: Timestamp::from_millis(due_at),
-                    }),
-                    Err(why) => quarantine.set_aside(&run, &key, &why),
-                }
-            }
-            Ok(items)
-        })
-        .await
+    fn due_shards(&self) -> u32 {
+        DUE_SHARDS
+    }
+
+    fn write_latency_ms(&self) -> i64 {
+        self.inner.write_latency.millis()
+    }
+
+    async fn due_in(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        shards: &[u32],
+    ) -> Result<Vec<DueItem>, LedgerError> {
+        self.due_in_shards(now, limit, shards).await
+    }
+
+    async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError> {
+        self.read_sweep_view(group, shards).await
+    }
+
+    async fn write_shard_lease(
+        &self,
+        group: &str,
+        guard: Option<u64>,
+        next: ShardLease,
+    ) -> Result<ShardCas, LedgerError> {
+        crate::shards::validate(group, guard, &next)?;
+        let op = Op::ShardLease {
+            group: group.to_owned(),
+            guard,
+            next,
+        };
+        match self.submit(op).await?.result? {
+            Reply::Shard(cas) => Ok(cas),
+            _ => Err(LedgerError::Closed),
+        }
+    }
+
+    async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
+        let op = Op::Announce {
+            group: group.to_owned(),
+            member,
+        };
+        match self.submit(op).await?.result? {
+            Reply::Announced => Ok(()),
+            _ => Err(LedgerError::Closed),
+        }
     }
 
     async fn audit_append(

@@ -20,6 +20,25 @@ const APPLICATION_ID: i64 = 0x534C_4345;
 const SCHEMA_VERSION: i64 = 2;
 /// From schema version 1: a run can be closed (a rollback shuts it to new commands).
 const MIGRATE_1_TO_2: &str = "ALTER TABLE runs ADD COLUMN closed_at INTEGER;";
+/// Sweep-shard leases and the reconcilers that split them (`crate::shards`). Created on every
+/// open, not by a version step: the tables are new and apart from everything else, so a file
+/// of any version takes them, and a build without them never looks.
+const SWEEP_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS sweep_shards (
+    sweep_group TEXT    NOT NULL,
+    shard       INTEGER NOT NULL,
+    holder      TEXT    NOT NULL,
+    epoch       INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    PRIMARY KEY (sweep_group, shard)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sweep_members (
+    sweep_group TEXT    NOT NULL,
+    name        TEXT    NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    PRIMARY KEY (sweep_group, name)
+) WITHOUT ROWID;
+";
 
 // Layout notes. Run ids are random, so every index keyed by run id puts each write on a
 // random page, and a group commit then rewrites pages all over the file. Instead each run gets
@@ -172,6 +191,7 @@ pub(super) fn prepare_schema(conn: &Connection, path: &Path) -> Result<(), Ledge
             not_a_ledger(e)
         })?;
     }
+    conn.execute_batch(SWEEP_SCHEMA).map_err(not_a_ledger)?;
     Ok(())
 }
 

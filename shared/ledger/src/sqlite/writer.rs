@@ -4,6 +4,7 @@
 //! back and its requests retried one by one, so none is half-applied.
 
 mod ops;
+mod shards;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -80,6 +81,17 @@ pub(super) enum Op {
         actor: String,
         now: Timestamp,
     },
+    /// A sweep-shard lease written if the stored epoch is `guard`.
+    ShardLease {
+        group: String,
+        guard: Option<u64>,
+        next: crate::ShardLease,
+    },
+    /// A sweep member's announcement.
+    Announce {
+        group: String,
+        member: crate::Member,
+    },
 }
 
 pub(super) enum ReserveReply {
@@ -100,6 +112,8 @@ pub(super) enum Reply {
     Claim(Claim),
     Entry(AuditEntry),
     Purged(PurgeReport),
+    Shard(crate::ShardCas),
+    Announced,
 }
 
 pub(super) struct Job {

@@ -20,6 +20,13 @@ pub struct ProducerConfig {
     /// Longest a submission waits for room in the dispatch backlog (`bus.admission`) before
     /// it is refused with 503 `dispatch_backlog_full`, nothing recorded; in milliseconds.
     pub admission_wait_ms: u64,
+    /// The ledger's measured write latency past which a submission is refused with 503
+    /// `ledger_behind` and `Retry-After`, nothing recorded (`sluice_core::load::admit`); in
+    /// milliseconds, 0 for no limit.
+    pub max_write_latency_ms: u64,
+    /// Messages waiting in the bus client past which a submission is refused with 503
+    /// `bus_behind`; 0 for no limit.
+    pub max_bus_backlog: u64,
     /// Serve the operator's web console at `/ui`. Unset: on in `sluice dev`, off in
     /// `sluice-producer` (a deployment opts in).
     pub console: Option<bool>,
@@ -56,6 +63,8 @@ impl Default for ProducerConfig {
             max_batch: 1_000,
             max_wait_ms: 60_000,
             admission_wait_ms: 10_000,
+            max_write_latency_ms: 1_000,
+            max_bus_backlog: 20_000,
             console: None,
             max_event_streams: 64,
             open: false,

@@ -73,6 +73,13 @@ impl Writer {
             } => self
                 .purge(*older_than, *max_runs, actor, *now)?
                 .map(Reply::Purged),
+            Op::ShardLease { group, guard, next } => {
+                Ok(Reply::Shard(self.write_shard_lease(group, *guard, next)?))
+            }
+            Op::Announce { group, member } => {
+                self.announce(group, member)?;
+                Ok(Reply::Announced)
+            }
         })
     }
 
