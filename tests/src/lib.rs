@@ -186,6 +186,9 @@ pub fn test_config(data_dir: &Path) -> Config {
     config.ledger.data_dir = data_dir.to_owned();
     config.producer.listen = ANY_PORT;
     config.reconciler.sweep_interval_ms = SWEEP_INTERVAL_MS;
+    // A process that crashed holds its due-index shards until their leases lapse; the
+    // shortest lease allowed keeps a restarted pipeline's recovery within the tests' bounds.
+    config.reconciler.shard_lease_ms = 3_000;
     // No tokens unless a suite installs them ([`tokens::install`]): open, on loopback.
     config.producer.open = true;
     config.validate().expect("the test configuration is valid");

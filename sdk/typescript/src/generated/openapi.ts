@@ -40,8 +40,10 @@ export interface paths {
          *     arguments; 409 `run_rolled_back` for a new effect in a run that was rolled back (its
          *     existing effects still answer 200). 403 for an agent in a run holding another
          *     submitter's command. 503 `dispatch_backlog_full` when the embedded pipeline's dispatch
-         *     backlog (`bus.admission`) stayed full for `producer.admission_wait_ms`: nothing was
-         *     recorded, submit again later. With `Prefer: return=minimal` (RFC 7240) a 201 or 200
+         *     backlog (`bus.admission`) stayed full for `producer.admission_wait_ms`, 503
+         *     `ledger_behind` when the ledger's measured write latency is past
+         *     `producer.max_write_latency_ms`, 503 `bus_behind` when the bus client's backlog is past
+         *     `producer.max_bus_backlog`: nothing was recorded, submit again after `Retry-After`. With `Prefer: return=minimal` (RFC 7240) a 201 or 200
          *     carries the command's keys and status only, and `Preference-Applied: return=minimal`.
          *     With `Prefer: wait=<seconds>` (capped at `producer.max_wait_ms`) the answer is held
          *     until the command is terminal, then 201 or 200 as above with the settled command; a
