@@ -1,12 +1,12 @@
 //! The lease an IDEMPOTENT or OBSERVE_ONLY command takes with its reservation
 //! (`machine::lease_at_reservation`), seen from the dispatcher: it calls under that lease
-//! without a lease write, gives it back when policy changed in between, and leaves one too
-//! short of time to the lease-expiry sweep. Real SQLite file, real upstream on loopback.
+//! without a lease write, gives it back when policy changed in between, and takes one too
+//! short of time over with a lease of its own. Real SQLite file, real upstream on loopback.
 
 use serde_json::json;
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::{self, RESERVATION_OWNER};
+use sluice_core::machine;
 use sluice_core::policy::PolicyDecision;
 use sluice_core::time::{Clock, SystemClock};
 use sluice_runtime::Context;
@@ -125,11 +125,12 @@ async fn a_reservation_lease_is_given_back_when_policy_changed_in_between() {
 }
 
 /// A reservation lease with no more than the call's timeout left is not called under: the
-/// outcome could land after the sweep took the lease for expired. The dispatcher leaves the
-/// command LEASED and calls nothing; what the sweep then does with an expired lease is the
-/// reconciliation suite's (`LeaseExpired` → UNKNOWN → retry under a lease of its own).
+/// outcome could land after the sweep took the lease for expired. Its dispatch request waited on
+/// the bus too long (a backlog, a slow ledger), so the dispatcher takes the lease over with a
+/// lease of its own, in one write, and calls with the same key: an email is sent once. (Left
+/// to the sweep it cost four more writes: lease expiry, UNKNOWN, a status check, a retry.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reservation_lease_short_of_time_is_left_to_the_sweep() {
+async fn a_reservation_lease_short_of_time_is_taken_over_and_called_once() {
     init_tracing();
     let upstream = start_upstream(Faults::none()).await;
     let dir = tempfile::tempdir().expect("temp dir");
@@ -155,9 +156,30 @@ async fn a_reservation_lease_short_of_time_is_left_to_the_sweep() {
         clock: std::sync::Arc::new(sluice_core::time::ManualClock::starting_at(late)),
         ..ctx.clone()
     };
-    let left = dispatch(&late_ctx, &run, &reserved.command_key).await;
-    assert_eq!(left.status(), CommandStatus::Leased);
-    assert_eq!(left.state.lease.owner.as_deref(), Some(RESERVATION_OWNER));
-    assert_eq!(upstream.stats().emails, 0, "not called so late");
+    let sent = dispatch(&late_ctx, &run, &reserved.command_key).await;
+    assert_eq!(sent.status(), CommandStatus::Confirmed);
+    assert_eq!(
+        sent.state.attempts, 2,
+        "the taken-over lease is an attempt of its own"
+    );
+    assert_eq!(upstream.stats().emails, 1, "sent once, under the new lease");
+    let trail = ctx.ledger.audit_read(&run).await.expect("audit");
+    let reasons: Vec<&str> = trail
+        .entries
+        .iter()
+        .map(|e| e.record.reason.as_str())
+        .collect();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("taken over by dispatcher-test with the same key")),
+        "{reasons:?}"
+    );
+
+    // Its request delivered again (the first dispatcher's offset was never committed): the
+    // command is settled, nothing is sent twice.
+    let again = dispatch(&late_ctx, &run, &reserved.command_key).await;
+    assert_eq!(again.status(), CommandStatus::Confirmed);
+    assert_eq!(upstream.stats().emails, 1);
     upstream.shutdown().await;
 }

@@ -193,8 +193,7 @@ async fn lease(
     let leased = ctx
         .drive_current(run_id, command_key, ACTOR, current, |command| {
             // A lease the reservation took is given back if policy now says otherwise (the
-            // catalog changed in between); one that is merely short of time is left to the
-            // lease-expiry sweep.
+            // catalog changed in between); one that is merely short of time is taken over.
             if !command.awaits_dispatch() {
                 return None;
             }
@@ -211,7 +210,16 @@ async fn lease(
             // version; checking it right before the lease is the same as right after, since
             // the lease is guarded by the status read here.
             match policy_of(&catalog, tool, command) {
-                PolicyDecision::Allow if reserved_lease => None,
+                // Its request waited on the bus past the lease's time: taken over with the
+                // same key (one write) rather than left to lapse into the sweep's several.
+                PolicyDecision::Allow if reserved_lease => machine::reservation_lease_lapsing(
+                    &command.state,
+                    &ctx.rules_of(command),
+                    ctx.clock.now(),
+                )
+                .then(|| Event::Lease {
+                    owner: std::sync::Arc::from(owner),
+                }),
                 PolicyDecision::Allow => Some(Event::Lease {
                     owner: std::sync::Arc::from(owner),
                 }),

@@ -108,6 +108,11 @@ pub fn apply(
                 );
                 Ok(step(next, vec![Action::CallUpstream], reason, Value::Null))
             }
+            S::Leased if lease::reservation_lease_lapsing(state, rules, now) => {
+                lease::take_over_reservation_lease(next, state, rules, owner, now).map(
+                    |(next, reason)| step(next, vec![Action::CallUpstream], reason, Value::Null),
+                )
+            }
             S::Scheduled
             | S::Blocked
             | S::Leased

@@ -36,6 +36,7 @@ macro_rules! ledger_contract_tests {
             business_key_returns_the_existing_command,
             business_key_claims_are_idempotent_for_the_holder,
             sixteen_racing_leases_have_one_winner,
+            sixteen_dispatchers_taking_over_a_lapsed_reservation_lease_have_one_winner,
             a_stale_epoch_never_finalizes,
             extend_lease_needs_the_current_epoch,
             lease_and_finalize_refuse_the_wrong_shape,
@@ -70,11 +71,13 @@ macro_rules! ledger_contract_tests {
 }
 
 mod shards;
+mod takeover;
 pub use shards::{
     due_in_returns_only_the_listed_shards,
     shard_leases_are_taken_renewed_and_released_under_their_epoch,
     sixteen_racing_shard_takers_have_one_winner, sweep_members_are_announced_and_withdrawn,
 };
+pub use takeover::sixteen_dispatchers_taking_over_a_lapsed_reservation_lease_have_one_winner;
 
 static RUNS: AtomicU64 = AtomicU64::new(0);
 

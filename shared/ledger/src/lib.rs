@@ -251,20 +251,22 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
     /// status and epoch equal the guard.
     async fn transition(&self, transition: Transition) -> Result<Cas, LedgerError>;
 
-    /// Takes the lease: a transition from PENDING or APPROVED to LEASED whose epoch is exactly
-    /// one more than the guard's. Of any number of racing callers with the same guard, exactly
-    /// one is applied.
+    /// Takes the lease: a transition from PENDING or APPROVED to LEASED (or from LEASED, taking
+    /// over a reservation's lease that ran short, `sluice_core::machine::reservation_lease_lapsing`)
+    /// whose epoch is exactly one more than the guard's. Of any number of racing callers with
+    /// the same guard, exactly one is applied.
     async fn acquire_lease(&self, transition: Transition) -> Result<Cas, LedgerError> {
         let ok = matches!(
             transition.guard.status,
-            CommandStatus::Pending | CommandStatus::Approved
+            CommandStatus::Pending | CommandStatus::Approved | CommandStatus::Leased
         ) && transition.next.status == CommandStatus::Leased
             && transition.next.lease.epoch == transition.guard.epoch.next()
             && transition.next.lease.expires_at.is_some();
         if !ok {
             return Err(misuse(
                 &transition,
-                "a lease goes from PENDING or APPROVED to LEASED with the next epoch and an expiry",
+                "a lease goes from PENDING, APPROVED or LEASED to LEASED with the next epoch and an \
+                 expiry",
             ));
         }
         // Around the guarded write, which passes `ledger.transition.*` inside.

@@ -119,6 +119,59 @@ pub fn lease_at_reservation(
     Some(next)
 }
 
+/// Whether a command's reservation lease can no longer be called under (less than the whole
+/// call's time left, or lapsed) while the command waits for it: its dispatch request waited
+/// on the bus longer than the lease was sized for. Only for a tool whose attempts may repeat
+/// with the same key, and not once a rollback marked the command.
+pub fn reservation_lease_lapsing(state: &CommandState, rules: &Rules, now: Timestamp) -> bool {
+    state.status == CommandStatus::Leased
+        && state.lease.owner.as_deref() == Some(RESERVATION_OWNER)
+        && rules.semantics != EffectSemantics::NonIdempotent
+        && state.rollback_pending.is_none()
+        && !lease_usable(state, rules, now)
+}
+
+/// A dispatcher takes a lapsing reservation lease over ([`reservation_lease_lapsing`]) with a
+/// lease of its own, instead of leaving it to the sweep (lease expiry, UNKNOWN, a status check,
+/// a same-key retry and a lease: four more writes, on a ledger that is already behind). Safe
+/// for these tools alone: whoever called under the reservation's lease (only while the whole
+/// call fitted in it) sent the same idempotency key, and the new epoch fences that caller's
+/// outcome. Its attempt's outcome is unknown as after any same-key retry: it may land until
+/// the horizon after the old lease's end, a rollback marks rather than cancels, and a tool that
+/// asks for a look after every commit gets one.
+pub(super) fn take_over_reservation_lease(
+    mut next: CommandState,
+    state: &CommandState,
+    rules: &Rules,
+    owner: &std::sync::Arc<str>,
+    now: Timestamp,
+) -> Result<(CommandState, String), Refusal> {
+    if state.attempts >= rules.max_attempts {
+        return Err(Refusal::AttemptsExhausted {
+            max_attempts: rules.max_attempts,
+        });
+    }
+    let ended_by = state.lease.expires_at.map_or(now, |at| at.max(now));
+    let lands_by = ended_by.plus_millis(rules.late_commit_ms.saturating_add(rules.clock_skew_ms));
+    let expires_at = now.plus_millis(rules.lease_ttl_ms);
+    next.lease = Lease {
+        epoch: state.lease.epoch.next(),
+        owner: Some(owner.clone()),
+        expires_at: Some(expires_at),
+    };
+    next.attempts = state.attempts + 1;
+    next.ambiguous_before = true;
+    next.outcome_unknown = true;
+    next.lands_by = Some(state.lands_by.map_or(lands_by, |at| at.max(lands_by)));
+    next.due_at = Some(expires_at);
+    let reason = format!(
+        "the reservation's lease ran short before a dispatcher could call under it: taken over \
+         by {owner} with the same key, attempt {} of {}",
+        next.attempts, rules.max_attempts
+    );
+    Ok((next, reason))
+}
+
 /// Whether a dispatcher may call under a lease its command got at reservation: the lease is
 /// still the reservation's, and it has more than the call's timeout left, so the outcome is
 /// written before the sweep may take the lease for expired. A lease with less left is left to

@@ -1134,3 +1134,89 @@ proptest! {
         }
     }
 }
+
+/// Found by `sluice bench` on a slow ledger (issue 15): a dispatch request that waited on the bus
+/// longer than its reservation lease was sized for found the lease short of time and left the
+/// command to the sweep — lease expiry, UNKNOWN, a status check, a same-key retry and a lease:
+/// four more writes per effect on a ledger already behind. For a tool whose attempts repeat
+/// with the same key, the dispatcher takes the lease over instead, in one write.
+#[test]
+fn a_reservation_lease_short_of_time_is_taken_over_with_the_same_key() {
+    let fresh = CommandState::reserved(now(), None, 10_000);
+    for semantics in [E::Idempotent, E::ObserveOnly] {
+        let rules = Rules {
+            dispatch_timeout_ms: 5_000,
+            ..Rules::defaults(semantics)
+        };
+        let leased = lease_at_reservation(&fresh, &rules, &PolicyDecision::Allow, now())
+            .expect("leased at reservation");
+        let expiry = leased.lease.expires_at.expect("an expiry");
+        let take = Event::Lease {
+            owner: "d-2".into(),
+        };
+        // Still usable: the request is called under it, nobody takes it over.
+        assert!(apply(&leased, &rules, &take, now().plus_millis(9_499)).is_err());
+
+        for at in [now().plus_millis(9_500), expiry.plus_millis(60_000)] {
+            let taken = apply(&leased, &rules, &take, at).expect("taken over");
+            assert_eq!(taken.state.status, S::Leased);
+            assert_eq!(
+                taken.state.lease.epoch,
+                LeaseEpoch::new(2),
+                "fences the old one"
+            );
+            assert_eq!(taken.state.lease.owner.as_deref(), Some("d-2"));
+            assert_eq!(taken.state.lease.expires_at, Some(at.plus_millis(30_000)));
+            assert_eq!(taken.state.attempts, 2);
+            assert_eq!(taken.actions, vec![Action::CallUpstream]);
+            // Whoever called under the reservation's lease may still land, with the same key.
+            assert!(taken.state.outcome_unknown && taken.state.ambiguous_before);
+            let ended = expiry.max(at);
+            assert_eq!(
+                taken.state.lands_by,
+                Some(ended.plus_millis(rules.late_commit_ms + rules.clock_skew_ms))
+            );
+            // The old holder's outcome is refused; the new holder's is written.
+            let stale = Event::Dispatched {
+                epoch: LeaseEpoch::new(1),
+                sent_at: now(),
+                outcome: DispatchOutcome::Committed {
+                    external_ref: Some("m-1".into()),
+                    result: None,
+                },
+            };
+            assert!(matches!(
+                apply(&taken.state, &rules, &stale, at),
+                Err(Refusal::StaleEpoch { .. })
+            ));
+        }
+
+        // Not once a rollback marked it, nor with its attempts used up: the sweep's.
+        let mut marked = leased.clone();
+        marked.rollback_pending = Some(marked.lease.epoch);
+        assert!(apply(&marked, &rules, &take, expiry).is_err());
+        let spent = Rules {
+            max_attempts: 1,
+            ..rules.clone()
+        };
+        assert_eq!(
+            apply(&leased, &spent, &take, expiry),
+            Err(Refusal::AttemptsExhausted { max_attempts: 1 })
+        );
+    }
+    // A lease of a NON_IDEMPOTENT command is never taken over, whoever holds it.
+    let wire = wire_rules();
+    let mut held = state_in(S::Leased);
+    held.lease.owner = Some(RESERVATION_OWNER.into());
+    assert!(
+        apply(
+            &held,
+            &wire,
+            &Event::Lease {
+                owner: "d-2".into()
+            },
+            now().plus_millis(600_000)
+        )
+        .is_err()
+    );
+}
