@@ -8,6 +8,7 @@
 //! * [`policy`] — deterministic policy checks against a command's stored arguments.
 //! * [`audit`] — the per-run audit hash chain and its verification.
 //! * [`time`] — millisecond timestamps and the `Clock` port.
+//! * [`secret`] — [`Secret`], a configuration value that is never shown.
 
 pub mod audit;
 pub mod canonical;
@@ -18,10 +19,12 @@ pub mod ids;
 pub mod journal;
 pub mod machine;
 pub mod policy;
+pub mod secret;
 pub mod time;
 
 pub use audit::{AuditDraft, AuditEntry, AuditRecord, BrokenLink, ChainHead, Checkpoint};
 pub use command::{Command, CommandState, CommandStatus, EffectSemantics, Observation};
 pub use ids::{ArgsHash, BusinessKey, CommandKey, IdempotencyKey, LeaseEpoch, RunId, ToolName};
 pub use machine::{Action, Event, Refusal, Rules, Step};
+pub use secret::Secret;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
