@@ -53,7 +53,9 @@ impl SecurityProtocol {
 #[serde(rename_all = "snake_case")]
 pub enum SaslMechanism {
     Plain,
+    #[serde(rename = "scram_sha_256")]
     ScramSha256,
+    #[serde(rename = "scram_sha_512")]
     ScramSha512,
 }
 
