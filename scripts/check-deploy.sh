@@ -453,7 +453,8 @@ def parse_structs(src):
 
 structs = {}
 for src in ("shared/runtime/src/config.rs", "shared/runtime/src/config/api.rs",
-            "shared/ledger-cql/src/config.rs"):
+            "shared/ledger-cql/src/config.rs", "shared/ledger-cql/src/tls.rs",
+            "shared/bus-kafka/src/security.rs"):
     if os.path.exists(src):
         structs.update(parse_structs(open(src).read()))
 FREE_FORM = {"extra", "datacenters"}

@@ -8,6 +8,9 @@
 # Port: $SLUICE_CQL_PORT (default 19042, from env.sh). Consistency ONE, no
 # paging, no bind values. Exit 0 on a RESULT frame, 1 on an ERROR frame (the
 # server's message goes to stderr) or on a connection/timeout problem.
+# SLUICE_CQL_QUERY_TLS=1 talks TLS through `openssl s_client` with the test
+# CA and client certificate of $SLUICE_ENGINES_PKI; SLUICE_CQL_QUERY_USER and
+# SLUICE_CQL_QUERY_PASSWORD answer a PasswordAuthenticator (SASL PLAIN).
 # It is a readiness probe and a debugging aid, not a general CQL client: the
 # output is the raw result body with non-printable bytes shown as spaces.
 set -euo pipefail
@@ -17,7 +20,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/env.sh"
 
 if [[ $# -ne 1 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 
@@ -29,7 +32,8 @@ fi
 QUERY="$1"
 PORT="$SLUICE_CQL_PORT"
 BODY="$(mktemp)"
-trap 'rm -f "$BODY"' EXIT
+# s_client (TLS) ignores the end of its input and would hold the connection: stop it at exit.
+trap 'rm -f "$BODY"; if [[ -n "${TLS_PID:-}" ]]; then kill "$TLS_PID" 2>/dev/null || true; fi' EXIT
 OPCODE=""
 
 # read_frame FD — reads one frame header + body; sets OPCODE, body into $BODY.
@@ -53,12 +57,36 @@ be32() {
     $((($1 >> 24) & 255)) $((($1 >> 16) & 255)) $((($1 >> 8) & 255)) $(($1 & 255))
 }
 
-exec {FD}<>"/dev/tcp/127.0.0.1/$PORT"
+# IN is read from, OUT written to: one socket, or the pipes of openssl s_client.
+if [[ "${SLUICE_CQL_QUERY_TLS:-0}" == 1 ]]; then
+  PKI="$SLUICE_ENGINES_PKI"
+  coproc TLS {
+    exec openssl s_client -quiet -verify_return_error -connect "127.0.0.1:$PORT" \
+      -CAfile "$PKI/ca.pem" -cert "$PKI/client.pem" -key "$PKI/client.key" 2>/dev/null
+  }
+  # Copies: bash does not hand a coprocess's own descriptors to subshells (read_frame's).
+  exec {IN}<&"${TLS[0]}" {OUT}>&"${TLS[1]}"
+else
+  exec {FD}<>"/dev/tcp/127.0.0.1/$PORT"
+  IN="$FD"
+  OUT="$FD"
+fi
 
 # STARTUP (opcode 0x01), stream 1, body = string map {CQL_VERSION: "3.0.0"}.
-printf '\x04\x00\x00\x01\x01\x00\x00\x00\x16\x00\x01\x00\x0bCQL_VERSION\x00\x053.0.0' >&"$FD"
-read_frame "$FD"
-if [[ "$OPCODE" != 2 ]]; then # 0x02 READY
+printf '\x04\x00\x00\x01\x01\x00\x00\x00\x16\x00\x01\x00\x0bCQL_VERSION\x00\x053.0.0' >&"$OUT"
+read_frame "$IN"
+if [[ "$OPCODE" == 3 ]]; then # 0x03 AUTHENTICATE: SASL PLAIN in one AUTH_RESPONSE (0x0F)
+  [[ -n "${SLUICE_CQL_QUERY_USER:-}" ]] || { echo "cql: the server asks for a password (set SLUICE_CQL_QUERY_USER/PASSWORD)" >&2; exit 1; }
+  TOKEN="$(printf '\\x00%s\\x00%s' "$SLUICE_CQL_QUERY_USER" "${SLUICE_CQL_QUERY_PASSWORD:-}")"
+  TLEN=$((${#SLUICE_CQL_QUERY_USER} + ${#SLUICE_CQL_QUERY_PASSWORD} + 2))
+  # shellcheck disable=SC2059 # the format string is assembled from escapes on purpose
+  printf "\\x04\\x00\\x00\\x01\\x0f$(be32 $((TLEN + 4)))$(be32 "$TLEN")$TOKEN" >&"$OUT"
+  read_frame "$IN"
+  if [[ "$OPCODE" != 16 ]]; then # 0x10 AUTH_SUCCESS
+    echo "cql: authentication failed (opcode $OPCODE): $(tr -cd '[:print:]' <"$BODY")" >&2
+    exit 1
+  fi
+elif [[ "$OPCODE" != 2 ]]; then # 0x02 READY
   echo "cql: STARTUP answered with opcode $OPCODE: $(tr -cd '[:print:]' <"$BODY")" >&2
   exit 1
 fi
@@ -67,9 +95,9 @@ fi
 # ONE = 0x0001][byte flags = 0]. Byte length of the query, not char count.
 QLEN="$(printf '%s' "$QUERY" | wc -c)"
 # shellcheck disable=SC2059 # the format string is assembled from escapes on purpose
-printf "\\x04\\x00\\x00\\x02\\x07$(be32 $((QLEN + 7)))$(be32 "$QLEN")%s\\x00\\x01\\x00" "$QUERY" >&"$FD"
-read_frame "$FD"
-exec {FD}>&-
+printf "\\x04\\x00\\x00\\x02\\x07$(be32 $((QLEN + 7)))$(be32 "$QLEN")%s\\x00\\x01\\x00" "$QUERY" >&"$OUT"
+read_frame "$IN"
+if [[ -n "${FD:-}" ]]; then exec {FD}>&-; fi
 
 if [[ "$OPCODE" == 8 ]]; then # 0x08 RESULT
   tr -c '[:print:]' ' ' <"$BODY" | tr -s ' '

@@ -12,6 +12,7 @@ export SLUICE_ENGINES_CACHE="${SLUICE_ENGINES_CACHE:-$HOME/.cache/sluice/engines
 export SLUICE_ENGINES_RUN="${SLUICE_ENGINES_RUN:-$SLUICE_ENGINES_CACHE/run}"
 export SLUICE_KAFKA_RUN="${SLUICE_KAFKA_RUN:-$SLUICE_ENGINES_RUN/kafka}"
 export SLUICE_CASSANDRA_RUN="${SLUICE_CASSANDRA_RUN:-$SLUICE_ENGINES_RUN/cassandra}"
+export SLUICE_CASSANDRA_TLS_RUN="${SLUICE_CASSANDRA_TLS_RUN:-$SLUICE_ENGINES_RUN/cassandra-tls}"
 
 # Versions fetched from Maven Central.
 export SLUICE_KAFKA_VERSION="${SLUICE_KAFKA_VERSION:-4.1.1}"
@@ -26,6 +27,25 @@ export SLUICE_CQL_PORT="${SLUICE_CQL_PORT:-19042}"
 export SLUICE_CASSANDRA_STORAGE_PORT="${SLUICE_CASSANDRA_STORAGE_PORT:-17000}"
 export SLUICE_CASSANDRA_JMX_PORT="${SLUICE_CASSANDRA_JMX_PORT:-17199}"
 
+# TLS and authentication (SLUICE_ENGINES_TLS=1, the default; 0 leaves all of it out):
+# start.sh makes a test CA, a server certificate (localhost, 127.0.0.1) and a client
+# certificate with openssl (and a truststore with the JDK's keytool) into SLUICE_ENGINES_PKI;
+# Kafka gets a SASL_SSL listener with a PLAIN and a SCRAM-SHA-512 user; "cassandra-tls" is a
+# second Cassandra node that takes only TLS with a client certificate and
+# PasswordAuthenticator. Test-only credentials: nothing here protects anything.
+export SLUICE_ENGINES_TLS="${SLUICE_ENGINES_TLS:-1}"
+export SLUICE_ENGINES_PKI="${SLUICE_ENGINES_PKI:-$SLUICE_ENGINES_RUN/pki}"
+export SLUICE_KAFKA_SASL_PORT="${SLUICE_KAFKA_SASL_PORT:-19094}"
+export SLUICE_CQL_TLS_PORT="${SLUICE_CQL_TLS_PORT:-19142}"
+export SLUICE_CASSANDRA_TLS_STORAGE_PORT="${SLUICE_CASSANDRA_TLS_STORAGE_PORT:-17100}"
+export SLUICE_CASSANDRA_TLS_JMX_PORT="${SLUICE_CASSANDRA_TLS_JMX_PORT:-17299}"
+export SLUICE_TEST_KAFKA_PLAIN_USER="${SLUICE_TEST_KAFKA_PLAIN_USER:-sluiceplain}"
+export SLUICE_TEST_KAFKA_PLAIN_PASSWORD="${SLUICE_TEST_KAFKA_PLAIN_PASSWORD:-plain-test-password}"
+export SLUICE_TEST_KAFKA_SCRAM_USER="${SLUICE_TEST_KAFKA_SCRAM_USER:-sluicescram}"
+export SLUICE_TEST_KAFKA_SCRAM_PASSWORD="${SLUICE_TEST_KAFKA_SCRAM_PASSWORD:-scram-test-password}"
+export SLUICE_TEST_CQL_USER="${SLUICE_TEST_CQL_USER:-sluice}"
+export SLUICE_TEST_CQL_PASSWORD="${SLUICE_TEST_CQL_PASSWORD:-cql-test-password}"
+
 # Heaps (small on purpose: the machine has 2 cores and is shared with builds).
 # *_HEAP is -Xmx, *_HEAP_MIN is -Xms (lower than -Xmx so an idle engine keeps
 # a smaller resident set). *_JVM_OPTS (unset by default) are appended as-is.
@@ -33,7 +53,12 @@ export SLUICE_KAFKA_HEAP="${SLUICE_KAFKA_HEAP:-512m}"
 export SLUICE_KAFKA_HEAP_MIN="${SLUICE_KAFKA_HEAP_MIN:-256m}"
 export SLUICE_CASSANDRA_HEAP="${SLUICE_CASSANDRA_HEAP:-1g}"
 export SLUICE_CASSANDRA_HEAP_MIN="${SLUICE_CASSANDRA_HEAP_MIN:-256m}"
+# The TLS node holds only the TLS tests' few keyspaces.
+export SLUICE_CASSANDRA_TLS_HEAP="${SLUICE_CASSANDRA_TLS_HEAP:-512m}"
 
 # What the integration tests read.
 export SLUICE_TEST_KAFKA_BROKERS="127.0.0.1:${SLUICE_KAFKA_PORT}"
 export SLUICE_TEST_CQL_NODES="127.0.0.1:${SLUICE_CQL_PORT}"
+export SLUICE_TEST_KAFKA_SASL_BROKERS="127.0.0.1:${SLUICE_KAFKA_SASL_PORT}"
+export SLUICE_TEST_CQL_TLS_NODES="127.0.0.1:${SLUICE_CQL_TLS_PORT}"
+export SLUICE_TEST_TLS_DIR="$SLUICE_ENGINES_PKI"

@@ -150,6 +150,11 @@ mkdir -p "$SLUICE_ENGINES_CACHE"
 exec {LOCK_FD}>"$SLUICE_ENGINES_CACHE/.install.lock"
 flock "$LOCK_FD"
 
+# cassandra-tls runs the same jars as cassandra.
+declare -A installed
 for engine in "${ENGINES[@]}"; do
+  engine="${engine%-tls}"
+  [[ -n "${installed[$engine]:-}" ]] && continue
+  installed[$engine]=1
   install_engine "$engine"
 done

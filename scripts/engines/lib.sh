@@ -8,18 +8,22 @@ export ENGINES_DIR
 say() { printf '[engines] %s\n' "$*" >&2; }
 die() { printf '[engines] ERROR: %s\n' "$*" >&2; exit 1; }
 
-# parse_engines ARG... — sets the global array ENGINES from kafka|cassandra|all
-# (default all).
+# parse_engines ARG... — sets the global array ENGINES from
+# kafka|cassandra|cassandra-tls|all (default all; all includes cassandra-tls
+# unless SLUICE_ENGINES_TLS=0).
 parse_engines() {
   ENGINES=()
   local a
   if [[ $# -eq 0 ]]; then set -- all; fi
   for a in "$@"; do
     case "$a" in
-      kafka | cassandra) ENGINES+=("$a") ;;
-      all) ENGINES+=(kafka cassandra) ;;
+      kafka | cassandra | cassandra-tls) ENGINES+=("$a") ;;
+      all)
+        ENGINES+=(kafka cassandra)
+        if [[ "${SLUICE_ENGINES_TLS:-1}" == 1 ]]; then ENGINES+=(cassandra-tls); fi
+        ;;
       -h | --help) return 2 ;;
-      *) die "unknown engine '$a' (expected kafka, cassandra or all)" ;;
+      *) die "unknown engine '$a' (expected kafka, cassandra, cassandra-tls or all)" ;;
     esac
   done
 }
@@ -28,13 +32,14 @@ engine_run_dir() {
   case "$1" in
     kafka) printf '%s\n' "$SLUICE_KAFKA_RUN" ;;
     cassandra) printf '%s\n' "$SLUICE_CASSANDRA_RUN" ;;
+    cassandra-tls) printf '%s\n' "$SLUICE_CASSANDRA_TLS_RUN" ;;
   esac
 }
 
 engine_lib_dir() {
   case "$1" in
     kafka) printf '%s\n' "$SLUICE_KAFKA_LIB" ;;
-    cassandra) printf '%s\n' "$SLUICE_CASSANDRA_LIB" ;;
+    cassandra | cassandra-tls) printf '%s\n' "$SLUICE_CASSANDRA_LIB" ;;
   esac
 }
 
@@ -42,6 +47,7 @@ engine_log() {
   case "$1" in
     kafka) printf '%s\n' "$SLUICE_KAFKA_RUN/logs/server.log" ;;
     cassandra) printf '%s\n' "$SLUICE_CASSANDRA_RUN/logs/system.log" ;;
+    cassandra-tls) printf '%s\n' "$SLUICE_CASSANDRA_TLS_RUN/logs/system.log" ;;
   esac
 }
 
@@ -57,6 +63,7 @@ engine_marker() {
   case "$1" in
     kafka) printf '%s\n' "$SLUICE_KAFKA_RUN/conf/server.properties" ;;
     cassandra) printf '%s\n' "$SLUICE_CASSANDRA_RUN/conf/cassandra.yaml" ;;
+    cassandra-tls) printf '%s\n' "$SLUICE_CASSANDRA_TLS_RUN/conf/cassandra.yaml" ;;
   esac
 }
 
@@ -145,7 +152,7 @@ stop_engine() {
   local engine="$1" pid grace waited=0
   case "$engine" in
     kafka) grace="${SLUICE_KAFKA_STOP_GRACE:-30}" ;;
-    cassandra) grace="${SLUICE_CASSANDRA_STOP_GRACE:-60}" ;;
+    cassandra | cassandra-tls) grace="${SLUICE_CASSANDRA_STOP_GRACE:-60}" ;;
   esac
   if ! pid="$(engine_pid "$engine")"; then
     say "$engine: not running"
@@ -179,4 +186,49 @@ stop_engine() {
   done
   rm -f "$(engine_pidfile "$engine")"
   say "$engine: stopped"
+}
+
+# ensure_pki — the test CA and certificates in $SLUICE_ENGINES_PKI, made once
+# and kept while valid for another day (a running engine keeps using them):
+#   ca.pem/ca.key            the CA (what clients trust)
+#   server.pem/server.key    localhost + 127.0.0.1, signed by the CA;
+#   server.p12               the same as a PKCS#12 keystore (Kafka, Cassandra)
+#   client.pem/client.key    a client certificate (CN=sluice-client)
+#   truststore.p12           the CA for Cassandra's client-certificate check
+# Store password: $SLUICE_ENGINES_PKI_PASSWORD (default sluice-test).
+ensure_pki() {
+  local pki="$SLUICE_ENGINES_PKI" pass="${SLUICE_ENGINES_PKI_PASSWORD:-sluice-test}" tmp
+  if [[ -s "$pki/truststore.p12" ]] &&
+    openssl x509 -checkend 86400 -noout -in "$pki/server.pem" >/dev/null 2>&1; then
+    return 0
+  fi
+  command -v openssl >/dev/null || die "openssl not found (needed for the TLS test engines; SLUICE_ENGINES_TLS=0 leaves them out)"
+  command -v keytool >/dev/null || die "keytool not found (part of the JDK; needed for the TLS test engines)"
+  say "pki: making a test CA and certificates in $pki"
+  tmp="$(mktemp -d "${pki%/}.XXXXXX")"
+  (
+    cd "$tmp"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 365 \
+      -subj "/CN=Sluice test CA" -addext "basicConstraints=critical,CA:TRUE" \
+      -addext "keyUsage=critical,keyCertSign,cRLSign"
+    for who in server client; do
+      openssl req -newkey rsa:2048 -nodes -keyout "$who.key" -out "$who.csr" -subj "/CN=sluice-$who"
+    done
+    printf '%s\n' "subjectAltName=DNS:localhost,IP:127.0.0.1" "extendedKeyUsage=serverAuth" \
+      "basicConstraints=CA:FALSE" >server.ext
+    printf '%s\n' "extendedKeyUsage=clientAuth" "basicConstraints=CA:FALSE" >client.ext
+    for who in server client; do
+      openssl x509 -req -in "$who.csr" -CA ca.pem -CAkey ca.key -CAcreateserial \
+        -out "$who.pem" -days 365 -extfile "$who.ext"
+    done
+    openssl pkcs12 -export -in server.pem -inkey server.key -certfile ca.pem -name server \
+      -out server.p12 -passout "pass:$pass"
+    keytool -importcert -noprompt -alias ca -file ca.pem -keystore truststore.p12 \
+      -storetype PKCS12 -storepass "$pass"
+    rm -f ./*.csr ./*.ext ./*.srl
+    chmod 600 ./*.key
+  ) >"$tmp.log" 2>&1 || { cat "$tmp.log" >&2; rm -rf -- "$tmp" "$tmp.log"; die "pki: making the certificates failed"; }
+  rm -f -- "$tmp.log"
+  [[ -d "$pki" ]] && safe_wipe "$pki"
+  mv -- "$tmp" "$pki"
 }

@@ -19,7 +19,9 @@
 //!
 //! Submissions and their `Prefer` answers are in [`submit`]; `GET …/effects/{key}?wait=30s`
 //! and `Prefer: wait=` hold the answer until the command settles ([`wait`]); the plumbing every
-//! route shares is in [`http`]; every request's W3C trace context is read in [`trace`].
+//! route shares is in [`http`]; every request's W3C trace context is read in [`trace`]. With
+//! `[producer.tls]` the API is served over HTTPS, its certificate reloaded when the files
+//! change ([`tls`]).
 
 pub mod audit;
 pub mod auth;
@@ -28,6 +30,7 @@ mod guard;
 pub mod http;
 pub mod operator;
 pub mod submit;
+pub mod tls;
 pub mod tools;
 pub mod trace;
 pub mod ui;
@@ -480,20 +483,53 @@ pub async fn serve(
              loopback address"
         );
     }
+    let tls = match &config.producer.tls {
+        Some(tls) => match tls::TlsListener::start(listener, tls, shutdown.clone()) {
+            Ok(tls) => Either::Tls(tls),
+            Err(e) => {
+                shutdown.cancel();
+                return Err(std::io::Error::other(format!(
+                    "producer.tls: the certificate cannot be used: {e}"
+                )));
+            }
+        },
+        None => Either::Plain(listener),
+    };
     let watcher = tokio::spawn(wait::watch_events(api.clone(), shutdown.clone()));
     let stop = shutdown.clone();
-    let served = axum::serve(listener, router(api))
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await;
+    let graceful = async move { stop.cancelled().await };
+    let served = match tls {
+        Either::Plain(listener) => {
+            axum::serve(listener, router(api))
+                .with_graceful_shutdown(graceful)
+                .await
+        }
+        Either::Tls(listener) => {
+            axum::serve(listener, router(api))
+                .with_graceful_shutdown(graceful)
+                .await
+        }
+    };
     shutdown.cancel();
     let _ = watcher.await;
     served
 }
 
+/// The listener the API is served on.
+enum Either {
+    Plain(tokio::net::TcpListener),
+    Tls(tls::TlsListener),
+}
+
 /// Binds `config.producer.listen` and serves until `shutdown`.
 pub async fn run(ctx: Context, config: &Config, shutdown: Shutdown) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.producer.listen).await?;
-    tracing::info!(listen = %local(&listener), "producer listening");
+    let scheme = if config.producer.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    tracing::info!(listen = %local(&listener), scheme, "producer listening");
     serve(ctx, config, listener, shutdown).await
 }
 

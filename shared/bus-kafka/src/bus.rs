@@ -86,16 +86,10 @@ impl KafkaBus {
             .create()
             .map_err(|e| backend("connect", &config.prefix, e))?;
 
-        // A broker that does not answer shows here, named, rather than as a topic timeout.
-        let probe = producer.clone();
+        // A broker that does not answer (or refuses the credentials or the certificate) shows
+        // here, named, rather than as a topic timeout.
         let timeout = deadline.saturating_duration_since(Instant::now());
-        blocking(move || probe.client().fetch_metadata(None, timeout))
-            .await
-            .map_err(|e| BusError::Backend {
-                op: "connect",
-                topic: format!("brokers {}", config.brokers),
-                source: Box::new(e),
-            })?;
+        crate::probe::brokers_answer(&config, timeout).await?;
 
         create_topics(&admin, &config, &names, deadline).await?;
         let partitions = wait_for_topics(&producer, &config, &names, deadline).await?;

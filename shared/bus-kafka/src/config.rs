@@ -8,6 +8,8 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 use sluice_bus::{BusError, DEFAULT_PREFIX, validate_prefix};
 
+use crate::security::{KafkaSecurity, OWNED_PROPERTIES};
+
 /// Brokers used unless configured otherwise.
 pub const DEFAULT_BROKERS: &str = "127.0.0.1:9092";
 /// Partitions per topic unless configured otherwise (the embedded bus's default too).
@@ -67,8 +69,9 @@ const RESERVED: &[(&str, &str)] = &[
 
 /// How to reach Kafka and lay out the topics.
 ///
-/// Every field is checked by [`KafkaConfig::validate`], which names the offending key.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Every field is checked by [`KafkaConfig::validate`], which names the offending key. `Debug`
+/// names the `extra` properties but not their values, and hides the passwords of `security`.
+#[derive(Clone, PartialEq, Eq)]
 pub struct KafkaConfig {
     /// Bootstrap brokers, `host:port` separated by commas.
     pub brokers: String,
@@ -88,11 +91,29 @@ pub struct KafkaConfig {
     /// How long [`KafkaBus::connect`](crate::KafkaBus::connect) waits for the brokers to
     /// answer and the topics to be ready.
     pub start_timeout: Duration,
-    /// Further librdkafka properties for the producer and every consumer (e.g. TLS and SASL
-    /// settings, `session.timeout.ms`, `linger.ms`). A property meant for only one of them is
-    /// ignored by the other with a warning in the log. Those the contract depends on are
-    /// refused.
+    /// TLS and SASL for every client (`security.protocol`, `sasl.*`, `ssl.*`).
+    pub security: KafkaSecurity,
+    /// Further librdkafka properties for the producer and every consumer (e.g.
+    /// `session.timeout.ms`, `linger.ms`). A property meant for only one of them is ignored by
+    /// the other with a warning in the log. Those the contract depends on, and those
+    /// `security` sets, are refused.
     pub extra: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("prefix", &self.prefix)
+            .field("partitions", &self.partitions)
+            .field("replication_factor", &self.replication_factor)
+            .field("client_id", &self.client_id)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("start_timeout", &self.start_timeout)
+            .field("security", &self.security)
+            .field("extra", &self.extra.keys().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 impl Default for KafkaConfig {
@@ -105,6 +126,7 @@ impl Default for KafkaConfig {
             client_id: "sluice".to_owned(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             start_timeout: Duration::from_secs(30),
+            security: KafkaSecurity::default(),
             extra: BTreeMap::new(),
         }
     }
@@ -185,7 +207,11 @@ impl KafkaConfig {
                     format!("{name:?} is not a librdkafka property name"),
                 ));
             }
-            if let Some((_, why)) = RESERVED.iter().find(|(reserved, _)| reserved == name) {
+            if let Some((_, why)) = RESERVED
+                .iter()
+                .chain(OWNED_PROPERTIES)
+                .find(|(reserved, _)| reserved == name)
+            {
                 return Err(invalid(
                     "extra",
                     format!("`{name}` may not be set here: {why}"),
@@ -198,7 +224,7 @@ impl KafkaConfig {
                 ));
             }
         }
-        Ok(())
+        self.security.validate()
     }
 
     /// librdkafka's limit on one message and the topics' `max.message.bytes`: ours plus the
@@ -207,12 +233,13 @@ impl KafkaConfig {
         self.max_message_bytes + FRAMING_BYTES
     }
 
-    /// What every client shares: the brokers, then `extra`.
+    /// What every client shares: the brokers, the security settings, then `extra`.
     fn base(&self, client_id: &str) -> ClientConfig {
         let mut config = ClientConfig::new();
         config
             .set("bootstrap.servers", &self.brokers)
             .set("client.id", client_id);
+        self.security.apply(&mut config);
         for (name, value) in &self.extra {
             config.set(name, value);
         }
@@ -396,6 +423,9 @@ mod tests {
             "partitioner",
             "group.id",
             "auto.offset.reset",
+            "security.protocol",
+            "sasl.password",
+            "ssl.ca.location",
         ] {
             let config = KafkaConfig {
                 extra: BTreeMap::from([(name.to_owned(), "x".to_owned())]),

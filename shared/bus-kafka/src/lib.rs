@@ -3,6 +3,8 @@
 //! the bus contract suite against a real broker.
 //!
 //! * [`config`] — [`KafkaConfig`], validated once, and the librdkafka properties it sets.
+//! * [`security`] — [`KafkaSecurity`]: TLS and SASL (PLAIN, SCRAM) of every client.
+//! * `probe` — the first contact, which reports an authentication or TLS failure by name.
 //! * `bus` — [`KafkaBus`]: topics created at start, the producer, subscriptions.
 //! * [`consumer`] — one group member: its driver task, the per-partition hand-out and the
 //!   rebalance and shutdown handling. Its module documentation explains the hard cases.
@@ -33,7 +35,10 @@
 mod bus;
 pub mod config;
 pub mod consumer;
+mod probe;
+pub mod security;
 mod watch;
 
 pub use bus::KafkaBus;
 pub use config::KafkaConfig;
+pub use security::{KafkaSasl, KafkaSecurity, KafkaTls, SaslMechanism, SecurityProtocol};

@@ -11,6 +11,7 @@
 //! * [`sweep`] — due-index shards and the plan by which reconcilers split them.
 //! * [`time`] — millisecond timestamps and the `Clock` port.
 //! * [`trace`] — the W3C trace context a command carries from the agent's call onwards.
+//! * [`secret`] — [`Secret`], a configuration value that is never shown.
 
 pub mod audit;
 pub mod canonical;
@@ -22,6 +23,7 @@ pub mod journal;
 pub mod load;
 pub mod machine;
 pub mod policy;
+pub mod secret;
 pub mod sweep;
 pub mod time;
 pub mod trace;
@@ -30,4 +32,5 @@ pub use audit::{AuditDraft, AuditEntry, AuditRecord, BrokenLink, ChainHead, Chec
 pub use command::{Command, CommandState, CommandStatus, EffectSemantics, Observation};
 pub use ids::{ArgsHash, BusinessKey, CommandKey, IdempotencyKey, LeaseEpoch, RunId, ToolName};
 pub use machine::{Action, Event, Refusal, Rules, Step};
+pub use secret::Secret;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -8,6 +8,8 @@ use scylla::frame::types::{Consistency as DriverConsistency, SerialConsistency};
 use serde::{Deserialize, Serialize};
 
 use crate::CqlError;
+pub use crate::tls::CqlTls;
+pub use sluice_core::secret::Secret;
 
 /// How the keyspace is replicated when `migrate` creates it (an existing keyspace is left as
 /// it is: changing replication is an operator's decision, with a repair after it).
@@ -160,10 +162,13 @@ impl Serial {
 pub struct CqlConfig {
     /// Contact points, `host:port`.
     pub nodes: Vec<String>,
-    /// Credentials for a cluster with authentication on (`PasswordAuthenticator`); set the
-    /// password through the environment (`SLUICE_LEDGER__CQL__PASSWORD`), not a file.
+    /// Credentials for a cluster with authentication on (`PasswordAuthenticator`). Keep the
+    /// password out of the file: `SLUICE_LEDGER__CQL__PASSWORD`, or
+    /// `password = { file = "…" }` / `{ env = "…" }` (see `sluice_runtime::config`).
     pub username: Option<String>,
     pub password: Option<Secret>,
+    /// TLS to the nodes (`[ledger.cql.tls]`); off unless enabled.
+    pub tls: CqlTls,
     pub keyspace: String,
     pub replication: Replication,
     /// `disabled` on ScyllaDB (LWT needs a keyspace without tablets).
@@ -210,6 +215,7 @@ impl Default for CqlConfig {
             nodes: vec!["127.0.0.1:9042".into()],
             username: None,
             password: None,
+            tls: CqlTls::default(),
             keyspace: "sluice".into(),
             replication: Replication::default(),
             tablets: Tablets::default(),
@@ -229,17 +235,6 @@ impl Default for CqlConfig {
     }
 }
 
-/// A value that `Debug` does not show (passwords), so a logged configuration cannot leak it.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(pub String);
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"***\"")
-    }
-}
-
 impl CqlConfig {
     /// Checks every setting once, naming the key that is wrong.
     pub fn validate(&self) -> Result<(), CqlError> {
@@ -249,6 +244,13 @@ impl CqlConfig {
                 why: "is set without a username".into(),
             });
         }
+        if self.username.as_deref() == Some("") {
+            return Err(CqlError::Config {
+                key: "username",
+                why: "is empty: leave it out for a cluster without authentication".into(),
+            });
+        }
+        self.tls.validate()?;
         if self.nodes.is_empty() {
             return Err(CqlError::Config {
                 key: "nodes",
@@ -360,7 +362,7 @@ mod tests {
     fn passwords_do_not_reach_debug() {
         let config = CqlConfig {
             username: Some("sluice".into()),
-            password: Some(Secret("hunter2".into())),
+            password: Some(Secret::new("hunter2")),
             ..CqlConfig::default()
         };
         config.validate().expect("valid");
@@ -370,7 +372,7 @@ mod tests {
             "{shown}"
         );
         let orphan = CqlConfig {
-            password: Some(Secret("x".into())),
+            password: Some(Secret::new("x")),
             ..CqlConfig::default()
         };
         assert!(orphan.validate().is_err());

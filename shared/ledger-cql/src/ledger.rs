@@ -545,8 +545,11 @@ pub async fn connect_session(config: &CqlConfig) -> Result<Session, CqlError> {
         .connection_timeout(Duration::from_millis(config.connect_timeout_ms))
         .default_execution_profile_handle(profile.into_handle());
     if let Some(username) = &config.username {
-        let password = config.password.as_ref().map_or("", |p| p.0.as_str());
+        let password = config.password.as_ref().map_or("", |p| p.expose());
         builder = builder.user(username, password);
+    }
+    if let Some(tls) = config.tls.client_config()? {
+        builder = builder.tls_context(Some(tls));
     }
     builder.build().await.map_err(|source| CqlError::Connect {
         nodes: config.nodes.join(","),

@@ -6,6 +6,7 @@
 //! * `ledger` — the [`sluice_ledger::Ledger`] implementation: one lightweight transaction per
 //!   contract write on one run's partition, the audit head in static columns.
 //! * [`stats`] — LWT / SERIAL / plain round trips per operation.
+//! * `tls` — [`CqlTls`]: TLS to the nodes on rustls, client certificates optional.
 //!
 //! It passes the same contract suite as the embedded SQLite ledger
 //! (`sluice_ledger::ledger_contract_tests!`), against a real Cassandra 5 node in
@@ -19,8 +20,9 @@ mod ledger;
 pub mod schema;
 mod statements;
 pub mod stats;
+mod tls;
 
-pub use config::{Consistency, CqlConfig, Replication, Secret, Serial, Tablets};
+pub use config::{Consistency, CqlConfig, CqlTls, Replication, Secret, Serial, Tablets};
 pub use error::CqlError;
 pub use ledger::{CqlLedger, connect_session};
 pub use schema::{SCHEMA_VERSION, drop_keyspace, migrate, migrate_with, schema_statements};

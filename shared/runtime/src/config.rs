@@ -7,13 +7,14 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sluice_bus_kafka::KafkaConfig;
+use sluice_bus_kafka::{KafkaConfig, KafkaSasl, KafkaSecurity, KafkaTls, SecurityProtocol};
 use sluice_ledger::sqlite::Durability;
 use sluice_ledger_cql::CqlConfig;
 use thiserror::Error;
 
 mod api;
-pub use api::{AuthConfig, MIN_TOKEN_CHARS, ProducerConfig, Role, TokenConfig};
+mod secrets;
+pub use api::{AuthConfig, MIN_TOKEN_CHARS, ProducerConfig, Role, ServerTls, TokenConfig};
 
 /// The environment prefix of configuration overrides.
 pub const ENV_PREFIX: &str = "SLUICE_";
@@ -187,8 +188,16 @@ pub struct KafkaSettings {
     pub max_message_bytes: usize,
     /// How long a service waits at start for the brokers and its topics.
     pub start_timeout_ms: u64,
-    /// Further librdkafka properties (TLS, SASL, `linger.ms`, …). Values are never logged:
-    /// they may hold passwords.
+    /// `plaintext` (default), `ssl`, `sasl_plaintext` or `sasl_ssl`.
+    pub security_protocol: SecurityProtocol,
+    /// `[bus.kafka.sasl]`: mechanism (`plain`, `scram_sha_256`, `scram_sha_512`), username,
+    /// password. Required by the `sasl_*` protocols.
+    pub sasl: Option<KafkaSasl>,
+    /// `[bus.kafka.tls]`: `ca_file`, `cert_file`/`key_file`, `key_password`,
+    /// `verify_hostname`. Used by `ssl` and `sasl_ssl`.
+    pub tls: KafkaTls,
+    /// Further librdkafka properties (`linger.ms`, `session.timeout.ms`, …). Values are never
+    /// logged: they may hold secrets.
     pub extra: BTreeMap<String, String>,
 }
 
@@ -201,13 +210,17 @@ impl Default for KafkaSettings {
             client_id: kafka.client_id,
             max_message_bytes: kafka.max_message_bytes,
             start_timeout_ms: u64::try_from(kafka.start_timeout.as_millis()).unwrap_or(u64::MAX),
+            security_protocol: kafka.security.protocol,
+            sasl: kafka.security.sasl,
+            tls: kafka.security.tls,
             extra: kafka.extra,
         }
     }
 }
 
 impl std::fmt::Debug for KafkaSettings {
-    /// Names the `extra` properties but not their values (SASL and TLS passwords live there).
+    /// Names the `extra` properties but not their values (they may hold secrets); the SASL
+    /// password and the key's passphrase are `Secret`s.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KafkaSettings")
             .field("brokers", &self.brokers)
@@ -215,6 +228,9 @@ impl std::fmt::Debug for KafkaSettings {
             .field("client_id", &self.client_id)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("start_timeout_ms", &self.start_timeout_ms)
+            .field("security_protocol", &self.security_protocol)
+            .field("sasl", &self.sasl)
+            .field("tls", &self.tls)
             .field("extra", &self.extra.keys().collect::<Vec<_>>())
             .finish()
     }
@@ -231,6 +247,11 @@ impl BusConfig {
             client_id: self.kafka.client_id.clone(),
             max_message_bytes: self.kafka.max_message_bytes,
             start_timeout: std::time::Duration::from_millis(self.kafka.start_timeout_ms),
+            security: KafkaSecurity {
+                protocol: self.kafka.security_protocol,
+                sasl: self.kafka.sasl.clone(),
+                tls: self.kafka.tls.clone(),
+            },
             extra: self.kafka.extra.clone(),
         }
     }
@@ -367,10 +388,21 @@ pub enum ConfigError {
 }
 
 impl Config {
-    /// Loads the file (if any), then the `SLUICE_` variables of `env`, then validates.
+    /// Loads the file (if any), then the `SLUICE_` variables of `env`, then reads the secrets
+    /// given as `{ file = … }` or `{ env = … }` (variables from the process's environment),
+    /// then validates.
     pub fn load(
         file: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        Self::load_with(file, env, &|var| std::env::var(var).ok())
+    }
+
+    /// [`Config::load`] with secret references `{ env = … }` looked up by `lookup`.
+    pub fn load_with(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        lookup: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
         let mut table = toml::Table::new();
         let mut source_name = String::from("defaults");
@@ -398,6 +430,7 @@ impl Config {
             source_name = format!("{source_name} with SLUICE_ overrides");
         }
         kafka_defaults(&mut table);
+        secrets::resolve(&mut table, lookup)?;
         let config: Config =
             toml::Table::try_into(table).map_err(|e: toml::de::Error| ConfigError::Parse {
                 source_name,
@@ -439,22 +472,33 @@ impl Config {
             );
         }
         if self.ledger.kind == LedgerKind::Cql {
-            self.ledger
-                .cql
-                .validate()
-                .map_err(|e| ConfigError::Invalid {
+            self.ledger.cql.validate().map_err(|e| match e {
+                sluice_ledger_cql::CqlError::Config { key, why } => ConfigError::Invalid {
+                    key: format!("ledger.cql.{key}"),
+                    message: why,
+                },
+                other => ConfigError::Invalid {
                     key: "ledger.cql".into(),
-                    message: e.to_string(),
-                })?;
+                    message: other.to_string(),
+                },
+            })?;
         }
         if self.bus.kind == BusKind::Kafka {
-            self.bus
-                .kafka_config()
-                .validate()
-                .map_err(|e| ConfigError::Invalid {
+            self.bus.kafka_config().validate().map_err(|e| match e {
+                sluice_bus::BusError::InvalidConfig { key, why } => ConfigError::Invalid {
+                    key: match key {
+                        "prefix" => "bus.topic_prefix".into(),
+                        "partitions" => "bus.partitions".into(),
+                        "start_timeout" => "bus.kafka.start_timeout_ms".into(),
+                        key => format!("bus.kafka.{key}"),
+                    },
+                    message: why,
+                },
+                other => ConfigError::Invalid {
                     key: "bus.kafka".into(),
-                    message: e.to_string(),
-                })?;
+                    message: other.to_string(),
+                },
+            })?;
         }
         if self.ledger.commit_gather_us > MAX_COMMIT_GATHER_US {
             return invalid(
@@ -554,10 +598,9 @@ fn apply_env(table: &mut toml::Table, var: &str, value: &str) -> Result<(), Conf
         return Err(env_error("has an empty key segment"));
     }
     let (last, parents) = path.split_last().ok_or_else(|| env_error("names no key"))?;
-    // A password is a string even when it looks like a number.
-    let secret = ["password", "secret", "token"].iter().any(|word| {
-        last == word || last.ends_with(&format!("_{word}")) || last.ends_with(&format!(".{word}"))
-    });
+    // A password is a string even when it looks like a number (or like a `{ file = … }`
+    // reference: a variable holds the secret itself).
+    let secret = secrets::is_secret_name(last);
     let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
         .ok()
         .and_then(|mut t| t.remove("v"))
@@ -730,7 +773,7 @@ mod tests {
             &path,
             "[ledger]\nkind = \"cql\"\n[ledger.cql]\nnodes = [\"10.0.0.1:9042\"]\nkeyspace = \"prod\"\n\
              [bus]\nkind = \"kafka\"\npartitions = 12\n[bus.kafka]\nbrokers = \"k1:9092,k2:9092\"\n\
-             [bus.kafka.extra]\n\"sasl.password\" = \"hunter2\"\n",
+             [bus.kafka.extra]\n\"sasl.oauthbearer.client.secret\" = \"hunter2\"\n",
         )
         .expect("write");
         let config = Config::load(Some(&path), env(&[])).expect("valid");
@@ -740,7 +783,7 @@ mod tests {
         assert_eq!(kafka.brokers, "k1:9092,k2:9092");
         assert_eq!(kafka.partitions, 12);
         let shown = format!("{config:?}");
-        assert!(shown.contains("sasl.password"), "{shown}");
+        assert!(shown.contains("sasl.oauthbearer.client.secret"), "{shown}");
         assert!(
             !shown.contains("hunter2"),
             "a secret reached Debug: {shown}"
@@ -767,6 +810,101 @@ mod tests {
         )
         .expect_err("bad brokers");
         assert!(err.to_string().contains("bus.kafka"), "{err}");
+    }
+
+    #[test]
+    fn tls_and_sasl_settings_load_from_files_and_never_show_their_secrets() {
+        let dir = tempfile::tempdir().expect("dir");
+        let secret_file = dir.path().join("kafka-password");
+        std::fs::write(&secret_file, "kafka-s3cret\n").expect("write");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\n").expect("write");
+        let (cert, key) = (dir.path().join("api.crt"), dir.path().join("api.key"));
+        std::fs::write(&cert, "").expect("write");
+        std::fs::write(&key, "").expect("write");
+        let path = dir.path().join("sluice.toml");
+        let text = format!(
+            "[bus]\nkind = \"kafka\"\n[bus.kafka]\nsecurity_protocol = \"sasl_ssl\"\n\
+             [bus.kafka.sasl]\nmechanism = \"scram_sha_512\"\nusername = \"sluice\"\n\
+             password = {{ file = {secret:?} }}\n[bus.kafka.tls]\nca_file = {ca:?}\n\
+             [ledger]\nkind = \"cql\"\n[ledger.cql]\nusername = \"sluice\"\n\
+             password = {{ env = \"SLUICE_TEST_CQL_SECRET\" }}\n\
+             [ledger.cql.tls]\nenabled = true\nca_file = {ca:?}\n\
+             [producer.tls]\ncert_file = {cert:?}\nkey_file = {key:?}\n",
+            secret = secret_file.display().to_string(),
+            ca = ca.display().to_string(),
+            cert = cert.display().to_string(),
+            key = key.display().to_string(),
+        );
+        std::fs::write(&path, text).expect("write");
+        let lookup = |var: &str| (var == "SLUICE_TEST_CQL_SECRET").then(|| "cql-s3cret".to_owned());
+        let config = Config::load_with(Some(&path), env(&[]), &lookup).expect("valid");
+        let kafka = config.bus.kafka_config();
+        let sasl = kafka.security.sasl.as_ref().expect("sasl");
+        assert_eq!(
+            sasl.password.expose(),
+            "kafka-s3cret",
+            "the file's line break is dropped"
+        );
+        assert_eq!(
+            config.ledger.cql.password.as_ref().map(|p| p.expose()),
+            Some("cql-s3cret")
+        );
+        assert!(config.producer.tls.is_some());
+        let shown = format!(
+            "{config:?} {kafka:?} {}",
+            toml::to_string(&config).expect("serializes")
+        );
+        for secret in ["kafka-s3cret", "cql-s3cret"] {
+            assert!(!shown.contains(secret), "{secret} leaked: {shown}");
+        }
+
+        // Bad input names the field.
+        let err = Config::load_with(
+            Some(&path),
+            env(&[("SLUICE_BUS__KAFKA__SECURITY_PROTOCOL", "ssl")]),
+            &lookup,
+        )
+        .expect_err("SASL settings without a SASL protocol");
+        assert!(
+            err.to_string().contains("bus.kafka.security_protocol"),
+            "{err}"
+        );
+        let err = Config::load_with(
+            Some(&path),
+            env(&[("SLUICE_BUS__KAFKA__TLS__CA_FILE", "/nowhere/ca.pem")]),
+            &lookup,
+        )
+        .expect_err("a CA file that is not there");
+        assert!(err.to_string().contains("bus.kafka.tls.ca_file"), "{err}");
+        let err = Config::load_with(
+            Some(&path),
+            env(&[(
+                "SLUICE_LEDGER__CQL__TLS__CERT_FILE",
+                cert.to_str().expect("utf-8"),
+            )]),
+            &lookup,
+        )
+        .expect_err("a client certificate without its key");
+        assert!(err.to_string().contains("ledger.cql.tls.key_file"), "{err}");
+        let err = Config::load_with(
+            Some(&path),
+            env(&[("SLUICE_PRODUCER__TLS__KEY_FILE", "/nowhere/key.pem")]),
+            &lookup,
+        )
+        .expect_err("an API key that is not there");
+        assert!(err.to_string().contains("producer.tls.key_file"), "{err}");
+        let err = Config::load_with(Some(&path), env(&[]), &|_| None)
+            .expect_err("the variable holding the CQL password is unset");
+        assert!(err.to_string().contains("ledger.cql.password"), "{err}");
+        let err = Config::load_with(
+            Some(&path),
+            env(&[("SLUICE_BUS__KAFKA__EXTRA__SASL.PASSWORD", "x")]),
+            &lookup,
+        )
+        .expect_err("extra may not set what the typed settings own");
+        assert!(err.to_string().contains("sasl.password"), "{err}");
+        assert!(!err.to_string().contains("kafka-s3cret"), "{err}");
     }
 
     #[test]

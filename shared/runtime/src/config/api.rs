@@ -2,6 +2,7 @@
 //! it. Open mode (no tokens) is an explicit opt-in, and only on a loopback address.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -46,7 +47,32 @@ pub struct ProducerConfig {
     /// Most long polls held at once for one principal (one token; the anonymous admin in open
     /// mode); past it 503 `too_many_waits`.
     pub max_waits_per_principal: usize,
+    /// `[producer.tls]`: serve HTTPS instead of HTTP.
+    pub tls: Option<ServerTls>,
 }
+
+/// The API's certificate and key, read from PEM files and read again when they change (a
+/// renewed Kubernetes TLS Secret, cert-manager): new connections get the new certificate,
+/// open ones keep theirs. A new pair that does not load is logged and the old one kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTls {
+    /// The certificate chain, leaf first (PEM).
+    pub cert_file: PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1, unencrypted).
+    pub key_file: PathBuf,
+    /// How often the files' modification times are looked at, in milliseconds; 0 never
+    /// reloads.
+    #[serde(default = "default_reload_ms")]
+    pub reload_interval_ms: u64,
+}
+
+fn default_reload_ms() -> u64 {
+    DEFAULT_TLS_RELOAD_MS
+}
+
+/// `producer.tls.reload_interval_ms` unless configured.
+pub const DEFAULT_TLS_RELOAD_MS: u64 = 10_000;
 
 impl ProducerConfig {
     /// Whether `/ui` is served: the configured choice, else `default` (the binary's).
@@ -71,6 +97,7 @@ impl Default for ProducerConfig {
             allowed_origins: Vec::new(),
             max_waits: 4_096,
             max_waits_per_principal: 256,
+            tls: None,
         }
     }
 }
@@ -112,6 +139,22 @@ impl ProducerConfig {
                 "producer.max_waits_per_principal"
             };
             return invalid(key, "must be at least 1".into());
+        }
+        if let Some(tls) = &self.tls {
+            for (key, path) in [
+                ("producer.tls.cert_file", &tls.cert_file),
+                ("producer.tls.key_file", &tls.key_file),
+            ] {
+                if let Err(e) = std::fs::File::open(path) {
+                    return invalid(key, format!("cannot read {}: {e}", path.display()));
+                }
+            }
+            if tls.reload_interval_ms > 0 && tls.reload_interval_ms < 100 {
+                return invalid(
+                    "producer.tls.reload_interval_ms",
+                    "must be 0 (never reload) or at least 100".into(),
+                );
+            }
         }
         Ok(())
     }
