@@ -777,11 +777,13 @@ pub fn apply(
 }
 
 mod settle;
+mod undo;
 mod verify;
 use settle::{
-    cancelled, cancelled_unsent, check_epoch, check_holder, compensated, dispatched, enter_unknown,
-    is_empty_evidence, observed, released, stuck, undo_commit,
+    cancelled, cancelled_unsent, check_epoch, check_holder, dispatched, enter_unknown,
+    is_empty_evidence, observed, released, stuck,
 };
+use undo::{compensated, undo_commit};
 use verify::verified;
 
 #[cfg(test)]

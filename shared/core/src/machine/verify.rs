@@ -4,7 +4,8 @@
 
 use serde_json::Value;
 
-use super::settle::{others_than_own, owe_duplicates, stuck, undo_commit};
+use super::settle::{others_than_own, stuck};
+use super::undo::{owe_duplicates, undo_commit};
 use super::{Action, Rules, Step};
 use crate::command::{CommandState, CommandStatus, Observation};
 use crate::time::Timestamp;
