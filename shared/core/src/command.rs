@@ -227,6 +227,19 @@ pub struct CompensationInfo {
     pub attempts: u32,
 }
 
+impl CompensationInfo {
+    /// A compensation that starts `at`: no attempt made yet.
+    pub fn started(at: Timestamp) -> Self {
+        Self {
+            started_at: at,
+            ended_at: None,
+            reference: None,
+            detail: None,
+            attempts: 0,
+        }
+    }
+}
+
 /// Everything about a command that changes over its life.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommandState {

@@ -207,13 +207,7 @@ pub(super) fn rollback_confirmed(
     };
     if rules.has_compensate {
         next.status = CommandStatus::Compensating;
-        next.compensation = Some(Box::new(CompensationInfo {
-            started_at: now,
-            ended_at: None,
-            reference: None,
-            detail: None,
-            attempts: 0,
-        }));
+        next.compensation = Some(Box::new(CompensationInfo::started(now)));
         next.due_at = Some(now.plus_millis(rules.compensation_timeout_ms));
         Ok(step(
             next,

@@ -35,13 +35,7 @@ pub(super) fn undo_commit(
         next.lands_by = lands_by.filter(|_| next.verify_pending);
         next.status = CommandStatus::Compensating;
         next.owed_duplicates = extra_refs.to_vec();
-        next.compensation = Some(Box::new(CompensationInfo {
-            started_at: now,
-            ended_at: None,
-            reference: None,
-            detail: None,
-            attempts: 0,
-        }));
+        next.compensation = Some(Box::new(CompensationInfo::started(now)));
         next.due_at = Some(now.plus_millis(rules.compensation_timeout_ms));
         Step {
             from,
