@@ -13,7 +13,7 @@ use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{BusinessKey, CommandKey, RunId, ToolName};
 use sluice_core::time::Timestamp;
 use sluice_ledger::{
-    AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, Member, PurgeReport, Reserved,
+    AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, Member, PurgeReport, Reserved, RunCursor,
     RunSummary, ShardCas, ShardLease, SweepView, Transition,
 };
 use sluice_runtime::Shutdown;
@@ -417,7 +417,12 @@ impl Ledger for Unreachable {
     ) -> Result<Vec<Command>, LedgerError> {
         self.0.list_run(run, status).await
     }
-    async fn list_runs(&self, _: Timestamp, _: usize) -> Result<Vec<RunSummary>, LedgerError> {
+    async fn list_runs(
+        &self,
+        _: Timestamp,
+        _: Option<&RunCursor>,
+        _: usize,
+    ) -> Result<Vec<RunSummary>, LedgerError> {
         Err(LedgerError::Storage {
             op: "list_runs",
             source: format!("no node answered: {INTERNAL}").into(),

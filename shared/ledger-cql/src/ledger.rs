@@ -70,7 +70,7 @@ use sluice_core::time::{Clock, SystemClock, Timestamp};
 use sluice_ledger::quarantine::Quarantine;
 use sluice_ledger::{
     AuditTrail, Cas, Claim, DueItem, Guard, Ledger, LedgerError, Member, PurgeReport, Reserved,
-    RunSummary, SYSTEM_RUN, ShardCas, ShardLease, SweepView, Transition, cap_result,
+    RunCursor, RunSummary, SYSTEM_RUN, ShardCas, ShardLease, SweepView, Transition, cap_result,
 };
 
 use crate::CqlError;
@@ -1683,9 +1683,10 @@ impl Ledger for CqlLedger {
     async fn list_runs(
         &self,
         since: Timestamp,
+        before: Option<&RunCursor>,
         limit: usize,
     ) -> Result<Vec<RunSummary>, LedgerError> {
-        self.list_runs_by_day(since, limit).await
+        self.list_runs_by_day(since, before, limit).await
     }
 
     async fn claim_business_key(

@@ -23,7 +23,9 @@ use sluice_core::machine::{self, DispatchOutcome, Event, Rules};
 use sluice_core::policy::PolicyDecision;
 use sluice_core::time::{Clock, SystemClock, Timestamp};
 
-use crate::{Cas, Claim, Ledger, LedgerError, MAX_RESULT_BYTES, Reserved, SYSTEM_RUN, Transition};
+use crate::{
+    Cas, Claim, Ledger, LedgerError, MAX_RESULT_BYTES, Reserved, RunCursor, SYSTEM_RUN, Transition,
+};
 
 /// Generates one test per contract check for the ledger made by `$make`.
 #[macro_export]
@@ -49,6 +51,7 @@ macro_rules! ledger_contract_tests {
             a_closed_run_takes_no_new_commands_and_replays_its_own,
             purge_removes_finished_runs_and_leaves_checkpoints,
             list_runs_shows_recent_runs_with_open_counts,
+            list_runs_pages_with_a_cursor_and_misses_none,
             the_submitter_is_kept_through_transitions,
             the_trace_context_is_kept_through_transitions,
             reserve_own_refuses_a_run_with_another_submitter,
@@ -1052,7 +1055,7 @@ pub async fn list_runs_shows_recent_runs_with_open_counts(ledger: Arc<dyn Ledger
         .finalize(step(&leased, committed(leased.epoch(), json!({}))))
         .await
         .expect("write");
-    let runs = ledger.list_runs(since, 100_000).await.expect("runs");
+    let runs = ledger.list_runs(since, None, 100_000).await.expect("runs");
     let ours = runs.iter().find(|r| r.run_id == run).expect("listed");
     assert_eq!(ours.open_commands, 1);
     assert!(runs.iter().all(|r| r.run_id.as_str() != SYSTEM_RUN));
@@ -1060,6 +1063,48 @@ pub async fn list_runs_shows_recent_runs_with_open_counts(ledger: Arc<dyn Ledger
         runs.windows(2).all(|w| w[0].created_at >= w[1].created_at),
         "newest first"
     );
+}
+
+/// A listing paged with cursors gives every run once, in order, however small the pages, even
+/// when several runs share a millisecond (a page may end inside it). Found by the fault runner:
+/// an operator listing BLOCKED effects saw only the newest 1,000 runs and never the rest.
+pub async fn list_runs_pages_with_a_cursor_and_misses_none(ledger: Arc<dyn Ledger>) {
+    let at = now();
+    let mut ours = Vec::new();
+    for (n, created_at) in [at, at, at, at, at, at.plus_millis(1), at.plus_millis(1)]
+        .into_iter()
+        .enumerate()
+    {
+        let run = fresh_run(&format!("page{n}"));
+        let mut fresh = command(&run, 0, "email/send", 0, json!({}));
+        fresh.created_at = created_at;
+        reserve_new(&*ledger, fresh).await;
+        ours.push((created_at, run));
+    }
+    // Newest first; runs of one millisecond by descending id.
+    ours.sort_by(|a, b| (b.0, b.1.as_str()).cmp(&(a.0, a.1.as_str())));
+    let expected: Vec<RunId> = ours.into_iter().map(|(_, run)| run).collect();
+    for page in [1, 2, 3, 100] {
+        let mut seen = Vec::new();
+        let mut cursor: Option<RunCursor> = None;
+        loop {
+            let runs = ledger
+                .list_runs(at, cursor.as_ref(), page)
+                .await
+                .expect("runs");
+            assert!(runs.len() <= page, "a page holds at most its limit");
+            let Some(last) = runs.last() else { break };
+            cursor = Some(last.cursor());
+            seen.extend(runs.into_iter().map(|r| r.run_id));
+        }
+        // Other tests may add runs to a shared ledger meanwhile: ours must each come once.
+        let listed: Vec<RunId> = seen
+            .iter()
+            .filter(|r| expected.contains(r))
+            .cloned()
+            .collect();
+        assert_eq!(listed, expected, "pages of {page}");
+    }
 }
 
 /// The principal that submitted a command is stored with it and survives its transitions (an

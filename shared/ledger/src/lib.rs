@@ -214,6 +214,21 @@ pub struct PurgeReport {
     pub checkpoints: Vec<Checkpoint>,
 }
 
+/// Where a listing of runs stopped: the last run it gave. Runs are listed newest first, and
+/// runs created in the same millisecond by descending id, so the pair orders every run.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RunCursor {
+    pub created_at: Timestamp,
+    pub run_id: RunId,
+}
+
+impl RunCursor {
+    /// Whether a run created at `created_at` lies past the cursor, on a page after its own.
+    pub fn lies_past(&self, created_at: Timestamp, run_id: &RunId) -> bool {
+        (created_at, run_id.as_str()) < (self.created_at, self.run_id.as_str())
+    }
+}
+
 /// A run and where it stands, for listings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunSummary {
@@ -222,6 +237,16 @@ pub struct RunSummary {
     pub updated_at: Timestamp,
     /// Commands not yet in a terminal state.
     pub open_commands: u64,
+}
+
+impl RunSummary {
+    /// The cursor of a listing that stopped at this run.
+    pub fn cursor(&self) -> RunCursor {
+        RunCursor {
+            created_at: self.created_at,
+            run_id: self.run_id.clone(),
+        }
+    }
 }
 
 /// The command ledger port.
@@ -337,11 +362,14 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
         status: Option<CommandStatus>,
     ) -> Result<Vec<Command>, LedgerError>;
 
-    /// Runs created at or after `since`, newest first, at most `limit`. (Ordered by creation:
-    /// an index on a time that changes with every write would cost every write.)
+    /// Runs created at or after `since`, newest first (runs created in the same millisecond by
+    /// descending id), at most `limit`; with `before`, only the runs after that one in this
+    /// order, so that a listing can go on where its last page stopped and miss none. (Ordered by
+    /// creation: an index on a time that changes with every write would cost every write.)
     async fn list_runs(
         &self,
         since: Timestamp,
+        before: Option<&RunCursor>,
         limit: usize,
     ) -> Result<Vec<RunSummary>, LedgerError>;
 

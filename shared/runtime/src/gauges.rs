@@ -24,7 +24,7 @@ use sluice_core::ids::{BusinessKey, CommandKey, RunId, ToolName};
 use sluice_core::time::Timestamp;
 use sluice_ledger::{
     AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, Member, PurgeReport, Reserved,
-    RoundTrips, RunSummary, ShardCas, ShardLease, SweepView, Transition,
+    RoundTrips, RunCursor, RunSummary, ShardCas, ShardLease, SweepView, Transition,
 };
 
 /// Where one held command stands.
@@ -247,7 +247,7 @@ impl CommandGauges {
 /// Every unresolved command of `ledger`: its runs with open commands, then each such run.
 async fn read_open(ledger: &dyn Ledger) -> Result<Vec<Command>, LedgerError> {
     let runs = ledger
-        .list_runs(Timestamp::from_millis(0), usize::MAX)
+        .list_runs(Timestamp::from_millis(0), None, usize::MAX)
         .await?;
     let mut open = Vec::new();
     for run in runs.into_iter().filter(|run| run.open_commands > 0) {
@@ -356,9 +356,10 @@ impl Ledger for GaugedLedger {
     async fn list_runs(
         &self,
         since: Timestamp,
+        before: Option<&RunCursor>,
         limit: usize,
     ) -> Result<Vec<RunSummary>, LedgerError> {
-        self.inner.list_runs(since, limit).await
+        self.inner.list_runs(since, before, limit).await
     }
 
     async fn claim_business_key(

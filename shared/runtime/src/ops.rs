@@ -56,7 +56,7 @@ async fn ready(State(ctx): State<Context>) -> Response {
     // The cheapest read every ledger answers through an index.
     match ctx
         .ledger
-        .list_runs(Timestamp::from_millis(i64::MAX), 1)
+        .list_runs(Timestamp::from_millis(i64::MAX), None, 1)
         .await
     {
         Ok(_) => (StatusCode::OK, "ready").into_response(),

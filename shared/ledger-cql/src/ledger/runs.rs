@@ -6,7 +6,7 @@ use futures::StreamExt;
 use sluice_core::audit::{AuditDraft, Checkpoint};
 use sluice_core::ids::RunId;
 use sluice_core::time::Timestamp;
-use sluice_ledger::{Ledger, LedgerError, PurgeReport, RunSummary, SYSTEM_RUN};
+use sluice_ledger::{Ledger, LedgerError, PurgeReport, RunCursor, RunSummary, SYSTEM_RUN};
 
 use super::{CqlLedger, FAN_OUT, Head, Lwt, STALE_RUN_ENTRY_MS, epoch_i64};
 use crate::codec::{DAY_MS, MINUTE_MS, bad, day_of, parse_status};
@@ -17,13 +17,19 @@ impl CqlLedger {
     pub(super) async fn list_runs_by_day(
         &self,
         since: Timestamp,
+        before: Option<&RunCursor>,
         limit: usize,
     ) -> Result<Vec<RunSummary>, LedgerError> {
         let op = Op::ListRuns;
         self.inner.stats.call(op);
         let now = self.now().as_millis();
         let first_day = day_of(since.as_millis()).max(day_of(self.inner.due_origin * MINUTE_MS));
-        let last_day = day_of(now + DAY_MS);
+        // The cursor's own millisecond is read again; its runs up to the cursor are left out
+        // below (the day bucket orders by time, not by the id ties are broken by).
+        let (last_day, until) = before.map_or((day_of(now + DAY_MS), i64::MAX), |c| {
+            let at = c.created_at.as_millis();
+            (day_of(at), at.saturating_add(1))
+        });
         let mut summaries = Vec::new();
         let mut day = last_day;
         while day >= first_day && summaries.len() < limit {
@@ -32,7 +38,7 @@ impl CqlLedger {
                     op,
                     "list runs",
                     &self.inner.st.read_runs_day,
-                    (day, since.as_millis(), i64::MAX),
+                    (day, since.as_millis(), until),
                     Kind::Plain,
                 )
                 .await?;
@@ -44,6 +50,11 @@ impl CqlLedger {
                         else {
                             return Ok(None);
                         };
+                        if let (Some(cursor), Ok(id)) = (before, RunId::parse(run))
+                            && !cursor.lies_past(Timestamp::from_millis(created_at), &id)
+                        {
+                            return Ok(None);
+                        }
                         self.summarise(op, day, created_at, run, now).await
                     })
                     .buffered(FAN_OUT)
@@ -56,7 +67,9 @@ impl CqlLedger {
             }
             day -= 1;
         }
-        summaries.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+        summaries.sort_by(|a, b| {
+            (b.created_at, b.run_id.as_str()).cmp(&(a.created_at, a.run_id.as_str()))
+        });
         summaries.truncate(limit);
         Ok(summaries)
     }

@@ -43,7 +43,7 @@ use sluice_core::time::{Clock, SystemClock, Timestamp};
 use crate::identity::Identity;
 use crate::quarantine::Quarantine;
 use crate::{
-    AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, Member, PurgeReport, Reserved,
+    AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, Member, PurgeReport, Reserved, RunCursor,
     RunSummary, SYSTEM_RUN, ShardCas, ShardLease, SweepView, Transition, cap_result,
 };
 
@@ -529,9 +529,14 @@ impl Ledger for SqliteLedger {
     async fn list_runs(
         &self,
         since: Timestamp,
+        before: Option<&RunCursor>,
         limit: usize,
     ) -> Result<Vec<RunSummary>, LedgerError> {
         let (path, config) = (self.inner.path.clone(), self.inner.config.clone());
+        // No cursor: past every run there is.
+        let (before_at, before_run) = before.map_or((i64::MAX, String::new()), |c| {
+            (c.created_at.as_millis(), c.run_id.as_str().to_owned())
+        });
         self.read("list_runs", move |conn| {
             let rows: Vec<(String, i64, i64, i64)> = conn
                 .prepare_cached(&format!(
@@ -539,7 +544,8 @@ impl Ledger for SqliteLedger {
                          (SELECT count(*) FROM commands c WHERE c.run_seq = r.run_seq \
                           AND c.status NOT IN {terminal}) \
                          FROM runs r WHERE r.created_at >= ?1 AND r.run_id <> ?2 \
-                         ORDER BY r.created_at DESC LIMIT ?3",
+                         AND (r.created_at < ?4 OR (r.created_at = ?4 AND r.run_id < ?5)) \
+                         ORDER BY r.created_at DESC, r.run_id DESC LIMIT ?3",
                     terminal = &*TERMINAL_STATUSES,
                     last_at = LAST_AUDIT_AT,
                 ))
@@ -548,7 +554,9 @@ impl Ledger for SqliteLedger {
                         params![
                             since.as_millis(),
                             SYSTEM_RUN,
-                            i64::try_from(limit).unwrap_or(i64::MAX)
+                            i64::try_from(limit).unwrap_or(i64::MAX),
+                            before_at,
+                            before_run,
                         ],
                         |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
                     )?
