@@ -1066,3 +1066,79 @@ async fn removing_scheduled_effects_as_they_fall_due_is_all_or_nothing_per_effec
     );
     h.stop().await;
 }
+
+/// The approval queue misses nothing, however many runs came after: `GET /v1/effects` pages
+/// through runs with a cursor (`next`, then `before=`). Found by the fault runner: with 2,000
+/// runs, the listing read only the newest 1,000, so BLOCKED wires of older runs were never
+/// shown to the operator and waited for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_approval_queue_pages_through_every_run_and_misses_none() {
+    const NEWER_RUNS: usize = 1_001;
+    let (_h, agent, admin) = start(Faults::none(), |c| c).await;
+    agent
+        .submit_created(&effect(
+            "r-old",
+            1,
+            "payments/wire",
+            0,
+            wire_args("acc-queue", 2_000_000),
+        ))
+        .await;
+    assert_eq!(
+        agent
+            .wait_settled("r-old", "d-1/payments/wire/0")
+            .await
+            .status(),
+        Blocked
+    );
+    for chunk in (0..NEWER_RUNS).collect::<Vec<_>>().chunks(100) {
+        let effects = chunk
+            .iter()
+            .map(|n| effect(&format!("r-new-{n}"), 1, "email/send", 0, email_args("x")))
+            .collect();
+        agent.batch_created(effects).await;
+    }
+
+    let mut pages = 0;
+    let mut blocked = Vec::new();
+    let mut path = "/v1/effects?status=BLOCKED&limit=10".to_owned();
+    loop {
+        let page = admin.call("GET", &path, None).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.text);
+        pages += 1;
+        for effect in page.body["effects"].as_array().expect("effects") {
+            blocked.push((effect["run_id"].clone(), effect["command_key"].clone()));
+        }
+        let Some(next) = page.body["next"].as_str() else {
+            break;
+        };
+        path = format!("/v1/effects?status=BLOCKED&limit=10&before={next}");
+    }
+    assert_eq!(
+        blocked,
+        vec![(json!("r-old"), json!("d-1/payments/wire/0"))],
+        "the one BLOCKED wire, once"
+    );
+    assert!(pages >= 2, "more runs than one page reads: {pages} page(s)");
+
+    // The runs listing pages the same way, and a cursor that is not one is refused by name.
+    let first = admin.call("GET", "/v1/runs?limit=3", None).await;
+    let next = first.body["next"].as_str().expect("a next page");
+    let second = admin
+        .call("GET", &format!("/v1/runs?limit=3&before={next}"), None)
+        .await;
+    assert_eq!(second.status, StatusCode::OK, "{}", second.text);
+    let ids = |answer: &Answer| -> Vec<Value> {
+        answer.body["runs"]
+            .as_array()
+            .expect("runs")
+            .iter()
+            .map(|r| r["run_id"].clone())
+            .collect()
+    };
+    assert_eq!(ids(&second).len(), 3);
+    assert!(ids(&second).iter().all(|id| !ids(&first).contains(id)));
+    let bad = admin.call("GET", "/v1/runs?before=yesterday", None).await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", bad.text);
+    assert!(bad.text.contains("before"), "{}", bad.text);
+}

@@ -15,7 +15,8 @@ use sluice_core::time::Timestamp;
 use tracing::Instrument;
 
 use crate::auth::{Caller, Need, Principal};
-use crate::operator::{MAX_LIST_LIMIT, check_reason, parse_limit};
+use crate::listing::{MAX_LIST_LIMIT, parse_limit};
+use crate::operator::check_reason;
 use crate::{Api, ApiError, RawBody, parse_body, parse_run};
 
 /// Reads a run's chain after checking the caller may see the run.

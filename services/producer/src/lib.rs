@@ -28,6 +28,7 @@ pub mod auth;
 pub mod events;
 mod guard;
 pub mod http;
+pub mod listing;
 pub mod operator;
 pub mod submit;
 pub mod tls;
@@ -217,12 +218,12 @@ pub fn router(api: Api) -> Router {
         .route("/v1/whoami", get(whoami))
         .route(
             "/v1/effects",
-            post(submit::submit_one).get(operator::list_all_effects),
+            post(submit::submit_one).get(listing::list_all_effects),
         )
         .route("/v1/effects/batch", post(submit::submit_batch))
         .route("/v1/tools", get(tools::list))
         .route("/v1/tools/{*name}", get(tools::one))
-        .route("/v1/runs", get(operator::list_runs))
+        .route("/v1/runs", get(listing::list_runs))
         .route("/v1/runs/{run_id}/effects", get(list_effects))
         .route("/v1/runs/{run_id}/scheduled", get(list_scheduled))
         .route(
@@ -439,7 +440,7 @@ async fn ready(State(api): State<Api>) -> Response {
     match api
         .ctx
         .ledger
-        .list_runs(Timestamp::from_millis(i64::MAX), 1)
+        .list_runs(Timestamp::from_millis(i64::MAX), None, 1)
         .await
     {
         Ok(_) => (StatusCode::OK, "ready").into_response(),

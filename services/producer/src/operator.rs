@@ -19,15 +19,12 @@ use sluice_core::command::{Command, CommandStatus, EffectSemantics};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{self, Event, EventKind, Operator, Refusal, Resolution, Step};
 use sluice_core::policy::{self, PolicyDecision};
-use sluice_core::time::Timestamp;
 use sluice_runtime::Driven;
 use sluice_runtime::messages::Cause;
 
 use crate::auth::{Caller, Need};
 use crate::http::ACTIONS;
-use crate::{
-    ACTOR, Api, ApiError, Q, RawBody, parse_body, parse_run, parse_status_filter, parse_tool_filter,
-};
+use crate::{ACTOR, Api, ApiError, Q, RawBody, parse_body, parse_run};
 
 /// Longest reason accepted, in characters.
 pub const MAX_REASON_CHARS: usize = 1_000;
@@ -35,8 +32,6 @@ pub const MAX_REASON_CHARS: usize = 1_000;
 pub const MAX_EVIDENCE_BYTES: usize = 16 * 1024;
 /// Longest evidence given as text, in characters.
 pub const MAX_EVIDENCE_TEXT_CHARS: usize = 4 * 1024;
-/// Most runs a listing or a purge call covers.
-pub const MAX_LIST_LIMIT: usize = 1_000;
 
 /// A reason: non-blank, at most [`MAX_REASON_CHARS`], no control characters but newlines.
 pub fn check_reason(reason: &str) -> Result<&str, ApiError> {
@@ -639,99 +634,6 @@ async fn replay(
     Ok(applied("replay", &command, &step))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RunsQuery {
-    since: Option<String>,
-    limit: Option<usize>,
-    status: Option<String>,
-    tool: Option<String>,
-}
-
-fn parse_since(raw: Option<&str>) -> Result<Timestamp, ApiError> {
-    raw.map_or(Ok(Timestamp::from_millis(0)), |raw| {
-        Timestamp::parse_rfc3339(raw).map_err(|e| {
-            ApiError::invalid(format!("since: {e}")).with_details(json!({"pointer": "/since"}))
-        })
-    })
-}
-
-pub(crate) fn parse_limit(raw: Option<usize>) -> Result<usize, ApiError> {
-    match raw {
-        None => Ok(100),
-        Some(0) => Err(ApiError::invalid("limit must be at least 1")),
-        Some(n) if n > MAX_LIST_LIMIT => Err(ApiError::invalid(format!(
-            "limit may be at most {MAX_LIST_LIMIT}"
-        ))),
-        Some(n) => Ok(n),
-    }
-}
-
-/// `GET /v1/runs`: runs created since `since`, newest first, with their open commands.
-pub(crate) async fn list_runs(
-    State(api): State<Api>,
-    Caller(principal): Caller,
-    Q(query): Q<RunsQuery>,
-) -> Result<Response, ApiError> {
-    principal.require(Need::ReadAll)?;
-    if query.status.is_some() || query.tool.is_some() {
-        return Err(ApiError::invalid(
-            "runs are filtered by since and limit; filter effects by status and tool at /v1/effects",
-        ));
-    }
-    let since = parse_since(query.since.as_deref())?;
-    let limit = parse_limit(query.limit)?;
-    let runs = api
-        .ctx
-        .ledger
-        .list_runs(since, limit)
-        .await
-        .map_err(|e| ApiError::unavailable(&e))?;
-    Ok(Json(json!({ "runs": runs })).into_response())
-}
-
-/// `GET /v1/effects`: effects across the runs created since `since` (newest runs first), by
-/// status and tool, at most `limit`. An agent gets only the effects it submitted (its own runs:
-/// a run holds one submitter's commands), so it can list its runs without knowing their ids.
-pub(crate) async fn list_all_effects(
-    State(api): State<Api>,
-    Caller(principal): Caller,
-    Q(query): Q<RunsQuery>,
-) -> Result<Response, ApiError> {
-    principal.require(Need::ReadRun)?;
-    let only = (!principal.may(Need::ReadAll)).then(|| principal.name.clone());
-    let since = parse_since(query.since.as_deref())?;
-    let limit = parse_limit(query.limit)?;
-    let status = parse_status_filter(query.status.as_deref())?;
-    let tool = parse_tool_filter(&api, query.tool.as_deref())?;
-    let runs = api
-        .ctx
-        .ledger
-        .list_runs(since, MAX_LIST_LIMIT)
-        .await
-        .map_err(|e| ApiError::unavailable(&e))?;
-    let mut effects: Vec<Command> = Vec::new();
-    for run in runs {
-        if effects.len() >= limit {
-            break;
-        }
-        let commands = api
-            .ctx
-            .ledger
-            .list_run(&run.run_id, status)
-            .await
-            .map_err(|e| ApiError::unavailable(&e))?;
-        effects.extend(
-            commands
-                .into_iter()
-                .filter(|c| tool.as_ref().is_none_or(|t| &c.tool == t))
-                .filter(|c| only.is_none() || c.submitted_by.as_deref() == only.as_deref())
-                .take(limit - effects.len()),
-        );
-    }
-    Ok(Json(json!({ "effects": effects })).into_response())
-}
-
 /// Where a rollback stands, per command: what is being compensated, what was, what could not be.
 pub fn rollback_progress(effects: &[Command]) -> Value {
     let mut counts = serde_json::Map::new();
@@ -789,6 +691,7 @@ mod tests {
     use sluice_core::command::{CommandStatus, CompensationInfo, EffectSemantics, Intent};
     use sluice_core::ids::{CommandKey, RunId};
     use sluice_core::machine::{EventKind, Refusal};
+    use sluice_core::time::Timestamp;
 
     use super::*;
 

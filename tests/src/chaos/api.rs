@@ -162,10 +162,19 @@ impl Api {
         status: &str,
         since: &str,
     ) -> Result<Vec<Command>, ChaosError> {
-        let path = format!("/v1/effects?status={status}&since={since}&limit=1000");
-        let answer = self.call(Role::Admin, Method::GET, &path, None).await?;
-        expect_ok(&path, &answer)?;
-        commands(&path, &answer.body["effects"])
+        let mut effects = Vec::new();
+        let mut before = String::new();
+        loop {
+            let path = format!("/v1/effects?status={status}&since={since}&limit=1000{before}");
+            let answer = self.call(Role::Admin, Method::GET, &path, None).await?;
+            expect_ok(&path, &answer)?;
+            effects.extend(commands(&path, &answer.body["effects"])?);
+            // Every page, not the newest runs only (a BLOCKED command of an old run waits).
+            match answer.body["next"].as_str() {
+                Some(next) => before = format!("&before={next}"),
+                None => return Ok(effects),
+            }
+        }
     }
 
     /// `POST …/effects/{key}:{action}` as admin.

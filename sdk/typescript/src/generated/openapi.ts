@@ -28,7 +28,14 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Effects across the runs created since `since` (operator, admin; an agent gets the effects it submitted) */
+        /**
+         * Effects across the runs created since `since` (operator, admin; an agent gets the effects it submitted)
+         * @description Runs are read newest first, at most 1,000 per page; a page holds at most `limit` effects
+         *     (more only when one run alone has more: a run's effects never straddle two pages).
+         *     When the listing stopped before the oldest run it answers `next`: ask again with
+         *     `before=<next>` and the same filters until `next` is absent. A page may hold fewer
+         *     effects than `limit`, even none, and still have a `next`.
+         */
         get: operations["listEffects"];
         put?: never;
         /**
@@ -129,7 +136,11 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Runs created since `since`, newest first (operator, admin) */
+        /**
+         * Runs created since `since`, newest first (operator, admin)
+         * @description Runs created in the same millisecond come by descending id. When more runs remain the
+         *     answer has `next`: ask again with `before=<next>` for the page after it.
+         */
         get: operations["listRuns"];
         put?: never;
         post?: never;
@@ -538,6 +549,11 @@ export interface components {
             timeout_ms: number;
         };
         RunId: string;
+        /**
+         * @description Where a listing of runs stopped, `<created_at ms>.<run id>`; pass it back as `before`.
+         * @example 1764000000000.r-example
+         */
+        RunCursor: string;
         /** @description d-<decision>/<namespace>/<name>/<call_idx>; decision and call index are 0 to 4294967295 */
         CommandKey: string;
         ToolName: string;
@@ -774,6 +790,8 @@ export interface components {
         /** @description A tool, `namespace/name` or a bare name in the default namespace */
         Tool: components["schemas"]["ToolRef"];
         Since: components["schemas"]["Timestamp"];
+        /** @description The `next` of the previous page, to go on where it stopped. */
+        Before: components["schemas"]["RunCursor"];
         Limit: number;
     };
     requestBodies: {
@@ -824,6 +842,8 @@ export interface operations {
                 /** @description A tool, `namespace/name` or a bare name in the default namespace */
                 tool?: components["parameters"]["Tool"];
                 since?: components["parameters"]["Since"];
+                /** @description The `next` of the previous page, to go on where it stopped. */
+                before?: components["parameters"]["Before"];
                 limit?: components["parameters"]["Limit"];
             };
             header?: {
@@ -845,6 +865,7 @@ export interface operations {
                 content: {
                     "application/json": {
                         effects: components["schemas"]["Command"][];
+                        next?: components["schemas"]["RunCursor"];
                     };
                 };
             };
@@ -1026,6 +1047,8 @@ export interface operations {
         parameters: {
             query?: {
                 since?: components["parameters"]["Since"];
+                /** @description The `next` of the previous page, to go on where it stopped. */
+                before?: components["parameters"]["Before"];
                 limit?: components["parameters"]["Limit"];
             };
             header?: {
@@ -1047,6 +1070,7 @@ export interface operations {
                 content: {
                     "application/json": {
                         runs: components["schemas"]["RunSummary"][];
+                        next?: components["schemas"]["RunCursor"];
                     };
                 };
             };

@@ -91,3 +91,22 @@ export function query(q = {}) {
     .map(([k, v]) => `${enc(k)}=${enc(v)}`);
   return parts.length ? `?${parts.join('&')}` : '';
 }
+
+/** Pages of one listing followed at most: 50 pages read 50,000 runs. */
+const MAX_PAGES = 50;
+
+/**
+ * Every effect matching `q`, following the listing's `next` cursor page by page: a queue
+ * (BLOCKED, STUCK) must show the effects of old runs too, not those of the newest runs only.
+ */
+export async function allEffects(q) {
+  const effects = [];
+  let before;
+  for (let page = 0; page < MAX_PAGES; page += 1) {
+    const answer = await api(paths.effects({ ...q, before }));
+    effects.push(...answer.effects);
+    if (!answer.next) return effects;
+    before = answer.next;
+  }
+  return effects;
+}

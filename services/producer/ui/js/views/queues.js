@@ -2,7 +2,7 @@
 // effects UNKNOWN for longer than a chosen time, each with the evidence from its audit chain
 // and the actions that settle it. Lifecycle events re-read the queues.
 
-import { api, paths } from '../api.js';
+import { allEffects, api, paths } from '../api.js';
 import {
   h, replace, status, time, ago, id, empty, errorState, liveBadge, session, keepingFocus,
   throttled,
@@ -56,7 +56,7 @@ export async function render(root, _arg, params) {
     let unknown;
     try {
       [blocked, stuck, unknown] = await Promise.all(['BLOCKED', 'STUCK', 'UNKNOWN']
-        .map((s) => api(paths.effects({ status: s, limit: 1000 })).then((a) => a.effects)));
+        .map((s) => allEffects({ status: s, limit: 1000 })));
     } catch (e) {
       replace(body, errorState(e, load));
       return;

@@ -1,7 +1,7 @@
 // Scheduled effects: what will run later, earliest first, across runs or in one
 // run (`#/scheduled?run=…`); an agent sees its own runs' only. The admin may cancel them.
 
-import { api, paths } from '../api.js';
+import { allEffects, api } from '../api.js';
 import { h, replace, time, id, empty, errorState, liveBadge, session, throttled } from '../dom.js';
 import { actionButtons } from './run.js';
 import { watch } from '../live.js';
@@ -28,7 +28,7 @@ export async function render(root, _arg, params) {
     let effects;
     try {
       effects = run ? (await api(`/v1/runs/${encodeURIComponent(run)}/scheduled`)).effects
-        : (await api(paths.effects({ status: 'SCHEDULED', limit: 1000 }))).effects;
+        : await allEffects({ status: 'SCHEDULED', limit: 1000 });
     } catch (e) {
       replace(body, errorState(e, load));
       return;
