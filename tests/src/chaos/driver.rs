@@ -47,6 +47,8 @@ pub struct Driven {
     /// Answered 200 (a resubmission after a lost answer found the command already recorded).
     pub resubmitted: u64,
     pub refused_rolled_back: u64,
+    /// Batch items answered 503 by admission and sent again after their Retry-After.
+    pub backed_off: usize,
     pub batches: u64,
     pub rollbacks: Vec<RollbackAsk>,
     pub cancels: BTreeMap<&'static str, u64>,
@@ -125,27 +127,45 @@ async fn submit_run(
 ) -> Result<(), ChaosError> {
     if run.batch {
         tokio::time::sleep_until(at(0)).await;
-        let bodies: Vec<Value> = run
-            .effects
-            .iter()
-            .map(|e| e.submission(&run.run_id))
-            .collect();
-        let answer = api.batch(&bodies).await?;
-        lock(shared).batches += 1;
-        if answer.status != StatusCode::OK {
-            lock(shared).unexpected.push(format!(
-                "batch of {}: HTTP {}: {}",
-                run.run_id, answer.status, answer.body
-            ));
-        } else {
+        // Items answered 503 (admission: the ledger or the bus is behind; nothing of them was
+        // recorded) are sent again after their Retry-After, as a client does.
+        let deadline = Instant::now() + api.patience;
+        let mut pending: Vec<&EffectPlan> = run.effects.iter().collect();
+        while !pending.is_empty() {
+            let bodies: Vec<Value> = pending.iter().map(|e| e.submission(&run.run_id)).collect();
+            let answer = api.batch(&bodies).await?;
+            lock(shared).batches += 1;
+            if answer.status != StatusCode::OK {
+                lock(shared).unexpected.push(format!(
+                    "batch of {}: HTTP {}: {}",
+                    run.run_id, answer.status, answer.body
+                ));
+                break;
+            }
             let results = answer.body["results"]
                 .as_array()
                 .cloned()
                 .unwrap_or_default();
-            for (effect, result) in run.effects.iter().zip(results) {
+            let mut again = Vec::new();
+            let mut wait_s = 0;
+            for (effect, result) in pending.iter().zip(results) {
                 let status = result["status"].as_u64().unwrap_or(0);
+                if status == 503 && Instant::now() < deadline {
+                    wait_s = wait_s.max(
+                        result["error"]["details"]["retry_after_s"]
+                            .as_u64()
+                            .unwrap_or(1),
+                    );
+                    again.push(*effect);
+                    continue;
+                }
                 record(shared, run, effect, status, &result["command"], &result);
             }
+            if !again.is_empty() {
+                lock(shared).backed_off += again.len();
+                tokio::time::sleep(Duration::from_secs(wait_s)).await;
+            }
+            pending = again;
         }
     } else {
         for (i, effect) in run.effects.iter().enumerate() {

@@ -403,6 +403,7 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
         accepted: driven.accepted.len(),
         resubmitted: driven.resubmitted,
         refused_rolled_back: driven.refused_rolled_back,
+        backed_off: driven.backed_off,
         batches: driven.batches,
         dispatch_calls: record.dispatches.len() as u64,
         ambiguous_calls: record

@@ -18,6 +18,8 @@ pub struct Figures {
     pub accepted: usize,
     pub resubmitted: u64,
     pub refused_rolled_back: u64,
+    /// Batch items answered 503 (admission) and sent again.
+    pub backed_off: usize,
     pub batches: u64,
     /// Dispatch requests the upstream received, and those left ambiguous to the caller.
     pub dispatch_calls: u64,
@@ -110,6 +112,10 @@ impl Report {
             (
                 "refused: run rolled back".into(),
                 f.refused_rolled_back.to_string(),
+            ),
+            (
+                "batch items answered 503, sent again".into(),
+                f.backed_off.to_string(),
             ),
             (
                 "dispatch calls at the upstream".into(),
