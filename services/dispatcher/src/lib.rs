@@ -25,7 +25,7 @@ use sluice_runtime::{Context, Current, Driven, PipelineError, Shutdown};
 /// The actor named in the audit chain for the dispatcher's transitions.
 pub const ACTOR: &str = "dispatcher";
 /// The consumer group of all dispatchers.
-pub const GROUP: &str = "sluice-dispatcher";
+pub const GROUP: &str = sluice_bus::DISPATCHERS;
 
 /// The name a dispatcher leases under unless configured: host and process id.
 pub fn default_owner() -> String {

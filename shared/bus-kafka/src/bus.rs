@@ -13,13 +13,16 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
 use rdkafka::metadata::Metadata;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use sluice_bus::{Bus, BusError, Header, Published, Subscription, Topic, validate_group};
+use sluice_bus::{
+    Bus, BusError, Header, Published, QueueDepth, Subscription, Topic, validate_group,
+};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::config::KafkaConfig;
 use crate::consumer::{KafkaConsumer, KafkaSource, Member, MemberContext, drive};
+use crate::lag::LagReaders;
 
 /// How long a publish may wait for room in librdkafka's local queue before it fails; the
 /// delivery itself is bounded by librdkafka's `message.timeout.ms`.
@@ -46,6 +49,8 @@ struct Inner {
     closed: watch::Sender<bool>,
     /// The members' driver tasks, awaited by [`KafkaBus::close`].
     drivers: Mutex<Vec<JoinHandle<()>>>,
+    /// Readers of consumer groups' committed offsets, for [`Bus::queue_depth`].
+    lag: LagReaders,
 }
 
 impl fmt::Debug for KafkaBus {
@@ -109,6 +114,7 @@ impl KafkaBus {
                 admin,
                 closed,
                 drivers: Mutex::new(Vec::new()),
+                lag: LagReaders::default(),
             }),
         })
     }
@@ -421,6 +427,23 @@ impl Bus for KafkaBus {
 
     fn backlog(&self) -> u64 {
         u64::try_from(self.inner.producer.in_flight_count()).unwrap_or(0)
+    }
+
+    async fn queue_depth(&self, topic: Topic, group: &str) -> Result<Option<QueueDepth>, BusError> {
+        validate_group(group)?;
+        if self.is_closed() {
+            return Err(BusError::Closed);
+        }
+        self.inner
+            .lag
+            .depth(
+                &self.inner.config,
+                &self.inner.names[topic.index()],
+                self.inner.partitions[topic.index()],
+                group,
+            )
+            .await
+            .map(Some)
     }
 
     async fn watch(&self, topic: Topic, member: &str) -> Result<Subscription, BusError> {

@@ -266,8 +266,11 @@ impl KafkaConfig {
     }
 
     /// A consumer in `group`: offsets are stored by the bus when a delivery is acknowledged,
-    /// and librdkafka commits what was stored (every `auto.commit.interval.ms`, and on revoke
-    /// and close); the bus also commits synchronously on revoke and close.
+    /// and librdkafka commits what was stored (every second, and on revoke and close); the bus
+    /// also commits synchronously on revoke and close. Every second rather than librdkafka's
+    /// five: the committed offsets are what a producer's admission reads as the group's queue
+    /// (`lag.rs`), and each second between commits counts a second of finished work as waiting.
+    /// It costs one offset commit per member and second.
     pub(crate) fn consumer(&self, group: &str, member: &str) -> ClientConfig {
         let member: String = member
             .chars()
@@ -284,6 +287,7 @@ impl KafkaConfig {
         config
             .set("group.id", group)
             .set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", "1000")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false");
@@ -292,6 +296,17 @@ impl KafkaConfig {
 }
 
 impl KafkaConfig {
+    /// A reader of `group`'s committed offsets (`lag.rs`): it names the group to fetch its
+    /// offsets but never subscribes, so it never joins it, and never commits.
+    pub(crate) fn lag_reader(&self, group: &str) -> ClientConfig {
+        let mut config = self.base(&format!("{}-lag", self.client_id));
+        config
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false");
+        config
+    }
+
     /// A watcher ([`sluice_bus::Bus::watch`]): assigned partitions, never a group member.
     /// librdkafka wants a `group.id` to `assign()`, so it gets one that no member ever joins
     /// and no offset is ever committed for (`enable.auto.commit` off): the broker never

@@ -35,6 +35,7 @@
 mod bus;
 pub mod config;
 pub mod consumer;
+mod lag;
 mod probe;
 pub mod security;
 mod watch;

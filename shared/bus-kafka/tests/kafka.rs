@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_bus::contract::{WAIT, fresh_group, fresh_prefix, keys_by_partition, next_within};
-use sluice_bus::{Bus, BusError, Delivery, Subscription, Topic, partition_for};
+use sluice_bus::{Bus, BusError, Delivery, QueueDepth, Subscription, Topic, partition_for};
 use sluice_bus_kafka::{KafkaBus, KafkaConfig};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -667,4 +667,67 @@ async fn a_watch_reads_from_the_end_and_leaves_no_group_behind() {
         .filter(|g| g.contains("watch") || g.contains("producer-1"))
         .collect();
     assert!(new.is_empty(), "watches left groups behind: {new:?}");
+}
+
+/// `group`'s depth on `requested` once `done` holds for it, or the last reading after 10 s.
+/// A reading may fail while fresh topics elect their leaders; the producer reads again a
+/// second later, and so does this.
+async fn depth_when(bus: &KafkaBus, group: &str, done: impl Fn(&QueueDepth) -> bool) -> QueueDepth {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match bus.queue_depth(Topic::Requested, group).await {
+            Ok(Some(depth)) if done(&depth) || Instant::now() > deadline => return depth,
+            Ok(None) => panic!("Kafka measures a group's queue"),
+            Err(e) if Instant::now() > deadline => panic!("no reading in 10 s: {e}"),
+            _ => sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// A group's queue, as a producer's admission reads it: everything published is waiting until
+/// the group commits; what it acknowledges is committed within about a second and counted as
+/// taken; reading never joins the group (its one member keeps every partition).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_depth_counts_what_the_group_has_not_committed() {
+    let bus = connect(config(fresh_prefix(), 4)).await;
+    let _topics = Topics(bus.clone());
+    let group = fresh_group("lag");
+    let none = depth_when(&bus, &group, |_| true).await;
+    assert_eq!((none.waiting, none.taken), (0, 0), "an empty topic");
+    for i in 0..30 {
+        bus.publish(Topic::Requested, &format!("r-{i}"), b"m".to_vec(), vec![])
+            .await
+            .expect("publish");
+    }
+    let all = depth_when(&bus, &group, |_| true).await;
+    assert_eq!(
+        (all.waiting, all.taken),
+        (30, 0),
+        "no commit yet: all waiting"
+    );
+
+    let mut sub = bus
+        .subscribe(Topic::Requested, &group, "m-1")
+        .await
+        .expect("subscribe");
+    for _ in 0..10 {
+        next_within(&mut sub, "a request")
+            .await
+            .ack()
+            .await
+            .expect("ack");
+    }
+    // Committed within the auto-commit interval (1 s).
+    let depth = depth_when(&bus, &group, |d| d.taken >= 10).await;
+    assert_eq!(depth.taken, 10, "the ten acknowledged are taken");
+    assert_eq!(depth.waiting, 20, "the rest wait");
+    assert_eq!(
+        sub.assignment().len(),
+        4,
+        "reading the offsets did not join the group"
+    );
+    assert!(matches!(
+        bus.queue_depth(Topic::Requested, "").await,
+        Err(BusError::InvalidGroup { .. })
+    ));
 }

@@ -291,6 +291,20 @@ impl Subscription {
     }
 }
 
+/// The consumer group of all dispatchers: the one whose queue a producer reads for admission.
+pub const DISPATCHERS: &str = "sluice-dispatcher";
+
+/// How much of a topic a consumer group has yet to take on, as the bus last read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueDepth {
+    /// Messages published and not yet committed by the group, all partitions summed: what it
+    /// has still to take on, and what it took on since its last commit.
+    pub waiting: u64,
+    /// Messages the group has committed, all partitions summed. It only rises while the group
+    /// works, so two readings give the group's rate.
+    pub taken: u64,
+}
+
 /// The message bus port. See the crate documentation for the delivery contract.
 #[async_trait]
 pub trait Bus: Send + Sync + fmt::Debug + 'static {
@@ -355,6 +369,17 @@ pub trait Bus: Send + Sync + fmt::Debug + 'static {
     /// bus is, for admission (`sluice_core::load::admit`). 0 for a bus that does not queue.
     fn backlog(&self) -> u64 {
         0
+    }
+
+    /// How far `group` is behind on `topic`, read from the bus itself (for a producer's
+    /// admission, `sluice_core::load::admit_queue`); `None` for a bus that has no such figure
+    /// (the embedded bus bounds its queue at publish instead, `Bus::admit`).
+    async fn queue_depth(
+        &self,
+        _topic: Topic,
+        _group: &str,
+    ) -> Result<Option<QueueDepth>, BusError> {
+        Ok(None)
     }
 
     /// Reads `topic` from now on, in no consumer group: every partition, from its end at the

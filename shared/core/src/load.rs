@@ -100,6 +100,70 @@ pub fn admit(observed_write_ms: i64, backlog: u64, limits: &LoadLimits) -> Admis
     Admission::Admit
 }
 
+/// Messages a consumer group's queue may hold before new work is refused, whatever its rate:
+/// after an idle spell the rate reads 0, and a pipeline that refused everything then would
+/// never show a rate again.
+pub const QUEUE_FLOOR: u64 = 500;
+
+/// How fast a consumer group takes on messages, from successive readings of how many it has
+/// committed in all: an average that gives each new second about a third of the weight, so a
+/// dispatcher that slows down is seen within a few seconds and one reading does not swing it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DrainRate {
+    last: Option<(Timestamp, u64)>,
+    per_s: f64,
+}
+
+impl DrainRate {
+    /// Takes a reading: `taken` messages committed in all at `now`. A reading that goes back
+    /// (a group reset, offsets deleted) starts the count afresh.
+    pub fn observe(&mut self, now: Timestamp, taken: u64) {
+        if let Some((at, before)) = self.last {
+            let elapsed_ms = now.millis_since(at);
+            if elapsed_ms <= 0 {
+                return;
+            }
+            if taken >= before {
+                let rate = (taken - before) as f64 * 1_000.0 / elapsed_ms as f64;
+                let weight = (elapsed_ms as f64 / 3_000.0).min(1.0);
+                self.per_s += (rate - self.per_s) * weight;
+            }
+        }
+        self.last = Some((now, taken));
+    }
+
+    /// Messages per second, as last averaged.
+    pub fn per_s(&self) -> f64 {
+        self.per_s
+    }
+}
+
+/// Admits a new effect unless the dispatchers' queue already holds more than they take on in
+/// `max_queue_ms` at their measured rate (and more than [`QUEUE_FLOOR`]): a request that waits
+/// longer than that reaches its dispatcher after its reservation lease ran short, and each such
+/// request costs the ledger a take-over or a sweep. 0 turns the limit off.
+pub fn admit_queue(waiting: u64, rate: &DrainRate, max_queue_ms: i64) -> Admission {
+    if max_queue_ms <= 0 {
+        return Admission::Admit;
+    }
+    let per_s = rate.per_s().max(0.0);
+    let limit = ((per_s * max_queue_ms as f64 / 1_000.0) as u64).max(QUEUE_FLOOR);
+    if waiting <= limit {
+        return Admission::Admit;
+    }
+    // Come back when the queue is down to its limit: what is over it, at the measured rate.
+    let over_s = (waiting - limit) as f64 / per_s.max(1.0);
+    Admission::Refuse {
+        code: "dispatch_behind",
+        why: format!(
+            "{waiting} dispatch requests wait for the dispatchers, who take on {per_s:.0} a \
+             second (limit: {max_queue_ms} ms of their work, at least {QUEUE_FLOOR}); nothing \
+             was recorded, submit again later"
+        ),
+        retry_after_s: (over_s.ceil() as u64).clamp(1, 30),
+    }
+}
+
 /// The wait before retry `attempt` (1 for the first) of a failed write: exponential from
 /// `base_ms`, at most `cap_ms`, and "equal jitter" by `jitter` in `[0, 1)` — between half
 /// and all of it — so writers that failed together do not retry together.

@@ -145,3 +145,77 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_drain_rate_follows_the_committed_count_and_ignores_a_reset() {
+    let mut rate = DrainRate::default();
+    let at = |s: i64| Timestamp::from_millis(s * 1_000);
+    rate.observe(at(0), 1_000);
+    assert_eq!(rate.per_s(), 0.0, "one reading gives no rate");
+    for second in 1..=20 {
+        rate.observe(at(second), 1_000 + 100 * second as u64);
+    }
+    assert!((rate.per_s() - 100.0).abs() < 1.0, "{}", rate.per_s());
+    rate.observe(at(21), 5);
+    assert!((rate.per_s() - 100.0).abs() < 1.0, "a reset is not a rate");
+    rate.observe(at(21), 500);
+    assert!((rate.per_s() - 100.0).abs() < 1.0, "no time, no rate");
+    for second in 22..=40 {
+        rate.observe(at(second), 5);
+    }
+    assert!(
+        rate.per_s() < 1.0,
+        "stalled dispatchers read as stalled: {}",
+        rate.per_s()
+    );
+}
+
+#[test]
+fn the_queue_admits_what_the_dispatchers_take_on_in_time_and_at_least_the_floor() {
+    let mut rate = DrainRate::default();
+    for second in 0..=30 {
+        rate.observe(Timestamp::from_millis(second * 1_000), 200 * second as u64);
+    }
+    // About 200/s for 5 s: about 1,000 may wait.
+    assert_eq!(admit_queue(990, &rate, 5_000), Admission::Admit);
+    match admit_queue(2_950, &rate, 5_000) {
+        Admission::Refuse {
+            code,
+            retry_after_s,
+            why,
+        } => {
+            assert_eq!(code, "dispatch_behind");
+            assert_eq!(retry_after_s, 10, "about 1,950 over the limit at 200/s");
+            assert!(why.contains("2950 dispatch requests"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let idle = DrainRate::default();
+    assert_eq!(admit_queue(QUEUE_FLOOR, &idle, 5_000), Admission::Admit);
+    assert!(matches!(
+        admit_queue(QUEUE_FLOOR + 1, &idle, 5_000),
+        Admission::Refuse {
+            retry_after_s: 1,
+            ..
+        }
+    ));
+    assert_eq!(
+        admit_queue(u64::MAX, &idle, 0),
+        Admission::Admit,
+        "0 turns it off"
+    );
+}
+
+proptest! {
+    #[test]
+    fn a_queue_refusal_asks_for_1_to_30_seconds(waiting in 0u64..10_000_000, per_s in 0u64..100_000, max_ms in 1i64..60_000) {
+        let mut rate = DrainRate::default();
+        for second in 0..=20 {
+            rate.observe(Timestamp::from_millis(second * 1_000), per_s * second as u64);
+        }
+        match admit_queue(waiting, &rate, max_ms) {
+            Admission::Admit => prop_assert!(waiting <= ((rate.per_s() * max_ms as f64 / 1_000.0) as u64).max(QUEUE_FLOOR)),
+            Admission::Refuse { retry_after_s, .. } => prop_assert!((1..=30).contains(&retry_after_s)),
+        }
+    }
+}
