@@ -23,6 +23,7 @@
 //! `[producer.tls]` the API is served over HTTPS, its certificate reloaded when the files
 //! change ([`tls`]).
 
+mod admission;
 pub mod audit;
 pub mod auth;
 pub mod events;
@@ -45,7 +46,6 @@ pub use wait::parse_wait;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
@@ -56,7 +56,7 @@ use auth::{Authenticator, Caller, Need, Principal};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
-use sluice_bus::{Admission, Topic};
+use sluice_bus::Topic;
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{RunId, ToolName};
 use sluice_core::time::Timestamp;
@@ -83,6 +83,8 @@ pub struct Api {
     /// read: a replay (the run's replay budget). The next one reads after the previous one
     /// wrote.
     run_turns: Arc<[tokio::sync::Mutex<()>]>,
+    /// The dispatchers' queue as last read from the bus, for admission.
+    dispatch_queue: Arc<admission::DispatchQueue>,
 }
 
 /// Stripes of [`Api::run_turns`]: runs sharing one wait for each other's turns, briefly.
@@ -100,6 +102,7 @@ impl Api {
             auth: Authenticator::from_config(&config.auth),
             waiters: Arc::default(),
             owned: Arc::default(),
+            dispatch_queue: Arc::default(),
             run_turns: (0..RUN_STRIPES)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
@@ -130,49 +133,6 @@ impl Api {
             .owned
             .lock()
             .is_ok_and(|owned| owned.contains(&(run_id.clone(), name.to_owned())))
-    }
-
-    /// Waits for room for one more dispatch request (see [`sluice_bus::Bus::admit`]), at most
-    /// `admission_wait_ms`.
-    async fn admit(&self) -> Result<Admission, ApiError> {
-        // Behind already (the ledger's writes, the bus client's queue): refused before the
-        // reservation, so work that could not start in time is never taken on.
-        let limits = sluice_core::load::LoadLimits {
-            max_write_ms: i64::try_from(self.config.max_write_latency_ms).unwrap_or(i64::MAX),
-            max_backlog: self.config.max_bus_backlog,
-        };
-        let load = sluice_core::load::admit(
-            self.ctx.ledger.write_latency_ms(),
-            self.ctx.bus.backlog(),
-            &limits,
-        );
-        if let sluice_core::load::Admission::Refuse {
-            code,
-            why,
-            retry_after_s,
-        } = load
-        {
-            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, why)
-                .with_details(serde_json::json!({ "retry_after_s": retry_after_s })));
-        }
-        let wait = Duration::from_millis(self.config.admission_wait_ms);
-        match tokio::time::timeout(wait, self.ctx.bus.admit(Topic::Requested)).await {
-            Ok(Ok(admission)) => Ok(admission),
-            Ok(Err(e)) => Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "bus_unavailable",
-                e.to_string(),
-            )),
-            Err(_) => Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "dispatch_backlog_full",
-                format!(
-                    "the dispatcher has not taken on new work for {} ms (bus.admission \
-                     requests wait for it); nothing was recorded, submit again later",
-                    wait.as_millis()
-                ),
-            )),
-        }
     }
 
     /// Remembers that `principal` owns `run_id`: runs do not change hands, so its later
@@ -497,6 +457,10 @@ pub async fn serve(
         None => Either::Plain(listener),
     };
     let watcher = tokio::spawn(wait::watch_events(api.clone(), shutdown.clone()));
+    let queue_reader = tokio::spawn(admission::watch_dispatch_queue(
+        api.clone(),
+        shutdown.clone(),
+    ));
     let stop = shutdown.clone();
     let graceful = async move { stop.cancelled().await };
     let served = match tls {
@@ -513,6 +477,7 @@ pub async fn serve(
     };
     shutdown.cancel();
     let _ = watcher.await;
+    let _ = queue_reader.await;
     served
 }
 

@@ -50,7 +50,8 @@ export interface paths {
          *     backlog (`bus.admission`) stayed full for `producer.admission_wait_ms`, 503
          *     `ledger_behind` when the ledger's measured write latency is past
          *     `producer.max_write_latency_ms`, 503 `bus_behind` when the bus client's backlog is past
-         *     `producer.max_bus_backlog`: nothing was recorded, submit again after `Retry-After`. With `Prefer: return=minimal` (RFC 7240) a 201 or 200
+         *     `producer.max_bus_backlog`, 503 `dispatch_behind` when the dispatchers' queue holds more
+         *     than they take on in `producer.max_dispatch_queue_ms`: nothing was recorded, submit again after `Retry-After`. With `Prefer: return=minimal` (RFC 7240) a 201 or 200
          *     carries the command's keys and status only, and `Preference-Applied: return=minimal`.
          *     With `Prefer: wait=<seconds>` (capped at `producer.max_wait_ms`) the answer is held
          *     until the command is terminal, then 201 or 200 as above with the settled command; a

@@ -28,6 +28,12 @@ pub struct ProducerConfig {
     /// Messages waiting in the bus client past which a submission is refused with 503
     /// `bus_behind`; 0 for no limit.
     pub max_bus_backlog: u64,
+    /// How much of the dispatchers' work may wait for them, in milliseconds at their measured
+    /// rate (at least `sluice_core::load::QUEUE_FLOOR` requests), before a submission is
+    /// refused with 503 `dispatch_behind` (`sluice_core::load::admit_queue`); 0 for no limit.
+    /// Read from the bus once a second where it measures it (Kafka: the dispatchers' committed
+    /// offsets); the embedded bus bounds its queue at publish instead (`bus.admission`).
+    pub max_dispatch_queue_ms: u64,
     /// Serve the operator's web console at `/ui`. Unset: on in `sluice dev`, off in
     /// `sluice-producer` (a deployment opts in).
     pub console: Option<bool>,
@@ -91,6 +97,7 @@ impl Default for ProducerConfig {
             admission_wait_ms: 10_000,
             max_write_latency_ms: 1_000,
             max_bus_backlog: 20_000,
+            max_dispatch_queue_ms: 5_000,
             console: None,
             max_event_streams: 64,
             open: false,
