@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use sluice_bus::{Bus, DISPATCHERS, Topic};
+use sluice_bus::{DISPATCHERS, Topic};
 use sluice_core::load::QUEUE_FLOOR;
 use sluice_runtime::Shutdown;
 use sluice_runtime::assemble::assemble;
