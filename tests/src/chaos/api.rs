@@ -45,6 +45,18 @@ pub struct Api {
     pub patience: Duration,
 }
 
+/// How long an admission refusal is waited out, per call.
+pub const ADMISSION_PATIENCE: Duration = Duration::from_secs(600);
+
+/// A 503 that admission answered: nothing recorded, come back after `Retry-After`.
+pub fn is_admission_refusal(answer: &Answer) -> bool {
+    answer.status == StatusCode::SERVICE_UNAVAILABLE
+        && matches!(
+            answer.code(),
+            "dispatch_behind" | "ledger_behind" | "bus_behind"
+        )
+}
+
 /// A command key as one URL path segment.
 pub fn encode_key(key: &str) -> String {
     key.replace('%', "%25").replace('/', "%2F")
@@ -97,7 +109,11 @@ impl Api {
         Some(Answer { status, body })
     }
 
-    /// Calls until an answer other than 502/503/504 comes, or the patience runs out.
+    /// Calls until an answer other than 502/503/504 comes, or the patience runs out. An
+    /// admission refusal (503 `dispatch_behind`, `ledger_behind`, `bus_behind`: the pipeline is
+    /// behind and recorded nothing) is asked again after its `Retry-After` (at most 5 s) for up
+    /// to [`ADMISSION_PATIENCE`]: a pipeline slowed by a lost node refuses for as long as it
+    /// is slow, and a client waits it out.
     pub async fn call(
         &self,
         role: Role,
@@ -105,12 +121,24 @@ impl Api {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Answer, ChaosError> {
-        let deadline = Instant::now() + self.patience;
+        let began = Instant::now();
+        let mut deadline = began + self.patience;
         let mut pause = Duration::from_millis(50);
         loop {
             let last = match self.try_call(role, method.clone(), path, body).await {
                 Some(answer) if !matches!(answer.status.as_u16(), 502..=504) => {
                     return Ok(answer);
+                }
+                Some(answer) if is_admission_refusal(&answer) => {
+                    deadline = deadline.max(began + ADMISSION_PATIENCE);
+                    let retry_after = answer.body["error"]["details"]["retry_after_s"]
+                        .as_u64()
+                        .unwrap_or(1);
+                    if Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_secs(retry_after.clamp(1, 5))).await;
+                        continue;
+                    }
+                    format!("HTTP {}: {}", answer.status, answer.body)
                 }
                 Some(answer) => format!("HTTP {}: {}", answer.status, answer.body),
                 None => "no answer (the pipeline may be restarting)".into(),

@@ -129,7 +129,7 @@ async fn submit_run(
         tokio::time::sleep_until(at(0)).await;
         // Items answered 503 (admission: the ledger or the bus is behind; nothing of them was
         // recorded) are sent again after their Retry-After, as a client does.
-        let deadline = Instant::now() + api.patience;
+        let deadline = Instant::now() + super::api::ADMISSION_PATIENCE;
         let mut pending: Vec<&EffectPlan> = run.effects.iter().collect();
         while !pending.is_empty() {
             let bodies: Vec<Value> = pending.iter().map(|e| e.submission(&run.run_id)).collect();
