@@ -100,7 +100,12 @@ pub(crate) async fn watch_dispatch_queue(api: Api, shutdown: Shutdown) {
     let queue = Arc::clone(&api.dispatch_queue);
     let mut failing = false;
     loop {
-        match api.ctx.bus.queue_depth(Topic::Requested, DISPATCHERS).await {
+        // A reading of a broker that is down can take seconds: shutdown does not wait for it.
+        let reading = tokio::select! {
+            () = shutdown.cancelled() => return,
+            reading = api.ctx.bus.queue_depth(Topic::Requested, DISPATCHERS) => reading,
+        };
+        match reading {
             Ok(None) => return,
             Ok(Some(depth)) => {
                 let now = api.ctx.clock.now();
