@@ -180,7 +180,22 @@ impl PipelineProcess {
         write("sluice.toml", &pipeline_config(dir, port, token, args))?;
         let log = std::fs::File::create(dir.join("sluice.log"))
             .map_err(|e| BenchError::Process(format!("sluice.log: {e}")))?;
-        let child = Command::new(exe)
+        // Under a profiler when asked: the wrapper runs `exe` in this same process id (valgrind
+        // and perf exec it), so the CPU and RSS figures stay the pipeline's.
+        let mut wrap = args
+            .pipeline_wrap
+            .as_deref()
+            .unwrap_or_default()
+            .split_whitespace();
+        let mut command = match wrap.next() {
+            Some(program) => {
+                let mut command = Command::new(program);
+                command.args(wrap).arg(exe);
+                command
+            }
+            None => Command::new(exe),
+        };
+        let child = command
             .arg("dev")
             .arg("--config")
             .arg(dir.join("sluice.toml"))
@@ -294,6 +309,14 @@ async fn run_row(
     let cpu_end = pipeline.cpu();
     let peak_rss_mib = pipeline.peak_rss_mib();
     let mut pipeline = pipeline;
+    if args.pipeline_wrap.is_some() {
+        // Stopped as a signal stops it, so that a profiler around it writes its output.
+        let _ = Command::new("kill")
+            .args(["-TERM", &pipeline.pid.to_string()])
+            .status()
+            .await;
+        let _ = tokio::time::timeout(Duration::from_secs(300), pipeline.child.wait()).await;
+    }
     let _ = pipeline.child.kill().await;
 
     let mut latencies = std::mem::take(&mut *lock(&shared.latencies_ns));

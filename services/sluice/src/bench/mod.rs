@@ -217,6 +217,11 @@ pub struct BenchArgs {
     /// Log filter of the pipeline's own logs (stderr).
     #[arg(long, default_value = "error")]
     pub log_level: String,
+    /// For `--mode agents`: a command the pipeline process runs under, split on whitespace
+    /// (e.g. `valgrind --tool=callgrind`), to profile the pipeline alone. The wrapped process
+    /// is stopped with SIGTERM at the end of its row, so the profiler writes its output.
+    #[arg(long)]
+    pub pipeline_wrap: Option<String>,
 }
 
 impl BenchArgs {
@@ -239,6 +244,7 @@ impl BenchArgs {
             keep: false,
             json: false,
             log_level: "error".into(),
+            pipeline_wrap: None,
         }
     }
 
