@@ -42,15 +42,15 @@ pub async fn request(request: Request, next: Next) -> Response {
     let route = request
         .extensions()
         .get::<MatchedPath>()
-        .map_or("unmatched", MatchedPath::as_str)
-        .to_owned();
-    let name = format!("{} {route}", request.method());
+        .map_or("unmatched", MatchedPath::as_str);
+    // The name is formatted only if the span is enabled (traces exported): `format_args!` is
+    // evaluated when recorded, and a disabled span records nothing.
     let span = tracing::debug_span!(
         "http.request",
-        otel.name = name.as_str(),
+        otel.name = %format_args!("{} {route}", request.method()),
         otel.kind = "server",
         http.request.method = %request.method(),
-        http.route = route.as_str(),
+        http.route = route,
         http.response.status_code = tracing::field::Empty,
     );
     if let Some(parent) = &incoming {
