@@ -11,6 +11,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use sluice_core::command::Command;
@@ -26,6 +27,9 @@ pub const MAX_LIST_LIMIT: usize = 1_000;
 
 /// Most runs one page of `GET /v1/effects` reads the commands of.
 const RUNS_PER_EFFECTS_PAGE: usize = MAX_LIST_LIMIT;
+
+/// Runs of a listing of effects read at once.
+const RUN_READS_AT_ONCE: usize = 16;
 
 /// Most digits of a cursor's millisecond: every such number fits an `i64`.
 const CURSOR_MILLIS_DIGITS: usize = 18;
@@ -159,12 +163,21 @@ pub(crate) async fn list_all_effects(
     let mut effects: Vec<Command> = Vec::new();
     // The last run this page covered whole.
     let mut covered: Option<RunCursor> = None;
-    for (i, run) in runs.iter().enumerate() {
-        let matching: Vec<Command> = api
-            .ctx
-            .ledger
-            .list_run(&run.run_id, status)
-            .await
+    // Each run is one read; a few at once, taken in order (on CQL a page of 1,000 runs read one
+    // by one outlasted a client's patience on a loaded cluster). Reads not yet taken when the
+    // page fills are dropped unread.
+    // Owned (a run id and the ledger's handle) so the reads' futures borrow nothing.
+    let run_ids: Vec<RunId> = runs.iter().map(|run| run.run_id.clone()).collect();
+    let mut reads = futures::stream::iter(run_ids)
+        .map(|run_id| {
+            let ledger = std::sync::Arc::clone(&api.ctx.ledger);
+            async move { ledger.list_run(&run_id, status).await }
+        })
+        .buffered(RUN_READS_AT_ONCE)
+        .enumerate();
+    while let Some((i, read)) = reads.next().await {
+        let run = &runs[i];
+        let matching: Vec<Command> = read
             .map_err(|e| ApiError::unavailable(&e))?
             .into_iter()
             .filter(|c| tool.as_ref().is_none_or(|t| &c.tool == t))
