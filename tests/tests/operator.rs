@@ -1142,3 +1142,54 @@ async fn the_approval_queue_pages_through_every_run_and_misses_none() {
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", bad.text);
     assert!(bad.text.contains("before"), "{}", bad.text);
 }
+
+/// A page of `GET /v1/effects` answers once its reads pass `producer.list_page_budget_ms`, with
+/// a `next`, and always covers one run: a slow ledger gives short pages, never an unanswered one.
+/// With a budget of 0 every page is one run, and following `next` still misses none.
+#[tokio::test]
+async fn a_listing_page_answers_within_its_time_budget_and_the_pages_miss_none() {
+    let h = Harness::start_with(
+        Faults::none(),
+        |c| c,
+        |config| {
+            tokens::install(config);
+            config.producer.list_page_budget_ms = 0;
+        },
+    )
+    .await;
+    let (agent, admin) = (h.agent.with_token(AGENT_A), h.agent.with_token(ADMIN));
+    let runs = ["r-budget-1", "r-budget-2", "r-budget-3"];
+    for run in runs {
+        let effects = (0..2)
+            .map(|i| effect(run, 1, "email/send", i, email_args("x")))
+            .collect();
+        agent.batch_created(effects).await;
+    }
+
+    let mut pages = Vec::new();
+    let mut path = "/v1/effects?limit=1000".to_owned();
+    loop {
+        let page = admin.call("GET", &path, None).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.text);
+        let listed: Vec<(String, String)> = page.body["effects"]
+            .as_array()
+            .expect("effects")
+            .iter()
+            .map(|e| (e["run_id"].to_string(), e["command_key"].to_string()))
+            .collect();
+        pages.push(listed);
+        let Some(next) = page.body["next"].as_str() else {
+            break;
+        };
+        path = format!("/v1/effects?limit=1000&before={next}");
+    }
+    assert_eq!(pages.len(), runs.len(), "one run per page: {pages:?}");
+    for page in &pages {
+        assert_eq!(page.len(), 2, "a run's two effects, together: {page:?}");
+        assert_eq!(page[0].0, page[1].0, "of one run: {page:?}");
+    }
+    let mut all: Vec<_> = pages.concat();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 6, "every effect once: {all:?}");
+}

@@ -4,7 +4,9 @@
 //! bounded number of runs, so one request reads a bounded part of the ledger. When a listing
 //! stopped before the end it answers `next`, the cursor of the last run it covered: asked again
 //! with `before=<next>`, it goes on from there and misses none. A listing of effects reads each
-//! run's commands, so its page may hold fewer effects than `limit` and still have a `next`;
+//! run's commands, so its page may hold fewer effects than `limit` and still have a `next`
+//! (also when its reads took `producer.list_page_budget_ms`: on a slow ledger a page answers in
+//! time, with what it read);
 //! a client that wants every BLOCKED effect (the approval queue) follows `next` until it is
 //! absent. A run's effects never straddle two pages.
 
@@ -152,6 +154,10 @@ pub(crate) async fn list_all_effects(
     let limit = parse_limit(query.limit)?;
     let status = parse_status_filter(query.status.as_deref())?;
     let tool = parse_tool_filter(&api, query.tool.as_deref())?;
+    // A page answers once its reads pass the budget, with a `next`: on a slow ledger a client
+    // that asked again after a timeout would ask for the same page for ever.
+    let began = std::time::Instant::now();
+    let budget = std::time::Duration::from_millis(api.config.list_page_budget_ms);
     let mut runs = api
         .ctx
         .ledger
@@ -188,7 +194,8 @@ pub(crate) async fn list_all_effects(
         }
         effects.extend(matching);
         covered = Some(run.cursor());
-        if effects.len() >= limit && (more || i + 1 < runs.len()) {
+        let full = effects.len() >= limit || began.elapsed() >= budget;
+        if full && (more || i + 1 < runs.len()) {
             return Ok(page("effects", effects, covered));
         }
     }

@@ -34,7 +34,8 @@ export interface paths {
          *     (more only when one run alone has more: a run's effects never straddle two pages).
          *     When the listing stopped before the oldest run it answers `next`: ask again with
          *     `before=<next>` and the same filters until `next` is absent. A page may hold fewer
-         *     effects than `limit`, even none, and still have a `next`.
+         *     effects than `limit`, even none, and still have a `next`: also when its reads took
+         *     `producer.list_page_budget_ms` (5 s), so that on a slow ledger a page answers in time.
          */
         get: operations["listEffects"];
         put?: never;

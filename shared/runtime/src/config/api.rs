@@ -34,6 +34,11 @@ pub struct ProducerConfig {
     /// Read from the bus once a second where it measures it (Kafka: the dispatchers' committed
     /// offsets); the embedded bus bounds its queue at publish instead (`bus.admission`).
     pub max_dispatch_queue_ms: u64,
+    /// How long one page of `GET /v1/effects` reads runs before it answers with what it has and
+    /// a `next` (it always covers one run whole); in milliseconds. On a slow ledger a page of
+    /// 1,000 runs would outlast a client's or a load balancer's timeout, and the client would
+    /// ask for the same page again and never get past it.
+    pub list_page_budget_ms: u64,
     /// Serve the operator's web console at `/ui`. Unset: on in `sluice dev`, off in
     /// `sluice-producer` (a deployment opts in).
     pub console: Option<bool>,
@@ -98,6 +103,7 @@ impl Default for ProducerConfig {
             max_write_latency_ms: 1_000,
             max_bus_backlog: 20_000,
             max_dispatch_queue_ms: 5_000,
+            list_page_budget_ms: 5_000,
             console: None,
             max_event_streams: 64,
             open: false,
