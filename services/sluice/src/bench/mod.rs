@@ -478,16 +478,19 @@ impl PassResult {
                 .iter()
                 .map(|(kind, n)| format!("{n:.2} {kind}"))
                 .collect();
-            let lwt: Vec<String> = self
-                .lwt_per_effect_by_op
-                .iter()
-                .filter(|(_, n)| **n > 0.0)
-                .map(|(op, n)| format!("{op} {n:.2}"))
-                .collect();
+            let by_op = |counts: &BTreeMap<&'static str, f64>| -> String {
+                counts
+                    .iter()
+                    .filter(|(_, n)| **n > 0.0)
+                    .map(|(op, n)| format!("{op} {n:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
             line.push_str(&format!(
-                "\n  ledger round trips per effect: {} (LWT by operation: {})",
+                "\n  ledger round trips per effect: {} (LWT by operation: {}; plain by operation: {})",
                 kinds.join(", "),
-                lwt.join(", ")
+                by_op(&self.lwt_per_effect_by_op),
+                by_op(&self.plain_per_effect_by_op)
             ));
         }
         line
