@@ -219,3 +219,50 @@ proptest! {
         }
     }
 }
+
+/// Rules whose lease is the call's timeout and a thin margin (a catalog may say so), with the
+/// slack of a ledger whose writes take `write_ms` now.
+fn tight_rules(write_ms: i64) -> Rules {
+    let mut rules = Rules::defaults(EffectSemantics::NonIdempotent);
+    rules.dispatch_timeout_ms = 600;
+    rules.clock_skew_ms = 0;
+    rules.lease_ttl_ms = 750;
+    let slack = write_slack_ms(write_ms, rules.lease_ttl_ms);
+    rules.with_write_slack(slack)
+}
+
+#[test]
+fn a_lease_written_at_the_ledgers_pace_can_still_be_called_under() {
+    // Found on a 3-node cluster under load: a lease whose write took 400-1,000 ms was given back
+    // as too short for the call, over and over, because the slack lengthened the lease and the
+    // room a call needs by the same amount: the time of the lease's own write was never covered.
+    let pending = CommandState::reserved(Timestamp::from_millis(0), None, 10_000);
+    let decided = Timestamp::from_millis(1_000);
+    let rules = tight_rules(400);
+    let event = crate::machine::Event::Lease {
+        owner: std::sync::Arc::from("dispatcher-1"),
+    };
+    let leased = crate::machine::apply(&pending, &rules, &event, decided)
+        .expect("a pending command is leased")
+        .state;
+    let written = decided.plus_millis(400);
+    assert!(
+        crate::machine::lease_usable(&leased, &rules, written),
+        "a lease written in the ledger's observed write time leaves room for the call: {:?}",
+        leased.lease
+    );
+}
+
+proptest! {
+    /// Whatever the ledger's pace (up to the cap), a lease whose write took the observed write
+    /// time leaves the whole call and its outcome's write.
+    #[test]
+    fn a_lease_covers_its_own_write(write_ms in 0i64..375) {
+        let pending = CommandState::reserved(Timestamp::from_millis(0), None, 10_000);
+        let decided = Timestamp::from_millis(1_000);
+        let rules = tight_rules(write_ms);
+        let event = crate::machine::Event::Lease { owner: std::sync::Arc::from("d") };
+        let leased = crate::machine::apply(&pending, &rules, &event, decided).expect("leased").state;
+        prop_assert!(crate::machine::lease_usable(&leased, &rules, decided.plus_millis(write_ms)));
+    }
+}

@@ -60,8 +60,9 @@ pub struct Rules {
     /// How long a BLOCKED command waits for a person before it is cancelled (escalated).
     #[serde(default = "default_approval_timeout_ms")]
     pub approval_timeout_ms: i64,
-    /// What the ledger's writes take now, measured (`load::write_slack_ms`): added to every
-    /// lease and to the room a call needs, so the outcome's write fits in the lease. 0 in the
+    /// What the ledger's writes take now, measured (`load::write_slack_ms`): added to the room
+    /// a call needs, so the outcome's write fits in the lease, and twice to every lease, so
+    /// the lease's own write does not eat that room. 0 in the
     /// catalog's rules; set by the services ([`Rules::with_write_slack`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub write_slack_ms: i64,
@@ -145,12 +146,15 @@ impl Rules {
             .saturating_add(self.write_slack_ms)
     }
 
-    /// These rules with leases `slack_ms` longer and calls needing that much more of them:
-    /// a lease covers the call and the write of its outcome, however slow the ledger is now
-    /// (the slack is bounded by whoever measured it, `load::write_slack_ms`).
+    /// These rules with calls needing `slack_ms` more of a lease (its outcome's write) and
+    /// leases twice that longer: a lease covers its own write as well as the call and the
+    /// outcome's, however slow the ledger is now (the slack is bounded by whoever measured it,
+    /// `load::write_slack_ms`). A lease lengthened by the slack alone would leave a call no
+    /// more room than the catalog's margin once its write is done: on a ledger slower than
+    /// that margin every lease would be given back unused, over and over.
     pub fn with_write_slack(mut self, slack_ms: i64) -> Self {
         let slack_ms = slack_ms.max(0);
-        self.lease_ttl_ms = self.lease_ttl_ms.saturating_add(slack_ms);
+        self.lease_ttl_ms = self.lease_ttl_ms.saturating_add(slack_ms.saturating_mul(2));
         self.write_slack_ms = slack_ms;
         self
     }
