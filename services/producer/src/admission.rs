@@ -5,6 +5,7 @@
 //! docs/decisions.md, "No work amplification under a slow ledger"). Work accepted then would
 //! wait past its reservation lease, and every lapse costs the ledger more writes.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -18,32 +19,100 @@ use crate::{Api, ApiError};
 /// How often the dispatchers' queue is read from the bus.
 const QUEUE_READ_EVERY: Duration = Duration::from_secs(1);
 
-/// The dispatchers' queue as last read: requests waiting, and the rate they are taken on.
-/// `None` until a reading succeeds, and again after one fails: a producer that cannot read the
-/// queue admits on its other signals rather than on a figure it can no longer update.
+/// The dispatchers' queue as last read — requests waiting, and the rate they are taken on —
+/// and what this producer admitted since. A reading is a second old and only sees requests
+/// already published, while a burst is admitted in milliseconds and a reservation on a slow
+/// ledger takes seconds before its request is published: admitting on the reading alone let
+/// a burst of 5,000 through on a cold node whose dispatchers took 44 a second. So each
+/// admission is counted here until its request is published (or the submission ends without
+/// one), and the queue is taken to hold the reading plus every admission that had not ended
+/// when the reading began.
 #[derive(Debug, Default)]
 pub(crate) struct DispatchQueue {
-    reading: Mutex<(Option<u64>, DrainRate)>,
+    reading: Mutex<Reading>,
+    /// Admissions ended (published, or given up without a request) in all, for the reading's
+    /// baseline.
+    ended: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Reading {
+    /// Requests waiting as last read; `None` after a reading failed: a producer that cannot
+    /// read the queue admits on its other signals rather than on a figure it can no longer
+    /// update. `None` until [`watch_dispatch_queue`] starts, then 0 until its first reading, so
+    /// a burst at start is held to the floor too.
+    waiting: Option<u64>,
+    rate: DrainRate,
+    /// Admissions in all, and `ended` as it was when the last good reading began.
+    admitted: u64,
+    ended_before: u64,
+}
+
+impl Reading {
+    /// The queue as this producer knows it: the reading, plus the admissions that had not
+    /// ended when it began (they may have been published after it) and those since.
+    fn estimate(&self) -> Option<u64> {
+        self.waiting
+            .map(|waiting| waiting.saturating_add(self.admitted.saturating_sub(self.ended_before)))
+    }
+}
+
+/// One admission counted in the queue's estimate until it is dropped: after its request's
+/// publish, or when its submission ends without one.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    queue: Arc<DispatchQueue>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.queue.ended.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl DispatchQueue {
-    fn admission(&self, max_queue_ms: u64) -> load::Admission {
-        let reading = self.reading.lock().unwrap_or_else(PoisonError::into_inner);
-        match reading.0 {
-            Some(waiting) => load::admit_queue(
-                waiting,
-                &reading.1,
-                i64::try_from(max_queue_ms).unwrap_or(i64::MAX),
-            ),
-            None => load::Admission::Admit,
-        }
+    /// Counts the queue as empty until the first reading: called as the reader starts, before
+    /// any submission is served.
+    fn arm(&self) {
+        self.reading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .waiting = Some(0);
     }
+
+    /// Decides on one more request and, when admitted, counts it (under the same lock, so
+    /// concurrent submissions cannot all pass on one figure).
+    fn admit(self: &Arc<Self>, max_queue_ms: u64) -> Result<Ticket, load::Admission> {
+        let mut reading = self.reading.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(waiting) = reading.estimate() {
+            let verdict = load::admit_queue(
+                waiting,
+                &reading.rate,
+                i64::try_from(max_queue_ms).unwrap_or(i64::MAX),
+            );
+            if verdict != load::Admission::Admit {
+                return Err(verdict);
+            }
+        }
+        reading.admitted += 1;
+        Ok(Ticket {
+            queue: Arc::clone(self),
+        })
+    }
+}
+
+/// Room for one dispatch request: the bus's, given to the publish, and the count in the
+/// queue's estimate, held until the publish is done.
+#[derive(Debug)]
+pub(crate) struct Admitted {
+    pub(crate) room: Admission,
+    pub(crate) ticket: Option<Ticket>,
 }
 
 impl Api {
     /// Waits for room for one more dispatch request (see [`sluice_bus::Bus::admit`]), at most
     /// `admission_wait_ms`, unless the pipeline is behind already.
-    pub(crate) async fn admit(&self) -> Result<Admission, ApiError> {
+    pub(crate) async fn admit(&self) -> Result<Admitted, ApiError> {
         // Behind already (the ledger's writes, the bus client's queue, the dispatchers' queue):
         // refused before the reservation, so work that could not start in time is never taken
         // on.
@@ -56,23 +125,28 @@ impl Api {
             self.ctx.bus.backlog(),
             &limits,
         ) {
+            load::Admission::Admit if self.config.max_dispatch_queue_ms == 0 => Ok(None),
             load::Admission::Admit => self
                 .dispatch_queue
-                .admission(self.config.max_dispatch_queue_ms),
-            refused => refused,
+                .admit(self.config.max_dispatch_queue_ms)
+                .map(Some),
+            refused => Err(refused),
         };
-        if let load::Admission::Refuse {
-            code,
-            why,
-            retry_after_s,
-        } = verdict
-        {
-            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, why)
-                .with_details(serde_json::json!({ "retry_after_s": retry_after_s })));
-        }
+        let ticket = match verdict {
+            Ok(ticket) => ticket,
+            Err(load::Admission::Refuse {
+                code,
+                why,
+                retry_after_s,
+            }) => {
+                return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, why)
+                    .with_details(serde_json::json!({ "retry_after_s": retry_after_s })));
+            }
+            Err(load::Admission::Admit) => None,
+        };
         let wait = Duration::from_millis(self.config.admission_wait_ms);
         match tokio::time::timeout(wait, self.ctx.bus.admit(Topic::Requested)).await {
-            Ok(Ok(admission)) => Ok(admission),
+            Ok(Ok(room)) => Ok(Admitted { room, ticket }),
             Ok(Err(e)) => Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "bus_unavailable",
@@ -92,26 +166,48 @@ impl Api {
 }
 
 /// Reads the dispatchers' queue from the bus every second until `shutdown`; returns at once on
-/// a bus that does not measure it (the embedded bus) or when the limit is off.
-pub(crate) async fn watch_dispatch_queue(api: Api, shutdown: Shutdown) {
+/// a bus that does not measure it (the embedded bus) or when the limit is off. Arms the
+/// estimate when called, so submissions served from then on are counted.
+pub(crate) fn watch_dispatch_queue(
+    api: Api,
+    shutdown: Shutdown,
+) -> impl Future<Output = ()> + Send + 'static {
+    if api.config.max_dispatch_queue_ms > 0 {
+        api.dispatch_queue.arm();
+    }
+    read_dispatch_queue(api, shutdown)
+}
+
+async fn read_dispatch_queue(api: Api, shutdown: Shutdown) {
     if api.config.max_dispatch_queue_ms == 0 {
         return;
     }
     let queue = Arc::clone(&api.dispatch_queue);
     let mut failing = false;
     loop {
+        // Admissions that end from here on may or may not be in the reading: counted as not.
+        let ended_before = queue.ended.load(Ordering::Relaxed);
         // A reading of a broker that is down can take seconds: shutdown does not wait for it.
         let reading = tokio::select! {
             () = shutdown.cancelled() => return,
             reading = api.ctx.bus.queue_depth(Topic::Requested, DISPATCHERS) => reading,
         };
         match reading {
-            Ok(None) => return,
+            Ok(None) => {
+                // This bus bounds its queue at publish instead (`Bus::admit`): no estimate.
+                queue
+                    .reading
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .waiting = None;
+                return;
+            }
             Ok(Some(depth)) => {
                 let now = api.ctx.clock.now();
                 let mut reading = queue.reading.lock().unwrap_or_else(PoisonError::into_inner);
-                reading.1.observe(now, depth.taken);
-                reading.0 = Some(depth.waiting);
+                reading.rate.observe(now, depth.taken);
+                reading.waiting = Some(depth.waiting);
+                reading.ended_before = ended_before;
                 failing = false;
             }
             Err(e) => {
@@ -119,7 +215,7 @@ pub(crate) async fn watch_dispatch_queue(api: Api, shutdown: Shutdown) {
                     .reading
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .0 = None;
+                    .waiting = None;
                 if !failing {
                     tracing::warn!(error = %e, "cannot read the dispatchers' queue; admitting on the other signals until it can be read");
                 }
@@ -129,6 +225,69 @@ pub(crate) async fn watch_dispatch_queue(api: Api, shutdown: Shutdown) {
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(QUEUE_READ_EVERY) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::load::QUEUE_FLOOR;
+
+    fn refused(queue: &Arc<DispatchQueue>) -> bool {
+        queue.admit(5_000).is_err()
+    }
+
+    #[test]
+    fn a_burst_before_any_reading_is_held_to_the_floor() {
+        let queue = Arc::new(DispatchQueue::default());
+        queue.arm();
+        let tickets: Vec<Ticket> = (0..=QUEUE_FLOOR)
+            .map(|n| {
+                queue
+                    .admit(5_000)
+                    .unwrap_or_else(|_| panic!("admission {n}"))
+            })
+            .collect();
+        assert!(
+            refused(&queue),
+            "the floor's worth and one are admitted, no more"
+        );
+        // Published: still waiting for the dispatchers until a reading says otherwise.
+        drop(tickets);
+        assert!(refused(&queue));
+    }
+
+    #[test]
+    fn a_reading_replaces_what_ended_before_it_began_and_keeps_the_rest() {
+        let queue = Arc::new(DispatchQueue::default());
+        queue.arm();
+        let mut tickets: Vec<Ticket> = (0..=QUEUE_FLOOR)
+            .map(|_| queue.admit(5_000).expect("admitted"))
+            .collect();
+        // Half were published before a reading began; it found the dispatchers had taken
+        // every one of those.
+        let half = tickets.split_off(tickets.len() / 2);
+        drop(tickets);
+        {
+            let ended_before = queue.ended.load(Ordering::Relaxed);
+            let mut reading = queue.reading.lock().expect("lock");
+            reading.waiting = Some(0);
+            reading.ended_before = ended_before;
+            assert_eq!(reading.estimate(), Some(half.len() as u64));
+        }
+        assert!(!refused(&queue), "room again for what the dispatchers took");
+        // The rest, published after the reading began, stay counted until the next one.
+        drop(half);
+        let reading = queue.reading.lock().expect("lock");
+        assert_eq!(reading.estimate(), Some(QUEUE_FLOOR / 2 + 2));
+    }
+
+    #[test]
+    fn a_producer_that_cannot_read_the_queue_admits_on_its_other_signals() {
+        let queue = Arc::new(DispatchQueue::default());
+        for _ in 0..=2 * QUEUE_FLOOR {
+            assert!(!refused(&queue));
         }
     }
 }

@@ -325,12 +325,18 @@ impl Api {
                 ) {
                     // Built in the reservation's span: the dispatcher's span is its child.
                     let request = span.in_scope(|| dispatch_request(&command, Cause::Reserved));
+                    // The ticket counts this request in the dispatchers' queue until it is
+                    // published (admission's estimate): dropped after the publish below.
+                    let (room, _ticket) = match admission {
+                        Some(admitted) => (admitted.room, admitted.ticket),
+                        None => (Admission::unbounded(), None),
+                    };
                     sluice_faults::point!("producer.publish.pre");
                     if let Err(e) = self
                         .ctx
                         .bus
                         .publish_admitted(
-                            admission.unwrap_or_else(Admission::unbounded),
+                            room,
                             Topic::Requested,
                             command.run_id.as_str(),
                             request.payload,
