@@ -230,7 +230,10 @@ async fn a_burst_is_held_to_the_queue_floor_before_any_reading_sees_it() {
         created <= QUEUE_FLOOR + 1,
         "{created} admitted at once to dispatchers that took none on (floor {QUEUE_FLOOR})"
     );
-    assert!(created >= QUEUE_FLOOR, "the floor's worth is admitted: {created}");
+    assert!(
+        created >= QUEUE_FLOOR,
+        "the floor's worth is admitted: {created}"
+    );
     shutdown.cancel();
     let _ = served.await;
 }

@@ -10,14 +10,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use sluice_bus::{Admission, DISPATCHERS, Topic};
+use sluice_bus::{Admission, DISPATCHERS, QueueDepth, Topic};
 use sluice_core::load::{self, DrainRate};
+use sluice_core::time::Timestamp;
 use sluice_runtime::Shutdown;
 
 use crate::{Api, ApiError};
 
 /// How often the dispatchers' queue is read from the bus.
 const QUEUE_READ_EVERY: Duration = Duration::from_secs(1);
+/// How long readings may fail before the last one is given up (see [`DispatchQueue::give_up`]).
+const READ_GRACE: Duration = Duration::from_secs(10);
 
 /// The dispatchers' queue as last read — requests waiting, and the rate they are taken on —
 /// and what this producer admitted since. A reading is a second old and only sees requests
@@ -71,6 +74,36 @@ impl Drop for Ticket {
 }
 
 impl DispatchQueue {
+    /// Takes a reading that began when `ended_before` admissions had ended.
+    fn read(&self, now: Timestamp, depth: QueueDepth, ended_before: u64) {
+        let mut reading = self.reading.lock().unwrap_or_else(PoisonError::into_inner);
+        reading.rate.observe(now, depth.taken);
+        reading.waiting = Some(depth.waiting);
+        reading.ended_before = ended_before;
+        tracing::debug!(
+            waiting = depth.waiting,
+            taken = depth.taken,
+            per_s = reading.rate.per_s(),
+            estimate = reading.estimate(),
+            "the dispatchers' queue read"
+        );
+    }
+
+    /// Stops deciding on the queue until the next reading: readings have failed for
+    /// [`READ_GRACE`], or the bus has no such figure. A reading that fails for less keeps the
+    /// last one and the count of admissions since (dropping it at once let 4,500 effects
+    /// through at a pipeline's start, while the new topics' leaders were not yet known); one
+    /// that keeps failing (say the offset fetch is not allowed) must not leave this producer
+    /// refusing everything once its own count passed the limit. Whether it was deciding.
+    fn give_up(&self) -> bool {
+        self.reading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .waiting
+            .take()
+            .is_some()
+    }
+
     /// Counts the queue as empty until the first reading: called as the reader starts, before
     /// any submission is served.
     fn arm(&self) {
@@ -183,7 +216,8 @@ async fn read_dispatch_queue(api: Api, shutdown: Shutdown) {
         return;
     }
     let queue = Arc::clone(&api.dispatch_queue);
-    let mut failing = false;
+    // Since when readings have failed, if the last one did.
+    let mut failing: Option<std::time::Instant> = None;
     loop {
         // Admissions that end from here on may or may not be in the reading: counted as not.
         let ended_before = queue.ended.load(Ordering::Relaxed);
@@ -195,31 +229,26 @@ async fn read_dispatch_queue(api: Api, shutdown: Shutdown) {
         match reading {
             Ok(None) => {
                 // This bus bounds its queue at publish instead (`Bus::admit`): no estimate.
-                queue
-                    .reading
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .waiting = None;
+                queue.give_up();
                 return;
             }
             Ok(Some(depth)) => {
-                let now = api.ctx.clock.now();
-                let mut reading = queue.reading.lock().unwrap_or_else(PoisonError::into_inner);
-                reading.rate.observe(now, depth.taken);
-                reading.waiting = Some(depth.waiting);
-                reading.ended_before = ended_before;
-                failing = false;
+                queue.read(api.ctx.clock.now(), depth, ended_before);
+                if failing.take().is_some() {
+                    tracing::info!(
+                        waiting = depth.waiting,
+                        "the dispatchers' queue can be read again"
+                    );
+                }
             }
             Err(e) => {
-                queue
-                    .reading
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .waiting = None;
-                if !failing {
-                    tracing::warn!(error = %e, "cannot read the dispatchers' queue; admitting on the other signals until it can be read");
+                let since = *failing.get_or_insert_with(|| {
+                    tracing::info!(error = %e, "cannot read the dispatchers' queue; keeping the last reading for up to {} s", READ_GRACE.as_secs());
+                    std::time::Instant::now()
+                });
+                if since.elapsed() >= READ_GRACE && queue.give_up() {
+                    tracing::warn!(error = %e, "cannot read the dispatchers' queue for {} s; admitting on the other signals until it can be read", READ_GRACE.as_secs());
                 }
-                failing = true;
             }
         }
         tokio::select! {
@@ -269,13 +298,16 @@ mod tests {
         // every one of those.
         let half = tickets.split_off(tickets.len() / 2);
         drop(tickets);
-        {
-            let ended_before = queue.ended.load(Ordering::Relaxed);
-            let mut reading = queue.reading.lock().expect("lock");
-            reading.waiting = Some(0);
-            reading.ended_before = ended_before;
-            assert_eq!(reading.estimate(), Some(half.len() as u64));
-        }
+        let ended_before = queue.ended.load(Ordering::Relaxed);
+        let empty = QueueDepth {
+            waiting: 0,
+            taken: 250,
+        };
+        queue.read(Timestamp::from_millis(1_000), empty, ended_before);
+        assert_eq!(
+            queue.reading.lock().expect("lock").estimate(),
+            Some(half.len() as u64)
+        );
         assert!(!refused(&queue), "room again for what the dispatchers took");
         // The rest, published after the reading began, stay counted until the next one.
         drop(half);
@@ -286,6 +318,14 @@ mod tests {
     #[test]
     fn a_producer_that_cannot_read_the_queue_admits_on_its_other_signals() {
         let queue = Arc::new(DispatchQueue::default());
+        queue.arm();
+        let held: Vec<Ticket> = (0..=QUEUE_FLOOR)
+            .map(|_| queue.admit(5_000).expect("admitted"))
+            .collect();
+        assert!(refused(&queue));
+        assert!(queue.give_up(), "it was deciding");
+        assert!(!queue.give_up(), "and is no longer");
+        drop(held);
         for _ in 0..=2 * QUEUE_FLOOR {
             assert!(!refused(&queue));
         }

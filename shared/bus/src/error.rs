@@ -42,7 +42,7 @@ pub enum BusError {
     },
     /// The broker or client failed during `op`; whether a publish was accepted is unknown, so
     /// publish again (handlers are idempotent).
-    #[error("bus {op} on {topic} failed")]
+    #[error("bus {op} on {topic} failed: {source}")]
     Backend {
         op: &'static str,
         topic: String,
