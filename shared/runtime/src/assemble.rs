@@ -154,12 +154,11 @@ pub async fn assemble_with_clock(
     let ledger = if config.metrics.command_gauges {
         let counted = GaugedLedger::wrap(ledger, metrics.commands.clone());
         metrics.observe_commands(Arc::clone(&clock));
-        tokio::spawn(
-            metrics
-                .commands
-                .clone()
-                .keep_seeded(Arc::downgrade(&counted), config.command_gauges_refresh()),
-        );
+        tokio::spawn(metrics.commands.clone().keep_seeded(
+            Arc::downgrade(&counted),
+            config.command_gauges_refresh(),
+            Arc::clone(&clock),
+        ));
         counted
     } else {
         ledger

@@ -12,6 +12,13 @@
 //! process sees only its own writes, so where several processes write one ledger the figures of
 //! the process that reports them are refreshed from the ledger every `refresh` (see
 //! `docs/architecture.md`, "Observability"); writes made while a seed reads are replayed over it.
+//!
+//! A refresh reads what can have changed, not the whole ledger: the runs created since the last
+//! read began (less [`RECENT_OVERLAP`], for writers whose clocks or writes lag) and the runs that
+//! held unresolved commands. Reading every run of the retention every minute cost one read per
+//! run kept (30 days of runs, each minute, on a busy ledger). What that leaves out is an old run
+//! reopened by another process (a rollback or a replay of a settled run): every
+//! [`FULL_EVERY`]th refresh reads every run again, which bounds how long such a run is missed.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -21,7 +28,7 @@ use async_trait::async_trait;
 use sluice_core::audit::{AuditDraft, AuditEntry};
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{BusinessKey, CommandKey, RunId, ToolName};
-use sluice_core::time::Timestamp;
+use sluice_core::time::{Clock, Timestamp};
 use sluice_ledger::{
     AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, Member, PurgeReport, Reserved,
     RoundTrips, RunCursor, RunSummary, ShardCas, ShardLease, SweepView, Transition,
@@ -30,6 +37,8 @@ use sluice_ledger::{
 /// Where one held command stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Held {
+    /// Its run: a refresh reads again every run that holds a command.
+    run: RunId,
     status: CommandStatus,
     tool: Arc<str>,
     /// When it entered `status` (its last write, for a seeded command).
@@ -141,6 +150,7 @@ impl CommandGauges {
                 _ => command.state.updated_at,
             };
             Held {
+                run: command.run_id.clone(),
                 status,
                 tool: state.tool(&command.tool),
                 since,
@@ -155,8 +165,25 @@ impl CommandGauges {
     /// Replaces the figures with the unresolved commands of `ledger`, read through its run
     /// listing (runs with open commands only), then replays the writes made meanwhile.
     pub async fn seed(&self, ledger: &dyn Ledger) -> Result<usize, LedgerError> {
-        self.lock().during_seed = Some(HashMap::new());
-        let read = read_open(ledger).await;
+        self.seed_from(ledger, Timestamp::from_millis(0)).await
+    }
+
+    /// [`CommandGauges::seed`] from the runs created since `since` and those that hold
+    /// unresolved commands now: a run older than `since` that held none is taken to hold none
+    /// still (see the module's doc for when that is not so, and how long it lasts).
+    pub async fn seed_from(
+        &self,
+        ledger: &dyn Ledger,
+        since: Timestamp,
+    ) -> Result<usize, LedgerError> {
+        let open_runs: Vec<RunId> = {
+            let mut state = self.lock();
+            state.during_seed = Some(HashMap::new());
+            let runs: std::collections::BTreeSet<&RunId> =
+                state.held.values().map(|held| &held.run).collect();
+            runs.into_iter().cloned().collect()
+        };
+        let read = read_open(ledger, since, open_runs).await;
         let mut state = self.lock();
         let meanwhile = state.during_seed.take().unwrap_or_default();
         let commands = read?;
@@ -174,6 +201,7 @@ impl CommandGauges {
             fresh.insert(
                 key_of(&command.run_id, &command.command_key),
                 Held {
+                    run: command.run_id.clone(),
                     status: command.status(),
                     tool,
                     since: command.state.updated_at,
@@ -221,20 +249,43 @@ impl CommandGauges {
     }
 
     /// Seeds once, then (with a `refresh`) again every `refresh`, for as long as the ledger is
-    /// open (held weakly: this loop never keeps a closed ledger alive). A failed read is
-    /// logged and tried again a refresh (or ten seconds) later.
-    pub async fn keep_seeded(self, ledger: Weak<dyn Ledger>, refresh: Option<Duration>) {
+    /// open (held weakly: this loop never keeps a closed ledger alive): each refresh from the
+    /// runs created since the last read began, every [`FULL_EVERY`]th from all of them. A
+    /// failed read is logged and tried again a refresh (or ten seconds) later, whole.
+    pub async fn keep_seeded(
+        self,
+        ledger: Weak<dyn Ledger>,
+        refresh: Option<Duration>,
+        clock: Arc<dyn Clock>,
+    ) {
+        // When the last read that landed began; `None`: the next read is whole.
+        let mut last_began: Option<Timestamp> = None;
+        let mut since_full = 0u32;
         loop {
             let Some(open) = ledger.upgrade() else { return };
-            let seeded = self.seed(open.as_ref()).await;
+            let began = clock.now();
+            let since = match last_began {
+                Some(at) if since_full < FULL_EVERY => {
+                    at.plus_millis(-i64::try_from(RECENT_OVERLAP.as_millis()).unwrap_or(0))
+                }
+                _ => Timestamp::from_millis(0),
+            };
+            let seeded = self.seed_from(open.as_ref(), since).await;
             drop(open);
             let retry = match seeded {
                 Ok(held) => {
-                    tracing::debug!(held, "command gauges seeded from the ledger");
+                    tracing::debug!(held, since = %since, "command gauges seeded from the ledger");
+                    since_full = if since == Timestamp::from_millis(0) {
+                        0
+                    } else {
+                        since_full + 1
+                    };
+                    last_began = Some(began);
                     refresh
                 }
                 Err(error) => {
                     tracing::warn!(%error, "cannot seed the command gauges; trying again");
+                    last_began = None;
                     Some(refresh.unwrap_or(Duration::from_secs(10)))
                 }
             };
@@ -244,16 +295,31 @@ impl CommandGauges {
     }
 }
 
-/// Every unresolved command of `ledger`: its runs with open commands, then each such run.
-async fn read_open(ledger: &dyn Ledger) -> Result<Vec<Command>, LedgerError> {
-    let runs = ledger
-        .list_runs(Timestamp::from_millis(0), None, usize::MAX)
-        .await?;
+/// How far before the last read's start a refresh reads new runs from: a run's creation time is
+/// its first reservation's, taken before the write, on the writer's clock.
+pub const RECENT_OVERLAP: Duration = Duration::from_secs(300);
+/// Every this many refreshes one reads every run (hourly at the minute's refresh on Kafka).
+pub const FULL_EVERY: u32 = 60;
+
+/// The unresolved commands of `ledger`'s runs created since `since` that have open commands,
+/// and of the runs in `also` (whatever their age): each such run read whole.
+async fn read_open(
+    ledger: &dyn Ledger,
+    since: Timestamp,
+    also: Vec<RunId>,
+) -> Result<Vec<Command>, LedgerError> {
+    let runs = ledger.list_runs(since, None, usize::MAX).await?;
+    let mut to_read: std::collections::BTreeSet<RunId> = also.into_iter().collect();
+    to_read.extend(
+        runs.into_iter()
+            .filter(|run| run.open_commands > 0)
+            .map(|run| run.run_id),
+    );
     let mut open = Vec::new();
-    for run in runs.into_iter().filter(|run| run.open_commands > 0) {
+    for run in to_read {
         open.extend(
             ledger
-                .list_run(&run.run_id, None)
+                .list_run(&run, None)
                 .await?
                 .into_iter()
                 .filter(|command| !command.status().is_terminal()),
@@ -532,6 +598,7 @@ mod tests {
                 &CommandKey::parse(key).expect("a key"),
             ),
             Held {
+                run: RunId::parse("r-1").expect("a run id"),
                 status: CommandStatus::Unknown,
                 tool: Arc::from("payments/wire"),
                 since: Timestamp::from_millis(1_000),
