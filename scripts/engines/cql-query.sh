@@ -5,7 +5,8 @@
 #
 #   scripts/engines/cql-query.sh "SELECT release_version FROM system.local"
 #
-# Port: $SLUICE_CQL_PORT (default 19042, from env.sh). Consistency ONE, no
+# Address: $SLUICE_CQL_HOST (default 127.0.0.1) and $SLUICE_CQL_PORT (default
+# 19042, from env.sh). Consistency ONE, no
 # paging, no bind values. Exit 0 on a RESULT frame, 1 on an ERROR frame (the
 # server's message goes to stderr) or on a connection/timeout problem.
 # SLUICE_CQL_QUERY_TLS=1 talks TLS through `openssl s_client` with the test
@@ -20,7 +21,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/env.sh"
 
 if [[ $# -ne 1 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 
@@ -31,6 +32,7 @@ fi
 
 QUERY="$1"
 PORT="$SLUICE_CQL_PORT"
+HOST="${SLUICE_CQL_HOST:-127.0.0.1}"
 BODY="$(mktemp)"
 # s_client (TLS) ignores the end of its input and would hold the connection: stop it at exit.
 trap 'rm -f "$BODY"; if [[ -n "${TLS_PID:-}" ]]; then kill "$TLS_PID" 2>/dev/null || true; fi' EXIT
@@ -41,7 +43,7 @@ read_frame() {
   local fd="$1" len
   local -a h
   read -r -a h < <(dd bs=9 count=1 iflag=fullblock status=none <&"$fd" | od -An -v -tu1)
-  [[ ${#h[@]} -eq 9 ]] || { echo "cql: short frame header from 127.0.0.1:$PORT" >&2; return 1; }
+  [[ ${#h[@]} -eq 9 ]] || { echo "cql: short frame header from $HOST:$PORT" >&2; return 1; }
   OPCODE="${h[4]}"
   len=$(((h[5] << 24) | (h[6] << 16) | (h[7] << 8) | h[8]))
   if ((len > 0)); then
@@ -61,13 +63,13 @@ be32() {
 if [[ "${SLUICE_CQL_QUERY_TLS:-0}" == 1 ]]; then
   PKI="$SLUICE_ENGINES_PKI"
   coproc TLS {
-    exec openssl s_client -quiet -verify_return_error -connect "127.0.0.1:$PORT" \
+    exec openssl s_client -quiet -verify_return_error -connect "$HOST:$PORT" \
       -CAfile "$PKI/ca.pem" -cert "$PKI/client.pem" -key "$PKI/client.key" 2>/dev/null
   }
   # Copies: bash does not hand a coprocess's own descriptors to subshells (read_frame's).
   exec {IN}<&"${TLS[0]}" {OUT}>&"${TLS[1]}"
 else
-  exec {FD}<>"/dev/tcp/127.0.0.1/$PORT"
+  exec {FD}<>"/dev/tcp/$HOST/$PORT"
   IN="$FD"
   OUT="$FD"
 fi

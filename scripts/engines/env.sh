@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # env.sh — source this (". scripts/engines/env.sh") to get the addresses of the
-# test engines that start.sh runs (single-node Kafka in KRaft mode, Cassandra 5)
-# and the paths where install.sh caches their jars and start.sh keeps their data.
+# test engines that start.sh runs (single-node Kafka in KRaft mode, Cassandra 5),
+# of the 3-node clusters that cluster.sh runs, and the paths where install.sh
+# caches their jars and start.sh / cluster.sh keep their data.
 #
 # Every value can be overridden by setting it before sourcing. Nothing here
 # touches the disk or the network. Safe to source under `set -euo pipefail`.
@@ -62,3 +63,22 @@ export SLUICE_TEST_CQL_NODES="127.0.0.1:${SLUICE_CQL_PORT}"
 export SLUICE_TEST_KAFKA_SASL_BROKERS="127.0.0.1:${SLUICE_KAFKA_SASL_PORT}"
 export SLUICE_TEST_CQL_TLS_NODES="127.0.0.1:${SLUICE_CQL_TLS_PORT}"
 export SLUICE_TEST_TLS_DIR="$SLUICE_ENGINES_PKI"
+
+# The clusters of cluster.sh: 3 Cassandra nodes on 127.0.0.1, .2 and .3 (the
+# same CQL and storage ports on each address, a JMX port each, since JMX binds
+# 127.0.0.1 only), and 3 Kafka brokers in KRaft combined mode on 127.0.0.1,
+# node N on the base ports + 100*(N-1). Ports, data and pid files all apart from
+# the single-node engines above, so both can run at once.
+export SLUICE_CLUSTER_RUN="${SLUICE_CLUSTER_RUN:-$SLUICE_ENGINES_CACHE/run-cluster}"
+export SLUICE_CLUSTER_CQL_PORT="${SLUICE_CLUSTER_CQL_PORT:-24042}"
+export SLUICE_CLUSTER_STORAGE_PORT="${SLUICE_CLUSTER_STORAGE_PORT:-24700}"
+export SLUICE_CLUSTER_JMX_PORT="${SLUICE_CLUSTER_JMX_PORT:-24199}"
+export SLUICE_CLUSTER_KAFKA_PORT="${SLUICE_CLUSTER_KAFKA_PORT:-24092}"
+export SLUICE_CLUSTER_KAFKA_CONTROLLER_PORT="${SLUICE_CLUSTER_KAFKA_CONTROLLER_PORT:-24093}"
+# Six JVMs on 2 cores and 24 GiB beside the builds: small heaps.
+export SLUICE_CLUSTER_CASSANDRA_HEAP="${SLUICE_CLUSTER_CASSANDRA_HEAP:-640m}"
+export SLUICE_CLUSTER_CASSANDRA_HEAP_MIN="${SLUICE_CLUSTER_CASSANDRA_HEAP_MIN:-256m}"
+export SLUICE_CLUSTER_KAFKA_HEAP="${SLUICE_CLUSTER_KAFKA_HEAP:-384m}"
+export SLUICE_CLUSTER_KAFKA_HEAP_MIN="${SLUICE_CLUSTER_KAFKA_HEAP_MIN:-128m}"
+export SLUICE_TEST_CLUSTER_CQL_NODES="127.0.0.1:${SLUICE_CLUSTER_CQL_PORT},127.0.0.2:${SLUICE_CLUSTER_CQL_PORT},127.0.0.3:${SLUICE_CLUSTER_CQL_PORT}"
+export SLUICE_TEST_CLUSTER_KAFKA_BROKERS="127.0.0.1:${SLUICE_CLUSTER_KAFKA_PORT},127.0.0.1:$((SLUICE_CLUSTER_KAFKA_PORT + 100)),127.0.0.1:$((SLUICE_CLUSTER_KAFKA_PORT + 200))"

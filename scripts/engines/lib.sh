@@ -108,10 +108,11 @@ engine_pid() {
   return 1
 }
 
-# port_open PORT — true if something accepts TCP connections on 127.0.0.1:PORT.
+# port_open PORT [HOST] — true if something accepts TCP connections on
+# HOST:PORT (HOST default 127.0.0.1).
 port_open() {
-  # shellcheck disable=SC2016 # $1 is expanded by the inner bash
-  timeout 3 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$1" 2>/dev/null
+  # shellcheck disable=SC2016 # $1 and $2 are expanded by the inner bash
+  timeout 3 bash -c 'exec 3<>"/dev/tcp/$2/$1"' _ "$1" "${2:-127.0.0.1}" 2>/dev/null
 }
 
 # rss_mib PID — resident set size of PID in MiB.
@@ -231,4 +232,63 @@ ensure_pki() {
   rm -f -- "$tmp.log"
   [[ -d "$pki" ]] && safe_wipe "$pki"
   mv -- "$tmp" "$pki"
+}
+
+# cassandra_jvm_opts RUN JMX_PORT HEAP HEAP_MIN — sets the global array
+# CASSANDRA_OPTS to the JVM options of a Cassandra node whose config, data and
+# logs are under RUN (RUN/conf/cassandra.yaml, RUN/conf/logback.xml), with
+# -Xmx HEAP, -Xms HEAP_MIN and local JMX on JMX_PORT. Shared by start.sh (one
+# node) and cluster.sh (three).
+cassandra_jvm_opts() {
+  local run="$1" jmx_port="$2" heap="$3" heap_min="$4" jamm
+  jamm="$(compgen -G "$SLUICE_CASSANDRA_LIB/jamm-*.jar" | head -n 1)" ||
+    die "cassandra: jamm jar missing from $SLUICE_CASSANDRA_LIB (rerun install.sh cassandra)"
+  CASSANDRA_OPTS=(
+    -Xms"$heap_min" -Xmx"$heap"
+    # conf/jvm-server.options, minus AlwaysPreTouch, UseBiasedLocking and the
+    # heap dump (a 1 GB file per OOM); a test engine should just die on OOM.
+    -ea -da:net.openhft... -XX:+UseThreadPriorities -XX:+ExitOnOutOfMemoryError
+    -Xss256k -XX:+UseTLAB -XX:+ResizeTLAB -XX:+UseNUMA
+    -XX:+PerfDisableSharedMem -Djava.net.preferIPv4Stack=true
+    # conf/jvm17-server.options: GC flags, then the JPMS flags (required).
+    -XX:+UseG1GC -XX:+ParallelRefProcEnabled -XX:MaxTenuringThreshold=1 -XX:G1HeapRegionSize=16m
+    -XX:G1RSetUpdatingPauseTimePercent=5 -XX:MaxGCPauseMillis=300 -XX:InitiatingHeapOccupancyPercent=70
+    -Djdk.attach.allowAttachSelf=true
+    --add-exports java.base/jdk.internal.misc=ALL-UNNAMED
+    --add-exports java.management.rmi/com.sun.jmx.remote.internal.rmi=ALL-UNNAMED
+    --add-exports java.rmi/sun.rmi.registry=ALL-UNNAMED
+    --add-exports java.rmi/sun.rmi.server=ALL-UNNAMED
+    --add-exports java.sql/java.sql=ALL-UNNAMED
+    --add-exports java.base/java.lang.ref=ALL-UNNAMED
+    --add-exports jdk.unsupported/sun.misc=ALL-UNNAMED
+    --add-exports jdk.compiler/com.sun.tools.javac.file=ALL-UNNAMED
+    --add-exports jdk.attach/sun.tools.attach=ALL-UNNAMED
+    --add-opens java.base/java.lang.module=ALL-UNNAMED
+    --add-opens java.base/jdk.internal.loader=ALL-UNNAMED
+    --add-opens java.base/jdk.internal.ref=ALL-UNNAMED
+    --add-opens java.base/jdk.internal.reflect=ALL-UNNAMED
+    --add-opens java.base/jdk.internal.math=ALL-UNNAMED
+    --add-opens java.base/jdk.internal.module=ALL-UNNAMED
+    --add-opens java.base/jdk.internal.util.jar=ALL-UNNAMED
+    --add-opens jdk.management/com.sun.management.internal=ALL-UNNAMED
+    --add-opens java.base/sun.nio.ch=ALL-UNNAMED
+    --add-opens java.base/java.io=ALL-UNNAMED
+    --add-opens java.base/java.lang.reflect=ALL-UNNAMED
+    --add-opens jdk.compiler/com.sun.tools.javac=ALL-UNNAMED
+    --add-opens java.base/java.lang=ALL-UNNAMED
+    --add-opens java.base/java.util=ALL-UNNAMED
+    --add-opens java.base/java.nio=ALL-UNNAMED
+    --add-opens java.base/java.nio.charset=ALL-UNNAMED
+    -Dio.netty.tryReflectionSetAccessible=true
+    -Dio.netty.allocator.useCacheForAllThreads=true -Dio.netty.allocator.maxOrder=11
+    # What bin/cassandra + cassandra-env.sh would pass.
+    -javaagent:"$jamm"
+    -Dcassandra.config="file://$run/conf/cassandra.yaml"
+    -Dcassandra-foreground=yes
+    -Dcassandra.storagedir="$run/data"
+    -Dcassandra.logdir="$run/logs"
+    -Dlogback.configurationFile="$run/conf/logback.xml"
+    -Dcassandra.jmx.local.port="$jmx_port"
+    -Djava.io.tmpdir="$run/tmp" -Djna.tmpdir="$run/tmp"
+  )
 }

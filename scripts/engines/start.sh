@@ -282,59 +282,13 @@ EOF
 }
 
 cassandra_launch() {
-  local engine="${1:-cassandra}" run jamm
+  local engine="${1:-cassandra}" run
   cassandra_write_config "$engine"
   run="$C_RUN"
   mkdir -p "$run/tmp"
-  jamm="$(compgen -G "$SLUICE_CASSANDRA_LIB/jamm-*.jar" | head -n 1)" ||
-    die "cassandra: jamm jar missing from $SLUICE_CASSANDRA_LIB (rerun install.sh cassandra)"
+  cassandra_jvm_opts "$run" "$C_JMX_PORT" "$C_HEAP" "$SLUICE_CASSANDRA_HEAP_MIN"
   local -a opts=(
-    -Xms"$SLUICE_CASSANDRA_HEAP_MIN" -Xmx"$C_HEAP"
-    # conf/jvm-server.options, minus AlwaysPreTouch, UseBiasedLocking and the
-    # heap dump (a 1 GB file per OOM); a test engine should just die on OOM.
-    -ea -da:net.openhft... -XX:+UseThreadPriorities -XX:+ExitOnOutOfMemoryError
-    -Xss256k -XX:+UseTLAB -XX:+ResizeTLAB -XX:+UseNUMA
-    -XX:+PerfDisableSharedMem -Djava.net.preferIPv4Stack=true
-    # conf/jvm17-server.options: GC flags, then the JPMS flags (required).
-    -XX:+UseG1GC -XX:+ParallelRefProcEnabled -XX:MaxTenuringThreshold=1 -XX:G1HeapRegionSize=16m
-    -XX:G1RSetUpdatingPauseTimePercent=5 -XX:MaxGCPauseMillis=300 -XX:InitiatingHeapOccupancyPercent=70
-    -Djdk.attach.allowAttachSelf=true
-    --add-exports java.base/jdk.internal.misc=ALL-UNNAMED
-    --add-exports java.management.rmi/com.sun.jmx.remote.internal.rmi=ALL-UNNAMED
-    --add-exports java.rmi/sun.rmi.registry=ALL-UNNAMED
-    --add-exports java.rmi/sun.rmi.server=ALL-UNNAMED
-    --add-exports java.sql/java.sql=ALL-UNNAMED
-    --add-exports java.base/java.lang.ref=ALL-UNNAMED
-    --add-exports jdk.unsupported/sun.misc=ALL-UNNAMED
-    --add-exports jdk.compiler/com.sun.tools.javac.file=ALL-UNNAMED
-    --add-exports jdk.attach/sun.tools.attach=ALL-UNNAMED
-    --add-opens java.base/java.lang.module=ALL-UNNAMED
-    --add-opens java.base/jdk.internal.loader=ALL-UNNAMED
-    --add-opens java.base/jdk.internal.ref=ALL-UNNAMED
-    --add-opens java.base/jdk.internal.reflect=ALL-UNNAMED
-    --add-opens java.base/jdk.internal.math=ALL-UNNAMED
-    --add-opens java.base/jdk.internal.module=ALL-UNNAMED
-    --add-opens java.base/jdk.internal.util.jar=ALL-UNNAMED
-    --add-opens jdk.management/com.sun.management.internal=ALL-UNNAMED
-    --add-opens java.base/sun.nio.ch=ALL-UNNAMED
-    --add-opens java.base/java.io=ALL-UNNAMED
-    --add-opens java.base/java.lang.reflect=ALL-UNNAMED
-    --add-opens jdk.compiler/com.sun.tools.javac=ALL-UNNAMED
-    --add-opens java.base/java.lang=ALL-UNNAMED
-    --add-opens java.base/java.util=ALL-UNNAMED
-    --add-opens java.base/java.nio=ALL-UNNAMED
-    --add-opens java.base/java.nio.charset=ALL-UNNAMED
-    -Dio.netty.tryReflectionSetAccessible=true
-    -Dio.netty.allocator.useCacheForAllThreads=true -Dio.netty.allocator.maxOrder=11
-    # What bin/cassandra + cassandra-env.sh would pass.
-    -javaagent:"$jamm"
-    -Dcassandra.config="file://$run/conf/cassandra.yaml"
-    -Dcassandra-foreground=yes
-    -Dcassandra.storagedir="$run/data"
-    -Dcassandra.logdir="$run/logs"
-    -Dlogback.configurationFile="$run/conf/logback.xml"
-    -Dcassandra.jmx.local.port="$C_JMX_PORT"
-    -Djava.io.tmpdir="$run/tmp" -Djna.tmpdir="$run/tmp"
+    "${CASSANDRA_OPTS[@]}"
     # Fast single-node start (what the testcontainers module uses).
     -Dcassandra.skip_wait_for_gossip_to_settle=0
     -Dcassandra.ring_delay_ms=100
