@@ -195,11 +195,16 @@ async fn create_topics(
     let replication = config.replication_factor.map_or(-1, i32::from);
     let partitions = i32::try_from(config.partitions).unwrap_or(i32::MAX);
     let max_bytes = config.wire_max_message_bytes().to_string();
+    let min_insync = config.min_insync_replicas.map(|n| n.to_string());
     let topics: Vec<NewTopic<'_>> = names
         .iter()
         .map(|name| {
-            NewTopic::new(name, partitions, TopicReplication::Fixed(replication))
-                .set("max.message.bytes", &max_bytes)
+            let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(replication))
+                .set("max.message.bytes", &max_bytes);
+            match &min_insync {
+                Some(n) => topic.set("min.insync.replicas", n),
+                None => topic,
+            }
         })
         .collect();
     let timeout = deadline.saturating_duration_since(Instant::now());

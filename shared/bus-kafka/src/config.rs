@@ -83,6 +83,10 @@ pub struct KafkaConfig {
     /// Replicas of each topic created at start; `None` takes the broker's
     /// `default.replication.factor`. Use 1 against a single broker.
     pub replication_factor: Option<u16>,
+    /// `min.insync.replicas` of each topic created at start: with `acks=all`, a publish is
+    /// acknowledged once this many replicas have it, and refused when fewer are in sync.
+    /// `None` takes the broker's default. At most `replication_factor` when both are set.
+    pub min_insync_replicas: Option<u16>,
     /// Client id reported to the brokers; consumers add their member name to it.
     pub client_id: String,
     /// Largest message accepted, counting key, payload, header names and values; a larger one
@@ -123,6 +127,7 @@ impl Default for KafkaConfig {
             prefix: DEFAULT_PREFIX.to_owned(),
             partitions: DEFAULT_PARTITIONS,
             replication_factor: None,
+            min_insync_replicas: None,
             client_id: "sluice".to_owned(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             start_timeout: Duration::from_secs(30),
@@ -173,6 +178,23 @@ impl KafkaConfig {
                 "replication_factor",
                 "must be at least 1 (or unset for the broker's default)",
             ));
+        }
+        match (self.min_insync_replicas, self.replication_factor) {
+            (Some(0), _) => {
+                return Err(invalid(
+                    "min_insync_replicas",
+                    "must be at least 1 (or unset for the broker's default)",
+                ));
+            }
+            (Some(min), Some(rf)) if min > rf => {
+                return Err(invalid(
+                    "min_insync_replicas",
+                    format!(
+                        "{min} is more than replication_factor {rf}: no publish could be acknowledged"
+                    ),
+                ));
+            }
+            _ => {}
         }
         if self.client_id.is_empty()
             || !self
@@ -394,6 +416,21 @@ mod tests {
                     ..d()
                 },
                 "replication_factor",
+            ),
+            (
+                KafkaConfig {
+                    min_insync_replicas: Some(0),
+                    ..d()
+                },
+                "min_insync_replicas",
+            ),
+            (
+                KafkaConfig {
+                    replication_factor: Some(2),
+                    min_insync_replicas: Some(3),
+                    ..d()
+                },
+                "min_insync_replicas",
             ),
             (
                 KafkaConfig {

@@ -183,6 +183,9 @@ pub struct KafkaSettings {
     pub brokers: String,
     /// Replicas of each topic created at start; unset takes the broker's default.
     pub replication_factor: Option<u16>,
+    /// `min.insync.replicas` of each topic created at start (with `acks=all`, the replicas a
+    /// publish waits for); unset takes the broker's default.
+    pub min_insync_replicas: Option<u16>,
     pub client_id: String,
     /// Largest message accepted, in bytes.
     pub max_message_bytes: usize,
@@ -207,6 +210,7 @@ impl Default for KafkaSettings {
         Self {
             brokers: kafka.brokers,
             replication_factor: kafka.replication_factor,
+            min_insync_replicas: kafka.min_insync_replicas,
             client_id: kafka.client_id,
             max_message_bytes: kafka.max_message_bytes,
             start_timeout_ms: u64::try_from(kafka.start_timeout.as_millis()).unwrap_or(u64::MAX),
@@ -225,6 +229,7 @@ impl std::fmt::Debug for KafkaSettings {
         f.debug_struct("KafkaSettings")
             .field("brokers", &self.brokers)
             .field("replication_factor", &self.replication_factor)
+            .field("min_insync_replicas", &self.min_insync_replicas)
             .field("client_id", &self.client_id)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("start_timeout_ms", &self.start_timeout_ms)
@@ -244,6 +249,7 @@ impl BusConfig {
             prefix: self.topic_prefix.clone(),
             partitions: self.partitions,
             replication_factor: self.kafka.replication_factor,
+            min_insync_replicas: self.kafka.min_insync_replicas,
             client_id: self.kafka.client_id.clone(),
             max_message_bytes: self.kafka.max_message_bytes,
             start_timeout: std::time::Duration::from_millis(self.kafka.start_timeout_ms),
