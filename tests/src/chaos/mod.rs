@@ -460,7 +460,7 @@ fn free_port() -> Result<std::net::SocketAddr, ChaosError> {
 
 /// Whether nothing more will happen to the command by itself. A CONFIRMED command with a due
 /// time still has a look coming (a verification, a duplicate's clean-up).
-fn at_rest(command: &Command) -> bool {
+pub fn at_rest(command: &Command) -> bool {
     (command.status().is_terminal() || command.status() == CommandStatus::Stuck)
         && !command.state.verify_pending
         && command.state.owed_duplicates.is_empty()
@@ -469,7 +469,7 @@ fn at_rest(command: &Command) -> bool {
 
 /// Waits until every command of `runs` is at rest and nothing changes for the quiet period,
 /// and the upstream has no work still running; `false` if the deadline came first.
-async fn settle(
+pub async fn settle(
     api: &api::Api,
     upstream: &ChaosUpstream,
     runs: &[String],
