@@ -16,13 +16,23 @@ log="$(mktemp -t sluice-test.XXXXXX)"
 # Kafka (KRaft), installed from Maven Central into ~/.cache/sluice/engines and started here on
 # loopback (scripts/engines). Set SLUICE_SKIP_ENGINES=1 to run everything else without them.
 engines="all"
+# The cluster test (tests/tests/cluster.rs) runs last, on the 3-node clusters of
+# scripts/engines/cluster.sh; SLUICE_SKIP_CLUSTER=1 (or SLUICE_SKIP_ENGINES=1) leaves it out.
+cluster_test=replicas_of_every_service_survive_node_loss_on_three_node_clusters
+cluster_started=0
+cleanup() {
+  if [ "$cluster_started" = 1 ]; then scripts/engines/cluster.sh stop >/dev/null 2>&1 || true; fi
+  if [ "${SLUICE_SKIP_ENGINES:-0}" != 1 ]; then
+    scripts/engines/stop.sh $engines >/dev/null 2>&1 || true
+  fi
+  rm -f "$log"
+}
+trap cleanup EXIT
 if [ "${SLUICE_SKIP_ENGINES:-0}" = 1 ]; then
-  export SLUICE_SKIP_CQL=1 SLUICE_SKIP_KAFKA=1
-  trap 'rm -f "$log"' EXIT
+  export SLUICE_SKIP_CQL=1 SLUICE_SKIP_KAFKA=1 SLUICE_SKIP_CLUSTER=1
 else
   echo "== engines: $engines"
   scripts/engines/install.sh $engines
-  trap 'scripts/engines/stop.sh '"$engines"' >/dev/null 2>&1 || true; rm -f "$log"' EXIT
   scripts/engines/start.sh $engines
 fi
 # shellcheck source=engines/env.sh
@@ -52,7 +62,8 @@ echo "== cargo build --bins (the distributed test starts the service binaries)"
 cargo build --workspace --bins --locked
 echo "== cargo test"
 set +e
-cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
+# The cluster test runs on its own below, on the clusters, not here beside the single nodes.
+cargo test --workspace --locked --no-fail-fast -- --skip "$cluster_test" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 
@@ -80,6 +91,36 @@ for suite in scripts/suites/*.sh; do
   if [ "$suite_status" != 0 ] && [ "$status" = 0 ]; then status=$suite_status; fi
 done
 rm -f "$suites.one"
+
+# The cluster test: 2 replicas of each service on a 3-node Cassandra and a 3-broker Kafka, nodes
+# and replicas killed mid-flight. Six more JVMs do not fit beside the single-node engines on two
+# cores, so those (this script's own) stop first; the clusters stop when the test is done.
+if [ "${SLUICE_SKIP_CLUSTER:-0}" != 1 ]; then
+  echo "== cluster test (scripts/engines/cluster.sh, tests/tests/cluster.rs)"
+  cluster_began=$SECONDS
+  scripts/engines/stop.sh $engines
+  cluster_started=1
+  set +e
+  cluster_env="$(scripts/engines/cluster.sh start)"
+  cluster_status=$?
+  set -e
+  echo "cluster start: $((SECONDS - cluster_began)) s (exit $cluster_status)"
+  if [ "$cluster_status" = 0 ]; then
+    eval "$cluster_env"
+    test_began=$SECONDS
+    set +e
+    cargo test --locked -p sluice-tests --test cluster -- --nocapture 2>&1 | tee -a "$log"
+    cluster_status=${PIPESTATUS[0]}
+    set -e
+    echo "cluster test: $((SECONDS - test_began)) s (exit $cluster_status)"
+  else
+    echo "test result: FAILED. 0 passed; 1 failed; 0 ignored (the clusters did not start)" | tee -a "$log"
+  fi
+  scripts/engines/cluster.sh stop
+  cluster_started=0
+  echo "cluster step: $((SECONDS - cluster_began)) s in all"
+  if [ "$cluster_status" != 0 ] && [ "$status" = 0 ]; then status=$cluster_status; fi
+fi
 
 # Sum cargo's per-binary "test result:" lines and the suites' lines into one closing line.
 awk '/^test result:/ {
