@@ -1,6 +1,7 @@
 //! The CQL schema (`schemas/cql/`) and its idempotent application: what `sluice migrate` runs.
 
 use scylla::client::session::Session;
+use scylla::errors::{ExecutionError, SchemaAgreementError};
 use scylla::frame::types::Consistency;
 use scylla::statement::unprepared::Statement;
 
@@ -91,12 +92,27 @@ pub async fn drop_keyspace(session: &Session, keyspace: &str) -> Result<(), CqlE
             Err(e) => return Err(failed(Box::new(e))),
         }
     }
-    session
-        .await_schema_agreement()
-        .await
-        .map_err(|e| failed(Box::new(e)))?;
+    agree(session).await.map_err(|e| failed(Box::new(e)))?;
     Ok(())
 }
+
+/// Waits for every node to agree on the schema, for up to [`AGREEMENT_ATTEMPTS`] times the
+/// driver's own timeout: on a cluster whose nodes are busy or just started, a table's creation
+/// can take minutes to reach every node, and a migration that gives up then leaves a service
+/// that cannot start.
+async fn agree(session: &Session) -> Result<(), SchemaAgreementError> {
+    let mut attempt = 1;
+    loop {
+        match session.await_schema_agreement().await {
+            Ok(_) => return Ok(()),
+            Err(SchemaAgreementError::Timeout(_)) if attempt < AGREEMENT_ATTEMPTS => attempt += 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Driver timeouts (60 s each) waited for schema agreement before a migration fails.
+const AGREEMENT_ATTEMPTS: u32 = 4;
 
 /// Times a keyspace drop is asked for before its error is returned.
 const DROP_ATTEMPTS: u32 = 3;
@@ -134,11 +150,15 @@ pub async fn migrate_with(
         match session.query_unpaged(ddl, ()).await {
             Ok(_) => {}
             Err(e) if already_applied(&statement, &e.to_string()) => {}
+            // The statement was applied; only the driver's wait for every node to see it timed
+            // out (a loaded or just-started node). Waiting longer is all there is to do.
+            Err(ExecutionError::SchemaAgreementError(_)) => agree(session)
+                .await
+                .map_err(|e| failed(&statement, Box::new(e)))?,
             Err(e) => return Err(failed(&statement, Box::new(e))),
         }
     }
-    session
-        .await_schema_agreement()
+    agree(session)
         .await
         .map_err(|e| failed("await schema agreement", Box::new(e)))?;
 
