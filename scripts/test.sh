@@ -109,7 +109,8 @@ if [ "${SLUICE_SKIP_CLUSTER:-0}" != 1 ]; then
     eval "$cluster_env"
     test_began=$SECONDS
     set +e
-    cargo test --locked -p sluice-tests --test cluster -- --nocapture 2>&1 | tee -a "$log"
+    # --workspace, as the main run: the same feature set, so nothing is built again.
+    cargo test --locked --workspace --test cluster -- --nocapture 2>&1 | tee -a "$log"
     cluster_status=${PIPESTATUS[0]}
     set -e
     echo "cluster test: $((SECONDS - test_began)) s (exit $cluster_status)"
