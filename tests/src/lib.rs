@@ -18,6 +18,7 @@
 //! sleeps to let time pass as a substitute for an observation.
 
 pub mod chaos;
+pub mod processes;
 
 use std::future::Future;
 use std::net::SocketAddr;

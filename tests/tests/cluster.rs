@@ -16,7 +16,7 @@
 //! `scripts/test.sh` does). `SLUICE_CLUSTER_TEST_EFFECTS` and `SLUICE_CLUSTER_TEST_RATE`
 //! (effects per second over both producers) change the workload.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Process, Stdio};
@@ -24,15 +24,14 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
-use sluice_ledger_cql::{Consistency, CqlConfig, Replication, Serial, connect_session};
+use sluice_ledger_cql::{Consistency, Replication, Serial, connect_session};
 use sluice_runtime::Config;
-use sluice_runtime::config::{BusKind, LedgerKind};
 use sluice_tests::chaos::api::Api;
 use sluice_tests::chaos::catalog::{self, Horizons, Timing};
 use sluice_tests::chaos::upstream::{ChaosUpstream, FaultRates, FaultTimes};
 use sluice_tests::chaos::workload::{self, RunPlan, WorkloadOptions};
 use sluice_tests::chaos::{self, driver, invariants, operator};
+use sluice_tests::processes::{self, free_port};
 use tokio_util::sync::CancellationToken;
 
 const SERVICES: [&str; 4] = [
@@ -85,13 +84,6 @@ fn binary(name: &str) -> PathBuf {
         path.display()
     );
     path
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
 }
 
 /// `scripts/engines/cluster.sh ARGS`, which must succeed.
@@ -294,50 +286,22 @@ impl Drop for Replica {
 }
 
 fn cluster_config(dir: &Path, nodes: Vec<String>, brokers: &str, catalog: &Path) -> PathBuf {
-    let unique = uuid::Uuid::new_v4().simple().to_string();
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default();
-    let mut config = Config::default();
-    config.catalog.path = Some(catalog.to_owned());
-    config.ledger.kind = LedgerKind::Cql;
-    config.ledger.cql = CqlConfig {
-        nodes,
-        keyspace: format!("sluice_c_{secs}_{}", &unique[..10]),
-        replication: Replication::Simple {
-            replication_factor: 3,
-        },
-        consistency: Consistency::Quorum,
-        serial_consistency: Serial::Serial,
-        migrate_on_start: false,
-        ..CqlConfig::default()
+    let names = processes::Names {
+        keyspace: "sluice_c",
+        topics: "sluice-cluster",
     };
-    config.bus.kind = BusKind::Kafka;
-    config.bus.topic_prefix = format!("sluice-cluster-{}.", &unique[..8]);
-    config.bus.partitions = 8;
-    config.bus.kafka.brokers = brokers.to_owned();
-    config.bus.kafka.replication_factor = Some(3);
-    config.bus.kafka.min_insync_replicas = Some(2);
-    config
-        .bus
-        .kafka
-        .extra
-        .insert("session.timeout.ms".into(), "6000".into());
-    config.producer.listen = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
-    config.producer.open = true;
-    config.reconciler.sweep_interval_ms = 200;
-    // Eight processes reading the whole ledger for gauges would only add load.
-    config.metrics.command_gauges = false;
-    config
-        .validate()
-        .expect("the cluster configuration is valid");
-    let path = dir.join("sluice.toml");
-    std::fs::write(
-        &path,
-        toml::to_string(&config).expect("the configuration serialises"),
-    )
-    .expect("write the configuration");
+    let (path, _) =
+        processes::services_config(dir, catalog.to_owned(), nodes, brokers, &names, |config| {
+            config.ledger.cql.replication = Replication::Simple {
+                replication_factor: 3,
+            };
+            config.ledger.cql.consistency = Consistency::Quorum;
+            config.ledger.cql.serial_consistency = Serial::Serial;
+            config.bus.kafka.replication_factor = Some(3);
+            config.bus.kafka.min_insync_replicas = Some(2);
+            // Eight processes reading the whole ledger for gauges would only add load.
+            config.metrics.command_gauges = false;
+        });
     path
 }
 
@@ -648,40 +612,18 @@ async fn replicas_of_every_service_survive_node_loss_on_three_node_clusters() {
     ));
 
     // The oracle, on the ledger (through the API) and the upstream's own record.
-    let collected: Vec<(String, Vec<_>, Vec<_>, serde_json::Value)> =
-        futures::stream::iter(run_ids.iter().cloned())
-            .map(|run| {
-                let api = apis[0].clone();
-                async move {
-                    let commands = api.run_commands(&run).await?;
-                    let audit = api.audit(&run).await?;
-                    let verdict = api.verify(&run).await?;
-                    Ok::<_, chaos::ChaosError>((run, commands, audit, verdict))
-                }
-            })
-            .buffer_unordered(8)
-            .try_collect()
-            .await
-            .expect("the ledger's view of every run");
+    let chaos::Ended {
+        commands,
+        journals,
+        audits,
+        verdicts,
+    } = chaos::read_ended(&apis[0], &run_ids)
+        .await
+        .expect("the ledger's view of every run");
     let record = upstream.record();
-    let (mut commands, mut journals, mut audits, mut verdicts) = (
-        HashMap::new(),
-        HashMap::new(),
-        HashMap::new(),
-        HashMap::new(),
-    );
     let mut statuses: BTreeMap<String, u64> = BTreeMap::new();
-    for (run, listed, audit, verdict) in collected {
-        journals.insert(
-            run.clone(),
-            listed.iter().map(|c| c.command_key.to_string()).collect(),
-        );
-        for command in listed {
-            *statuses.entry(command.status().to_string()).or_default() += 1;
-            commands.insert((run.clone(), command.command_key.to_string()), command);
-        }
-        audits.insert(run.clone(), audit);
-        verdicts.insert(run, verdict);
+    for command in commands.values() {
+        *statuses.entry(command.status().to_string()).or_default() += 1;
     }
     let evidence = invariants::Evidence {
         seed,

@@ -21,10 +21,8 @@ use reqwest::StatusCode;
 use sluice::bench::{self, BenchArgs, Mode};
 use sluice::demo::Progress;
 use sluice_core::command::CommandStatus::{self, *};
-use sluice_core::time::{Clock, SystemClock};
 use sluice_ledger::Ledger;
 use sluice_ledger_cql::{CqlConfig, CqlLedger, connect_session};
-use sluice_runtime::config::{BusKind, LedgerKind};
 use sluice_runtime::{Config, Shutdown};
 use sluice_tests::*;
 use sluice_upstream::{Family, FaultKind, FaultRates, Faults};
@@ -72,13 +70,6 @@ fn binary(name: &str) -> PathBuf {
         path.display()
     );
     path
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
 }
 
 /// One service process; killed when dropped, so a failing test leaves none behind.
@@ -135,8 +126,6 @@ fn distributed_config(
     nodes: Vec<String>,
     upstream: &str,
 ) -> (PathBuf, Config) {
-    let unique = uuid::Uuid::new_v4().simple().to_string();
-    let secs = SystemClock.now().as_millis() / 1_000;
     let catalog = dir.join("catalog.toml");
     let edit = CatalogEdit::example(upstream)
         .dispatch("payments/wire", "timeout_ms", 1_500)
@@ -146,43 +135,18 @@ fn distributed_config(
         .policy("email/send", "lease_ttl_ms", 2_500);
     std::fs::write(&catalog, edit.text()).expect("write the catalog");
 
-    let mut config = Config::default();
-    config.catalog.path = Some(catalog);
-    config.ledger.kind = LedgerKind::Cql;
-    config.ledger.cql = CqlConfig {
+    processes::services_config(
+        dir,
+        catalog,
         nodes,
-        // The Cassandra suite's prefix: its next run drops keyspaces older than ten minutes.
-        keyspace: format!("sluice_t_{secs}_{}", &unique[..10]),
-        // `sluice migrate` applies the schema once, before the services start, as in
-        // production where the services may not run DDL.
-        migrate_on_start: false,
-        ..CqlConfig::default()
-    };
-    config.bus.kind = BusKind::Kafka;
-    config.bus.topic_prefix = format!("sluice-e2e-{}.", &unique[..8]);
-    config.bus.partitions = 8;
-    config.bus.kafka.brokers = brokers.to_owned();
-    config.bus.kafka.replication_factor = Some(1);
-    // A killed member holds its partitions until its session expires; the broker's floor.
-    config
-        .bus
-        .kafka
-        .extra
-        .insert("session.timeout.ms".into(), "6000".into());
-    config.producer.listen = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
-    config.reconciler.sweep_interval_ms = 200;
-    // On loopback, without tokens: open by choice.
-    config.producer.open = true;
-    config
-        .validate()
-        .expect("the distributed configuration is valid");
-    let path = dir.join("sluice.toml");
-    std::fs::write(
-        &path,
-        toml::to_string(&config).expect("the configuration serialises"),
+        brokers,
+        &processes::Names {
+            // The Cassandra suite's prefix: its next run drops keyspaces older than ten minutes.
+            keyspace: "sluice_t",
+            topics: "sluice-e2e",
+        },
+        |config| config.bus.kafka.replication_factor = Some(1),
     )
-    .expect("write the configuration");
-    (path, config)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

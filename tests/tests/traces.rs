@@ -20,6 +20,7 @@ use axum::Json;
 use axum::extract::{Request, State};
 use serde_json::{Value, json};
 use sluice_runtime::config::TelemetryConfig;
+use sluice_tests::processes::free_port;
 use sluice_tests::*;
 
 /// The agent's trace: the test's own trace id and span id.
@@ -43,13 +44,6 @@ fn collector_or_skip() -> Option<PathBuf> {
         path.display()
     );
     None
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
 }
 
 /// The collector process; killed when dropped.

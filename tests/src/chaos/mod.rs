@@ -137,6 +137,51 @@ impl Options {
     }
 }
 
+/// What Sluice ended with, read through its API for every run.
+#[derive(Debug, Default)]
+pub struct Ended {
+    /// The final state of every command, by (run, command key).
+    pub commands: HashMap<(String, String), Command>,
+    /// Each run's command keys in journal order.
+    pub journals: HashMap<String, Vec<String>>,
+    pub audits: HashMap<String, Vec<sluice_core::audit::AuditEntry>>,
+    /// The API's verdict per run (`GET …/audit/verify`).
+    pub verdicts: HashMap<String, serde_json::Value>,
+}
+
+/// Reads [`Ended`] for `run_ids`, eight runs at a time: the oracle's view of the ledger.
+pub async fn read_ended(api: &api::Api, run_ids: &[String]) -> Result<Ended, ChaosError> {
+    let collected: Vec<(String, Vec<Command>, Vec<_>, serde_json::Value)> =
+        futures::stream::iter(run_ids.iter().cloned())
+            .map(|run| {
+                let api = api.clone();
+                async move {
+                    let commands = api.run_commands(&run).await?;
+                    let audit = api.audit(&run).await?;
+                    let verdict = api.verify(&run).await?;
+                    Ok::<_, ChaosError>((run, commands, audit, verdict))
+                }
+            })
+            .buffer_unordered(8)
+            .try_collect()
+            .await?;
+    let mut ended = Ended::default();
+    for (run, listed, audit, verdict) in collected {
+        ended.journals.insert(
+            run.clone(),
+            listed.iter().map(|c| c.command_key.to_string()).collect(),
+        );
+        for command in listed {
+            ended
+                .commands
+                .insert((run.clone(), command.command_key.to_string()), command);
+        }
+        ended.audits.insert(run.clone(), audit);
+        ended.verdicts.insert(run, verdict);
+    }
+    Ok(ended)
+}
+
 /// A seed from the operating system, for a run that was given none.
 pub fn random_seed() -> u64 {
     let uuid = uuid::Uuid::new_v4();
@@ -298,36 +343,13 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
     );
 
     // Collect what Sluice ended with, and what the upstream saw.
-    let collected: Vec<(String, Vec<Command>, Vec<_>, serde_json::Value)> =
-        futures::stream::iter(run_ids.iter().cloned())
-            .map(|run| {
-                let api = api.clone();
-                async move {
-                    let commands = api.run_commands(&run).await?;
-                    let audit = api.audit(&run).await?;
-                    let verdict = api.verify(&run).await?;
-                    Ok::<_, ChaosError>((run, commands, audit, verdict))
-                }
-            })
-            .buffer_unordered(8)
-            .try_collect()
-            .await?;
+    let Ended {
+        commands,
+        journals,
+        audits,
+        verdicts,
+    } = read_ended(&api, &run_ids).await?;
     let record = upstream.record();
-    let mut commands = HashMap::new();
-    let mut journals = HashMap::new();
-    let mut audits = HashMap::new();
-    let mut verdicts = HashMap::new();
-    for (run, listed, audit, verdict) in collected {
-        journals.insert(
-            run.clone(),
-            listed.iter().map(|c| c.command_key.to_string()).collect(),
-        );
-        for command in listed {
-            commands.insert((run.clone(), command.command_key.to_string()), command);
-        }
-        audits.insert(run.clone(), audit);
-        verdicts.insert(run, verdict);
-    }
     let clock_skew_ms = match &options.crash_mode {
         CrashMode::Failpoints { clock_skew_ms, .. } => *clock_skew_ms,
         CrashMode::Kill => 0,
