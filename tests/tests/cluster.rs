@@ -345,10 +345,10 @@ async fn replicas_of_every_service_survive_node_loss_on_three_node_clusters() {
     let began = Instant::now();
     let seed = chaos::random_seed();
     let effects = env_number("SLUICE_CLUSTER_TEST_EFFECTS", 2_000.0) as usize;
-    // Paced so that submissions go on through the faults (about 7 minutes of them here), not
+    // Paced so that submissions go on through the faults (8-9 minutes of them here), not
     // only through the first: at 14/s the last effect was accepted while the first Cassandra
     // node was still restarting, and the later faults met only the backlog.
-    let rate = env_number("SLUICE_CLUSTER_TEST_RATE", 5.0);
+    let rate = env_number("SLUICE_CLUSTER_TEST_RATE", 4.0);
     say(&format!(
         "seed {seed}: {effects} effects at {rate}/s over 2 producers"
     ));
