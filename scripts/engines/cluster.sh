@@ -133,21 +133,7 @@ listen_address: ${host}
 rpc_address: ${host}
 storage_port: ${SLUICE_CLUSTER_STORAGE_PORT}
 native_transport_port: ${SLUICE_CLUSTER_CQL_PORT}
-start_native_transport: true
-auto_bootstrap: false
-# Periodic sync, as Cassandra's default: a kill -9 of the process loses nothing
-# (the commit log is in the page cache); only a machine crash could.
-commitlog_sync: periodic
-commitlog_sync_period: 10000ms
-commitlog_disk_access_mode: legacy
-data_file_directories:
-  - ${run}/data/data
-commitlog_directory: ${run}/data/commitlog
-hints_directory: ${run}/data/hints
-saved_caches_directory: ${run}/data/saved_caches
-cdc_raw_directory: ${run}/data/cdc_raw
-auto_snapshot: false
-paxos_variant: v2
+$(cassandra_common_yaml "$run")
 # Two cores for six JVMs and the services: few background threads.
 concurrent_compactors: 1
 memtable_flush_writers: 1

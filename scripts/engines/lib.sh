@@ -341,3 +341,29 @@ cassandra_write_logging() {
 </configuration>
 EOF
 }
+
+# cassandra_common_yaml RUN — the cassandra.yaml settings every test node shares, start.sh's
+# single nodes and cluster.sh's three alike: directories under RUN, durability, Paxos.
+cassandra_common_yaml() {
+  local run="$1"
+  cat <<EOF
+start_native_transport: true
+auto_bootstrap: false
+# Periodic sync, as Cassandra's default: a kill -9 of the process loses nothing
+# (the commit log is in the page cache); only a machine crash could.
+commitlog_sync: periodic
+commitlog_sync_period: 10000ms
+commitlog_disk_access_mode: legacy
+data_file_directories:
+  - ${run}/data/data
+commitlog_directory: ${run}/data/commitlog
+hints_directory: ${run}/data/hints
+saved_caches_directory: ${run}/data/saved_caches
+cdc_raw_directory: ${run}/data/cdc_raw
+# Tests drop and truncate a lot: no snapshots for that.
+auto_snapshot: false
+# Paxos v2 (Cassandra 4.1+): an LWT in two round trips to the replicas instead of four,
+# closer to what ScyllaDB does. The recommended setting for new clusters.
+paxos_variant: v2
+EOF
+}

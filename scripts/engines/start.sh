@@ -214,22 +214,7 @@ listen_address: 127.0.0.1
 rpc_address: 127.0.0.1
 storage_port: ${C_STORAGE_PORT}
 native_transport_port: ${C_CQL_PORT}
-start_native_transport: true
-auto_bootstrap: false
-commitlog_sync: periodic
-commitlog_sync_period: 10000ms
-commitlog_disk_access_mode: legacy
-data_file_directories:
-  - ${run}/data/data
-commitlog_directory: ${run}/data/commitlog
-hints_directory: ${run}/data/hints
-saved_caches_directory: ${run}/data/saved_caches
-cdc_raw_directory: ${run}/data/cdc_raw
-# Tests drop and truncate a lot: no snapshots for that.
-auto_snapshot: false
-# Paxos v2 (Cassandra 4.1+): an LWT in two round trips to the replicas instead of four,
-# closer to what ScyllaDB does. The recommended setting for new clusters.
-paxos_variant: v2
+$(cassandra_common_yaml "$run")
 EOF
   if [[ "$engine" == cassandra-tls ]]; then
     # TLS only (no plaintext on the port), a client certificate from the test CA required,
