@@ -116,6 +116,8 @@ struct Inner {
     write_latency: sluice_ledger::latency::WriteLatency,
     /// Commands found undecodable: `due` skips them.
     quarantine: Quarantine,
+    /// Where this process's sweeps of each due shard left off.
+    floors: sweep::Floors,
     /// Where tests hold a task of this ledger (`pause`).
     #[cfg(test)]
     pauses: pause::Pauses,
@@ -613,6 +615,7 @@ impl CqlLedger {
                 due_origin,
                 write_latency: Default::default(),
                 quarantine: Quarantine::default(),
+                floors: sweep::Floors::default(),
                 #[cfg(test)]
                 pauses: pause::Pauses::default(),
             }),

@@ -181,7 +181,7 @@ impl Statements {
             read_due: prepare(
                 format!(
                     "SELECT due_at, run_id, command_key, WRITETIME(status) AS written FROM {ks}.due \
-                     WHERE minute = ? AND shard = ? AND due_at <= ?"
+                     WHERE minute = ? AND shard = ? AND due_at > ? AND due_at <= ?"
                 ),
                 Read,
             )

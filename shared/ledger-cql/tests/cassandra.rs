@@ -768,6 +768,231 @@ async fn old_due_buckets_are_emptied_and_cursors_move_on() {
     assert_eq!(due(ledger.clone(), clock.now()).await, expected);
 }
 
+/// The largest number of tombstones one read of the keyspace's `due` table scanned lately, as
+/// the node itself counts them (`system_views.tombstones_per_read`).
+async fn due_tombstones_per_read(ledger: &CqlLedger, keyspace: &str) -> f64 {
+    let rows = ledger
+        .session()
+        .query_unpaged(
+            "SELECT max FROM system_views.tombstones_per_read \
+             WHERE keyspace_name = ? AND table_name = 'due'",
+            (keyspace,),
+        )
+        .await
+        .expect("tombstones per read")
+        .into_rows_result()
+        .expect("rows");
+    rows.maybe_first_row::<(Option<f64>,)>()
+        .expect("typed")
+        .and_then(|row| row.0)
+        .unwrap_or(0.0)
+}
+
+/// Files a due entry as a writer would, straight into the table: a stand-in for an entry that
+/// lands late (written here, not through the ledger, because the ledger writes its entries
+/// before the transition that sets their due time).
+async fn file_due_entry(
+    ledger: &CqlLedger,
+    keyspace: &str,
+    command: &Command,
+    due_at: sluice_core::time::Timestamp,
+    writer_now: sluice_core::time::Timestamp,
+) {
+    let minute = (due_at.as_millis() / 60_000).max(writer_now.as_millis() / 60_000);
+    for shard in 0..4 {
+        ledger
+            .session()
+            .query_unpaged(
+                format!(
+                    "INSERT INTO {keyspace}.due (minute, shard, due_at, run_id, command_key, \
+                     status) VALUES (?, ?, ?, ?, ?, ?)"
+                ),
+                (
+                    minute,
+                    shard,
+                    due_at.as_millis(),
+                    command.run_id.as_str(),
+                    command.command_key.to_string(),
+                    command.state.status.as_str(),
+                ),
+            )
+            .await
+            .expect("file the entry");
+    }
+}
+
+/// Removes every entry of `command` from the due index, as if its write had not landed yet.
+async fn unfile_due_entry(ledger: &CqlLedger, keyspace: &str, command: &Command) {
+    let due_at = command.state.due_at.expect("due");
+    let minute = due_at.as_millis() / 60_000;
+    for shard in 0..4 {
+        ledger
+            .session()
+            .query_unpaged(
+                format!(
+                    "DELETE FROM {keyspace}.due WHERE minute = ? AND shard = ? AND due_at = ? \
+                     AND run_id = ? AND command_key = ?"
+                ),
+                (
+                    minute,
+                    shard,
+                    due_at.as_millis(),
+                    command.run_id.as_str(),
+                    command.command_key.to_string(),
+                ),
+            )
+            .await
+            .expect("unfile the entry");
+    }
+}
+
+/// A sweep reads a shard from where its last sweep left off, not from the cursor: the entries
+/// it found stale and deleted are not read again (as tombstones) every second for the sweep
+/// lag's five minutes. Counted by the node: before the floors, each of these sweeps scanned
+/// all 400 tombstones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sweep_does_not_read_again_the_tombstones_the_last_one_left() {
+    skip_if_asked();
+    shared_keyspace().await;
+    let clock = Arc::new(ManualClock::starting_at(SystemClock.now()));
+    let keyspace = keyspace();
+    let ledger = CqlLedger::connect_with_clock(config(keyspace.clone()), clock.clone())
+        .await
+        .expect("connect");
+    // 400 entries of commands that do not exist, due 10 s ago: stale, deleted by the first
+    // sweep, which leaves 400 tombstones in their bucket.
+    const STALE: usize = 400;
+    let run = fresh_run("tombstones");
+    let due_at = clock.now().plus_millis(-10_000);
+    let minute = due_at.as_millis() / 60_000;
+    for i in 0..STALE {
+        ledger
+            .session()
+            .query_unpaged(
+                format!(
+                    "INSERT INTO {keyspace}.due (minute, shard, due_at, run_id, command_key, \
+                     status) VALUES (?, 0, ?, ?, ?, 'PENDING')"
+                ),
+                (
+                    minute,
+                    due_at.as_millis(),
+                    run.as_str(),
+                    format!("gone-{i}"),
+                ),
+            )
+            .await
+            .expect("file");
+    }
+    let found = ledger.due(clock.now(), 1_000).await.expect("first sweep");
+    assert!(found.is_empty(), "nothing is due: {found:?}");
+    let after_first = due_tombstones_per_read(&ledger, &keyspace).await;
+
+    // The sweeps of the next five seconds.
+    for _ in 0..5 {
+        clock.advance(Duration::from_secs(1));
+        let found = ledger.due(clock.now(), 1_000).await.expect("sweep");
+        assert!(found.is_empty(), "nothing is due: {found:?}");
+    }
+    let most = due_tombstones_per_read(&ledger, &keyspace).await;
+    assert!(
+        most < (STALE / 10) as f64,
+        "a sweep read {most} tombstones of the {STALE} the first one left (before it: {after_first})"
+    );
+    let left: i64 = ledger
+        .session()
+        .query_unpaged(
+            format!("SELECT COUNT(*) FROM {keyspace}.due WHERE minute = ? AND shard = 0"),
+            (minute,),
+        )
+        .await
+        .expect("count")
+        .into_rows_result()
+        .expect("rows")
+        .first_row::<(i64,)>()
+        .expect("row")
+        .0;
+    // Counted last: this read scans the tombstones too.
+    assert_eq!(left, 0, "the first sweep deleted every stale entry");
+}
+
+/// An entry that lands after the sweeps have passed its due time (a writer that stalled, a
+/// clock behind) is found by the next whole read of its shard, at most 30 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_entry_that_lands_late_is_found_by_the_next_whole_read() {
+    skip_if_asked();
+    shared_keyspace().await;
+    let clock = Arc::new(ManualClock::starting_at(SystemClock.now()));
+    let keyspace = keyspace();
+    let ledger = CqlLedger::connect_with_clock(config(keyspace.clone()), clock.clone())
+        .await
+        .expect("connect");
+    let run = fresh_run("late");
+    let late = reserved(&ledger, &run, 0, "email/send").await;
+    let due_at = late.state.due_at.expect("due");
+    unfile_due_entry(&ledger, &keyspace, &late).await;
+
+    clock.advance(Duration::from_millis(
+        u64::try_from(due_at.as_millis() - clock.now().as_millis()).unwrap_or(0) + 20_000,
+    ));
+    assert!(
+        ledger
+            .due(clock.now(), 1_000)
+            .await
+            .expect("sweep")
+            .is_empty(),
+        "the entry has not landed"
+    );
+    clock.advance(Duration::from_secs(1));
+    let landed = clock.now();
+    file_due_entry(&ledger, &keyspace, &late, due_at, landed).await;
+    let mut found_at = None;
+    for _ in 0..=31 {
+        clock.advance(Duration::from_secs(1));
+        let found = ledger.due(clock.now(), 1_000).await.expect("sweep");
+        if found
+            .iter()
+            .any(|item| item.command_key == late.command_key)
+        {
+            found_at = Some(clock.now());
+            break;
+        }
+    }
+    let found_at = found_at.expect("the late entry is found within 32 s of sweeps");
+    let waited = found_at.as_millis() - landed.as_millis();
+    assert!(waited <= 31_000, "found {waited} ms after it landed");
+}
+
+/// A command that stays due (a sweep that cannot act on it) is returned by every sweep, not
+/// only by the whole reads: its entry holds the shard's floor back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_command_still_due_is_returned_by_every_sweep() {
+    skip_if_asked();
+    shared_keyspace().await;
+    let clock = Arc::new(ManualClock::starting_at(SystemClock.now()));
+    let keyspace = keyspace();
+    let ledger = CqlLedger::connect_with_clock(config(keyspace.clone()), clock.clone())
+        .await
+        .expect("connect");
+    let run = fresh_run("stays");
+    let waiting = reserved(&ledger, &run, 0, "email/send").await;
+    let due_at = waiting.state.due_at.expect("due");
+    clock.advance(Duration::from_millis(
+        u64::try_from(due_at.as_millis() - clock.now().as_millis()).unwrap_or(0) + 10_000,
+    ));
+    for sweep in 0..8 {
+        let found = ledger.due(clock.now(), 1_000).await.expect("sweep");
+        assert_eq!(
+            found
+                .iter()
+                .map(|item| item.command_key.clone())
+                .collect::<Vec<_>>(),
+            vec![waiting.command_key.clone()],
+            "sweep {sweep}"
+        );
+        clock.advance(Duration::from_secs(1));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_schema_the_error_says_to_migrate() {
     skip_if_asked();

@@ -386,6 +386,12 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
     /// scan of all commands). A command that cannot be decoded is skipped (and quarantined,
     /// [`quarantine`]), never an error of the whole call: one damaged row must not stop the
     /// sweep of every other.
+    ///
+    /// An index may read each shard only past where this process's last call left off, and
+    /// whole every so often: then a command whose index entry landed well after its due time
+    /// (a writer that stalled, a clock behind) is returned by a later call, within a bound the
+    /// implementation documents (the CQL ledger: 30 s). A command returned and still due at the
+    /// same time is returned again by every call.
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<DueItem>, LedgerError> {
         let all: Vec<u32> = (0..self.due_shards()).collect();
         self.due_in(now, limit, &all).await

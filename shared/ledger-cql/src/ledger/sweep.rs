@@ -1,7 +1,8 @@
-//! `due`: the walk over the time-bucketed due index, its per-shard cursors and the lazy
-//! deletion of stale entries (docs/cql.md, "Due index").
+//! `due`: the walk over the time-bucketed due index, its per-shard cursors and floors and the
+//! lazy deletion of stale entries (docs/cql.md, "Due index").
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
 
 use futures::StreamExt;
 
@@ -12,6 +13,103 @@ use sluice_ledger::{DueItem, LedgerError};
 use super::{CqlLedger, FAN_OUT};
 use crate::codec::{Fields, MINUTE_MS, minute_of, parse_status};
 use crate::stats::{Kind, Op};
+
+/// How far behind a sweep's `now` the next sweep of a shard starts: an entry that lands within
+/// this of its due time (by the sweeping process's clock) is read by the next sweep.
+const FLOOR_OVERLAP_MS: i64 = 5_000;
+
+/// How often a shard is read whole, from its cursor: what finds an entry that landed later than
+/// [`FLOOR_OVERLAP_MS`] after its due time (a stalled writer, a skewed clock, an entry carried
+/// forward by another process), and the only reads that move cursors.
+const WHOLE_EVERY_MS: i64 = 30_000;
+
+/// Per shard, where this process's last sweep of it left off.
+#[derive(Debug, Clone, Copy)]
+struct Floor {
+    /// Every entry due at or before this that had landed by that sweep was stale (and
+    /// deleted) or quarantined: the next sweep reads only past it. A live entry holds it back
+    /// to just before its due time, so a command still due is read again every sweep.
+    after: i64,
+    /// When (the sweep's `now`) the shard was last read whole.
+    whole_at: i64,
+}
+
+/// Each shard's [`Floor`], kept by this process only: a shard it has not swept lately (just
+/// taken over, or never) is read whole.
+#[derive(Debug, Default)]
+pub(super) struct Floors(Mutex<HashMap<u32, Floor>>);
+
+impl Floors {
+    fn get(&self, shard: u32) -> Option<Floor> {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|floors| floors.get(&shard).copied())
+    }
+
+    fn set(&self, shard: u32, floor: Option<Floor>) {
+        if let Ok(mut floors) = self.0.lock() {
+            match floor {
+                Some(floor) => floors.insert(shard, floor),
+                None => floors.remove(&shard),
+            };
+        }
+    }
+}
+
+/// What one sweep reads of a shard: from which bucket, and past which due time.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    /// Read from the shard's cursor, every entry: the only kind of read that moves a cursor.
+    whole: bool,
+    from_minute: i64,
+    /// Only entries due after this are read (`i64::MIN` for a whole read).
+    after: i64,
+}
+
+impl Plan {
+    fn for_shard(floor: Option<Floor>, cursor: i64, now: i64) -> Self {
+        match floor {
+            Some(floor)
+                if floor.whole_at <= now
+                    && now - floor.whole_at < WHOLE_EVERY_MS
+                    && floor.after <= now =>
+            {
+                Self {
+                    whole: false,
+                    from_minute: cursor.max(floor.after.div_euclid(MINUTE_MS)),
+                    after: floor.after,
+                }
+            }
+            Some(_) | None => Self {
+                whole: true,
+                from_minute: cursor,
+                after: i64::MIN,
+            },
+        }
+    }
+
+    /// The floor this plan leaves: `complete` when the walk reached `now`'s bucket (a walk cut
+    /// short by the limit leaves the floor as it was), `held` the earliest due time of a live
+    /// entry read in the shard.
+    fn next_floor(
+        self,
+        before: Option<Floor>,
+        complete: bool,
+        held: Option<i64>,
+        now: i64,
+    ) -> Option<Floor> {
+        if !complete {
+            return before.filter(|_| !self.whole);
+        }
+        let after = (now - FLOOR_OVERLAP_MS).min(held.map_or(i64::MAX, |due| due - 1));
+        let whole_at = match before {
+            Some(before) if !self.whole => before.whole_at,
+            _ => now,
+        };
+        Some(Floor { after, whole_at })
+    }
+}
 
 /// A due entry as read.
 #[derive(Debug, Clone)]
@@ -143,35 +241,44 @@ impl CqlLedger {
                 *slot = true;
             }
         }
-        let start = cursors
+        let now_ms = now.as_millis();
+        let plans: Vec<Option<Plan>> = cursors
             .iter()
-            .zip(&selected)
-            .filter(|(_, selected)| **selected)
-            .map(|(cursor, _)| *cursor)
-            .min();
-        let Some(start) = start else {
+            .enumerate()
+            .map(|(shard, &cursor)| {
+                selected[shard].then(|| {
+                    let floor = self.inner.floors.get(shard_u32(shard));
+                    Plan::for_shard(floor, cursor, now_ms)
+                })
+            })
+            .collect();
+        let Some(start) = plans.iter().flatten().map(|plan| plan.from_minute).min() else {
             return Ok(Vec::new());
         };
         let last = minute_of(now);
-        // Per shard: whether every bucket walked so far was left empty.
-        let mut clean = selected.clone();
+        // Per shard: whether every bucket walked so far was read whole and left empty.
+        let mut clean: Vec<bool> = plans.iter().map(|p| p.is_some_and(|p| p.whole)).collect();
         let mut moved = vec![false; cursors.len()];
+        // Per shard: the earliest due time of a live entry read.
+        let mut held: Vec<Option<i64>> = vec![None; cursors.len()];
         let mut items: Vec<DueItem> = Vec::new();
         let mut seen = HashSet::new();
         let mut minute = start;
         while minute <= last && items.len() < limit {
-            let shards: Vec<i32> = (0..cursors.len())
-                .filter(|&s| selected[s] && cursors[s] <= minute)
-                .filter_map(|s| i32::try_from(s).ok())
+            let shards: Vec<(i32, i64)> = plans
+                .iter()
+                .enumerate()
+                .filter_map(|(s, plan)| plan.filter(|p| p.from_minute <= minute).map(|p| (s, p)))
+                .filter_map(|(s, plan)| i32::try_from(s).ok().map(|s| (s, plan.after)))
                 .collect();
             let buckets: Vec<Result<(i32, Vec<Fields>), LedgerError>> =
                 futures::stream::iter(shards)
-                    .map(|shard| async move {
+                    .map(|(shard, after)| async move {
                         self.paged(
                             op,
                             "read due bucket",
                             &self.inner.st.read_due,
-                            (minute, shard, now.as_millis()),
+                            (minute, shard, after, now_ms),
                             Kind::Plain,
                         )
                         .await
@@ -183,7 +290,7 @@ impl CqlLedger {
             // A bucket holds entries due before its minute ends (an entry is filed in its due
             // minute, or the writer's if that is later). The read stops at `now`, so only a
             // bucket that ended by `now` was read whole and can be found empty.
-            let read_whole = (minute + 1) * MINUTE_MS <= now.as_millis() + 1;
+            let read_whole = (minute + 1) * MINUTE_MS <= now_ms + 1;
             let mut entries = Vec::new();
             for bucket in buckets {
                 let (shard, rows) = bucket?;
@@ -199,7 +306,7 @@ impl CqlLedger {
                     ) else {
                         continue;
                     };
-                    if due_at > now.as_millis() {
+                    if due_at > now_ms {
                         // Not due for this caller: the bucket is not done with.
                         clean[index] = false;
                         continue;
@@ -264,6 +371,13 @@ impl CqlLedger {
                 if matches!(checked, Checked::Stale) {
                     continue;
                 }
+                if matches!(checked, Checked::Due(_))
+                    && let Some(slot) = usize::try_from(entry.shard)
+                        .ok()
+                        .and_then(|s| held.get_mut(s))
+                {
+                    *slot = Some(slot.map_or(entry.due_at, |due| due.min(entry.due_at)));
+                }
                 if entry.minute >= settled_before {
                     // Stays in this bucket: the bucket is not empty.
                     if let Some(slot) = usize::try_from(entry.shard)
@@ -289,6 +403,15 @@ impl CqlLedger {
             }
             minute += 1;
         }
+        let complete = minute > last;
+        for (shard, plan) in plans.iter().enumerate() {
+            if let Some(plan) = plan {
+                let shard_id = shard_u32(shard);
+                let before = self.inner.floors.get(shard_id);
+                let floor = plan.next_floor(before, complete, held[shard], now_ms);
+                self.inner.floors.set(shard_id, floor);
+            }
+        }
         for (shard, cursor) in cursors.iter().enumerate() {
             if moved[shard] {
                 let shard = i32::try_from(shard).unwrap_or(0);
@@ -311,4 +434,8 @@ impl CqlLedger {
         items.truncate(limit);
         Ok(items)
     }
+}
+
+fn shard_u32(shard: usize) -> u32 {
+    u32::try_from(shard).unwrap_or(u32::MAX)
 }
