@@ -296,8 +296,13 @@ impl CommandGauges {
 }
 
 /// How far before the last read's start a refresh reads new runs from: a run's creation time is
-/// its first reservation's, taken before the write, on the writer's clock.
-pub const RECENT_OVERLAP: Duration = Duration::from_secs(300);
+/// its first reservation's, taken before the write, on the writer's clock. Every run created in
+/// this window is read again at each refresh (one read each), so it is kept short: at 5 minutes
+/// and a refresh a minute each run was read six times, 3.5 reads per effect on a pipeline of
+/// one-effect runs, more than all its other reads together (docs/scaling.md). A run whose
+/// registration lands later than this after its creation time (a writer stalled that long, or
+/// a clock that far behind) shows at the next whole read.
+pub const RECENT_OVERLAP: Duration = Duration::from_secs(30);
 /// Every this many refreshes one reads every run (hourly at the minute's refresh on Kafka).
 pub const FULL_EVERY: u32 = 60;
 
