@@ -768,6 +768,19 @@ async fn old_due_buckets_are_emptied_and_cursors_move_on() {
     assert_eq!(due(ledger.clone(), clock.now()).await, expected);
 }
 
+/// A ledger on a keyspace of its own (the sweep tests count what its due index holds), on a
+/// clock the test moves.
+async fn swept_alone() -> (CqlLedger, Arc<ManualClock>, String) {
+    skip_if_asked();
+    shared_keyspace().await;
+    let clock = Arc::new(ManualClock::starting_at(SystemClock.now()));
+    let keyspace = keyspace();
+    let ledger = CqlLedger::connect_with_clock(config(keyspace.clone()), clock.clone())
+        .await
+        .expect("connect");
+    (ledger, clock, keyspace)
+}
+
 /// The largest number of tombstones one read of the keyspace's `due` table scanned lately, as
 /// the node itself counts them (`system_views.tombstones_per_read`).
 async fn due_tombstones_per_read(ledger: &CqlLedger, keyspace: &str) -> f64 {
@@ -852,13 +865,7 @@ async fn unfile_due_entry(ledger: &CqlLedger, keyspace: &str, command: &Command)
 /// all 400 tombstones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sweep_does_not_read_again_the_tombstones_the_last_one_left() {
-    skip_if_asked();
-    shared_keyspace().await;
-    let clock = Arc::new(ManualClock::starting_at(SystemClock.now()));
-    let keyspace = keyspace();
-    let ledger = CqlLedger::connect_with_clock(config(keyspace.clone()), clock.clone())
-        .await
-        .expect("connect");
+    let (ledger, clock, keyspace) = swept_alone().await;
     // 400 entries of commands that do not exist, due 10 s ago: stale, deleted by the first
     // sweep, which leaves 400 tombstones in their bucket.
     const STALE: usize = 400;
@@ -919,13 +926,7 @@ async fn a_sweep_does_not_read_again_the_tombstones_the_last_one_left() {
 /// clock behind) is found by the next whole read of its shard, at most 30 s later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_entry_that_lands_late_is_found_by_the_next_whole_read() {
-    skip_if_asked();
-    shared_keyspace().await;
-    let clock = Arc::new(ManualClock::starting_at(SystemClock.now()));
-    let keyspace = keyspace();
-    let ledger = CqlLedger::connect_with_clock(config(keyspace.clone()), clock.clone())
-        .await
-        .expect("connect");
+    let (ledger, clock, keyspace) = swept_alone().await;
     let run = fresh_run("late");
     let late = reserved(&ledger, &run, 0, "email/send").await;
     let due_at = late.state.due_at.expect("due");
@@ -966,13 +967,7 @@ async fn an_entry_that_lands_late_is_found_by_the_next_whole_read() {
 /// only by the whole reads: its entry holds the shard's floor back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_command_still_due_is_returned_by_every_sweep() {
-    skip_if_asked();
-    shared_keyspace().await;
-    let clock = Arc::new(ManualClock::starting_at(SystemClock.now()));
-    let keyspace = keyspace();
-    let ledger = CqlLedger::connect_with_clock(config(keyspace.clone()), clock.clone())
-        .await
-        .expect("connect");
+    let (ledger, clock, _) = swept_alone().await;
     let run = fresh_run("stays");
     let waiting = reserved(&ledger, &run, 0, "email/send").await;
     let due_at = waiting.state.due_at.expect("due");
