@@ -151,8 +151,12 @@ pub fn admit_queue(waiting: u64, rate: &DrainRate, max_queue_ms: i64) -> Admissi
     if waiting <= limit {
         return Admission::Admit;
     }
-    // Come back when the queue is down to its limit: what is over it, at the measured rate.
-    let over_s = (waiting - limit) as f64 / per_s.max(1.0);
+    // Come back when the queue is down to its limit: what is over it, at the measured rate,
+    // and at least at the floor's pace (the floor in `max_queue_ms`): with no drain measured
+    // yet (a pipeline just started, whose dispatchers have not committed), a rate near 0 would
+    // send every client away for the longest wait.
+    let floor_per_s = QUEUE_FLOOR as f64 * 1_000.0 / max_queue_ms as f64;
+    let over_s = (waiting - limit) as f64 / per_s.max(floor_per_s).max(1.0);
     Admission::Refuse {
         code: "dispatch_behind",
         why: format!(

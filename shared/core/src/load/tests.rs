@@ -206,6 +206,30 @@ fn the_queue_admits_what_the_dispatchers_take_on_in_time_and_at_least_the_floor(
     );
 }
 
+#[test]
+fn a_queue_with_no_measured_drain_asks_for_the_floors_pace_not_the_longest_wait() {
+    // A pipeline just started: its dispatchers have not committed yet (a new group's first
+    // join alone takes seconds), so no rate is measured. Counting what is over the floor at
+    // 1 a second sent every client refused then away for 30 s (a steady bench's first 3,224
+    // refusals, and its 34.6 s worst latency); the floor is what may wait with no rate known,
+    // so it is taken to drain in `max_queue_ms`: 500 in 5 s, 100 a second.
+    let idle = DrainRate::default();
+    match admit_queue(QUEUE_FLOOR + 600, &idle, 5_000) {
+        Admission::Refuse { retry_after_s, .. } => {
+            assert_eq!(retry_after_s, 6, "600 over the floor at 100/s");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Dispatchers that stay stalled still push the clients back as far as it goes.
+    assert!(matches!(
+        admit_queue(QUEUE_FLOOR + 100_000, &idle, 5_000),
+        Admission::Refuse {
+            retry_after_s: 30,
+            ..
+        }
+    ));
+}
+
 proptest! {
     #[test]
     fn a_queue_refusal_asks_for_1_to_30_seconds(waiting in 0u64..10_000_000, per_s in 0u64..100_000, max_ms in 1i64..60_000) {
