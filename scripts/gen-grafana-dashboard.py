@@ -198,6 +198,14 @@ panel("Ambiguous outcomes by tool",
       unit="percentunit", w=6, thresholds=[(0.05, "red")],
       description="Share of calls whose outcome is unknown and goes to reconciliation. Alert above 5%.")
 
+panel("Partition hold time p50 / p99 by topic",
+      [(f'histogram_quantile(0.50, sum by (topic, le) (rate(sluice_handle_duration_seconds_bucket{{{S}}}[{R}])))', "p50 {{topic}}"),
+       (f'histogram_quantile(0.99, sum by (topic, le) (rate(sluice_handle_duration_seconds_bucket{{{S}}}[{R}])))', "p99 {{topic}}")],
+      unit="s", w=24,
+      description="How long each consumed message holds its partition, from hand-out to acknowledgement "
+                  "(ledger writes, the call, publishing the next message, retries). A partition takes its "
+                  "next message only then, so a stage's rate is at most its partitions over this time.")
+
 row("Reconciliation and pipeline health")
 panel("Sweep items by status",
       [(f'sum by (status) (rate(sluice_sweep_items_total{{{S}}}[{R}]))', "{{status}}")],
@@ -218,6 +226,12 @@ panel("Ledger round trips by op and kind",
       [(f'sum by (op, kind) (rate(sluice_ledger_round_trips_total{{{S}}}[{R}]))', "{{op}} {{kind}}")],
       unit="ops", w=12, stack=True,
       description="kind: lwt (a Paxos round), serial (a SERIAL read settling a timed-out LWT), plain.")
+panel("Ledger latency by op and kind (mean)",
+      [(f'sum by (op, kind) (rate(sluice_ledger_round_trip_seconds_total{{{S}}}[{R}])) '
+        f'/ sum by (op, kind) (rate(sluice_ledger_round_trips_total{{{S}}}[{R}]))', "{{op}} {{kind}}")],
+      unit="s", w=12,
+      description="Time waiting for the store's answer per round trip. A slow store shows here first; "
+                  "a slow stage with a fast store waits elsewhere (the bus, the upstream).")
 panel("LWTs per confirmed effect",
       [(f'sum(rate(sluice_ledger_round_trips_total{{{S}, kind="lwt"}}[5m])) '
         f'/ sum(rate(sluice_transitions_total{{{S}, to="CONFIRMED"}}[5m]))', "LWT / confirmed")],

@@ -660,13 +660,14 @@ impl CqlLedger {
         statement: &PreparedStatement,
         values: impl SerializeRow,
     ) -> Result<Vec<Fields>, LedgerError> {
-        self.inner.stats.round_trip(op, Kind::Plain);
+        let trip = self.inner.stats.round_trip(op, Kind::Plain);
         let result = self
             .inner
             .session
             .execute_unpaged(statement, values)
             .await
             .map_err(|e| storage(what, e))?;
+        drop(trip);
         rows_of(result).map_err(|why| storage_msg(what, why))
     }
 
@@ -682,13 +683,14 @@ impl CqlLedger {
         let mut rows = Vec::new();
         let mut paging = PagingState::start();
         loop {
-            self.inner.stats.round_trip(op, kind);
+            let trip = self.inner.stats.round_trip(op, kind);
             let (result, next) = self
                 .inner
                 .session
                 .execute_single_page(statement, &values, paging)
                 .await
                 .map_err(|e| storage(what, e))?;
+            drop(trip);
             rows.extend(rows_of(result).map_err(|why| storage_msg(what, why))?);
             match next {
                 PagingStateResponse::HasMorePages { state } => paging = state,
@@ -704,10 +706,11 @@ impl CqlLedger {
         statement: &PreparedStatement,
         values: impl SerializeRow,
     ) -> Result<Lwt, LedgerError> {
-        self.inner.stats.round_trip(op, Kind::Lwt);
+        let trip = self.inner.stats.round_trip(op, Kind::Lwt);
         let started = std::time::Instant::now();
         let answer = self.inner.session.execute_unpaged(statement, values).await;
         self.inner.write_latency.observe(started.elapsed());
+        drop(trip);
         match answer {
             Ok(result) => {
                 let row = rows_of(result)
@@ -1018,7 +1021,7 @@ impl CqlLedger {
                     }
                     // Every statement in it is a plain idempotent write.
                     batch.set_is_idempotent(true);
-                    self.inner.stats.round_trip(op, Kind::Plain);
+                    let _trip = self.inner.stats.round_trip(op, Kind::Plain);
                     self.inner
                         .session
                         .batch(&batch, values)
@@ -1725,11 +1728,16 @@ impl Ledger for CqlLedger {
             .into_iter()
             .flat_map(|(op, counts)| {
                 [
-                    ("lwt", counts.lwt),
-                    ("serial", counts.serial),
-                    ("plain", counts.plain),
+                    ("lwt", counts.lwt, counts.lwt_us),
+                    ("serial", counts.serial, counts.serial_us),
+                    ("plain", counts.plain, counts.plain_us),
                 ]
-                .map(|(kind, count)| sluice_ledger::RoundTrips { op, kind, count })
+                .map(|(kind, count, waited_us)| sluice_ledger::RoundTrips {
+                    op,
+                    kind,
+                    count,
+                    waited_us,
+                })
             })
             .collect()
     }

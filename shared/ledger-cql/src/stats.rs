@@ -1,11 +1,14 @@
 //! Round trips to the cluster per ledger operation, split into lightweight transactions (a
 //! Paxos round each), SERIAL reads (the same Paxos read, used to settle unknown outcomes) and
-//! plain reads and writes (a batch of plain writes is one round trip). Counted with atomics on
-//! every call; [`CqlStats::snapshot`] is what a metrics exporter reads
-//! (`sluice_ledger_round_trips_total{op, kind}`).
+//! plain reads and writes (a batch of plain writes is one round trip), and the time each kind
+//! waited for its answer. Counted with atomics on every call; [`CqlStats::snapshot`] is what a
+//! metrics exporter reads (`sluice_ledger_round_trips_total{op, kind}` and
+//! `sluice_ledger_round_trip_seconds_total{op, kind}`: their ratio is an operation's mean
+//! latency, which tells a slow store from a pipeline that waits elsewhere).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -89,6 +92,10 @@ struct Counters {
     lwt: AtomicU64,
     serial: AtomicU64,
     plain: AtomicU64,
+    /// Microseconds waited for the answers of each kind.
+    lwt_us: AtomicU64,
+    serial_us: AtomicU64,
+    plain_us: AtomicU64,
     /// LWTs that did not apply because the run's audit head or the row's version moved (the
     /// guard still holding), and were tried again.
     retries: AtomicU64,
@@ -109,6 +116,10 @@ pub struct OpCounts {
     pub lwt: u64,
     pub serial: u64,
     pub plain: u64,
+    /// Microseconds waited for the answers of each kind.
+    pub lwt_us: u64,
+    pub serial_us: u64,
+    pub plain_us: u64,
     pub retries: u64,
     pub unknown: u64,
 }
@@ -121,6 +132,9 @@ impl std::ops::Sub for OpCounts {
             lwt: self.lwt - earlier.lwt,
             serial: self.serial - earlier.serial,
             plain: self.plain - earlier.plain,
+            lwt_us: self.lwt_us - earlier.lwt_us,
+            serial_us: self.serial_us - earlier.serial_us,
+            plain_us: self.plain_us - earlier.plain_us,
             retries: self.retries - earlier.retries,
             unknown: self.unknown - earlier.unknown,
         }
@@ -168,14 +182,21 @@ impl CqlStats {
         self.ops[op.index()].calls.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn round_trip(&self, op: Op, kind: Kind) {
+    /// Counts one round trip of `op` now, and the time until the returned [`Trip`] is dropped
+    /// as its wait: hold it across the call's `.await`, error paths included.
+    #[must_use = "the round trip's wait is counted when the trip is dropped"]
+    pub(crate) fn round_trip(&self, op: Op, kind: Kind) -> Trip<'_> {
         let counters = &self.ops[op.index()];
-        let counter = match kind {
-            Kind::Lwt => &counters.lwt,
-            Kind::Serial => &counters.serial,
-            Kind::Plain => &counters.plain,
+        let (count, waited) = match kind {
+            Kind::Lwt => (&counters.lwt, &counters.lwt_us),
+            Kind::Serial => (&counters.serial, &counters.serial_us),
+            Kind::Plain => (&counters.plain, &counters.plain_us),
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        count.fetch_add(1, Ordering::Relaxed);
+        Trip {
+            waited,
+            started: Instant::now(),
+        }
     }
 
     pub(crate) fn retry(&self, op: Op) {
@@ -197,6 +218,9 @@ impl CqlStats {
                         lwt: c.lwt.load(Ordering::Relaxed),
                         serial: c.serial.load(Ordering::Relaxed),
                         plain: c.plain.load(Ordering::Relaxed),
+                        lwt_us: c.lwt_us.load(Ordering::Relaxed),
+                        serial_us: c.serial_us.load(Ordering::Relaxed),
+                        plain_us: c.plain_us.load(Ordering::Relaxed),
                         retries: c.retries.load(Ordering::Relaxed),
                         unknown: c.unknown.load(Ordering::Relaxed),
                     };
@@ -204,5 +228,19 @@ impl CqlStats {
                 })
                 .collect(),
         }
+    }
+}
+
+/// One round trip under way: adds its wait to its counter when dropped.
+#[derive(Debug)]
+pub(crate) struct Trip<'a> {
+    waited: &'a AtomicU64,
+    started: Instant,
+}
+
+impl Drop for Trip<'_> {
+    fn drop(&mut self) {
+        let us = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.waited.fetch_add(us, Ordering::Relaxed);
     }
 }

@@ -295,10 +295,23 @@ async fn lwts_per_effect_are_the_same_for_one_effect_and_for_many() {
     let many = fresh_run("lwt-many");
     let before = ledger.stats();
     let effects = 40;
+    let started = std::time::Instant::now();
     for decision in 0..effects {
         one_effect(&ledger, &many, decision, "payments/wire", None).await;
     }
+    let wall_us = u64::try_from(started.elapsed().as_micros()).expect("micros");
     let spent = ledger.stats().since(&before);
+    // Each round trip's wait is counted once: every op waited, and, the effects made one
+    // round trip at a time, all the waits together fit in the loop's own time.
+    let waited: u64 = spent.ops.values().map(|c| c.lwt_us + c.plain_us).sum();
+    for op in [Op::Reserve, Op::Lease, Op::Finalize] {
+        assert!(spent.op(op).lwt_us > 0, "{op:?}: {spent:?}");
+    }
+    assert!(spent.op(Op::Reserve).plain_us > 0, "{spent:?}");
+    assert!(
+        waited <= wall_us,
+        "{waited} µs waited in a loop of {wall_us} µs"
+    );
     assert_eq!(spent.total_lwt(), 3 * u64::from(effects), "{spent:?}");
     let n = u64::from(effects);
     assert_eq!(plain_by_op(&spent), [2 * n + 1, 2 * n, n], "{spent:?}");

@@ -502,6 +502,8 @@ pub struct RoundTrips {
     /// unknown outcome) or `plain`.
     pub kind: &'static str,
     pub count: u64,
+    /// Microseconds spent waiting for those round trips' answers, in all.
+    pub waited_us: u64,
 }
 
 fn misuse(transition: &Transition, why: &str) -> LedgerError {

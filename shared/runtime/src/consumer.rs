@@ -316,6 +316,11 @@ impl One {
         F: Future<Output = Result<Handled, PipelineError>>,
     {
         let topic = self.bus.topic_name(self.topic);
+        let held = self
+            .metrics
+            .handle_seconds
+            .with_label_values(&[self.topic.suffix()])
+            .start_timer();
         let attempts = self.policy.attempts.max(1);
         let mut attempt = 0;
         let set_aside = loop {
@@ -391,6 +396,7 @@ impl One {
             // handler finds our ledger write done.
             tracing::debug!(error = %e, "acknowledgement refused");
         }
+        held.observe_duration();
     }
 
     /// Sleeps `pause`; `false` if shutdown came first.

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use sluice_ledger::Ledger;
 
@@ -40,6 +40,10 @@ pub struct Metrics {
     pub escalations: IntCounter,
     /// `sluice_dispatch_duration_seconds{tool, outcome}`: upstream calls.
     pub dispatch_seconds: HistogramVec,
+    /// `sluice_handle_duration_seconds{topic}`: how long each consumed message held its
+    /// partition, from hand-out to acknowledgement (retries and dead-lettering included).
+    /// A partition takes its next message only then, so this bounds a partition's rate.
+    pub handle_seconds: HistogramVec,
     /// `sluice_dead_letters_total{topic}`: messages that could not be used.
     pub dead_letters: IntCounterVec,
     /// `sluice_handler_errors_total{topic}`: handler attempts that failed (each retry counts).
@@ -145,6 +149,20 @@ impl Metrics {
         registry
             .register(Box::new(dispatch_seconds.clone()))
             .expect("each metric is registered once");
+        let handle_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "handle_duration_seconds",
+                "Time a consumed message holds its partition, from hand-out to acknowledgement",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
+            ]),
+            &["topic"],
+        )
+        .expect("metric definitions are static and valid");
+        registry
+            .register(Box::new(handle_seconds.clone()))
+            .expect("each metric is registered once");
         let http_seconds = HistogramVec::new(
             HistogramOpts::new(
                 "http_request_duration_seconds",
@@ -197,6 +215,7 @@ impl Metrics {
             cas_conflicts,
             escalations,
             dispatch_seconds,
+            handle_seconds,
             dead_letters,
             handler_errors,
             quarantined_messages,
@@ -319,11 +338,20 @@ struct LedgerRoundTrips {
 }
 
 impl LedgerRoundTrips {
-    fn counters() -> (IntCounterVec, IntCounter) {
+    fn counters() -> (IntCounterVec, CounterVec, IntCounter) {
         let counter = IntCounterVec::new(
             Opts::new(
                 "ledger_round_trips_total",
                 "Round trips to the ledger's store by operation and kind (lwt, serial, plain)",
+            ),
+            &["op", "kind"],
+        )
+        .expect("metric definitions are static and valid");
+        let waited = CounterVec::new(
+            Opts::new(
+                "ledger_round_trip_seconds_total",
+                "Time spent waiting for the ledger's store to answer, by operation and kind; \
+                 divided by sluice_ledger_round_trips_total, the mean latency",
             ),
             &["op", "kind"],
         )
@@ -333,12 +361,13 @@ impl LedgerRoundTrips {
             "Commands the ledger found it cannot decode and set aside (sweeps skip them)",
         ))
         .expect("metric definitions are static and valid");
-        (counter, quarantined)
+        (counter, waited, quarantined)
     }
 
     fn new(ledger: Arc<dyn Ledger>) -> Self {
-        let (counter, quarantined) = Self::counters();
+        let (counter, waited, quarantined) = Self::counters();
         let mut descs: Vec<Desc> = counter.desc().into_iter().cloned().collect();
+        descs.extend(waited.desc().into_iter().cloned());
         descs.extend(quarantined.desc().into_iter().cloned());
         Self { ledger, descs }
     }
@@ -350,14 +379,17 @@ impl Collector for LedgerRoundTrips {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let (counter, quarantined) = Self::counters();
+        let (counter, waited, quarantined) = Self::counters();
         for trips in self.ledger.round_trips() {
-            counter
-                .with_label_values(&[trips.op, trips.kind])
-                .inc_by(trips.count);
+            let labels = [trips.op, trips.kind];
+            counter.with_label_values(&labels).inc_by(trips.count);
+            waited
+                .with_label_values(&labels)
+                .inc_by(trips.waited_us as f64 / 1e6);
         }
         quarantined.inc_by(self.ledger.quarantined());
         let mut families = counter.collect();
+        families.extend(waited.collect());
         families.extend(quarantined.collect());
         families
     }

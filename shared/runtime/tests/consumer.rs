@@ -239,6 +239,15 @@ async fn a_handler_that_keeps_failing_gives_its_partition_back() {
     shutdown.cancel();
     consumer.await.expect("join").expect("consumer");
     assert_eq!(bus.lag(Topic::Requested, "test-dispatcher"), Some(0));
+    // Each message held its partition until it was acknowledged: the failing one through its
+    // two pauses between attempts (at least 5 and 10 ms under the quick policy's jitter).
+    let held = metrics.handle_seconds.with_label_values(&["requested"]);
+    assert_eq!(held.get_sample_count(), 2);
+    assert!(
+        held.get_sample_sum() >= 0.015,
+        "held {} s in all",
+        held.get_sample_sum()
+    );
 }
 
 /// A command row that cannot be decoded — damaged JSON, or a status this build does not know

@@ -83,9 +83,10 @@ impl CqlLedger {
             Self::link_values(run, &link),
             (deleted_before, minute, shard, due_at, run, key),
         );
-        self.inner.stats.round_trip(op, Kind::Plain);
         sluice_faults::point!("ledger.audit_link.pre");
+        let trip = self.inner.stats.round_trip(op, Kind::Plain);
         let inserted = self.inner.session.batch(&batch, values).await;
+        drop(trip);
         sluice_faults::point!("ledger.audit_link.post");
         match inserted {
             Ok(_) => self.mark_flushed(run, link.seq),
