@@ -1,0 +1,150 @@
+//! Round trips to the cluster, each counted with its wait (`stats`): a plain request, a paged
+//! read, and an LWT whose timeout is reported as an unknown outcome, never as not applied.
+
+use super::*;
+
+/// How a lightweight transaction went.
+pub(super) enum Lwt {
+    Applied,
+    /// Not applied; the row holds the current values of the columns in the condition.
+    NotApplied(Fields),
+    /// It timed out or lost its connection: it may have applied.
+    Unknown,
+}
+
+/// Whether a failed LWT may still have applied. Only errors that prove the request was never
+/// acted on (refused before the Paxos round, or never sent) are "not applied"; anything else,
+/// including errors this build does not know, is treated as unknown and settled by a read.
+pub(super) fn outcome_unknown(error: &ExecutionError) -> bool {
+    match error {
+        ExecutionError::BadQuery(_)
+        | ExecutionError::EmptyPlan
+        | ExecutionError::PrepareError(_)
+        | ExecutionError::ConnectionPoolError(_)
+        | ExecutionError::UseKeyspaceError(_) => false,
+        ExecutionError::LastAttemptError(attempt) => match attempt {
+            RequestAttemptError::SerializationError(_)
+            | RequestAttemptError::CqlRequestSerialization(_)
+            | RequestAttemptError::UnableToAllocStreamId => false,
+            RequestAttemptError::DbError(db, _) => !matches!(
+                db,
+                DbError::SyntaxError
+                    | DbError::Invalid
+                    | DbError::AlreadyExists { .. }
+                    | DbError::FunctionFailure { .. }
+                    | DbError::AuthenticationError
+                    | DbError::Unauthorized
+                    | DbError::ConfigError
+                    | DbError::Unavailable { .. }
+                    | DbError::Overloaded
+                    | DbError::IsBootstrapping
+                    | DbError::TruncateError
+                    | DbError::Unprepared { .. }
+                    | DbError::RateLimitReached { .. }
+                    | DbError::ProtocolError
+            ),
+            _ => true,
+        },
+        _ => true,
+    }
+}
+
+/// A short random pause before trying again under contention (grows with the attempt).
+pub(super) async fn back_off(attempt: u32) {
+    let ceiling = 2u128 << attempt.min(6);
+    let jitter = Uuid::new_v4().as_u128() % ceiling;
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(jitter).unwrap_or(1) + 1,
+    ))
+    .await;
+}
+
+impl CqlLedger {
+    pub(super) async fn plain(
+        &self,
+        op: Op,
+        what: &'static str,
+        statement: &PreparedStatement,
+        values: impl SerializeRow,
+    ) -> Result<Vec<Fields>, LedgerError> {
+        let trip = self.inner.stats.round_trip(op, Kind::Plain);
+        let result = self
+            .inner
+            .session
+            .execute_unpaged(statement, values)
+            .await
+            .map_err(|e| storage(what, e))?;
+        drop(trip);
+        rows_of(result).map_err(|why| storage_msg(what, why))
+    }
+
+    /// A read that may span pages; one round trip per page.
+    pub(super) async fn paged(
+        &self,
+        op: Op,
+        what: &'static str,
+        statement: &PreparedStatement,
+        values: impl SerializeRow,
+        kind: Kind,
+    ) -> Result<Vec<Fields>, LedgerError> {
+        let mut rows = Vec::new();
+        let mut paging = PagingState::start();
+        loop {
+            let trip = self.inner.stats.round_trip(op, kind);
+            let (result, next) = self
+                .inner
+                .session
+                .execute_single_page(statement, &values, paging)
+                .await
+                .map_err(|e| storage(what, e))?;
+            drop(trip);
+            rows.extend(rows_of(result).map_err(|why| storage_msg(what, why))?);
+            match next {
+                PagingStateResponse::HasMorePages { state } => paging = state,
+                PagingStateResponse::NoMorePages => return Ok(rows),
+            }
+        }
+    }
+
+    pub(super) async fn lwt(
+        &self,
+        op: Op,
+        what: &'static str,
+        statement: &PreparedStatement,
+        values: impl SerializeRow,
+    ) -> Result<Lwt, LedgerError> {
+        let trip = self.inner.stats.round_trip(op, Kind::Lwt);
+        let started = std::time::Instant::now();
+        let answer = self.inner.session.execute_unpaged(statement, values).await;
+        self.inner.write_latency.observe(started.elapsed());
+        drop(trip);
+        match answer {
+            Ok(result) => {
+                let row = rows_of(result)
+                    .map_err(|why| storage_msg(what, why))?
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| {
+                        storage_msg(what, "the LWT answered without an [applied] row")
+                    })?;
+                Ok(if row.boolean("[applied]") == Some(true) {
+                    Lwt::Applied
+                } else {
+                    Lwt::NotApplied(row)
+                })
+            }
+            Err(e) if outcome_unknown(&e) => {
+                self.inner.stats.unknown(op);
+                tracing::warn!(op = what, error = %e, "LWT outcome unknown; settling it with a SERIAL read");
+                // The request may still start its round at the coordinator: wait until it can
+                // no longer apply before the read that decides.
+                tokio::time::sleep(Duration::from_millis(
+                    self.inner.config.unknown_settle_delay_ms,
+                ))
+                .await;
+                Ok(Lwt::Unknown)
+            }
+            Err(e) => Err(storage(what, e)),
+        }
+    }
+}
