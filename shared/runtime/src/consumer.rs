@@ -381,6 +381,8 @@ impl One {
                         Duration::from_millis(self.policy.max_backoff_ms)
                     };
                     if !self.pause(pause).await {
+                        // Shutdown: not acknowledged, so not a hold to count.
+                        held.stop_and_discard();
                         return;
                     }
                 }
@@ -389,6 +391,7 @@ impl One {
         if let Some(reason) = set_aside
             && !self.dead_letter(&topic, &delivery, &reason).await
         {
+            held.stop_and_discard();
             return;
         }
         if let Err(e) = delivery.ack().await {
