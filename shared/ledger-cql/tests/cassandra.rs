@@ -687,13 +687,7 @@ async fn a_missing_node_is_a_clear_error() {
 /// not walk from the keyspace's first minute forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn old_due_buckets_are_emptied_and_cursors_move_on() {
-    skip_if_asked();
-    shared_keyspace().await;
-    let clock = Arc::new(ManualClock::starting_at(SystemClock.now()));
-    let keyspace = keyspace();
-    let ledger = CqlLedger::connect_with_clock(config(keyspace.clone()), clock.clone())
-        .await
-        .expect("connect");
+    let (ledger, clock, keyspace) = swept_alone().await;
     let run = fresh_run("carry");
     let waiting = reserved(&ledger, &run, 0, "email/send").await;
     let pending = reserved(&ledger, &run, 1, "email/send").await;
