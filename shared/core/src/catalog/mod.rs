@@ -1,0 +1,279 @@
+//! The tool catalog: every tool an agent may call, loaded from TOML and validated once at start.
+//!
+//! Loading is decoration-time enforcement (docs/architecture.md, "Catalog"): what loads is
+//! coherent, so the services never meet a half-declared tool at dispatch time. Everything here
+//! is pure except [`Catalog::load`], which reads the catalog file and any `schema_file` it names.
+//! Each refusal is a [`CatalogError`] naming the file, the tool and the key.
+//!
+//! # Format
+//!
+//! ```toml
+//! default_namespace = "default"     # optional; bare tool names resolve here ("default")
+//! policy_version = "2026-11-01"     # optional ("1"); stored on each command and approval
+//! max_replays_per_run = 10          # optional (10); operator replays over all of a run's commands
+//!
+//! [[tool]]
+//! name = "payments/wire"            # namespace/name, both snake_case; or a bare name
+//! description = "Send a wire"       # optional, shown to agents
+//! semantics = "NON_IDEMPOTENT"      # IDEMPOTENT | NON_IDEMPOTENT | OBSERVE_ONLY
+//! business_key = "{account}:{amount_minor}:{date}"   # optional
+//! allow_unsafe = false              # optional (false)
+//! schema = { type = "object", required = ["account"], properties = { account = { type = "string" } } }
+//! # or: schema_file = "schemas/wire.json", relative to the catalog file (Catalog::load only)
+//!
+//! [tool.policy]                     # optional; every key has a default
+//! requires_approval = false         # false
+//! approve_above = { field = "amount_minor", value = 1000000 }   # none
+//! max_attempts = 3                  # dispatch attempts per cycle, at least 1
+//! timeout_ms = 10000                # connector call timeout, unless a connector sets its own
+//! max_checks = 5                    # status checks per UNKNOWN episode before STUCK, >= 1
+//! max_replays = 3                   # operator replays per command
+//! settle_ms = 2000                  # an `absent` must hold this long before a redispatch
+//! on_absent = "redispatch"          # or "fail" (NON_IDEMPOTENT only)
+//! lease_ttl_ms = 30000              # must exceed the dispatch timeout plus max_clock_skew_ms
+//! verify_after_commit = false       # look a 2xx commit up once more (needs a status check)
+//! late_commit_ms = 10000            # how long after its timeout a call may still commit
+//! #                                 # upstream (default: the dispatch timeout); an `absent`
+//! #                                 # counts only after that
+//! verify_after_ms = 30000           # a NON_IDEMPOTENT command that went through UNKNOWN or was
+//! #                                 # redispatched is looked up once more this long after it
+//! #                                 # settled; at least settle_ms
+//! approval_timeout_ms = 86400000    # a BLOCKED command waits this long, then is cancelled
+//!
+//! [tool.dispatch]                   # required
+//! url = "http://127.0.0.1:8787/bank/wires"
+//! method = "POST"                   # GET | POST | PUT | PATCH | DELETE (POST)
+//! reference_pointer = "/id"         # JSON pointer of the external reference (default "/id"),
+//! # or reference_header = "Location"; used for dispatch and status check responses
+//! timeout_ms = 10000                # optional, overrides policy.timeout_ms
+//! in_progress_status = [409]        # 4xx answers meaning "a request with this key is still in
+//! #                                 # progress": ambiguous, not a refusal (none)
+//!
+//! [tool.status_check]               # optional; method defaults to GET
+//! url = "http://127.0.0.1:8787/bank/wires/by-key/{business_key}"
+//!
+//! [tool.compensate]                 # optional; method defaults to POST
+//! url = "http://127.0.0.1:8787/bank/wires/{external_ref}/reverse"
+//! ```
+//!
+//! Templates (`business_key` and connector URLs) are literal text with `{placeholder}`s; braces
+//! cannot be escaped. A `business_key` placeholder names a top-level argument field. A URL
+//! placeholder names either one of the keys `run_id`, `command_key`, `idempotency_key`,
+//! `business_key`, `external_ref` (a key wins over an argument field of the same name) or a
+//! top-level argument field. Every field a template names must be declared in the schema's
+//! `properties`, listed in its `required`, and not typed as an object or array, so a command
+//! that passed [`Tool::validate_args`] always renders. `{business_key}` needs a `business_key`
+//! template; `{external_ref}` is only known after a dispatch, so only `compensate` may use it.
+//!
+//! The rules beyond shape: names are unique after bare-name resolution; the schema compiles
+//! (with `format` assertions on) and is `type = "object"` at the top level; a NON_IDEMPOTENT
+//! tool declares at least one of `business_key`, `status_check`, `compensate` unless
+//! `allow_unsafe = true`; an OBSERVE_ONLY tool declares no `compensate`; `approve_above`
+//! names a required numeric field.
+//!
+//! # Modules
+//!
+//! * `error` — [`CatalogError`], naming file, tool and key.
+//! * `template` — `{placeholder}` templates and how they render for a command.
+//! * `endpoint` — the dispatch, status check and compensate endpoints.
+//! * `args` — argument checks against the schema.
+//! * `raw` — the TOML as written.
+//! * `build` — the rules a tool must satisfy to load.
+//! * `tool` — a validated [`Tool`] and its state machine [`Rules`].
+
+mod args;
+mod build;
+mod endpoint;
+mod error;
+mod raw;
+mod template;
+mod tool;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::io;
+use std::path::Path;
+
+use serde::Deserialize;
+
+pub use self::args::{ArgsError, Violation};
+use self::build::{build_tool, check_lease};
+pub use self::endpoint::{DispatchConnector, HttpEndpoint, HttpMethod, ReferenceSource};
+pub use self::error::CatalogError;
+use self::raw::{RawCatalog, describe};
+pub use self::template::{RenderError, Template, TemplateError, UrlKeys, render_url};
+pub use self::tool::{ApprovalThreshold, Tool, ToolPolicy};
+use crate::ids::{DEFAULT_NAMESPACE, ToolName, check_snake_case};
+#[cfg(doc)]
+use crate::machine::Rules;
+
+/// The policy version of a catalog that does not declare one.
+pub const DEFAULT_POLICY_VERSION: &str = "1";
+/// Connector timeout of a tool that declares none.
+pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+/// Where the external reference is read from a response unless the tool says otherwise.
+pub const DEFAULT_REFERENCE_POINTER: &str = "/id";
+/// The keys a connector URL template may name besides argument fields.
+pub const URL_KEYS: [&str; 5] = [
+    "run_id",
+    "command_key",
+    "idempotency_key",
+    "business_key",
+    "external_ref",
+];
+/// Longest violation message kept in an [`ArgsError`]; schema messages quote the instance.
+const MAX_MESSAGE_LEN: usize = 300;
+
+/// The validated catalog, tools in declaration order.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    source_name: String,
+    default_namespace: String,
+    policy_version: String,
+    max_replays_per_run: u32,
+    tools: Vec<Tool>,
+    /// Looked up on every hop of every effect; the operator names the tools.
+    index: HashMap<ToolName, usize, foldhash::fast::RandomState>,
+}
+
+/// Operator replays allowed over all of a run's commands unless the catalog says otherwise.
+pub const DEFAULT_MAX_REPLAYS_PER_RUN: u32 = 10;
+
+/// The bound on clock skew between Sluice's components unless the catalog says otherwise
+/// (`max_clock_skew_ms`): leases and horizons are widened by it.
+pub const DEFAULT_MAX_CLOCK_SKEW_MS: u64 = 500;
+
+/// Reads a `schema_file`, given as written in the catalog; returns the path it read and the text.
+type SchemaReader<'a> = &'a dyn Fn(&str) -> (String, io::Result<String>);
+
+impl Catalog {
+    /// Parses and validates a catalog; `source_name` names it in errors. `schema_file` is
+    /// refused here (there is no directory to resolve it against): use [`Catalog::load`].
+    pub fn from_toml_str(text: &str, source_name: &str) -> Result<Self, CatalogError> {
+        Self::parse(text, source_name, None)
+    }
+
+    /// Reads, parses and validates the catalog file at `path`; `schema_file`s resolve against
+    /// its directory.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, CatalogError> {
+        let path = path.as_ref();
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        let dir = path.parent().unwrap_or(Path::new(""));
+        let read = |relative: &str| {
+            let full = dir.join(relative);
+            (full.display().to_string(), std::fs::read_to_string(&full))
+        };
+        Self::parse(&text, &shown, Some(&read))
+    }
+
+    fn parse(
+        text: &str,
+        file: &str,
+        schemas: Option<SchemaReader<'_>>,
+    ) -> Result<Self, CatalogError> {
+        let table: toml::Table = toml::from_str(text).map_err(|source| CatalogError::Syntax {
+            file: file.to_owned(),
+            source: Box::new(source),
+        })?;
+        let raw = RawCatalog::deserialize(toml::Value::Table(table)).map_err(|error| {
+            CatalogError::Malformed {
+                file: file.to_owned(),
+                detail: describe(&error),
+            }
+        })?;
+        let default_namespace = raw
+            .default_namespace
+            .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
+        if let Err(why) = check_snake_case(&default_namespace) {
+            return Err(CatalogError::BadDefaultNamespace {
+                file: file.to_owned(),
+                value: default_namespace,
+                why,
+            });
+        }
+        let policy_version = raw
+            .policy_version
+            .unwrap_or_else(|| DEFAULT_POLICY_VERSION.to_owned());
+        if policy_version.trim().is_empty() {
+            return Err(CatalogError::EmptyPolicyVersion {
+                file: file.to_owned(),
+            });
+        }
+
+        let clock_skew_ms = raw.max_clock_skew_ms.unwrap_or(DEFAULT_MAX_CLOCK_SKEW_MS);
+        let mut tools = Vec::with_capacity(raw.tool.len());
+        let mut index = HashMap::with_capacity_and_hasher(raw.tool.len(), Default::default());
+        for (position, entry) in raw.tool.into_iter().enumerate() {
+            let mut tool = build_tool(entry, position + 1, file, &default_namespace, schemas)?;
+            tool.clock_skew_ms = clock_skew_ms;
+            check_lease(&tool, file)?;
+            if let Some(first) = index.insert(tool.name.clone(), position) {
+                return Err(CatalogError::DuplicateTool {
+                    file: file.to_owned(),
+                    tool: tool.name.to_string(),
+                    first: first + 1,
+                    second: position + 1,
+                });
+            }
+            tools.push(tool);
+        }
+        Ok(Self {
+            source_name: file.to_owned(),
+            default_namespace,
+            policy_version,
+            max_replays_per_run: raw
+                .max_replays_per_run
+                .unwrap_or(DEFAULT_MAX_REPLAYS_PER_RUN),
+            tools,
+            index,
+        })
+    }
+
+    /// The file name (or source name) the catalog was loaded from.
+    pub fn source_name(&self) -> &str {
+        &self.source_name
+    }
+
+    pub fn default_namespace(&self) -> &str {
+        &self.default_namespace
+    }
+
+    pub fn policy_version(&self) -> &str {
+        &self.policy_version
+    }
+
+    /// Operator replays allowed over all of a run's commands together.
+    pub fn max_replays_per_run(&self) -> u32 {
+        self.max_replays_per_run
+    }
+
+    pub fn get(&self, name: &ToolName) -> Option<&Tool> {
+        self.index.get(name).map(|&position| &self.tools[position])
+    }
+
+    /// Finds a tool by a qualified name, or a bare name in the default namespace.
+    pub fn resolve(&self, raw_name: &str) -> Result<&Tool, CatalogError> {
+        let name = ToolName::resolve(raw_name, &self.default_namespace)?;
+        self.get(&name)
+            .ok_or(CatalogError::UnknownTool { tool: name })
+    }
+
+    /// Every tool, in declaration order.
+    pub fn tools(&self) -> &[Tool] {
+        &self.tools
+    }
+
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+}

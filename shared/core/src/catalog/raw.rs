@@ -1,0 +1,93 @@
+//! The catalog's TOML as written, before validation: serde shapes with unknown keys refused.
+
+use serde::Deserialize;
+
+use super::endpoint::HttpMethod;
+use super::tool::ApprovalThreshold;
+use crate::command::EffectSemantics;
+use crate::machine::OnAbsent;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCatalog {
+    pub(super) default_namespace: Option<String>,
+    pub(super) policy_version: Option<String>,
+    pub(super) max_replays_per_run: Option<u32>,
+    pub(super) max_clock_skew_ms: Option<u64>,
+    /// Kept as tables so each entry is deserialized on its own and its errors name the tool.
+    #[serde(default)]
+    pub(super) tool: Vec<toml::Table>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTool {
+    pub(super) name: String,
+    #[serde(default)]
+    pub(super) description: String,
+    pub(super) semantics: EffectSemantics,
+    pub(super) business_key: Option<String>,
+    #[serde(default)]
+    pub(super) allow_unsafe: bool,
+    pub(super) schema: Option<toml::Table>,
+    pub(super) schema_file: Option<String>,
+    #[serde(default)]
+    pub(super) policy: RawPolicy,
+    pub(super) dispatch: Option<RawDispatch>,
+    pub(super) status_check: Option<RawEndpoint>,
+    pub(super) compensate: Option<RawEndpoint>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPolicy {
+    #[serde(default)]
+    pub(super) requires_approval: bool,
+    pub(super) approve_above: Option<ApprovalThreshold>,
+    pub(super) max_attempts: Option<u32>,
+    pub(super) timeout_ms: Option<u64>,
+    pub(super) max_checks: Option<u32>,
+    pub(super) max_replays: Option<u32>,
+    pub(super) settle_ms: Option<u64>,
+    pub(super) on_absent: Option<OnAbsent>,
+    pub(super) lease_ttl_ms: Option<u64>,
+    #[serde(default)]
+    pub(super) verify_after_commit: bool,
+    pub(super) late_commit_ms: Option<u64>,
+    pub(super) verify_after_ms: Option<u64>,
+    pub(super) approval_timeout_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDispatch {
+    pub(super) url: String,
+    pub(super) method: Option<HttpMethod>,
+    pub(super) reference_pointer: Option<String>,
+    pub(super) reference_header: Option<String>,
+    pub(super) timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub(super) in_progress_status: Vec<u16>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEndpoint {
+    pub(super) url: String,
+    pub(super) method: Option<HttpMethod>,
+    pub(super) timeout_ms: Option<u64>,
+}
+
+/// A deserialization error as `path: message`; the toml crate keeps the path only in Display.
+pub(super) fn describe(error: &toml::de::Error) -> String {
+    let shown = error.to_string();
+    let path = shown
+        .lines()
+        .rev()
+        .find_map(|line| line.strip_prefix("in `")?.strip_suffix('`'));
+    let message = error.message().trim_end();
+    match path {
+        Some(path) => format!("{path}: {message}"),
+        None => message.to_owned(),
+    }
+}

@@ -1,0 +1,212 @@
+//! `{placeholder}` templates and how a connector URL is rendered from one for a command.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde_json::Value;
+
+use crate::ids::{BusinessKey, IdempotencyKey};
+
+/// A malformed `{placeholder}` template.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    #[error("unbalanced braces: {{ at byte {at} is never closed")]
+    Unclosed { at: usize },
+    #[error("unbalanced braces: }} at byte {at} has no opening {{")]
+    Unopened { at: usize },
+    #[error("unbalanced braces: {{ at byte {at} opens inside another placeholder")]
+    Nested { at: usize },
+    #[error("empty placeholder {{}} at byte {at}")]
+    Empty { at: usize },
+    #[error("placeholder at byte {at} contains whitespace")]
+    Whitespace { at: usize },
+}
+
+/// Literal text with `{placeholder}`s, parsed once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    raw: String,
+    parts: Vec<Part>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Part {
+    Text(String),
+    Placeholder(String),
+}
+
+impl Template {
+    pub fn parse(raw: &str) -> Result<Self, TemplateError> {
+        let mut parts = Vec::new();
+        let mut text = String::new();
+        let mut open: Option<usize> = None;
+        for (at, c) in raw.char_indices() {
+            match (c, open) {
+                ('{', None) => open = Some(at),
+                ('{', Some(_)) => return Err(TemplateError::Nested { at }),
+                ('}', None) => return Err(TemplateError::Unopened { at }),
+                ('}', Some(start)) => {
+                    let name = &raw[start + 1..at];
+                    if name.is_empty() {
+                        return Err(TemplateError::Empty { at: start });
+                    }
+                    if name.chars().any(char::is_whitespace) {
+                        return Err(TemplateError::Whitespace { at: start });
+                    }
+                    if !text.is_empty() {
+                        parts.push(Part::Text(std::mem::take(&mut text)));
+                    }
+                    parts.push(Part::Placeholder(name.to_owned()));
+                    open = None;
+                }
+                (c, None) => text.push(c),
+                (_, Some(_)) => {}
+            }
+        }
+        if let Some(at) = open {
+            return Err(TemplateError::Unclosed { at });
+        }
+        if !text.is_empty() {
+            parts.push(Part::Text(text));
+        }
+        Ok(Self {
+            raw: raw.to_owned(),
+            parts,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.raw
+    }
+
+    /// The placeholder names, in order of appearance (repeats included).
+    pub fn placeholders(&self) -> impl Iterator<Item = &str> {
+        self.parts.iter().filter_map(|part| match part {
+            Part::Placeholder(name) => Some(name.as_str()),
+            Part::Text(_) => None,
+        })
+    }
+
+    /// Renders by appending each placeholder's value as `fill` writes it.
+    pub(super) fn render<E>(
+        &self,
+        mut fill: impl FnMut(&str, &mut String) -> Result<(), E>,
+    ) -> Result<String, E> {
+        let mut out = String::with_capacity(self.raw.len());
+        for part in &self.parts {
+            match part {
+                Part::Text(text) => out.push_str(text),
+                Part::Placeholder(name) => fill(name, &mut out)?,
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl fmt::Display for Template {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.raw)
+    }
+}
+
+impl FromStr for Template {
+    type Err = TemplateError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+/// A connector URL that cannot be rendered for a command.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    #[error("url template needs argument {field}, which is missing")]
+    MissingField { field: String },
+    #[error("url template needs argument {field} as a string, number or boolean, not {kind}")]
+    NotScalar { field: String, kind: &'static str },
+    #[error("url template needs {key}, which this command does not have")]
+    MissingKey { key: &'static str },
+    #[error("{name} is {value:?}, which cannot be placed in a url (it would change the path)")]
+    UnsafeValue { name: String, value: String },
+}
+
+/// The keys a connector URL may name, for one command.
+#[derive(Debug, Clone, Copy)]
+pub struct UrlKeys<'a> {
+    /// Also supplies `run_id` and `command_key`.
+    pub idempotency_key: &'a IdempotencyKey,
+    pub business_key: Option<&'a BusinessKey>,
+    pub external_ref: Option<&'a str>,
+}
+
+/// Renders a connector URL: each placeholder becomes its key or argument value, percent-encoded
+/// as one URL path segment (every byte but `A-Z a-z 0-9 - . _ ~` is escaped, `/` included).
+///
+/// Empty, `.` and `..` values are refused: HTTP clients normalise dot segments (even encoded
+/// ones), so an upstream reference of `..` could otherwise redirect a compensate call.
+pub fn render_url(
+    template: &Template,
+    args: &Value,
+    keys: &UrlKeys<'_>,
+) -> Result<String, RenderError> {
+    template.render(|name, out| {
+        let text = match name {
+            "run_id" => keys.idempotency_key.run_id().to_string(),
+            "command_key" => keys.idempotency_key.command_key().to_string(),
+            "idempotency_key" => keys.idempotency_key.to_string(),
+            "business_key" => keys
+                .business_key
+                .ok_or(RenderError::MissingKey {
+                    key: "business_key",
+                })?
+                .to_string(),
+            "external_ref" => keys
+                .external_ref
+                .ok_or(RenderError::MissingKey {
+                    key: "external_ref",
+                })?
+                .to_owned(),
+            field => {
+                let value = args.get(field).ok_or_else(|| RenderError::MissingField {
+                    field: field.to_owned(),
+                })?;
+                scalar_text(value).map_err(|kind| RenderError::NotScalar {
+                    field: field.to_owned(),
+                    kind,
+                })?
+            }
+        };
+        if matches!(text.as_str(), "" | "." | "..") {
+            return Err(RenderError::UnsafeValue {
+                name: name.to_owned(),
+                value: text,
+            });
+        }
+        push_path_segment(out, &text);
+        Ok(())
+    })
+}
+
+/// The text of a scalar argument: strings as-is, numbers and booleans as their JSON text.
+pub(super) fn scalar_text(value: &Value) -> Result<String, &'static str> {
+    match value {
+        Value::String(text) => Ok(text.clone()),
+        Value::Number(number) => Ok(number.to_string()),
+        Value::Bool(flag) => Ok(flag.to_string()),
+        Value::Null => Err("null"),
+        Value::Array(_) => Err("an array"),
+        Value::Object(_) => Err("an object"),
+    }
+}
+
+pub(super) fn push_path_segment(out: &mut String, raw: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for byte in raw.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0x0f)]));
+        }
+    }
+}

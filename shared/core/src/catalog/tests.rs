@@ -1,0 +1,361 @@
+//! The catalog's unit tests: loading, templates, rules and argument checks.
+
+use serde_json::json;
+
+use super::*;
+use crate::command::EffectSemantics;
+use crate::ids::{BusinessKey, CommandKey, IdempotencyKey, RunId};
+use crate::machine::{OnAbsent, Rules};
+
+const WIRE: &str = r#"
+    policy_version = "7"
+    [[tool]]
+    name = "payments/wire"
+    semantics = "NON_IDEMPOTENT"
+    business_key = "{account}:{amount_minor}:{date}"
+    schema = { type = "object", required = ["account", "amount_minor", "date"], additionalProperties = false, properties = { account = { type = "string" }, amount_minor = { type = "integer", minimum = 1 }, date = { type = "string", format = "date" } } }
+    [tool.policy]
+    approve_above = { field = "amount_minor", value = 1000000 }
+    max_attempts = 4
+    on_absent = "fail"
+    settle_ms = 5000
+    lease_ttl_ms = 20000
+    [tool.dispatch]
+    url = "http://bank/wires"
+    timeout_ms = 3000
+    [tool.status_check]
+    url = "http://bank/wires/by-key/{business_key}?run={run_id}"
+    [tool.compensate]
+    url = "http://bank/wires/{external_ref}/reverse"
+    timeout_ms = 40000
+"#;
+
+fn wire() -> Tool {
+    let catalog = Catalog::from_toml_str(WIRE, "wire.toml").expect("the wire catalog is valid");
+    catalog.tools()[0].clone()
+}
+
+#[test]
+fn templates_parse_placeholders_and_refuse_unbalanced_braces() {
+    let template = Template::parse("x{a}-{b}y").expect("balanced");
+    assert_eq!(template.placeholders().collect::<Vec<_>>(), ["a", "b"]);
+    assert_eq!(template.to_string(), "x{a}-{b}y");
+    assert_eq!(
+        Template::parse("a{b"),
+        Err(TemplateError::Unclosed { at: 1 })
+    );
+    assert_eq!(
+        Template::parse("a}b"),
+        Err(TemplateError::Unopened { at: 1 })
+    );
+    assert_eq!(
+        Template::parse("{a{b}}"),
+        Err(TemplateError::Nested { at: 2 })
+    );
+    assert_eq!(Template::parse("a{}"), Err(TemplateError::Empty { at: 1 }));
+    assert_eq!(
+        Template::parse("{a b}"),
+        Err(TemplateError::Whitespace { at: 0 })
+    );
+    assert_eq!(
+        Template::parse("plain")
+            .expect("no placeholders")
+            .placeholders()
+            .count(),
+        0
+    );
+}
+
+#[test]
+fn placeholders_stay_out_of_a_urls_scheme_host_and_port() {
+    // Each declares a field `host`, so only the placeholder's position is at fault.
+    let with_url = |section: &str, url: &str| {
+        let text = WIRE
+            .replace(
+                "required = [\"account\", \"amount_minor\", \"date\"]",
+                "required = [\"account\", \"amount_minor\", \"date\", \"host\"]",
+            )
+            .replace(
+                "date = { type = \"string\", format = \"date\" } }",
+                "date = { type = \"string\", format = \"date\" }, host = { type = \"string\" } }",
+            )
+            .replace(
+                &format!("[tool.{section}]\n    url = \""),
+                &format!("[tool.{section}]\n    url = \"{url}\"\n    x_was = \""),
+            );
+        // The old url is moved to a key that does not exist: drop that line again.
+        let text: String = text
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("x_was"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        Catalog::from_toml_str(&text, "ssrf.toml")
+    };
+    for (section, key, url) in [
+        ("dispatch", "dispatch.url", "http://{host}/wires"),
+        ("dispatch", "dispatch.url", "https://{host}"),
+        ("dispatch", "dispatch.url", "http://bank:{host}/wires"),
+        (
+            "dispatch",
+            "dispatch.url",
+            "http://{host}.bank.internal/wires",
+        ),
+        ("dispatch", "dispatch.url", "http://user:{host}@bank/wires"),
+        (
+            "status_check",
+            "status_check.url",
+            "http://bank{host}/by-key",
+        ),
+        (
+            "compensate",
+            "compensate.url",
+            "http://{external_ref}/reverse",
+        ),
+    ] {
+        let err = with_url(section, url).expect_err(url);
+        assert!(
+            matches!(err, CatalogError::PlaceholderInAuthority { .. }),
+            "{url}: {err}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("ssrf.toml")
+                && message.contains("payments/wire")
+                && message.contains(key),
+            "the error names the file, tool and key: {message}"
+        );
+    }
+    for (section, url) in [
+        ("dispatch", "http://bank/wires/{host}"),
+        ("dispatch", "http://bank:8787/wires?to={host}"),
+        ("status_check", "http://bank/by-key/{business_key}#{host}"),
+    ] {
+        with_url(section, url).unwrap_or_else(|e| panic!("{url} is fine: {e}"));
+    }
+}
+
+#[test]
+fn rules_come_from_the_policy_and_the_declared_connectors() {
+    let rules = wire().rules();
+    assert_eq!(rules.semantics, EffectSemantics::NonIdempotent);
+    assert_eq!(rules.max_attempts, 4);
+    assert_eq!(rules.on_absent, OnAbsent::Fail);
+    assert_eq!(rules.settle_ms, 5_000);
+    assert_eq!(rules.lease_ttl_ms, 20_000);
+    assert!(rules.has_status_check);
+    assert!(rules.has_compensate);
+    // The compensate call may take 40 s, so the sweep must wait longer than that.
+    assert_eq!(rules.compensation_timeout_ms, 80_000);
+    let defaults = Rules::defaults(EffectSemantics::NonIdempotent);
+    assert_eq!(rules.max_checks, defaults.max_checks);
+    assert_eq!(rules.backoff_base_ms, defaults.backoff_base_ms);
+}
+
+#[test]
+fn connector_timeouts_fall_back_to_the_policy_timeout() {
+    let tool = wire();
+    assert_eq!(tool.dispatch().endpoint.timeout_ms, 3_000);
+    assert_eq!(tool.dispatch().endpoint.method, HttpMethod::Post);
+    assert_eq!(
+        tool.dispatch().reference,
+        ReferenceSource::JsonPointer("/id".into())
+    );
+    let status = tool.status_check().expect("declared");
+    assert_eq!(status.timeout_ms, DEFAULT_TIMEOUT_MS);
+    assert_eq!(status.method, HttpMethod::Get);
+}
+
+#[test]
+fn validate_args_lists_every_violation_with_its_pointer() {
+    let tool = wire();
+    let ok = json!({"account": "acc-1", "amount_minor": 125000, "date": "2026-11-22"});
+    assert_eq!(tool.validate_args(&ok), Ok(()));
+    let bad = json!({"account": 7, "amount_minor": -5, "date": "2026-11-22"});
+    let err = tool.validate_args(&bad).expect_err("two violations");
+    let pointers: Vec<&str> = err
+        .violations()
+        .iter()
+        .map(|v| v.pointer.as_str())
+        .collect();
+    assert!(pointers.contains(&"/account"), "{pointers:?}");
+    assert!(pointers.contains(&"/amount_minor"), "{pointers:?}");
+    assert_eq!(err.violations().len(), 2);
+    assert!(err.to_string().ends_with("(and 1 more violation)"), "{err}");
+    let only_amount = json!({"account": "a", "amount_minor": -5, "date": "2026-11-22"});
+    let err = tool.validate_args(&only_amount).expect_err("below minimum");
+    assert_eq!(
+        err.to_string(),
+        "/amount_minor: -5 is less than the minimum of 1"
+    );
+}
+
+#[test]
+fn formats_are_asserted() {
+    let args = json!({"account": "a", "amount_minor": 5, "date": "22/11/2026"});
+    let err = wire().validate_args(&args).expect_err("not a date");
+    assert_eq!(err.violations()[0].pointer, "/date");
+}
+
+#[test]
+fn missing_required_fields_are_reported_at_the_root() {
+    let err = wire()
+        .validate_args(&json!({"account": "a", "date": "2026-11-22"}))
+        .expect_err("amount missing");
+    assert_eq!(err.violations()[0].pointer, "");
+    assert!(err.to_string().starts_with("arguments: "), "{err}");
+    assert!(err.to_string().contains("amount_minor"), "{err}");
+}
+
+#[test]
+fn business_key_renders_strings_as_is_and_numbers_as_json() {
+    let tool = wire();
+    let args = json!({"account": "acc-1", "amount_minor": 125000, "date": "2026-11-22"});
+    assert_eq!(
+        tool.business_key(&args).expect("renders"),
+        Some(BusinessKey::new("acc-1:125000:2026-11-22"))
+    );
+    let missing = tool
+        .business_key(&json!({"account": "acc-1", "date": "d"}))
+        .expect_err("amount missing");
+    assert_eq!(missing.violations()[0].pointer, "/amount_minor");
+    assert!(missing.to_string().contains("amount_minor"), "{missing}");
+    let nested = tool
+        .business_key(&json!({"account": {"id": 1}, "amount_minor": 1, "date": "d"}))
+        .expect_err("object field");
+    assert!(nested.to_string().contains("not an object"), "{nested}");
+}
+
+#[test]
+fn a_tool_without_a_business_key_template_has_none() {
+    let text = WIRE
+        .replace("business_key = \"{account}:{amount_minor}:{date}\"\n", "")
+        .replace("/by-key/{business_key}", "/by-key/{idempotency_key}");
+    let catalog = Catalog::from_toml_str(&text, "x.toml").expect("status check suffices");
+    assert_eq!(catalog.tools()[0].business_key(&json!({})), Ok(None));
+}
+
+#[test]
+fn render_url_fills_keys_and_fields_and_encodes_each_as_a_path_segment() {
+    let idem = IdempotencyKey::new(
+        RunId::parse("r-abc").expect("valid"),
+        CommandKey::parse("d-3/payments/wire/0").expect("valid"),
+    );
+    let business = BusinessKey::new("acc 1:5");
+    let keys = UrlKeys {
+        idempotency_key: &idem,
+        business_key: Some(&business),
+        external_ref: Some("w/1?x"),
+    };
+    let args = json!({"q": "a&b=c", "n": 12, "flag": true, "obj": {}});
+    let render = |text: &str| render_url(&Template::parse(text).expect("valid"), &args, &keys);
+    assert_eq!(
+        render("http://h/{run_id}/{command_key}/{idempotency_key}").expect("renders"),
+        "http://h/r-abc/d-3%2Fpayments%2Fwire%2F0/r-abc%2Fd-3%2Fpayments%2Fwire%2F0"
+    );
+    assert_eq!(
+        render("http://h/{business_key}/{external_ref}?q={q}&n={n}&f={flag}").expect("renders"),
+        "http://h/acc%201%3A5/w%2F1%3Fx?q=a%26b%3Dc&n=12&f=true"
+    );
+    assert_eq!(
+        render("http://h/é{q}").expect("literal text is kept"),
+        "http://h/éa%26b%3Dc"
+    );
+    assert_eq!(
+        render("http://h/{missing}"),
+        Err(RenderError::MissingField {
+            field: "missing".into()
+        })
+    );
+    assert_eq!(
+        render("http://h/{obj}"),
+        Err(RenderError::NotScalar {
+            field: "obj".into(),
+            kind: "an object"
+        })
+    );
+    let bare = UrlKeys {
+        idempotency_key: &idem,
+        business_key: None,
+        external_ref: None,
+    };
+    let template = Template::parse("http://h/{external_ref}").expect("valid");
+    assert_eq!(
+        render_url(&template, &args, &bare),
+        Err(RenderError::MissingKey {
+            key: "external_ref"
+        })
+    );
+}
+
+#[test]
+fn render_url_refuses_values_that_would_change_the_path() {
+    let idem = IdempotencyKey::parse("r/d-1/a/b/0").expect("valid");
+    let template = Template::parse("http://h/wires/{external_ref}/reverse").expect("valid");
+    for value in ["..", ".", ""] {
+        let keys = UrlKeys {
+            idempotency_key: &idem,
+            business_key: None,
+            external_ref: Some(value),
+        };
+        assert!(
+            matches!(
+                render_url(&template, &json!({}), &keys),
+                Err(RenderError::UnsafeValue { .. })
+            ),
+            "{value:?} must be refused"
+        );
+    }
+}
+
+#[test]
+fn tools_are_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tool>();
+    assert_send_sync::<Catalog>();
+}
+
+#[test]
+fn debug_omits_the_compiled_validator() {
+    let shown = format!("{:?}", wire());
+    assert!(shown.contains("namespace: \"payments\""), "{shown}");
+    assert!(shown.contains("business_key"), "{shown}");
+    assert!(!shown.contains("validator"), "{shown}");
+}
+
+#[test]
+fn remote_schema_references_are_refused_without_fetching() {
+    let text = WIRE.replace(
+        "account = { type = \"string\" }",
+        "account = { \"$ref\" = \"http://127.0.0.1:9/account.json\" }",
+    );
+    let err = Catalog::from_toml_str(&text, "x.toml").expect_err("no remote refs");
+    assert!(
+        matches!(err, CatalogError::InvalidSchema { key: "schema", .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn schema_dates_in_toml_become_json_strings() {
+    let text = WIRE.replace(
+        "format = \"date\" }",
+        "format = \"date\", default = 2026-01-01 }",
+    );
+    let catalog = Catalog::from_toml_str(&text, "x.toml").expect("a date is kept as a string");
+    assert_eq!(
+        catalog.tools()[0].schema()["properties"]["date"]["default"],
+        json!("2026-01-01")
+    );
+}
+
+#[test]
+fn non_finite_floats_in_an_inline_schema_are_refused() {
+    let text = WIRE.replace("minimum = 1 }", "minimum = 1, maximum = inf }");
+    let err = Catalog::from_toml_str(&text, "x.toml").expect_err("inf is not JSON");
+    assert!(
+        err.to_string()
+            .contains("x.toml: tool payments/wire: schema"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("not a JSON number"), "{err}");
+}

@@ -1,0 +1,199 @@
+//! A declared, validated tool: its schema, policy and endpoints, and the state machine's rules
+//! derived from them.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{Number, Value};
+
+use super::args::{ArgsError, Violation, bounded, field_pointer};
+use super::endpoint::{DispatchConnector, HttpEndpoint};
+use super::template::{Template, scalar_text};
+use crate::command::EffectSemantics;
+use crate::ids::{BusinessKey, ToolName};
+use crate::machine::{OnAbsent, Rules};
+
+/// `approve_above`: the command needs approval when this numeric argument exceeds `value`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalThreshold {
+    pub field: String,
+    pub value: Number,
+}
+
+/// A tool's `[tool.policy]`, with defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolPolicy {
+    pub requires_approval: bool,
+    pub approve_above: Option<ApprovalThreshold>,
+    pub max_attempts: u32,
+    pub timeout_ms: u64,
+    pub max_checks: u32,
+    pub max_replays: u32,
+    pub settle_ms: u64,
+    pub on_absent: OnAbsent,
+    pub lease_ttl_ms: u64,
+    pub verify_after_commit: bool,
+    /// `None`: the dispatch timeout (known once the dispatch section is read).
+    pub late_commit_ms: Option<u64>,
+    pub verify_after_ms: u64,
+    pub approval_timeout_ms: u64,
+}
+
+/// A declared tool, validated. Cheap to clone: the compiled schema is shared.
+#[derive(Clone)]
+pub struct Tool {
+    pub(super) name: ToolName,
+    pub(super) description: String,
+    pub(super) semantics: EffectSemantics,
+    pub(super) schema: Value,
+    pub(super) validator: Arc<jsonschema::Validator>,
+    pub(super) business_key: Option<Template>,
+    pub(super) policy: ToolPolicy,
+    pub(super) dispatch: DispatchConnector,
+    pub(super) status_check: Option<HttpEndpoint>,
+    pub(super) compensate: Option<HttpEndpoint>,
+    pub(super) allow_unsafe: bool,
+    /// The catalog's `max_clock_skew_ms`.
+    pub(super) clock_skew_ms: u64,
+}
+
+impl fmt::Debug for Tool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The compiled validator is derived from `schema`; printing it adds only noise.
+        f.debug_struct("Tool")
+            .field("name", &self.name)
+            .field("description", &self.description)
+            .field("semantics", &self.semantics)
+            .field("schema", &self.schema)
+            .field("business_key", &self.business_key)
+            .field("policy", &self.policy)
+            .field("dispatch", &self.dispatch)
+            .field("status_check", &self.status_check)
+            .field("compensate", &self.compensate)
+            .field("allow_unsafe", &self.allow_unsafe)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tool {
+    pub fn name(&self) -> &ToolName {
+        &self.name
+    }
+
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    pub fn semantics(&self) -> EffectSemantics {
+        self.semantics
+    }
+
+    /// The JSON Schema of the arguments, as declared.
+    pub fn schema(&self) -> &Value {
+        &self.schema
+    }
+
+    pub fn business_key_template(&self) -> Option<&Template> {
+        self.business_key.as_ref()
+    }
+
+    pub fn policy(&self) -> &ToolPolicy {
+        &self.policy
+    }
+
+    pub fn dispatch(&self) -> &DispatchConnector {
+        &self.dispatch
+    }
+
+    pub fn status_check(&self) -> Option<&HttpEndpoint> {
+        self.status_check.as_ref()
+    }
+
+    pub fn compensate(&self) -> Option<&HttpEndpoint> {
+        self.compensate.as_ref()
+    }
+
+    pub fn allow_unsafe(&self) -> bool {
+        self.allow_unsafe
+    }
+
+    /// The state machine's rules for this tool: the defaults of its semantics, overridden by
+    /// its policy and by which connectors it declares.
+    pub fn rules(&self) -> Rules {
+        let defaults = Rules::defaults(self.semantics);
+        let millis = |ms: u64| i64::try_from(ms).unwrap_or(i64::MAX);
+        // The sweep redoes a compensation that outlives this: twice the call's own timeout
+        // leaves room for one whole call, and no more, so a crash delays it only that long.
+        let compensation_timeout_ms = self
+            .compensate
+            .as_ref()
+            .map_or(defaults.compensation_timeout_ms, |endpoint| {
+                millis(endpoint.timeout_ms).saturating_mul(2).max(1_000)
+            });
+        Rules {
+            max_attempts: self.policy.max_attempts,
+            max_checks: self.policy.max_checks,
+            max_replays: self.policy.max_replays,
+            has_status_check: self.status_check.is_some(),
+            has_compensate: self.compensate.is_some(),
+            on_absent: self.policy.on_absent,
+            settle_ms: millis(self.policy.settle_ms),
+            lease_ttl_ms: millis(self.policy.lease_ttl_ms),
+            dispatch_timeout_ms: millis(self.dispatch.endpoint.timeout_ms),
+            compensation_timeout_ms,
+            verify_after_commit: self.policy.verify_after_commit && self.status_check.is_some(),
+            late_commit_ms: millis(
+                self.policy
+                    .late_commit_ms
+                    .unwrap_or(self.dispatch.endpoint.timeout_ms),
+            ),
+            verify_after_ms: millis(self.policy.verify_after_ms),
+            clock_skew_ms: millis(self.clock_skew_ms),
+            approval_timeout_ms: millis(self.policy.approval_timeout_ms),
+            ..defaults
+        }
+    }
+
+    /// Checks `args` against the tool's schema, listing every violation.
+    pub fn validate_args(&self, args: &Value) -> Result<(), ArgsError> {
+        let violations: Vec<Violation> = self
+            .validator
+            .iter_errors(args)
+            .map(|error| Violation {
+                pointer: error.instance_path().to_string(),
+                message: bounded(error.to_string()),
+            })
+            .collect();
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(ArgsError { violations })
+        }
+    }
+
+    /// Renders the business key from `args`, or `None` when the tool declares no template.
+    pub fn business_key(&self, args: &Value) -> Result<Option<BusinessKey>, ArgsError> {
+        let Some(template) = &self.business_key else {
+            return Ok(None);
+        };
+        let key = template.render(|field, out| {
+            let value = args.get(field).ok_or_else(|| {
+                ArgsError::one(
+                    field_pointer(field),
+                    format!("business_key needs field {field}, which is missing"),
+                )
+            })?;
+            let text = scalar_text(value).map_err(|kind| {
+                ArgsError::one(
+                    field_pointer(field),
+                    format!("business_key needs field {field} as a string, number or boolean, not {kind}"),
+                )
+            })?;
+            out.push_str(&text);
+            Ok(())
+        })?;
+        Ok(Some(BusinessKey::new(key)))
+    }
+}
