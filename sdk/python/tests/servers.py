@@ -15,11 +15,16 @@ from typing import Any
 import httpx
 import uvicorn
 
+from sluice.tool import ENV_VAR
+
+from signed import KEY
+
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _sluice_bin() -> str:
-    """`$SLUICE_BIN`, else the first debug build found."""
+def sluice_bin() -> str:
+    """`$SLUICE_BIN`, else the first debug build found. Asked for only by the tests that run
+    `sluice`, so the others run without one."""
     if os.environ.get("SLUICE_BIN"):
         return os.environ["SLUICE_BIN"]
     target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
@@ -27,9 +32,6 @@ def _sluice_bin() -> str:
         if candidate.exists():
             return str(candidate)
     raise RuntimeError("no sluice binary: set SLUICE_BIN (cargo build -p sluice builds one)")
-
-
-SLUICE_BIN = _sluice_bin()
 
 
 def free_port() -> int:
@@ -65,10 +67,15 @@ class AppServer:
 
 
 class SluiceDev:
-    """`sluice dev` on a fresh SQLite ledger with the given catalog, an agent and an admin token."""
+    """`sluice dev` on a fresh SQLite ledger with the given catalog, an agent and an admin token,
+    signing its calls to tool services with `signing_keys` (default: the tests' key), given in
+    SLUICE_TOOL_SIGNING_KEYS as the printed catalogs' credential reads them."""
 
-    def __init__(self, workdir: Path, catalog: str | None) -> None:
+    def __init__(
+        self, workdir: Path, catalog: str | None, signing_keys: list[str] | None = None
+    ) -> None:
         self.workdir = workdir
+        self.signing_keys = [KEY] if signing_keys is None else signing_keys
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.agent_token = "agent-" + secrets.token_hex(16)
@@ -94,10 +101,11 @@ class SluiceDev:
     def __enter__(self) -> SluiceDev:
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                [SLUICE_BIN, "dev", "-c", str(self.config)],
+                [sluice_bin(), "dev", "-c", str(self.config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.workdir,
+                env={**os.environ, ENV_VAR: " ".join(self.signing_keys)},
             )
         deadline = time.monotonic() + 30
         while True:
@@ -125,5 +133,5 @@ class SluiceDev:
         """The `sluice` operator console as an admin, as a person would run it."""
         env = {**os.environ, "SLUICE_URL": self.url, "SLUICE_TOKEN": self.admin_token}
         return subprocess.run(
-            [SLUICE_BIN, *args], env=env, capture_output=True, text=True, timeout=60
+            [sluice_bin(), *args], env=env, capture_output=True, text=True, timeout=60
         )

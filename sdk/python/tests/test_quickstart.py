@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from servers import REPO, SLUICE_BIN, SluiceDev
+from servers import REPO, SluiceDev, sluice_bin
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 # The repository's README shows the same block; both are held to running as written.
@@ -36,7 +36,7 @@ def quickstart() -> str:
 def demo_upstream() -> Iterator[str]:
     """The demo upstream without faults (`sluice bench-upstream`, from the same binary)."""
     process = subprocess.Popen(
-        [SLUICE_BIN, "bench-upstream", "--listen", "127.0.0.1:0"],
+        [sluice_bin(), "bench-upstream", "--listen", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

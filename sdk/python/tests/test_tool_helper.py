@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 import sluice
@@ -20,6 +19,7 @@ from sluice.tool import Call, MemoryStore, Refused, SQLiteStore, ToolApp
 
 import toolbox
 from servers import AppServer
+from signed import KEY, get, post
 
 
 def headers(key: str, business_key: str | None = None, **extra: str) -> dict[str, str]:
@@ -35,7 +35,7 @@ def headers(key: str, business_key: str | None = None, **extra: str) -> dict[str
 
 def payments(store: Any, calls: Counter[str], gate: threading.Event | None = None) -> ToolApp:
     """A payout tool whose lookups come from the store (no status function)."""
-    app = ToolApp(store=store)
+    app = ToolApp(store=store, signing_keys=[KEY])
 
     def undo(external_ref: str, args: dict[str, Any], call: Call) -> dict[str, Any]:
         calls["undo"] += 1
@@ -63,19 +63,11 @@ def payments(store: Any, calls: Counter[str], gate: threading.Event | None = Non
 def test_a_replay_gets_the_stored_answer_and_the_function_runs_once() -> None:
     calls: Counter[str] = Counter()
     with AppServer(payments(MemoryStore(), calls)) as tool:
-        first = httpx.post(
-            f"{tool.url}/pay/out", json={"to": "ann", "amount": 5}, headers=headers("k-1")
-        )
-        again = httpx.post(
-            f"{tool.url}/pay/out", json={"amount": 5, "to": "ann"}, headers=headers("k-1")
-        )
-        other = httpx.post(
-            f"{tool.url}/pay/out", json={"to": "ann", "amount": 6}, headers=headers("k-1")
-        )
+        first = post(f"{tool.url}/pay/out", {"to": "ann", "amount": 5}, headers=headers("k-1"))
+        again = post(f"{tool.url}/pay/out", {"amount": 5, "to": "ann"}, headers=headers("k-1"))
+        other = post(f"{tool.url}/pay/out", {"to": "ann", "amount": 6}, headers=headers("k-1"))
         refused = [
-            httpx.post(
-                f"{tool.url}/pay/out", json={"to": "bob", "amount": -1}, headers=headers("k-2")
-            )
+            post(f"{tool.url}/pay/out", {"to": "bob", "amount": -1}, headers=headers("k-2"))
             for _ in range(2)
         ]
     assert (first.status_code, first.json()) == (201, {"id": "p-1", "to": "ann", "amount": 5})
@@ -91,17 +83,11 @@ def test_a_request_while_the_first_runs_is_in_progress_409() -> None:
     gate = threading.Event()
     with AppServer(payments(MemoryStore(), calls, gate)) as tool, ThreadPoolExecutor(1) as pool:
         first = pool.submit(
-            httpx.post,
-            f"{tool.url}/pay/out",
-            json={"to": "ann", "amount": 5},
-            headers=headers("k-1"),
-            timeout=20,
+            post, f"{tool.url}/pay/out", {"to": "ann", "amount": 5}, headers("k-1"), timeout=20
         )
         while calls["payout"] == 0:
             threading.Event().wait(0.01)
-        second = httpx.post(
-            f"{tool.url}/pay/out", json={"to": "ann", "amount": 5}, headers=headers("k-1")
-        )
+        second = post(f"{tool.url}/pay/out", {"to": "ann", "amount": 5}, headers=headers("k-1"))
         gate.set()
         assert first.result().status_code == 201
     assert second.status_code == 409 and "in progress" in second.json()["error"]
@@ -112,23 +98,19 @@ def test_status_by_business_key_from_a_durable_store(tmp_path: Path) -> None:
     calls: Counter[str] = Counter()
     with AppServer(payments(SQLiteStore(tmp_path / "keys.db"), calls)) as tool:
         lookup = f"{tool.url}/pay/out/by-key/"
-        absent = httpx.get(lookup + "ann%3A5", headers=headers("k-9"))
-        httpx.post(
-            f"{tool.url}/pay/out", json={"to": "ann", "amount": 5}, headers=headers("k-1", "ann:5")
-        )
-        present = httpx.get(lookup + "ann%3A5")
+        absent = get(lookup + "ann%3A5", headers=headers("k-9"))
+        post(f"{tool.url}/pay/out", {"to": "ann", "amount": 5}, headers=headers("k-1", "ann:5"))
+        present = get(lookup + "ann%3A5")
         # A second commit under the same business key (another idempotency key): a duplicate.
-        httpx.post(
-            f"{tool.url}/pay/out", json={"to": "ann", "amount": 5}, headers=headers("k-2", "ann:5")
-        )
-        duplicate = httpx.get(lookup + "ann%3A5")
+        post(f"{tool.url}/pay/out", {"to": "ann", "amount": 5}, headers=headers("k-2", "ann:5"))
+        duplicate = get(lookup + "ann%3A5")
         # A call that raised may have committed: its lookup proves nothing.
-        lost = httpx.post(
+        lost = post(
             f"{tool.url}/pay/out",
-            json={"to": "flaky", "amount": 1},
+            {"to": "flaky", "amount": 1},
             headers=headers("k-3", "flaky:1"),
         )
-        unknown = httpx.get(lookup + "flaky%3A1")
+        unknown = get(lookup + "flaky%3A1")
     assert absent.status_code == 404
     assert (present.status_code, present.json()["id"]) == (200, "p-1")
     assert duplicate.status_code == 409 and duplicate.json()["refs"] == ["p-1", "p-2"]
@@ -138,7 +120,7 @@ def test_status_by_business_key_from_a_durable_store(tmp_path: Path) -> None:
 
 def test_an_in_memory_store_never_claims_an_effect_is_absent() -> None:
     with AppServer(payments(MemoryStore(), Counter())) as tool:
-        answer = httpx.get(f"{tool.url}/pay/out/by-key/nobody%3A1")
+        answer = get(f"{tool.url}/pay/out/by-key/nobody%3A1")
     assert answer.status_code == 503 and "forgets on restart" in answer.json()["error"]
 
 
@@ -146,10 +128,10 @@ def test_a_durable_store_answers_replays_after_a_restart(tmp_path: Path) -> None
     calls: Counter[str] = Counter()
     body = {"to": "ann", "amount": 5}
     with AppServer(payments(SQLiteStore(tmp_path / "keys.db"), calls)) as tool:
-        first = httpx.post(f"{tool.url}/pay/out", json=body, headers=headers("k-1", "ann:5"))
+        first = post(f"{tool.url}/pay/out", body, headers=headers("k-1", "ann:5"))
     with AppServer(payments(SQLiteStore(tmp_path / "keys.db"), calls)) as restarted:
-        again = httpx.post(f"{restarted.url}/pay/out", json=body, headers=headers("k-1", "ann:5"))
-        present = httpx.get(f"{restarted.url}/pay/out/by-key/ann%3A5")
+        again = post(f"{restarted.url}/pay/out", body, headers=headers("k-1", "ann:5"))
+        present = get(f"{restarted.url}/pay/out/by-key/ann%3A5")
     assert again.json() == first.json() and again.headers["idempotent-replayed"] == "true"
     assert present.status_code == 200
     assert calls["payout"] == 1
@@ -159,8 +141,8 @@ def test_a_call_that_raised_runs_again_under_its_key() -> None:
     calls: Counter[str] = Counter()
     with AppServer(payments(MemoryStore(), calls)) as tool:
         answers = [
-            httpx.post(
-                f"{tool.url}/pay/out", json={"to": "flaky", "amount": 1}, headers=headers("k-1")
+            post(
+                f"{tool.url}/pay/out", {"to": "flaky", "amount": 1}, headers=headers("k-1")
             ).status_code
             for _ in range(2)
         ]
@@ -173,11 +155,10 @@ def test_compensate_is_deduplicated_by_its_own_key() -> None:
     body = {"args": {"to": "ann", "amount": 5}, "external_ref": "p-1"}
     with AppServer(payments(MemoryStore(), calls)) as tool:
         undone = [
-            httpx.post(f"{tool.url}/pay/out/compensate/p-1", json=body, headers=undo_headers)
-            for _ in range(2)
+            post(f"{tool.url}/pay/out/compensate/p-1", body, headers=undo_headers) for _ in range(2)
         ]
-        impossible = httpx.post(
-            f"{tool.url}/pay/out/compensate/never", json=body, headers=headers("k-2/compensate")
+        impossible = post(
+            f"{tool.url}/pay/out/compensate/never", body, headers=headers("k-2/compensate")
         )
     assert [u.status_code for u in undone] == [200, 200]
     assert undone[0].json() == {"id": "rev-p-1", "undid": "k-1", "args": body["args"]}
@@ -187,7 +168,7 @@ def test_compensate_is_deduplicated_by_its_own_key() -> None:
 
 
 def test_unsafe_declarations_are_refused_when_decorated() -> None:
-    app = ToolApp()
+    app = ToolApp(signing_keys=[KEY])
 
     def send(to: str) -> dict[str, Any]:
         return {"id": to}
@@ -205,14 +186,27 @@ def test_unsafe_declarations_are_refused_when_decorated() -> None:
 
 
 def test_the_printed_catalog_is_what_the_server_loaded(client: sluice.Client) -> None:
-    printed = tomllib.loads(toolbox.catalog("http://127.0.0.1:9"))["tool"]
+    catalog = tomllib.loads(toolbox.catalog("http://127.0.0.1:9"))
+    # The `sluice dev` serving `client` loaded this catalog and signs with KEY from the variable.
+    assert catalog["credentials"] == {
+        "tool_services": {
+            "kind": "standard_webhooks",
+            "keys": [{"env": "SLUICE_TOOL_SIGNING_KEYS"}],
+        }
+    }
+    printed = catalog["tool"]
+    assert {tool["credential"] for tool in printed} == {"tool_services"}
     wire = next(tool for tool in printed if tool["name"] == "bank/wire")
     assert wire["dispatch"] == {
         "url": "http://127.0.0.1:9/bank/wire",
         "reference_pointer": "/id",
         "in_progress_status": [409],
     }
-    assert wire["status_check"]["url"] == "http://127.0.0.1:9/bank/wire/by-key/{business_key}"
+    assert wire["status_check"] == {
+        "url": "http://127.0.0.1:9/bank/wire/by-key/{business_key}",
+        "absent_status": [404],
+        "duplicate_status": [409],
+    }
     assert wire["compensate"]["url"] == "http://127.0.0.1:9/bank/wire/compensate/{external_ref}"
     assert wire["schema"]["required"] == ["account", "amount_minor", "memo"]
     served = client.tools()

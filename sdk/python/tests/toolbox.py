@@ -15,6 +15,8 @@ from typing import Any
 from sluice import IDEMPOTENT, NON_IDEMPOTENT, OBSERVE_ONLY
 from sluice.tool import Call, Refused, ToolApp
 
+from signed import KEY
+
 # Short horizons so ambiguous outcomes resolve within a test.
 QUICK = {
     "timeout_ms": 2000,
@@ -41,7 +43,8 @@ class World:
 
 
 world = World()
-app = ToolApp()
+# Verifies every call with the key the tests' `sluice dev` signs with (servers.SluiceDev).
+app = ToolApp(signing_keys=[KEY])
 
 
 @app.tool("shop/notify", semantics=IDEMPOTENT)

@@ -4,6 +4,7 @@
 
     from sluice.tool import ToolApp, SQLiteStore, Refused
 
+    # Only calls signed by Sluice are served: the whsec_ keys come from SLUICE_TOOL_SIGNING_KEYS.
     app = ToolApp(store=SQLiteStore("refunds.db"))
 
     def find_refund(business_key: str) -> dict | None: ...      # your system of record
@@ -15,21 +16,26 @@
         \"\"\"Refund part of an order.\"\"\"
         return {"id": issue_refund(order, amount_minor)}
 
-    print(app.catalog_toml("http://127.0.0.1:9000"))   # entries for Sluice's catalog
+    print(app.catalog_toml("http://127.0.0.1:9000"))   # the credential and entries for Sluice
     # serve with any ASGI server: uvicorn module:app --port 9000
 """
 
-from .app import Call, Refused, ToolApp, ToolSpec, schema_of
+from .app import DEFAULT_CREDENTIAL, Call, Refused, ToolApp, ToolSpec, schema_of
+from .signing import ENV_VAR, SigningKeyError, new_signing_key
 from .store import IdempotencyStore, MemoryStore, Record, SQLiteStore
 
 __all__ = [
+    "DEFAULT_CREDENTIAL",
+    "ENV_VAR",
     "Call",
     "IdempotencyStore",
     "MemoryStore",
     "Record",
     "Refused",
     "SQLiteStore",
+    "SigningKeyError",
     "ToolApp",
     "ToolSpec",
+    "new_signing_key",
     "schema_of",
 ]

@@ -20,7 +20,14 @@ For each tool ``namespace/name`` it serves:
   store): ``200`` done, :class:`Refused` → its 4xx (cannot be undone: escalated), other
   exceptions ``500`` (retried).
 
-:meth:`ToolApp.catalog_toml` prints the catalog entries that point Sluice at these routes.
+Every request, on every route, must first be a signed call from Sluice (Standard Webhooks,
+:mod:`sluice.tool.signing`): an unsigned or badly signed one, one whose timestamp is more than 5
+minutes off, or a replayed one is answered ``401`` before its body is parsed or any function
+runs. The keys are ``signing_keys=`` or the ``SLUICE_TOOL_SIGNING_KEYS`` variable; an app with
+neither refuses to be built unless ``allow_unsigned=True``.
+
+:meth:`ToolApp.catalog_toml` prints the catalog entries that point Sluice at these routes, and
+the credential it signs with.
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ import functools
 import hashlib
 import inspect
 import json
+import logging
+import os
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -41,7 +50,15 @@ from .._ids import InvalidId, check_tool_name
 from ..catalog import IDEMPOTENT, NON_IDEMPOTENT, OBSERVE_ONLY
 from ..errors import DeclarationError
 from . import _toml
+from .signing import ENV_VAR, Rejected, SigningKeyError, Verifier, parse_keys
 from .store import DONE, IN_DOUBT, IN_PROGRESS, IdempotencyStore, MemoryStore, Record
+
+_log = logging.getLogger("sluice.tool")
+
+#: The credential the printed catalog names when the caller names none.
+DEFAULT_CREDENTIAL = "tool_services"
+_CREDENTIAL_NAME = re.compile(r"[A-Za-z0-9_-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _JSON_TYPES: dict[Any, str] = {
@@ -120,11 +137,54 @@ class ToolApp:
 
     ``store`` keeps each idempotency key's answer; the default :class:`MemoryStore` loses them
     on restart (see :mod:`sluice.tool.store`), :class:`SQLiteStore` keeps them.
+
+    ``signing_keys``: the ``whsec_`` keys Sluice signs its calls with (a list, or one string of
+    whitespace-separated keys); when not given, the ``SLUICE_TOOL_SIGNING_KEYS`` variable. Each
+    request must carry a signature by one of them (during a rotation, list both). With no key
+    at all the app refuses to be built (:class:`~sluice.tool.SigningKeyError`), unless
+    ``allow_unsigned=True``: then it serves anyone who can reach it, which is for a local
+    experiment only (a warning is logged). A key given always wins over ``allow_unsigned``.
     """
 
-    def __init__(self, store: IdempotencyStore | None = None) -> None:
+    def __init__(
+        self,
+        store: IdempotencyStore | None = None,
+        *,
+        signing_keys: Iterable[str] | str | None = None,
+        allow_unsigned: bool = False,
+    ) -> None:
         self.store: IdempotencyStore = store if store is not None else MemoryStore()
         self.tools: dict[str, ToolSpec] = {}
+        if signing_keys is None:
+            keys = os.environ.get(ENV_VAR, "").split()
+            source = f"the {ENV_VAR} environment variable"
+        else:
+            keys = signing_keys.split() if isinstance(signing_keys, str) else list(signing_keys)
+            source = "signing_keys"
+        self._verifier: Verifier | None = None
+        if keys:
+            self._verifier = Verifier(parse_keys(keys, source))
+        elif allow_unsigned:
+            _log.warning(
+                "ToolApp(allow_unsigned=True) with no signing key: anyone who can reach this "
+                "service can call its tools (create, refund, read effects). For a local "
+                "experiment only; set %s anywhere else.",
+                ENV_VAR,
+            )
+        else:
+            given = "signing_keys is empty" if signing_keys is not None else f"{ENV_VAR} is not set"
+            raise SigningKeyError(
+                f"ToolApp has no signing key ({given}), so it cannot tell Sluice's calls from "
+                f"anyone else's. Set {ENV_VAR} to the whsec_ keys Sluice signs with "
+                "(whitespace-separated; sluice.tool.new_signing_key() makes one), or pass "
+                "signing_keys=[...]; or, for a local experiment only, pass allow_unsigned=True."
+            )
+
+    @property
+    def verifies_signatures(self) -> bool:
+        """Whether requests must be signed (False only when built with ``allow_unsigned`` and
+        no key)."""
+        return self._verifier is not None
 
     def tool(
         self,
@@ -220,18 +280,49 @@ class ToolApp:
                         "strings, numbers and booleans can be part of a key"
                     )
 
-    def catalog_toml(self, base_url: str) -> str:
-        """The catalog entries (``[[tool]]`` tables) pointing Sluice at this app at ``base_url``.
+    def catalog_toml(
+        self,
+        base_url: str,
+        *,
+        credential: str | None = None,
+        keys_env: str | None = None,
+        keys_file: str | None = None,
+    ) -> str:
+        """The catalog entries pointing Sluice at this app at ``base_url``: the credential Sluice
+        signs with (``[credentials.<credential>]``), then a ``[[tool]]`` table per tool naming it.
+
+        ``credential`` names it (default ``tool_services``); Sluice reads its keys from the
+        variable ``keys_env`` (default ``SLUICE_TOOL_SIGNING_KEYS``) or the file ``keys_file``
+        (whitespace-separated ``whsec_`` keys). No key's value is ever printed. An app built with
+        ``allow_unsigned`` and no key prints no credential unless one is asked for. Two apps in
+        one catalog each print their credential: give them different names.
 
         Paste them into the catalog (see deploy/catalog.toml for every field)."""
+        if keys_env is not None and keys_file is not None:
+            raise ValueError("Sluice reads the keys from keys_env or keys_file, not both")
+        if credential is None and (self.verifies_signatures or keys_env or keys_file):
+            credential = DEFAULT_CREDENTIAL
+        if credential is not None and not _CREDENTIAL_NAME.fullmatch(credential):
+            raise ValueError(
+                f"credential name {credential!r}: use letters, digits, _ and - (a TOML bare key)"
+            )
+        if keys_env is not None and not _ENV_NAME.fullmatch(keys_env):
+            raise ValueError(f"keys_env {keys_env!r} is not an environment variable's name")
         base = base_url.rstrip("/")
         lines: list[str] = []
+        if credential is not None:
+            source = {"file": keys_file} if keys_file is not None else {"env": keys_env or ENV_VAR}
+            lines += _toml.table(
+                f"[credentials.{credential}]", {"kind": "standard_webhooks", "keys": [source]}
+            )
+            lines.append("")
         for spec in self.tools.values():
             lines.append("[[tool]]")
             lines += _toml.table(
                 "",
                 {
                     "name": spec.name,
+                    "credential": credential,
                     "description": spec.description or None,
                     "semantics": spec.semantics,
                     "business_key": spec.business_key,
@@ -253,7 +344,19 @@ class ToolApp:
                 ),
             ]
             if spec.has_status_check:
-                lines += ["", *_toml.table("[tool.status_check]", {"url": base + spec.status_path})]
+                # Sluice reads a status code as absent or duplicate only when declared: a 404
+                # from a proxy in front of a wrong URL must not pass for "never happened".
+                lines += [
+                    "",
+                    *_toml.table(
+                        "[tool.status_check]",
+                        {
+                            "url": base + spec.status_path,
+                            "absent_status": [404],
+                            "duplicate_status": [409],
+                        },
+                    ),
+                ]
             if spec.compensate is not None:
                 url = f"{base}{spec.path}/compensate/{{external_ref}}"
                 lines += ["", *_toml.table("[tool.compensate]", {"url": url})]
@@ -276,17 +379,35 @@ class ToolApp:
         raw = scope.get("raw_path") or scope["path"].encode()
         segments = [unquote(part) for part in raw.decode("latin-1").split("?")[0].split("/")[1:]]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        # Verified before anything else, on every route: an unsigned request is refused before
+        # its body is even read, a badly signed one before it is parsed or any function runs.
+        if self._verifier is not None:
+            try:
+                self._verifier.check_headers(headers)
+            except Rejected as rejected:
+                return await self._refuse(send, scope, rejected)
         body = b""
         while True:
             message = await receive()
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        status, answer, extra = await self._route(scope["method"], segments, headers, body)
-        payload = json.dumps(answer, default=str).encode()
-        response_headers = [(b"content-type", b"application/json"), *extra]
-        await send({"type": "http.response.start", "status": status, "headers": response_headers})
-        await send({"type": "http.response.body", "body": payload})
+        if self._verifier is not None:
+            try:
+                self._verifier.verify(headers, body)
+            except Rejected as rejected:
+                return await self._refuse(send, scope, rejected)
+        await _respond(send, *await self._route(scope["method"], segments, headers, body))
+
+    async def _refuse(self, send: Send, scope: Scope, rejected: Rejected) -> None:
+        _log.warning(
+            "refused %s %s from %s: %s",
+            scope["method"],
+            scope["path"],
+            (scope.get("client") or ("?",))[0],
+            rejected,
+        )
+        await _respond(send, *_error(401, str(rejected)))
 
     async def _route(
         self, method: str, segments: list[str], headers: dict[str, str], body: bytes
@@ -445,6 +566,13 @@ class ToolApp:
         return await self._run(
             scope, key, spec.compensate, _pick(spec.compensate, offered), success=200
         )
+
+
+async def _respond(send: Send, status: int, answer: Any, extra: list[tuple[bytes, bytes]]) -> None:
+    payload = json.dumps(answer, default=str).encode()
+    headers = [(b"content-type", b"application/json"), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
 
 
 def schema_of(function: Callable[..., Any]) -> dict[str, Any]:
