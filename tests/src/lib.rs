@@ -20,6 +20,7 @@
 mod agent;
 pub mod chaos;
 pub mod processes;
+pub mod proxy;
 
 pub use agent::{Agent, Answer};
 
