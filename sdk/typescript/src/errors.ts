@@ -10,6 +10,7 @@
  *   client stopped waiting. Each carries the run id, command key, status, the command and a
  *   `remedy`: what a person can do.
  * - {@link DefinitionError}: a guard, effect or tool definition refused before anything runs.
+ * - {@link SigningKeyError}: a tool server's signing keys are missing or malformed.
  */
 
 import type { Command, ErrorBody, Status } from "./types.js";
@@ -304,6 +305,14 @@ export class DefinitionError extends SluiceError {
     super(message);
     this.tool = tool;
   }
+}
+
+/**
+ * The tool server's signing keys are missing or malformed (thrown when a `ToolServer` is
+ * built). The message names a key by its position and where it came from, never by its value.
+ */
+export class SigningKeyError extends SluiceError {
+  override name = "SigningKeyError";
 }
 
 function isRecord(value: unknown): value is Record<string, unknown> {

@@ -6,14 +6,14 @@ import { after, before, test } from "node:test";
 
 import { SluiceClient, UnavailableError } from "../src/index.js";
 import { ToolServer } from "../src/tool-server/index.js";
-import { CATALOG_HEADER, listen, type SluiceProcess, startSluice, TOKENS } from "./harness.js";
+import { CATALOG_HEADER, listen, SIGNING_KEY, type SluiceProcess, startSluice, TOKENS } from "./harness.js";
 
 let upstream: Awaited<ReturnType<typeof listen>>;
 let server: SluiceProcess;
 let calls = 0;
 
 before(async () => {
-  const tools = new ToolServer().define<{ n: number }, { id: string }>({
+  const tools = new ToolServer({ signingKeys: [SIGNING_KEY] }).define<{ n: number }, { id: string }>({
     name: "slow/op",
     semantics: "IDEMPOTENT",
     schema: { type: "object", required: ["n"], properties: { n: { type: "integer" } } },

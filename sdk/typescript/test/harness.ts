@@ -1,10 +1,12 @@
 /**
  * The real parts the tests run against: `sluice dev` (the binary in `SLUICE_BIN`, default
  * /work/bin/sluice) on a fresh SQLite directory and a free loopback port, with a config and a
- * catalog written here; and tool servers on loopback. Nothing is mocked.
+ * catalog written here; and tool servers on loopback, whose calls are signed as Sluice signs
+ * them (Standard Webhooks, with the `standardwebhooks` library itself). Nothing is mocked.
  */
 
 import { type ChildProcess, spawn } from "node:child_process";
+import { randomUUID } from "node:crypto";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, type RequestListener, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
@@ -12,6 +14,10 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
+
+import { Webhook } from "standardwebhooks";
+
+import { newSigningKey, SIGNING_KEYS_ENV } from "../src/tool-server/index.js";
 
 /** The repository's root (the package is sdk/typescript; tests run from build-test/test). */
 export const REPO = fileURLToPath(new URL("../../../../", import.meta.url));
@@ -24,6 +30,26 @@ export const TOKENS = {
   agentB: "agent-b-token-0123456789",
   admin: "admin-token-0123456789",
 } as const;
+
+/** The key the tests' tool servers verify and the tests' `sluice dev` signs with. */
+export const SIGNING_KEY = newSigningKey();
+
+/**
+ * The three headers of a request whose raw body is `body`, signed with `keys` (one `v1,`
+ * entry per key) at `timestamp` (default: now) under `id` (default: a new one).
+ */
+export function signed(
+  body: string,
+  keys: readonly string[] = [SIGNING_KEY],
+  { id = `msg_${randomUUID()}`, timestamp = Math.floor(Date.now() / 1000) }: { id?: string; timestamp?: number } = {},
+): Record<string, string> {
+  const at = new Date(timestamp * 1000);
+  return {
+    "webhook-id": id,
+    "webhook-timestamp": String(timestamp),
+    "webhook-signature": keys.map((key) => new Webhook(key).sign(id, at, body)).join(" "),
+  };
+}
 
 /** A running `sluice dev`. */
 export interface SluiceProcess {
@@ -43,10 +69,15 @@ max_clock_skew_ms = 100
 export type Settings = Record<string, Record<string, string | number | boolean>>;
 
 /**
- * Starts `sluice dev` with `catalog` (TOML), the test tokens and `settings`; resolves once it
- * serves.
+ * Starts `sluice dev` with `catalog` (TOML), the test tokens and `settings`, signing its calls
+ * to tool services with `signingKeys` (given in SLUICE_TOOL_SIGNING_KEYS, which the printed
+ * catalogs' credential names); resolves once it serves.
  */
-export async function startSluice(catalog: string, settings: Settings = {}): Promise<SluiceProcess> {
+export async function startSluice(
+  catalog: string,
+  settings: Settings = {},
+  signingKeys: readonly string[] = [SIGNING_KEY],
+): Promise<SluiceProcess> {
   const dir = mkdtempSync(join(tmpdir(), "sluice-ts-"));
   writeFileSync(join(dir, "catalog.toml"), catalog);
   const sections: Settings = {
@@ -71,7 +102,7 @@ export async function startSluice(catalog: string, settings: Settings = {}): Pro
   writeFileSync(join(dir, "sluice.toml"), [...config, ...tokens].join(""));
   const child = spawn(SLUICE_BIN, ["dev", "-c", join(dir, "sluice.toml")], {
     stdio: ["ignore", "pipe", "pipe"],
-    env: { ...process.env, SLUICE_URL: "", SLUICE_TOKEN: "" },
+    env: { ...process.env, SLUICE_URL: "", SLUICE_TOKEN: "", [SIGNING_KEYS_ENV]: signingKeys.join(" ") },
   });
   const lines: string[] = [];
   const url = await new Promise<string>((resolve, reject) => {

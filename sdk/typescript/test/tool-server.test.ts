@@ -1,11 +1,11 @@
-// The tool-side handler over real HTTP on loopback, as Sluice's connector calls it: replays
-// answered from the idempotency-key store, status by business key, compensate, and the
-// definitions it refuses.
+// The tool-side handler over real HTTP on loopback, as Sluice's connector calls it (signed):
+// replays answered from the idempotency-key store, status by business key, compensate, and the
+// definitions it refuses. Signature checks themselves: signing.test.ts.
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
 import { DefinitionError, ToolRefusal, ToolServer } from "../src/tool-server/index.js";
-import { listen } from "./harness.js";
+import { listen, SIGNING_KEY, signed } from "./harness.js";
 
 interface Order {
   id: string;
@@ -25,8 +25,11 @@ const schema = {
   properties: { sku: { type: "string" }, qty: { type: "integer" } },
 } as const;
 
+/** A server verifying the tests' key. */
+const keyed = () => new ToolServer({ signingKeys: [SIGNING_KEY] });
+
 before(async () => {
-  const tools = new ToolServer()
+  const tools = keyed()
     .define<{ sku: string; qty: number; slow?: boolean }, Order>({
       name: "shop/order",
       semantics: "NON_IDEMPOTENT",
@@ -80,14 +83,15 @@ after(async () => {
 });
 
 async function call(method: string, path: string, key: string | undefined, body?: unknown) {
-  const headers: Record<string, string> = { "content-type": "application/json", "x-sluice-run-id": "r-1" };
+  const content = body === undefined ? "" : JSON.stringify(body);
+  const headers: Record<string, string> = { "content-type": "application/json", "x-sluice-run-id": "r-1", ...signed(content) };
   if (key !== undefined) {
     headers["idempotency-key"] = key;
   }
   const response = await fetch(server.url + path, {
     method,
     headers,
-    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+    ...(body === undefined ? {} : { body: content }),
   });
   return { status: response.status, body: (await response.json()) as Record<string, unknown> };
 }
@@ -168,11 +172,11 @@ describe("compensate", () => {
 describe("definitions", () => {
   const base = { schema, dispatch: async () => ({ id: "x" }) };
   const refused = (tool: Parameters<ToolServer["define"]>[0], pattern: RegExp) =>
-    assert.throws(() => new ToolServer().define(tool), (e: unknown) => e instanceof DefinitionError && pattern.test(e.message));
+    assert.throws(() => keyed().define(tool), (e: unknown) => e instanceof DefinitionError && pattern.test(e.message));
 
   test("a NON_IDEMPOTENT dispatch with no business key, status check or compensate is refused", () => {
     refused({ ...base, name: "pay/send", semantics: "NON_IDEMPOTENT" }, /none of businessKey, statusCheck or compensate.*allowUnsafe/);
-    assert.doesNotThrow(() => new ToolServer().define({ ...base, name: "pay/send", semantics: "NON_IDEMPOTENT", allowUnsafe: true }));
+    assert.doesNotThrow(() => keyed().define({ ...base, name: "pay/send", semantics: "NON_IDEMPOTENT", allowUnsafe: true }));
   });
 
   test("other definitions the catalog could not load are refused", () => {
@@ -181,13 +185,13 @@ describe("definitions", () => {
     refused({ ...base, name: "pay/key", semantics: "IDEMPOTENT", businessKey: "{note}" }, /\{note\}.*required/);
     refused({ ...base, name: "Pay/Send", semantics: "IDEMPOTENT" }, /invalid tool name/);
     refused({ ...base, name: "pay/send", semantics: "IDEMPOTENT", schema: { type: "array" } }, /type "object"/);
-    const tools = new ToolServer().define({ ...base, name: "pay/send", semantics: "IDEMPOTENT" });
+    const tools = keyed().define({ ...base, name: "pay/send", semantics: "IDEMPOTENT" });
     assert.throws(() => tools.define({ ...base, name: "pay/send", semantics: "IDEMPOTENT" }), /already defined/);
     assert.throws(() => new ToolRefusal("in progress", 409), RangeError);
   });
 
   test("catalogToml prints each tool's catalog entry", () => {
-    const tools = new ToolServer().define({
+    const tools = keyed().define({
       ...base,
       name: "pay/send",
       description: 'Pay "someone"',
@@ -199,8 +203,13 @@ describe("definitions", () => {
     });
     assert.equal(
       tools.catalogToml("http://127.0.0.1:9/"),
-      `[[tool]]
+      `[credentials.tool_services]
+kind = "standard_webhooks"
+keys = [{ env = "SLUICE_TOOL_SIGNING_KEYS" }]
+
+[[tool]]
 name = "pay/send"
+credential = "tool_services"
 description = "Pay \\"someone\\""
 semantics = "NON_IDEMPOTENT"
 business_key = "{sku}:{qty}"
@@ -216,6 +225,8 @@ in_progress_status = [409]
 
 [tool.status_check]
 url = "http://127.0.0.1:9/pay/send/by-key/{business_key}"
+absent_status = [404]
+duplicate_status = [409]
 
 [tool.compensate]
 url = "http://127.0.0.1:9/pay/send/compensate"

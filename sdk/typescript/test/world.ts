@@ -5,6 +5,7 @@
  */
 
 import { ToolRefusal, ToolServer } from "../src/tool-server/index.js";
+import { SIGNING_KEY } from "./harness.js";
 
 export interface Wire {
   id: string;
@@ -34,7 +35,8 @@ const text = { type: "string", minLength: 1, maxLength: 200 } as const;
 
 /** The tool server of `world`. */
 export function tools(world: World): ToolServer {
-  const server = new ToolServer();
+  // Verifies every call with the key the tests' `sluice dev` signs with (harness.startSluice).
+  const server = new ToolServer({ signingKeys: [SIGNING_KEY] });
   server.define<{ to: string; subject: string; body: string }, { id: string; to: string }>({
     name: "mail/send",
     description: "Send an email",

@@ -176,14 +176,39 @@ export function checkDefinition<Args extends Record<string, unknown>, Result>(
   }
 }
 
-/** The catalog TOML entry (`[[tool]]` and its tables) of `tool` served at `baseUrl`. */
+/** The credential the printed catalog names when the caller names none. */
+export const DEFAULT_CREDENTIAL = "tool_services";
+
+/**
+ * The catalog's `[credentials.<name>]` table: Sluice signs the calls of the tools naming it with
+ * the `whsec_` keys (whitespace-separated) in the variable `env` or the file `file`. It names
+ * where the keys are, never their values.
+ */
+export function credentialTable(name: string, source: { env: string } | { file: string }): string {
+  if (!/^[A-Za-z0-9_-]+$/.test(name)) {
+    throw new TypeError(`credential name ${JSON.stringify(name)}: use letters, digits, _ and - (a TOML bare key)`);
+  }
+  if ("env" in source && !/^[A-Za-z_][A-Za-z0-9_]*$/.test(source.env)) {
+    throw new TypeError(`keysEnv ${JSON.stringify(source.env)} is not an environment variable's name`);
+  }
+  return [`[credentials.${name}]`, 'kind = "standard_webhooks"', `keys = [${tomlValue(source)}]`, ""].join("\n");
+}
+
+/**
+ * The catalog TOML entry (`[[tool]]` and its tables) of `tool` served at `baseUrl`, whose calls
+ * Sluice signs with `credential` (see {@link credentialTable}).
+ */
 export function catalogEntry<Args extends Record<string, unknown>, Result>(
   tool: ToolDefinition<Args, Result>,
   baseUrl: string,
+  credential?: string,
 ): string {
   const base = baseUrl.replace(/\/+$/, "");
   const paths = toolPaths(tool.name);
   const lines = ["[[tool]]", `name = ${tomlValue(tool.name)}`];
+  if (credential !== undefined) {
+    lines.push(`credential = ${tomlValue(credential)}`);
+  }
   if (tool.description !== undefined) {
     lines.push(`description = ${tomlValue(tool.description)}`);
   }
@@ -206,7 +231,15 @@ export function catalogEntry<Args extends Record<string, unknown>, Result>(
   // Sluice must read that as "in progress" (ambiguous), not as a refusal.
   lines.push("", "[tool.dispatch]", `url = ${tomlValue(base + paths.dispatch)}`, "in_progress_status = [409]");
   if (tool.statusCheck) {
-    lines.push("", "[tool.status_check]", `url = ${tomlValue(base + paths.statusCheck)}`);
+    // Sluice reads a status code as absent or duplicate only when declared: a 404 from a proxy
+    // in front of a wrong URL must not pass for "never happened".
+    lines.push(
+      "",
+      "[tool.status_check]",
+      `url = ${tomlValue(base + paths.statusCheck)}`,
+      "absent_status = [404]",
+      "duplicate_status = [409]",
+    );
   }
   if (tool.compensate) {
     lines.push("", "[tool.compensate]", `url = ${tomlValue(base + paths.compensate)}`);

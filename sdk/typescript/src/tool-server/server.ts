@@ -9,7 +9,10 @@
  * | status check | `GET /<ns>/<name>/by-key/<business key>` | 200 the one effect; 404 none; 409 several, `{"id", "refs"}`; an error: 503 (inconclusive) |
  * | compensate | `POST /<ns>/<name>/compensate` with `{"args", "external_ref"}` | 200 the undo's result, once per compensation key (replays answered from the store); `ToolRefusal`: its 4xx (impossible); any other error: 500 (retried) |
  *
- * Every dispatch and compensate needs its `Idempotency-Key` header; the others
+ * Every request, on every route, must first be a call signed by Sluice (Standard Webhooks,
+ * ./signing.ts): an unsigned or badly signed one, one whose timestamp is more than 5 minutes
+ * off, or a replayed one is answered 401 `{"error": …}` before its body is parsed or any
+ * function runs. Every dispatch and compensate needs its `Idempotency-Key` header; the others
  * (`X-Sluice-Run-Id`, `X-Sluice-Command-Key`, `X-Sluice-Business-Key`,
  * `X-Sluice-Dispatch-Idempotency-Key`) are handed to the functions.
  */
@@ -20,11 +23,14 @@ import {
   type CallContext,
   catalogEntry,
   checkDefinition,
+  credentialTable,
+  DEFAULT_CREDENTIAL,
   type ToolDefinition,
   ToolRefusal,
 } from "./definition.js";
+import { parseSigningKeys, RequestRejected, SIGNING_KEYS_ENV, SignatureVerifier } from "./signing.js";
 import { fingerprint, type IdempotencyStore, MemoryStore, type StoredAnswer } from "./store.js";
-import { DefinitionError } from "../errors.js";
+import { DefinitionError, SigningKeyError } from "../errors.js";
 
 /** The most a request body may hold. */
 const MAX_BODY_BYTES = 1 << 20;
@@ -33,6 +39,31 @@ const MAX_BODY_BYTES = 1 << 20;
 export interface ToolServerOptions {
   /** Where idempotency keys and their answers are kept (default: a {@link MemoryStore}). */
   store?: IdempotencyStore;
+  /**
+   * The `whsec_` keys Sluice signs its calls with (a list, or one string of whitespace-separated
+   * keys); default: the `SLUICE_TOOL_SIGNING_KEYS` variable. Each request must carry a
+   * signature by one of them (during a rotation, list both).
+   */
+  signingKeys?: readonly string[] | string;
+  /**
+   * With no key at all, serve anyone who can reach the server instead of refusing to be built:
+   * for a local experiment only (a warning is emitted). A key given always wins.
+   */
+  allowUnsigned?: boolean;
+}
+
+/** Where {@link ToolServer.catalogToml} tells Sluice to find the keys it signs with. */
+export interface CatalogOptions {
+  /**
+   * The credential's name (default `tool_services`). A server built with `allowUnsigned` and no
+   * key prints none unless one is named. Two servers in one catalog each print their
+   * credential: give them different names.
+   */
+  credential?: string;
+  /** The variable holding the whitespace-separated `whsec_` keys (default `SLUICE_TOOL_SIGNING_KEYS`). */
+  keysEnv?: string;
+  /** A file holding them instead of a variable. */
+  keysFile?: string;
 }
 
 type AnyTool = ToolDefinition<Record<string, unknown>, unknown>;
@@ -41,9 +72,41 @@ type AnyTool = ToolDefinition<Record<string, unknown>, unknown>;
 export class ToolServer {
   readonly #tools = new Map<string, AnyTool>();
   readonly #store: IdempotencyStore;
+  readonly #verifier: SignatureVerifier | undefined;
 
+  /**
+   * @throws {SigningKeyError} no signing key and no `allowUnsigned`, or a malformed key
+   */
   constructor(options: ToolServerOptions = {}) {
     this.#store = options.store ?? new MemoryStore();
+    const given = options.signingKeys;
+    const keys = (typeof given === "string" ? given : (given?.join(" ") ?? process.env[SIGNING_KEYS_ENV] ?? ""))
+      .split(/\s+/)
+      .filter((key) => key !== "");
+    if (keys.length > 0) {
+      const source = given === undefined ? `the ${SIGNING_KEYS_ENV} environment variable` : "signingKeys";
+      this.#verifier = new SignatureVerifier(parseSigningKeys(keys, source));
+    } else if (options.allowUnsigned) {
+      process.emitWarning(
+        "ToolServer({ allowUnsigned: true }) with no signing key: anyone who can reach this server can " +
+          `call its tools (create, refund, read effects). For a local experiment only; set ${SIGNING_KEYS_ENV} ` +
+          "anywhere else.",
+        { code: "SLUICE_UNSIGNED_TOOL_SERVER" },
+      );
+    } else {
+      const why = given === undefined ? `${SIGNING_KEYS_ENV} is not set` : "signingKeys is empty";
+      throw new SigningKeyError(
+        `ToolServer has no signing key (${why}), so it cannot tell Sluice's calls from anyone else's. ` +
+          `Set ${SIGNING_KEYS_ENV} to the whsec_ keys Sluice signs with (whitespace-separated; ` +
+          "newSigningKey() makes one), or pass signingKeys: [...]; or, for a local experiment only, " +
+          "pass allowUnsigned: true.",
+      );
+    }
+  }
+
+  /** Whether requests must be signed (false only when built with `allowUnsigned` and no key). */
+  get verifiesSignatures(): boolean {
+    return this.#verifier !== undefined;
   }
 
   /**
@@ -63,9 +126,24 @@ export class ToolServer {
     return this;
   }
 
-  /** The catalog TOML entries of every tool, served at `baseUrl`, to paste into the catalog. */
-  catalogToml(baseUrl: string): string {
-    return [...this.#tools.values()].map((tool) => catalogEntry(tool, baseUrl)).join("\n");
+  /**
+   * The catalog TOML pointing Sluice at this server at `baseUrl`, to paste into the catalog: the
+   * credential Sluice signs with (`[credentials.<name>]`), then every tool's entry naming it. No
+   * key's value is ever printed.
+   */
+  catalogToml(baseUrl: string, options: CatalogOptions = {}): string {
+    const { keysEnv, keysFile } = options;
+    if (keysEnv !== undefined && keysFile !== undefined) {
+      throw new TypeError("Sluice reads the keys from keysEnv or keysFile, not both");
+    }
+    const asked = this.verifiesSignatures || keysEnv !== undefined || keysFile !== undefined;
+    const credential = options.credential ?? (asked ? DEFAULT_CREDENTIAL : undefined);
+    const entries = [...this.#tools.values()].map((tool) => catalogEntry(tool, baseUrl, credential));
+    if (credential !== undefined) {
+      const source = keysFile !== undefined ? { file: keysFile } : { env: keysEnv ?? SIGNING_KEYS_ENV };
+      entries.unshift(credentialTable(credential, source));
+    }
+    return entries.join("\n");
   }
 
   /** The request listener: `http.createServer(tools.handler)`. */
@@ -77,6 +155,30 @@ export class ToolServer {
   };
 
   async #handle(request: IncomingMessage): Promise<StoredAnswer> {
+    // Verified before anything else, on every route: an unsigned request is refused before its
+    // body is even read, a badly signed one before it is parsed or any function runs.
+    const verifier = this.#verifier;
+    const refuse = (rejected: RequestRejected): StoredAnswer => ({ status: 401, body: { error: rejected.message } });
+    try {
+      verifier?.checkHeaders(request.headers);
+    } catch (error) {
+      if (error instanceof RequestRejected) {
+        return refuse(error);
+      }
+      throw error;
+    }
+    const body = await readBody(request);
+    if (body === undefined) {
+      return { status: 413, body: { error: `the body is over ${MAX_BODY_BYTES} bytes` } };
+    }
+    try {
+      verifier?.verify(request.headers, body);
+    } catch (error) {
+      if (error instanceof RequestRejected) {
+        return refuse(error);
+      }
+      throw error;
+    }
     const path = new URL(request.url ?? "/", "http://tool.invalid").pathname;
     const segments = path.split("/").slice(1).map(decodeURIComponent);
     const [namespace, name, operation, key, ...rest] = segments;
@@ -89,13 +191,13 @@ export class ToolServer {
       return { status: 400, body: { error: "the Idempotency-Key header is required" } };
     }
     if (operation === undefined && request.method === "POST") {
-      return this.#dispatch(tool, call, await readJson(request));
+      return this.#dispatch(tool, call, parseJson(body));
     }
     if (operation === "by-key" && key !== undefined && request.method === "GET") {
       return this.#statusCheck(tool, key, call);
     }
     if (operation === "compensate" && key === undefined && request.method === "POST") {
-      return this.#compensate(tool, call, await readJson(request));
+      return this.#compensate(tool, call, parseJson(body));
     }
     return { status: 404, body: { error: `no route ${request.method} ${path}` } };
   }
@@ -212,7 +314,8 @@ function reference(effect: unknown): string | undefined {
   return typeof id === "string" || typeof id === "number" ? String(id) : undefined;
 }
 
-async function readJson(request: IncomingMessage): Promise<unknown> {
+/** The raw body (signed as received), or `undefined` past {@link MAX_BODY_BYTES}. */
+async function readBody(request: IncomingMessage): Promise<Buffer | undefined> {
   const chunks: Buffer[] = [];
   let size = 0;
   for await (const chunk of request) {
@@ -223,8 +326,12 @@ async function readJson(request: IncomingMessage): Promise<unknown> {
     }
     chunks.push(buffer);
   }
+  return Buffer.concat(chunks);
+}
+
+function parseJson(body: Buffer): unknown {
   try {
-    return JSON.parse(Buffer.concat(chunks).toString("utf8")) as unknown;
+    return JSON.parse(body.toString("utf8")) as unknown;
   } catch {
     return undefined;
   }
