@@ -20,7 +20,9 @@
 //! Forwarding keeps the method, path and query, headers and body byte for byte. Two kinds of
 //! header are handled differently. The hop-by-hop headers (RFC 9110 §7.6.1) belong to each
 //! connection and are not passed on, in either direction. `Host` is set to the upstream's
-//! address. Nothing is redacted, because these are tests only. Each forwarded request gets a
+//! address, unless [`Proxy::keep_host`] says to pass the client's on (a request signed with AWS
+//! Signature V4 signs `Host`, and moto checks it when its signature checks are on). Nothing is
+//! redacted, because these are tests only. Each forwarded request gets a
 //! new upstream connection, so a pooled connection the upstream has closed can never cause a
 //! failure the test did not ask for. The upstream call runs as a task of its own: a client that
 //! gives up mid-call does not cancel it, just as a real network would not.
@@ -28,6 +30,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -96,6 +99,7 @@ struct Shared {
     /// The upstream's base URL without a trailing `/`; the request's path and query follow it.
     upstream: String,
     client: reqwest::Client,
+    keep_host: AtomicBool,
     rules: Mutex<VecDeque<Rule>>,
     seen: Mutex<Vec<Seen>>,
 }
@@ -164,6 +168,7 @@ impl Proxy {
         let shared = Arc::new(Shared {
             upstream: upstream.trim_end_matches('/').to_owned(),
             client,
+            keep_host: AtomicBool::new(false),
             rules: Mutex::default(),
             seen: Mutex::default(),
         });
@@ -196,6 +201,12 @@ impl Proxy {
             path_prefix: path_prefix.to_owned(),
             fault,
         });
+    }
+
+    /// Whether requests go upstream with the client's own `Host` header (`true`) or with the
+    /// upstream's address (`false`, the default).
+    pub fn keep_host(&self, keep: bool) {
+        self.shared.keep_host.store(keep, Ordering::SeqCst);
     }
 
     /// How many armed rules no request has used yet.
@@ -341,29 +352,15 @@ async fn exchange(
         _ => {}
     }
     strip_hop_by_hop(&mut headers);
-    // reqwest sets `Host` from the URL.
-    headers.remove(header::HOST);
-    let url = format!("{}{path}", shared.upstream);
-    shared.update(index, |s| s.forwarded = true);
-    let sent = shared
+    if !shared.keep_host.load(Ordering::SeqCst) {
+        // reqwest sets `Host` from the URL.
+        headers.remove(header::HOST);
+    }
+    let request = shared
         .client
-        .request(method, url)
-        .headers(headers)
-        .body(body)
-        .send()
-        .await;
-    let answer = match sent {
-        Ok(response) => {
-            let status = response.status();
-            let mut headers = response.headers().clone();
-            response
-                .bytes()
-                .await
-                .map(|body| (status, headers_out(&mut headers), body))
-        }
-        Err(e) => Err(e),
-    };
-    let (status, headers, body) = match answer {
+        .request(method, format!("{}{path}", shared.upstream));
+    shared.update(index, |s| s.forwarded = true);
+    let (status, headers, body) = match call(request.headers(headers).body(body)).await {
         Ok(answer) => answer,
         Err(e) => {
             shared.update(index, |s| s.upstream_error = Some(e.to_string()));
@@ -387,10 +384,13 @@ async fn exchange(
     }
 }
 
-/// The upstream's headers without the hop-by-hop ones, taken out of `headers`.
-fn headers_out(headers: &mut HeaderMap) -> HeaderMap {
-    strip_hop_by_hop(headers);
-    std::mem::take(headers)
+/// Sends `request` and reads the whole answer: status, headers (less the hop-by-hop ones), body.
+async fn call(request: reqwest::RequestBuilder) -> reqwest::Result<(StatusCode, HeaderMap, Bytes)> {
+    let response = request.send().await?;
+    let status = response.status();
+    let mut headers = response.headers().clone();
+    strip_hop_by_hop(&mut headers);
+    Ok((status, headers, response.bytes().await?))
 }
 
 /// Removes the headers that describe one connection rather than the message (RFC 9110

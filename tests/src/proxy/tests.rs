@@ -125,6 +125,16 @@ async fn forwards_requests_and_answers_unchanged() {
 }
 
 #[tokio::test]
+async fn keep_host_passes_the_clients_host_on() {
+    let (upstream, proxy, client) = setup().await;
+    proxy.keep_host(true);
+    post(&client, &proxy, "/x").await.expect("an answer");
+    let received = lock(&upstream.received).clone();
+    let proxy_host = proxy.addr().to_string();
+    assert_eq!(received[0].2["host"], proxy_host.as_str());
+}
+
+#[tokio::test]
 async fn drop_before_arrival_never_reaches_the_upstream() {
     let (upstream, proxy, client) = setup().await;
     proxy.arm(Method::POST, "/v1/charges", Fault::DropBeforeArrival);
