@@ -22,8 +22,15 @@ import httpx
 import pytest
 
 import sluice
-from sluice.tool import ENV_VAR, Call, SigningKeyError, ToolApp, new_signing_key
-from sluice.tool.signing import Rejected, Verifier, parse_keys, signature_header
+from sluice.tool import (
+    ENV_VAR,
+    Call,
+    SigningKeyError,
+    ToolApp,
+    new_signing_key,
+    signature_header,
+)
+from sluice.tool.signing import Rejected, Verifier, parse_keys
 
 import toolbox
 from servers import AppServer, SluiceDev

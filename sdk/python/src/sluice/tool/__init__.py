@@ -21,7 +21,7 @@
 """
 
 from .app import DEFAULT_CREDENTIAL, Call, Refused, ToolApp, ToolSpec, schema_of
-from .signing import ENV_VAR, SigningKeyError, new_signing_key
+from .signing import ENV_VAR, SigningKeyError, new_signing_key, signature_header
 from .store import IdempotencyStore, MemoryStore, Record, SQLiteStore
 
 __all__ = [
@@ -38,4 +38,5 @@ __all__ = [
     "ToolSpec",
     "new_signing_key",
     "schema_of",
+    "signature_header",
 ]
