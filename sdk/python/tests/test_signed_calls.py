@@ -327,8 +327,9 @@ def test_the_catalog_names_the_credential_and_never_a_key() -> None:
     assert filed["credentials"]["tool_services"]["keys"] == [{"file": "/etc/sluice/tool-keys"}]
     with pytest.raises(ValueError, match="not both"):
         app.catalog_toml("http://t", keys_env="A", keys_file="/b")
-    with pytest.raises(ValueError, match="TOML bare key"):
-        app.catalog_toml("http://t", credential="tool services")
+    for invalid in ("tool services", "Tool_services", "tool-services"):
+        with pytest.raises(ValueError, match="Sluice takes snake_case"):
+            app.catalog_toml("http://t", credential=invalid)
     with pytest.raises(ValueError, match="not an environment variable"):
         app.catalog_toml("http://t", keys_env="MY-KEYS")
 

@@ -316,7 +316,9 @@ describe("the catalog", () => {
     const filed = tools.catalogToml("http://t", { keysFile: "/etc/sluice/tool-keys" });
     assert.ok(filed.includes('keys = [{ file = "/etc/sluice/tool-keys" }]'));
     assert.throws(() => tools.catalogToml("http://t", { keysEnv: "A", keysFile: "/b" }), /not both/);
-    assert.throws(() => tools.catalogToml("http://t", { credential: "tool services" }), /TOML bare key/);
+    for (const invalid of ["tool services", "Tool_services", "tool-services"]) {
+      assert.throws(() => tools.catalogToml("http://t", { credential: invalid }), /Sluice takes snake_case/);
+    }
     assert.throws(() => tools.catalogToml("http://t", { keysEnv: "MY-KEYS" }), /not an environment variable/);
   });
 

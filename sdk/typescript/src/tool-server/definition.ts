@@ -185,8 +185,12 @@ export const DEFAULT_CREDENTIAL = "tool_services";
  * where the keys are, never their values.
  */
 export function credentialTable(name: string, source: { env: string } | { file: string }): string {
-  if (!/^[A-Za-z0-9_-]+$/.test(name)) {
-    throw new TypeError(`credential name ${JSON.stringify(name)}: use letters, digits, _ and - (a TOML bare key)`);
+  // Sluice refuses a credential name that is not snake_case (as a tool name's segments).
+  if (!/^[a-z][a-z0-9_]{0,63}$/.test(name)) {
+    throw new TypeError(
+      `credential name ${JSON.stringify(name)}: Sluice takes snake_case (a lowercase letter, then lowercase ` +
+        "letters, digits and _; at most 64 characters)",
+    );
   }
   if ("env" in source && !/^[A-Za-z_][A-Za-z0-9_]*$/.test(source.env)) {
     throw new TypeError(`keysEnv ${JSON.stringify(source.env)} is not an environment variable's name`);

@@ -57,7 +57,8 @@ _log = logging.getLogger("sluice.tool")
 
 #: The credential the printed catalog names when the caller names none.
 DEFAULT_CREDENTIAL = "tool_services"
-_CREDENTIAL_NAME = re.compile(r"[A-Za-z0-9_-]+")
+# Sluice refuses a credential name that is not snake_case (as a tool name's segments).
+_CREDENTIAL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
@@ -304,7 +305,8 @@ class ToolApp:
             credential = DEFAULT_CREDENTIAL
         if credential is not None and not _CREDENTIAL_NAME.fullmatch(credential):
             raise ValueError(
-                f"credential name {credential!r}: use letters, digits, _ and - (a TOML bare key)"
+                f"credential name {credential!r}: Sluice takes snake_case (a lowercase letter, "
+                "then lowercase letters, digits and _; at most 64 characters)"
             )
         if keys_env is not None and not _ENV_NAME.fullmatch(keys_env):
             raise ValueError(f"keys_env {keys_env!r} is not an environment variable's name")
