@@ -347,9 +347,9 @@ fn unknown_keys_in_policy_are_refused_with_their_section() {
 fn unknown_keys_in_a_connector_are_refused_with_their_section() {
     let message = refused(
         "url = \"http://127.0.0.1:8787/bank/wires\"\n",
-        "url = \"http://127.0.0.1:8787/bank/wires\"\nheaders = 1\n",
+        "url = \"http://127.0.0.1:8787/bank/wires\"\nretries = 1\n",
     );
-    assert_names(&message, &["dispatch", "unknown field `headers`"]);
+    assert_names(&message, &["dispatch", "unknown field `retries`"]);
 }
 
 #[test]

@@ -74,10 +74,14 @@ pub(super) fn bounded(mut message: String) -> String {
 /// How a template or policy uses an argument field, which decides the types it may have.
 #[derive(Clone, Copy)]
 pub(super) enum FieldUse {
-    /// Rendered into a key or URL: a string, number or boolean.
+    /// Rendered into a key, a URL or other text: required, a string, number or boolean.
     Text,
-    /// Compared with a threshold: a number.
+    /// Compared with a threshold: required, a number.
     Number,
+    /// A body's whole value: may be optional (left out when missing), of any type.
+    Whole,
+    /// A header's or query parameter's whole value: may be optional, a scalar.
+    WholeScalar,
 }
 
 /// Checks that `field` is declared in the schema's properties, required, and of a usable type.
@@ -88,48 +92,68 @@ pub(super) fn check_field(
     schema: &Value,
     usage: FieldUse,
 ) -> Result<(), CatalogError> {
-    let Some(property) = schema
-        .get("properties")
-        .and_then(Value::as_object)
-        .and_then(|properties| properties.get(field))
-    else {
-        return Err(CatalogError::UnknownField {
-            file: at.file(),
-            tool: at.tool(),
-            key,
-            field: field.to_owned(),
-        });
-    };
-    let required = schema
-        .get("required")
-        .and_then(Value::as_array)
-        .is_some_and(|required| required.iter().any(|name| name.as_str() == Some(field)));
-    if !required {
-        return Err(CatalogError::OptionalField {
-            file: at.file(),
-            tool: at.tool(),
-            key,
-            field: field.to_owned(),
-        });
+    check_path(at, key, &[field], schema, usage)
+}
+
+/// [`check_field`] for a nested argument (`args.metadata.order_id` is `["metadata",
+/// "order_id"]`): each level is declared in its parent's properties and, unless the use allows
+/// a missing value, required.
+pub(super) fn check_path(
+    at: &At<'_>,
+    key: &'static str,
+    path: &[&str],
+    schema: &Value,
+    usage: FieldUse,
+) -> Result<(), CatalogError> {
+    let shown = path.join(".");
+    let may_be_missing = matches!(usage, FieldUse::Whole | FieldUse::WholeScalar);
+    let mut level = schema;
+    for field in path {
+        let Some(property) = level
+            .get("properties")
+            .and_then(Value::as_object)
+            .and_then(|properties| properties.get(*field))
+        else {
+            return Err(CatalogError::UnknownField {
+                file: at.file(),
+                tool: at.tool(),
+                key,
+                field: shown,
+            });
+        };
+        let required = level
+            .get("required")
+            .and_then(Value::as_array)
+            .is_some_and(|required| required.iter().any(|name| name.as_str() == Some(field)));
+        if !required && !may_be_missing {
+            return Err(CatalogError::OptionalField {
+                file: at.file(),
+                tool: at.tool(),
+                key,
+                field: shown,
+            });
+        }
+        level = property;
     }
-    let declared: Vec<&str> = match property.get("type") {
+    let declared: Vec<&str> = match level.get("type") {
         Some(Value::String(one)) => vec![one.as_str()],
         Some(Value::Array(many)) => many.iter().filter_map(Value::as_str).collect(),
         Some(_) | None => Vec::new(),
     };
     let (allowed, expected): (&[&str], &'static str) = match usage {
-        FieldUse::Text => (
+        FieldUse::Text | FieldUse::WholeScalar => (
             &["string", "number", "integer", "boolean"],
             "a string, number, integer or boolean",
         ),
         FieldUse::Number => (&["number", "integer"], "a number or integer"),
+        FieldUse::Whole => return Ok(()),
     };
     if declared.iter().any(|ty| !allowed.contains(ty)) {
         return Err(CatalogError::FieldType {
             file: at.file(),
             tool: at.tool(),
             key,
-            field: field.to_owned(),
+            field: shown,
             declared: format!("{}; it must be {expected}", declared.join(" or ")),
         });
     }

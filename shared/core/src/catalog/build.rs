@@ -1,16 +1,19 @@
 //! Building a [`Tool`] from its raw TOML entry: every rule a tool must satisfy to load.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{Map, Number, Value};
 
 use super::args::{FieldUse, bounded, check_field};
+use super::credential::Credential;
 use super::endpoint::{
-    DispatchConnector, ReferenceSource, Section, build_endpoint, is_header_name,
+    DispatchConnector, EndpointContext, MatchList, ReferenceSource, Section, StatusAnswers,
+    build_endpoint, check_placeholder, is_header_name,
 };
 use super::error::CatalogError;
-use super::raw::{RawEndpoint, RawPolicy, RawTool, describe};
+use super::raw::{OneOrMany, RawEndpoint, RawPolicy, RawTool, describe};
 use super::template::Template;
 use super::tool::{Tool, ToolPolicy};
 use super::{
@@ -72,6 +75,7 @@ pub(super) fn build_tool(
     file: &str,
     default_namespace: &str,
     schemas: Option<SchemaReader<'_>>,
+    credentials: &BTreeMap<String, Arc<Credential>>,
 ) -> Result<Tool, CatalogError> {
     // Name the entry by its raw name if it has one, so shape errors point at the right tool.
     let label = match entry.get("name").and_then(toml::Value::as_str) {
@@ -140,14 +144,72 @@ pub(super) fn build_tool(
         });
     }
 
-    let Some(dispatch) = raw.dispatch else {
+    let Some(mut dispatch) = raw.dispatch else {
         return Err(CatalogError::MissingDispatch {
             file: at.file(),
             tool: at.tool(),
         });
     };
-    let has_business_key = business_key.is_some();
-    let reference = match (dispatch.reference_pointer, dispatch.reference_header) {
+    let tool_credential = raw.credential.map(OneOrMany::into_vec).unwrap_or_default();
+    let context = EndpointContext {
+        schema: &schema,
+        policy: &policy,
+        has_business_key: business_key.is_some(),
+        credentials,
+        tool_credential: &tool_credential,
+    };
+    let mut status_check = raw.status_check;
+    let mut compensate = raw.compensate;
+    only_in(
+        &at,
+        Section::StatusCheck,
+        status_check.as_ref(),
+        &DISPATCH_ONLY,
+        "[tool.dispatch]",
+    )?;
+    only_in(
+        &at,
+        Section::Compensate,
+        compensate.as_ref(),
+        &DISPATCH_ONLY,
+        "[tool.dispatch]",
+    )?;
+    only_in(
+        &at,
+        Section::Dispatch,
+        Some(&dispatch),
+        &STATUS_CHECK_ONLY,
+        "[tool.status_check]",
+    )?;
+    only_in(
+        &at,
+        Section::Compensate,
+        compensate.as_ref(),
+        &STATUS_CHECK_ONLY,
+        "[tool.status_check]",
+    )?;
+    for (section, raw) in [
+        (Section::Dispatch, Some(&dispatch)),
+        (Section::StatusCheck, status_check.as_ref()),
+    ] {
+        only_in(&at, section, raw, &COMPENSATE_ONLY, "[tool.compensate]")?;
+    }
+    if compensate
+        .as_ref()
+        .is_some_and(|raw| raw.reference_pointer.is_some())
+    {
+        return Err(CatalogError::BadShape {
+            file: at.file(),
+            tool: at.tool(),
+            key: "compensate.reference_pointer".into(),
+            detail: "a compensation's reference is read as the dispatch's; set reference_pointer on [tool.dispatch]".into(),
+        });
+    }
+
+    let reference = match (
+        dispatch.reference_pointer.take(),
+        dispatch.reference_header.take(),
+    ) {
         (Some(_), Some(_)) => {
             return Err(CatalogError::ReferenceChoice {
                 file: at.file(),
@@ -155,13 +217,7 @@ pub(super) fn build_tool(
             });
         }
         (Some(pointer), None) => {
-            if !(pointer.is_empty() || pointer.starts_with('/')) {
-                return Err(CatalogError::BadReferencePointer {
-                    file: at.file(),
-                    tool: at.tool(),
-                    pointer,
-                });
-            }
+            check_pointer(&at, "dispatch.reference_pointer", &pointer)?;
             ReferenceSource::JsonPointer(pointer)
         }
         (None, Some(header)) => {
@@ -176,26 +232,10 @@ pub(super) fn build_tool(
         }
         (None, None) => ReferenceSource::JsonPointer(DEFAULT_REFERENCE_POINTER.to_owned()),
     };
-    let dispatch = DispatchConnector {
-        endpoint: build_endpoint(
-            &at,
-            Section::Dispatch,
-            RawEndpoint {
-                url: dispatch.url,
-                method: dispatch.method,
-                timeout_ms: dispatch.timeout_ms,
-            },
-            &schema,
-            &policy,
-            has_business_key,
-        )?,
-        reference,
-        in_progress_status: dispatch.in_progress_status,
-    };
+    let in_progress_status = dispatch.in_progress_status.take().unwrap_or_default();
     // 408, 425 and 429 are ambiguous already; other codes here would turn a success or a
     // server error into something it is not.
-    if let Some(&status) = dispatch
-        .in_progress_status
+    if let Some(&status) = in_progress_status
         .iter()
         .find(|status| !(400..=499).contains(*status))
     {
@@ -205,32 +245,62 @@ pub(super) fn build_tool(
             status,
         });
     }
-    let status_check = raw
-        .status_check
-        .map(|raw| {
-            build_endpoint(
-                &at,
-                Section::StatusCheck,
-                raw,
-                &schema,
-                &policy,
-                has_business_key,
-            )
-        })
+    let explicit_require_reference = dispatch.require_reference.take();
+    let dispatch_endpoint = build_endpoint(&at, Section::Dispatch, &mut dispatch, &context)?;
+    let status_answers = match status_check.as_mut() {
+        Some(raw) => build_answers(&at, raw, &reference, &context)?,
+        None => StatusAnswers::default(),
+    };
+    let status_check = status_check
+        .as_mut()
+        .map(|raw| build_endpoint(&at, Section::StatusCheck, raw, &context))
         .transpose()?;
-    let compensate = raw
-        .compensate
-        .map(|raw| {
-            build_endpoint(
-                &at,
-                Section::Compensate,
-                raw,
-                &schema,
-                &policy,
-                has_business_key,
-            )
-        })
+    let compensate_done_status = compensate
+        .as_mut()
+        .and_then(|raw| raw.done_status.take())
+        .unwrap_or_default();
+    if let Some(status) = compensate_done_status
+        .iter()
+        .find(|status| !(400..=499).contains(*status) || matches!(status, 408 | 425 | 429))
+    {
+        return Err(CatalogError::BadShape {
+            file: at.file(),
+            tool: at.tool(),
+            key: "compensate.done_status".into(),
+            detail: format!(
+                "{status} is not a refusal (a 4xx other than 408, 425, 429): list the statuses that mean the commit is already undone, such as 404 for a DELETE"
+            ),
+        });
+    }
+    let compensate = compensate
+        .as_mut()
+        .map(|raw| build_endpoint(&at, Section::Compensate, raw, &context))
         .transpose()?;
+    // A compensation that names the commit's reference can only be sent for a commit whose
+    // reference is known: such a tool requires one unless it says otherwise.
+    let compensate_needs_reference = compensate.as_ref().is_some_and(|endpoint| {
+        endpoint
+            .url
+            .placeholders()
+            .any(|name| name == "external_ref")
+            || endpoint.shape.body.as_ref().is_some_and(|body| {
+                body.placeholders()
+                    .iter()
+                    .any(|(name, _)| *name == "external_ref")
+            })
+            || endpoint
+                .shape
+                .headers
+                .iter()
+                .chain(&endpoint.shape.query)
+                .any(|(_, value)| value.placeholders().any(|name| name == "external_ref"))
+    });
+    let dispatch = DispatchConnector {
+        endpoint: dispatch_endpoint,
+        reference,
+        in_progress_status,
+        require_reference: explicit_require_reference.unwrap_or(compensate_needs_reference),
+    };
 
     match raw.semantics {
         EffectSemantics::NonIdempotent
@@ -265,7 +335,9 @@ pub(super) fn build_tool(
         policy,
         dispatch,
         status_check,
+        status_answers,
         compensate,
+        compensate_done_status,
         allow_unsafe: raw.allow_unsafe,
         clock_skew_ms: DEFAULT_MAX_CLOCK_SKEW_MS,
     })
@@ -380,6 +452,7 @@ pub(super) fn build_policy(
         verify_after_ms: raw
             .verify_after_ms
             .unwrap_or(millis(defaults.verify_after_ms)),
+        idempotency_key_ttl_ms: raw.idempotency_key_ttl_ms,
         approval_timeout_ms: raw
             .approval_timeout_ms
             .unwrap_or(millis(defaults.approval_timeout_ms)),
@@ -417,4 +490,181 @@ pub(super) fn build_policy(
         )?;
     }
     Ok(policy)
+}
+
+/// Keys a section's raw table may set only in [tool.dispatch].
+/// A key of one section only, and whether a raw section sets it.
+type SectionKey = (&'static str, fn(&RawEndpoint) -> bool);
+
+const DISPATCH_ONLY: [SectionKey; 3] = [
+    ("reference_header", |raw| raw.reference_header.is_some()),
+    ("in_progress_status", |raw| raw.in_progress_status.is_some()),
+    ("require_reference", |raw| raw.require_reference.is_some()),
+];
+
+/// Keys a section's raw table may set only in [tool.status_check].
+const STATUS_CHECK_ONLY: [SectionKey; 6] = [
+    ("match_where", |raw| raw.match_where.is_some()),
+    ("absent_status", |raw| raw.absent_status.is_some()),
+    ("duplicate_status", |raw| raw.duplicate_status.is_some()),
+    ("matches", |raw| raw.matches.is_some()),
+    ("match_reference_pointer", |raw| {
+        raw.match_reference_pointer.is_some()
+    }),
+    ("count", |raw| raw.count.is_some()),
+];
+
+/// Keys a section's raw table may set only in [tool.compensate].
+const COMPENSATE_ONLY: [SectionKey; 1] = [("done_status", |raw| raw.done_status.is_some())];
+
+/// Refuses a key of `keys` set in `section`, naming the section it belongs to.
+fn only_in(
+    at: &At<'_>,
+    section: Section,
+    raw: Option<&RawEndpoint>,
+    keys: &[SectionKey],
+    owner: &str,
+) -> Result<(), CatalogError> {
+    let Some(raw) = raw else { return Ok(()) };
+    match keys.iter().find(|(_, set)| set(raw)) {
+        Some((key, _)) => Err(CatalogError::BadShape {
+            file: at.file(),
+            tool: at.tool(),
+            key: format!("{}.{key}", section.name()),
+            detail: format!("{key} applies only to {owner}"),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// A JSON pointer: empty (the whole document) or starting with `/`.
+fn check_pointer(at: &At<'_>, key: &str, pointer: &str) -> Result<(), CatalogError> {
+    if pointer.is_empty() || pointer.starts_with('/') {
+        return Ok(());
+    }
+    if key == "dispatch.reference_pointer" {
+        return Err(CatalogError::BadReferencePointer {
+            file: at.file(),
+            tool: at.tool(),
+            pointer: pointer.to_owned(),
+        });
+    }
+    Err(CatalogError::BadShape {
+        file: at.file(),
+        tool: at.tool(),
+        key: key.to_owned(),
+        detail: format!("{pointer:?} is not a JSON pointer (empty, or starting with /)"),
+    })
+}
+
+/// How the status check's answers are read: what the tool declares, nothing more.
+fn build_answers(
+    at: &At<'_>,
+    raw: &mut RawEndpoint,
+    dispatch_reference: &ReferenceSource,
+    context: &EndpointContext<'_>,
+) -> Result<StatusAnswers, CatalogError> {
+    let bad = |key: &str, detail: String| CatalogError::BadShape {
+        file: at.file(),
+        tool: at.tool(),
+        key: format!("status_check.{key}"),
+        detail,
+    };
+    let absent_status = raw.absent_status.take().unwrap_or_default();
+    let duplicate_status = raw.duplicate_status.take().unwrap_or_default();
+    for (key, statuses) in [
+        ("absent_status", &absent_status),
+        ("duplicate_status", &duplicate_status),
+    ] {
+        if let Some(status) = statuses
+            .iter()
+            .find(|status| !(200..=499).contains(*status))
+        {
+            return Err(bad(
+                key,
+                format!(
+                    "{status} is not a 2xx or 4xx status: a 5xx or a missing answer can never prove what happened"
+                ),
+            ));
+        }
+    }
+    if let Some(status) = absent_status
+        .iter()
+        .find(|status| duplicate_status.contains(status))
+    {
+        return Err(bad(
+            "absent_status",
+            format!("{status} is also in duplicate_status"),
+        ));
+    }
+    let list = match (raw.matches.take(), raw.count.take()) {
+        (Some(_), Some(_)) => {
+            return Err(bad("matches", "set matches or count, not both".into()));
+        }
+        (Some(pointer), None) => {
+            check_pointer(at, "status_check.matches", &pointer)?;
+            let reference = match raw.match_reference_pointer.take() {
+                Some(pointer) => pointer,
+                None => match dispatch_reference {
+                    ReferenceSource::JsonPointer(pointer) => pointer.clone(),
+                    ReferenceSource::Header(_) => DEFAULT_REFERENCE_POINTER.to_owned(),
+                },
+            };
+            check_pointer(at, "status_check.match_reference_pointer", &reference)?;
+            let mut filter = Vec::new();
+            for (field, text) in raw.match_where.take().unwrap_or_default() {
+                check_pointer(at, "status_check.match_where", &field)?;
+                let template = parse_template(at, "status_check.match_where", &text)?;
+                for name in template.placeholders() {
+                    check_placeholder(
+                        at,
+                        Section::StatusCheck,
+                        "status_check.match_where",
+                        name,
+                        FieldUse::Text,
+                        context,
+                    )?;
+                }
+                filter.push((field, template));
+            }
+            Some(MatchList::Items {
+                pointer,
+                reference,
+                filter,
+            })
+        }
+        (None, Some(pointer)) => {
+            check_pointer(at, "status_check.count", &pointer)?;
+            Some(MatchList::Count { pointer })
+        }
+        (None, None) => None,
+    };
+    if raw.match_reference_pointer.is_some() || raw.match_where.is_some() {
+        return Err(bad(
+            "matches",
+            "match_reference_pointer and match_where need matches".into(),
+        ));
+    }
+    let reference_pointer = raw.reference_pointer.take();
+    if let Some(pointer) = &reference_pointer {
+        check_pointer(at, "status_check.reference_pointer", pointer)?;
+    }
+    for (status, meaning) in absent_status
+        .iter()
+        .map(|status| (status, "absent"))
+        .chain(duplicate_status.iter().map(|status| (status, "duplicate")))
+    {
+        if (200..=299).contains(status) && list.is_some() {
+            return Err(bad(
+                "absent_status",
+                format!("{status} is read by matches or count; it cannot also mean {meaning}"),
+            ));
+        }
+    }
+    Ok(StatusAnswers {
+        absent_status,
+        duplicate_status,
+        list,
+        reference_pointer,
+    })
 }

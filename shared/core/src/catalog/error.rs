@@ -228,6 +228,48 @@ pub enum CatalogError {
         verify_after_ms: u64,
         landing_ms: u64,
     },
+    #[error("{file}: credentials.{credential}: {detail}")]
+    BadCredential {
+        file: String,
+        credential: String,
+        detail: String,
+    },
+    #[error(
+        "{file}: tool {tool}: {key} names credential {credential:?}, which is not declared; add a [credentials.{credential}] table"
+    )]
+    UnknownCredential {
+        file: String,
+        tool: String,
+        key: String,
+        credential: String,
+    },
+    #[error(
+        "{file}: tool {tool}: {key}: header {header:?} would be written twice ({detail}); a call sends each header once"
+    )]
+    HeaderConflict {
+        file: String,
+        tool: String,
+        key: String,
+        header: String,
+        detail: String,
+    },
+    #[error(
+        "{file}: tool {tool}: {key} has user information (user:password@) before its host: a url never carries a secret; declare [credentials.<name>] with kind = \"basic\" or \"bearer\" and its secret in an env variable or a file, and set credential = \"<name>\" on the tool"
+    )]
+    UserInfoInUrl {
+        file: String,
+        tool: String,
+        key: &'static str,
+    },
+    /// A request shape (body, headers, query, content type) or an answer reading that cannot be
+    /// used; `detail` says why.
+    #[error("{file}: tool {tool}: {key}: {detail}")]
+    BadShape {
+        file: String,
+        tool: String,
+        key: String,
+        detail: String,
+    },
     #[error("unknown tool {tool}")]
     UnknownTool { tool: ToolName },
     #[error(transparent)]

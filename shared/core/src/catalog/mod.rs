@@ -75,7 +75,9 @@
 //!
 //! * `error` — [`CatalogError`], naming file, tool and key.
 //! * `template` — `{placeholder}` templates and how they render for a command.
-//! * `endpoint` — the dispatch, status check and compensate endpoints.
+//! * `credential` — named credentials and secret references.
+//! * `endpoint` — the dispatch, status check and compensate endpoints and how answers are read.
+//! * `shape` — a request's body, headers, query and idempotency header.
 //! * `args` — argument checks against the schema.
 //! * `raw` — the TOML as written.
 //! * `build` — the rules a tool must satisfy to load.
@@ -83,27 +85,39 @@
 
 mod args;
 mod build;
+mod credential;
 mod endpoint;
 mod error;
 mod raw;
+mod shape;
 mod template;
 mod tool;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
 pub use self::args::{ArgsError, Violation};
 use self::build::{build_tool, check_lease};
-pub use self::endpoint::{DispatchConnector, HttpEndpoint, HttpMethod, ReferenceSource};
+use self::credential::build_credentials;
+pub use self::credential::{Credential, CredentialKind, SecretRef, TextOrSecret};
+pub use self::endpoint::{
+    DispatchConnector, HttpEndpoint, HttpMethod, MatchList, ReferenceSource, StatusAnswers,
+};
 pub use self::error::CatalogError;
 use self::raw::{RawCatalog, describe};
-pub use self::template::{RenderError, Template, TemplateError, UrlKeys, render_url};
+pub use self::shape::{
+    BodyTemplate, ContentType, DEFAULT_IDEMPOTENCY_HEADER, RequestShape, form_pairs, render_value,
+};
+pub use self::template::{
+    RenderError, Template, TemplateError, UrlKeys, render_text, render_url, slot_value,
+};
 pub use self::tool::{ApprovalThreshold, Tool, ToolPolicy};
 use crate::ids::{DEFAULT_NAMESPACE, ToolName, check_snake_case};
 #[cfg(doc)]
@@ -136,6 +150,7 @@ pub struct Catalog {
     tools: Vec<Tool>,
     /// Looked up on every hop of every effect; the operator names the tools.
     index: HashMap<ToolName, usize, foldhash::fast::RandomState>,
+    credentials: BTreeMap<String, Arc<Credential>>,
 }
 
 /// Operator replays allowed over all of a run's commands unless the catalog says otherwise.
@@ -152,7 +167,7 @@ impl Catalog {
     /// Parses and validates a catalog; `source_name` names it in errors. `schema_file` is
     /// refused here (there is no directory to resolve it against): use [`Catalog::load`].
     pub fn from_toml_str(text: &str, source_name: &str) -> Result<Self, CatalogError> {
-        Self::parse(text, source_name, None)
+        Self::parse(text, source_name, None, None)
     }
 
     /// Reads, parses and validates the catalog file at `path`; `schema_file`s resolve against
@@ -169,13 +184,14 @@ impl Catalog {
             let full = dir.join(relative);
             (full.display().to_string(), std::fs::read_to_string(&full))
         };
-        Self::parse(&text, &shown, Some(&read))
+        Self::parse(&text, &shown, Some(&read), Some(dir))
     }
 
     fn parse(
         text: &str,
         file: &str,
         schemas: Option<SchemaReader<'_>>,
+        dir: Option<&Path>,
     ) -> Result<Self, CatalogError> {
         let table: toml::Table = toml::from_str(text).map_err(|source| CatalogError::Syntax {
             file: file.to_owned(),
@@ -206,11 +222,19 @@ impl Catalog {
             });
         }
 
+        let credentials = build_credentials(raw.credentials, file, dir)?;
         let clock_skew_ms = raw.max_clock_skew_ms.unwrap_or(DEFAULT_MAX_CLOCK_SKEW_MS);
         let mut tools = Vec::with_capacity(raw.tool.len());
         let mut index = HashMap::with_capacity_and_hasher(raw.tool.len(), Default::default());
         for (position, entry) in raw.tool.into_iter().enumerate() {
-            let mut tool = build_tool(entry, position + 1, file, &default_namespace, schemas)?;
+            let mut tool = build_tool(
+                entry,
+                position + 1,
+                file,
+                &default_namespace,
+                schemas,
+                &credentials,
+            )?;
             tool.clock_skew_ms = clock_skew_ms;
             check_lease(&tool, file)?;
             if let Some(first) = index.insert(tool.name.clone(), position) {
@@ -232,7 +256,13 @@ impl Catalog {
                 .unwrap_or(DEFAULT_MAX_REPLAYS_PER_RUN),
             tools,
             index,
+            credentials,
         })
+    }
+
+    /// The catalog's named credentials.
+    pub fn credentials(&self) -> impl Iterator<Item = &Credential> {
+        self.credentials.values().map(|credential| &**credential)
     }
 
     /// The file name (or source name) the catalog was loaded from.

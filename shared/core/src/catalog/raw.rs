@@ -1,8 +1,11 @@
 //! The catalog's TOML as written, before validation: serde shapes with unknown keys refused.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 
 use super::endpoint::HttpMethod;
+use super::shape::ContentType;
 use super::tool::ApprovalThreshold;
 use crate::command::EffectSemantics;
 use crate::machine::OnAbsent;
@@ -14,6 +17,8 @@ pub(super) struct RawCatalog {
     pub(super) policy_version: Option<String>,
     pub(super) max_replays_per_run: Option<u32>,
     pub(super) max_clock_skew_ms: Option<u64>,
+    #[serde(default)]
+    pub(super) credentials: BTreeMap<String, toml::Table>,
     /// Kept as tables so each entry is deserialized on its own and its errors name the tool.
     #[serde(default)]
     pub(super) tool: Vec<toml::Table>,
@@ -33,9 +38,10 @@ pub(super) struct RawTool {
     pub(super) schema_file: Option<String>,
     #[serde(default)]
     pub(super) policy: RawPolicy,
-    pub(super) dispatch: Option<RawDispatch>,
+    pub(super) dispatch: Option<RawEndpoint>,
     pub(super) status_check: Option<RawEndpoint>,
     pub(super) compensate: Option<RawEndpoint>,
+    pub(super) credential: Option<OneOrMany>,
 }
 
 #[derive(Default, Deserialize)]
@@ -56,26 +62,57 @@ pub(super) struct RawPolicy {
     pub(super) late_commit_ms: Option<u64>,
     pub(super) verify_after_ms: Option<u64>,
     pub(super) approval_timeout_ms: Option<u64>,
+    pub(super) idempotency_key_ttl_ms: Option<u64>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawDispatch {
-    pub(super) url: String,
-    pub(super) method: Option<HttpMethod>,
-    pub(super) reference_pointer: Option<String>,
-    pub(super) reference_header: Option<String>,
-    pub(super) timeout_ms: Option<u64>,
-    #[serde(default)]
-    pub(super) in_progress_status: Vec<u16>,
-}
-
+/// One endpoint section as written. The keys of every section are read here; those that apply
+/// to one section only (the dispatch's reference and in-progress statuses, the status check's
+/// answer reading) are refused elsewhere by `build_tool`, with an error naming the section.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawEndpoint {
     pub(super) url: String,
     pub(super) method: Option<HttpMethod>,
     pub(super) timeout_ms: Option<u64>,
+    pub(super) content_type: Option<ContentType>,
+    pub(super) body: Option<toml::Value>,
+    #[serde(default)]
+    pub(super) headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub(super) query: BTreeMap<String, String>,
+    pub(super) idempotency_header: Option<String>,
+    pub(super) credential: Option<OneOrMany>,
+    // dispatch (reference_pointer also on status_check)
+    pub(super) reference_pointer: Option<String>,
+    pub(super) reference_header: Option<String>,
+    pub(super) in_progress_status: Option<Vec<u16>>,
+    pub(super) require_reference: Option<bool>,
+    // status_check
+    pub(super) absent_status: Option<Vec<u16>>,
+    pub(super) duplicate_status: Option<Vec<u16>>,
+    pub(super) matches: Option<String>,
+    pub(super) match_reference_pointer: Option<String>,
+    pub(super) count: Option<String>,
+    pub(super) match_where: Option<BTreeMap<String, String>>,
+    // compensate
+    pub(super) done_status: Option<Vec<u16>>,
+}
+
+/// A credential name, or a list of them.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(super) enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub(super) fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(name) => vec![name],
+            Self::Many(names) => names,
+        }
+    }
 }
 
 /// A deserialization error as `path: message`; the toml crate keeps the path only in Display.

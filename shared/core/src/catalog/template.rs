@@ -5,6 +5,7 @@ use std::str::FromStr;
 
 use serde_json::Value;
 
+use super::URL_KEYS;
 use crate::ids::{BusinessKey, IdempotencyKey};
 
 /// A malformed `{placeholder}` template.
@@ -87,6 +88,15 @@ impl Template {
         })
     }
 
+    /// The placeholder's name when the whole template is one placeholder (`"{args.amount}"`):
+    /// in a body, such a string is replaced by the value itself, with its JSON type.
+    pub fn single(&self) -> Option<&str> {
+        match self.parts.as_slice() {
+            [Part::Placeholder(name)] => Some(name),
+            _ => None,
+        }
+    }
+
     /// Renders by appending each placeholder's value as `fill` writes it.
     pub(super) fn render<E>(
         &self,
@@ -116,26 +126,106 @@ impl FromStr for Template {
     }
 }
 
-/// A connector URL that cannot be rendered for a command.
+/// A template that cannot be rendered for a command.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RenderError {
-    #[error("url template needs argument {field}, which is missing")]
+    #[error("template needs argument {field}, which is missing")]
     MissingField { field: String },
-    #[error("url template needs argument {field} as a string, number or boolean, not {kind}")]
+    #[error("template needs argument {field} as a string, number or boolean, not {kind}")]
     NotScalar { field: String, kind: &'static str },
-    #[error("url template needs {key}, which this command does not have")]
+    #[error("template needs {key}, which this command does not have")]
     MissingKey { key: &'static str },
     #[error("{name} is {value:?}, which cannot be placed in a url (it would change the path)")]
     UnsafeValue { name: String, value: String },
 }
 
-/// The keys a connector URL may name, for one command.
+/// The keys a template may name, for one command.
 #[derive(Debug, Clone, Copy)]
 pub struct UrlKeys<'a> {
     /// Also supplies `run_id` and `command_key`.
     pub idempotency_key: &'a IdempotencyKey,
     pub business_key: Option<&'a BusinessKey>,
     pub external_ref: Option<&'a str>,
+}
+
+/// What a placeholder names: one of the command's keys, or an argument by its path
+/// (`{args.metadata.order_id}`, or `{amount}` for a top-level field).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot<'n> {
+    Key(&'static str),
+    Arg(Vec<&'n str>),
+}
+
+impl<'n> Slot<'n> {
+    /// A key wins over a top-level argument of the same name.
+    pub fn of(name: &'n str) -> Self {
+        if let Some(key) = URL_KEYS.iter().find(|key| **key == name) {
+            return Self::Key(key);
+        }
+        match name.strip_prefix("args.") {
+            Some(path) => Self::Arg(path.split('.').collect()),
+            None => Self::Arg(vec![name]),
+        }
+    }
+}
+
+/// The value a placeholder names, or `None` for an argument the command does not have.
+pub fn slot_value(
+    name: &str,
+    args: &Value,
+    keys: &UrlKeys<'_>,
+) -> Result<Option<Value>, RenderError> {
+    let text = match Slot::of(name) {
+        Slot::Key("run_id") => keys.idempotency_key.run_id().to_string(),
+        Slot::Key("command_key") => keys.idempotency_key.command_key().to_string(),
+        Slot::Key("idempotency_key") => keys.idempotency_key.to_string(),
+        Slot::Key("business_key") => keys
+            .business_key
+            .ok_or(RenderError::MissingKey {
+                key: "business_key",
+            })?
+            .to_string(),
+        Slot::Key(key) => {
+            // `external_ref`, the one key left in URL_KEYS.
+            keys.external_ref
+                .ok_or(RenderError::MissingKey { key })?
+                .to_owned()
+        }
+        Slot::Arg(path) => {
+            let mut value = args;
+            for segment in path {
+                match value.get(segment) {
+                    Some(inner) => value = inner,
+                    None => return Ok(None),
+                }
+            }
+            return Ok(Some(value.clone()));
+        }
+    };
+    Ok(Some(Value::String(text)))
+}
+
+/// The text a placeholder stands for inside a longer string: present, and a scalar.
+pub fn slot_text(name: &str, args: &Value, keys: &UrlKeys<'_>) -> Result<String, RenderError> {
+    let value = slot_value(name, args, keys)?.ok_or_else(|| RenderError::MissingField {
+        field: name.to_owned(),
+    })?;
+    scalar_text(&value).map_err(|kind| RenderError::NotScalar {
+        field: name.to_owned(),
+        kind,
+    })
+}
+
+/// Renders a template as text (a header value, a query value, a string in a body).
+pub fn render_text(
+    template: &Template,
+    args: &Value,
+    keys: &UrlKeys<'_>,
+) -> Result<String, RenderError> {
+    template.render(|name, out| {
+        out.push_str(&slot_text(name, args, keys)?);
+        Ok(())
+    })
 }
 
 /// Renders a connector URL: each placeholder becomes its key or argument value, percent-encoded
@@ -149,32 +239,7 @@ pub fn render_url(
     keys: &UrlKeys<'_>,
 ) -> Result<String, RenderError> {
     template.render(|name, out| {
-        let text = match name {
-            "run_id" => keys.idempotency_key.run_id().to_string(),
-            "command_key" => keys.idempotency_key.command_key().to_string(),
-            "idempotency_key" => keys.idempotency_key.to_string(),
-            "business_key" => keys
-                .business_key
-                .ok_or(RenderError::MissingKey {
-                    key: "business_key",
-                })?
-                .to_string(),
-            "external_ref" => keys
-                .external_ref
-                .ok_or(RenderError::MissingKey {
-                    key: "external_ref",
-                })?
-                .to_owned(),
-            field => {
-                let value = args.get(field).ok_or_else(|| RenderError::MissingField {
-                    field: field.to_owned(),
-                })?;
-                scalar_text(value).map_err(|kind| RenderError::NotScalar {
-                    field: field.to_owned(),
-                    kind,
-                })?
-            }
-        };
+        let text = slot_text(name, args, keys)?;
         if matches!(text.as_str(), "" | "." | "..") {
             return Err(RenderError::UnsafeValue {
                 name: name.to_owned(),

@@ -100,7 +100,6 @@ fn placeholders_stay_out_of_a_urls_scheme_host_and_port() {
             "dispatch.url",
             "http://{host}.bank.internal/wires",
         ),
-        ("dispatch", "dispatch.url", "http://user:{host}@bank/wires"),
         (
             "status_check",
             "status_check.url",

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{Number, Value};
 
 use super::args::{ArgsError, Violation, bounded, field_pointer};
-use super::endpoint::{DispatchConnector, HttpEndpoint};
+use super::endpoint::{DispatchConnector, HttpEndpoint, StatusAnswers};
 use super::template::{Template, scalar_text};
 use crate::command::EffectSemantics;
 use crate::ids::{BusinessKey, ToolName};
@@ -39,6 +39,10 @@ pub struct ToolPolicy {
     pub late_commit_ms: Option<u64>,
     pub verify_after_ms: u64,
     pub approval_timeout_ms: u64,
+    /// How long the upstream remembers an idempotency key (Stripe: about 24 hours). Past it, a
+    /// resend of the same key could commit again, so the effect is looked up first, or goes to
+    /// a person. `None`: the upstream remembers keys for good.
+    pub idempotency_key_ttl_ms: Option<u64>,
 }
 
 /// A declared tool, validated. Cheap to clone: the compiled schema is shared.
@@ -53,7 +57,10 @@ pub struct Tool {
     pub(super) policy: ToolPolicy,
     pub(super) dispatch: DispatchConnector,
     pub(super) status_check: Option<HttpEndpoint>,
+    pub(super) status_answers: StatusAnswers,
     pub(super) compensate: Option<HttpEndpoint>,
+    /// 4xx answers to a compensation that mean the commit is already undone.
+    pub(super) compensate_done_status: Vec<u16>,
     pub(super) allow_unsafe: bool,
     /// The catalog's `max_clock_skew_ms`.
     pub(super) clock_skew_ms: u64,
@@ -71,6 +78,7 @@ impl fmt::Debug for Tool {
             .field("policy", &self.policy)
             .field("dispatch", &self.dispatch)
             .field("status_check", &self.status_check)
+            .field("status_answers", &self.status_answers)
             .field("compensate", &self.compensate)
             .field("allow_unsafe", &self.allow_unsafe)
             .finish_non_exhaustive()
@@ -109,6 +117,32 @@ impl Tool {
 
     pub fn status_check(&self) -> Option<&HttpEndpoint> {
         self.status_check.as_ref()
+    }
+
+    /// How the status check's answers are read (empty when the tool has no status check).
+    pub fn status_answers(&self) -> &StatusAnswers {
+        &self.status_answers
+    }
+
+    /// Every endpoint the tool declares, with its section name.
+    pub fn endpoints(&self) -> impl Iterator<Item = (&'static str, &HttpEndpoint)> {
+        [
+            Some(("dispatch", &self.dispatch.endpoint)),
+            self.status_check
+                .as_ref()
+                .map(|endpoint| ("status_check", endpoint)),
+            self.compensate
+                .as_ref()
+                .map(|endpoint| ("compensate", endpoint)),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// The 4xx statuses a compensation answers when the commit is already undone (a DELETE's
+    /// 404): read as done, not as impossible.
+    pub fn compensate_done_status(&self) -> &[u16] {
+        &self.compensate_done_status
     }
 
     pub fn compensate(&self) -> Option<&HttpEndpoint> {
