@@ -48,6 +48,8 @@ url = "{stall}/book"
 
 [tool.status_check]
 url = "{stall}/slots/{business_key}"
+absent_status = [404]
+duplicate_status = [409]
 """
 
 

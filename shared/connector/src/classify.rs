@@ -3,16 +3,22 @@
 //!
 //! | answer | dispatch | status check | compensate |
 //! |---|---|---|---|
-//! | 2xx | `Committed` (reference, result) | `present` (reference) | `Done` (reference) |
+//! | 2xx | `Committed` (reference, result); `Ambiguous` without a reference when the tool requires one | `present` (reference), or read as a list (`matches`, `count`: 0 absent, 1 present, more duplicate) | `Done` (reference) |
 //! | 2xx, body cut off by the transport | `Ambiguous` | `inconclusive` | `Done` |
-//! | 404 | `Refused` | `absent` | `Impossible` |
-//! | 409 | `Refused` (`Ambiguous` if in the tool's `in_progress_status`) | `duplicate` (refs in evidence) | `Impossible` |
-//! | other 4xx | `Refused` (`Ambiguous` if in the tool's `in_progress_status`) | `inconclusive` | `Impossible` |
+//! | a status the status check declares (`absent_status`, `duplicate_status`) | — | `absent`, `duplicate` (refs in evidence) | — |
+//! | 404 | `Refused` | `inconclusive` unless declared | `Impossible` (`Done` if in `done_status`) |
+//! | 409 | `Refused` (`Ambiguous` if in the tool's `in_progress_status`) | `inconclusive` unless declared | `Impossible` (`Done` if in `done_status`) |
+//! | other 4xx | `Refused` (`Ambiguous` if in the tool's `in_progress_status`) | `inconclusive` unless declared | `Impossible` (`Done` if in `done_status`) |
 //! | 408, 425, 429 | `Ambiguous` | `inconclusive` | `Retry` |
 //! | 5xx | `Ambiguous` | `inconclusive` | `Retry` |
 //! | 1xx, 3xx (redirects are not followed) | `Ambiguous` | `inconclusive` | `Retry` |
 //! | no answer: nothing was sent | `NotSent` | `inconclusive` | `Retry` |
 //! | no answer: the request may have been processed | `Ambiguous` | `inconclusive` | `Retry` |
+//!
+//! A status check proves only what the tool declares: a real API's 401, the 404 of a route it
+//! lacks, or a 2xx of another shape (an unsigned call answered by another service) must never
+//! read as absent or present, or a charge that never happened is confirmed, or one that did is
+//! sent again.
 //!
 //! 408, 425 and 429 are 4xx codes that mean "not now", not "no": the upstream may have
 //! started the work, or will accept the same request later, so a dispatch answered with one
@@ -32,7 +38,7 @@
 use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::{Map, Value, json};
-use sluice_core::catalog::ReferenceSource;
+use sluice_core::catalog::{DispatchConnector, MatchList, ReferenceSource, StatusAnswers};
 use sluice_core::command::Observation;
 use sluice_core::machine::{CompensationOutcome, DispatchOutcome};
 
@@ -97,20 +103,32 @@ impl StatusClass {
     }
 }
 
-/// What a dispatch answer means for the effect.
-/// `in_progress`: the tool's `dispatch.in_progress_status`.
+/// What a dispatch answer means for the effect, read as the tool's `[tool.dispatch]` says
+/// (its reference source, `in_progress_status` and `require_reference`).
 pub fn dispatch(
     answer: &Answer,
-    reference: &ReferenceSource,
-    in_progress: &[u16],
+    connector: &DispatchConnector,
     excerpt_bytes: usize,
 ) -> DispatchOutcome {
+    let in_progress = connector.in_progress_status.as_slice();
     match StatusClass::of(answer.status) {
         StatusClass::Success => match &answer.body_error {
             None => {
                 let json = answer.json();
+                let external_ref =
+                    read_reference(&connector.reference, &answer.headers, json.as_ref());
+                // The upstream says it committed but not which commit: without the reference
+                // the effect could not be undone, so it is looked up rather than confirmed.
+                if external_ref.is_none() && connector.require_reference {
+                    return DispatchOutcome::Ambiguous {
+                        reason: format!(
+                            "{}, but the answer names no reference and the tool requires one",
+                            answer.summary(excerpt_bytes)
+                        ),
+                    };
+                }
                 DispatchOutcome::Committed {
-                    external_ref: read_reference(reference, &answer.headers, json.as_ref()),
+                    external_ref,
                     result: json.or_else(|| answer.text()).map(std::sync::Arc::new),
                 }
             }
@@ -148,50 +166,160 @@ pub fn dispatch_without_answer(no_answer: NoAnswer) -> DispatchOutcome {
     }
 }
 
-/// What a status check answer says about the effect.
+/// What a status check answer says about the effect, read only as the tool declares
+/// (`StatusAnswers`); any other answer is `inconclusive`, never absent or present.
 ///
-/// A `duplicate` answer's commits are collected into `evidence.refs` from a `refs` array in
-/// the body (strings or numbers) and from the tool's reference source. The command's own
-/// commit is the one the reference source names, else the first listed; the others are the
-/// extra commits to compensate.
+/// * a status in `absent_status` is `absent`; in `duplicate_status`, `duplicate`, its commits
+///   collected into `evidence.refs` from a `refs` array in the body (strings or numbers) and
+///   from the reference source, the command's own the one the reference source names, else the
+///   first listed;
+/// * a 2xx with a declared list (`matches`, `count`): 0 matches `absent`, 1 `present`, more
+///   `duplicate` (references read from each match); a 2xx where the list is not there, or is
+///   not an array or a count, is `inconclusive`;
+/// * a 2xx without a list: `present`.
+///
+/// `filter` is the list's `match_where` rendered for the command (`request::match_filter`): an
+/// item counts as a match only when each pointer holds that text.
 pub fn status_check(
     answer: &Answer,
     reference: &ReferenceSource,
+    answers: &StatusAnswers,
+    filter: &[(String, String)],
     excerpt_bytes: usize,
 ) -> StatusReport {
     let mut evidence = answer.evidence(excerpt_bytes);
-    let observation = match answer.status.as_u16() {
-        200..=299 | 409 if answer.body_error.is_some() => Observation::Inconclusive,
-        200..=299 => Observation::Present,
-        404 => Observation::Absent,
-        409 => Observation::Duplicate,
-        _ => Observation::Inconclusive,
-    };
+    let code = answer.status.as_u16();
     let json = answer.json();
-    let named = read_reference(reference, &answer.headers, json.as_ref());
-    let external_ref = match observation {
-        Observation::Present => named,
-        Observation::Duplicate => {
-            let mut refs: Vec<String> = json
-                .as_ref()
-                .and_then(|body| body.get("refs"))
-                .and_then(Value::as_array)
-                .map(|listed| listed.iter().filter_map(reference_text).collect())
-                .unwrap_or_default();
-            match &named {
-                Some(own) if !refs.contains(own) => refs.insert(0, own.clone()),
-                Some(_) | None => {}
-            }
-            let own = named.or_else(|| refs.first().cloned());
-            evidence.insert("refs".into(), json!(refs));
-            own
-        }
-        Observation::Absent | Observation::Inconclusive => None,
+    let own_reference = |json: Option<&Value>| match &answers.reference_pointer {
+        Some(pointer) => json
+            .and_then(|body| body.pointer(pointer))
+            .and_then(reference_text),
+        None => read_reference(reference, &answer.headers, json),
     };
-    StatusReport {
-        observation,
-        external_ref,
-        evidence: Value::Object(evidence),
+    let inconclusive = |mut evidence: Map<String, Value>, why: String| {
+        evidence.insert("reading".into(), json!(why));
+        StatusReport {
+            observation: Observation::Inconclusive,
+            external_ref: None,
+            evidence: Value::Object(evidence),
+        }
+    };
+    let carries_body = (200..=299).contains(&code) || answers.duplicate_status.contains(&code);
+    if carries_body && answer.body_error.is_some() {
+        return inconclusive(evidence, "the answer's body was cut off".into());
+    }
+    if answers.absent_status.contains(&code) {
+        return StatusReport {
+            observation: Observation::Absent,
+            external_ref: None,
+            evidence: Value::Object(evidence),
+        };
+    }
+    if answers.duplicate_status.contains(&code) {
+        let mut refs: Vec<String> = json
+            .as_ref()
+            .and_then(|body| body.get("refs"))
+            .and_then(Value::as_array)
+            .map(|listed| listed.iter().filter_map(reference_text).collect())
+            .unwrap_or_default();
+        let named = own_reference(json.as_ref());
+        match &named {
+            Some(own) if !refs.contains(own) => refs.insert(0, own.clone()),
+            Some(_) | None => {}
+        }
+        let own = named.or_else(|| refs.first().cloned());
+        evidence.insert("refs".into(), json!(refs));
+        return StatusReport {
+            observation: Observation::Duplicate,
+            external_ref: own,
+            evidence: Value::Object(evidence),
+        };
+    }
+    if !(200..=299).contains(&code) {
+        return inconclusive(
+            evidence,
+            format!(
+                "HTTP {code} is not an answer the tool declares (absent_status, duplicate_status or a 2xx)"
+            ),
+        );
+    }
+    let Some(list) = &answers.list else {
+        return StatusReport {
+            observation: Observation::Present,
+            external_ref: own_reference(json.as_ref()),
+            evidence: Value::Object(evidence),
+        };
+    };
+    let Some(body) = json.as_ref() else {
+        return inconclusive(evidence, "the answer is not JSON read in full".into());
+    };
+    let (count, refs) = match list {
+        MatchList::Items {
+            pointer,
+            reference: item_reference,
+            ..
+        } => match body.pointer(pointer).and_then(Value::as_array) {
+            Some(items) => {
+                let matching: Vec<&Value> = items
+                    .iter()
+                    .filter(|item| {
+                        filter.iter().all(|(field, expected)| {
+                            item.pointer(field).and_then(reference_text).as_deref()
+                                == Some(expected.as_str())
+                        })
+                    })
+                    .collect();
+                if !filter.is_empty() {
+                    evidence.insert("listed".into(), json!(items.len()));
+                }
+                (
+                    matching.len(),
+                    matching
+                        .iter()
+                        .filter_map(|item| item.pointer(item_reference).and_then(reference_text))
+                        .collect::<Vec<_>>(),
+                )
+            }
+            None => {
+                return inconclusive(evidence, format!("no array of matches at {pointer}"));
+            }
+        },
+        MatchList::Count { pointer } => match body.pointer(pointer).and_then(Value::as_u64) {
+            Some(count) => (usize::try_from(count).unwrap_or(usize::MAX), Vec::new()),
+            None => {
+                return inconclusive(evidence, format!("no count of matches at {pointer}"));
+            }
+        },
+    };
+    evidence.insert("matches".into(), json!(count));
+    match count {
+        0 => StatusReport {
+            observation: Observation::Absent,
+            external_ref: None,
+            evidence: Value::Object(evidence),
+        },
+        1 => StatusReport {
+            observation: Observation::Present,
+            external_ref: answers
+                .reference_pointer
+                .as_ref()
+                .and_then(|pointer| body.pointer(pointer).and_then(reference_text))
+                .or_else(|| refs.first().cloned()),
+            evidence: Value::Object(evidence),
+        },
+        _ => {
+            let own = answers
+                .reference_pointer
+                .as_ref()
+                .and_then(|pointer| body.pointer(pointer).and_then(reference_text))
+                .or_else(|| refs.first().cloned());
+            evidence.insert("refs".into(), json!(refs));
+            StatusReport {
+                observation: Observation::Duplicate,
+                external_ref: own,
+                evidence: Value::Object(evidence),
+            }
+        }
     }
 }
 
@@ -210,12 +338,17 @@ pub fn status_check_without_answer(no_answer: &NoAnswer) -> StatusReport {
     }))
 }
 
-/// What a compensate answer means.
+/// What a compensate answer means. `done_status`: the tool's `compensate.done_status`, 4xx
+/// answers that mean the commit is already undone (a retried DELETE's 404).
 pub fn compensation(
     answer: &Answer,
     reference: &ReferenceSource,
+    done_status: &[u16],
     excerpt_bytes: usize,
 ) -> CompensationOutcome {
+    if done_status.contains(&answer.status.as_u16()) {
+        return CompensationOutcome::Done { reference: None };
+    }
     match StatusClass::of(answer.status) {
         // The reference of a compensation is informational (the refund's id): a body cut off
         // after a 2xx does not make the undo any less done.
@@ -342,6 +475,31 @@ mod tests {
         ReferenceSource::JsonPointer("/id".into())
     }
 
+    /// A dispatch section reading `/id`, with the given in-progress statuses.
+    fn connector(in_progress: &[u16]) -> DispatchConnector {
+        DispatchConnector {
+            endpoint: sluice_core::catalog::HttpEndpoint {
+                url: sluice_core::catalog::Template::parse("http://bank.test/wires")
+                    .expect("a valid template"),
+                method: sluice_core::catalog::HttpMethod::Post,
+                timeout_ms: 1_000,
+                shape: sluice_core::catalog::RequestShape::default(),
+            },
+            reference: id(),
+            in_progress_status: in_progress.to_vec(),
+            require_reference: false,
+        }
+    }
+
+    /// The answers of Sluice's own by-key contract: 404 absent, 409 duplicate.
+    fn contract() -> StatusAnswers {
+        StatusAnswers {
+            absent_status: vec![404],
+            duplicate_status: vec![409],
+            ..StatusAnswers::default()
+        }
+    }
+
     #[test]
     fn status_classes_follow_the_design_table() {
         let table = [
@@ -373,7 +531,11 @@ mod tests {
 
     #[test]
     fn a_2xx_dispatch_commits_with_the_reference_and_the_result() {
-        let outcome = dispatch(&answer(201, r#"{"id": "w-1", "n": 2}"#), &id(), &[], 512);
+        let outcome = dispatch(
+            &answer(201, r#"{"id": "w-1", "n": 2}"#),
+            &connector(&[]),
+            512,
+        );
         assert_eq!(
             outcome,
             DispatchOutcome::Committed {
@@ -381,7 +543,7 @@ mod tests {
                 result: Some(std::sync::Arc::new(json!({"id": "w-1", "n": 2}))),
             }
         );
-        let text = dispatch(&answer(200, "ok"), &id(), &[], 512);
+        let text = dispatch(&answer(200, "ok"), &connector(&[]), 512);
         assert_eq!(
             text,
             DispatchOutcome::Committed {
@@ -389,7 +551,7 @@ mod tests {
                 result: Some(std::sync::Arc::new(json!("ok"))),
             }
         );
-        let empty = dispatch(&answer(204, ""), &id(), &[], 512);
+        let empty = dispatch(&answer(204, ""), &connector(&[]), 512);
         assert_eq!(
             empty,
             DispatchOutcome::Committed {
@@ -403,7 +565,7 @@ mod tests {
     fn a_2xx_dispatch_whose_body_was_cut_off_is_ambiguous() {
         let mut cut = answer(201, r#"{"id": "w"#);
         cut.body_error = Some("connection reset".into());
-        let outcome = dispatch(&cut, &id(), &[], 512);
+        let outcome = dispatch(&cut, &connector(&[]), 512);
         let DispatchOutcome::Ambiguous { reason } = outcome else {
             panic!("expected ambiguous, got {outcome:?}");
         };
@@ -415,7 +577,7 @@ mod tests {
         let mut refused = answer(400, "bad");
         refused.body_error = Some("reset".into());
         assert!(matches!(
-            dispatch(&refused, &id(), &[], 512),
+            dispatch(&refused, &connector(&[]), 512),
             DispatchOutcome::Refused { .. }
         ));
     }
@@ -423,12 +585,13 @@ mod tests {
     #[test]
     fn refusals_and_ambiguous_statuses_carry_a_capped_excerpt() {
         let long = "x".repeat(2_000);
-        let DispatchOutcome::Refused { reason } = dispatch(&answer(422, &long), &id(), &[], 16)
+        let DispatchOutcome::Refused { reason } =
+            dispatch(&answer(422, &long), &connector(&[]), 16)
         else {
             panic!("422 is a refusal");
         };
         assert_eq!(reason, format!("HTTP 422: {}…", "x".repeat(16)));
-        let DispatchOutcome::Ambiguous { reason } = dispatch(&answer(503, ""), &id(), &[], 16)
+        let DispatchOutcome::Ambiguous { reason } = dispatch(&answer(503, ""), &connector(&[]), 16)
         else {
             panic!("503 is ambiguous");
         };
@@ -482,7 +645,7 @@ mod tests {
             (503, Observation::Inconclusive),
         ];
         for (code, observation) in table {
-            let report = status_check(&answer(code, "{}"), &id(), 512);
+            let report = status_check(&answer(code, "{}"), &id(), &contract(), &[], 512);
             assert_eq!(report.observation, observation, "HTTP {code}");
             assert_eq!(report.evidence["http_status"], json!(code));
         }
@@ -493,6 +656,8 @@ mod tests {
         let report = status_check(
             &answer(409, r#"{"refs": ["w-1", 7, null, "w-3"]}"#),
             &id(),
+            &contract(),
+            &[],
             512,
         );
         assert_eq!(report.observation, Observation::Duplicate);
@@ -503,12 +668,20 @@ mod tests {
         let named = status_check(
             &answer(409, r#"{"id": "w-3", "refs": ["w-1", "w-3"]}"#),
             &id(),
+            &contract(),
+            &[],
             512,
         );
         assert_eq!(named.external_ref.as_deref(), Some("w-3"));
         assert_eq!(named.extra_commits(), ["w-1"]);
 
-        let only_pointer = status_check(&answer(409, r#"{"id": "w-5"}"#), &id(), 512);
+        let only_pointer = status_check(
+            &answer(409, r#"{"id": "w-5"}"#),
+            &id(),
+            &contract(),
+            &[],
+            512,
+        );
         assert_eq!(only_pointer.evidence["refs"], json!(["w-5"]));
         assert!(only_pointer.extra_commits().is_empty());
     }
@@ -517,7 +690,7 @@ mod tests {
     fn a_present_answer_whose_body_was_cut_off_is_inconclusive() {
         let mut cut = answer(200, r#"{"id""#);
         cut.body_error = Some("timed out".into());
-        let report = status_check(&cut, &id(), 512);
+        let report = status_check(&cut, &id(), &contract(), &[], 512);
         assert_eq!(report.observation, Observation::Inconclusive);
         assert_eq!(report.evidence["error"], json!("timed out"));
         assert_eq!(report.external_ref, None);
@@ -526,13 +699,13 @@ mod tests {
     #[test]
     fn compensation_answers_map_to_outcomes() {
         assert_eq!(
-            compensation(&answer(200, r#"{"id": "rev-1"}"#), &id(), 512),
+            compensation(&answer(200, r#"{"id": "rev-1"}"#), &id(), &[], 512),
             CompensationOutcome::Done {
                 reference: Some("rev-1".into())
             }
         );
         assert_eq!(
-            compensation(&answer(422, "already settled"), &id(), 512),
+            compensation(&answer(422, "already settled"), &id(), &[], 512),
             CompensationOutcome::Impossible {
                 reason: "HTTP 422: already settled".into()
             }
@@ -540,7 +713,7 @@ mod tests {
         for code in [408, 425, 429, 500, 503, 307] {
             assert!(
                 matches!(
-                    compensation(&answer(code, ""), &id(), 512),
+                    compensation(&answer(code, ""), &id(), &[], 512),
                     CompensationOutcome::Retry { .. }
                 ),
                 "HTTP {code}"

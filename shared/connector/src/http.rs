@@ -13,11 +13,13 @@
 //!   even be built), so nothing reached the upstream;
 //! * each call, body included, ends within the endpoint's `timeout_ms`;
 //! * no header value is logged: spans carry `run_id`, `command_key` and `tool`, events the
-//!   outcome and the HTTP status. Only the contract's own headers are sent (no credentials),
-//!   plus the W3C `traceparent`/`tracestate` of the call's own span, in the effect's trace.
+//!   outcome and the HTTP status. The contract's headers, the endpoint's declared ones and its
+//!   credentials (`crate::credentials`, applied last, as the request is sent) go out, plus the
+//!   W3C `traceparent`/`tracestate` of the call's own span, in the effect's trace.
 
 use std::error::Error as StdError;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use reqwest::header::{HeaderName, HeaderValue};
@@ -29,6 +31,7 @@ use sluice_core::machine::{CompensationOutcome, DispatchOutcome};
 use tracing::{Instrument, Span, debug, field, warn};
 
 use crate::classify::{self, Answer, DEFAULT_EXCERPT_BYTES, NoAnswer};
+use crate::credentials::{self, Mode, Outgoing, Secrets};
 use crate::error::ConnectorError;
 use crate::port::{CompensationTarget, Connector, StatusReport};
 use crate::request::{self, Call};
@@ -71,6 +74,8 @@ impl Default for HttpOptions {
 pub struct HttpConnector {
     client: Client,
     options: HttpOptions,
+    /// Shared by clones, so a file secret is cached once per process.
+    secrets: Arc<Secrets>,
 }
 
 impl HttpConnector {
@@ -91,11 +96,20 @@ impl HttpConnector {
             .user_agent(concat!("sluice-connector/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|source| ConnectorError::Client { source })?;
-        Ok(Self { client, options })
+        Ok(Self {
+            client,
+            options,
+            secrets: Arc::new(Secrets::new()),
+        })
     }
 
     pub fn options(&self) -> &HttpOptions {
         &self.options
+    }
+
+    /// The secrets the connector reads: [`Secrets::check`] them against the catalog at start.
+    pub fn secrets(&self) -> &Secrets {
+        &self.secrets
     }
 
     /// Sends `call` and waits for the answer's status and headers (or the exchange's failure).
@@ -103,17 +117,42 @@ impl HttpConnector {
     /// gone out and its answer being read.
     async fn send(&self, call: Call) -> Result<Sent, NoAnswer> {
         let timeout = call.timeout;
+        let bytes = match &call.body {
+            Some(body) => body.to_bytes().map_err(|e| NoAnswer::NotSent {
+                reason: format!("not sent: the request body could not be encoded: {e}"),
+            })?,
+            None => Vec::new(),
+        };
         // Built as a request, not through `RequestBuilder`, which copied the headers in one by
         // one and re-checked the content type: one call per effect.
         let mut request = reqwest::Request::new(call.method, call.url);
-        // `request::build` gave a call with a body its JSON content type.
+        // `request::build` gave a call with a body its content type.
         *request.headers_mut() = call.headers;
+        if !call.credentials.is_empty() {
+            let (method, url, headers) = (
+                request.method().clone(),
+                request.url().clone(),
+                request.headers_mut(),
+            );
+            credentials::apply(
+                &self.secrets,
+                &call.credentials,
+                Outgoing {
+                    method: &method,
+                    url: &url,
+                    headers,
+                    body: &bytes,
+                },
+                Mode::Send,
+                SystemTime::now(),
+            )
+            .map_err(|error| NoAnswer::NotSent {
+                reason: format!("not sent: {error}"),
+            })?;
+        }
         // The total budget: connect, write, response headers and the body read below.
         *request.timeout_mut() = Some(timeout);
-        if let Some(body) = &call.body {
-            let bytes = serde_json::to_vec(&**body).map_err(|e| NoAnswer::NotSent {
-                reason: format!("not sent: the request body could not be encoded: {e}"),
-            })?;
+        if call.body.is_some() {
             *request.body_mut() = Some(bytes.into());
         }
         let response = self
@@ -370,12 +409,7 @@ impl HttpConnector {
         let outcome = match self.read(sent).await {
             Ok(answer) => {
                 Span::current().record("http_status", answer.status.as_u16());
-                classify::dispatch(
-                    &answer,
-                    &tool.dispatch().reference,
-                    &tool.dispatch().in_progress_status,
-                    self.options.excerpt_bytes,
-                )
+                classify::dispatch(&answer, tool.dispatch(), self.options.excerpt_bytes)
             }
             Err(no_answer) => classify::dispatch_without_answer(no_answer),
         };
@@ -406,8 +440,10 @@ impl HttpConnector {
             warn!(observation = "inconclusive", %error, "no status check");
             return StatusReport::inconclusive(json!({ "error": error }));
         };
-        let call = match request::status_check(tool, endpoint, command) {
-            Ok(call) => traced(call, command),
+        let built = request::status_check(tool, endpoint, command)
+            .and_then(|call| Ok((call, request::match_filter(tool, command)?)));
+        let (call, filter) = match built {
+            Ok((call, filter)) => (traced(call, command), filter),
             Err(error) => {
                 let error = chain(&error);
                 warn!(observation = "inconclusive", %error, "status check could not be sent");
@@ -424,6 +460,8 @@ impl HttpConnector {
                 classify::status_check(
                     &answer,
                     &tool.dispatch().reference,
+                    tool.status_answers(),
+                    &filter,
                     self.options.excerpt_bytes,
                 )
             }
@@ -472,6 +510,7 @@ impl HttpConnector {
                 classify::compensation(
                     &answer,
                     &tool.dispatch().reference,
+                    tool.compensate_done_status(),
                     self.options.excerpt_bytes,
                 )
             }

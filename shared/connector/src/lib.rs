@@ -21,9 +21,11 @@
 //! [`Observation`]: sluice_core::Observation
 
 pub mod classify;
+pub mod credentials;
 pub mod error;
 pub mod http;
 pub mod port;
+pub mod preview;
 pub mod request;
 
 pub use error::ConnectorError;

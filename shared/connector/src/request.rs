@@ -14,7 +14,10 @@ use std::time::Duration;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, Url};
 use serde_json::{Value, json};
-use sluice_core::catalog::{HttpEndpoint, HttpMethod, RenderError, Tool, UrlKeys, render_url};
+use sluice_core::catalog::{
+    ContentType, Credential, HttpEndpoint, HttpMethod, MatchList, RenderError, RequestShape, Tool,
+    UrlKeys, form_pairs, render_text, render_url, render_value,
+};
 use sluice_core::command::Command;
 use sluice_core::ids::{CommandKey, ToolName};
 
@@ -53,19 +56,49 @@ impl fmt::Display for Operation {
     }
 }
 
-/// One HTTP request, ready to send.
+/// One HTTP request, ready to send but for its credentials.
 #[derive(Debug, Clone)]
 pub struct Call {
     pub operation: Operation,
     pub method: Method,
     pub url: Url,
-    /// Only the contract's headers: no credentials, so the map may be logged by name.
+    /// The contract's headers and the endpoint's declared ones: no credentials, so the map may
+    /// be shown (a dry run) and logged by name.
     pub headers: HeaderMap,
-    /// The JSON body, sent with its content type in `headers`; `None` for GET and DELETE. The
-    /// dispatch and status check bodies share the command's arguments.
-    pub body: Option<Arc<Value>>,
+    /// The body, sent with its content type in `headers`; `None` when there is none (GET and
+    /// DELETE unless the endpoint declares a body).
+    pub body: Option<CallBody>,
     /// The whole call — connect, request, response headers and body — must fit in this.
     pub timeout: Duration,
+    /// Applied by the connector as the request is sent (`crate::credentials`), signers last.
+    pub credentials: Vec<Arc<Credential>>,
+}
+
+/// A request body.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallBody {
+    /// JSON; a dispatch without a body template shares the command's arguments.
+    Json(Arc<Value>),
+    /// `application/x-www-form-urlencoded`, already encoded.
+    Form(String),
+}
+
+impl CallBody {
+    /// The bytes sent (and signed).
+    pub fn to_bytes(&self) -> Result<Vec<u8>, serde_json::Error> {
+        match self {
+            Self::Json(value) => serde_json::to_vec(&**value),
+            Self::Form(text) => Ok(text.as_bytes().to_vec()),
+        }
+    }
+
+    /// The JSON value of a JSON body (tests and the dry run read it).
+    pub fn json(&self) -> Option<&Value> {
+        match self {
+            Self::Json(value) => Some(value),
+            Self::Form(_) => None,
+        }
+    }
 }
 
 /// Why a command could not be turned into a call. Nothing was sent.
@@ -96,10 +129,26 @@ pub enum CallError {
     #[error(
         "{header} cannot be sent: its value is not a valid HTTP header value (control characters)"
     )]
-    HeaderValue { header: &'static str },
+    HeaderValue { header: String },
+    #[error("{operation} of tool {tool}: the body cannot be rendered for this command")]
+    Body {
+        operation: Operation,
+        tool: ToolName,
+        #[source]
+        source: RenderError,
+    },
+    #[error("{operation} of tool {tool}: header or query parameter {name} cannot be rendered")]
+    Part {
+        operation: Operation,
+        tool: ToolName,
+        name: String,
+        #[source]
+        source: RenderError,
+    },
 }
 
-/// The dispatch call: the tool's dispatch endpoint with the arguments as the JSON body.
+/// The dispatch call: the tool's dispatch endpoint; its body is the endpoint's template, else the
+/// arguments.
 pub fn dispatch(tool: &Tool, command: &Command) -> Result<Call, CallError> {
     check_tool(tool, command)?;
     let endpoint = &tool.dispatch().endpoint;
@@ -109,7 +158,8 @@ pub fn dispatch(tool: &Tool, command: &Command) -> Result<Call, CallError> {
         endpoint,
         command,
         None,
-        Arc::clone(&command.args),
+        &command.idempotency_key.to_string(),
+        || Arc::clone(&command.args),
     )
 }
 
@@ -126,12 +176,44 @@ pub fn status_check(
         endpoint,
         command,
         None,
-        Arc::clone(&command.args),
+        &command.idempotency_key.to_string(),
+        || Arc::clone(&command.args),
     )
 }
 
-/// The compensate call for the commit named `external_ref`, with
-/// `{"args": …, "external_ref": …}` as the JSON body.
+/// The `match_where` of the tool's status check list, rendered for the command: the pointer
+/// into each listed item and the text it must hold.
+pub fn match_filter(tool: &Tool, command: &Command) -> Result<Vec<(String, String)>, CallError> {
+    let Some(MatchList::Items { filter, .. }) = &tool.status_answers().list else {
+        return Ok(Vec::new());
+    };
+    let keys = UrlKeys {
+        idempotency_key: &command.idempotency_key,
+        business_key: command.business_key.as_ref(),
+        external_ref: None,
+    };
+    filter
+        .iter()
+        .map(|(pointer, template)| {
+            render_text(template, &command.args, &keys)
+                .map(|text| (pointer.clone(), text))
+                .map_err(|source| CallError::Part {
+                    operation: Operation::StatusCheck,
+                    tool: tool.name().clone(),
+                    name: format!("match_where {pointer}"),
+                    source,
+                })
+        })
+        .collect()
+}
+
+/// The compensate call for the commit named `external_ref`; without a body template its body is
+/// `{"args": …, "external_ref": …}`.
+///
+/// A compensation is a request of its own: an upstream that remembers idempotency keys (and
+/// refuses a key reused on another endpoint, as payment APIs do) must not see the dispatch's
+/// key again. Its key is derived from the dispatch's and the commit it undoes, so a retried
+/// compensation of the same commit reuses it.
 pub fn compensate(
     tool: &Tool,
     endpoint: &HttpEndpoint,
@@ -139,30 +221,20 @@ pub fn compensate(
     external_ref: Option<&str>,
 ) -> Result<Call, CallError> {
     check_tool(tool, command)?;
-    let body = Arc::new(json!({ "args": command.args, "external_ref": external_ref }));
     let mut call = build(
         Operation::Compensate,
         tool,
         endpoint,
         command,
         external_ref,
-        body,
+        &compensation_key(command, external_ref),
+        || Arc::new(json!({ "args": command.args, "external_ref": external_ref })),
     )?;
-    // A compensation is a request of its own: an upstream that remembers idempotency keys
-    // (and refuses a key reused on another endpoint, as payment APIs do) must not see the
-    // dispatch's key again. Its key is derived from the dispatch's and the commit it undoes,
-    // so a retried compensation of the same commit reuses it.
-    let key = compensation_key(command, external_ref);
-    let value = HeaderValue::from_str(&key).map_err(|_| CallError::HeaderValue {
-        header: IDEMPOTENCY_KEY,
-    })?;
     let dispatch = HeaderValue::from_str(&command.idempotency_key.to_string()).map_err(|_| {
         CallError::HeaderValue {
-            header: DISPATCH_KEY,
+            header: DISPATCH_KEY.into(),
         }
     })?;
-    call.headers
-        .insert(HeaderName::from_static(IDEMPOTENCY_KEY), value);
     call.headers
         .insert(HeaderName::from_static(DISPATCH_KEY), dispatch);
     Ok(call)
@@ -194,7 +266,8 @@ fn build(
     endpoint: &HttpEndpoint,
     command: &Command,
     external_ref: Option<&str>,
-    body: Arc<Value>,
+    idempotency_key: &str,
+    default_body: impl FnOnce() -> Arc<Value>,
 ) -> Result<Call, CallError> {
     let keys = UrlKeys {
         idempotency_key: &command.idempotency_key,
@@ -207,20 +280,73 @@ fn build(
             tool: tool.name().clone(),
             source,
         })?;
-    let url = parse_url(&rendered).map_err(|error| CallError::InvalidUrl {
+    let mut url = parse_url(&rendered).map_err(|error| CallError::InvalidUrl {
         operation,
         tool: tool.name().clone(),
         url: rendered.clone(),
         detail: error,
     })?;
-    let carries_content = carries_content(endpoint.method);
+    let shape = &endpoint.shape;
+    let part = |name: &str, source| CallError::Part {
+        operation,
+        tool: tool.name().clone(),
+        name: name.to_owned(),
+        source,
+    };
+    if !shape.query.is_empty() {
+        let mut pairs = url.query_pairs_mut();
+        for (name, template) in &shape.query {
+            if let Some(value) =
+                render_value(template, &command.args, &keys).map_err(|e| part(name, e))?
+            {
+                pairs.append_pair(name, &value);
+            }
+        }
+    }
+    let body = match &shape.body {
+        Some(template) => template
+            .render(&command.args, &keys)
+            .map_err(|source| CallError::Body {
+                operation,
+                tool: tool.name().clone(),
+                source,
+            })?
+            .map(Arc::new),
+        None => carries_content(endpoint.method).then(default_body),
+    };
+    let body = body.map(|value| match shape.content_type {
+        ContentType::Json => CallBody::Json(value),
+        ContentType::Form => {
+            let mut form = form_urlencoded::Serializer::new(String::new());
+            for (name, text) in form_pairs(&value) {
+                form.append_pair(&name, &text);
+            }
+            CallBody::Form(form.finish())
+        }
+    });
+    let mut headers = headers(command, shape, idempotency_key, body.is_some())?;
+    for (name, template) in &shape.headers {
+        let Some(text) = render_value(template, &command.args, &keys).map_err(|e| part(name, e))?
+        else {
+            continue;
+        };
+        let value =
+            HeaderValue::from_bytes(text.as_bytes()).map_err(|_| CallError::HeaderValue {
+                header: name.clone(),
+            })?;
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| CallError::HeaderValue {
+            header: name.clone(),
+        })?;
+        headers.insert(name, value);
+    }
     Ok(Call {
         operation,
         method: method(endpoint.method),
         url,
-        headers: headers(command, carries_content)?,
-        body: carries_content.then_some(body),
+        headers,
+        body,
         timeout: Duration::from_millis(endpoint.timeout_ms),
+        credentials: shape.credentials.clone(),
     })
 }
 
@@ -251,8 +377,10 @@ fn parse_url(text: &str) -> Result<Url, String> {
     Ok(url)
 }
 
-/// GET and DELETE carry no body: RFC 9110 gives content on them no meaning and
-/// intermediaries may drop it, so such an endpoint takes what it needs from its URL template.
+/// GET and DELETE carry no body unless the endpoint declares one: RFC 9110 gives content on
+/// them no defined meaning and intermediaries may drop it, so by default such an endpoint takes
+/// what it needs from its URL template; an API that reads a DELETE's body (Mailpit's) declares
+/// it.
 fn carries_content(method: HttpMethod) -> bool {
     match method {
         HttpMethod::Post | HttpMethod::Put | HttpMethod::Patch => true,
@@ -271,26 +399,45 @@ fn method(method: HttpMethod) -> Method {
 }
 
 /// The contract's headers. Every operation sends the same ones, so an upstream can tie a
-/// status check or a compensation to the dispatch it is about.
-fn headers(command: &Command, carries_content: bool) -> Result<HeaderMap, CallError> {
+/// status check or a compensation to the dispatch it is about; the idempotency key goes in the
+/// endpoint's `idempotency_header` (none when it names none).
+fn headers(
+    command: &Command,
+    shape: &RequestShape,
+    idempotency_key: &str,
+    has_body: bool,
+) -> Result<HeaderMap, CallError> {
     let mut headers = HeaderMap::new();
     headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
-    if carries_content {
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if has_body {
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static(shape.content_type.mime()),
+        );
     }
-    let mut insert = |header: &'static str, text: &str| {
+    let mut insert = |header: HeaderName, text: &str| {
         // `from_bytes` also admits UTF-8 (RFC 9110 obs-text): a business key is free text and
         // is passed through unchanged; only control characters cannot be sent.
-        let value = HeaderValue::from_bytes(text.as_bytes())
-            .map_err(|_| CallError::HeaderValue { header })?;
-        headers.insert(HeaderName::from_static(header), value);
+        let value =
+            HeaderValue::from_bytes(text.as_bytes()).map_err(|_| CallError::HeaderValue {
+                header: header.as_str().to_owned(),
+            })?;
+        headers.insert(header, value);
         Ok(())
     };
-    insert(IDEMPOTENCY_KEY, &command.idempotency_key.to_string())?;
-    insert(RUN_ID, command.run_id.as_str())?;
-    insert(COMMAND_KEY, &command.command_key.to_string())?;
+    if let Some(name) = &shape.idempotency_header {
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| CallError::HeaderValue {
+            header: name.clone(),
+        })?;
+        insert(name, idempotency_key)?;
+    }
+    insert(HeaderName::from_static(RUN_ID), command.run_id.as_str())?;
+    insert(
+        HeaderName::from_static(COMMAND_KEY),
+        &command.command_key.to_string(),
+    )?;
     if let Some(business_key) = &command.business_key {
-        insert(BUSINESS_KEY, business_key.as_str())?;
+        insert(HeaderName::from_static(BUSINESS_KEY), business_key.as_str())?;
     }
     Ok(headers)
 }
@@ -369,7 +516,7 @@ mod tests {
         assert_eq!(call.method, Method::POST);
         assert_eq!(call.url.as_str(), "http://bank.test/accounts/acc%201/wires");
         assert_eq!(
-            call.body.as_deref(),
+            call.body.as_ref().and_then(CallBody::json),
             Some(&json!({"account": "acc 1", "amount_minor": 5}))
         );
         assert_eq!(call.timeout, Duration::from_millis(1_500));
@@ -413,7 +560,7 @@ mod tests {
         assert_eq!(
             err,
             CallError::HeaderValue {
-                header: BUSINESS_KEY
+                header: BUSINESS_KEY.into()
             }
         );
         // UTF-8 is passed through as it is.

@@ -287,6 +287,8 @@ impl<'a> Wire<'a> {
                 [tool.status_check]
                 url = "BASE/wires/by-key/{business_key}?run={run_id}"
                 timeout_ms = STATUS_TIMEOUT
+                absent_status = [404]
+                duplicate_status = [409]
                 "#,
             );
         }
@@ -739,7 +741,12 @@ async fn url_templates_percent_encode_argument_fields() {
 #[tokio::test]
 async fn a_response_larger_than_the_cap_is_read_only_up_to_the_cap() {
     let upstream = Upstream::start(|_| Reply::new(200, "z".repeat(200_000))).await;
-    let tool = wire_tool(&upstream.base);
+    // A reference is not required here, so the capped body's effect is a commit.
+    let tool = Wire {
+        dispatch_extra: "require_reference = false",
+        ..Wire::at(&upstream.base)
+    }
+    .tool();
     let connector = HttpConnector::with_options(HttpOptions {
         max_response_bytes: 1024,
         ..HttpOptions::default()

@@ -34,6 +34,12 @@ pub enum AssembleError {
     Connector(#[from] ConnectorError),
     #[error(transparent)]
     Faults(#[from] sluice_faults::FaultsError),
+    /// A secret the catalog's credentials reference cannot be read, or a key is malformed:
+    /// refused at start rather than at the first call.
+    #[error("the catalog's credentials cannot be used: {}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Credentials {
+        problems: Vec<sluice_connector::credentials::CredentialError>,
+    },
 }
 
 /// Loads the configured catalog, or the example one.
@@ -163,11 +169,16 @@ pub async fn assemble_with_clock(
     } else {
         ledger
     };
+    let connector = HttpConnector::new()?;
+    connector
+        .secrets()
+        .check(&catalog)
+        .map_err(|problems| AssembleError::Credentials { problems })?;
     Ok(Context {
         ledger,
         bus: open_bus(config).await?,
         catalog: Arc::new(catalog),
-        connector: Arc::new(HttpConnector::new()?),
+        connector: Arc::new(connector),
         clock,
         metrics: Arc::new(metrics),
     })

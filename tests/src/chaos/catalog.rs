@@ -351,6 +351,15 @@ fn tool(
         };
         check.insert("url".into(), url.into());
         check.insert("timeout_ms".into(), int(timing.check_timeout_ms));
+        // The chaos upstream's by-key contract: 404 absent, 409 duplicate with `refs`.
+        check.insert(
+            "absent_status".into(),
+            Value::Array(vec![Value::Integer(404)]),
+        );
+        check.insert(
+            "duplicate_status".into(),
+            Value::Array(vec![Value::Integer(409)]),
+        );
         tool.insert("status_check".into(), Value::Table(check));
     }
     if kind.has_compensate() {
