@@ -45,14 +45,18 @@ async def stdio_session(sluice: Sluice, run_id: str) -> AsyncIterator[ClientSess
 
 
 @contextlib.contextmanager
-def http_server(sluice: Sluice) -> Any:
-    """`sluice mcp --transport http` with no token of its own: callers bring theirs."""
+def http_server(sluice: Sluice, own_token: str | None = None) -> Any:
+    """`sluice mcp --transport http`, with no token of its own unless `own_token` is given
+    (`SLUICE_TOKEN`, which only stdio may use): callers bring theirs."""
+    env = {"PATH": "/usr/bin:/bin", "RUST_LOG": "warn"}
+    if own_token is not None:
+        env["SLUICE_TOKEN"] = own_token
     process = subprocess.Popen(
         [SLUICE, "mcp", "--transport", "http", "--listen", "127.0.0.1:0", "--url", sluice.url,
          "--max-wait-s", "20"],
         stdout=subprocess.PIPE,
         text=True,
-        env={"PATH": "/usr/bin:/bin", "RUST_LOG": "warn"},
+        env=env,
     )
     try:
         yield first_line(process, "listening on").rsplit(" ", 1)[-1]
@@ -62,8 +66,9 @@ def http_server(sluice: Sluice) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def http_session(url: str, token: str) -> AsyncIterator[ClientSession]:
-    client = create_mcp_http_client(headers={"authorization": f"Bearer {token}"})
+async def http_session(url: str, token: str | None) -> AsyncIterator[ClientSession]:
+    headers = {} if token is None else {"authorization": f"Bearer {token}"}
+    client = create_mcp_http_client(headers=headers)
     async with client, streamable_http_client(url, http_client=client) as (read, write):
         async with ClientSession(read, write) as session:
             await session.initialize()
@@ -188,7 +193,8 @@ async def test_the_http_transport_refuses_browser_origins(sluice: Sluice) -> Non
         answer = httpx.post(
             url,
             headers={"origin": "https://evil.example", "content-type": "application/json",
-                     "accept": "application/json, text/event-stream"},
+                     "accept": "application/json, text/event-stream",
+                     "authorization": f"Bearer {AGENT_TOKEN}"},
             content=json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
                 "protocolVersion": "2025-11-25", "capabilities": {},
                 "clientInfo": {"name": "page", "version": "1"}}}),
@@ -200,3 +206,36 @@ async def test_an_unknown_tool_is_a_protocol_error(sluice: Sluice) -> None:
     async with stdio_session(sluice, f"r-mcp-{uuid.uuid4().hex[:8]}") as session:
         with pytest.raises(Exception, match="namespace__name"):
             await session.call_tool("no_such_tool", {})
+
+
+async def call(session: ClientSession, run_id: str, tool: str, args: dict[str, Any],
+               **more: Any) -> Any:
+    meta = {"dev.sluice/run_id": run_id, **more.pop("meta", {})}
+    return await session.call_tool(tool, args, meta=meta, **more)
+
+
+async def test_over_http_the_process_token_is_never_lent(sluice: Sluice) -> None:
+    """`SLUICE_TOKEN` is the stdio client's: over HTTP a caller without a bearer token of its
+    own is refused before MCP, and one with a token acts as itself, not as the process."""
+    with http_server(sluice, own_token=ADMIN_TOKEN) as url:
+        answer = httpx.post(
+            url,
+            headers={"content-type": "application/json",
+                     "accept": "application/json, text/event-stream"},
+            content=json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": "local process", "version": "1"}}}),
+        )
+        assert answer.status_code == 401, answer.text
+        assert answer.headers.get("www-authenticate", "").lower().startswith("bearer")
+        assert "token" in answer.text
+
+        run_id = f"r-mcp-{uuid.uuid4().hex[:8]}"
+        with pytest.raises(Exception):
+            async with http_session(url, None) as session:
+                await call(session, run_id, "email__send", EMAIL)
+
+        async with http_session(url, AGENT_TOKEN) as session:
+            mine = facts(await call(session, run_id, "email__send", EMAIL))
+    # The refused session recorded nothing; the agent's call is its own.
+    assert [e["submitted_by"] for e in effects_of(sluice, run_id)] == ["mcp-agent"], mine

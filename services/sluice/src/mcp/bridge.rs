@@ -64,39 +64,29 @@ pub enum BridgeError {
     },
 }
 
-/// The producer's API, as `sluice mcp` uses it, and the journals of the runs it serves.
+/// The producer's API, as `sluice mcp` uses it, and the journals of the runs it serves. It has
+/// no token of its own: each request carries the one its caller is entitled to (`sluice mcp`
+/// decides whose, [`super::credential`]).
+#[derive(Debug)]
 pub struct Bridge {
     http: reqwest::Client,
     base: String,
-    token: Option<String>,
     /// How long one call waits for its effect to settle before answering "still running".
     max_wait: Duration,
     journals: Mutex<HashMap<RunId, Journal>>,
 }
 
-impl std::fmt::Debug for Bridge {
-    // The token is a secret: never printed.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Bridge")
-            .field("base", &self.base)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field("max_wait", &self.max_wait)
-            .finish_non_exhaustive()
-    }
-}
-
 impl Bridge {
-    pub fn new(base: &str, token: Option<String>, max_wait: Duration) -> Self {
+    pub fn new(base: &str, max_wait: Duration) -> Self {
         Self {
             http: reqwest::Client::new(),
             base: base.trim_end_matches('/').to_owned(),
-            token,
             max_wait,
             journals: Mutex::new(HashMap::new()),
         }
     }
 
-    /// The catalog's tools, from `GET /v1/tools`, with `token` (a caller's own) or the bridge's.
+    /// The catalog's tools, from `GET /v1/tools`, with `token`.
     pub async fn tools(&self, token: Option<&str>) -> Result<Vec<ListedTool>, BridgeError> {
         let (status, body) = self
             .call(Method::GET, "/v1/tools", None, token, None)
@@ -230,7 +220,7 @@ impl Bridge {
         prefer: Option<&str>,
     ) -> Result<(StatusCode, Value), BridgeError> {
         let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(token) = token.or(self.token.as_deref()) {
+        if let Some(token) = token {
             request = request.bearer_auth(token);
         }
         if let Some(prefer) = prefer {

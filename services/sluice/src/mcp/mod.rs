@@ -4,9 +4,15 @@
 //! runs, executed under a lease with a stable idempotency key, reconciled when its outcome is
 //! ambiguous, and answered with its result or with what a person must do.
 //!
-//! It is a client of the producer's HTTP API (`--url`, `--token`), so it runs beside `sluice
-//! dev` or a distributed deployment alike, and the API's roles apply: over HTTP a caller's own
-//! bearer token is passed through, so each MCP client acts as its own agent.
+//! It is a client of the producer's HTTP API (`--url`), so it runs beside `sluice dev` or a
+//! distributed deployment alike, and the API's roles apply.
+//!
+//! **Whose token.** Over stdio the client is whoever started the process, and the process's
+//! token (`--token`, `SLUICE_TOKEN`) is its. Over HTTP every caller brings its own bearer token,
+//! which is passed through, so each MCP client acts as its own agent; a request without one is
+//! refused with 401 before MCP sees it. The process's token is never lent to an HTTP caller:
+//! `sluice mcp --transport http` started where `SLUICE_TOKEN` holds an admin token would
+//! otherwise make every local process an admin.
 //!
 //! **Runs and journal positions.** The run is the MCP session: one per `sluice mcp` process
 //! over stdio, one per `Mcp-Session-Id` over HTTP (`mcp-<session id>`), or the run a client
@@ -86,12 +92,24 @@ pub async fn run(
         ))?),
         None => None,
     };
-    let bridge = Arc::new(Bridge::new(
-        url,
-        token,
-        Duration::from_secs(args.max_wait_s),
-    ));
-    let server = SluiceMcp { bridge, run_id };
+    let bridge = Arc::new(Bridge::new(url, Duration::from_secs(args.max_wait_s)));
+    let own_token = match args.transport {
+        Transport::Stdio => token.map(Secret),
+        Transport::Http => {
+            if token.is_some() {
+                tracing::info!(
+                    "the process's token (--token, SLUICE_TOKEN) is not used over HTTP: each caller brings its own bearer token"
+                );
+            }
+            None
+        }
+    };
+    let server = SluiceMcp {
+        bridge,
+        run_id,
+        transport: args.transport,
+        own_token,
+    };
     match args.transport {
         Transport::Stdio => {
             let running = server.serve(rmcp::transport::stdio()).await?;
@@ -112,7 +130,9 @@ pub async fn run(
                 .enforce_origin_validation();
             let service: StreamableHttpService<SluiceMcp, LocalSessionManager> =
                 StreamableHttpService::new(move || Ok(server.clone()), Default::default(), config);
-            let router = axum::Router::new().nest_service("/mcp", service);
+            let router = axum::Router::new()
+                .nest_service("/mcp", service)
+                .layer(axum::middleware::from_fn(callers_bring_a_token));
             let listener = tokio::net::TcpListener::bind(args.listen).await?;
             // The first line of stdout says where it listens (scripts and tests read it).
             println!(
@@ -133,6 +153,70 @@ pub async fn run(
 pub struct SluiceMcp {
     bridge: Arc<Bridge>,
     run_id: Option<RunId>,
+    transport: Transport,
+    /// The process's token: the stdio client's, never an HTTP caller's.
+    own_token: Option<Secret>,
+}
+
+/// A token: never printed.
+#[derive(Clone)]
+struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// The bearer token of an `Authorization` header, if it carries one.
+fn bearer(headers: &axum::http::HeaderMap) -> Option<String> {
+    let value = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then(|| token.to_owned())
+}
+
+/// The token a request acts with: over stdio the process's, over HTTP the caller's own, and
+/// none lent to an HTTP caller that sent none.
+fn credential(
+    transport: Transport,
+    bearer: Option<String>,
+    own: Option<&Secret>,
+) -> Result<Option<String>, ErrorData> {
+    match transport {
+        Transport::Stdio => Ok(own.map(|secret| secret.0.clone())),
+        Transport::Http => bearer
+            .map(Some)
+            .ok_or_else(|| ErrorData::invalid_request(NEEDS_A_TOKEN, None)),
+    }
+}
+
+const NEEDS_A_TOKEN: &str = "a bearer token is needed: send your own Sluice token in Authorization (sluice mcp over HTTP lends none)";
+
+/// The HTTP transport's door: a request without a bearer token of its own is refused (401)
+/// before MCP sees it.
+async fn callers_bring_a_token(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if bearer(request.headers()).is_some() {
+        return next.run(request).await;
+    }
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": -32001, "message": NEEDS_A_TOKEN},
+    });
+    (
+        axum::http::StatusCode::UNAUTHORIZED,
+        [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
+        axum::Json(body),
+    )
+        .into_response()
 }
 
 /// What the HTTP transport knows of the caller: its bearer token and its session.
@@ -140,19 +224,12 @@ fn http_caller(context: &RequestContext<RoleServer>) -> (Option<String>, Option<
     let Some(parts) = context.extensions.get::<axum::http::request::Parts>() else {
         return (None, None);
     };
-    let header = |name: &str| {
-        parts
-            .headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
-    let token = header("authorization").and_then(|v| {
-        v.strip_prefix("Bearer ")
-            .or_else(|| v.strip_prefix("bearer "))
-            .map(str::to_owned)
-    });
-    (token, header("mcp-session-id"))
+    let session = parts
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    (bearer(&parts.headers), session)
 }
 
 /// The run of a session: `mcp-` and the session id's characters a run id allows.
@@ -229,7 +306,8 @@ impl ServerHandler for SluiceMcp {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let (token, _) = http_caller(&context);
+        let (bearer, _) = http_caller(&context);
+        let token = credential(self.transport, bearer, self.own_token.as_ref())?;
         let tools = self
             .bridge
             .tools(token.as_deref())
@@ -258,7 +336,8 @@ impl ServerHandler for SluiceMcp {
                     None,
                 )
             })?;
-        let (token, session) = http_caller(&context);
+        let (bearer, session) = http_caller(&context);
+        let token = credential(self.transport, bearer, self.own_token.as_ref())?;
         let run = match meta_field(&request, &context, META_RUN_ID) {
             Some(raw) => {
                 let raw = raw.as_str().unwrap_or_default();
@@ -316,6 +395,41 @@ mod tests {
         let run = session_run("3f2a/9b+c=").expect("a run");
         assert_eq!(run.as_str(), "mcp-3f2a9bc");
         assert!(session_run("///").is_none());
+    }
+
+    #[test]
+    fn only_stdio_acts_with_the_process_s_token() {
+        let own = Secret("admin-token-0123456789".into());
+        assert_eq!(
+            credential(Transport::Stdio, None, Some(&own)).expect("stdio"),
+            Some(own.0.clone())
+        );
+        assert_eq!(
+            credential(Transport::Http, Some("mine".into()), Some(&own)).expect("http"),
+            Some("mine".into()),
+            "an HTTP caller acts as itself"
+        );
+        let refused = credential(Transport::Http, None, Some(&own)).expect_err("no token");
+        assert!(refused.message.contains("bearer token"), "{refused:?}");
+        assert_eq!(format!("{own:?}"), "<redacted>");
+    }
+
+    #[test]
+    fn a_bearer_token_is_read_from_authorization_only() {
+        let with = |value: &str| {
+            let mut headers = axum::http::HeaderMap::new();
+            headers.insert(
+                axum::http::header::AUTHORIZATION,
+                value.parse().expect("a header value"),
+            );
+            bearer(&headers)
+        };
+        assert_eq!(with("Bearer abc"), Some("abc".into()));
+        assert_eq!(with("bearer abc"), Some("abc".into()));
+        assert_eq!(with("BEARER  abc "), Some("abc".into()));
+        assert_eq!(with("Bearer "), None);
+        assert_eq!(with("Basic dXNlcjpwdw=="), None);
+        assert_eq!(bearer(&axum::http::HeaderMap::new()), None);
     }
 
     #[test]
