@@ -379,8 +379,7 @@ impl ServerHandler for SluiceMcp {
         let outcome = self
             .bridge
             .run_call(&run, &key, args, token.as_deref())
-            .await
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+            .await;
         tracing::info!(run_id = %run, command_key = %key, is_error = outcome.is_error, "mcp tool call");
         Ok(text_result(&outcome).into())
     }
