@@ -1,22 +1,22 @@
-//! What `sluice mcp` does for one tool call: it places the call in its run's journal, submits
-//! it to the producer's API as an effect with `Prefer: wait`, follows it to a settled state,
-//! and says what happened in terms a model can act on.
+//! What `sluice mcp` does for one tool call once it has its position ([`super::position`]): it
+//! submits it to the producer's API as an effect with `Prefer: wait`, follows it to a settled
+//! state, and says what happened in terms a model can act on.
 //!
 //! Nothing here decides anything about the effect: the producer records it before it runs and
-//! the pipeline carries it out. The bridge only keeps the journal position (so a re-driven
-//! agent gets the same keys, and the stored results back) and maps each answer to a tool
-//! result. It says the truth when Sluice could not answer: a submission or a follow-up that
-//! got a 5xx or no answer is looked up, and the model is told whether the call was recorded
-//! (and is running), was not recorded when asked, or cannot be known — never "refused" for a
-//! call that runs ([`Outcome::retry_same`] marks such an outcome).
+//! the pipeline carries it out. The bridge maps each answer to a tool result, and says the truth
+//! when Sluice could not answer: a submission or a follow-up that got a 5xx or no answer is
+//! looked up, and the model is told whether the call was recorded (and is running), was not
+//! recorded when asked, or cannot be known — never "refused" for a call that runs. Such an
+//! outcome leaves its position open ([`Outcome::retry_same`]), so the same call again asks
+//! after the same command.
+//!
+//! The bridge has no token of its own: each request carries the one its caller is entitled to
+//! (`sluice mcp` decides whose, [`super::credential`]).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use sluice_core::journal::Journal;
 use sluice_core::{CommandKey, RunId, ToolName};
 
 use crate::console::segment;
@@ -56,8 +56,8 @@ pub struct Outcome {
     pub message: String,
     /// The facts: status, run, command key, result, external reference.
     pub details: Value,
-    /// Sluice could not say what became of the call (unavailable or unreachable): the same
-    /// call again, at the same position, asks after the same command.
+    /// Sluice could not say what became of the call (unavailable or unreachable): its
+    /// position stays open, and the same call again takes it and asks after the same command.
     pub retry_same: bool,
 }
 
@@ -101,9 +101,7 @@ pub enum BridgeError {
     },
 }
 
-/// The producer's API, as `sluice mcp` uses it, and the journals of the runs it serves. It has
-/// no token of its own: each request carries the one its caller is entitled to (`sluice mcp`
-/// decides whose, [`super::credential`]).
+/// The producer's API, as `sluice mcp` uses it.
 #[derive(Debug)]
 pub struct Bridge {
     http: reqwest::Client,
@@ -112,7 +110,6 @@ pub struct Bridge {
     max_wait: Duration,
     /// The first wait before a 503 is retried.
     backoff: Duration,
-    journals: Mutex<HashMap<RunId, Journal>>,
 }
 
 impl Bridge {
@@ -122,7 +119,6 @@ impl Bridge {
             base: base.trim_end_matches('/').to_owned(),
             max_wait,
             backoff: UNAVAILABLE_BACKOFF,
-            journals: Mutex::new(HashMap::new()),
         }
     }
 
@@ -162,20 +158,6 @@ impl Bridge {
                 })
             })
             .collect())
-    }
-
-    /// The journal position of the next call of `tool` in `run`; `decision`, when the client
-    /// names one, moves the journal to it (call indexes restart when it changes).
-    pub fn next_key(&self, run: &RunId, tool: &ToolName, decision: Option<u32>) -> CommandKey {
-        let mut journals = self
-            .journals
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let journal = journals.entry(run.clone()).or_default();
-        if let Some(decision) = decision {
-            journal.move_to(decision);
-        }
-        journal.next_call(tool)
     }
 
     /// Submits the call as an effect and follows it until it settles or `max_wait` passes.

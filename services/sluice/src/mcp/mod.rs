@@ -16,22 +16,28 @@
 //!
 //! **Runs and journal positions.** The run is the MCP session: one per `sluice mcp` process
 //! over stdio, one per `Mcp-Session-Id` over HTTP (`mcp-<session id>`), or the run a client
-//! names in a call's `_meta` (`dev.sluice/run_id`), which sessionless HTTP clients must do. The
-//! journal position comes from the call order (`dev.sluice/decision` in `_meta` moves to a
-//! decision), so a client that replays its calls in the same order gets the same keys, and
-//! the stored results instead of new effects.
+//! names in a call's `_meta` (`dev.sluice/run_id`), which a re-driven HTTP client must do (its
+//! new session is a new default run). The journal position is kept per run *and conversation* (the process over stdio, the session
+//! over HTTP), so a new conversation naming a run re-drives it from the start: the same calls
+//! in the same order get the same keys and the stored results, over either transport. A
+//! retry does not advance the journal: a call the client cancelled (its own timeout), or that
+//! Sluice could not answer, leaves its position to the same call again; and a client may name
+//! every position itself (`dev.sluice/call`, with `dev.sluice/decision`). The rule, and what
+//! two conversations sharing a run get, is in [`position`].
 
 mod bridge;
+mod position;
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
-    ToolAnnotations,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+    Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -42,11 +48,15 @@ use sluice_core::{RunId, ToolName};
 use tokio_util::sync::CancellationToken;
 
 pub use bridge::{Bridge, BridgeError, ListedTool, Outcome, mcp_name};
+use position::{Call, Conversation};
 
 /// The `_meta` key naming the run of a call.
 pub const META_RUN_ID: &str = "dev.sluice/run_id";
 /// The `_meta` key naming the decision of a call.
 pub const META_DECISION: &str = "dev.sluice/decision";
+/// The `_meta` key naming the call index of a call (its position among the calls of its tool
+/// in its decision).
+pub const META_CALL: &str = "dev.sluice/call";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Transport {
@@ -109,6 +119,7 @@ pub async fn run(
         run_id,
         transport: args.transport,
         own_token,
+        conversation: Arc::default(),
     };
     match args.transport {
         Transport::Stdio => {
@@ -128,8 +139,13 @@ pub async fn run(
                 .with_cancellation_token(shutdown.child_token())
                 .with_allowed_hosts(allowed)
                 .enforce_origin_validation();
+            // One server per session: each session is a conversation with its own journals.
             let service: StreamableHttpService<SluiceMcp, LocalSessionManager> =
-                StreamableHttpService::new(move || Ok(server.clone()), Default::default(), config);
+                StreamableHttpService::new(
+                    move || Ok(server.new_conversation()),
+                    Default::default(),
+                    config,
+                );
             let router = axum::Router::new()
                 .nest_service("/mcp", service)
                 .layer(axum::middleware::from_fn(callers_bring_a_token));
@@ -147,8 +163,8 @@ pub async fn run(
     Ok(())
 }
 
-/// The MCP server: one per session (HTTP) or process (stdio); the bridge and journals are
-/// shared.
+/// The MCP server: one per session (HTTP) or process (stdio), each its own conversation; the
+/// bridge is shared.
 #[derive(Debug, Clone)]
 pub struct SluiceMcp {
     bridge: Arc<Bridge>,
@@ -156,6 +172,24 @@ pub struct SluiceMcp {
     transport: Transport,
     /// The process's token: the stdio client's, never an HTTP caller's.
     own_token: Option<Secret>,
+    /// The journal positions of this conversation's runs.
+    conversation: Arc<Mutex<Conversation>>,
+}
+
+impl SluiceMcp {
+    /// The same server for a new conversation: its journals start empty.
+    fn new_conversation(&self) -> Self {
+        Self {
+            conversation: Arc::default(),
+            ..self.clone()
+        }
+    }
+
+    fn conversation(&self) -> std::sync::MutexGuard<'_, Conversation> {
+        self.conversation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// A token: never printed.
@@ -232,6 +266,27 @@ fn http_caller(context: &RequestContext<RoleServer>) -> (Option<String>, Option<
     (bearer(&parts.headers), session)
 }
 
+/// A `_meta` field that must be a non-negative 32-bit integer.
+fn meta_index(
+    request: &CallToolRequestParams,
+    context: &RequestContext<RoleServer>,
+    key: &str,
+) -> Result<Option<u32>, ErrorData> {
+    meta_field(request, context, key)
+        .map(|value| {
+            value
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    ErrorData::invalid_params(
+                        format!("_meta {key} must be a non-negative integer"),
+                        None,
+                    )
+                })
+        })
+        .transpose()
+}
+
 /// The run of a session: `mcp-` and the session id's characters a run id allows.
 fn session_run(session: &str) -> Option<RunId> {
     let kept: String = session
@@ -291,6 +346,23 @@ fn describe(tool: &ListedTool) -> Tool {
 }
 
 impl ServerHandler for SluiceMcp {
+    /// Over HTTP, the protocol versions that have sessions (an `initialize` handshake) only: a
+    /// session is the conversation journal positions are counted in, and the stateless
+    /// versions have none. A client that negotiates (the SDKs' default) falls back to one of
+    /// these; a request that comes without a session all the same must name its position.
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        match self.transport {
+            Transport::Stdio => Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS),
+            Transport::Http => Cow::Owned(
+                ProtocolVersion::KNOWN_VERSIONS
+                    .iter()
+                    .filter(|version| version.has_initialize())
+                    .cloned()
+                    .collect(),
+            ),
+        }
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("sluice", env!("CARGO_PKG_VERSION")))
@@ -360,26 +432,37 @@ impl ServerHandler for SluiceMcp {
                 }
             },
         };
-        let decision = match meta_field(&request, &context, META_DECISION) {
-            None => None,
-            Some(value) => Some(
-                value
-                    .as_u64()
-                    .and_then(|d| u32::try_from(d).ok())
-                    .ok_or_else(|| {
-                        ErrorData::invalid_params(
-                            format!("_meta {META_DECISION} must be a non-negative integer"),
-                            None,
-                        )
-                    })?,
-            ),
-        };
-        let key = self.bridge.next_key(&run, &tool, decision);
+        let decision = meta_index(&request, &context, META_DECISION)?;
+        let index = meta_index(&request, &context, META_CALL)?;
         let args = Value::Object(request.arguments.unwrap_or_default());
-        let outcome = self
-            .bridge
-            .run_call(&run, &key, args, token.as_deref())
-            .await;
+        let placed = self
+            .conversation()
+            .place(Call {
+                run: &run,
+                tool: &tool,
+                decision,
+                index,
+                args: &args,
+                // Over HTTP a request outside any session has no order to count by.
+                ordered: self.transport == Transport::Stdio || session.is_some(),
+                abandoned: context.ct.clone(),
+            })
+            .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
+        let key = placed.key.clone();
+        let outcome = tokio::select! {
+            outcome = self.bridge.run_call(&run, &key, args, token.as_deref()) => outcome,
+            () = context.ct.cancelled() => {
+                // The client gave up on this request: nobody reads the answer, and the same
+                // call again is its retry, at this position.
+                self.conversation().finish(&placed, false);
+                tracing::info!(run_id = %run, command_key = %key, "mcp tool call cancelled by the client");
+                return Err(ErrorData::internal_error(
+                    format!("cancelled by the client; the same call again takes the same position ({key})"),
+                    None,
+                ));
+            }
+        };
+        self.conversation().finish(&placed, !outcome.retry_same);
         tracing::info!(run_id = %run, command_key = %key, is_error = outcome.is_error, "mcp tool call");
         Ok(text_result(&outcome).into())
     }
