@@ -1,6 +1,7 @@
 """A real Sluice for the MCP tests: `sluice bench-upstream` (the demo bank, mail and tickets,
-without faults), a stalling upstream of the test's own for effects nobody can settle, and
-`sluice dev` on loopback with agent and admin tokens and a catalog pointing at both."""
+without faults), an upstream of the test's own (a stalling one for effects nobody can settle,
+and a slow one that counts its calls, for clients that give up waiting), and `sluice dev` on
+loopback with agent and admin tokens and a catalog pointing at both."""
 
 from __future__ import annotations
 
@@ -50,7 +51,25 @@ url = "{stall}/book"
 url = "{stall}/slots/{business_key}"
 absent_status = [404]
 duplicate_status = [409]
+
+[[tool]]
+name = "lab/slow"
+description = "Reserve a room with a supplier that takes a while to answer"
+semantics = "IDEMPOTENT"
+schema = { type = "object", additionalProperties = false, required = ["room"], properties = { room = { type = "string", minLength = 1, maxLength = 32 } } }
+
+[tool.policy]
+max_attempts = 1
+timeout_ms = 10000
+
+[tool.dispatch]
+url = "{stall}/slow"
+reference_pointer = "/id"
 """
+
+# What the slow upstream was asked, per room: how many calls reached it.
+SLOW_CALLS: dict[str, int] = {}
+SLOW_S = 1.5
 
 
 def free_port() -> int:
@@ -61,6 +80,17 @@ def free_port() -> int:
 
 class _Stall(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        if self.path == "/slow":
+            room = json.loads(self.rfile.read(int(self.headers["content-length"])))["room"]
+            SLOW_CALLS[room] = SLOW_CALLS.get(room, 0) + 1
+            time.sleep(SLOW_S)
+            body = json.dumps({"id": f"room-{room}-{SLOW_CALLS[room]}"}).encode()
+            self.send_response(201)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         time.sleep(2)
         self.send_response(201)
         self.end_headers()

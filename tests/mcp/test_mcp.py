@@ -19,7 +19,16 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from conftest import ADMIN_TOKEN, AGENT_TOKEN, OTHER_AGENT_TOKEN, SLUICE, Sluice, api, first_line
+from conftest import (
+    ADMIN_TOKEN,
+    AGENT_TOKEN,
+    OTHER_AGENT_TOKEN,
+    SLOW_CALLS,
+    SLUICE,
+    Sluice,
+    api,
+    first_line,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -45,14 +54,18 @@ async def stdio_session(sluice: Sluice, run_id: str) -> AsyncIterator[ClientSess
 
 
 @contextlib.contextmanager
-def http_server(sluice: Sluice) -> Any:
-    """`sluice mcp --transport http` with no token of its own: callers bring theirs."""
+def http_server(sluice: Sluice, own_token: str | None = None) -> Any:
+    """`sluice mcp --transport http`, with no token of its own unless `own_token` is given
+    (`SLUICE_TOKEN`, which only stdio may use): callers bring theirs."""
+    env = {"PATH": "/usr/bin:/bin", "RUST_LOG": "warn"}
+    if own_token is not None:
+        env["SLUICE_TOKEN"] = own_token
     process = subprocess.Popen(
         [SLUICE, "mcp", "--transport", "http", "--listen", "127.0.0.1:0", "--url", sluice.url,
          "--max-wait-s", "20"],
         stdout=subprocess.PIPE,
         text=True,
-        env={"PATH": "/usr/bin:/bin", "RUST_LOG": "warn"},
+        env=env,
     )
     try:
         yield first_line(process, "listening on").rsplit(" ", 1)[-1]
@@ -62,8 +75,9 @@ def http_server(sluice: Sluice) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def http_session(url: str, token: str) -> AsyncIterator[ClientSession]:
-    client = create_mcp_http_client(headers={"authorization": f"Bearer {token}"})
+async def http_session(url: str, token: str | None) -> AsyncIterator[ClientSession]:
+    headers = {} if token is None else {"authorization": f"Bearer {token}"}
+    client = create_mcp_http_client(headers=headers)
     async with client, streamable_http_client(url, http_client=client) as (read, write):
         async with ClientSession(read, write) as session:
             await session.initialize()
@@ -188,7 +202,8 @@ async def test_the_http_transport_refuses_browser_origins(sluice: Sluice) -> Non
         answer = httpx.post(
             url,
             headers={"origin": "https://evil.example", "content-type": "application/json",
-                     "accept": "application/json, text/event-stream"},
+                     "accept": "application/json, text/event-stream",
+                     "authorization": f"Bearer {AGENT_TOKEN}"},
             content=json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
                 "protocolVersion": "2025-11-25", "capabilities": {},
                 "clientInfo": {"name": "page", "version": "1"}}}),
@@ -200,3 +215,164 @@ async def test_an_unknown_tool_is_a_protocol_error(sluice: Sluice) -> None:
     async with stdio_session(sluice, f"r-mcp-{uuid.uuid4().hex[:8]}") as session:
         with pytest.raises(Exception, match="namespace__name"):
             await session.call_tool("no_such_tool", {})
+
+
+@contextlib.asynccontextmanager
+async def session_over(transport: str, sluice: Sluice, run_id: str) -> AsyncIterator[ClientSession]:
+    """A session of `run_id` over `transport` (over HTTP the run is named in each call's
+    `_meta`, see `call`)."""
+    if transport == "stdio":
+        async with stdio_session(sluice, run_id) as session:
+            yield session
+    else:
+        with http_server(sluice) as url:
+            async with http_session(url, AGENT_TOKEN) as session:
+                yield session
+
+
+async def call(session: ClientSession, run_id: str, tool: str, args: dict[str, Any],
+               **more: Any) -> Any:
+    meta = {"dev.sluice/run_id": run_id, **more.pop("meta", {})}
+    return await session.call_tool(tool, args, meta=meta, **more)
+
+
+async def test_http_sessions_naming_one_run_re_drive_it(sluice: Sluice) -> None:
+    """Each new session of a run walks its journal from the start: a re-drive over HTTP gets
+    the same keys and the stored results, as it does over stdio."""
+    run_id = f"r-mcp-{uuid.uuid4().hex[:8]}"
+    ticket = {"title": f"printer on fire ({run_id})"}
+    answers = []
+    with http_server(sluice) as url:
+        for _ in range(3):
+            async with http_session(url, AGENT_TOKEN) as session:
+                answers.append(facts(await call(session, run_id, "tickets__create", ticket)))
+    assert [a["command_key"] for a in answers] == ["d-1/tickets/create/0"] * 3, answers
+    assert len({a["external_ref"] for a in answers}) == 1, "one ticket, told three times"
+    assert len(effects_of(sluice, run_id)) == 1
+
+
+async def test_two_sessions_sharing_a_run_share_its_positions(sluice: Sluice) -> None:
+    """Sessions that name one run at once (an agent started twice by mistake) walk the same
+    positions: other arguments at a position are refused as drift; the same arguments are one
+    effect. (Another agent's token cannot enter the run at all: the API's run ownership.)"""
+    run_id = f"r-mcp-{uuid.uuid4().hex[:8]}"
+    with http_server(sluice) as url:
+        async with http_session(url, AGENT_TOKEN) as first, \
+                http_session(url, AGENT_TOKEN) as second, \
+                http_session(url, AGENT_TOKEN) as third:
+            mine = await call(first, run_id, "tickets__create", {"title": "mine"})
+            theirs = await call(second, run_id, "tickets__create", {"title": "theirs"})
+            same = await call(third, run_id, "tickets__create", {"title": "mine"})
+    assert facts(mine)["command_key"] == "d-1/tickets/create/0"
+    assert is_error(theirs) and facts(theirs)["code"] == "argument_drift", facts(theirs)
+    assert facts(same)["command_key"] == "d-1/tickets/create/0"
+    assert facts(same)["external_ref"] == facts(mine)["external_ref"]
+    assert len(effects_of(sluice, run_id)) == 1
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_retry_after_the_client_gave_up_takes_the_same_position(
+        sluice: Sluice, transport: str) -> None:
+    """A client whose own timeout fires cancels the request; the same call again is its
+    retry, at the same position: the upstream is called once. A call that was answered is
+    spent: the next one, even with the same arguments, is a new effect."""
+    run_id = f"r-mcp-{uuid.uuid4().hex[:8]}"
+    room = f"room-{transport}-{uuid.uuid4().hex[:6]}"
+    async with session_over(transport, sluice, run_id) as session:
+        with pytest.raises(Exception):
+            await call(session, run_id, "lab__slow", {"room": room}, read_timeout_seconds=0.3)
+        retried = await call(session, run_id, "lab__slow", {"room": room})
+        again = await call(session, run_id, "lab__slow", {"room": room})
+    assert not is_error(retried), retried
+    assert (facts(retried)["status"], facts(retried)["command_key"]) == (
+        "CONFIRMED", "d-1/lab/slow/0")
+    assert facts(again)["command_key"] == "d-1/lab/slow/1"
+    assert SLOW_CALLS[room] == 2, "the retry did not reach the upstream again"
+    assert len(effects_of(sluice, run_id)) == 2
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_call_that_names_its_position_keeps_it(sluice: Sluice, transport: str) -> None:
+    """`dev.sluice/call` names the call index: a client that retries names the same one, in
+    this session or a later one, and gets the stored result."""
+    run_id = f"r-mcp-{uuid.uuid4().hex[:8]}"
+    at = {"dev.sluice/call": 4}
+    async with session_over(transport, sluice, run_id) as session:
+        first = await call(session, run_id, "email__send", EMAIL, meta=at)
+        retried = await call(session, run_id, "email__send", EMAIL, meta=at)
+        next_one = await call(session, run_id, "email__send", EMAIL)
+    assert facts(first)["command_key"] == "d-1/email/send/4"
+    assert facts(retried)["command_key"] == "d-1/email/send/4"
+    assert facts(retried)["external_ref"] == facts(first)["external_ref"]
+    assert facts(next_one)["command_key"] == "d-1/email/send/5", "the journal moved past it"
+    assert len(effects_of(sluice, run_id)) == 2
+
+
+async def test_over_http_the_process_token_is_never_lent(sluice: Sluice) -> None:
+    """`SLUICE_TOKEN` is the stdio client's: over HTTP a caller without a bearer token of its
+    own is refused before MCP, and one with a token acts as itself, not as the process."""
+    with http_server(sluice, own_token=ADMIN_TOKEN) as url:
+        answer = httpx.post(
+            url,
+            headers={"content-type": "application/json",
+                     "accept": "application/json, text/event-stream"},
+            content=json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": "local process", "version": "1"}}}),
+        )
+        assert answer.status_code == 401, answer.text
+        assert answer.headers.get("www-authenticate", "").lower().startswith("bearer")
+        assert "token" in answer.text
+
+        run_id = f"r-mcp-{uuid.uuid4().hex[:8]}"
+        with pytest.raises(Exception):
+            async with http_session(url, None) as session:
+                await call(session, run_id, "email__send", EMAIL)
+
+        async with http_session(url, AGENT_TOKEN) as session:
+            mine = facts(await call(session, run_id, "email__send", EMAIL))
+    # The refused session recorded nothing; the agent's call is its own.
+    assert [e["submitted_by"] for e in effects_of(sluice, run_id)] == ["mcp-agent"], mine
+
+
+@contextlib.asynccontextmanager
+async def sdk_client(url: str, token: str, mode: str | None = None) -> AsyncIterator[Any]:
+    """The SDK's high-level `mcp.Client`, which negotiates the protocol version itself (or is
+    pinned to `mode`)."""
+    from mcp import Client
+
+    http = create_mcp_http_client(headers={"authorization": f"Bearer {token}"})
+    transport = streamable_http_client(url, http_client=http)
+    async with http, (Client(transport) if mode is None else Client(transport, mode=mode)) as client:
+        yield client
+
+
+async def test_the_sdk_s_negotiating_client_gets_a_session_and_re_drives(sluice: Sluice) -> None:
+    """`mcp.Client` asks for the newest protocol version first; over HTTP Sluice offers only
+    the versions with sessions, so each client is a conversation and a re-drive keeps its
+    keys."""
+    run_id = f"r-mcp-{uuid.uuid4().hex[:8]}"
+    ticket = {"title": f"re-driven by the SDK ({run_id})"}
+    keys = []
+    with http_server(sluice) as url:
+        for _ in range(2):
+            async with sdk_client(url, AGENT_TOKEN) as client:
+                first = await client.call_tool(
+                    "tickets__create", ticket, meta={"dev.sluice/run_id": run_id})
+                second = await client.call_tool(
+                    "tickets__create", ticket, meta={"dev.sluice/run_id": run_id})
+                keys.append((facts(first)["command_key"], facts(second)["command_key"]))
+    assert keys == [("d-1/tickets/create/0", "d-1/tickets/create/1")] * 2, keys
+    assert len(effects_of(sluice, run_id)) == 2
+
+
+async def test_a_sessionless_protocol_version_is_refused_over_http(sluice: Sluice) -> None:
+    """A client pinned to the stateless protocol version (no session, so no conversation to
+    count positions in) is told the version is unsupported, and nothing is recorded."""
+    run_id = f"r-mcp-{uuid.uuid4().hex[:8]}"
+    with http_server(sluice) as url:
+        with pytest.raises(Exception) as refused:
+            async with sdk_client(url, AGENT_TOKEN, mode="2026-07-28") as client:
+                await client.call_tool("email__send", EMAIL, meta={"dev.sluice/run_id": run_id})
+    assert "Unsupported protocol version" in repr(refused.value), refused.value
+    assert effects_of(sluice, run_id) == []

@@ -1,26 +1,33 @@
-//! What `sluice mcp` does for one tool call: it places the call in its run's journal, submits
-//! it to the producer's API as an effect with `Prefer: wait`, follows it to a settled state,
-//! and says what happened in terms a model can act on.
+//! What `sluice mcp` does for one tool call once it has its position ([`super::position`]): it
+//! submits it to the producer's API as an effect with `Prefer: wait`, follows it to a settled
+//! state, and says what happened in terms a model can act on.
 //!
 //! Nothing here decides anything about the effect: the producer records it before it runs and
-//! the pipeline carries it out. The bridge only keeps the journal position (so a re-driven
-//! agent gets the same keys, and the stored results back) and maps each answer to a tool result.
+//! the pipeline carries it out. The bridge maps each answer to a tool result, and says the truth
+//! when Sluice could not answer: a submission or a follow-up that got a 5xx or no answer is
+//! looked up, and the model is told whether the call was recorded (and is running), was not
+//! recorded when asked, or cannot be known — never "refused" for a call that runs. Such an
+//! outcome leaves its position open ([`Outcome::retry_same`]), so the same call again asks
+//! after the same command.
+//!
+//! The bridge has no token of its own: each request carries the one its caller is entitled to
+//! (`sluice mcp` decides whose, [`super::credential`]).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use sluice_core::journal::Journal;
 use sluice_core::{CommandKey, RunId, ToolName};
 
 use crate::console::segment;
 
 /// The longest a submission is held by the server per request (`Prefer: wait`).
 const WAIT_PER_REQUEST_S: u64 = 25;
-/// How often a 503 (ledger or backlog) is retried before the call gives up.
+/// How often a 503 (ledger or backlog) is retried before the call gives up. A retry re-submits
+/// the same key and arguments, so it cannot make a second effect.
 const UNAVAILABLE_RETRIES: u32 = 5;
+/// The first wait before a 503 is retried; doubled each time.
+const UNAVAILABLE_BACKOFF: Duration = Duration::from_millis(400);
 
 /// A tool of the catalog as MCP shows it.
 #[derive(Debug, Clone)]
@@ -49,9 +56,39 @@ pub struct Outcome {
     pub message: String,
     /// The facts: status, run, command key, result, external reference.
     pub details: Value,
+    /// Sluice could not say what became of the call (unavailable or unreachable): its
+    /// position stays open, and the same call again takes it and asks after the same command.
+    pub retry_same: bool,
 }
 
-/// The bridge's failures that are not a tool's outcome: the call never reached the ledger.
+/// Why Sluice could not say what became of a call.
+#[derive(Debug, Clone, PartialEq)]
+enum Unanswered {
+    /// It answered with a 5xx.
+    Status { status: u16, code: String },
+    /// It could not be reached, or its answer was lost.
+    Unreachable(String),
+}
+
+impl std::fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Status { status, code } => write!(f, "Sluice answered {status} {code}"),
+            Self::Unreachable(reason) => write!(f, "Sluice could not be reached: {reason}"),
+        }
+    }
+}
+
+impl Unanswered {
+    fn of(status: StatusCode, body: &Value) -> Self {
+        Self::Status {
+            status: status.as_u16(),
+            code: body["error"]["code"].as_str().unwrap_or("error").to_owned(),
+        }
+    }
+}
+
+/// The bridge's failures that are not a tool's outcome (listing the tools).
 #[derive(Debug, thiserror::Error)]
 pub enum BridgeError {
     #[error("cannot reach Sluice at {url}: {reason}")]
@@ -64,39 +101,28 @@ pub enum BridgeError {
     },
 }
 
-/// The producer's API, as `sluice mcp` uses it, and the journals of the runs it serves.
+/// The producer's API, as `sluice mcp` uses it.
+#[derive(Debug)]
 pub struct Bridge {
     http: reqwest::Client,
     base: String,
-    token: Option<String>,
     /// How long one call waits for its effect to settle before answering "still running".
     max_wait: Duration,
-    journals: Mutex<HashMap<RunId, Journal>>,
-}
-
-impl std::fmt::Debug for Bridge {
-    // The token is a secret: never printed.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Bridge")
-            .field("base", &self.base)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field("max_wait", &self.max_wait)
-            .finish_non_exhaustive()
-    }
+    /// The first wait before a 503 is retried.
+    backoff: Duration,
 }
 
 impl Bridge {
-    pub fn new(base: &str, token: Option<String>, max_wait: Duration) -> Self {
+    pub fn new(base: &str, max_wait: Duration) -> Self {
         Self {
             http: reqwest::Client::new(),
             base: base.trim_end_matches('/').to_owned(),
-            token,
             max_wait,
-            journals: Mutex::new(HashMap::new()),
+            backoff: UNAVAILABLE_BACKOFF,
         }
     }
 
-    /// The catalog's tools, from `GET /v1/tools`, with `token` (a caller's own) or the bridge's.
+    /// The catalog's tools, from `GET /v1/tools`, with `token`.
     pub async fn tools(&self, token: Option<&str>) -> Result<Vec<ListedTool>, BridgeError> {
         let (status, body) = self
             .call(Method::GET, "/v1/tools", None, token, None)
@@ -134,20 +160,6 @@ impl Bridge {
             .collect())
     }
 
-    /// The journal position of the next call of `tool` in `run`; `decision`, when the client
-    /// names one, moves the journal to it (call indexes restart when it changes).
-    pub fn next_key(&self, run: &RunId, tool: &ToolName, decision: Option<u32>) -> CommandKey {
-        let mut journals = self
-            .journals
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let journal = journals.entry(run.clone()).or_default();
-        if let Some(decision) = decision {
-            journal.move_to(decision);
-        }
-        journal.next_call(tool)
-    }
-
     /// Submits the call as an effect and follows it until it settles or `max_wait` passes.
     pub async fn run_call(
         &self,
@@ -155,7 +167,7 @@ impl Bridge {
         key: &CommandKey,
         args: Value,
         token: Option<&str>,
-    ) -> Result<Outcome, BridgeError> {
+    ) -> Outcome {
         let submission = json!({
             "run_id": run,
             "decision": key.decision(),
@@ -165,9 +177,10 @@ impl Bridge {
         });
         let wait = WAIT_PER_REQUEST_S.min(self.max_wait.as_secs().max(1));
         let prefer = format!("wait={wait}");
+        let mut backoff = self.backoff;
         let mut tries = 0;
-        let (status, body) = loop {
-            let (status, body) = self
+        let submitted = loop {
+            let answer = self
                 .call(
                     Method::POST,
                     "/v1/effects",
@@ -175,50 +188,94 @@ impl Bridge {
                     token,
                     Some(&prefer),
                 )
-                .await?;
-            if status == StatusCode::SERVICE_UNAVAILABLE && tries < UNAVAILABLE_RETRIES {
+                .await;
+            if matches!(&answer, Ok((StatusCode::SERVICE_UNAVAILABLE, _)))
+                && tries < UNAVAILABLE_RETRIES
+            {
                 tries += 1;
-                tokio::time::sleep(Duration::from_millis(200 << tries)).await;
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
                 continue;
             }
-            break (status, body);
+            break answer;
         };
-        match status.as_u16() {
-            200 | 201 => Ok(settled(run, key, &body)),
-            202 => self.follow(run, key, token).await,
-            _ => Ok(refusal(run, key, status, &body)),
+        match submitted {
+            Ok((status, body)) => match status.as_u16() {
+                200 | 201 => settled(run, key, &body),
+                202 => self.follow(run, key, &body, token).await,
+                500..=599 => {
+                    self.look_up(run, key, token, Unanswered::of(status, &body))
+                        .await
+                }
+                _ => refusal(run, key, status, &body),
+            },
+            Err(e) => {
+                self.look_up(run, key, token, Unanswered::Unreachable(e.to_string()))
+                    .await
+            }
         }
     }
 
-    /// Long-polls a command that was still running when the submission's wait passed.
+    /// Long-polls a command that was still running when the submission's wait passed
+    /// (`known`, as the submission answered it).
     async fn follow(
         &self,
         run: &RunId,
         key: &CommandKey,
+        known: &Value,
         token: Option<&str>,
-    ) -> Result<Outcome, BridgeError> {
+    ) -> Outcome {
         let deadline = tokio::time::Instant::now() + self.max_wait;
-        let path = format!("/v1/runs/{run}/effects/{}", segment(key.as_str()));
+        let mut known = known.clone();
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let wait = left.as_secs().clamp(1, WAIT_PER_REQUEST_S);
-            let (status, body) = self
-                .call(
-                    Method::GET,
-                    &format!("{path}?wait={wait}s"),
-                    None,
-                    token,
-                    None,
-                )
-                .await?;
+            let (status, body) = match self.command(run, key, token, Some(wait)).await {
+                Ok(answer) => answer,
+                Err(e) => {
+                    return unfollowed(run, key, &known, &Unanswered::Unreachable(e.to_string()));
+                }
+            };
             if status != StatusCode::OK {
-                return Ok(refusal(run, key, status, &body));
+                // Recorded (the submission said so): whatever the follow-up got, it runs.
+                return unfollowed(run, key, &known, &Unanswered::of(status, &body));
             }
             let outcome = settled(run, key, &body);
             if !is_running(&body) || tokio::time::Instant::now() >= deadline {
-                return Ok(outcome);
+                return outcome;
             }
+            known = body;
         }
+    }
+
+    /// Asks whether a call Sluice did not answer was recorded, and tells the model what is known.
+    async fn look_up(
+        &self,
+        run: &RunId,
+        key: &CommandKey,
+        token: Option<&str>,
+        why: Unanswered,
+    ) -> Outcome {
+        match self.command(run, key, token, None).await {
+            Ok((StatusCode::OK, command)) => unfollowed(run, key, &command, &why),
+            Ok((StatusCode::NOT_FOUND, _)) => unrecorded(run, key, &why),
+            Ok(_) | Err(_) => unknown(run, key, &why),
+        }
+    }
+
+    /// `GET` one command, holding the answer up to `wait` seconds for it to settle.
+    async fn command(
+        &self,
+        run: &RunId,
+        key: &CommandKey,
+        token: Option<&str>,
+        wait: Option<u64>,
+    ) -> Result<(StatusCode, Value), BridgeError> {
+        let mut path = format!("/v1/runs/{run}/effects/{}", segment(key.as_str()));
+        if let Some(wait) = wait {
+            path.push_str(&format!("?wait={wait}s"));
+        }
+        self.call(Method::GET, &path, None, token, None).await
     }
 
     async fn call(
@@ -230,7 +287,7 @@ impl Bridge {
         prefer: Option<&str>,
     ) -> Result<(StatusCode, Value), BridgeError> {
         let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(token) = token.or(self.token.as_deref()) {
+        if let Some(token) = token {
             request = request.bearer_auth(token);
         }
         if let Some(prefer) = prefer {
@@ -319,6 +376,62 @@ fn settled(run: &RunId, key: &CommandKey, command: &Value) -> Outcome {
         is_error,
         message,
         details,
+        retry_same: false,
+    }
+}
+
+/// How the model is told to ask after a call Sluice did not answer.
+const ASK_AGAIN: &str = "call it again with the same arguments: that takes the same position, so it asks after this command and runs it at most once";
+
+/// A call that was recorded, whose outcome Sluice could not follow (`command` as last seen):
+/// running, it is said so; settled already, its outcome.
+fn unfollowed(run: &RunId, key: &CommandKey, command: &Value, why: &Unanswered) -> Outcome {
+    let mut outcome = settled(run, key, command);
+    if !is_running(command) {
+        return outcome;
+    }
+    let status = outcome.details["status"].clone();
+    outcome.message = format!(
+        "recorded and running ({}, run {run}, command {key}), but Sluice could not follow it ({why}). It will finish on its own; to learn its result, {ASK_AGAIN}",
+        status.as_str().unwrap_or("UNKNOWN")
+    );
+    outcome.is_error = false;
+    outcome.retry_same = true;
+    outcome.details["unanswered"] = Value::String(why.to_string());
+    outcome
+}
+
+/// A call Sluice did not answer and had not recorded when asked after.
+fn unrecorded(run: &RunId, key: &CommandKey, why: &Unanswered) -> Outcome {
+    Outcome {
+        is_error: true,
+        message: format!(
+            "not done: Sluice did not take the call ({why}) and had not recorded it when asked (run {run}, command {key}); {ASK_AGAIN}"
+        ),
+        details: json!({
+            "status": "NOT_RECORDED",
+            "run_id": run,
+            "command_key": key.as_str(),
+            "unanswered": why.to_string(),
+        }),
+        retry_same: true,
+    }
+}
+
+/// A call Sluice did not answer and could not be asked about: it may have been recorded.
+fn unknown(run: &RunId, key: &CommandKey, why: &Unanswered) -> Outcome {
+    Outcome {
+        is_error: true,
+        message: format!(
+            "unknown: Sluice did not answer ({why}), so whether this call was recorded and runs is not known (run {run}, command {key}); {ASK_AGAIN}"
+        ),
+        details: json!({
+            "status": "UNANSWERED",
+            "run_id": run,
+            "command_key": key.as_str(),
+            "unanswered": why.to_string(),
+        }),
+        retry_same: true,
     }
 }
 
@@ -328,7 +441,7 @@ fn reason_of(command: &Value) -> &str {
         .unwrap_or("no reason recorded")
 }
 
-/// A submission the producer refused: nothing was recorded, and the model is told why.
+/// A submission the producer refused (4xx): nothing was recorded, and the model is told why.
 fn refusal(run: &RunId, key: &CommandKey, status: StatusCode, body: &Value) -> Outcome {
     let code = body["error"]["code"].as_str().unwrap_or("error");
     let text = body["error"]["message"]
@@ -345,6 +458,7 @@ fn refusal(run: &RunId, key: &CommandKey, status: StatusCode, body: &Value) -> O
     };
     Outcome {
         is_error: true,
+        retry_same: false,
         message,
         details: json!({
             "status": "REFUSED",
@@ -409,5 +523,132 @@ mod tests {
         );
         assert!(outcome.is_error);
         assert!(outcome.message.contains("same order"), "{outcome:?}");
+    }
+
+    /// A producer that recorded the call and then could not say what became of it: `submit`
+    /// answers every submission, the effect stands as `status` when asked after.
+    async fn producer(
+        submit: (axum::http::StatusCode, Value),
+        asked: (axum::http::StatusCode, Value),
+    ) -> String {
+        let app = axum::Router::new()
+            .route(
+                "/v1/effects",
+                axum::routing::post(move || async move { (submit.0, axum::Json(submit.1)) }),
+            )
+            .route(
+                "/v1/runs/{run}/effects/{key}",
+                axum::routing::get(move || async move { (asked.0, axum::Json(asked.1)) }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let url = format!("http://{}", listener.local_addr().expect("an address"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        url
+    }
+
+    fn unavailable() -> (axum::http::StatusCode, Value) {
+        (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            json!({"error": {"code": "ledger_unavailable", "message": "the ledger did not answer"}}),
+        )
+    }
+
+    fn leased() -> Value {
+        json!({"status": "LEASED", "run_id": "r-1", "command_key": "d-1/payments/wire/0"})
+    }
+
+    fn says_recorded_and_running(outcome: &Outcome) {
+        assert_eq!(outcome.details["status"], json!("LEASED"), "{outcome:?}");
+        assert!(!outcome.message.contains("refused"), "{outcome:?}");
+        assert!(outcome.message.contains("recorded"), "{outcome:?}");
+        assert!(outcome.message.contains("same arguments"), "{outcome:?}");
+        assert!(!outcome.is_error, "it runs: {outcome:?}");
+        assert!(outcome.retry_same, "its position stays open: {outcome:?}");
+    }
+
+    /// A bridge that retries a 503 without waiting long.
+    fn quick(url: &str) -> Bridge {
+        Bridge {
+            backoff: Duration::from_millis(1),
+            ..Bridge::new(url, Duration::from_secs(2))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_503_for_a_call_not_recorded_says_so_and_never_refused() {
+        let (run, key) = key();
+        let not_found = (
+            axum::http::StatusCode::NOT_FOUND,
+            json!({"error": {"code": "unknown_command", "message": "no command"}}),
+        );
+        let url = producer(unavailable(), not_found).await;
+        let outcome = quick(&url).run_call(&run, &key, json!({}), Some("t")).await;
+        assert_eq!(
+            outcome.details["status"],
+            json!("NOT_RECORDED"),
+            "{outcome:?}"
+        );
+        assert!(outcome.is_error && outcome.retry_same, "{outcome:?}");
+        assert!(outcome.message.contains("same arguments"), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn a_sluice_that_cannot_be_asked_leaves_the_call_unknown() {
+        let (run, key) = key();
+        // A port nobody listens on.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let url = format!("http://{}", listener.local_addr().expect("an address"));
+        drop(listener);
+        let outcome = quick(&url).run_call(&run, &key, json!({}), Some("t")).await;
+        assert_eq!(
+            outcome.details["status"],
+            json!("UNANSWERED"),
+            "{outcome:?}"
+        );
+        assert!(outcome.is_error && outcome.retry_same, "{outcome:?}");
+        assert!(outcome.message.contains("not known"), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn a_503_for_a_call_that_settled_meanwhile_gives_its_outcome() {
+        let (run, key) = key();
+        let done = json!({"status": "CONFIRMED", "external_ref": "w-1", "result": {"id": "w-1"}});
+        let url = producer(unavailable(), (axum::http::StatusCode::OK, done)).await;
+        let outcome = quick(&url).run_call(&run, &key, json!({}), Some("t")).await;
+        assert_eq!(outcome.details["external_ref"], json!("w-1"), "{outcome:?}");
+        assert!(!outcome.is_error && !outcome.retry_same, "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn a_refusal_spends_the_position() {
+        let (run, key) = key();
+        let drift = (
+            axum::http::StatusCode::CONFLICT,
+            json!({"error": {"code": "argument_drift", "message": "m"}}),
+        );
+        let url = producer(drift, (axum::http::StatusCode::OK, leased())).await;
+        let outcome = quick(&url).run_call(&run, &key, json!({}), Some("t")).await;
+        assert_eq!(outcome.details["status"], json!("REFUSED"), "{outcome:?}");
+        assert!(outcome.is_error && !outcome.retry_same, "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn a_503_after_the_call_was_recorded_says_it_runs() {
+        let (run, key) = key();
+        let url = producer(unavailable(), (axum::http::StatusCode::OK, leased())).await;
+        let outcome = quick(&url).run_call(&run, &key, json!({}), Some("t")).await;
+        says_recorded_and_running(&outcome);
+    }
+
+    #[tokio::test]
+    async fn a_503_while_following_a_recorded_call_says_it_runs() {
+        let (run, key) = key();
+        let url = producer((axum::http::StatusCode::ACCEPTED, leased()), unavailable()).await;
+        let outcome = quick(&url).run_call(&run, &key, json!({}), Some("t")).await;
+        says_recorded_and_running(&outcome);
     }
 }

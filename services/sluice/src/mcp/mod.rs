@@ -4,28 +4,40 @@
 //! runs, executed under a lease with a stable idempotency key, reconciled when its outcome is
 //! ambiguous, and answered with its result or with what a person must do.
 //!
-//! It is a client of the producer's HTTP API (`--url`, `--token`), so it runs beside `sluice
-//! dev` or a distributed deployment alike, and the API's roles apply: over HTTP a caller's own
-//! bearer token is passed through, so each MCP client acts as its own agent.
+//! It is a client of the producer's HTTP API (`--url`), so it runs beside `sluice dev` or a
+//! distributed deployment alike, and the API's roles apply.
+//!
+//! **Whose token.** Over stdio the client is whoever started the process, and the process's
+//! token (`--token`, `SLUICE_TOKEN`) is its. Over HTTP every caller brings its own bearer token,
+//! which is passed through, so each MCP client acts as its own agent; a request without one is
+//! refused with 401 before MCP sees it. The process's token is never lent to an HTTP caller:
+//! `sluice mcp --transport http` started where `SLUICE_TOKEN` holds an admin token would
+//! otherwise make every local process an admin.
 //!
 //! **Runs and journal positions.** The run is the MCP session: one per `sluice mcp` process
 //! over stdio, one per `Mcp-Session-Id` over HTTP (`mcp-<session id>`), or the run a client
-//! names in a call's `_meta` (`dev.sluice/run_id`), which sessionless HTTP clients must do. The
-//! journal position comes from the call order (`dev.sluice/decision` in `_meta` moves to a
-//! decision), so a client that replays its calls in the same order gets the same keys, and
-//! the stored results instead of new effects.
+//! names in a call's `_meta` (`dev.sluice/run_id`), which a re-driven HTTP client must do (its
+//! new session is a new default run). The journal position is kept per run *and conversation* (the process over stdio, the session
+//! over HTTP), so a new conversation naming a run re-drives it from the start: the same calls
+//! in the same order get the same keys and the stored results, over either transport. A
+//! retry does not advance the journal: a call the client cancelled (its own timeout), or that
+//! Sluice could not answer, leaves its position to the same call again; and a client may name
+//! every position itself (`dev.sluice/call`, with `dev.sluice/decision`). The rule, and what
+//! two conversations sharing a run get, is in [`position`].
 
 mod bridge;
+mod position;
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
-    ToolAnnotations,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+    Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -36,11 +48,15 @@ use sluice_core::{RunId, ToolName};
 use tokio_util::sync::CancellationToken;
 
 pub use bridge::{Bridge, BridgeError, ListedTool, Outcome, mcp_name};
+use position::{Call, Conversation};
 
 /// The `_meta` key naming the run of a call.
 pub const META_RUN_ID: &str = "dev.sluice/run_id";
 /// The `_meta` key naming the decision of a call.
 pub const META_DECISION: &str = "dev.sluice/decision";
+/// The `_meta` key naming the call index of a call (its position among the calls of its tool
+/// in its decision).
+pub const META_CALL: &str = "dev.sluice/call";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Transport {
@@ -86,12 +102,25 @@ pub async fn run(
         ))?),
         None => None,
     };
-    let bridge = Arc::new(Bridge::new(
-        url,
-        token,
-        Duration::from_secs(args.max_wait_s),
-    ));
-    let server = SluiceMcp { bridge, run_id };
+    let bridge = Arc::new(Bridge::new(url, Duration::from_secs(args.max_wait_s)));
+    let own_token = match args.transport {
+        Transport::Stdio => token.map(Secret),
+        Transport::Http => {
+            if token.is_some() {
+                tracing::info!(
+                    "the process's token (--token, SLUICE_TOKEN) is not used over HTTP: each caller brings its own bearer token"
+                );
+            }
+            None
+        }
+    };
+    let server = SluiceMcp {
+        bridge,
+        run_id,
+        transport: args.transport,
+        own_token,
+        conversation: Arc::default(),
+    };
     match args.transport {
         Transport::Stdio => {
             let running = server.serve(rmcp::transport::stdio()).await?;
@@ -110,9 +139,16 @@ pub async fn run(
                 .with_cancellation_token(shutdown.child_token())
                 .with_allowed_hosts(allowed)
                 .enforce_origin_validation();
+            // One server per session: each session is a conversation with its own journals.
             let service: StreamableHttpService<SluiceMcp, LocalSessionManager> =
-                StreamableHttpService::new(move || Ok(server.clone()), Default::default(), config);
-            let router = axum::Router::new().nest_service("/mcp", service);
+                StreamableHttpService::new(
+                    move || Ok(server.new_conversation()),
+                    Default::default(),
+                    config,
+                );
+            let router = axum::Router::new()
+                .nest_service("/mcp", service)
+                .layer(axum::middleware::from_fn(callers_bring_a_token));
             let listener = tokio::net::TcpListener::bind(args.listen).await?;
             // The first line of stdout says where it listens (scripts and tests read it).
             println!(
@@ -127,12 +163,94 @@ pub async fn run(
     Ok(())
 }
 
-/// The MCP server: one per session (HTTP) or process (stdio); the bridge and journals are
-/// shared.
+/// The MCP server: one per session (HTTP) or process (stdio), each its own conversation; the
+/// bridge is shared.
 #[derive(Debug, Clone)]
 pub struct SluiceMcp {
     bridge: Arc<Bridge>,
     run_id: Option<RunId>,
+    transport: Transport,
+    /// The process's token: the stdio client's, never an HTTP caller's.
+    own_token: Option<Secret>,
+    /// The journal positions of this conversation's runs.
+    conversation: Arc<Mutex<Conversation>>,
+}
+
+impl SluiceMcp {
+    /// The same server for a new conversation: its journals start empty.
+    fn new_conversation(&self) -> Self {
+        Self {
+            conversation: Arc::default(),
+            ..self.clone()
+        }
+    }
+
+    fn conversation(&self) -> std::sync::MutexGuard<'_, Conversation> {
+        self.conversation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A token: never printed.
+#[derive(Clone)]
+struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// The bearer token of an `Authorization` header, if it carries one.
+fn bearer(headers: &axum::http::HeaderMap) -> Option<String> {
+    let value = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then(|| token.to_owned())
+}
+
+/// The token a request acts with: over stdio the process's, over HTTP the caller's own, and
+/// none lent to an HTTP caller that sent none.
+fn credential(
+    transport: Transport,
+    bearer: Option<String>,
+    own: Option<&Secret>,
+) -> Result<Option<String>, ErrorData> {
+    match transport {
+        Transport::Stdio => Ok(own.map(|secret| secret.0.clone())),
+        Transport::Http => bearer
+            .map(Some)
+            .ok_or_else(|| ErrorData::invalid_request(NEEDS_A_TOKEN, None)),
+    }
+}
+
+const NEEDS_A_TOKEN: &str = "a bearer token is needed: send your own Sluice token in Authorization (sluice mcp over HTTP lends none)";
+
+/// The HTTP transport's door: a request without a bearer token of its own is refused (401)
+/// before MCP sees it.
+async fn callers_bring_a_token(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if bearer(request.headers()).is_some() {
+        return next.run(request).await;
+    }
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": -32001, "message": NEEDS_A_TOKEN},
+    });
+    (
+        axum::http::StatusCode::UNAUTHORIZED,
+        [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
+        axum::Json(body),
+    )
+        .into_response()
 }
 
 /// What the HTTP transport knows of the caller: its bearer token and its session.
@@ -140,19 +258,33 @@ fn http_caller(context: &RequestContext<RoleServer>) -> (Option<String>, Option<
     let Some(parts) = context.extensions.get::<axum::http::request::Parts>() else {
         return (None, None);
     };
-    let header = |name: &str| {
-        parts
-            .headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
-    let token = header("authorization").and_then(|v| {
-        v.strip_prefix("Bearer ")
-            .or_else(|| v.strip_prefix("bearer "))
-            .map(str::to_owned)
-    });
-    (token, header("mcp-session-id"))
+    let session = parts
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    (bearer(&parts.headers), session)
+}
+
+/// A `_meta` field that must be a non-negative 32-bit integer.
+fn meta_index(
+    request: &CallToolRequestParams,
+    context: &RequestContext<RoleServer>,
+    key: &str,
+) -> Result<Option<u32>, ErrorData> {
+    meta_field(request, context, key)
+        .map(|value| {
+            value
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    ErrorData::invalid_params(
+                        format!("_meta {key} must be a non-negative integer"),
+                        None,
+                    )
+                })
+        })
+        .transpose()
 }
 
 /// The run of a session: `mcp-` and the session id's characters a run id allows.
@@ -214,6 +346,23 @@ fn describe(tool: &ListedTool) -> Tool {
 }
 
 impl ServerHandler for SluiceMcp {
+    /// Over HTTP, the protocol versions that have sessions (an `initialize` handshake) only: a
+    /// session is the conversation journal positions are counted in, and the stateless
+    /// versions have none. A client that negotiates (the SDKs' default) falls back to one of
+    /// these; a request that comes without a session all the same must name its position.
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        match self.transport {
+            Transport::Stdio => Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS),
+            Transport::Http => Cow::Owned(
+                ProtocolVersion::KNOWN_VERSIONS
+                    .iter()
+                    .filter(|version| version.has_initialize())
+                    .cloned()
+                    .collect(),
+            ),
+        }
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("sluice", env!("CARGO_PKG_VERSION")))
@@ -229,7 +378,8 @@ impl ServerHandler for SluiceMcp {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let (token, _) = http_caller(&context);
+        let (bearer, _) = http_caller(&context);
+        let token = credential(self.transport, bearer, self.own_token.as_ref())?;
         let tools = self
             .bridge
             .tools(token.as_deref())
@@ -258,7 +408,8 @@ impl ServerHandler for SluiceMcp {
                     None,
                 )
             })?;
-        let (token, session) = http_caller(&context);
+        let (bearer, session) = http_caller(&context);
+        let token = credential(self.transport, bearer, self.own_token.as_ref())?;
         let run = match meta_field(&request, &context, META_RUN_ID) {
             Some(raw) => {
                 let raw = raw.as_str().unwrap_or_default();
@@ -281,27 +432,37 @@ impl ServerHandler for SluiceMcp {
                 }
             },
         };
-        let decision = match meta_field(&request, &context, META_DECISION) {
-            None => None,
-            Some(value) => Some(
-                value
-                    .as_u64()
-                    .and_then(|d| u32::try_from(d).ok())
-                    .ok_or_else(|| {
-                        ErrorData::invalid_params(
-                            format!("_meta {META_DECISION} must be a non-negative integer"),
-                            None,
-                        )
-                    })?,
-            ),
-        };
-        let key = self.bridge.next_key(&run, &tool, decision);
+        let decision = meta_index(&request, &context, META_DECISION)?;
+        let index = meta_index(&request, &context, META_CALL)?;
         let args = Value::Object(request.arguments.unwrap_or_default());
-        let outcome = self
-            .bridge
-            .run_call(&run, &key, args, token.as_deref())
-            .await
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let placed = self
+            .conversation()
+            .place(Call {
+                run: &run,
+                tool: &tool,
+                decision,
+                index,
+                args: &args,
+                // Over HTTP a request outside any session has no order to count by.
+                ordered: self.transport == Transport::Stdio || session.is_some(),
+                abandoned: context.ct.clone(),
+            })
+            .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
+        let key = placed.key.clone();
+        let outcome = tokio::select! {
+            outcome = self.bridge.run_call(&run, &key, args, token.as_deref()) => outcome,
+            () = context.ct.cancelled() => {
+                // The client gave up on this request: nobody reads the answer, and the same
+                // call again is its retry, at this position.
+                self.conversation().finish(&placed, false);
+                tracing::info!(run_id = %run, command_key = %key, "mcp tool call cancelled by the client");
+                return Err(ErrorData::internal_error(
+                    format!("cancelled by the client; the same call again takes the same position ({key})"),
+                    None,
+                ));
+            }
+        };
+        self.conversation().finish(&placed, !outcome.retry_same);
         tracing::info!(run_id = %run, command_key = %key, is_error = outcome.is_error, "mcp tool call");
         Ok(text_result(&outcome).into())
     }
@@ -316,6 +477,41 @@ mod tests {
         let run = session_run("3f2a/9b+c=").expect("a run");
         assert_eq!(run.as_str(), "mcp-3f2a9bc");
         assert!(session_run("///").is_none());
+    }
+
+    #[test]
+    fn only_stdio_acts_with_the_process_s_token() {
+        let own = Secret("admin-token-0123456789".into());
+        assert_eq!(
+            credential(Transport::Stdio, None, Some(&own)).expect("stdio"),
+            Some(own.0.clone())
+        );
+        assert_eq!(
+            credential(Transport::Http, Some("mine".into()), Some(&own)).expect("http"),
+            Some("mine".into()),
+            "an HTTP caller acts as itself"
+        );
+        let refused = credential(Transport::Http, None, Some(&own)).expect_err("no token");
+        assert!(refused.message.contains("bearer token"), "{refused:?}");
+        assert_eq!(format!("{own:?}"), "<redacted>");
+    }
+
+    #[test]
+    fn a_bearer_token_is_read_from_authorization_only() {
+        let with = |value: &str| {
+            let mut headers = axum::http::HeaderMap::new();
+            headers.insert(
+                axum::http::header::AUTHORIZATION,
+                value.parse().expect("a header value"),
+            );
+            bearer(&headers)
+        };
+        assert_eq!(with("Bearer abc"), Some("abc".into()));
+        assert_eq!(with("bearer abc"), Some("abc".into()));
+        assert_eq!(with("BEARER  abc "), Some("abc".into()));
+        assert_eq!(with("Bearer "), None);
+        assert_eq!(with("Basic dXNlcjpwdw=="), None);
+        assert_eq!(bearer(&axum::http::HeaderMap::new()), None);
     }
 
     #[test]
