@@ -136,7 +136,7 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
     // kept where stricter than the catalog's now).
     let rules = ctx.rules_of(&command);
     let event = match (
-        machine::look_for(&command.state, &rules, tool.is_some()),
+        machine::look_for(&command.state, &rules, tool.is_some(), ctx.clock.now()),
         tool,
     ) {
         (Look::StatusCheck, Some(tool)) => ctx.connector.status_check(tool, &command).await.into(),

@@ -308,6 +308,11 @@ pub struct CommandState {
     /// late. Never cleared, a replay included.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ambiguous_before: bool,
+    /// When the command's idempotency key first went out (an attempt that was sent, whatever
+    /// its answer): an upstream that forgets keys (`idempotency_key_ttl_ms`) may commit a
+    /// resend of it past that window as a new effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_sent_at: Option<Timestamp>,
     pub updated_at: Timestamp,
 }
 
@@ -345,6 +350,7 @@ impl CommandState {
             outcome_unknown: false,
             rollback_pending: None,
             ambiguous_before: false,
+            key_sent_at: None,
             updated_at: now,
         }
     }

@@ -343,6 +343,14 @@ pub fn apply(
         Event::RetrySameKey => match from {
             S::Unknown => match rules.semantics {
                 EffectSemantics::NonIdempotent => Err(Refusal::BlindRetry),
+                EffectSemantics::Idempotent
+                    if rules.key_forgotten_by(
+                        state,
+                        now.plus_millis(rules.backoff_ms(state.attempts)),
+                    ) =>
+                {
+                    Ok(stuck(next, from, rules.key_forgotten_reason(state)))
+                }
                 EffectSemantics::Idempotent | EffectSemantics::ObserveOnly => {
                     if state.attempts < rules.max_attempts {
                         next.status = S::Pending;
@@ -735,8 +743,12 @@ pub fn apply(
                 }
                 let outcome_unknown = from == S::Stuck;
                 let evidence = evidence.clone().unwrap_or(Value::Null);
+                // Without evidence, a command whose outcome is unknown is not sent again where a
+                // resend could commit twice: a NON_IDEMPOTENT one, or an IDEMPOTENT one whose
+                // upstream has forgotten its key by now.
                 if outcome_unknown
-                    && rules.semantics == EffectSemantics::NonIdempotent
+                    && (rules.semantics == EffectSemantics::NonIdempotent
+                        || rules.key_forgotten_by(state, now))
                     && is_empty_evidence(&evidence)
                 {
                     return Err(Refusal::ReplayNeedsEvidence);
@@ -788,5 +800,7 @@ use verify::verified;
 
 #[cfg(test)]
 mod fault_paths;
+#[cfg(test)]
+mod key_window;
 #[cfg(test)]
 mod tests;

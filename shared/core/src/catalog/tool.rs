@@ -186,6 +186,7 @@ impl Tool {
             verify_after_ms: millis(self.policy.verify_after_ms),
             clock_skew_ms: millis(self.clock_skew_ms),
             approval_timeout_ms: millis(self.policy.approval_timeout_ms),
+            idempotency_key_ttl_ms: self.policy.idempotency_key_ttl_ms.map(millis),
             ..defaults
         }
     }

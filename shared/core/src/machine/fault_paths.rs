@@ -319,18 +319,18 @@ fn a_command_is_decided_by_the_stricter_of_its_stored_and_the_live_semantics() {
     // person (it used to be offered a blind retry the machine refused, and looped).
     let mut unknown = CommandState::reserved(at(0), None, 10_000);
     unknown.status = S::Unknown;
-    let look = look_for(&unknown, &live_non, true);
+    let look = look_for(&unknown, &live_non, true, at(0));
     let Look::GiveUp(reason) = look else {
         panic!("expected a person, got {look:?}");
     };
     let stuck = go(&unknown, &live_non, Event::GiveUp { reason }, at(0));
     assert_eq!(stuck.to(), S::Stuck);
     assert_eq!(
-        look_for(&unknown, &Rules::defaults(E::Idempotent), true),
+        look_for(&unknown, &Rules::defaults(E::Idempotent), true, at(0)),
         Look::RetrySameKey
     );
     assert!(matches!(
-        look_for(&unknown, &live_non, false),
+        look_for(&unknown, &live_non, false, at(0)),
         Look::GiveUp(_)
     ));
 }
@@ -552,7 +552,7 @@ fn a_last_look_that_cannot_be_taken_is_escalated() {
         has_status_check: false,
         ..rules
     };
-    let Look::GiveUp(reason) = look_for(&state, &no_check, true) else {
+    let Look::GiveUp(reason) = look_for(&state, &no_check, true, at(0)) else {
         panic!("no status check: nobody can look");
     };
     let escalated = go(&state, &no_check, Event::GiveUp { reason }, at(0));

@@ -66,6 +66,10 @@ pub struct Rules {
     /// catalog's rules; set by the services ([`Rules::with_write_slack`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub write_slack_ms: i64,
+    /// How long the upstream remembers an idempotency key; `None`: for good. Past it, a resend
+    /// of an IDEMPOTENT command whose earlier attempt may have committed is not safe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key_ttl_ms: Option<i64>,
 }
 
 fn is_zero(ms: &i64) -> bool {
@@ -116,6 +120,7 @@ impl Rules {
             clock_skew_ms: default_clock_skew_ms(),
             approval_timeout_ms: default_approval_timeout_ms(),
             write_slack_ms: 0,
+            idempotency_key_ttl_ms: None,
         }
     }
 
@@ -159,6 +164,34 @@ impl Rules {
         self
     }
 
+    /// Whether a resend of the command's key at `at` could reach an upstream that has
+    /// forgotten it: the tool declares a key window, the key went out before, and `at` is
+    /// within the clock-skew bound of the window's end or past it. Only IDEMPOTENT tools
+    /// resend a key on purpose; the others never rely on it.
+    pub fn key_forgotten_by(&self, state: &CommandState, at: Timestamp) -> bool {
+        match (
+            self.semantics,
+            self.idempotency_key_ttl_ms,
+            state.key_sent_at,
+        ) {
+            (EffectSemantics::Idempotent, Some(ttl), Some(sent)) => {
+                at >= sent.plus_millis(ttl.saturating_sub(self.clock_skew_ms))
+            }
+            _ => false,
+        }
+    }
+
+    /// Why a resend was refused, for the record a person reads.
+    pub fn key_forgotten_reason(&self, state: &CommandState) -> String {
+        format!(
+            "the upstream forgets idempotency keys after {} ms and this key first went out at {}: a resend could commit the effect again, so it is not resent without a look",
+            self.idempotency_key_ttl_ms.unwrap_or_default(),
+            state
+                .key_sent_at
+                .map_or_else(|| "an unknown time".to_owned(), |at| at.to_string())
+        )
+    }
+
     /// Delay before the `n`-th retry or check (n from 0): base·2ⁿ, capped.
     pub fn backoff_ms(&self, n: u32) -> i64 {
         let factor = 1_i64.checked_shl(n.min(30)).unwrap_or(i64::MAX);
@@ -182,7 +215,7 @@ pub enum Look {
 
 /// What to do with a command that waits for a look at the world. `tool_present`: the tool is
 /// still in the catalog.
-pub fn look_for(state: &CommandState, rules: &Rules, tool_present: bool) -> Look {
+pub fn look_for(state: &CommandState, rules: &Rules, tool_present: bool, now: Timestamp) -> Look {
     if !tool_present {
         return Look::GiveUp(
             "the tool is no longer in the catalog; a person must find out whether the effect happened"
@@ -193,6 +226,14 @@ pub fn look_for(state: &CommandState, rules: &Rules, tool_present: bool) -> Look
         return Look::StatusCheck;
     }
     match (state.status, rules.semantics) {
+        (CommandStatus::Unknown, EffectSemantics::Idempotent)
+            if rules.key_forgotten_by(state, now) =>
+        {
+            Look::GiveUp(format!(
+                "{}; the tool declares no status check, so a person must find out whether the effect happened",
+                rules.key_forgotten_reason(state)
+            ))
+        }
         (CommandStatus::Unknown, EffectSemantics::Idempotent | EffectSemantics::ObserveOnly) => {
             Look::RetrySameKey
         }

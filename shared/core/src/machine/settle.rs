@@ -288,6 +288,10 @@ pub(super) fn dispatched(
     now: Timestamp,
     from: CommandStatus,
 ) -> Step {
+    // The key went out with any attempt that was sent, whatever came back.
+    if !matches!(outcome, DispatchOutcome::NotSent { .. }) && next.key_sent_at.is_none() {
+        next.key_sent_at = Some(sent_at);
+    }
     match outcome {
         DispatchOutcome::Committed {
             external_ref,
@@ -364,6 +368,31 @@ pub(super) fn dispatched(
                 format!("run rolled back; the call was not sent: {reason}"),
                 now,
             )
+        }
+        DispatchOutcome::NotSent { reason }
+            if state.outcome_unknown
+                && state.attempts < rules.max_attempts
+                && rules.key_forgotten_by(
+                    &next,
+                    now.plus_millis(rules.backoff_ms(state.attempts.saturating_sub(1))),
+                ) =>
+        {
+            // The retry would resend a key its upstream may have forgotten, after an attempt
+            // that may have committed: look first, or hand it to a person.
+            let why = rules.key_forgotten_reason(&next);
+            if rules.has_status_check {
+                enter_unknown(&mut next, rules, now, now);
+                next.last_error = Some(reason.clone());
+                Step {
+                    from,
+                    state: next,
+                    actions: vec![Action::Reconcile],
+                    reason: format!("not sent ({reason}); {why}"),
+                    evidence: Value::Null,
+                }
+            } else {
+                stuck(next, from, format!("not sent ({reason}); {why}"))
+            }
         }
         DispatchOutcome::NotSent { reason } => {
             if state.attempts < rules.max_attempts {
