@@ -593,7 +593,7 @@ schema = { type = "object", required = ["body"], properties = { body = { type = 
 url = "BASE/"
 reference_pointer = "/MessageId"
 idempotency_header = ""
-headers = { "X-Amz-Target" = "AmazonSQS.SendMessage" }
+headers = { "Content-Type" = "application/x-amz-json-1.0", "X-Amz-Target" = "AmazonSQS.SendMessage" }
 body = { QueueUrl = "BASE/123456789012/jobs.fifo", MessageBody = "{args.body}", MessageGroupId = "{run_id}", MessageDeduplicationId = "{command_key}" }
 "#;
     let upstream = Upstream::start(vec![(200, r#"{"MessageId": "m-1"}"#.into())]).await;
@@ -626,6 +626,15 @@ body = { QueueUrl = "BASE/123456789012/jobs.fifo", MessageBody = "{args.body}", 
         call.header("idempotency-key").is_none(),
         "idempotency_header = \"\" sends none"
     );
+    // The JSON protocol's media type replaces application/json, once, and is signed.
+    let types: Vec<_> = call.headers.get_all("content-type").iter().collect();
+    assert_eq!(types, ["application/x-amz-json-1.0"], "{types:?}");
+    assert!(
+        signed.split(';').any(|h| h == "content-type"),
+        "content-type not in {signed}"
+    );
+    let sent: Value = serde_json::from_slice(&call.body).expect("a JSON body");
+    assert_eq!(sent["MessageBody"], json!("hello"));
     let sha = call.header("x-amz-content-sha256").expect("payload hash");
     use sha2::Digest;
     assert_eq!(sha, hex_of(&sha2::Sha256::digest(&call.body)));

@@ -376,3 +376,56 @@ fn secret_files_resolve_against_the_catalog_directory() {
         }
     );
 }
+
+#[test]
+fn a_json_body_may_be_labelled_with_the_json_media_type_an_api_requires() {
+    // AWS's JSON protocol (SQS, DynamoDB, …) takes only application/x-amz-json-1.0.
+    let sqs = r#"
+[[tool]]
+name = "queue/send"
+semantics = "IDEMPOTENT"
+schema = { type = "object", required = ["body"], properties = { body = { type = "string" } } }
+[tool.dispatch]
+url = "http://sqs.test/"
+headers = { "Content-Type" = "application/x-amz-json-1.0", "X-Amz-Target" = "AmazonSQS.SendMessage" }
+body = { MessageBody = "{args.body}" }
+"#;
+    let catalog = Catalog::from_toml_str(sqs, "sqs.toml").expect("a JSON media type is accepted");
+    let shape = &catalog.tools()[0].dispatch().endpoint.shape;
+    assert_eq!(shape.content_type, ContentType::Json);
+    assert!(
+        shape
+            .headers
+            .iter()
+            .any(|(name, value)| name == "Content-Type"
+                && value == &Template::parse("application/x-amz-json-1.0").expect("valid")),
+        "{:?}",
+        shape.headers
+    );
+    for label in [
+        "application/vnd.api+json",
+        "application/json; charset=utf-8",
+    ] {
+        let text = sqs.replace("application/x-amz-json-1.0", label);
+        assert!(
+            Catalog::from_toml_str(&text, "sqs.toml").is_ok(),
+            "{label} is a JSON media type"
+        );
+    }
+    // Anything that would not describe the body the connector encodes is refused.
+    for (label, content_type) in [
+        ("text/plain", ""),
+        ("application/x-amz-json-1.0", "content_type = \"form\"\n"),
+        ("application/{args.body}+json", ""),
+        ("json", ""),
+    ] {
+        let text = sqs
+            .replace("application/x-amz-json-1.0", label)
+            .replace("headers = {", &format!("{content_type}headers = {{"));
+        let message = refused(&text);
+        assert!(
+            message.contains("dispatch.headers: Content-Type is set by content_type"),
+            "{label} with {content_type:?}: {message}"
+        );
+    }
+}

@@ -13,7 +13,7 @@ use super::build::{At, parse_template};
 use super::credential::Credential;
 use super::error::CatalogError;
 use super::raw::RawEndpoint;
-use super::shape::{BodyTemplate, DEFAULT_IDEMPOTENCY_HEADER, RequestShape, Use};
+use super::shape::{BodyTemplate, ContentType, DEFAULT_IDEMPOTENCY_HEADER, RequestShape, Use};
 use super::template::{Slot, Template};
 use super::tool::ToolPolicy;
 
@@ -342,14 +342,23 @@ fn build_shape(
             ));
         }
         let lower = name.to_ascii_lowercase();
-        if RESERVED_HEADERS.contains(&lower.as_str()) {
+        // A JSON body may be labelled with the JSON media type an API insists on (AWS's JSON
+        // protocol answers `application/json` with a 500 and takes only
+        // `application/x-amz-json-1.0`): a literal type whose subtype names JSON, so the label
+        // always describes the body the connector encodes.
+        let json_label = lower == "content-type"
+            && content_type == ContentType::Json
+            && is_json_media_type(&value);
+        if RESERVED_HEADERS.contains(&lower.as_str()) && !json_label {
             return Err(bad(
                 headers_key,
                 match lower.as_str() {
                     "authorization" | "proxy-authorization" => format!(
                         "{name} is written only by a credential: declare [credentials.<name>] and set credential = \"<name>\""
                     ),
-                    "content-type" => format!("{name} is set by content_type (json or form)"),
+                    "content-type" => format!(
+                        "{name} is set by content_type (json or form); with a JSON body it may name another JSON media type (a literal such as \"application/x-amz-json-1.0\" or \"application/vnd.api+json\"), not {value:?}"
+                    ),
                     _ => format!("{name} is the transport's to set"),
                 },
             ));
@@ -452,6 +461,21 @@ fn build_shape(
         idempotency_header,
         credentials,
     })
+}
+
+/// A literal media type whose subtype names JSON (`application/json`,
+/// `application/vnd.api+json`, `application/x-amz-json-1.0`), parameters allowed: the body the
+/// connector encodes as JSON may be labelled with it.
+fn is_json_media_type(value: &str) -> bool {
+    let essence = value.split(';').next().unwrap_or_default().trim();
+    let Some((kind, subtype)) = essence.split_once('/') else {
+        return false;
+    };
+    let token = |text: &str| !text.is_empty() && is_header_name(text);
+    !value.contains(['{', '}'])
+        && token(kind)
+        && token(subtype)
+        && subtype.to_ascii_lowercase().contains("json")
 }
 
 /// An HTTP header name: one or more RFC 9110 token characters.
