@@ -2,6 +2,7 @@
 //! and bus), `sluice demo`, `sluice bench`, `sluice mcp` and the operator console.
 
 pub mod bench;
+pub mod catalog_cmd;
 pub mod console;
 pub mod demo;
 pub mod dev;

@@ -51,6 +51,9 @@ enum Command {
     /// Serve the catalog's tools over the Model Context Protocol (stdio or streamable HTTP):
     /// every tool call of an MCP agent is recorded, executed and reconciled by Sluice.
     Mcp(sluice::mcp::McpArgs),
+    /// For catalog authors: check a catalog and its secrets, or print the requests a tool's
+    /// endpoints would send, secrets masked, without sending them.
+    Catalog(sluice::catalog_cmd::CatalogArgs),
     #[command(flatten)]
     Console(ConsoleCommand),
 }
@@ -136,6 +139,18 @@ async fn main() -> anyhow::Result<ExitCode> {
                 sluice_runtime::shutdown_on_signals(),
             )
             .await?;
+        }
+        Command::Catalog(args) => {
+            return Ok(match sluice::catalog_cmd::run(args) {
+                Ok(out) => {
+                    println!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(message) => {
+                    eprintln!("error: {message}");
+                    ExitCode::FAILURE
+                }
+            });
         }
         Command::Console(command) => {
             return Ok(match sluice::console::run(cli.console, command).await {
