@@ -56,11 +56,39 @@
 //! url = "http://127.0.0.1:8787/bank/wires/{external_ref}/reverse"
 //! ```
 //!
-//! Templates (`business_key` and connector URLs) are literal text with `{placeholder}`s; braces
-//! cannot be escaped. A `business_key` placeholder names a top-level argument field. A URL
-//! placeholder names either one of the keys `run_id`, `command_key`, `idempotency_key`,
-//! `business_key`, `external_ref` (a key wins over an argument field of the same name) or a
-//! top-level argument field. Every field a template names must be declared in the schema's
+//! Real APIs (Stripe, SES, GitHub, Jira, AWS) need more; every key below is optional:
+//!
+//! ```toml
+//! [credentials.stripe]              # `credential`: secrets only by reference (env or file)
+//! kind = "bearer"
+//! token = { env = "STRIPE_SECRET_KEY" }
+//!
+//! [[tool]]
+//! credential = "stripe"             # or a list; an endpoint's own `credential` replaces it
+//! [tool.policy]
+//! idempotency_key_ttl_ms = 86400000 # how long the upstream remembers a key (`shape`)
+//! [tool.dispatch]
+//! content_type = "form"             # json (default) | form
+//! body = { amount = "{args.amount}", metadata = { order = "{args.order.id}" } }
+//! headers = { "Stripe-Version" = "2024-06-20" }
+//! query = { expand = "balance_transaction" }
+//! idempotency_header = "Idempotency-Key"   # the default; "" sends none
+//! require_reference = true          # default: when the compensation names {external_ref}
+//! [tool.status_check]
+//! absent_status = [404]             # only declared answers count; the rest is inconclusive
+//! duplicate_status = [409]
+//! matches = "/data"                 # or count = "/total": 0 absent, 1 present, more duplicate
+//! match_reference_pointer = "/id"
+//! match_where = { "/metadata/sluice_key" = "{idempotency_key}" }
+//! [tool.compensate]
+//! done_status = [404]               # 4xx answers meaning "already undone"
+//! ```
+//!
+//! Templates (`business_key`, connector URLs, bodies, headers, query values) are literal text
+//! with `{placeholder}`s; braces cannot be escaped. A `business_key` placeholder names a
+//! top-level argument field. Any other placeholder names either one of the keys `run_id`, `command_key`, `idempotency_key`,
+//! `business_key`, `external_ref` (a key wins over an argument field of the same name), a
+//! top-level argument field, or a nested one as `args.a.b`. Every field a template names must be declared in the schema's
 //! `properties`, listed in its `required`, and not typed as an object or array, so a command
 //! that passed [`Tool::validate_args`] always renders. `{business_key}` needs a `business_key`
 //! template; `{external_ref}` is only known after a dispatch, so only `compensate` may use it.
