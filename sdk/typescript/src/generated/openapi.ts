@@ -649,6 +649,8 @@ export interface components {
             outcome_unknown?: boolean;
             /** @description An attempt of this command once had an unknown outcome; a NON_IDEMPOTENT commit of it is looked up once more. */
             ambiguous_before?: boolean;
+            /** @description When the command's idempotency key first went out; past the tool's idempotency_key_ttl_ms, a resend after an attempt that may have committed is looked up first or goes to a person. */
+            key_sent_at?: components["schemas"]["Timestamp"];
             /** @description The run was rolled back while this command was in flight (the lease epoch it found); a commit is undone once known. */
             rollback_pending?: number;
             updated_at: components["schemas"]["Timestamp"];
