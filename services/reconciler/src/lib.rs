@@ -375,8 +375,21 @@ async fn republish(
         return Ok(());
     }
     if needs_look(&command) {
-        resolve(ctx, command).await?;
-        return Ok(());
+        // The look runs in a task of its own, so the sweep's budgets (an item's timeout, the
+        // shard leases' time left) stop the sweep waiting for it but never cut it off: the
+        // status check ends within its own timeout, and what it found — an inconclusive
+        // timeout included — is recorded and counted. Cut off instead, a lookup slower than
+        // the sweep recorded nothing, so its checks never added up to STUCK and every claim
+        // started over. Its claim keeps the next sweeps from starting another meanwhile.
+        let ctx = ctx.clone();
+        let look = tokio::spawn(async move { resolve(&ctx, command).await.map(drop) });
+        return match look.await {
+            Ok(result) => result,
+            Err(join) => {
+                tracing::warn!(error = %join, "a look's task ended without an answer");
+                Ok(())
+            }
+        };
     }
     let delay = match command.status() {
         CommandStatus::Pending | CommandStatus::Approved => {

@@ -267,3 +267,40 @@ pub fn sweepable(me: &str, now: Timestamp, held: &[ShardLease], times: &ShardTim
 
 #[cfg(test)]
 mod tests;
+
+/// What a look needs beyond its status check's own timeout: its claim before and the write of
+/// what it found after.
+pub const LOOK_WRITE_MARGIN_MS: u64 = 1_000;
+
+/// The status checks of `catalog` that cannot fit the sweep's item budget, each as an error
+/// naming the tool, the keys and what would fit. A sweep waits for one item at most
+/// `item_timeout_ms`; a look that needs longer is not cut off (it runs on in a task of its own,
+/// see the reconciler), but the sweep stops waiting for it and its slot is given to another
+/// item, so a deployment where that is the normal case is refused at start rather than left
+/// to surprise.
+///
+/// The shard leases' time left, which also cuts a sweep short, is not held against a look:
+/// the sweep is cut so that two reconcilers never sweep one shard at once, and a look is
+/// fenced by its own claim on the command (held for two check timeouts), so a look that
+/// outlives its sweep's shard lease is never started twice.
+pub fn looks_that_do_not_fit(
+    catalog: &crate::catalog::Catalog,
+    item_timeout_ms: u64,
+) -> Vec<String> {
+    catalog
+        .tools()
+        .iter()
+        .filter_map(|tool| {
+            let check = tool.status_check()?;
+            let needs = check.timeout_ms.saturating_add(LOOK_WRITE_MARGIN_MS);
+            if needs <= item_timeout_ms {
+                return None;
+            }
+            Some(format!(
+                "tool {}: status_check.timeout_ms ({} ms) plus {LOOK_WRITE_MARGIN_MS} ms for its writes does not fit reconciler.sweep_item_timeout_ms ({item_timeout_ms} ms); set it to at least {needs} ms or lower the check's timeout",
+                tool.name(),
+                check.timeout_ms,
+            ))
+        })
+        .collect()
+}

@@ -429,3 +429,25 @@ body = { MessageBody = "{args.body}" }
         );
     }
 }
+
+#[test]
+fn a_status_check_that_cannot_fit_the_sweep_is_named_with_what_would_fit() {
+    let text = CHARGE.replace(
+        "matches = \"/data\"",
+        "matches = \"/data\"\ntimeout_ms = 12000",
+    );
+    let catalog = Catalog::from_toml_str(&text, "slow.toml").expect("valid");
+    let problems = sluice_core::sweep::looks_that_do_not_fit(&catalog, 10_000);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("tool payments/charge: status_check.timeout_ms (12000 ms)")
+            && problems[0].contains("reconciler.sweep_item_timeout_ms (10000 ms)")
+            && problems[0].contains("at least 13000 ms"),
+        "{}",
+        problems[0]
+    );
+    assert!(sluice_core::sweep::looks_that_do_not_fit(&catalog, 13_000).is_empty());
+    // The default check timeout (10 s) fits the default item budget (15 s).
+    let defaults = sluice_core::sweep::looks_that_do_not_fit(&charge(), 15_000);
+    assert!(defaults.is_empty(), "{defaults:?}");
+}

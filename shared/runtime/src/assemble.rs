@@ -36,6 +36,9 @@ pub enum AssembleError {
     Faults(#[from] sluice_faults::FaultsError),
     /// A secret the catalog's credentials reference cannot be read, or a key is malformed:
     /// refused at start rather than at the first call.
+    /// A status check cannot fit the reconciler's sweep budgets.
+    #[error("the catalog does not fit the reconciler's configuration: {}", problems.join("; "))]
+    SweepBudget { problems: Vec<String> },
     #[error("the catalog's credentials cannot be used: {}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Credentials {
         problems: Vec<sluice_connector::credentials::CredentialError>,
@@ -132,7 +135,20 @@ pub async fn drop_keyspace(config: &Config) -> Result<(), CqlError> {
 
 /// Everything a service needs, from configuration, with `catalog` already loaded.
 pub async fn assemble(config: &Config, catalog: Catalog) -> Result<Context, AssembleError> {
+    check_sweep_budgets(config, &catalog)?;
     assemble_with_clock(config, catalog, Arc::new(SystemClock)).await
+}
+
+/// Refuses a catalog whose status checks cannot fit the reconciler's sweep budgets
+/// (`sluice_core::sweep::looks_that_do_not_fit`): checked where a reconciler runs.
+pub fn check_sweep_budgets(config: &Config, catalog: &Catalog) -> Result<(), AssembleError> {
+    let problems =
+        sluice_core::sweep::looks_that_do_not_fit(catalog, config.reconciler.sweep_item_timeout_ms);
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(AssembleError::SweepBudget { problems })
+    }
 }
 
 /// [`assemble`] for one service in a process of its own: the whole process, its ledger handle
@@ -143,6 +159,9 @@ pub async fn assemble_service(
     catalog: Catalog,
     service: &str,
 ) -> Result<Context, AssembleError> {
+    if service == "reconciler" {
+        check_sweep_budgets(config, &catalog)?;
+    }
     let clock = sluice_faults::clock_for(service)?;
     assemble_with_clock(config, catalog, clock).await
 }

@@ -315,7 +315,8 @@ impl Default for ReconcilerConfig {
             sweep_interval_ms: 1_000,
             sweep_batch: 1_000,
             sweep_concurrency: 16,
-            sweep_item_timeout_ms: 10_000,
+            // A status check's default timeout (10 s) and the write of what it found.
+            sweep_item_timeout_ms: 15_000,
             shard_lease_ms: 10_000,
             name: None,
         }
