@@ -1074,3 +1074,81 @@ fn an_early_ambiguous_answer_may_land_until_the_attempt_s_timeout_plus_the_horiz
         leased.lease.expires_at.map(|at| at.plus_millis(2_100))
     );
 }
+
+/// A holder whose lease expired before a rollback marked the command (the mark records its
+/// epoch) must not finalize once another dispatcher leased the command again: its outcome
+/// would be written under the other's lease.
+#[test]
+fn a_stale_holder_cannot_finalize_under_another_lease_after_a_rollback() {
+    let rules = Rules {
+        max_attempts: 3,
+        lease_ttl_ms: 3_000,
+        dispatch_timeout_ms: 1_000,
+        ..Rules::defaults(E::Idempotent)
+    };
+    // A leases and sends; its lease runs out before it answers.
+    let a = leased(&rules);
+    let a_epoch = a.lease.epoch;
+    let expired = go(&a, &rules, Event::LeaseExpired, at(10_000)).state;
+    assert_eq!(expired.status, S::Unknown);
+    let pending = go(&expired, &rules, Event::RetrySameKey, at(10_100)).state;
+    assert_eq!(pending.status, S::Pending);
+    // The run is rolled back while the command waits to be retried.
+    let marked = go(
+        &pending,
+        &rules,
+        Event::MarkRollback {
+            operator: op("undo the run"),
+        },
+        at(10_200),
+    )
+    .state;
+    assert_eq!(marked.rollback_pending, Some(a_epoch));
+    // B takes the lease (the retry with the same key, whose outcome decides the undo).
+    let Ok(b) = apply(
+        &marked,
+        &rules,
+        &Event::Lease {
+            owner: "d-2".into(),
+        },
+        at(20_000),
+    ) else {
+        // Nothing leases it again: A can reach no lease but its own, already expired.
+        return;
+    };
+    let b = b.state;
+    assert_eq!(b.status, S::Leased);
+    // A's late answer is refused; B's is taken.
+    let late = apply(&b, &rules, &committed(&a, "w-a"), at(20_100));
+    assert!(
+        matches!(late, Err(Refusal::StaleEpoch { .. })),
+        "A's outcome was written under B's lease: {late:?}"
+    );
+    assert!(apply(&b, &rules, &committed(&b, "w-b"), at(20_200)).is_ok());
+}
+
+/// The holder the mark found is still the holder: its outcome is taken (and undone).
+#[test]
+fn the_holder_a_rollback_found_still_writes_its_outcome() {
+    let rules = wire_rules();
+    let a = leased(&rules);
+    let marked = go(
+        &a,
+        &rules,
+        Event::MarkRollback {
+            operator: op("undo the run"),
+        },
+        at(100),
+    )
+    .state;
+    assert_ne!(
+        marked.lease.epoch, a.lease.epoch,
+        "the mark moves the epoch on"
+    );
+    let step = go(&marked, &rules, committed(&a, "w-1"), at(200));
+    assert_ne!(
+        step.state.status,
+        S::Confirmed,
+        "a commit of a rolled-back run is undone"
+    );
+}

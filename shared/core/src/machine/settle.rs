@@ -35,9 +35,15 @@ pub(super) fn check_epoch(state: &CommandState, presented: LeaseEpoch) -> Result
 }
 
 /// The lease holder's fence: the current epoch, or the one a run rollback found the command
-/// leased under (the mark moved the epoch on without taking the lease from its holder).
+/// leased under — but only while that lease is still the command's: the mark moved the epoch
+/// on by one without taking the lease from its holder, so the holder's epoch is accepted while
+/// the lease is held and no lease or claim has moved the epoch further. Once it expired or
+/// another took the lease, the holder is as stale as any other.
 pub(super) fn check_holder(state: &CommandState, presented: LeaseEpoch) -> Result<(), Refusal> {
-    if state.rollback_pending == Some(presented) {
+    let marked_holder = state.rollback_pending == Some(presented)
+        && state.lease.epoch == presented.next()
+        && state.lease.owner.is_some();
+    if marked_holder {
         return Ok(());
     }
     check_epoch(state, presented)
