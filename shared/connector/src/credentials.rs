@@ -425,7 +425,8 @@ fn sign_v4(
     now: SystemTime,
 ) -> Result<(), String> {
     use aws_sigv4::http_request::{
-        PayloadChecksumKind, SignableBody, SignableRequest, SigningSettings, sign,
+        PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
+        UriPathNormalizationMode, sign,
     };
     use aws_sigv4::sign::v4;
     use aws_smithy_runtime_api::client::identity::Identity;
@@ -441,6 +442,14 @@ fn sign_v4(
     let mut settings = SigningSettings::default();
     // S3 requires the payload hash header; the other services accept it.
     settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+    // S3 signs the path as sent: encoded once and not normalised (an object name may hold an
+    // encoded "/" or "//"), as the AWS SDKs sign it; every other service wants it encoded
+    // twice. Signed the other way, an object named by Sluice's key (`%2F`) is refused with
+    // SignatureDoesNotMatch.
+    if key.service.starts_with("s3") {
+        settings.percent_encoding_mode = PercentEncodingMode::Single;
+        settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+    }
     let params = v4::SigningParams::builder()
         .identity(&identity)
         .region(key.region)
