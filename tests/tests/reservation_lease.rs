@@ -97,10 +97,12 @@ async fn the_dispatcher_calls_under_the_reservations_lease_without_a_lease_write
 }
 
 /// The catalog changed between the reservation and the dispatch: the tool now needs approval.
-/// The dispatcher gives the reservation's lease back (fenced by its epoch) and blocks the
-/// command, with the attempt it never made not counted; nothing is sent.
+/// A dispatcher on the earlier catalog may already have called under the reservation's lease
+/// (a rolling deploy), so the dispatcher on the new one does not block it outright: the lease's
+/// epoch moves on (fencing the other caller's write), the command is UNKNOWN and looked up, and
+/// policy is asked again once the look finds nothing. This dispatcher sends nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reservation_lease_is_given_back_when_policy_changed_in_between() {
+async fn a_reservation_lease_met_by_a_tighter_policy_is_looked_up_before_it_is_blocked() {
     init_tracing();
     let upstream = start_upstream(Faults::none()).await;
     let dir = tempfile::tempdir().expect("temp dir");
@@ -113,13 +115,20 @@ async fn a_reservation_lease_is_given_back_when_policy_changed_in_between() {
         c.policy("email/send", "requires_approval", true)
     })
     .await;
-    let blocked = dispatch(&dispatcher, &run, &reserved.command_key).await;
-    assert_eq!(blocked.status(), CommandStatus::Blocked, "{blocked:?}");
-    assert_eq!(
-        blocked.state.attempts, 0,
-        "nothing was sent under that lease"
+    let looked = dispatch(&dispatcher, &run, &reserved.command_key).await;
+    assert_eq!(looked.status(), CommandStatus::Unknown, "{looked:?}");
+    assert!(
+        looked.epoch() > reserved.epoch(),
+        "the old caller is fenced"
     );
-    assert_eq!(blocked.state.lease.owner, None, "the lease was given back");
+    assert_eq!(looked.state.lease.owner, None, "the lease was given back");
+    let trail = dispatcher.ledger.audit_read(&run).await.expect("audit");
+    let reason = &trail.entries.last().expect("a record").record.reason;
+    assert!(
+        reason.contains("blocked by policy")
+            && reason.contains("looked up before anything is decided"),
+        "{reason}"
+    );
     assert_eq!(upstream.stats().emails, 0, "nothing sent");
     upstream.shutdown().await;
 }

@@ -192,8 +192,10 @@ async fn lease(
     let catalog = ctx.catalog.clone();
     let leased = ctx
         .drive_current(run_id, command_key, ACTOR, current, |command| {
-            // A lease the reservation took is given back if policy now says otherwise (the
-            // catalog changed in between); one that is merely short of time is taken over.
+            // A lease the reservation took meets the policy as it is now (the catalog may have
+            // changed in between): if that blocks or denies it, the core has it looked up
+            // first, since a dispatcher on the earlier policy may have called under it; one
+            // that is merely short of time is taken over.
             if !command.awaits_dispatch() {
                 return None;
             }

@@ -193,6 +193,31 @@ pub fn apply(
         Event::Block { reason, epoch } | Event::Deny { reason, epoch } => {
             let deny = matches!(event, Event::Deny { .. });
             match from {
+                S::Leased if state.lease.owner.as_deref() == Some(RESERVATION_OWNER) => {
+                    // The reservation's lease is anyone's to call under: a dispatcher on the
+                    // policy the command was admitted by may already have called. Neither
+                    // BLOCKED nor FAILED could say that the effect did not happen, so the
+                    // command is looked up first, as after any attempt whose outcome is
+                    // unknown; the new epoch fences the other caller's write, and what the
+                    // look finds is what is recorded (policy is asked again if it is absent).
+                    check_epoch(state, epoch.unwrap_or(LeaseEpoch::ZERO))?;
+                    let label = if deny { "denied" } else { "blocked" };
+                    let ended_by = state.lease.expires_at.map_or(now, |at| at.max(now));
+                    next.lease = Lease {
+                        epoch: state.lease.epoch.next(),
+                        owner: None,
+                        expires_at: None,
+                    };
+                    enter_unknown(&mut next, rules, ended_by, now);
+                    Ok(step(
+                        next,
+                        vec![Action::Reconcile],
+                        format!(
+                            "{label} by policy ({reason}), but leased at its reservation, under which a dispatcher on the earlier policy may have called: looked up before anything is decided"
+                        ),
+                        Value::Null,
+                    ))
+                }
                 S::Pending | S::Approved | S::Leased => {
                     if from == S::Leased {
                         check_epoch(state, epoch.unwrap_or(LeaseEpoch::ZERO))?;

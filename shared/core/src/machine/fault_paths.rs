@@ -1152,3 +1152,50 @@ fn the_holder_a_rollback_found_still_writes_its_outcome() {
         "a commit of a rolled-back run is undone"
     );
 }
+
+/// A catalog that tightens policy mid-run (a rolling deploy): a dispatcher on the new policy
+/// meets a command leased at its reservation, under which a dispatcher on the old policy may
+/// already have called. Blocking or failing it would say the effect did not happen while it
+/// may stand; it is looked up first.
+#[test]
+fn policy_tightened_over_a_reservation_lease_looks_before_it_decides() {
+    let rules = Rules {
+        has_status_check: true,
+        ..Rules::defaults(E::Idempotent)
+    };
+    let pending = CommandState::reserved(at(0), None, 10_000);
+    let reserved = lease_at_reservation(&pending, &rules, &PolicyDecision::Allow, at(0))
+        .expect("leased at its reservation");
+    for event in [
+        Event::Deny {
+            reason: "amount above the new limit".into(),
+            epoch: Some(reserved.lease.epoch),
+        },
+        Event::Block {
+            reason: "needs approval now".into(),
+            epoch: Some(reserved.lease.epoch),
+        },
+    ] {
+        let step = go(&reserved, &rules, event.clone(), at(100));
+        assert_eq!(step.state.status, S::Unknown, "{event:?}: {}", step.reason);
+        assert_eq!(step.actions, vec![Action::Reconcile]);
+        assert_ne!(
+            step.state.lease.epoch, reserved.lease.epoch,
+            "the old policy's caller is fenced"
+        );
+        // An old dispatcher's commit written after this is refused; the look finds it.
+        assert!(apply(&step.state, &rules, &committed(&reserved, "w-old"), at(200)).is_err());
+        let lands_by = step.state.lands_by.expect("a horizon");
+        let found = go(
+            &step.state,
+            &rules,
+            observed(Observation::Present, Some("w-old"), &[]),
+            lands_by.plus_millis(1),
+        );
+        assert_eq!(
+            found.state.status,
+            S::Confirmed,
+            "the effect stands and says so"
+        );
+    }
+}
