@@ -128,13 +128,22 @@ async fn compensate_one(ctx: &Context, command: Command) -> Result<(), PipelineE
     if command.status() != CommandStatus::Compensating {
         return Ok(());
     }
-    // Claimed first: one compensation call at a time per command (a rollback job and a sweep
-    // may both get here), and its start is when the call starts.
-    let hold = ctx.rules_of(&command).compensation_timeout_ms;
+    // Claimed first, for the whole job (every owed extra commit and the command's own, as
+    // the core sizes it): one job at a time per command (a rollback job and a sweep may both
+    // get here), and its start is when the calls start.
+    let hold = ctx
+        .rules_of(&command)
+        .compensation_hold_ms(command.state.owed_duplicates.len() + 1, 1);
     let now = ctx.clock.now();
+    if machine::job_claimed(&command.state, now) {
+        // Another job is making these calls; its result, or its claim's end, brings the
+        // command back.
+        return Ok(());
+    }
     sluice_faults::point!("compensator.claim.pre");
     let Some(command) = ctx
         .claim_with(&command, hold, |state| {
+            state.claimed_until = Some(now.plus_millis(hold));
             if let Some(info) = state.compensation.as_mut() {
                 info.started_at = now;
             }
@@ -219,9 +228,20 @@ pub async fn settle_duplicate(
         return Ok(());
     }
     let rules = ctx.rules_of(&command);
-    // One clean-up at a time: the request and a sweep may both get here.
+    // One clean-up at a time, claimed for all of it (each extra commit, with its retries): the
+    // request and a sweep may both get here.
+    let hold = rules.compensation_hold_ms(command.state.owed_duplicates.len(), rules.max_attempts);
+    let now = ctx.clock.now();
+    if machine::job_claimed(&command.state, now) {
+        return Ok(());
+    }
     sluice_faults::point!("compensator.claim.pre");
-    let Some(command) = ctx.claim(&command, rules.compensation_timeout_ms).await? else {
+    let Some(command) = ctx
+        .claim_with(&command, hold, |state| {
+            state.claimed_until = Some(now.plus_millis(hold));
+        })
+        .await?
+    else {
         return Ok(());
     };
     sluice_faults::point!("compensator.claim.post");

@@ -313,6 +313,11 @@ pub struct CommandState {
     /// resend of it past that window as a new effect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_sent_at: Option<Timestamp>,
+    /// A compensation job (the undo, or an extra commit's clean-up) holds the command until
+    /// then: no other job starts its calls meanwhile (`machine::job_claimed`). Set with the
+    /// job's claim, cleared when its result is written; a job that died lets it lapse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed_until: Option<Timestamp>,
     pub updated_at: Timestamp,
 }
 
@@ -351,6 +356,7 @@ impl CommandState {
             rollback_pending: None,
             ambiguous_before: false,
             key_sent_at: None,
+            claimed_until: None,
             updated_at: now,
         }
     }

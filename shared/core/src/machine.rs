@@ -626,6 +626,7 @@ pub fn apply(
         Event::Compensated { epoch, outcome } => match from {
             S::Compensating => {
                 check_epoch(state, *epoch)?;
+                next.claimed_until = None;
                 Ok(compensated(next, state, rules, outcome, now, from))
             }
             S::Scheduled
@@ -646,6 +647,7 @@ pub fn apply(
         Event::DuplicateSettled { epoch, outcome } => match from {
             S::Confirmed if !state.owed_duplicates.is_empty() => {
                 check_epoch(state, *epoch)?;
+                next.claimed_until = None;
                 next.owed_duplicates.clear();
                 // A verification still owed falls due after the clean-up.
                 next.due_at = state.verify_pending.then(|| {

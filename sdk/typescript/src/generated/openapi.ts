@@ -651,6 +651,8 @@ export interface components {
             ambiguous_before?: boolean;
             /** @description When the command's idempotency key first went out; past the tool's idempotency_key_ttl_ms, a resend after an attempt that may have committed is looked up first or goes to a person. */
             key_sent_at?: components["schemas"]["Timestamp"];
+            /** @description A compensation job holds the command until then; no other job starts its calls meanwhile. */
+            claimed_until?: components["schemas"]["Timestamp"];
             /** @description The run was rolled back while this command was in flight (the lease epoch it found); a commit is undone once known. */
             rollback_pending?: number;
             updated_at: components["schemas"]["Timestamp"];

@@ -192,6 +192,26 @@ impl Rules {
         )
     }
 
+    /// How long a compensation job holds its claim on a command: every one of its `calls` (the
+    /// extra commits owed and the command's own commit), each tried up to `tries` times with
+    /// the backoff between, each try within one call's timeout (half of
+    /// `compensation_timeout_ms`), and one more call's time for writing the result. A claim
+    /// held for one call only lapsed mid-job, and whoever found the command next (a sweep,
+    /// another compensator after a rebalance) repeated the calls already made.
+    pub fn compensation_hold_ms(&self, calls: usize, tries: u32) -> i64 {
+        let call = (self.compensation_timeout_ms / 2).max(1);
+        let tries = tries.max(1);
+        let backoffs: i64 = (0..tries - 1).map(|n| self.backoff_ms(n)).sum();
+        let per_call = call
+            .saturating_mul(i64::from(tries))
+            .saturating_add(backoffs);
+        i64::try_from(calls.max(1))
+            .unwrap_or(i64::MAX)
+            .saturating_mul(per_call)
+            .saturating_add(call)
+            .max(self.compensation_timeout_ms)
+    }
+
     /// Delay before the `n`-th retry or check (n from 0): base·2ⁿ, capped.
     pub fn backoff_ms(&self, n: u32) -> i64 {
         let factor = 1_i64.checked_shl(n.min(30)).unwrap_or(i64::MAX);
@@ -199,6 +219,12 @@ impl Rules {
             .saturating_mul(factor)
             .min(self.backoff_max_ms)
     }
+}
+
+/// Whether a compensation job holds `state` now (`CommandState::claimed_until`): another job
+/// must not start its calls, or it repeats the undo calls the first is making.
+pub fn job_claimed(state: &CommandState, now: Timestamp) -> bool {
+    state.claimed_until.is_some_and(|until| until > now)
 }
 
 /// How an UNKNOWN command (or a CONFIRMED, FAILED or CANCELLED one owing a verification) is
