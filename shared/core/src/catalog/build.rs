@@ -135,6 +135,15 @@ pub(super) fn build_tool(
     };
 
     let policy = build_policy(&at, raw.policy, raw.semantics, &schema)?;
+    if policy.verify_after_refusal && raw.status_check.is_none() {
+        return Err(CatalogError::MalformedTool {
+            file: at.file(),
+            tool: at.tool(),
+            detail:
+                "policy.verify_after_refusal needs a [tool.status_check] to look the refusal up"
+                    .into(),
+        });
+    }
     if policy.verify_after_commit && raw.status_check.is_none() {
         return Err(CatalogError::MalformedTool {
             file: at.file(),
@@ -448,6 +457,7 @@ pub(super) fn build_policy(
         on_absent: raw.on_absent.unwrap_or(defaults.on_absent),
         lease_ttl_ms: raw.lease_ttl_ms.unwrap_or(millis(defaults.lease_ttl_ms)),
         verify_after_commit: raw.verify_after_commit,
+        verify_after_refusal: raw.verify_after_refusal,
         late_commit_ms: raw.late_commit_ms,
         verify_after_ms: raw
             .verify_after_ms

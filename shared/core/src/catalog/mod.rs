@@ -32,6 +32,8 @@
 //! on_absent = "redispatch"          # or "fail" (NON_IDEMPOTENT only)
 //! lease_ttl_ms = 30000              # must exceed the dispatch timeout plus max_clock_skew_ms
 //! verify_after_commit = false       # look a 2xx commit up once more (needs a status check)
+//! verify_after_refusal = false      # look a 4xx refusal up once more, for an upstream that can
+//! #                                 # refuse after booking (needs a status check)
 //! late_commit_ms = 10000            # how long after its timeout a call may still commit
 //! #                                 # upstream (default: the dispatch timeout); an `absent`
 //! #                                 # counts only after that

@@ -59,6 +59,8 @@ pub(super) struct RawPolicy {
     pub(super) lease_ttl_ms: Option<u64>,
     #[serde(default)]
     pub(super) verify_after_commit: bool,
+    #[serde(default)]
+    pub(super) verify_after_refusal: bool,
     pub(super) late_commit_ms: Option<u64>,
     pub(super) verify_after_ms: Option<u64>,
     pub(super) approval_timeout_ms: Option<u64>,

@@ -35,6 +35,8 @@ pub struct ToolPolicy {
     pub on_absent: OnAbsent,
     pub lease_ttl_ms: u64,
     pub verify_after_commit: bool,
+    /// Look a refused dispatch up once more (an upstream that can refuse after booking).
+    pub verify_after_refusal: bool,
     /// `None`: the dispatch timeout (known once the dispatch section is read).
     pub late_commit_ms: Option<u64>,
     pub verify_after_ms: u64,
@@ -178,6 +180,7 @@ impl Tool {
             dispatch_timeout_ms: millis(self.dispatch.endpoint.timeout_ms),
             compensation_timeout_ms,
             verify_after_commit: self.policy.verify_after_commit && self.status_check.is_some(),
+            verify_after_refusal: self.policy.verify_after_refusal && self.status_check.is_some(),
             late_commit_ms: millis(
                 self.policy
                     .late_commit_ms

@@ -1199,3 +1199,43 @@ fn policy_tightened_over_a_reservation_lease_looks_before_it_decides() {
         );
     }
 }
+
+/// An upstream that answers a 4xx after it booked the effect: a tool that declares it
+/// (`verify_after_refusal`) has the refusal looked up once more, and a commit found then is
+/// undone; by default a refusal is final.
+#[test]
+fn a_refusal_is_looked_up_again_only_where_the_tool_says_it_can_follow_a_booking() {
+    let refused = |state: &CommandState| Event::Dispatched {
+        epoch: state.lease.epoch,
+        sent_at: at(0),
+        outcome: DispatchOutcome::Refused {
+            reason: "HTTP 422: card declined".into(),
+        },
+    };
+    let plain = wire_rules();
+    let leased_plain = leased(&plain);
+    let failed = go(&leased_plain, &plain, refused(&leased_plain), at(500)).state;
+    assert_eq!(failed.status, S::Failed);
+    assert!(!failed.verify_pending, "by default a refusal is final");
+
+    let rules = Rules {
+        verify_after_refusal: true,
+        ..wire_rules()
+    };
+    let leased = leased(&rules);
+    let failed = go(&leased, &rules, refused(&leased), at(500)).state;
+    assert_eq!(failed.status, S::Failed);
+    assert!(failed.verify_pending, "the refusal is looked up once more");
+    let due = failed.due_at.expect("the look is due");
+    assert!(
+        due >= at(500 + rules.verify_after_ms),
+        "after the horizon: {due}"
+    );
+    let found = go(&failed, &rules, observed(O::Present, Some("w-9"), &[]), due);
+    assert_ne!(found.state.status, S::Failed, "{}", found.reason);
+    assert!(
+        matches!(found.state.status, S::Compensating | S::NoCompensation),
+        "a commit behind the refusal is undone: {:?}",
+        found.state.status
+    );
+}

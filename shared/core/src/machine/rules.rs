@@ -44,6 +44,10 @@ pub struct Rules {
     /// upstream did not report; needs a status check.
     #[serde(default)]
     pub verify_after_commit: bool,
+    /// Look a refused dispatch up once more (after `verify_after_ms`): for an upstream that
+    /// can answer a 4xx after it booked the effect. Needs a status check.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub verify_after_refusal: bool,
     /// How long after the client gave up (the call's timeout) an attempt may still commit
     /// upstream: servers keep working after the client disconnects. An `absent` observation
     /// counts only once this horizon has passed.
@@ -115,6 +119,7 @@ impl Rules {
             backoff_max_ms: 60_000,
             compensation_timeout_ms: 30_000,
             verify_after_commit: false,
+            verify_after_refusal: false,
             late_commit_ms: default_late_commit_ms(),
             verify_after_ms: default_verify_after_ms(),
             clock_skew_ms: default_clock_skew_ms(),

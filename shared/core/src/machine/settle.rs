@@ -340,6 +340,15 @@ pub(super) fn dispatched(
             // The mark stays: the run was rolled back, so the command is never replayed.
             let mut step = failed(next, from, format!("refused: {reason}"));
             owe_last_look_after_ambiguity(&mut step, state, rules, now);
+            if rules.verify_after_refusal {
+                // The tool says its upstream can refuse after booking: the refusal is looked
+                // up once more, and a commit found then is undone or escalated, like one that
+                // lands after a FAILED decided on absence.
+                let ended_by = sent_at.plus_millis(rules.dispatch_timeout_ms).min(now);
+                let lands_by =
+                    ended_by.plus_millis(rules.late_commit_ms.saturating_add(rules.clock_skew_ms));
+                owe_verification(&mut step, rules, now, Some(lands_by));
+            }
             step
         }
         DispatchOutcome::Ambiguous { reason } => {
