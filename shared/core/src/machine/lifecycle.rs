@@ -1,0 +1,318 @@
+//! The command's scheduling and leases: `Due`, `Lease`, `ExtendLease`, `Release`, `Block` and
+//! `Deny` (policy at dispatch), `LeaseExpired`.
+
+use super::*;
+
+/// `Event::Due`.
+pub(super) fn due(a: &Apply<'_>) -> Result<Step, Refusal> {
+    use CommandStatus as S;
+    let Apply {
+        state, rules, now, ..
+    } = *a;
+    let from = a.state.status;
+    let mut next = a.next();
+    let step = |next, actions, reason, evidence| a.step(next, actions, reason, evidence);
+    let refuse = || a.refuse();
+    match from {
+        S::Scheduled => {
+            if let Some(due_at) = state.due_at.filter(|at| *at > now) {
+                return Err(Refusal::NotYetDue { due_at });
+            }
+            next.status = S::Pending;
+            next.due_at = Some(now.plus_millis(rules.pending_stale_ms));
+            Ok(step(
+                next,
+                vec![Action::Dispatch],
+                "due".into(),
+                Value::Null,
+            ))
+        }
+        S::Pending
+        | S::Blocked
+        | S::Approved
+        | S::Leased
+        | S::Confirmed
+        | S::Failed
+        | S::Unknown
+        | S::Stuck
+        | S::Cancelled
+        | S::Compensating
+        | S::Compensated
+        | S::CompensationFailed
+        | S::NoCompensation => Err(refuse()),
+    }
+}
+
+/// `Event::Lease`.
+pub(super) fn lease(a: &Apply<'_>, owner: &std::sync::Arc<str>) -> Result<Step, Refusal> {
+    use CommandStatus as S;
+    let Apply {
+        state, rules, now, ..
+    } = *a;
+    let from = a.state.status;
+    let mut next = a.next();
+    let step = |next, actions, reason, evidence| a.step(next, actions, reason, evidence);
+    let refuse = || a.refuse();
+    match from {
+        S::Pending | S::Approved => {
+            if state.attempts >= rules.max_attempts {
+                return Err(Refusal::AttemptsExhausted {
+                    max_attempts: rules.max_attempts,
+                });
+            }
+            let expires_at = now.plus_millis(rules.lease_ttl_ms);
+            next.status = S::Leased;
+            next.lease = Lease {
+                epoch: state.lease.epoch.next(),
+                owner: Some(owner.clone()),
+                expires_at: Some(expires_at),
+            };
+            next.attempts = state.attempts + 1;
+            next.due_at = Some(expires_at);
+            let reason = format!(
+                "leased by {owner}, attempt {} of {}",
+                next.attempts, rules.max_attempts
+            );
+            Ok(step(next, vec![Action::CallUpstream], reason, Value::Null))
+        }
+        S::Leased if lease::reservation_lease_lapsing(state, rules, now) => {
+            lease::take_over_reservation_lease(next, state, rules, owner, now)
+                .map(|(next, reason)| step(next, vec![Action::CallUpstream], reason, Value::Null))
+        }
+        S::Scheduled
+        | S::Blocked
+        | S::Leased
+        | S::Confirmed
+        | S::Failed
+        | S::Unknown
+        | S::Stuck
+        | S::Cancelled
+        | S::Compensating
+        | S::Compensated
+        | S::CompensationFailed
+        | S::NoCompensation => Err(refuse()),
+    }
+}
+
+/// `Event::ExtendLease`.
+pub(super) fn extend_lease(a: &Apply<'_>, epoch: &LeaseEpoch) -> Result<Step, Refusal> {
+    use CommandStatus as S;
+    let Apply {
+        state, rules, now, ..
+    } = *a;
+    let from = a.state.status;
+    let mut next = a.next();
+    let step = |next, actions, reason, evidence| a.step(next, actions, reason, evidence);
+    let refuse = || a.refuse();
+    match from {
+        S::Leased => {
+            check_epoch(state, *epoch)?;
+            let expires_at = now.plus_millis(rules.lease_ttl_ms);
+            next.lease.expires_at = Some(expires_at);
+            next.due_at = Some(expires_at);
+            Ok(step(next, vec![], "lease extended".into(), Value::Null))
+        }
+        S::Scheduled
+        | S::Pending
+        | S::Blocked
+        | S::Approved
+        | S::Confirmed
+        | S::Failed
+        | S::Unknown
+        | S::Stuck
+        | S::Cancelled
+        | S::Compensating
+        | S::Compensated
+        | S::CompensationFailed
+        | S::NoCompensation => Err(refuse()),
+    }
+}
+
+/// `Event::Release`.
+pub(super) fn release(a: &Apply<'_>, epoch: &LeaseEpoch, reason: &str) -> Result<Step, Refusal> {
+    use CommandStatus as S;
+    let Apply {
+        state, rules, now, ..
+    } = *a;
+    let from = a.state.status;
+    let mut next = a.next();
+    let step = |next, actions, reason, evidence| a.step(next, actions, reason, evidence);
+    let refuse = || a.refuse();
+    match from {
+        S::Leased => {
+            check_holder(state, *epoch)?;
+            next.lease = released(&state.lease);
+            // Nothing was sent under this lease: the attempt does not count.
+            next.attempts = state.attempts.saturating_sub(1);
+            if state.rollback_pending.is_some() && !state.outcome_unknown {
+                // The mark stays: the run was rolled back, so the command is never replayed.
+                return Ok(cancelled_unsent(
+                    next,
+                    from,
+                    rules,
+                    format!("run rolled back; the lease was given back unused ({reason})"),
+                    now,
+                ));
+            }
+            next.status = S::Pending;
+            next.due_at = Some(now.plus_millis(rules.pending_stale_ms));
+            Ok(step(
+                next,
+                vec![Action::Dispatch],
+                format!("lease given back before the call: {reason}"),
+                Value::Null,
+            ))
+        }
+        S::Scheduled
+        | S::Pending
+        | S::Blocked
+        | S::Approved
+        | S::Confirmed
+        | S::Failed
+        | S::Unknown
+        | S::Stuck
+        | S::Cancelled
+        | S::Compensating
+        | S::Compensated
+        | S::CompensationFailed
+        | S::NoCompensation => Err(refuse()),
+    }
+}
+
+/// `Event::Block` (and `Event::Deny`).
+pub(super) fn block_or_deny(
+    a: &Apply<'_>,
+    reason: &str,
+    epoch: &Option<LeaseEpoch>,
+) -> Result<Step, Refusal> {
+    use CommandStatus as S;
+    let Apply {
+        state,
+        rules,
+        now,
+        event,
+        ..
+    } = *a;
+    let from = a.state.status;
+    let mut next = a.next();
+    let step = |next, actions, reason, evidence| a.step(next, actions, reason, evidence);
+    let refuse = || a.refuse();
+    let deny = matches!(event, Event::Deny { .. });
+    match from {
+        S::Leased if state.lease.owner.as_deref() == Some(RESERVATION_OWNER) => {
+            // The reservation's lease is anyone's to call under: a dispatcher on the
+            // policy the command was admitted by may already have called. Neither
+            // BLOCKED nor FAILED could say that the effect did not happen, so the
+            // command is looked up first, as after any attempt whose outcome is
+            // unknown; the new epoch fences the other caller's write, and what the
+            // look finds is what is recorded (policy is asked again if it is absent).
+            check_epoch(state, epoch.unwrap_or(LeaseEpoch::ZERO))?;
+            let label = if deny { "denied" } else { "blocked" };
+            let ended_by = state.lease.expires_at.map_or(now, |at| at.max(now));
+            next.lease = Lease {
+                epoch: state.lease.epoch.next(),
+                owner: None,
+                expires_at: None,
+            };
+            enter_unknown(&mut next, rules, ended_by, now);
+            Ok(step(
+                next,
+                vec![Action::Reconcile],
+                format!(
+                    "{label} by policy ({reason}), but leased at its reservation, under which a dispatcher on the earlier policy may have called: looked up before anything is decided"
+                ),
+                Value::Null,
+            ))
+        }
+        S::Pending | S::Approved | S::Leased => {
+            if from == S::Leased {
+                check_epoch(state, epoch.unwrap_or(LeaseEpoch::ZERO))?;
+                // Nothing was sent under this lease: the attempt does not count.
+                next.attempts = state.attempts.saturating_sub(1);
+                next.lease = released(&state.lease);
+            }
+            if state.outcome_unknown {
+                // Policy now refuses a same-key retry, but the earlier attempt may
+                // have committed: neither FAILED nor BLOCKED says what happened.
+                let label = if deny { "denied" } else { "blocked" };
+                return Ok(stuck(
+                    next,
+                    from,
+                    format!(
+                        "{label} by policy ({reason}) while an earlier attempt's outcome is unknown"
+                    ),
+                ));
+            }
+            next.due_at = None;
+            let (status, label) = if deny {
+                next.last_error = Some(format!("denied by policy: {reason}"));
+                (S::Failed, "denied by policy")
+            } else {
+                // A gate waits for a person only so long (Tape's gates time out).
+                next.due_at = Some(now.plus_millis(rules.approval_timeout_ms));
+                (S::Blocked, "blocked by policy")
+            };
+            next.status = status;
+            Ok(step(
+                next,
+                vec![Action::Publish { status }],
+                format!("{label}: {reason}"),
+                Value::Null,
+            ))
+        }
+        S::Scheduled
+        | S::Blocked
+        | S::Confirmed
+        | S::Failed
+        | S::Unknown
+        | S::Stuck
+        | S::Cancelled
+        | S::Compensating
+        | S::Compensated
+        | S::CompensationFailed
+        | S::NoCompensation => Err(refuse()),
+    }
+}
+
+/// `Event::LeaseExpired`.
+pub(super) fn lease_expired(a: &Apply<'_>) -> Result<Step, Refusal> {
+    use CommandStatus as S;
+    let Apply {
+        state, rules, now, ..
+    } = *a;
+    let from = a.state.status;
+    let mut next = a.next();
+    let step = |next, actions, reason, evidence| a.step(next, actions, reason, evidence);
+    let refuse = || a.refuse();
+    match from {
+        S::Leased => {
+            if let Some(expires_at) = state.lease.expires_at.filter(|at| *at > now) {
+                return Err(Refusal::LeaseStillValid { expires_at });
+            }
+            next.lease = released(&state.lease);
+            // The holder checked that the whole call fit in the lease before it sent, so
+            // the call ended by the expiry; it may still land until the horizon after it.
+            let ended_by = state.lease.expires_at.map_or(now, |at| at.max(now));
+            enter_unknown(&mut next, rules, ended_by, now);
+            Ok(step(
+                next,
+                vec![Action::Reconcile],
+                "lease expired without an outcome".into(),
+                Value::Null,
+            ))
+        }
+        S::Scheduled
+        | S::Pending
+        | S::Blocked
+        | S::Approved
+        | S::Confirmed
+        | S::Failed
+        | S::Unknown
+        | S::Stuck
+        | S::Cancelled
+        | S::Compensating
+        | S::Compensated
+        | S::CompensationFailed
+        | S::NoCompensation => Err(refuse()),
+    }
+}
