@@ -332,28 +332,13 @@ impl Context {
     ) -> Result<(), BusError> {
         for action in &step.actions {
             match action {
-                Action::Dispatch => {
-                    self.publish(Topic::Requested, command, dispatch_request(command, cause))
-                        .await?;
-                }
-                Action::Reconcile => {
-                    self.publish(Topic::Unknown, command, reconcile_request(command))
-                        .await?;
-                }
-                Action::Compensate => {
-                    let job = CompensateJob::Command {
-                        command_key: command.command_key.clone(),
-                    };
-                    self.publish(Topic::Compensate, command, compensate_request(command, job))
-                        .await?;
-                }
-                Action::CompensateDuplicate => {
-                    let job = CompensateJob::Duplicate {
-                        command_key: command.command_key.clone(),
-                        extra_refs: command.state.owed_duplicates.clone(),
-                    };
-                    self.publish(Topic::Compensate, command, compensate_request(command, job))
-                        .await?;
+                Action::Dispatch
+                | Action::Reconcile
+                | Action::Compensate
+                | Action::CompensateDuplicate => {
+                    if let Some((topic, message)) = request_for(action, command, cause) {
+                        self.publish(topic, command, message).await?;
+                    }
                 }
                 Action::Publish { status } => {
                     let event = LifecycleEvent::new(service, command, self.clock.now());
@@ -515,51 +500,45 @@ impl Context {
         Ok(begun)
     }
 
-    /// Republishes the request a command in `status` waits for (used by the sweeps).
+    /// Republishes the request a command waits for (used by the sweeps): the core says which
+    /// (`machine::awaited`), [`request_for`] where it goes.
     pub async fn nudge(&self, command: &Command, cause: Cause) -> Result<(), BusError> {
-        let (topic, message) = match command.status() {
-            CommandStatus::Pending | CommandStatus::Approved => {
-                (Topic::Requested, dispatch_request(command, cause))
-            }
-            CommandStatus::Unknown => (Topic::Unknown, reconcile_request(command)),
-            CommandStatus::Compensating => (
-                Topic::Compensate,
-                compensate_request(
-                    command,
-                    CompensateJob::Command {
-                        command_key: command.command_key.clone(),
-                    },
-                ),
-            ),
-            CommandStatus::Confirmed if !command.state.owed_duplicates.is_empty() => (
-                Topic::Compensate,
-                compensate_request(
-                    command,
-                    CompensateJob::Duplicate {
-                        command_key: command.command_key.clone(),
-                        extra_refs: command.state.owed_duplicates.clone(),
-                    },
-                ),
-            ),
-            CommandStatus::Confirmed
-            | CommandStatus::Failed
-            | CommandStatus::Cancelled
-            | CommandStatus::Compensated
-                if command.state.verify_pending =>
-            {
-                (Topic::Unknown, reconcile_request(command))
-            }
-            CommandStatus::Scheduled
-            | CommandStatus::Blocked
-            | CommandStatus::Leased
-            | CommandStatus::Confirmed
-            | CommandStatus::Failed
-            | CommandStatus::Stuck
-            | CommandStatus::Cancelled
-            | CommandStatus::Compensated
-            | CommandStatus::CompensationFailed
-            | CommandStatus::NoCompensation => return Ok(()),
+        let Some(action) = sluice_core::machine::awaited(&command.state) else {
+            return Ok(());
         };
-        self.publish(topic, command, message).await
+        match request_for(&action, command, cause) {
+            Some((topic, message)) => self.publish(topic, command, message).await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// The one table from a requested action to its topic and message: a step's actions
+/// (`Context::carry_out`) and a sweep's republish (`Context::nudge`) both go through it.
+/// `None` for the actions that are not requests to another service.
+pub fn request_for(action: &Action, command: &Command, cause: Cause) -> Option<(Topic, Outgoing)> {
+    match action {
+        Action::Dispatch => Some((Topic::Requested, dispatch_request(command, cause))),
+        Action::Reconcile => Some((Topic::Unknown, reconcile_request(command))),
+        Action::Compensate => Some((
+            Topic::Compensate,
+            compensate_request(
+                command,
+                CompensateJob::Command {
+                    command_key: command.command_key.clone(),
+                },
+            ),
+        )),
+        Action::CompensateDuplicate => Some((
+            Topic::Compensate,
+            compensate_request(
+                command,
+                CompensateJob::Duplicate {
+                    command_key: command.command_key.clone(),
+                    extra_refs: command.state.owed_duplicates.clone(),
+                },
+            ),
+        )),
+        Action::Publish { .. } | Action::Escalate { .. } | Action::CallUpstream => None,
     }
 }

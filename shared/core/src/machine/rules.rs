@@ -226,6 +226,32 @@ impl Rules {
     }
 }
 
+/// The work a command waits for, by its status: what a sweep republishes when the command
+/// stalls, as the action a step would have returned. `None`: it waits for nothing the
+/// pipeline does (scheduled, blocked, leased, settled and owing nothing).
+pub fn awaited(state: &CommandState) -> Option<Action> {
+    use CommandStatus as S;
+    match state.status {
+        S::Pending | S::Approved => Some(Action::Dispatch),
+        S::Unknown => Some(Action::Reconcile),
+        S::Compensating => Some(Action::Compensate),
+        S::Confirmed if !state.owed_duplicates.is_empty() => Some(Action::CompensateDuplicate),
+        S::Confirmed | S::Failed | S::Cancelled | S::Compensated if state.verify_pending => {
+            Some(Action::Reconcile)
+        }
+        S::Scheduled
+        | S::Blocked
+        | S::Leased
+        | S::Confirmed
+        | S::Failed
+        | S::Stuck
+        | S::Cancelled
+        | S::Compensated
+        | S::CompensationFailed
+        | S::NoCompensation => None,
+    }
+}
+
 /// Whether a compensation job holds `state` now (`CommandState::claimed_until`): another job
 /// must not start its calls, or it repeats the undo calls the first is making.
 pub fn job_claimed(state: &CommandState, now: Timestamp) -> bool {
