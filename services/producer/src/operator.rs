@@ -17,8 +17,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sluice_core::command::{Command, CommandStatus, EffectSemantics};
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::{self, Event, EventKind, Operator, Refusal, Resolution, Step};
-use sluice_core::policy::{self, PolicyDecision};
+use sluice_core::machine::{Event, EventKind, Operator, Refusal, Resolution, Step};
+use sluice_core::replay::{self, ReplayProblem, RunReplays};
 use sluice_runtime::Driven;
 use sluice_runtime::messages::Cause;
 
@@ -494,59 +494,8 @@ async fn replay(
         .ok_or_else(|| not_found(run_id, key))?;
     let catalog = &api.ctx.catalog;
     let rules = api.ctx.rules_of(&command);
-    let mut problems: Vec<Value> = Vec::new();
-
     let run_replays: u32 = run.iter().map(|c| c.state.replays).sum();
     let run_limit = catalog.max_replays_per_run();
-    if run_replays >= run_limit {
-        problems.push(json!({
-            "code": "run_replay_limit",
-            "message": format!("run {run_id} was replayed {run_replays} times already (limit {run_limit} per run)"),
-        }));
-    }
-    let tool = catalog.get(&command.tool);
-    let (arguments, policy_decision) = match tool {
-        None => {
-            problems.push(json!({
-                "code": "tool_removed",
-                "message": format!("tool {} is no longer in the catalog", command.tool),
-            }));
-            (json!({"valid": false, "violations": []}), Value::Null)
-        }
-        Some(tool) => {
-            let arguments = match tool.validate_args(&command.args) {
-                Ok(()) => json!({"valid": true, "violations": []}),
-                Err(e) => {
-                    let violations: Vec<Value> = e
-                        .violations()
-                        .iter()
-                        .map(|v| json!({"pointer": format!("/args{}", v.pointer), "message": v.message}))
-                        .collect();
-                    problems.push(json!({
-                        "code": "invalid_arguments",
-                        "message": format!("the stored arguments no longer match the schema of {}: {e}", tool.name()),
-                    }));
-                    json!({"valid": false, "violations": violations})
-                }
-            };
-            let decision = policy::evaluate(
-                tool,
-                &command.args,
-                command.state.approval.as_deref(),
-                catalog.policy_version(),
-            );
-            if let PolicyDecision::Deny { reason } = &decision {
-                problems.push(json!({
-                    "code": "policy_denied",
-                    "message": format!("policy denies the command: {reason}"),
-                }));
-            }
-            (
-                arguments,
-                serde_json::to_value(&decision).unwrap_or(Value::Null),
-            )
-        }
-    };
     let event = Event::Replay {
         operator: Operator {
             actor: actor.to_owned(),
@@ -554,17 +503,59 @@ async fn replay(
         },
         evidence: evidence.clone(),
     };
-    let now = api.ctx.clock.now();
-    let machine = machine::apply(&command.state, &rules, &event, now);
-    if let Err(refusal) = &machine {
-        let mut problem = refused(&command, refusal).body()["error"].clone();
-        problem["refusal"] = json!(refusal);
-        problems.push(problem);
-    }
-    let would_block = matches!(
-        serde_json::from_value::<PolicyDecision>(policy_decision.clone()),
-        Ok(PolicyDecision::RequireApproval { .. })
+    let tool = catalog.get(&command.tool);
+    let check = replay::check(
+        &command.state,
+        &command.args,
+        &command.tool,
+        tool,
+        &rules,
+        RunReplays {
+            replays: run_replays,
+            limit: run_limit,
+        },
+        catalog.policy_version(),
+        &event,
+        api.ctx.clock.now(),
     );
+    let problems: Vec<Value> = check
+        .problems
+        .iter()
+        .map(|problem| match problem {
+            ReplayProblem::Refused(refusal) => {
+                let mut shown = refused(&command, refusal).body()["error"].clone();
+                shown["refusal"] = json!(refusal);
+                shown
+            }
+            other => json!({
+                "code": other.code(),
+                "message": other.message(run_id.as_str()),
+            }),
+        })
+        .collect();
+    let arguments = match (tool, &check.problems) {
+        (None, _) => json!({"valid": false, "violations": []}),
+        (Some(_), problems) => {
+            let violations: Vec<Value> = problems
+                .iter()
+                .filter_map(|problem| {
+                    if let ReplayProblem::InvalidArguments { error, .. } = problem {
+                        Some(error)
+                    } else {
+                        None
+                    }
+                })
+                .flat_map(|error| error.violations())
+                .map(|v| json!({"pointer": format!("/args{}", v.pointer), "message": v.message}))
+                .collect();
+            json!({"valid": violations.is_empty(), "violations": violations})
+        }
+    };
+    let policy_decision = check
+        .decision
+        .as_ref()
+        .map_or(Value::Null, |decision| json!(decision));
+    let would_block = check.would_block();
     let outcome_unknown = command.status() == CommandStatus::Stuck;
     let next = if !problems.is_empty() {
         "nothing: the replay is refused".to_owned()
@@ -611,14 +602,13 @@ async fn replay(
     }
     if !problems.is_empty() {
         let first = &report["problems"][0];
-        let code = match first["code"].as_str() {
-            Some("run_replay_limit") => "replay_limit",
-            Some("invalid_arguments") => "invalid_arguments",
-            Some("policy_denied") => "policy_denied",
-            Some("tool_removed") => "tool_removed",
-            Some("evidence_required") => "evidence_required",
-            Some("replay_limit") => "replay_limit",
-            _ => "not_allowed",
+        let code = match check.problems.first() {
+            Some(ReplayProblem::RunLimit { .. }) => "replay_limit",
+            Some(ReplayProblem::InvalidArguments { .. }) => "invalid_arguments",
+            Some(ReplayProblem::PolicyDenied { .. }) => "policy_denied",
+            Some(ReplayProblem::ToolRemoved { .. }) => "tool_removed",
+            Some(ReplayProblem::Refused(refusal)) => refused(&command, refusal).code(),
+            None => "not_allowed",
         };
         return Err(ApiError::new(
             StatusCode::CONFLICT,

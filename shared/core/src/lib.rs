@@ -23,6 +23,7 @@ pub mod journal;
 pub mod load;
 pub mod machine;
 pub mod policy;
+pub mod replay;
 pub mod secret;
 pub mod sweep;
 pub mod time;
