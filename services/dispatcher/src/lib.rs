@@ -15,7 +15,7 @@ use sluice_bus::{BusError, Delivery, Topic};
 use sluice_core::catalog::{Catalog, Tool};
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::{self, DispatchOutcome, Event, Refusal};
+use sluice_core::machine::{self, DispatchOutcome, DispatchPlan, Event, Refusal};
 use sluice_core::policy::{self, PolicyDecision};
 use sluice_runtime::config::DispatcherConfig;
 use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
@@ -74,24 +74,24 @@ pub async fn dispatch(
     command_key: &CommandKey,
 ) -> Result<Option<Command>, PipelineError> {
     let catalog = ctx.catalog.clone();
+    let owner: std::sync::Arc<str> = std::sync::Arc::from(owner);
     let current = ctx.current(run_id, command_key).await?;
-    let usable = current.command.as_ref().is_some_and(|command| {
-        catalog.get(&command.tool).is_some_and(|tool| {
-            policy_of(&catalog, tool, command) == PolicyDecision::Allow
-                && machine::reservation_lease_usable(
-                    &command.state,
-                    &ctx.rules_of(command),
-                    ctx.clock.now(),
-                )
-        })
-    });
+    // Decided once on this read (policy evaluated once); the lease's write re-decides only on a
+    // copy that moved meanwhile.
+    let first = current
+        .command
+        .as_ref()
+        .map(|command| (version(command), plan(ctx, &catalog, command, &owner)));
     sluice_faults::point!("dispatcher.lease.pre");
-    let leased = match current {
-        Current {
-            command: Some(command),
-            ..
-        } if usable => command,
-        current => match lease(ctx, owner, run_id, command_key, current).await? {
+    let leased = match (current, first) {
+        (
+            Current {
+                command: Some(command),
+                ..
+            },
+            Some((_, DispatchPlan::Call)),
+        ) => command,
+        (current, first) => match lease(ctx, &owner, run_id, command_key, current, first).await? {
             Ok(command) => command,
             Err(settled) => return Ok(settled),
         },
@@ -179,54 +179,30 @@ pub async fn dispatch(
     }
 }
 
-/// Leases a command waiting for dispatch, or carries out what policy says instead. `Ok` is the
-/// leased command to call under; `Err` is the command as it stands when there is nothing to
-/// call (blocked, denied, not waiting, missing).
+/// Leases a command waiting for dispatch, or carries out what the core plans instead
+/// (`machine::plan_dispatch`). `Ok` is the leased command to call under; `Err` is the command as
+/// it stands when there is nothing to call (blocked, denied, not waiting, missing). `first`:
+/// the plan of the copy in `current`, reused while the write sees that copy.
 async fn lease(
     ctx: &Context,
-    owner: &str,
+    owner: &std::sync::Arc<str>,
     run_id: &RunId,
     command_key: &CommandKey,
     current: Current,
+    first: Option<(Version, DispatchPlan)>,
 ) -> Result<Result<Command, Option<Command>>, PipelineError> {
     let catalog = ctx.catalog.clone();
     let leased = ctx
         .drive_current(run_id, command_key, ACTOR, current, |command| {
-            // A lease the reservation took meets the policy as it is now (the catalog may have
-            // changed in between): if that blocks or denies it, the core has it looked up
-            // first, since a dispatcher on the earlier policy may have called under it; one
-            // that is merely short of time is taken over.
-            if !command.awaits_dispatch() {
-                return None;
-            }
-            // Waiting for dispatch and LEASED: the reservation's lease.
-            let reserved_lease = command.status() == CommandStatus::Leased;
-            let epoch = reserved_lease.then(|| command.epoch());
-            let Some(tool) = catalog.get(&command.tool) else {
-                return Some(Event::Deny {
-                    reason: format!("tool {} is no longer in the catalog", command.tool),
-                    epoch,
-                });
+            let planned = match &first {
+                Some((seen, planned)) if *seen == version(command) => planned.clone(),
+                Some(_) | None => plan(ctx, &catalog, command, owner),
             };
-            // Policy is deterministic over the stored arguments and the current policy
-            // version; checking it right before the lease is the same as right after, since
-            // the lease is guarded by the status read here.
-            match policy_of(&catalog, tool, command) {
-                // Its request waited on the bus past the lease's time: taken over with the
-                // same key (one write) rather than left to lapse into the sweep's several.
-                PolicyDecision::Allow if reserved_lease => machine::reservation_lease_lapsing(
-                    &command.state,
-                    &ctx.rules_of(command),
-                    ctx.clock.now(),
-                )
-                .then(|| Event::Lease {
-                    owner: std::sync::Arc::from(owner),
-                }),
-                PolicyDecision::Allow => Some(Event::Lease {
-                    owner: std::sync::Arc::from(owner),
-                }),
-                PolicyDecision::RequireApproval { reason } => Some(Event::Block { reason, epoch }),
-                PolicyDecision::Deny { reason } => Some(Event::Deny { reason, epoch }),
+            match planned {
+                DispatchPlan::Apply(event) => Some(event),
+                // A usable reservation lease found on a re-read: nothing to write, and the
+                // next delivery calls under it.
+                DispatchPlan::Call | DispatchPlan::Nothing => None,
             }
         })
         .await?;
@@ -247,6 +223,36 @@ async fn lease(
             Err(None)
         }
     })
+}
+
+/// Which copy of a command a plan was made on: a write that sees another copy plans again.
+type Version = (
+    CommandStatus,
+    sluice_core::ids::LeaseEpoch,
+    sluice_core::time::Timestamp,
+);
+
+fn version(command: &Command) -> Version {
+    (command.status(), command.epoch(), command.state.updated_at)
+}
+
+/// The core's plan for `command`, with today's policy for its stored arguments.
+fn plan(
+    ctx: &Context,
+    catalog: &Catalog,
+    command: &Command,
+    owner: &std::sync::Arc<str>,
+) -> DispatchPlan {
+    let policy = catalog
+        .get(&command.tool)
+        .map(|tool| policy_of(catalog, tool, command));
+    machine::plan_dispatch(
+        command,
+        &ctx.rules_of(command),
+        policy.as_ref(),
+        owner,
+        ctx.clock.now(),
+    )
 }
 
 /// `tool`'s policy for `command` as it is stored.

@@ -233,3 +233,72 @@ pub(super) fn rollback_confirmed(
         ))
     }
 }
+
+/// What a dispatcher does with a command it was asked to dispatch, decided from the command as
+/// read, the tool's rules and today's policy for its stored arguments (evaluated once per read
+/// by the caller): the one place that decides whether to call, lease, take over, block, deny
+/// or leave it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DispatchPlan {
+    /// Call now, under the lease the command already holds (its reservation's, with the whole
+    /// call's time left): no lease write.
+    Call,
+    /// Write this event first (a lease, a take-over of a lapsing reservation lease, a block or
+    /// a denial); call only if it leaves the command leased to this dispatcher.
+    Apply(Event),
+    /// Nothing to do: not waiting for a dispatcher, or a reservation lease that is neither
+    /// usable nor lapsing (left to its holder or the sweep).
+    Nothing,
+}
+
+/// Decides what to do with `command` (see [`DispatchPlan`]). `policy`: `None` when its tool is
+/// no longer in the catalog.
+pub fn plan_dispatch(
+    command: &crate::command::Command,
+    rules: &Rules,
+    policy: Option<&PolicyDecision>,
+    owner: &std::sync::Arc<str>,
+    now: Timestamp,
+) -> DispatchPlan {
+    if !command.awaits_dispatch() {
+        return DispatchPlan::Nothing;
+    }
+    let state = &command.state;
+    // Waiting for dispatch and LEASED: the reservation's lease, whose epoch a block or denial
+    // must present.
+    let reserved = state.status == CommandStatus::Leased;
+    let epoch = reserved.then_some(state.lease.epoch);
+    let Some(policy) = policy else {
+        return DispatchPlan::Apply(Event::Deny {
+            reason: format!("tool {} is no longer in the catalog", command.tool),
+            epoch,
+        });
+    };
+    match policy {
+        PolicyDecision::Allow if reserved && reservation_lease_usable(state, rules, now) => {
+            DispatchPlan::Call
+        }
+        // Its request waited on the bus past the lease's time: taken over with the same key
+        // (one write) rather than left to lapse into the sweep's several.
+        PolicyDecision::Allow if reserved => {
+            if reservation_lease_lapsing(state, rules, now) {
+                DispatchPlan::Apply(Event::Lease {
+                    owner: owner.clone(),
+                })
+            } else {
+                DispatchPlan::Nothing
+            }
+        }
+        PolicyDecision::Allow => DispatchPlan::Apply(Event::Lease {
+            owner: owner.clone(),
+        }),
+        PolicyDecision::RequireApproval { reason } => DispatchPlan::Apply(Event::Block {
+            reason: reason.clone(),
+            epoch,
+        }),
+        PolicyDecision::Deny { reason } => DispatchPlan::Apply(Event::Deny {
+            reason: reason.clone(),
+            epoch,
+        }),
+    }
+}

@@ -1222,3 +1222,81 @@ fn a_reservation_lease_short_of_time_is_taken_over_with_the_same_key() {
         .is_err()
     );
 }
+
+/// The dispatcher's plan for each kind of command it may be handed, with each policy.
+#[test]
+fn plan_dispatch_decides_call_lease_take_over_block_deny_or_nothing() {
+    use crate::command::{Command, Intent};
+    use crate::ids::{CommandKey, RunId, ToolName};
+    let rules = Rules::defaults(E::Idempotent);
+    let owner: std::sync::Arc<str> = std::sync::Arc::from("d-1");
+    let tool = ToolName::parse("email/send").expect("valid");
+    let command = |state: CommandState| {
+        let mut command = Command::from_intent(
+            Intent {
+                run_id: RunId::parse("r-1").expect("valid"),
+                command_key: CommandKey::new(1, tool.clone(), 0),
+                semantics: E::Idempotent,
+                args: json!({}),
+                business_key: None,
+                policy_version: "1".into(),
+                max_attempts: 3,
+                not_before: None,
+            },
+            now(),
+            10_000,
+        );
+        command.state = state;
+        command
+    };
+    let allow = PolicyDecision::Allow;
+    let approve = PolicyDecision::RequireApproval {
+        reason: "large".into(),
+    };
+    let deny = PolicyDecision::Deny {
+        reason: "forbidden".into(),
+    };
+    let pending = command(CommandState::reserved(now(), None, 10_000));
+    let reserved =
+        command(lease_at_reservation(&pending.state, &rules, &allow, now()).expect("leased"));
+    let plan = |command: &Command, policy: Option<&PolicyDecision>, at: Timestamp| {
+        plan_dispatch(command, &rules, policy, &owner, at)
+    };
+    assert_eq!(plan(&reserved, Some(&allow), now()), DispatchPlan::Call);
+    assert_eq!(
+        plan(&pending, Some(&allow), now()),
+        DispatchPlan::Apply(Event::Lease {
+            owner: owner.clone()
+        })
+    );
+    let lapsing_at = reserved.state.lease.expires_at.expect("an expiry");
+    assert_eq!(
+        plan(&reserved, Some(&allow), lapsing_at),
+        DispatchPlan::Apply(Event::Lease {
+            owner: owner.clone()
+        }),
+        "a lapsing reservation lease is taken over"
+    );
+    assert_eq!(
+        plan(&reserved, Some(&approve), now()),
+        DispatchPlan::Apply(Event::Block {
+            reason: "large".into(),
+            epoch: Some(reserved.state.lease.epoch)
+        })
+    );
+    assert_eq!(
+        plan(&pending, Some(&deny), now()),
+        DispatchPlan::Apply(Event::Deny {
+            reason: "forbidden".into(),
+            epoch: None
+        })
+    );
+    let DispatchPlan::Apply(Event::Deny { reason, .. }) = plan(&pending, None, now()) else {
+        panic!("a tool gone from the catalog is denied");
+    };
+    assert!(reason.contains("no longer in the catalog"), "{reason}");
+    assert_eq!(
+        plan(&command(state_in(S::Confirmed)), Some(&allow), now()),
+        DispatchPlan::Nothing
+    );
+}
