@@ -758,17 +758,46 @@ fn render(command: &ConsoleCommand, body: &Value) -> String {
                 )
             }
         }
-        ConsoleCommand::Purge { .. } => {
-            let r = &body["report"];
-            format!(
-                "purged {} run(s): {} command(s), {} audit record(s), {} business key(s); checkpoints kept",
-                text(&r["runs"]),
-                text(&r["commands"]),
-                text(&r["audit_records"]),
-                text(&r["business_keys"])
-            )
-        }
+        ConsoleCommand::Purge { .. } => render_purge(&body["report"]),
     }
+}
+
+/// What a purge removed, then the runs it kept because a command still owes work.
+fn render_purge(report: &Value) -> String {
+    let mut out = format!(
+        "purged {} run(s): {} command(s), {} audit record(s), {} business key(s); checkpoints kept",
+        text(&report["runs"]),
+        text(&report["commands"]),
+        text(&report["audit_records"]),
+        text(&report["business_keys"])
+    );
+    let kept = report["kept"].as_array().cloned().unwrap_or_default();
+    let counted = report["kept_runs"].as_u64().unwrap_or(kept.len() as u64);
+    if counted == 0 {
+        return out;
+    }
+    out.push_str(&format!(
+        "\nkept {counted} finished run(s) that still owe work (purged once it is done):"
+    ));
+    let mut table = table(&["run", "command", "still owed"]);
+    for run in &kept {
+        let owed = match run["owed"].as_str() {
+            Some("duplicate_clean_up") => "the clean-up of a duplicate commit",
+            Some("last_look") => "a last look for a late or second commit",
+            Some("due") => "a step the sweep has yet to take",
+            _ => "work",
+        };
+        table.add_row([
+            text(&run["run_id"]),
+            text(&run["command_key"]),
+            owed.to_owned(),
+        ]);
+    }
+    out.push_str(&format!("\n{table}"));
+    if counted > kept.len() as u64 {
+        out.push_str(&format!("\n… and {} more", counted - kept.len() as u64));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -793,6 +822,38 @@ mod tests {
             parse_since("3w", now).expect_err("bad unit").exit,
             Exit::Usage
         );
+    }
+
+    #[test]
+    fn a_purge_names_the_runs_it_kept_and_why() {
+        let mut report = sluice_ledger::PurgeReport {
+            runs: 2,
+            commands: 3,
+            ..Default::default()
+        };
+        let run = sluice_core::ids::RunId::parse("r-abc").expect("valid");
+        let key = sluice_core::ids::CommandKey::parse("d-3/payments/wire/0").expect("valid");
+        for owed in [
+            sluice_core::retention::Owed::DuplicateCleanUp,
+            sluice_core::retention::Owed::LastLook,
+        ] {
+            report.keep(run.clone(), key.clone(), owed);
+        }
+        report.kept.pop();
+        let out = render_purge(&serde_json::to_value(&report).expect("json"));
+        assert!(out.starts_with("purged 2 run(s): 3 command(s)"), "{out}");
+        assert!(
+            out.contains("kept 2 finished run(s) that still owe work"),
+            "{out}"
+        );
+        assert!(out.contains("r-abc"), "{out}");
+        assert!(out.contains("the clean-up of a duplicate commit"), "{out}");
+        assert!(out.contains("… and 1 more"), "{out}");
+
+        let none = render_purge(
+            &serde_json::to_value(sluice_ledger::PurgeReport::default()).expect("json"),
+        );
+        assert!(!none.contains("kept 0"), "{none}");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! * [`load`] — bounds on the work per effect when the ledger or the bus falls behind.
 //! * [`policy`] — deterministic policy checks against a command's stored arguments.
 //! * [`audit`] — the per-run audit hash chain and its verification.
+//! * [`retention`] — which runs a purge may remove, and what keeps the others.
 //! * [`sweep`] — due-index shards and the plan by which reconcilers split them.
 //! * [`time`] — millisecond timestamps and the `Clock` port.
 //! * [`trace`] — the W3C trace context a command carries from the agent's call onwards.
@@ -24,6 +25,7 @@ pub mod load;
 pub mod machine;
 pub mod policy;
 pub mod replay;
+pub mod retention;
 pub mod secret;
 pub mod sweep;
 pub mod time;

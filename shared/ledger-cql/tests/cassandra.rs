@@ -9,9 +9,9 @@
 //!
 //! Keyspaces: creating one costs 2–3 s and about 7 tables of heap on the node (a 1 GiB test
 //! node ran out of memory after ~100 of them), so the checks share one keyspace per run of
-//! this binary and work in run ids of their own, as the contract allows. Two need a keyspace
-//! of their own: the purge check (it purges every finished run it finds) and the sweep-cursor
-//! test (it counts whole buckets). Keyspaces left by earlier runs are dropped first.
+//! this binary and work in run ids of their own, as the contract allows. Three need a keyspace
+//! of their own: the two purge checks (a purge removes every finished run it finds) and the
+//! sweep-cursor test (it counts whole buckets). Keyspaces left by earlier runs are dropped first.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -35,8 +35,12 @@ const DEFAULT_NODES: &str = "127.0.0.1:19042";
 /// dropped by the next test binary (a run of this binary takes about a minute).
 const KEYSPACE_PREFIX: &str = "sluice_t_";
 const LEFTOVER_AGE_S: u64 = 10 * 60;
-/// The contract check that needs a keyspace of its own.
-const PURGE_CHECK: &str = "purge_removes_finished_runs_and_leaves_checkpoints";
+/// The contract checks that need a keyspace of their own: each purges every finished run it
+/// finds, which would take the runs of the checks beside it.
+const PURGE_CHECKS: [&str; 2] = [
+    "purge_removes_finished_runs_and_leaves_checkpoints",
+    "purge_keeps_runs_that_still_owe_work",
+];
 
 fn nodes() -> Vec<String> {
     std::env::var(NODES_VAR)
@@ -161,11 +165,11 @@ async fn connect_own() -> CqlLedger {
 }
 
 /// The contract's maker. libtest runs each test on a thread named after it, which is how the
-/// purge check is told apart: the macro gives every check the same maker.
+/// purge checks are told apart: the macro gives every check the same maker.
 async fn fresh() -> (Arc<dyn Ledger>, ()) {
     let own = std::thread::current()
         .name()
-        .is_some_and(|name| name.ends_with(PURGE_CHECK));
+        .is_some_and(|name| PURGE_CHECKS.iter().any(|check| name.ends_with(check)));
     let ledger = if own {
         connect_own().await
     } else {

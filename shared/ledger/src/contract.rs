@@ -21,10 +21,12 @@ use sluice_core::command::{Command, CommandStatus, EffectSemantics, Intent, Obse
 use sluice_core::ids::{BusinessKey, CommandKey, LeaseEpoch, RunId, ToolName};
 use sluice_core::machine::{self, DispatchOutcome, Event, Rules};
 use sluice_core::policy::PolicyDecision;
+use sluice_core::retention::Owed;
 use sluice_core::time::{Clock, SystemClock, Timestamp};
 
 use crate::{
-    Cas, Claim, Ledger, LedgerError, MAX_RESULT_BYTES, Reserved, RunCursor, SYSTEM_RUN, Transition,
+    Cas, Claim, KeptRun, Ledger, LedgerError, MAX_RESULT_BYTES, Reserved, RunCursor, SYSTEM_RUN,
+    Transition,
 };
 
 /// Generates one test per contract check for the ledger made by `$make`.
@@ -50,6 +52,7 @@ macro_rules! ledger_contract_tests {
             audit_append_records_run_level_facts,
             a_closed_run_takes_no_new_commands_and_replays_its_own,
             purge_removes_finished_runs_and_leaves_checkpoints,
+            purge_keeps_runs_that_still_owe_work,
             list_runs_shows_recent_runs_with_open_counts,
             list_runs_pages_with_a_cursor_and_misses_none,
             the_submitter_is_kept_through_transitions,
@@ -1039,6 +1042,172 @@ pub async fn purge_removes_finished_runs_and_leaves_checkpoints(ledger: Arc<dyn 
                 .is_some_and(|c| c.iter().any(|c| c["run_id"] == json!(done.as_str())))
     }));
     verify(&system, log.checkpoint.as_ref(), &log.entries).expect("system chain verifies");
+}
+
+/// A wire with `business_key` that went through UNKNOWN and was then observed: CONFIRMED, with
+/// what the observation leaves owed (a last look, a duplicate's clean-up).
+async fn confirmed_after_a_look(
+    ledger: &dyn Ledger,
+    run: &RunId,
+    business_key: &str,
+    observation: Observation,
+    extra_refs: &[&str],
+) -> Command {
+    let pending = reserve_new(
+        ledger,
+        command_with_key(run, 0, "payments/wire", 0, json!({}), Some(business_key)),
+    )
+    .await;
+    let leased = lease(ledger, &pending, "d")
+        .await
+        .applied()
+        .cloned()
+        .expect("lease");
+    let ambiguous = Event::Dispatched {
+        epoch: leased.epoch(),
+        sent_at: now(),
+        outcome: DispatchOutcome::Ambiguous {
+            reason: "timeout after send".into(),
+        },
+    };
+    let unknown = ledger
+        .finalize(step(&leased, ambiguous))
+        .await
+        .expect("write")
+        .applied()
+        .cloned()
+        .expect("applied");
+    let observed = Event::Observed {
+        observation,
+        external_ref: Some("w-1".into()),
+        evidence: json!({"status": 200}),
+        extra_refs: extra_refs.iter().map(|r| (*r).to_owned()).collect(),
+    };
+    let confirmed = ledger
+        .transition(step(&unknown, observed))
+        .await
+        .expect("write")
+        .applied()
+        .cloned()
+        .expect("applied");
+    assert_eq!(confirmed.status(), CommandStatus::Confirmed);
+    confirmed
+}
+
+/// A run whose commands are all terminal is still not finished while one of them owes a last
+/// look (`verify_pending`) or a duplicate's clean-up (`owed_duplicates`): a purge keeps it
+/// whole — its commands, so the look and the clean-up still run, and its business key, so the
+/// same wire is not accepted again as new — while a finished run beside it goes.
+pub async fn purge_keeps_runs_that_still_owe_work(ledger: Arc<dyn Ledger>) {
+    let (looks, cleans, done) = (
+        fresh_run("purge-look"),
+        fresh_run("purge-dup"),
+        fresh_run("purge-done"),
+    );
+    let look_key = format!("purge-{looks}");
+    let clean_key = format!("purge-{cleans}");
+    let owes_look =
+        confirmed_after_a_look(&*ledger, &looks, &look_key, Observation::Present, &[]).await;
+    assert!(owes_look.state.verify_pending, "a last look is owed");
+    let owes_clean_up = confirmed_after_a_look(
+        &*ledger,
+        &cleans,
+        &clean_key,
+        Observation::Duplicate,
+        &["w-2"],
+    )
+    .await;
+    assert_eq!(owes_clean_up.state.owed_duplicates, vec!["w-2".to_owned()]);
+    let finished = reserve_new(&*ledger, command(&done, 0, "payments/wire", 0, json!({}))).await;
+    let leased = lease(&*ledger, &finished, "d")
+        .await
+        .applied()
+        .cloned()
+        .expect("lease");
+    ledger
+        .finalize(step(&leased, committed(leased.epoch(), json!({}))))
+        .await
+        .expect("write");
+
+    let cutoff = now().plus_millis(1_000);
+    let mut gone = false;
+    let mut kept = Vec::new();
+    // One run per call: the runs kept (created first) must not use up a call's `max_runs`,
+    // or a purge would stop at them for good.
+    for _ in 0..100 {
+        let batch = ledger
+            .purge(cutoff, 1, "retention", now())
+            .await
+            .expect("purge");
+        assert!(batch.runs <= 1, "{batch:?}");
+        assert!(batch.kept_runs >= batch.kept.len() as u64, "{batch:?}");
+        kept.extend(batch.kept);
+        gone = ledger
+            .get(&done, &finished.command_key)
+            .await
+            .expect("get")
+            .is_none();
+        if gone || batch.runs == 0 {
+            break;
+        }
+    }
+    assert!(gone, "the finished run beside them was purged");
+    // The purge says what it kept and why: the duplicate's clean-up is named before the last
+    // look that a duplicate found also owes.
+    for (run, owed, why) in [
+        (&looks, &owes_look, Owed::LastLook),
+        (&cleans, &owes_clean_up, Owed::DuplicateCleanUp),
+    ] {
+        assert!(
+            kept.contains(&KeptRun {
+                run_id: run.clone(),
+                command_key: owed.command_key.clone(),
+                owed: why,
+            }),
+            "{run} not reported kept for {why}: {kept:?}"
+        );
+    }
+    assert!(
+        !kept.iter().any(|k| k.run_id == done),
+        "a purged run is not reported kept"
+    );
+
+    for (run, owed, business_key) in [
+        (&looks, &owes_look, &look_key),
+        (&cleans, &owes_clean_up, &clean_key),
+    ] {
+        let kept = ledger.get(run, &owed.command_key).await.expect("get");
+        assert_eq!(
+            kept.as_ref(),
+            Some(owed),
+            "{run}: a command that still owes work was purged"
+        );
+        let other = fresh_run("purge-again");
+        let again = command_with_key(&other, 0, "payments/wire", 0, json!({}), Some(business_key));
+        let claim = ledger
+            .claim_business_key(
+                &again.tool,
+                &BusinessKey::new(business_key.clone()),
+                &other,
+                &again.command_key,
+            )
+            .await
+            .expect("claim");
+        assert_eq!(
+            claim,
+            Claim::HeldBy {
+                run_id: run.clone(),
+                command_key: owed.command_key.clone(),
+            },
+            "{run}: the business key of a command that owes work was freed"
+        );
+        let trail = ledger.audit_read(run).await.expect("audit");
+        assert_eq!(
+            trail.checkpoint, None,
+            "{run}: no checkpoint for a kept run"
+        );
+        verify(run, None, &trail.entries).expect("the kept run's chain verifies");
+    }
 }
 
 pub async fn list_runs_shows_recent_runs_with_open_counts(ledger: Arc<dyn Ledger>) {

@@ -27,6 +27,7 @@ use sluice_core::audit::{AuditDraft, AuditEntry, Checkpoint};
 use sluice_core::command::{Command, CommandState, CommandStatus};
 use sluice_core::ids::{BusinessKey, CommandKey, LeaseEpoch, RunId, ToolName};
 use sluice_core::machine::Step;
+use sluice_core::retention::Owed;
 use sluice_core::time::Timestamp;
 
 pub mod contract;
@@ -204,7 +205,7 @@ pub struct AuditTrail {
     pub entries: Vec<AuditEntry>,
 }
 
-/// What a purge removed.
+/// What a purge removed, and the runs it kept although they looked finished.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct PurgeReport {
     pub runs: u64,
@@ -212,6 +213,52 @@ pub struct PurgeReport {
     pub audit_records: u64,
     pub business_keys: u64,
     pub checkpoints: Vec<Checkpoint>,
+    /// Runs whose commands are all terminal and unchanged since the cutoff, kept because one
+    /// of them still owes work (`sluice_core::retention`): every such run the purge looked at.
+    #[serde(default)]
+    pub kept_runs: u64,
+    /// The first [`KEPT_LISTED`] of those runs, each with a command that owes work and what.
+    #[serde(default)]
+    pub kept: Vec<KeptRun>,
+}
+
+/// How many kept runs a [`PurgeReport`] names; the rest are only counted.
+pub const KEPT_LISTED: usize = 100;
+
+/// A run a purge kept: one of its commands and the work it still owes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptRun {
+    pub run_id: RunId,
+    pub command_key: CommandKey,
+    pub owed: Owed,
+}
+
+impl PurgeReport {
+    /// Counts a run kept for `owed`, and names it while the list has room.
+    pub fn keep(&mut self, run_id: RunId, command_key: CommandKey, owed: Owed) {
+        self.kept_runs += 1;
+        if self.kept.len() < KEPT_LISTED {
+            self.kept.push(KeptRun {
+                run_id,
+                command_key,
+                owed,
+            });
+        }
+    }
+
+    /// The evidence of the purge's record in the [`SYSTEM_RUN`] chain: what was removed, and
+    /// how many runs were kept for owed work.
+    pub fn evidence(&self, older_than: Timestamp) -> Value {
+        serde_json::json!({
+            "older_than": older_than,
+            "runs": self.runs,
+            "commands": self.commands,
+            "audit_records": self.audit_records,
+            "business_keys": self.business_keys,
+            "checkpoints": self.checkpoints,
+            "kept_runs": self.kept_runs,
+        })
+    }
 }
 
 /// Where a listing of runs stopped: the last run it gave. Runs are listed newest first, and
@@ -450,9 +497,12 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
     /// A run's chain: its checkpoint, if purged before, and the records after it in order.
     async fn audit_read(&self, run_id: &RunId) -> Result<AuditTrail, LedgerError>;
 
-    /// Removes whole runs whose commands are all terminal and that have not changed since
-    /// `older_than`, with their audit records and business keys, leaving a checkpoint per run
-    /// and recording the purge in the [`SYSTEM_RUN`] chain. At most `max_runs` per call.
+    /// Removes whole runs whose commands are all terminal and owe nothing more
+    /// (`sluice_core::retention::purge_verdict`) and that have not changed since `older_than`,
+    /// with their audit records and business keys, leaving a checkpoint per run and recording
+    /// the purge in the [`SYSTEM_RUN`] chain. At most `max_runs` per call. A run whose commands
+    /// are all terminal but one still owes work (a last look, a duplicate's clean-up) is left
+    /// whole and reported in [`PurgeReport::kept`].
     async fn purge(
         &self,
         older_than: Timestamp,

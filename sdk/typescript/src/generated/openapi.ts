@@ -372,7 +372,10 @@ export interface paths {
          * @description Removes whole runs whose commands are all terminal, with their idempotency and business
          *     keys and audit records, leaving per run a checkpoint (last hash, count, purge time) so
          *     what remains still verifies. The request and what it removed are recorded in the
-         *     `sluice.system` chain.
+         *     `sluice.system` chain. A run whose commands are all terminal but one still owes work — a
+         *     last look for a late or second commit, or the clean-up of a duplicate already found — is
+         *     kept whole (commands, business keys, chain) and reported in `kept`: purging it would drop
+         *     that work and free its business key.
          */
         post: operations["purge"];
         delete?: never;
@@ -1723,6 +1726,18 @@ export interface operations {
                             audit_records: number;
                             business_keys: number;
                             checkpoints: components["schemas"]["Checkpoint"][];
+                            /** @description Runs left whole although every command is terminal and unchanged since the cutoff, because one still owes work */
+                            kept_runs: number;
+                            /** @description The first 100 of the runs kept, each with a command that owes work and what it owes */
+                            kept: {
+                                run_id: components["schemas"]["RunId"];
+                                command_key: components["schemas"]["CommandKey"];
+                                /**
+                                 * @description duplicate_clean_up: extra commits found are still to be compensated; last_look: a last look for a late or second commit is still to come; due: another step is still due
+                                 * @enum {unknown}
+                                 */
+                                owed: "duplicate_clean_up" | "last_look" | "due";
+                            }[];
                         };
                     };
                 };

@@ -4,7 +4,8 @@
 use futures::StreamExt;
 
 use sluice_core::audit::{AuditDraft, Checkpoint};
-use sluice_core::ids::RunId;
+use sluice_core::ids::{CommandKey, RunId};
+use sluice_core::retention::{PurgeVerdict, purge_verdict};
 use sluice_core::time::Timestamp;
 use sluice_ledger::{Ledger, LedgerError, PurgeReport, RunCursor, RunSummary, SYSTEM_RUN};
 
@@ -159,14 +160,7 @@ impl CqlLedger {
                 to: None,
                 actor: actor.to_owned(),
                 reason: format!("purged finished runs older than {older_than}"),
-                evidence: serde_json::json!({
-                    "older_than": older_than,
-                    "runs": report.runs,
-                    "commands": report.commands,
-                    "audit_records": report.audit_records,
-                    "business_keys": report.business_keys,
-                    "checkpoints": report.checkpoints,
-                }),
+                evidence: report.evidence(older_than),
             };
             self.audit_append(&system, draft, now).await?;
         }
@@ -227,8 +221,9 @@ impl CqlLedger {
         }))
     }
 
-    /// Purges one run if it is finished and unchanged since `older_than`; `true` if its
-    /// `runs` entry is gone (purged, or stale and dropped).
+    /// Purges one run if it is finished (the core's `purge_verdict`) and unchanged since
+    /// `older_than`; `true` if its `runs` entry is gone (purged, or stale and dropped). A run
+    /// whose commands are all terminal but owe work is kept and entered in the report.
     #[allow(clippy::too_many_arguments)]
     async fn purge_run(
         &self,
@@ -271,11 +266,23 @@ impl CqlLedger {
                 Err(e) => return Err(e),
             }
         }
-        let finished = commands.iter().all(|c| c.state.status.is_terminal());
         let quiet = head.updated_at.unwrap_or(created_at) < older_than.as_millis();
-        let Some(count) = head.stored_seq.filter(|_| finished && quiet) else {
+        let Some(count) = head.stored_seq.filter(|_| quiet) else {
             return Ok(false);
         };
+        let keys: Vec<CommandKey> = commands
+            .iter()
+            .map(|c| c.identity.command_key().clone())
+            .collect();
+        match purge_verdict(keys.iter().zip(commands.iter().map(|c| &c.state))) {
+            PurgeVerdict::Purge => {}
+            PurgeVerdict::Open { .. } => return Ok(false),
+            PurgeVerdict::Owes { command_key, owed } => {
+                let run_id = RunId::parse(run).map_err(|e| bad("run id", run, e.to_string()))?;
+                report.keep(run_id, command_key, owed);
+                return Ok(false);
+            }
+        }
         // The fence: the checkpoint is written, and the run unregistered, only if nothing was
         // appended since the read. A reservation that read the head before now fails its LWT
         // (run_created_at changed) and registers the run afresh, continuing the chain.

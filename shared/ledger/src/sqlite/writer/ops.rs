@@ -6,12 +6,13 @@
 use rusqlite::{OptionalExtension, params};
 
 use sluice_core::audit::{AuditDraft, ChainHead, Checkpoint, PreparedRecord, SealedLink};
-use sluice_core::command::Command;
+use sluice_core::command::{Command, CommandState};
 use sluice_core::ids::{BusinessKey, CommandKey, RunId, ToolName};
+use sluice_core::retention::{PurgeVerdict, purge_verdict};
 use sluice_core::time::Timestamp;
 
 use super::{CasReply, Inserted, Op, RawRow, Reply, ReserveReply, RunHead, WriteResult, Writer};
-use crate::sqlite::schema::{LAST_AUDIT_AT, RUN_SEQ, TERMINAL_STATUSES};
+use crate::sqlite::schema::{LAST_AUDIT_AT, RUN_SEQ, TERMINAL_STATUSES, decode};
 use crate::{Claim, LedgerError, PurgeReport, SYSTEM_RUN, Transition};
 
 impl Writer {
@@ -492,76 +493,60 @@ impl Writer {
         actor: &str,
         now: Timestamp,
     ) -> WriteResult<PurgeReport> {
-        let runs: Vec<String> = self
-            .conn
-            .prepare_cached(&format!(
-                "SELECT r.run_id FROM runs r \
-                 WHERE r.created_at < ?1 AND r.run_id <> ?2 \
-                 AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.run_seq = r.run_seq \
-                                 AND c.status NOT IN {terminal}) \
-                 AND COALESCE({last_at}, 0) < ?1 \
-                 ORDER BY r.run_seq LIMIT ?3",
-                terminal = &*TERMINAL_STATUSES,
-                last_at = LAST_AUDIT_AT,
-            ))?
-            .query_map(
-                params![
-                    older_than.as_millis(),
-                    SYSTEM_RUN,
-                    i64::try_from(max_runs).unwrap_or(i64::MAX)
-                ],
-                |row| row.get(0),
-            )?
-            .collect::<Result<_, _>>()?;
         let mut report = PurgeReport::default();
-        for run in runs {
-            let run_id = match RunId::parse(&run) {
-                Ok(run_id) => run_id,
-                Err(e) => {
-                    return Ok(Err(LedgerError::Decode {
-                        what: "run id",
-                        run_id: run,
-                        why: e.to_string(),
-                    }));
-                }
-            };
-            let head = self.head(&run_id, now)?.clone();
-            let chain = head.chain;
-            self.heads.remove(&run_id);
-            report.commands += self
+        // Candidates in pages by run_seq: a run kept for owed work does not use up the call's
+        // `max_runs`, so runs after it are still reached.
+        let mut after = 0i64;
+        while (report.runs as usize) < max_runs {
+            let left = max_runs - report.runs as usize;
+            let page: Vec<(i64, String)> = self
                 .conn
-                .prepare_cached("DELETE FROM commands WHERE run_seq = ?1")?
-                .execute([head.run_seq])? as u64;
-            report.business_keys += self
-                .conn
-                .prepare_cached("DELETE FROM business_keys WHERE run_id = ?1")?
-                .execute([&run])? as u64;
-            report.audit_records += self
-                .conn
-                .prepare_cached("DELETE FROM audit WHERE run_seq = ?1")?
-                .execute([head.run_seq])? as u64;
-            self.conn
-                .prepare_cached("DELETE FROM runs WHERE run_seq = ?1")?
-                .execute([head.run_seq])?;
-            let checkpoint = Checkpoint {
-                run_id,
-                last_hash: chain.hash,
-                count: chain.next_seq,
-                purged_at: now,
-            };
-            self.conn
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO checkpoints (run_id, last_hash, count, purged_at) \
-                     VALUES (?1, ?2, ?3, ?4)",
+                .prepare_cached(&format!(
+                    "SELECT r.run_seq, r.run_id FROM runs r \
+                     WHERE r.run_seq > ?4 AND r.created_at < ?1 AND r.run_id <> ?2 \
+                     AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.run_seq = r.run_seq \
+                                     AND c.status NOT IN {terminal}) \
+                     AND COALESCE({last_at}, 0) < ?1 \
+                     ORDER BY r.run_seq LIMIT ?3",
+                    terminal = &*TERMINAL_STATUSES,
+                    last_at = LAST_AUDIT_AT,
+                ))?
+                .query_map(
+                    params![
+                        older_than.as_millis(),
+                        SYSTEM_RUN,
+                        i64::try_from(left).unwrap_or(i64::MAX),
+                        after
+                    ],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
                 )?
-                .execute(params![
-                    run,
-                    checkpoint.last_hash,
-                    checkpoint.count as i64,
-                    now.as_millis()
-                ])?;
-            report.runs += 1;
-            report.checkpoints.push(checkpoint);
+                .collect::<Result<_, _>>()?;
+            let Some(&(last, _)) = page.last() else {
+                break;
+            };
+            after = last;
+            for (run_seq, run) in page {
+                let run_id = match RunId::parse(&run) {
+                    Ok(run_id) => run_id,
+                    Err(e) => {
+                        return Ok(Err(LedgerError::Decode {
+                            what: "run id",
+                            run_id: run,
+                            why: e.to_string(),
+                        }));
+                    }
+                };
+                match self.verdict(run_seq, &run)? {
+                    // Only this writer writes, so a run read as all terminal is still so; a
+                    // command that cannot be decoded keeps its run (`Open` here), as a run
+                    // no one can read is not finished.
+                    Some(PurgeVerdict::Open { .. }) | None => {}
+                    Some(PurgeVerdict::Owes { command_key, owed }) => {
+                        report.keep(run_id, command_key, owed);
+                    }
+                    Some(PurgeVerdict::Purge) => self.purge_run(run_id, &mut report, now)?,
+                }
+            }
         }
         if report.runs > 0 {
             let system = RunId::parse(SYSTEM_RUN).expect("SYSTEM_RUN is a valid run id");
@@ -571,17 +556,83 @@ impl Writer {
                 to: None,
                 actor: actor.to_owned(),
                 reason: format!("purged finished runs older than {older_than}"),
-                evidence: serde_json::json!({
-                    "older_than": older_than,
-                    "runs": report.runs,
-                    "commands": report.commands,
-                    "audit_records": report.audit_records,
-                    "business_keys": report.business_keys,
-                    "checkpoints": report.checkpoints,
-                }),
+                evidence: report.evidence(older_than),
             };
             self.append(&PreparedRecord::new(&system, draft, now))?;
         }
         Ok(Ok(report))
+    }
+
+    /// The core's verdict on a run from its commands' states (`None`: a command that cannot
+    /// be decoded, which keeps the run).
+    fn verdict(
+        &mut self,
+        run_seq: i64,
+        run: &str,
+    ) -> Result<Option<PurgeVerdict>, rusqlite::Error> {
+        let rows: Vec<(String, String)> = self
+            .conn
+            .prepare_cached("SELECT command_key, state FROM commands WHERE run_seq = ?1")?
+            .query_map([run_seq], |row| Ok((row.get(0)?, row.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        let mut commands = Vec::with_capacity(rows.len());
+        for (key, state) in &rows {
+            let (Ok(key), Ok(state)) = (
+                CommandKey::parse(key),
+                decode::<CommandState>("command state", run, state),
+            ) else {
+                return Ok(None);
+            };
+            commands.push((key, state));
+        }
+        Ok(Some(purge_verdict(commands.iter().map(|(k, s)| (k, s)))))
+    }
+
+    /// Deletes one run's commands, business keys and audit records, leaving its checkpoint.
+    fn purge_run(
+        &mut self,
+        run_id: RunId,
+        report: &mut PurgeReport,
+        now: Timestamp,
+    ) -> Result<(), rusqlite::Error> {
+        let run = run_id.as_str().to_owned();
+        let head = self.head(&run_id, now)?.clone();
+        let chain = head.chain;
+        self.heads.remove(&run_id);
+        report.commands += self
+            .conn
+            .prepare_cached("DELETE FROM commands WHERE run_seq = ?1")?
+            .execute([head.run_seq])? as u64;
+        report.business_keys += self
+            .conn
+            .prepare_cached("DELETE FROM business_keys WHERE run_id = ?1")?
+            .execute([&run])? as u64;
+        report.audit_records += self
+            .conn
+            .prepare_cached("DELETE FROM audit WHERE run_seq = ?1")?
+            .execute([head.run_seq])? as u64;
+        self.conn
+            .prepare_cached("DELETE FROM runs WHERE run_seq = ?1")?
+            .execute([head.run_seq])?;
+        let checkpoint = Checkpoint {
+            run_id,
+            last_hash: chain.hash,
+            count: chain.next_seq,
+            purged_at: now,
+        };
+        self.conn
+            .prepare_cached(
+                "INSERT OR REPLACE INTO checkpoints (run_id, last_hash, count, purged_at) \
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![
+                run,
+                checkpoint.last_hash,
+                checkpoint.count as i64,
+                now.as_millis()
+            ])?;
+        report.runs += 1;
+        report.checkpoints.push(checkpoint);
+        Ok(())
     }
 }
