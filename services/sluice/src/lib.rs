@@ -6,5 +6,6 @@ pub mod catalog_cmd;
 pub mod console;
 pub mod demo;
 pub mod dev;
+pub mod devdir;
 pub mod mcp;
 pub mod migrate;

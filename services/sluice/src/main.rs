@@ -59,13 +59,28 @@ enum Command {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<ExitCode> {
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(code) => code,
+        // What was wrong and its causes, on one line: a refused configuration or a directory in
+        // use is a finding for the user, not a crash, so no backtrace (even with
+        // RUST_BACKTRACE set).
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<ExitCode> {
     sluice_faults::setup()?;
     let cli = Cli::parse();
     match cli.command {
         Command::Dev { service } => {
             let mut config = service.load()?;
-            let generated = ensure_admin_token(&mut config);
+            // One process per data directory; held until this process ends.
+            let _lock = sluice::devdir::lock(&config.ledger.data_dir)?;
+            let generated = ensure_admin_token(&mut config)?;
             // The web console is on in dev unless the configuration turns it off.
             let console = *config.producer.console.get_or_insert(true);
             sluice_runtime::telemetry::init(&config.telemetry);
@@ -76,9 +91,10 @@ async fn main() -> anyhow::Result<ExitCode> {
             // On the terminal only, never through the log. A reader that goes away (`| head`)
             // must not take the server with it: a failed write is ignored, not a panic.
             let mut banner = String::new();
-            if let Some(token) = generated {
+            if let Some((token, path)) = generated {
                 banner.push_str(&format!(
-                    "admin token for this session (not logged; give it to the console):\n  export SLUICE_URL={} SLUICE_TOKEN={token}\n",
+                    "admin token (not logged; kept in {} for the next start; give it to the console):\n  export SLUICE_URL={} SLUICE_TOKEN={token}\n",
+                    path.display(),
                     pipeline.url()
                 ));
             }
@@ -184,24 +200,32 @@ fn exit_code(outcome: Result<(), impl std::error::Error>) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// Adds a freshly generated admin token when the configuration names none (and does not ask
-/// for an open API with `producer.open`), so the console can be used at once; returns it for
+/// Adds an admin token when the configuration names none (and does not ask for an open API
+/// with `producer.open`), so the console can be used at once: the one kept in the data
+/// directory from an earlier start, else a fresh one kept there. Returns it and its file for
 /// printing.
-fn ensure_admin_token(config: &mut sluice_runtime::Config) -> Option<String> {
+fn ensure_admin_token(
+    config: &mut sluice_runtime::Config,
+) -> anyhow::Result<Option<(String, std::path::PathBuf)>> {
     if config.producer.open || config.auth.tokens.iter().any(|t| t.role == Role::Admin) {
-        return None;
+        return Ok(None);
     }
     // Two v4 UUIDs: 244 bits from the operating system's random source.
-    let token = format!(
-        "sluice-{}{}",
-        uuid::Uuid::new_v4().simple(),
-        uuid::Uuid::new_v4().simple()
-    );
+    let (token, _generated) = sluice::devdir::admin_token(&config.ledger.data_dir, || {
+        format!(
+            "sluice-{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        )
+    })?;
     config.auth.tokens.push(TokenConfig {
         name: "dev-admin".into(),
         role: Role::Admin,
         token: Some(token.clone()),
         token_sha256: None,
     });
-    Some(token)
+    Ok(Some((
+        token,
+        config.ledger.data_dir.join(sluice::devdir::TOKEN_FILE),
+    )))
 }
