@@ -16,11 +16,21 @@ use crate::time::Timestamp;
 #[derive(Debug, Clone, PartialEq)]
 pub enum ReplayProblem {
     /// The run's commands were replayed `replays` times already, the catalog's limit.
-    RunLimit { replays: u32, limit: u32 },
-    ToolRemoved { tool: ToolName },
+    RunLimit {
+        replays: u32,
+        limit: u32,
+    },
+    ToolRemoved {
+        tool: ToolName,
+    },
     /// The stored arguments no longer fit the tool's schema.
-    InvalidArguments { tool: ToolName, error: ArgsError },
-    PolicyDenied { reason: String },
+    InvalidArguments {
+        tool: ToolName,
+        error: ArgsError,
+    },
+    PolicyDenied {
+        reason: String,
+    },
     /// The state machine refuses the replay event.
     Refused(Refusal),
 }

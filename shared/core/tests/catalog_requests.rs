@@ -451,3 +451,37 @@ fn a_status_check_that_cannot_fit_the_sweep_is_named_with_what_would_fit() {
     let defaults = sluice_core::sweep::looks_that_do_not_fit(&charge(), 15_000);
     assert!(defaults.is_empty(), "{defaults:?}");
 }
+
+#[test]
+fn a_variable_names_the_upstream_once_and_its_value_is_checked_like_any_url() {
+    let text = CHARGE
+        .replace(
+            "[credentials.stripe]",
+            "[variables]\nstripe = { default = \"https://api.stripe.test\", env = \"SLUICE_TEST_NEVER_SET_STRIPE\" }\n\n[credentials.stripe]",
+        )
+        .replace("http://stripe.test", "${stripe}");
+    let catalog = Catalog::from_toml_str(&text, "vars.toml").expect("valid");
+    for (section, endpoint) in catalog.tools()[0].endpoints() {
+        assert!(
+            endpoint
+                .url
+                .as_str()
+                .starts_with("https://api.stripe.test/v1/"),
+            "{section}: {}",
+            endpoint.url
+        );
+    }
+    let unknown = text.replace("${stripe}/v1/refunds", "${strip}/v1/refunds");
+    let message = refused(&unknown);
+    assert!(
+        message.contains("compensate.url: ${strip} names no variable"),
+        "{message}"
+    );
+    let userinfo = text.replace(
+        "default = \"https://api.stripe.test\"",
+        "default = \"https://sk_live_x:@api.stripe.test\"",
+    );
+    let message = refused(&userinfo);
+    assert!(message.contains("user information"), "{message}");
+    assert!(!message.contains("sk_live"), "{message}");
+}

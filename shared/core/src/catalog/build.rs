@@ -16,6 +16,7 @@ use super::error::CatalogError;
 use super::raw::{OneOrMany, RawEndpoint, RawPolicy, RawTool, describe};
 use super::template::Template;
 use super::tool::{Tool, ToolPolicy};
+use super::variables::Variables;
 use super::{
     DEFAULT_MAX_CLOCK_SKEW_MS, DEFAULT_REFERENCE_POINTER, DEFAULT_TIMEOUT_MS, SchemaReader,
 };
@@ -76,6 +77,7 @@ pub(super) fn build_tool(
     default_namespace: &str,
     schemas: Option<SchemaReader<'_>>,
     credentials: &BTreeMap<String, Arc<Credential>>,
+    variables: &Variables,
 ) -> Result<Tool, CatalogError> {
     // Name the entry by its raw name if it has one, so shape errors point at the right tool.
     let label = match entry.get("name").and_then(toml::Value::as_str) {
@@ -169,6 +171,24 @@ pub(super) fn build_tool(
     };
     let mut status_check = raw.status_check;
     let mut compensate = raw.compensate;
+    // `${variable}`s are the catalog's own text: expanded before anything checks a URL.
+    for (key, section) in [
+        ("dispatch.url", Some(&mut dispatch)),
+        ("status_check.url", status_check.as_mut()),
+        ("compensate.url", compensate.as_mut()),
+    ] {
+        if let Some(section) = section {
+            section.url =
+                variables
+                    .expand(&section.url)
+                    .map_err(|detail| CatalogError::BadShape {
+                        file: at.file(),
+                        tool: at.tool(),
+                        key: key.to_owned(),
+                        detail,
+                    })?;
+        }
+    }
     only_in(
         &at,
         Section::StatusCheck,

@@ -58,6 +58,14 @@
 //! url = "http://127.0.0.1:8787/bank/wires/{external_ref}/reverse"
 //! ```
 //!
+//! An upstream's base URL is named once as a variable (`${name}` anywhere in a URL; see
+//! `variables`), overridable by the environment at load:
+//!
+//! ```toml
+//! [variables]
+//! bank = { default = "http://127.0.0.1:8787", env = "SLUICE_BANK_URL" }
+//! ```
+//!
 //! Real APIs (Stripe, SES, GitHub, Jira, AWS) need more; every key below is optional:
 //!
 //! ```toml
@@ -112,6 +120,7 @@
 //! * `raw` — the TOML as written.
 //! * `build` — the rules a tool must satisfy to load.
 //! * `tool` — a validated [`Tool`] and its state machine [`Rules`].
+//! * `variables` — `${name}`s in URLs, overridable by the environment.
 
 mod args;
 mod build;
@@ -122,6 +131,7 @@ mod raw;
 mod shape;
 mod template;
 mod tool;
+mod variables;
 
 #[cfg(test)]
 mod tests;
@@ -149,6 +159,7 @@ pub use self::template::{
     RenderError, Template, TemplateError, UrlKeys, render_text, render_url, slot_value,
 };
 pub use self::tool::{ApprovalThreshold, Tool, ToolPolicy};
+use self::variables::Variables;
 use crate::ids::{DEFAULT_NAMESPACE, ToolName, check_snake_case};
 #[cfg(doc)]
 use crate::machine::Rules;
@@ -252,6 +263,11 @@ impl Catalog {
             });
         }
 
+        let variables = Variables::resolve(raw.variables, &|name| std::env::var(name).ok())
+            .map_err(|detail| CatalogError::Malformed {
+                file: file.to_owned(),
+                detail,
+            })?;
         let credentials = build_credentials(raw.credentials, file, dir)?;
         let clock_skew_ms = raw.max_clock_skew_ms.unwrap_or(DEFAULT_MAX_CLOCK_SKEW_MS);
         let mut tools = Vec::with_capacity(raw.tool.len());
@@ -264,6 +280,7 @@ impl Catalog {
                 &default_namespace,
                 schemas,
                 &credentials,
+                &variables,
             )?;
             tool.clock_skew_ms = clock_skew_ms;
             check_lease(&tool, file)?;

@@ -19,6 +19,8 @@ pub(super) struct RawCatalog {
     pub(super) max_clock_skew_ms: Option<u64>,
     #[serde(default)]
     pub(super) credentials: BTreeMap<String, toml::Table>,
+    #[serde(default)]
+    pub(super) variables: BTreeMap<String, super::variables::RawVariable>,
     /// Kept as tables so each entry is deserialized on its own and its errors name the tool.
     #[serde(default)]
     pub(super) tool: Vec<toml::Table>,
