@@ -20,8 +20,10 @@ engines="all"
 # scripts/engines/cluster.sh; SLUICE_SKIP_CLUSTER=1 (or SLUICE_SKIP_ENGINES=1) leaves it out.
 cluster_test=replicas_of_every_service_survive_node_loss_on_three_node_clusters
 cluster_started=0
+emulators_started=0
 cleanup() {
   if [ "$cluster_started" = 1 ]; then scripts/engines/cluster.sh stop >/dev/null 2>&1 || true; fi
+  if [ "$emulators_started" = 1 ]; then scripts/emulators/stop.sh >/dev/null 2>&1 || true; fi
   if [ "${SLUICE_SKIP_ENGINES:-0}" != 1 ]; then
     scripts/engines/stop.sh $engines >/dev/null 2>&1 || true
   fi
@@ -60,12 +62,35 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo build --bins (the distributed test starts the service binaries)"
 cargo build --workspace --bins --locked
+
+# The examples' tests (tests/tests/examples.rs) call four API emulators nobody here wrote —
+# localstripe, Mailpit, json-server and moto — installed from PyPI, the Go module proxy and npm
+# into ~/.cache/sluice/emulators and started on loopback for the cargo tests only
+# (scripts/emulators; their addresses are exported as SLUICE_EMU_*_URL), and run the Stripe
+# adapter under a Python with Sluice's SDK (examples/stripe/venv.sh). SLUICE_SKIP_EMULATORS=1
+# runs everything else without them.
+if [ "${SLUICE_SKIP_EMULATORS:-0}" = 1 ]; then
+  echo "== emulators: SLUICE_SKIP_EMULATORS=1, the examples' tests against them are skipped"
+else
+  echo "== emulators (scripts/emulators/start.sh) and the Stripe adapter's Python"
+  emulators_began=$SECONDS
+  emulators_env="$(scripts/emulators/start.sh)"
+  emulators_started=1
+  eval "$emulators_env"
+  SLUICE_EXAMPLES_PYTHON="$(examples/stripe/venv.sh)"
+  export SLUICE_EXAMPLES_PYTHON
+  echo "emulators and Python ready: $((SECONDS - emulators_began)) s"
+fi
 echo "== cargo test"
 set +e
 # The cluster test runs on its own below, on the clusters, not here beside the single nodes.
 cargo test --workspace --locked --no-fail-fast -- --skip "$cluster_test" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+if [ "$emulators_started" = 1 ]; then
+  scripts/emulators/stop.sh >/dev/null 2>&1 || echo "scripts/emulators/stop.sh failed"
+  emulators_started=0
+fi
 
 # The other languages' suites (SDKs, the browser, the API fuzzer): every scripts/suites/*.sh
 # runs after cargo's, against the binaries just built (SLUICE_BIN), and ends its output with
