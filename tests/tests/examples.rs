@@ -132,8 +132,8 @@ fn quick(table: &mut toml::Table, tool: &str, max_checks: i64) {
     }
 }
 
-/// Replaces a credential's secret references with files holding `secrets` (the tests cannot set
-/// environment variables); kept alive by the returned directory.
+/// Replaces a credential's secret references with files in `dir` holding `secrets` (a test
+/// cannot set environment variables: the workspace forbids `unsafe`).
 fn secrets_in_files(
     table: &mut toml::Table,
     credential: &str,
