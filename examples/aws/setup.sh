@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# setup.sh — prepares moto (started by `scripts/emulators/start.sh moto=5000`) for
+# setup.sh — prepares moto (started by `scripts/emulators/start.sh moto`) for
 # examples/aws the way an AWS account would be: signature checks on, an IAM user whose access
 # key Sluice signs with, the FIFO queue and the bucket. Prints the key as export lines:
 #

@@ -70,19 +70,44 @@ fn tag() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
 }
 
-/// An example's `catalog.toml`, its base URL `from` replaced by `to` everywhere (the proxy's),
+/// Where an example's catalog names its emulator's base URL.
+enum Base<'a> {
+    /// `[variables]` entries (which the environment would override).
+    Variables(&'a [&'a str]),
+    /// A URL written out in full (a catalog a `ToolApp` printed).
+    Literal(&'a str),
+}
+
+/// An example's `catalog.toml` with its emulator's base URL replaced by `to` (the proxy's),
 /// edited on the parsed document and validated as the services would.
 fn example_catalog(
     name: &str,
-    from: &str,
+    base: Base<'_>,
     to: &str,
     edit: impl FnOnce(&mut toml::Table),
 ) -> Catalog {
     let path = examples().join(name).join("catalog.toml");
-    let text = std::fs::read_to_string(&path)
+    let mut text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{} is readable: {e}", path.display()));
-    assert!(text.contains(from), "{} names {from}", path.display());
-    let mut table: toml::Table = toml::from_str(&text.replace(from, to)).expect("valid TOML");
+    if let Base::Literal(from) = base {
+        assert!(text.contains(from), "{} names {from}", path.display());
+        text = text.replace(from, to);
+    }
+    let mut table: toml::Table = toml::from_str(&text).expect("valid TOML");
+    if let Base::Variables(names) = base {
+        let variables = table
+            .get_mut("variables")
+            .and_then(toml::Value::as_table_mut)
+            .unwrap_or_else(|| panic!("{} has [variables]", path.display()));
+        for variable in names {
+            assert!(
+                variables.contains_key(*variable),
+                "{} names variable {variable}",
+                path.display()
+            );
+            variables.insert((*variable).to_owned(), toml::Value::String(to.to_owned()));
+        }
+    }
     table.insert("max_clock_skew_ms".into(), toml::Value::Integer(100));
     edit(&mut table);
     let text = toml::to_string(&table).expect("a TOML table serializes");
@@ -374,9 +399,14 @@ async fn email_through_mailpit_is_sent_once_found_by_its_message_id_and_deleted_
     }
     let mailpit = Mailpit::from_env();
     let proxy = Proxy::start(&mailpit.url).await.expect("the proxy starts");
-    let catalog = example_catalog("email", "http://127.0.0.1:8025", &proxy.base_url(), |t| {
-        quick(t, "email/send", 2);
-    });
+    let catalog = example_catalog(
+        "email",
+        Base::Variables(&["mailpit"]),
+        &proxy.base_url(),
+        |t| {
+            quick(t, "email/send", 2);
+        },
+    );
     let sluice = Sluice::start(catalog).await;
     let tag = tag();
     let (run, other) = (format!("r-mail-{tag}"), format!("r-mail-other-{tag}"));
@@ -565,9 +595,14 @@ async fn records_in_json_server_are_created_once_found_by_their_key_and_deleted_
         http: http(),
     };
     let proxy = Proxy::start(&server.url).await.expect("the proxy starts");
-    let catalog = example_catalog("rest", "http://127.0.0.1:3000", &proxy.base_url(), |t| {
-        quick(t, "records/create", 5);
-    });
+    let catalog = example_catalog(
+        "rest",
+        Base::Variables(&["records_api"]),
+        &proxy.base_url(),
+        |t| {
+            quick(t, "records/create", 5);
+        },
+    );
     let sluice = Sluice::start(catalog).await;
     let tag = tag();
     let (run, other) = (format!("r-rest-{tag}"), format!("r-rest-other-{tag}"));
@@ -951,21 +986,26 @@ async fn sqs_and_s3_through_moto_are_signed_sent_once_and_only_s3_is_undone() {
     // The signature covers Host: moto must see the one Sluice signed (the proxy's).
     proxy.keep_host(true);
     let secrets = tempfile::tempdir().expect("a temporary directory");
-    let catalog = example_catalog("aws", "http://127.0.0.1:5000", &proxy.base_url(), |t| {
-        for credential in ["aws_sqs", "aws_s3"] {
-            secrets_in_files(
-                t,
-                credential,
-                &[
-                    ("access_key_id", &moto.access),
-                    ("secret_access_key", &moto.secret),
-                ],
-                secrets.path(),
-            );
-        }
-        quick(t, "orders/enqueue", 5);
-        quick(t, "reports/put", 5);
-    });
+    let catalog = example_catalog(
+        "aws",
+        Base::Variables(&["sqs", "s3"]),
+        &proxy.base_url(),
+        |t| {
+            for credential in ["aws_sqs", "aws_s3"] {
+                secrets_in_files(
+                    t,
+                    credential,
+                    &[
+                        ("access_key_id", &moto.access),
+                        ("secret_access_key", &moto.secret),
+                    ],
+                    secrets.path(),
+                );
+            }
+            quick(t, "orders/enqueue", 5);
+            quick(t, "reports/put", 5);
+        },
+    );
     let (enqueue, put) = ("orders/enqueue", "reports/put");
     assert_eq!(
         catalog
@@ -1283,22 +1323,27 @@ async fn stripe_charges_through_the_signed_adapter_are_made_once_found_and_refun
     );
 
     let proxy = Proxy::start(&adapter.url).await.expect("the proxy starts");
-    let catalog = example_catalog("stripe", "http://127.0.0.1:9010", &proxy.base_url(), |t| {
-        let file = logs.path().join("signing-keys");
-        std::fs::write(&file, &signing_key).expect("a key file");
-        let mut reference = toml::Table::new();
-        reference.insert("file".into(), file.display().to_string().into());
-        t.get_mut("credentials")
-            .and_then(toml::Value::as_table_mut)
-            .and_then(|c| c.get_mut("tool_services"))
-            .and_then(toml::Value::as_table_mut)
-            .expect("the tool_services credential")
-            .insert(
-                "keys".into(),
-                toml::Value::Array(vec![toml::Value::Table(reference)]),
-            );
-        quick(t, "payments/charge", 5);
-    });
+    let catalog = example_catalog(
+        "stripe",
+        Base::Literal("http://127.0.0.1:9010"),
+        &proxy.base_url(),
+        |t| {
+            let file = logs.path().join("signing-keys");
+            std::fs::write(&file, &signing_key).expect("a key file");
+            let mut reference = toml::Table::new();
+            reference.insert("file".into(), file.display().to_string().into());
+            t.get_mut("credentials")
+                .and_then(toml::Value::as_table_mut)
+                .and_then(|c| c.get_mut("tool_services"))
+                .and_then(toml::Value::as_table_mut)
+                .expect("the tool_services credential")
+                .insert(
+                    "keys".into(),
+                    toml::Value::Array(vec![toml::Value::Table(reference)]),
+                );
+            quick(t, "payments/charge", 5);
+        },
+    );
     let sluice = Sluice::start(catalog).await;
     let (run, other) = (format!("r-pay-{tag}"), format!("r-pay-other-{tag}"));
     let tool = "payments/charge";
