@@ -198,6 +198,67 @@ async fn a_crash_after_the_reservation_keeps_the_command_and_the_retry_gets_it_b
     assert!(!log.contains("failpoints armed"), "{log}");
 }
 
+/// A handler that panics (`consumer.handle.pre=1*panic`: the first delivery's handler, here
+/// the dispatcher's for the one wire submitted) has its delivery retried: the retry gets into
+/// the dispatcher's handler, where `dispatcher.lease.pre=return` ends the process — before any
+/// call, so no upstream is needed. The log names the panic, the message and its command. Before
+/// the fix the panic was dropped with the delivery unacknowledged, the partition waited for a
+/// rebalance, and the process never reached the dispatcher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_panic_is_logged_and_its_delivery_retried() {
+    let data = tempfile::tempdir().expect("a temporary directory");
+    let http = reqwest::Client::new();
+    let armed = tokio::task::spawn_blocking({
+        let data = data.path().to_owned();
+        move || {
+            Dev::start(
+                &data,
+                &[(
+                    "FAILPOINTS",
+                    "consumer.handle.pre=1*panic;dispatcher.lease.pre=return",
+                )],
+            )
+        }
+    })
+    .await
+    .expect("started");
+    let mut wire = wire();
+    wire["run_id"] = json!("r-panic");
+    let answer = http
+        .post(format!("{}/v1/effects", armed.url))
+        .bearer_auth(&armed.token)
+        .json(&wire)
+        .send()
+        .await
+        .expect("the submission is answered");
+    assert_eq!(answer.status(), 201);
+    let (status, log) =
+        tokio::task::spawn_blocking(move || armed.wait_for_exit(Duration::from_secs(20)))
+            .await
+            .expect("waited");
+    assert_eq!(
+        status.signal(),
+        Some(SIGABRT),
+        "the retried delivery reached the dispatcher, not {status:?}; log:\n{log}"
+    );
+    assert!(
+        log.contains("sluice failpoint dispatcher.lease.pre: crash (abort)"),
+        "{log}"
+    );
+    let panicked = log
+        .lines()
+        .find(|line| line.contains("handler panicked"))
+        .unwrap_or_else(|| panic!("the panic is logged:\n{log}"));
+    for part in [
+        "r-panic",
+        "d-1/payments/wire/0",
+        "failpoint consumer.handle.pre panic",
+        "retrying",
+    ] {
+        assert!(panicked.contains(part), "{part} in {panicked}");
+    }
+}
+
 #[test]
 fn a_failpoint_or_clock_skew_naming_nothing_real_stops_the_start() {
     let data = tempfile::tempdir().expect("a temporary directory");

@@ -73,6 +73,9 @@ pub const POINTS: &[&str] = &[
     "bus.publish.post",
     "bus.ack.pre",
     "bus.ack.post",
+    // The consume loop every service runs, around each call of its handler.
+    "consumer.handle.pre",
+    "consumer.handle.post",
     // The dispatcher's handler.
     "dispatcher.lease.pre",
     "dispatcher.lease.post",

@@ -22,6 +22,17 @@
 //!   and acknowledged. Retries come out of a budget the loop's successes refill (a tenth of a
 //!   retry each, `sluice_core::load::RetryBudget`): past it a retry waits the longest backoff,
 //!   so a ledger that is behind is not handed more work by the retries than by the successes.
+//! * **A handler that panics** (a bug) is caught where it is awaited, logged at error level
+//!   with the message's identity (topic, partition, offset, run id, command key) and the
+//!   panic's message, counted (`sluice_handler_panics_total`, and as a failed attempt), and
+//!   retried like a failure — but at most [`RetryPolicy::panics`] times, fewer than a failure's
+//!   attempts, as a bug tends to panic again on the same command. Then the message is
+//!   dead-lettered with the panic's message and acknowledged, and its command is left to the
+//!   sweeps (below). A retry after a panic is what a redelivery after a crash already is, which
+//!   every handler survives: it re-reads the command and acts through compare-and-set. Left
+//!   uncaught, the panic ended the delivery's task with the message unacknowledged, and the
+//!   bus hands a partition's next message out only after an acknowledgement: every run of the
+//!   partition stopped until a rebalance.
 //! * **A dead letter the bus refuses**: one too large for the bus is sent again with its
 //!   payload cut to fit (marked with [`DLQ_TRUNCATED_HEADER`]); any other refusal is retried
 //!   with backoff for [`RetryPolicy::dead_letter_budget_ms`]. If the dead-letter topic still
@@ -65,9 +76,11 @@
 //! passes — and a dead letter records why.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt as _;
 use serde::{Deserialize, Serialize};
 use sluice_bus::{Bus, BusError, Delivery, Header, Topic};
 use sluice_core::load::RetryBudget;
@@ -118,18 +131,24 @@ pub struct RetryPolicy {
     /// How long a dead letter the bus refuses is retried before the message is acknowledged
     /// without one (and logged).
     pub dead_letter_budget_ms: u64,
+    /// Handler panics of one message before it is dead-lettered (at least 1; each also counts
+    /// as one of `attempts`).
+    pub panics: u32,
 }
 
 impl Default for RetryPolicy {
     /// Six attempts over about 1.5–3 s: long enough for a ledger or bus blip (a leader
     /// election, a busy SQLite file), short enough that one bad command stalls its partition
-    /// for seconds, not for good. A dead letter gets 30 s.
+    /// for seconds, not for good. A dead letter gets 30 s. Three panics, over about 0.15–0.3 s:
+    /// a panic that came of a race gets another go, one that a command causes every time
+    /// holds its partition no longer than that.
     fn default() -> Self {
         Self {
             attempts: 6,
             first_backoff_ms: 100,
             max_backoff_ms: 5_000,
             dead_letter_budget_ms: 30_000,
+            panics: 3,
         }
     }
 }
@@ -232,10 +251,31 @@ where
                 .instrument(span),
             ),
         );
-        while tasks.try_join_next().is_some() {}
+        while let Some(joined) = tasks.try_join_next() {
+            task_ended(joined, &metrics, &bus.topic_name(spec.topic));
+        }
     }
-    while tasks.join_next().await.is_some() {}
+    while let Some(joined) = tasks.join_next().await {
+        task_ended(joined, &metrics, &bus.topic_name(spec.topic));
+    }
     Ok(())
+}
+
+/// A delivery's task that ended. The handler's own panics are caught in [`One::attempt`]; one
+/// here is a panic of the loop's own code around it (acknowledging, dead-lettering), which
+/// left its delivery unacknowledged: its partition waits for a rebalance or a restart. Said at
+/// error level and counted, never dropped unseen.
+fn task_ended(joined: Result<(), tokio::task::JoinError>, metrics: &Metrics, topic: &str) {
+    if let Err(error) = joined
+        && error.is_panic()
+    {
+        metrics.handler_panics.with_label_values(&[topic]).inc();
+        tracing::error!(
+            topic,
+            panic = %panic_message(error.into_panic().as_ref()),
+            "a delivery's task panicked outside its handler; its message stays unacknowledged until a rebalance or a restart"
+        );
+    }
 }
 
 tokio::task_local! {
@@ -322,19 +362,53 @@ impl One {
             .with_label_values(&[self.topic.suffix()])
             .start_timer();
         let attempts = self.policy.attempts.max(1);
+        let most_panics = self.policy.panics.max(1);
         let mut attempt = 0;
+        let mut panics = 0;
         let set_aside = loop {
             attempt += 1;
-            // Boxed: a dispatch handler's future is several KiB, and the task spawned per
-            // delivery would otherwise carry it inline, copied on every move of the task
-            // (spawn, stage changes), which showed in profiles as memcpy.
-            match Box::pin(handler(delivery.clone())).await {
-                Ok(Handled::Done) => {
+            match self.attempt(&handler, &delivery).await {
+                Err(panicked) => {
+                    panics += 1;
+                    self.metrics
+                        .handler_panics
+                        .with_label_values(&[&topic])
+                        .inc();
+                    self.metrics
+                        .handler_errors
+                        .with_label_values(&[&topic])
+                        .inc();
+                    let given_up = panics >= most_panics || attempt >= attempts;
+                    tracing::error!(
+                        topic = %topic,
+                        partition = delivery.partition,
+                        offset = delivery.offset,
+                        run_id = delivery.key(),
+                        command_key = command_key_of(delivery.payload()).as_deref().unwrap_or(""),
+                        attempt,
+                        panics,
+                        panic = %panicked,
+                        "handler panicked; {}",
+                        if given_up {
+                            "dead-lettering the message (the sweep takes its command up again when due)"
+                        } else {
+                            "retrying"
+                        }
+                    );
+                    if given_up {
+                        break Some(format!("handler panicked {panics} times; last: {panicked}"));
+                    }
+                    if !self.pause(self.policy.backoff(attempt)).await {
+                        held.stop_and_discard();
+                        return;
+                    }
+                }
+                Ok(Ok(Handled::Done)) => {
                     self.succeeded();
                     break None;
                 }
-                Ok(Handled::Reject(reason)) => break Some(reason.to_string()),
-                Err(PipelineError::Ledger(e @ LedgerError::UndecodableCommand { .. })) => {
+                Ok(Ok(Handled::Reject(reason))) => break Some(reason.to_string()),
+                Ok(Err(PipelineError::Ledger(e @ LedgerError::UndecodableCommand { .. }))) => {
                     self.metrics
                         .quarantined_messages
                         .with_label_values(&[&topic])
@@ -349,7 +423,7 @@ impl One {
                     );
                     break Some(e.to_string());
                 }
-                Err(e) => {
+                Ok(Err(e)) => {
                     self.metrics
                         .handler_errors
                         .with_label_values(&[&topic])
@@ -400,6 +474,36 @@ impl One {
             tracing::debug!(error = %e, "acknowledgement refused");
         }
         held.observe_duration();
+    }
+
+    /// One call of the handler, with a panic in it caught: `Err` carries the panic's message.
+    /// Caught here, in the delivery's own task, so the handler keeps its span and task-locals
+    /// and nothing is spawned per attempt. Unwind safety: after a panic the handler is only
+    /// called afresh with the delivery, and what it shares with other deliveries (the ledger,
+    /// the bus) is behind compare-and-set writes that a panic leaves half done at worst, as a
+    /// crash would.
+    async fn attempt<H, F>(
+        &self,
+        handler: &H,
+        delivery: &Delivery,
+    ) -> Result<Result<Handled, PipelineError>, String>
+    where
+        H: Fn(Delivery) -> F,
+        F: Future<Output = Result<Handled, PipelineError>>,
+    {
+        // Boxed: a dispatch handler's future is several KiB, and the task spawned per
+        // delivery would otherwise carry it inline, copied on every move of the task (spawn,
+        // stage changes), which showed in profiles as memcpy.
+        let call = Box::pin(async {
+            sluice_faults::point!("consumer.handle.pre");
+            let handled = handler(delivery.clone()).await;
+            sluice_faults::point!("consumer.handle.post");
+            handled
+        });
+        AssertUnwindSafe(call)
+            .catch_unwind()
+            .await
+            .map_err(|payload| panic_message(payload.as_ref()))
     }
 
     /// Sleeps `pause`; `false` if shutdown came first.
@@ -486,6 +590,26 @@ impl One {
     }
 }
 
+/// What a panic said (`panic!`'s message), for the log and the dead letter.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// The command key a request names (`command_key`, or its compensate job's), for the log of a
+/// handler that panicked on it; `None` for a rollback job or a payload that does not decode.
+fn command_key_of(payload: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    value
+        .get("command_key")
+        .or_else(|| value.get("job")?.get("command_key"))
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,6 +621,7 @@ mod tests {
             first_backoff_ms: 100,
             max_backoff_ms: 1_000,
             dead_letter_budget_ms: 0,
+            ..RetryPolicy::default()
         };
         for _ in 0..200 {
             let first = policy.backoff(1).as_millis();
@@ -519,5 +644,33 @@ mod tests {
             }
         );
         assert!(toml::from_str::<RetryPolicy>("attempt = 3").is_err());
+    }
+
+    #[test]
+    fn a_panicking_message_is_named_by_its_command() {
+        assert_eq!(
+            command_key_of(
+                br#"{"run_id":"r-1","command_key":"d-1/payments/wire/0","cause":"reserved"}"#
+            )
+            .as_deref(),
+            Some("d-1/payments/wire/0")
+        );
+        assert_eq!(
+            command_key_of(
+                br#"{"run_id":"r-1","job":{"kind":"command","command_key":"d-2/email/send/1"}}"#
+            )
+            .as_deref(),
+            Some("d-2/email/send/1")
+        );
+        assert_eq!(
+            command_key_of(
+                br#"{"run_id":"r-1","job":{"kind":"rollback","actor":"a","reason":"b"}}"#
+            ),
+            None
+        );
+        assert_eq!(command_key_of(b"not json"), None);
+        assert_eq!(panic_message(&"static"), "static");
+        assert_eq!(panic_message(&String::from("formatted 7")), "formatted 7");
+        assert_eq!(panic_message(&7u8), "a panic without a message");
     }
 }

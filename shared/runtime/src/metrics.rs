@@ -48,6 +48,10 @@ pub struct Metrics {
     pub dead_letters: IntCounterVec,
     /// `sluice_handler_errors_total{topic}`: handler attempts that failed (each retry counts).
     pub handler_errors: IntCounterVec,
+    /// `sluice_handler_panics_total{topic}`: handler attempts that panicked (each retry
+    /// counts; also counted in `sluice_handler_errors_total`). A panic is a bug: any is worth
+    /// a look.
+    pub handler_panics: IntCounterVec,
     /// `sluice_quarantined_messages_total{topic}`: messages about a command the ledger cannot
     /// decode, dead-lettered at once and escalated.
     pub quarantined_messages: IntCounterVec,
@@ -97,6 +101,11 @@ impl Metrics {
         let handler_errors = counter(
             "handler_errors_total",
             "Failed handler attempts, by the topic of the message",
+            &["topic"],
+        );
+        let handler_panics = counter(
+            "handler_panics_total",
+            "Handler attempts that panicked, by the topic of the message",
             &["topic"],
         );
         let quarantined_messages = counter(
@@ -218,6 +227,7 @@ impl Metrics {
             handle_seconds,
             dead_letters,
             handler_errors,
+            handler_panics,
             quarantined_messages,
             dead_letters_unpublished,
             sweep_items,

@@ -53,6 +53,7 @@ fn quick_policy() -> RetryPolicy {
         first_backoff_ms: 10,
         max_backoff_ms: 50,
         dead_letter_budget_ms: 300,
+        panics: 2,
     }
 }
 
@@ -324,6 +325,7 @@ async fn a_damaged_command_row_is_quarantined_not_retried() {
         first_backoff_ms: 2_000,
         max_backoff_ms: 5_000,
         dead_letter_budget_ms: 1_000,
+        panics: 100,
     };
     let shutdown = CancellationToken::new();
     let consumer = tokio::spawn(consume_with(
@@ -518,4 +520,119 @@ async fn a_dead_letter_topic_that_keeps_refusing_does_not_hold_the_partition() {
     shutdown.cancel();
     consumer.await.expect("join").expect("consumer");
     assert_eq!(embedded.lag(Topic::Requested, "test-dispatcher"), Some(0));
+}
+
+/// A handler that panics on one command, every time it is handed it — a bug, here a panic in
+/// the handler's own code — must not stop its partition: the panic is caught, the message is
+/// retried a bounded number of times (`RetryPolicy::panics`, fewer than a failure's attempts),
+/// then dead-lettered with the panic's message and acknowledged, and the message behind it is
+/// handled. Each panic is counted. Before the fix the panic ended the delivery's task with the
+/// message unacknowledged, and the message behind it waited for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_gives_its_partition_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ledger = open_ledger(dir.path());
+    let bus = Arc::new(bus(EmbeddedConfig::default().max_message_bytes));
+    let metrics = Arc::new(Metrics::new());
+    let poison = reserve(
+        &*ledger,
+        command(&fresh_run("panics"), 0, "email/send", 0, json!({})),
+    )
+    .await;
+    let good = reserve(
+        &*ledger,
+        command(&fresh_run("behind"), 0, "email/send", 0, json!({})),
+    )
+    .await;
+    let mut dlq = bus
+        .subscribe(Topic::Dlq, "test-dlq", "test")
+        .await
+        .expect("dlq");
+    request(&*bus, &poison).await;
+    request(&*bus, &good).await;
+
+    let (handled_tx, mut handled) = mpsc::unbounded_channel();
+    let poison_run = poison.run_id.clone();
+    let handler = reading_handler(ledger.clone(), handled_tx, move |command: Command| {
+        let poison_run = poison_run.clone();
+        async move {
+            assert_ne!(command.run_id, poison_run, "a bug in the handler");
+            Ok(())
+        }
+    });
+    let shutdown = CancellationToken::new();
+    let consumer = tokio::spawn(consume_with(
+        bus.clone(),
+        Arc::clone(&metrics),
+        spec(),
+        quick_policy(),
+        shutdown.clone(),
+        handler,
+    ));
+
+    expect_handled(&mut handled, &good.run_id).await;
+    let dead = next_dead_letter(&mut dlq).await;
+    let request: DispatchRequest = decode("dispatch request", dead.payload()).expect("request");
+    assert_eq!(request.run_id, poison.run_id);
+    let reason = header(&dead, DLQ_REASON_HEADER);
+    assert!(
+        reason.contains("handler panicked 2 times") && reason.contains("a bug in the handler"),
+        "{reason}"
+    );
+    let topic = ["sluice.requested"];
+    assert_eq!(metrics.handler_panics.with_label_values(&topic).get(), 2);
+    assert_eq!(metrics.handler_errors.with_label_values(&topic).get(), 2);
+    assert!(
+        metrics
+            .render()
+            .contains("sluice_handler_panics_total{topic=\"sluice.requested\"} 2"),
+        "exported under its name"
+    );
+    shutdown.cancel();
+    consumer.await.expect("join").expect("consumer");
+    assert_eq!(bus.lag(Topic::Requested, "test-dispatcher"), Some(0));
+}
+
+/// A panic that does not come back — a race the retry does not meet again — costs one retry:
+/// the same delivery is handed to the handler again after a pause, handled, acknowledged, and
+/// nothing is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_once_has_its_message_retried() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ledger = open_ledger(dir.path());
+    let bus = Arc::new(bus(EmbeddedConfig::default().max_message_bytes));
+    let metrics = Arc::new(Metrics::new());
+    let once = reserve(
+        &*ledger,
+        command(&fresh_run("once"), 0, "email/send", 0, json!({})),
+    )
+    .await;
+    request(&*bus, &once).await;
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let (handled_tx, mut handled) = mpsc::unbounded_channel();
+    let counted = Arc::clone(&calls);
+    let handler = reading_handler(ledger.clone(), handled_tx, move |_| {
+        let first = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+        async move {
+            assert!(!first, "the first call panics");
+            Ok(())
+        }
+    });
+    let shutdown = CancellationToken::new();
+    let consumer = tokio::spawn(consume_with(
+        bus.clone(),
+        Arc::clone(&metrics),
+        spec(),
+        quick_policy(),
+        shutdown.clone(),
+        handler,
+    ));
+    expect_handled(&mut handled, &once.run_id).await;
+    shutdown.cancel();
+    consumer.await.expect("join").expect("consumer");
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let topic = ["sluice.requested"];
+    assert_eq!(metrics.handler_panics.with_label_values(&topic).get(), 1);
+    assert_eq!(metrics.dead_letters.with_label_values(&topic).get(), 0);
+    assert_eq!(bus.lag(Topic::Requested, "test-dispatcher"), Some(0));
 }

@@ -9,9 +9,12 @@
 //! * [`CrashMode::Failpoints`] — each start picks a failpoint and a probability and passes them
 //!   as `FAILPOINTS` (`<service>.<step>.<pre|post>=<p>%return`, the `fail` crate's syntax) to a
 //!   `sluice` built with `--features failpoints`, whose `return` action aborts the process at
-//!   that site; a second point gets a `sleep`. With a clock-skew bound, each start also gives
-//!   every service a clock offset (`SLUICE_FAULT_CLOCK_SKEW_MS`). A process that outlives its
-//!   window without reaching its failpoint is killed with SIGKILL instead.
+//!   that site; a second point gets a `sleep`; and on half the starts a handler panics now and
+//!   then (`consumer.handle.pre` or `.post` `=<p>%panic`): the consume loop catches it and
+//!   retries the delivery, and one that keeps panicking is dead-lettered and left to the
+//!   sweeps. With a clock-skew bound, each start also gives every service a clock offset
+//!   (`SLUICE_FAULT_CLOCK_SKEW_MS`). A process that outlives its window without reaching its
+//!   failpoint is killed with SIGKILL instead.
 //!
 //! Whatever way the process ended, it is started again at once on the same directory, and the
 //! crash is counted by its cause.
@@ -42,6 +45,9 @@ pub enum CrashMode {
         clock_skew_ms: u64,
     },
 }
+
+/// Where a handler is made to panic (the `panic` action; the consume loop catches it).
+const PANIC_POINTS: [&str; 2] = ["consumer.handle.pre", "consumer.handle.post"];
 
 /// The failpoints of a failpoint-enabled `sluice`: `sluice_faults::POINTS`, the one list the
 /// sites are checked against (`--failpoint-names` narrows it).
@@ -202,8 +208,8 @@ impl Supervisor {
         Ok(())
     }
 
-    /// `FAILPOINTS` for one start: one point that aborts with some probability per pass, and
-    /// one that delays.
+    /// `FAILPOINTS` for one start: one point that aborts with some probability per pass, one
+    /// that delays, and on half the starts a handler that panics now and then.
     fn draw_failpoints(&mut self, points: &[String]) -> (String, Option<String>) {
         if points.is_empty() {
             return (String::new(), None);
@@ -215,6 +221,18 @@ impl Supervisor {
         if *delay != abort {
             let ms = self.rng.random_range(20..300u32);
             spec.push_str(&format!(";{delay}=20%sleep({ms})"));
+        }
+        // A panic before the handler's work or after it (its writes done), caught by the
+        // consume loop and retried; at these rates a message is rarely dead-lettered for
+        // panicking three times in a row, which leaves its command to the sweeps.
+        let panics = PANIC_POINTS[self.rng.random_range(0..PANIC_POINTS.len())];
+        if self.rng.random_bool(0.5)
+            && points.iter().any(|p| p == panics)
+            && panics != abort
+            && panics != delay.as_str()
+        {
+            let percent = [1, 2, 5, 10][self.rng.random_range(0..4usize)];
+            spec.push_str(&format!(";{panics}={percent}%panic"));
         }
         (spec, Some(abort))
     }
