@@ -15,6 +15,9 @@ use super::{CasReply, Inserted, Op, RawRow, Reply, ReserveReply, RunHead, WriteR
 use crate::sqlite::schema::{LAST_AUDIT_AT, RUN_SEQ, TERMINAL_STATUSES, decode};
 use crate::{Claim, LedgerError, PurgeReport, SYSTEM_RUN, Transition};
 
+/// The fewest purge candidates read at once.
+const PURGE_PAGE: usize = 256;
+
 impl Writer {
     pub(super) fn apply(&mut self, op: &Op) -> Result<Result<Reply, LedgerError>, rusqlite::Error> {
         Ok(match op {
@@ -495,10 +498,11 @@ impl Writer {
     ) -> WriteResult<PurgeReport> {
         let mut report = PurgeReport::default();
         // Candidates in pages by run_seq: a run kept for owed work does not use up the call's
-        // `max_runs`, so runs after it are still reached.
+        // `max_runs`, so runs after it are still reached. A page holds at least
+        // `PURGE_PAGE` candidates, so many kept runs cost few queries.
         let mut after = 0i64;
         while (report.runs as usize) < max_runs {
-            let left = max_runs - report.runs as usize;
+            let left = (max_runs - report.runs as usize).max(PURGE_PAGE);
             let page: Vec<(i64, String)> = self
                 .conn
                 .prepare_cached(&format!(
@@ -526,6 +530,9 @@ impl Writer {
             };
             after = last;
             for (run_seq, run) in page {
+                if report.runs as usize >= max_runs {
+                    break;
+                }
                 let run_id = match RunId::parse(&run) {
                     Ok(run_id) => run_id,
                     Err(e) => {
