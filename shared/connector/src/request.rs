@@ -191,6 +191,7 @@ pub fn match_filter(tool: &Tool, command: &Command) -> Result<Vec<(String, Strin
         idempotency_key: &command.idempotency_key,
         business_key: command.business_key.as_ref(),
         external_ref: None,
+        compensation_key: None,
     };
     filter
         .iter()
@@ -273,6 +274,8 @@ fn build(
         idempotency_key: &command.idempotency_key,
         business_key: command.business_key.as_ref(),
         external_ref,
+        // The compensation's own key (the idempotency header's value) for its templates.
+        compensation_key: (operation == Operation::Compensate).then_some(idempotency_key),
     };
     let rendered =
         render_url(&endpoint.url, &command.args, &keys).map_err(|source| CallError::Render {
@@ -384,7 +387,7 @@ fn parse_url(text: &str) -> Result<Url, String> {
 fn carries_content(method: HttpMethod) -> bool {
     match method {
         HttpMethod::Post | HttpMethod::Put | HttpMethod::Patch => true,
-        HttpMethod::Get | HttpMethod::Delete => false,
+        HttpMethod::Get | HttpMethod::Head | HttpMethod::Delete => false,
     }
 }
 
@@ -395,6 +398,7 @@ fn method(method: HttpMethod) -> Method {
         HttpMethod::Put => Method::PUT,
         HttpMethod::Patch => Method::PATCH,
         HttpMethod::Delete => Method::DELETE,
+        HttpMethod::Head => Method::HEAD,
     }
 }
 

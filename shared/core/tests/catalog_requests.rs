@@ -207,6 +207,7 @@ fn a_body_renders_nested_arguments_with_their_types_and_leaves_out_missing_ones(
         idempotency_key: &key,
         business_key: None,
         external_ref: None,
+        compensation_key: None,
     };
     let args = json!({"amount": 1999, "order": {"id": "o-7"}});
     let rendered = body.render(&args, &keys).expect("renders").expect("a body");
@@ -262,6 +263,7 @@ fn a_query_value_that_is_one_missing_argument_is_left_out() {
         idempotency_key: &key,
         business_key: Some(&business),
         external_ref: None,
+        compensation_key: None,
     };
     let whole = Template::parse("{args.cursor}").expect("valid");
     assert_eq!(render_value(&whole, &json!({}), &keys), Ok(None));
@@ -484,4 +486,70 @@ fn a_variable_names_the_upstream_once_and_its_value_is_checked_like_any_url() {
     let message = refused(&userinfo);
     assert!(message.contains("user information"), "{message}");
     assert!(!message.contains("sk_live"), "{message}");
+}
+
+#[test]
+fn variables_reach_bodies_headers_and_queries_and_keys_fit_short_ids() {
+    let text = r#"
+[variables]
+queue = "http://sqs.test/123456789012/jobs.fifo"
+
+[[tool]]
+name = "orders/enqueue"
+semantics = "IDEMPOTENT"
+schema = { type = "object", required = ["body"], properties = { body = { type = "string" } } }
+[tool.dispatch]
+url = "http://sqs.test/"
+headers = { "X-Queue" = "${queue}" }
+query = { q = "${queue}" }
+body = { QueueUrl = "${queue}", MessageBody = "{args.body}", MessageDeduplicationId = "{idempotency_key_sha256}" }
+[tool.status_check]
+url = "http://sqs.test/by/{idempotency_key}"
+method = "HEAD"
+absent_status = [404]
+[tool.compensate]
+url = "http://sqs.test/undo"
+body = { key = "{compensation_key}", of = "{external_ref}" }
+"#;
+    let catalog = Catalog::from_toml_str(text, "q.toml").expect("valid");
+    let tool = &catalog.tools()[0];
+    let key = IdempotencyKey::parse("r-1/d-1/orders/enqueue/0").expect("valid");
+    let keys = UrlKeys {
+        idempotency_key: &key,
+        business_key: None,
+        external_ref: None,
+        compensation_key: None,
+    };
+    let body = tool
+        .dispatch()
+        .endpoint
+        .shape
+        .body
+        .as_ref()
+        .expect("declared");
+    let rendered = body
+        .render(&json!({"body": "hi"}), &keys)
+        .expect("renders")
+        .expect("a body");
+    assert_eq!(
+        rendered["QueueUrl"],
+        json!("http://sqs.test/123456789012/jobs.fifo")
+    );
+    let dedup = rendered["MessageDeduplicationId"].as_str().expect("text");
+    assert_eq!(dedup.len(), 64, "{dedup}");
+    assert!(dedup.bytes().all(|b| b.is_ascii_hexdigit()), "{dedup}");
+    assert_eq!(
+        tool.dispatch().endpoint.shape.headers[0].1.as_str(),
+        "http://sqs.test/123456789012/jobs.fifo"
+    );
+    assert_eq!(
+        tool.status_check().expect("declared").method,
+        sluice_core::catalog::HttpMethod::Head
+    );
+    // A compensation's own key is a compensation's alone.
+    let early = text.replace(
+        "MessageDeduplicationId = \"{idempotency_key_sha256}\"",
+        "MessageDeduplicationId = \"{compensation_key}\"",
+    );
+    assert!(refused(&early).contains("only compensate may use it"));
 }

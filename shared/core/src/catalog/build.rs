@@ -171,22 +171,15 @@ pub(super) fn build_tool(
     };
     let mut status_check = raw.status_check;
     let mut compensate = raw.compensate;
-    // `${variable}`s are the catalog's own text: expanded before anything checks a URL.
-    for (key, section) in [
-        ("dispatch.url", Some(&mut dispatch)),
-        ("status_check.url", status_check.as_mut()),
-        ("compensate.url", compensate.as_mut()),
+    // `${variable}`s are the catalog's own text: expanded before anything checks a URL, a
+    // body, a header or a query value.
+    for (name, section) in [
+        ("dispatch", Some(&mut dispatch)),
+        ("status_check", status_check.as_mut()),
+        ("compensate", compensate.as_mut()),
     ] {
         if let Some(section) = section {
-            section.url =
-                variables
-                    .expand(&section.url)
-                    .map_err(|detail| CatalogError::BadShape {
-                        file: at.file(),
-                        tool: at.tool(),
-                        key: key.to_owned(),
-                        detail,
-                    })?;
+            expand_section(&at, name, section, variables)?;
         }
     }
     only_in(
@@ -697,4 +690,53 @@ fn build_answers(
         list,
         reference_pointer,
     })
+}
+
+/// Expands the `${variable}`s of an endpoint section's URL, body strings, headers and query
+/// values; an error names the key.
+fn expand_section(
+    at: &At<'_>,
+    name: &str,
+    section: &mut RawEndpoint,
+    variables: &Variables,
+) -> Result<(), CatalogError> {
+    let bad = |key: &str, detail: String| CatalogError::BadShape {
+        file: at.file(),
+        tool: at.tool(),
+        key: format!("{name}.{key}"),
+        detail,
+    };
+    section.url = variables.expand(&section.url).map_err(|e| bad("url", e))?;
+    for value in section.headers.values_mut() {
+        *value = variables.expand(value).map_err(|e| bad("headers", e))?;
+    }
+    for value in section.query.values_mut() {
+        *value = variables.expand(value).map_err(|e| bad("query", e))?;
+    }
+    if let Some(body) = section.body.as_mut() {
+        expand_toml(body, variables).map_err(|e| bad("body", e))?;
+    }
+    Ok(())
+}
+
+/// Expands the `${variable}`s in every string of a TOML value.
+fn expand_toml(value: &mut toml::Value, variables: &Variables) -> Result<(), String> {
+    match value {
+        toml::Value::String(text) => *text = variables.expand(text)?,
+        toml::Value::Array(items) => {
+            for item in items {
+                expand_toml(item, variables)?;
+            }
+        }
+        toml::Value::Table(table) => {
+            for (_, item) in table.iter_mut() {
+                expand_toml(item, variables)?;
+            }
+        }
+        toml::Value::Integer(_)
+        | toml::Value::Float(_)
+        | toml::Value::Boolean(_)
+        | toml::Value::Datetime(_) => {}
+    }
+    Ok(())
 }

@@ -22,6 +22,7 @@ use super::tool::ToolPolicy;
 #[serde(rename_all = "UPPERCASE")]
 pub enum HttpMethod {
     Get,
+    Head,
     Post,
     Put,
     Patch,
@@ -32,6 +33,7 @@ impl HttpMethod {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Get => "GET",
+            Self::Head => "HEAD",
             Self::Post => "POST",
             Self::Put => "PUT",
             Self::Patch => "PATCH",
@@ -283,6 +285,10 @@ pub(super) fn check_placeholder(
         Slot::Key("external_ref") if section != Section::Compensate => Err(unavailable(
             "external_ref",
             "the external reference is only known after a dispatch returns; only compensate may use it",
+        )),
+        Slot::Key("compensation_key") if section != Section::Compensate => Err(unavailable(
+            "compensation_key",
+            "only a compensation has a key of its own; only compensate may use it",
         )),
         Slot::Key(_) => Ok(()),
         Slot::Arg(path) => {

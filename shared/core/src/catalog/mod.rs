@@ -170,13 +170,17 @@ pub const DEFAULT_POLICY_VERSION: &str = "1";
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 /// Where the external reference is read from a response unless the tool says otherwise.
 pub const DEFAULT_REFERENCE_POINTER: &str = "/id";
-/// The keys a connector URL template may name besides argument fields.
-pub const URL_KEYS: [&str; 5] = [
+/// The keys a template may name besides argument fields. `idempotency_key_sha256` is the
+/// key's SHA-256 in hex (64 characters), for an API that limits its deduplication id (SQS: 128
+/// characters); `compensation_key` is a compensation's own idempotency key.
+pub const URL_KEYS: [&str; 7] = [
     "run_id",
     "command_key",
     "idempotency_key",
+    "idempotency_key_sha256",
     "business_key",
     "external_ref",
+    "compensation_key",
 ];
 /// Longest violation message kept in an [`ArgsError`]; schema messages quote the instance.
 const MAX_MESSAGE_LEN: usize = 300;

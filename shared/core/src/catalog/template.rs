@@ -146,6 +146,8 @@ pub struct UrlKeys<'a> {
     pub idempotency_key: &'a IdempotencyKey,
     pub business_key: Option<&'a BusinessKey>,
     pub external_ref: Option<&'a str>,
+    /// A compensation's own idempotency key; `None` outside a compensation.
+    pub compensation_key: Option<&'a str>,
 }
 
 /// What a placeholder names: one of the command's keys, or an argument by its path
@@ -179,6 +181,17 @@ pub fn slot_value(
         Slot::Key("run_id") => keys.idempotency_key.run_id().to_string(),
         Slot::Key("command_key") => keys.idempotency_key.command_key().to_string(),
         Slot::Key("idempotency_key") => keys.idempotency_key.to_string(),
+        Slot::Key("idempotency_key_sha256") => {
+            use sha2::Digest;
+            let digest = sha2::Sha256::digest(keys.idempotency_key.to_string().as_bytes());
+            hex::encode(digest)
+        }
+        Slot::Key("compensation_key") => keys
+            .compensation_key
+            .ok_or(RenderError::MissingKey {
+                key: "compensation_key",
+            })?
+            .to_owned(),
         Slot::Key("business_key") => keys
             .business_key
             .ok_or(RenderError::MissingKey {

@@ -244,6 +244,7 @@ fn render_url_fills_keys_and_fields_and_encodes_each_as_a_path_segment() {
         idempotency_key: &idem,
         business_key: Some(&business),
         external_ref: Some("w/1?x"),
+        compensation_key: None,
     };
     let args = json!({"q": "a&b=c", "n": 12, "flag": true, "obj": {}});
     let render = |text: &str| render_url(&Template::parse(text).expect("valid"), &args, &keys);
@@ -276,6 +277,7 @@ fn render_url_fills_keys_and_fields_and_encodes_each_as_a_path_segment() {
         idempotency_key: &idem,
         business_key: None,
         external_ref: None,
+        compensation_key: None,
     };
     let template = Template::parse("http://h/{external_ref}").expect("valid");
     assert_eq!(
@@ -295,6 +297,7 @@ fn render_url_refuses_values_that_would_change_the_path() {
             idempotency_key: &idem,
             business_key: None,
             external_ref: Some(value),
+            compensation_key: None,
         };
         assert!(
             matches!(
