@@ -80,6 +80,18 @@ pub fn run(args: CatalogArgs) -> Result<String, String> {
 
 fn check(path: &std::path::Path) -> Result<String, String> {
     let catalog = Catalog::load(path).map_err(|e| e.to_string())?;
+    // The services refuse a status check that cannot fit the sweep's item budget at start;
+    // the author hears it here, against the default configuration.
+    let item_budget = sluice_runtime::config::ReconcilerConfig::default().sweep_item_timeout_ms;
+    let budgets = sluice_core::sweep::looks_that_do_not_fit(&catalog, item_budget);
+    if !budgets.is_empty() {
+        let lines: Vec<String> = budgets.iter().map(|p| format!("  {p}")).collect();
+        return Err(format!(
+            "{}: does not fit the reconciler's default sweep budget:\n{}",
+            catalog.source_name(),
+            lines.join("\n")
+        ));
+    }
     let secrets = Secrets::new();
     if let Err(problems) = secrets.check(&catalog) {
         let lines: Vec<String> = problems.iter().map(|p| format!("  {p}")).collect();
