@@ -739,7 +739,14 @@ async fn rollback_progress_is_visible_per_command() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_audit_chain_is_read_verified_caught_when_tampered_and_purged_to_a_checkpoint() {
-    let (h, agent, admin) = start(Faults::none(), |c| c).await;
+    // The example wire looks each 2xx up once more (`verify_after_commit`): about a second
+    // after, not 30 s (the shortest look its late-commit and settle times allow).
+    let (h, agent, admin) = start(Faults::none(), |c| {
+        c.policy("payments/wire", "late_commit_ms", 500)
+            .policy("payments/wire", "settle_ms", 300)
+            .policy("payments/wire", "verify_after_ms", 1_000)
+    })
+    .await;
     let operator = h.agent.with_token(OPERATOR);
     let (run, key) = ("r-audit", "d-1/payments/wire/0");
     agent
@@ -832,6 +839,52 @@ async fn the_audit_chain_is_read_verified_caught_when_tampered_and_purged_to_a_c
         "nothing purged yet"
     );
 
+    // The wire still owes its last look: its run is kept whole and the answer says why; the
+    // tampered run, finished, goes.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let cutoff = h.ctx().clock.now().plus_millis(-10).to_string();
+    let purged = admin
+        .call(
+            "POST",
+            "/v1/audit/purge",
+            Some(&json!({"older_than": cutoff, "reason": "retention: test data"})),
+        )
+        .await;
+    assert_eq!(purged.status, StatusCode::OK, "{}", purged.text);
+    let report = &purged.body["report"];
+    assert_eq!(report["kept_runs"], json!(1), "{}", purged.text);
+    assert_eq!(
+        report["kept"],
+        json!([{"run_id": run, "command_key": key, "owed": "last_look"}]),
+        "{}",
+        purged.text
+    );
+    assert!(
+        report["checkpoints"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["run_id"] == json!(tampered))),
+        "{}",
+        purged.text
+    );
+    let kept = agent.get(run, key).await;
+    assert!(kept.state.verify_pending, "{kept:?}");
+
+    // Once the last look has run, the run is finished and goes.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while agent.get(run, key).await.state.verify_pending {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the wire's last look did not run"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let entries = operator
+        .call("GET", &format!("/v1/runs/{run}/audit"), None)
+        .await
+        .body["entries"]
+        .as_array()
+        .expect("entries")
+        .clone();
     tokio::time::sleep(Duration::from_millis(50)).await;
     let cutoff = h.ctx().clock.now().plus_millis(-10).to_string();
     let purged = admin
@@ -843,7 +896,13 @@ async fn the_audit_chain_is_read_verified_caught_when_tampered_and_purged_to_a_c
         .await;
     assert_eq!(purged.status, StatusCode::OK, "{}", purged.text);
     assert!(
-        purged.body["report"]["runs"].as_u64() >= Some(2),
+        purged.body["report"]["runs"].as_u64() >= Some(1),
+        "{}",
+        purged.text
+    );
+    assert_eq!(
+        purged.body["report"]["kept_runs"],
+        json!(0),
         "{}",
         purged.text
     );
