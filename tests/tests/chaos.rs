@@ -1,6 +1,9 @@
 //! The fault runner at CI size: `sluice dev` as a child process, crashed and restarted on its
-//! data directory, against the runner's ground-truth upstream with every fault kind on — and
-//! every guarantee checked against the upstream's own record (see `sluice_tests::chaos`).
+//! data directory (once onto a catalog whose policy is stricter), against the runner's
+//! ground-truth upstream with every fault kind on (slow lookup keys included), with agents
+//! calling through `sluice mcp --transport http` and re-driving their conversations, and an
+//! operator purging finished runs mid-run — and every guarantee checked against the
+//! upstream's own record (see `sluice_tests::chaos`).
 //!
 //! The `sluice` binary is this build's (`target/<profile>/sluice`); `scripts/test.sh` builds
 //! it with `cargo build --workspace --bins` before the tests. The full run is a command:
@@ -58,6 +61,7 @@ fn assert_exercised(report: &Report, effects: usize, crashes: usize) {
         "inconclusive_check",
         "lagging_lookup (commits)",
         "key_ignoring (sms commits)",
+        "slow_lookup (checks)",
     ] {
         assert!(
             f.faults.get(kind).copied().unwrap_or(0) > 0,
@@ -70,6 +74,23 @@ fn assert_exercised(report: &Report, effects: usize, crashes: usize) {
             check.checked > 0 || check.invariant == NO_UNEXPECTED_EXIT,
             "seed {seed}: {} checked nothing\n{}",
             check.invariant,
+            report.render()
+        );
+    }
+    assert!(
+        f.tightened.is_some(),
+        "seed {seed}: no restart tightened the policy\n{}",
+        report.render()
+    );
+    for (figures, what) in [
+        (&f.mcp, "timed out, cancelled, sent again"),
+        (&f.mcp, "re-driven in a new session"),
+        (&f.purges, "purges"),
+        (&f.purges, "runs purged"),
+    ] {
+        assert!(
+            figures.get(what).copied().unwrap_or(0) > 0,
+            "seed {seed}: no {what}\n{}",
             report.render()
         );
     }

@@ -56,6 +56,22 @@ struct Args {
     /// match this upstream's late commits and lagging lookups.
     #[arg(long)]
     no_horizons: bool,
+    /// Do not restart halfway through the crashes with a stricter catalog (by default one
+    /// restart brings a catalog in which tickets, email and SMS need approval and wires need it
+    /// above a lower amount, under a new policy version).
+    #[arg(long)]
+    no_tighten: bool,
+    /// MCP stories per effect: agents calling through `sluice mcp --transport http` and
+    /// re-driving their conversations in new sessions (0: none).
+    #[arg(long, default_value_t = 0.01)]
+    mcp_stories_per_effect: f64,
+    /// Do not purge finished runs mid-run (by default an operator purges every few seconds,
+    /// with a cutoff as recent as the agents allow, through the workload and the settling).
+    #[arg(long)]
+    no_purges: bool,
+    /// Seconds between two purges.
+    #[arg(long, default_value_t = 5)]
+    purge_every_secs: u64,
     /// Seconds the pipeline may take to settle after the workload.
     #[arg(long, default_value_t = 240)]
     settle_timeout_secs: u64,
@@ -125,6 +141,12 @@ async fn run(args: Args, seed: u64) -> anyhow::Result<chaos::report::Report> {
     // Each service is offset by up to the skew either way: two of them differ by twice that.
     options.horizons.max_clock_skew_ms = args.clock_skew_ms.saturating_mul(2);
     options.settle_timeout = Duration::from_secs(args.settle_timeout_secs);
+    options.tighten_policy = !args.no_tighten;
+    options.mcp_stories_per_effect = args.mcp_stories_per_effect.max(0.0);
+    options.retention = (!args.no_purges).then(|| chaos::purge::Retention {
+        every: Duration::from_secs(args.purge_every_secs.max(1)),
+        ..chaos::purge::Retention::default()
+    });
     options.keep = args.keep;
     options.log_level = args.log_level;
     if args.failpoints {

@@ -157,6 +157,39 @@ impl ToolKind {
 /// Amounts above this need an approval on `bank/wire`.
 pub const APPROVE_ABOVE: i64 = 900_000;
 
+/// Amounts above this need an approval on `bank/wire` once the policy is tightened.
+pub const APPROVE_ABOVE_TIGHTENED: i64 = 250_000;
+
+/// The catalog's policy: as the run starts, or tightened at one restart mid-run (a rolling
+/// deploy of a stricter catalog), with a new `policy_version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    #[default]
+    Admitted,
+    /// `tickets/open`, `email/send` and `sms/send` require approval, and `bank/wire` needs one
+    /// above [`APPROVE_ABOVE_TIGHTENED`]. The three are leased at their reservation (IDEMPOTENT),
+    /// so a command admitted under the old policy may have been called already when the new one
+    /// meets it; an approval given under the old version no longer counts.
+    Tightened,
+}
+
+impl Policy {
+    pub fn version(self) -> &'static str {
+        match self {
+            Self::Admitted => "chaos-1",
+            Self::Tightened => "chaos-2",
+        }
+    }
+
+    /// Whether `kind`'s policy is stricter under [`Policy::Tightened`].
+    pub fn tightens(kind: ToolKind) -> bool {
+        matches!(
+            kind,
+            ToolKind::Ticket | ToolKind::Email | ToolKind::Sms | ToolKind::Wire
+        )
+    }
+}
+
 /// The timings every tool is declared with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timing {
@@ -197,6 +230,18 @@ impl Timing {
         matches!(kind, ToolKind::Transfer | ToolKind::Ticket)
             .then(|| self.dispatch_timeout_ms(kind) + self.tight_lease_margin_ms)
     }
+
+    /// The reconciler's `sweep_item_timeout_ms` the runner configures: the least that fits a
+    /// status check and the writes of what it found, so a slow lookup outlasts it.
+    pub fn sweep_item_timeout_ms(&self) -> u64 {
+        self.check_timeout_ms + sluice_core::sweep::LOOK_WRITE_MARGIN_MS
+    }
+
+    /// How long a status check for a slow lookup key takes to answer: past the check's timeout
+    /// and past the sweep's item budget.
+    pub fn slow_lookup_ms(&self) -> u64 {
+        self.sweep_item_timeout_ms() + 500
+    }
 }
 
 /// The catalog's horizons of late commits: declared by default, so the tools' windows match
@@ -229,25 +274,37 @@ pub fn endpoints(timing: &Timing) -> Vec<EndpointSpec> {
             double_commits: kind.verifies_commits(),
             timeout_ms: timing.dispatch_timeout_ms(kind),
             reverse_timeout_ms: timing.compensate_timeout_ms,
+            slow_lookup_ms: timing.slow_lookup_ms(),
         })
         .collect()
 }
 
-/// The catalog text for tools at `base_url`.
+/// The catalog text for tools at `base_url`, under the policy the run starts with.
 pub fn catalog_toml(
     base_url: &str,
     timing: &Timing,
     times: &FaultTimes,
     horizons: &Horizons,
 ) -> String {
+    catalog_toml_under(base_url, timing, times, horizons, Policy::Admitted)
+}
+
+/// The catalog text for tools at `base_url` under `policy`.
+pub fn catalog_toml_under(
+    base_url: &str,
+    timing: &Timing,
+    times: &FaultTimes,
+    horizons: &Horizons,
+    policy: Policy,
+) -> String {
     let mut root = Table::new();
-    root.insert("policy_version".into(), "chaos-1".into());
+    root.insert("policy_version".into(), policy.version().into());
     if horizons.declare {
         root.insert("max_clock_skew_ms".into(), int(horizons.max_clock_skew_ms));
     }
     let tools = ToolKind::ALL
         .into_iter()
-        .map(|kind| Value::Table(tool(kind, base_url, timing, times, horizons)))
+        .map(|kind| Value::Table(tool(kind, base_url, timing, times, horizons, policy)))
         .collect();
     root.insert("tool".into(), Value::Array(tools));
     toml::to_string(&root).expect("a TOML table serializes")
@@ -263,7 +320,9 @@ fn tool(
     timing: &Timing,
     times: &FaultTimes,
     horizons: &Horizons,
+    era: Policy,
 ) -> Table {
+    let tightened = era == Policy::Tightened && Policy::tightens(kind);
     let endpoint = format!("{base}/e/{}", kind.endpoint());
     let mut tool = Table::new();
     tool.insert("name".into(), kind.name().into());
@@ -302,20 +361,28 @@ fn tool(
         ToolKind::Wire => {
             let mut above = Table::new();
             above.insert("field".into(), "amount_minor".into());
-            above.insert("value".into(), Value::Integer(APPROVE_ABOVE));
+            let threshold = if tightened {
+                APPROVE_ABOVE_TIGHTENED
+            } else {
+                APPROVE_ABOVE
+            };
+            above.insert("value".into(), Value::Integer(threshold));
             policy.insert("approve_above".into(), Value::Table(above));
         }
-        ToolKind::Sms => {}
         ToolKind::Case => {
             policy.insert("requires_approval".into(), true.into());
         }
         ToolKind::Refund => {
             policy.insert("on_absent".into(), "fail".into());
         }
+        ToolKind::Ticket | ToolKind::Email | ToolKind::Sms if tightened => {
+            policy.insert("requires_approval".into(), true.into());
+        }
         ToolKind::Transfer
         | ToolKind::Payout
         | ToolKind::Ticket
         | ToolKind::Email
+        | ToolKind::Sms
         | ToolKind::Search => {}
     }
     if horizons.declare && kind.semantics() != EffectSemantics::ObserveOnly {
@@ -416,12 +483,14 @@ pub const AGENT_NAME: &str = "chaos-agent";
 pub const ADMIN_NAME: &str = "chaos-admin";
 
 /// The `sluice dev` configuration: the ledger in `dir`, the producer on `listen`, the catalog
-/// file, a quick sweep, and the runner's tokens.
+/// file, a quick sweep whose item budget just fits a status check (so a slow lookup outlasts
+/// it), and the runner's tokens.
 pub fn config_toml(
     dir: &Path,
     catalog: &Path,
     listen: SocketAddr,
     tokens: &Tokens,
+    timing: &Timing,
     log_level: &str,
 ) -> String {
     let mut root = Table::new();
@@ -443,7 +512,10 @@ pub fn config_toml(
     );
     root.insert(
         "reconciler".into(),
-        section(vec![("sweep_interval_ms", int(200))]),
+        section(vec![
+            ("sweep_interval_ms", int(200)),
+            ("sweep_item_timeout_ms", int(timing.sweep_item_timeout_ms())),
+        ]),
     );
     root.insert(
         "telemetry".into(),
@@ -530,6 +602,7 @@ mod tests {
             &dir.path().join("catalog.toml"),
             "127.0.0.1:9".parse().expect("an address"),
             &Tokens::generate(),
+            &Timing::default(),
             "warn",
         );
         let path = dir.path().join("sluice.toml");
@@ -539,5 +612,50 @@ mod tests {
                 .expect("the configuration loads");
         assert_eq!(config.auth.tokens.len(), 2);
         assert_eq!(config.producer.listen.port(), 9);
+        // The sweep's item budget fits the runner's status checks, and no more.
+        let catalog = validate(&catalog_toml(
+            "http://127.0.0.1:1",
+            &Timing::default(),
+            &times(),
+            &Horizons::default(),
+        ))
+        .expect("valid");
+        let budget = config.reconciler.sweep_item_timeout_ms;
+        assert!(sluice_core::sweep::looks_that_do_not_fit(&catalog, budget).is_empty());
+        assert!(!sluice_core::sweep::looks_that_do_not_fit(&catalog, budget - 1).is_empty());
+        assert!(Timing::default().slow_lookup_ms() > budget);
+    }
+
+    #[test]
+    fn the_tightened_catalog_asks_for_approval_where_the_first_did_not() {
+        let under = |policy| {
+            validate(&catalog_toml_under(
+                "http://127.0.0.1:1",
+                &Timing::default(),
+                &times(),
+                &Horizons::default(),
+                policy,
+            ))
+            .expect("valid")
+        };
+        let (admitted, tightened) = (under(Policy::Admitted), under(Policy::Tightened));
+        assert_ne!(admitted.policy_version(), tightened.policy_version());
+        for kind in ToolKind::ALL {
+            let policy = |catalog: &Catalog| {
+                catalog
+                    .tools()
+                    .iter()
+                    .find(|t| t.name().to_string() == kind.name())
+                    .map(|t| t.policy().clone())
+                    .expect("declared")
+            };
+            let (before, after) = (policy(&admitted), policy(&tightened));
+            assert_eq!(
+                before != after,
+                Policy::tightens(kind),
+                "{}: {before:?} / {after:?}",
+                kind.name()
+            );
+        }
     }
 }

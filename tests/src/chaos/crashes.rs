@@ -17,7 +17,10 @@
 //!   failpoint is killed with SIGKILL instead.
 //!
 //! Whatever way the process ended, it is started again at once on the same directory, and the
-//! crash is counted by its cause.
+//! crash is counted by its cause. At one restart mid-run the catalog file may be replaced
+//! first ([`Supervisor::tighten_at`]): the process comes back under a stricter policy, as a
+//! rolling deploy of a new catalog would bring it, while commands admitted under the old one
+//! are still in flight.
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
@@ -92,6 +95,28 @@ pub struct Supervisor {
     pub crashes: Vec<Crash>,
     /// Processes stopped by the runner outside the crash schedule (the final clean restart).
     pub restarts: u32,
+    /// A catalog to restart with once this many crashes were injected.
+    swap: Option<CatalogSwap>,
+    /// When the swapped catalog took over, once it did.
+    pub tightened: Option<Tightened>,
+}
+
+/// A catalog the process is restarted with after the `after_crash`-th injected crash.
+#[derive(Debug, Clone)]
+struct CatalogSwap {
+    after_crash: usize,
+    path: PathBuf,
+    text: String,
+}
+
+/// The restart that brought a stricter catalog in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tightened {
+    /// When the catalog file was replaced (ms since the epoch, the record's time base): every
+    /// process from then on loads it.
+    pub at_ms: i64,
+    /// The first generation started on it.
+    pub generation: u32,
 }
 
 impl Supervisor {
@@ -116,7 +141,36 @@ impl Supervisor {
             armed: None,
             crashes: Vec::new(),
             restarts: 0,
+            swap: None,
+            tightened: None,
         }
+    }
+
+    /// Replaces the catalog file at `path` with `text` before the restart that follows the
+    /// `after_crash`-th injected crash (while no process runs, as a deploy replaces a node).
+    pub fn tighten_at(&mut self, after_crash: usize, path: &Path, text: String) {
+        self.swap = Some(CatalogSwap {
+            after_crash: after_crash.max(1),
+            path: path.to_owned(),
+            text,
+        });
+    }
+
+    /// Writes the swapped catalog if its crash has come.
+    fn swap_catalog(&mut self) -> Result<(), ChaosError> {
+        let injected = self.crashes.iter().filter(|c| c.injected()).count();
+        let Some(swap) = self.swap.take_if(|swap| injected >= swap.after_crash) else {
+            return Ok(());
+        };
+        std::fs::write(&swap.path, &swap.text).map_err(|source| ChaosError::Io {
+            what: format!("write the tightened catalog {}", swap.path.display()),
+            source,
+        })?;
+        self.tightened = Some(Tightened {
+            at_ms: super::upstream::record::now_ms(),
+            generation: self.generation + 1,
+        });
+        Ok(())
     }
 
     /// The log file of generation `n`.
@@ -313,6 +367,7 @@ impl Supervisor {
                     });
                 }
             }
+            self.swap_catalog()?;
             self.start(injected(self) < crashes).await?;
         }
         Ok(())

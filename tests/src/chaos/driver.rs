@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use super::ChaosError;
 use super::api::{Api, Role};
 use super::catalog::ToolKind;
+use super::purge::Activity;
 use super::workload::{EffectPlan, RunPlan};
 
 /// A command Sluice accepted.
@@ -29,6 +30,8 @@ pub struct Accepted {
     pub tool: ToolKind,
     /// (decision, call_idx): the journal position.
     pub journal: (u32, u32),
+    /// The tool's business key for its arguments, when it declares one.
+    pub business_key: Option<String>,
 }
 
 /// A rollback an operator asked for.
@@ -71,6 +74,18 @@ pub async fn drive(
     rate: f64,
     agents: usize,
 ) -> Result<Driven, ChaosError> {
+    drive_noting(api, plan, rate, agents, Activity::default()).await
+}
+
+/// [`drive`], holding each run in `activity` from its first submission until its submissions,
+/// cancels and rollback are all answered (retention leaves it alone meanwhile).
+pub async fn drive_noting(
+    api: Api,
+    plan: Vec<RunPlan>,
+    rate: f64,
+    agents: usize,
+    activity: Activity,
+) -> Result<Driven, ChaosError> {
     let shared: Shared = Arc::default();
     let start = Instant::now();
     let spacing = Duration::from_secs_f64(1.0 / rate.max(0.001));
@@ -90,11 +105,12 @@ pub async fn drive(
     let mut agents_set = JoinSet::new();
     let actions = Arc::new(Mutex::new(JoinSet::new()));
     for _ in 0..agents.max(1) {
-        let (api, shared, queue, actions) = (
+        let (api, shared, queue, actions, activity) = (
             api.clone(),
             Arc::clone(&shared),
             Arc::clone(&queue),
             Arc::clone(&actions),
+            activity.clone(),
         );
         agents_set.spawn(async move {
             loop {
@@ -103,7 +119,7 @@ pub async fn drive(
                     return Ok::<(), ChaosError>(());
                 };
                 let at = |i: usize| start + spacing * (offset + u32::try_from(i).unwrap_or(0));
-                submit_run(&api, &shared, &run, at, &actions).await?;
+                submit_run(&api, &shared, &run, at, &actions, &activity).await?;
             }
         });
     }
@@ -124,9 +140,11 @@ async fn submit_run(
     run: &RunPlan,
     at: impl Fn(usize) -> Instant,
     actions: &Arc<Mutex<JoinSet<Result<(), ChaosError>>>>,
+    activity: &Activity,
 ) -> Result<(), ChaosError> {
+    tokio::time::sleep_until(at(0)).await;
+    let _submitting = activity.hold(&run.run_id);
     if run.batch {
-        tokio::time::sleep_until(at(0)).await;
         // Items answered 503 (admission: the ledger or the bus is behind; nothing of them was
         // recorded) are sent again after their Retry-After, as a client does.
         let deadline = Instant::now() + super::api::ADMISSION_PATIENCE;
@@ -185,10 +203,12 @@ async fn submit_run(
         if let Some(after) = effect.cancel_after_ms {
             let (api, shared) = (api.clone(), Arc::clone(shared));
             let (run_id, key) = (run.run_id.clone(), effect.command_key());
+            let hold = activity.hold(&run_id);
             actions
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .spawn(async move {
+                    let _hold = hold;
                     tokio::time::sleep(Duration::from_millis(after)).await;
                     cancel(&api, &shared, &run_id, &key).await
                 });
@@ -196,10 +216,12 @@ async fn submit_run(
     }
     if let Some(after) = run.rollback_after_ms {
         let (api, shared, run_id) = (api.clone(), Arc::clone(shared), run.run_id.clone());
+        let hold = activity.hold(&run_id);
         actions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .spawn(async move {
+                let _hold = hold;
                 tokio::time::sleep(Duration::from_millis(after)).await;
                 rollback(&api, &shared, &run_id).await
             });
@@ -235,6 +257,7 @@ fn record(
                 idempotency_key: idempotency_key.to_owned(),
                 tool: effect.tool,
                 journal: (effect.decision, effect.call_idx),
+                business_key: effect.business_key(),
             });
         }
         409 if whole["error"]["code"] == "run_rolled_back" => driven.refused_rolled_back += 1,

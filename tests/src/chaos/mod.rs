@@ -9,7 +9,10 @@
 //!    as a child process ([`crashes`]);
 //! 2. submits the seed's planned runs at a steady pace ([`workload`], [`driver`]) while an
 //!    operator approves, rejects, cancels, rolls back, replays and resolves ([`operator`]) and
-//!    the process is crashed and restarted on the same data directory;
+//!    the process is crashed and restarted on the same data directory — once with a catalog
+//!    whose policy is stricter ([`catalog::Policy`]) — and agents of their own make their calls
+//!    through `sluice mcp --transport http`, then re-drive them in a new session ([`mcp`]),
+//!    while retention purges the runs nobody works on any more ([`purge`]);
 //! 3. stops the faults, restarts the process without failpoints, and waits until every command
 //!    is terminal or STUCK and stays so past the verification horizon;
 //! 4. checks the invariants ([`invariants`]) and reports ([`report`]).
@@ -22,7 +25,9 @@ pub mod crashes;
 pub mod dice;
 pub mod driver;
 pub mod invariants;
+pub mod mcp;
 pub mod operator;
+pub mod purge;
 pub mod report;
 pub mod upstream;
 pub mod workload;
@@ -38,7 +43,7 @@ use sluice_core::command::{Command, CommandStatus};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use self::catalog::{Horizons, Timing, Tokens};
+use self::catalog::{Horizons, Policy, Timing, Tokens};
 use self::crashes::{CrashMode, Supervisor};
 use self::report::{Figures, Report};
 use self::upstream::{ChaosUpstream, FaultRates, FaultTimes};
@@ -96,6 +101,13 @@ pub struct Options {
     pub log_level: String,
     /// Print progress lines on stderr.
     pub progress: bool,
+    /// Restart once, halfway through the crashes, with a catalog whose policy is stricter.
+    pub tighten_policy: bool,
+    /// MCP stories per planned effect (each a conversation of 2–5 calls, told twice).
+    pub mcp_stories_per_effect: f64,
+    /// Purge finished runs every so often through the workload and the settling (`None`: no
+    /// retention).
+    pub retention: Option<purge::Retention>,
 }
 
 impl Options {
@@ -121,6 +133,9 @@ impl Options {
             keep: false,
             log_level: "warn".into(),
             progress: true,
+            tighten_policy: true,
+            mcp_stories_per_effect: 0.01,
+            retention: Some(purge::Retention::default()),
         }
     }
 
@@ -200,6 +215,7 @@ macro_rules! progress {
 /// Runs one seed end to end and reports what it found.
 pub async fn run(options: Options) -> Result<Report, ChaosError> {
     let started = Instant::now();
+    let started_ms = upstream::record::now_ms();
     let bin = crashes::locate_sluice(options.sluice_bin.as_deref())?;
     let dir = tempfile::Builder::new()
         .prefix("sluice-chaos-")
@@ -240,6 +256,7 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
             &catalog_path,
             listen,
             &tokens,
+            &options.timing,
             &options.log_level,
         ),
     )?;
@@ -259,12 +276,46 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
         options.crash_mode.clone(),
         options.seed,
     );
+    if options.tighten_policy && options.crashes > 0 {
+        let tightened = catalog::catalog_toml_under(
+            &upstream.base_url(),
+            &options.timing,
+            &options.times,
+            &options.horizons,
+            Policy::Tightened,
+        );
+        catalog::validate(&tightened).map_err(ChaosError::Setup)?;
+        supervisor.tighten_at(options.crashes.div_ceil(2), &catalog_path, tightened);
+    }
     supervisor.start(true).await?;
 
     // Crashes, the operator and the agents run side by side.
     let plan = workload::plan(options.seed, &options.workload);
     let planned: usize = plan.iter().map(|r| r.effects.len()).sum();
     let workload_time = Duration::from_secs_f64(planned as f64 / options.rate.max(0.001));
+    // The runs the agents still use, which retention leaves alone.
+    let activity = purge::Activity::default();
+    // The MCP agents, through a `sluice mcp` of their own that outlives every crash.
+    let stories = mcp::plan(
+        options.seed,
+        (planned as f64 * options.mcp_stories_per_effect).round() as usize,
+        &options.rates,
+    );
+    let mut mcp_server = None;
+    let telling = if stories.is_empty() {
+        None
+    } else {
+        let server = mcp::McpServer::start(&bin, api.base(), dir.path()).await?;
+        let client = mcp::McpClient::new(&server.url, &tokens.agent)?;
+        mcp_server = Some(server);
+        let spacing = workload_time.div_f64(stories.len() as f64 + 1.0);
+        Some(tokio::spawn(mcp::tell(
+            client,
+            stories,
+            spacing,
+            activity.clone(),
+        )))
+    };
     let mean = workload_time.div_f64(options.crashes.max(1) as f64);
     let reached = CancellationToken::new();
     let stop_crashing = CancellationToken::new();
@@ -278,7 +329,7 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
     };
     let settling = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop_operating = CancellationToken::new();
-    let operating = tokio::spawn(operator::operate(
+    let operating = tokio::spawn(operator::operate_beside_purges(
         api.clone(),
         Arc::clone(&upstream),
         options.seed,
@@ -286,7 +337,24 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
         Duration::from_secs(1),
         Arc::clone(&settling),
         stop_operating.clone(),
+        options.retention.is_some(),
     ));
+    let stop_purging = CancellationToken::new();
+    let purging = options.retention.clone().map(|mut retention| {
+        // No write after a cutoff may carry an earlier time: twice the skew apart at most.
+        let skew = match &options.crash_mode {
+            CrashMode::Failpoints { clock_skew_ms, .. } => *clock_skew_ms,
+            CrashMode::Kill => 0,
+        };
+        retention.age = retention.age.max(Duration::from_millis(2 * skew + 500));
+        tokio::spawn(purge::purge_loop(
+            api.clone(),
+            activity.clone(),
+            retention,
+            started_ms,
+            stop_purging.clone(),
+        ))
+    });
     progress!(
         options,
         "workload: {planned} effects in {} runs over ~{:.0} s, {} crashes",
@@ -295,7 +363,14 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
         options.crashes
     );
     let runs = plan.len();
-    let driven = driver::drive(api.clone(), plan, options.rate, options.agents).await;
+    let driven = driver::drive_noting(
+        api.clone(),
+        plan,
+        options.rate,
+        options.agents,
+        activity.clone(),
+    )
+    .await;
     // The crashes may lag behind the workload (restarts take time; a failpoint is reached
     // when it is reached): keep the faults on until they are all in, within twice their
     // schedule.
@@ -307,8 +382,23 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
     let (mut supervisor, crashed) = crashing
         .await
         .map_err(|e| ChaosError::Setup(format!("the crash loop failed: {e}")))?;
-    let driven = driven?;
+    let mut driven = driven?;
     crashed?;
+    let told = match telling {
+        Some(telling) => telling
+            .await
+            .map_err(|e| ChaosError::Setup(format!("the MCP agents failed: {e}")))?,
+        None => mcp::Told::default(),
+    };
+    driven.accepted.extend(mcp::McpCall::accepted(&told.calls));
+    if let Some(server) = mcp_server.as_mut()
+        && !server.alive()
+    {
+        driven.unexpected.push(format!(
+            "sluice mcp exited during the run (see {})",
+            server.log.display()
+        ));
+    }
     let workload_done = started.elapsed();
     progress!(
         options,
@@ -336,19 +426,60 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
     let operated = operating
         .await
         .map_err(|e| ChaosError::Setup(format!("the operator failed: {e}")))??;
+    stop_purging.cancel();
+    let purges = match purging {
+        Some(purging) => Some(
+            purging
+                .await
+                .map_err(|e| ChaosError::Setup(format!("the purges failed: {e}")))?,
+        ),
+        None => None,
+    };
     progress!(
         options,
         "settled={settled} after {:.1} s; checking",
         settle_time.as_secs_f64()
     );
 
-    // Collect what Sluice ended with, and what the upstream saw.
+    // Collect what Sluice ended with, and what the upstream saw: a purged run as read just
+    // before the purge that took it.
+    let purged: HashMap<&str, &purge::Purged> = purges
+        .iter()
+        .flat_map(|p| &p.purged)
+        .map(|p| (p.run_id.as_str(), p))
+        .collect();
+    let kept: Vec<String> = run_ids
+        .iter()
+        .filter(|run| !purged.contains_key(run.as_str()))
+        .cloned()
+        .collect();
     let Ended {
-        commands,
-        journals,
-        audits,
-        verdicts,
-    } = read_ended(&api, &run_ids).await?;
+        mut commands,
+        mut journals,
+        mut audits,
+        mut verdicts,
+    } = read_ended(&api, &kept).await?;
+    for (run, gone) in &purged {
+        let Some(snapshot) = &gone.snapshot else {
+            continue;
+        };
+        journals.insert(
+            (*run).to_owned(),
+            snapshot
+                .commands
+                .iter()
+                .map(|c| c.command_key.to_string())
+                .collect(),
+        );
+        for command in &snapshot.commands {
+            commands.insert(
+                ((*run).to_owned(), command.command_key.to_string()),
+                command.clone(),
+            );
+        }
+        audits.insert((*run).to_owned(), snapshot.audit.clone());
+        verdicts.insert((*run).to_owned(), snapshot.verdict.clone());
+    }
     let record = upstream.record();
     let clock_skew_ms = match &options.crash_mode {
         CrashMode::Failpoints { clock_skew_ms, .. } => *clock_skew_ms,
@@ -368,7 +499,12 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
         late_commit_horizon_ms: options.times.late_commit_horizon_ms(),
         clock_skew_ms,
     };
-    let checks = invariants::check(&evidence);
+    let scenario = invariants::Scenario {
+        tightened: supervisor.tightened,
+        mcp: (told.stories > 0).then_some(told.calls.as_slice()),
+        purged: purges.as_ref().map(|p| p.purged.as_slice()),
+    };
+    let checks = invariants::check_with(&evidence, &scenario);
 
     let mut statuses: BTreeMap<String, u64> = BTreeMap::new();
     let accepted_keys: HashSet<(&str, &str)> = driven
@@ -393,6 +529,7 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
         "inconclusive_check".into(),
         record.counters.inconclusive_checks,
     );
+    faults.insert("slow_lookup (checks)".into(), record.counters.slow_lookups);
     faults.insert(
         "lagging_lookup (commits)".into(),
         record.counters.lagged_commits,
@@ -419,6 +556,20 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
     operator_actions.insert("rollback requests".into(), driven.rollbacks.len() as u64);
     let mut unexpected = driven.unexpected.clone();
     unexpected.extend(operated.unexpected.iter().cloned());
+    unexpected.extend(told.unexpected.iter().cloned());
+    if let Some(purges) = &purges {
+        unexpected.extend(purges.unexpected.iter().cloned());
+    }
+    let mcp = mcp_figures(&told);
+    let tightened = supervisor.tightened.map(|t| {
+        format!(
+            "{} from generation {} (after crash {}), {:.1} s into the run",
+            Policy::Tightened.version(),
+            t.generation,
+            options.crashes.div_ceil(2),
+            (t.at_ms - started_ms) as f64 / 1_000.0
+        )
+    });
     let figures = Figures {
         effects_planned: planned,
         runs,
@@ -444,6 +595,9 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
         escalated,
         operator: operator_actions,
         unexpected,
+        mcp,
+        tightened,
+        purges: purges.as_ref().map(purge_figures).unwrap_or_default(),
         workload: workload_done,
         settle: settle_time,
         total: started.elapsed(),
@@ -451,6 +605,7 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
     };
     supervisor.shutdown();
     drop(supervisor);
+    drop(mcp_server);
     if let Ok(upstream) = Arc::try_unwrap(upstream) {
         upstream.stop().await;
     }
@@ -461,6 +616,46 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
         figures,
         kept,
     })
+}
+
+/// What retention did.
+fn purge_figures(purges: &purge::Purges) -> BTreeMap<String, u64> {
+    let mut figures = BTreeMap::from([
+        ("purges".into(), purges.rounds),
+        ("runs purged".into(), purges.purged.len() as u64),
+        (
+            "runs kept, owing work (over all purges)".into(),
+            purges.kept_runs,
+        ),
+        ("purges whose answer was lost".into(), purges.unanswered),
+    ]);
+    for (owed, n) in &purges.kept {
+        figures.insert(format!("kept owing {owed}"), *n);
+    }
+    figures
+}
+
+/// What the MCP agents did, by kind.
+fn mcp_figures(told: &mcp::Told) -> BTreeMap<String, u64> {
+    let calls = &told.calls;
+    let count = |f: &dyn Fn(&mcp::McpCall) -> bool| calls.iter().filter(|c| f(c)).count() as u64;
+    BTreeMap::from([
+        ("stories".into(), told.stories as u64),
+        ("sessions".into(), told.sessions),
+        ("calls".into(), calls.len() as u64),
+        (
+            "timed out, cancelled, sent again".into(),
+            count(&|c| c.timed_out),
+        ),
+        (
+            "sent again after no answer".into(),
+            calls.iter().map(|c| u64::from(c.unanswered)).sum(),
+        ),
+        (
+            "re-driven in a new session".into(),
+            count(&|c| c.redrive.is_some()),
+        ),
+    ])
 }
 
 fn write(path: &std::path::Path, text: &str) -> Result<(), ChaosError> {

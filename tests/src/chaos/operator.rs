@@ -30,6 +30,8 @@ use super::upstream::{ChaosUpstream, KeyView};
 pub struct Operated {
     pub actions: BTreeMap<String, u64>,
     pub unexpected: Vec<String>,
+    /// Whether runs are purged meanwhile.
+    purges: bool,
 }
 
 impl Operated {
@@ -38,6 +40,9 @@ impl Operated {
             200 => "applied",
             // The command moved on meanwhile (a rollback cancelled it, a sweep got there).
             409 => "refused",
+            // Retention purged its run meanwhile (only a finished run goes, so only an action
+            // on a finished command meets this: a replay of a FAILED one).
+            404 if self.purges => "gone (run purged)",
             _ => {
                 self.unexpected.push(format!(
                     "operator {action}: HTTP {}: {}",
@@ -67,7 +72,26 @@ pub async fn operate(
     settling: Arc<AtomicBool>,
     stop: CancellationToken,
 ) -> Result<Operated, ChaosError> {
-    let mut operated = Operated::default();
+    operate_beside_purges(api, upstream, seed, window, every, settling, stop, false).await
+}
+
+/// [`operate`], while retention purges finished runs (`purges`): an action on a command whose
+/// run was purged meanwhile is then counted, not reported.
+#[allow(clippy::too_many_arguments)]
+pub async fn operate_beside_purges(
+    api: Api,
+    upstream: Arc<ChaosUpstream>,
+    seed: u64,
+    window: Duration,
+    every: Duration,
+    settling: Arc<AtomicBool>,
+    stop: CancellationToken,
+    purges: bool,
+) -> Result<Operated, ChaosError> {
+    let mut operated = Operated {
+        purges,
+        ..Operated::default()
+    };
     let mut blocked_seen: HashMap<(String, String), Instant> = HashMap::new();
     let mut handled: HashSet<(String, String, u32, &'static str)> = HashSet::new();
     let mut round = 0u64;

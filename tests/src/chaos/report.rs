@@ -35,6 +35,12 @@ pub struct Figures {
     pub escalated: u64,
     pub operator: BTreeMap<String, u64>,
     pub unexpected: Vec<String>,
+    /// What the MCP agents did (stories, sessions, calls, retries, re-drives).
+    pub mcp: BTreeMap<String, u64>,
+    /// The restart that brought the stricter catalog in, if one did.
+    pub tightened: Option<String>,
+    /// What retention did (purges, runs purged, runs kept owing work).
+    pub purges: BTreeMap<String, u64>,
     pub workload: Duration,
     pub settle: Duration,
     pub total: Duration,
@@ -143,6 +149,12 @@ impl Report {
             ("final statuses".into(), join(&f.statuses)),
             ("escalated commands".into(), f.escalated.to_string()),
             ("operator actions".into(), join(&f.operator)),
+            (
+                "policy tightened".into(),
+                f.tightened.clone().unwrap_or_else(|| "no".into()),
+            ),
+            ("MCP agents (sluice mcp over HTTP)".into(), join(&f.mcp)),
+            ("retention (purges mid-run)".into(), join(&f.purges)),
             (
                 "duration".into(),
                 format!(

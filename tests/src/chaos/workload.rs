@@ -52,6 +52,18 @@ impl EffectPlan {
         format!("d-{}/{}/{}", self.decision, self.tool.name(), self.call_idx)
     }
 
+    /// The business key Sluice renders from its arguments (the catalog's `{ref}:{amount_minor}`),
+    /// for the tools that declare one.
+    pub fn business_key(&self) -> Option<String> {
+        self.tool.has_business_key().then(|| {
+            format!(
+                "{}:{}",
+                self.args["ref"].as_str().unwrap_or_default(),
+                self.args["amount_minor"]
+            )
+        })
+    }
+
     /// The submission body.
     pub fn submission(&self, run_id: &str) -> Value {
         let mut body = json!({

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use serde_json::{Value, json};
-use sluice_core::audit::{AuditDraft, AuditEntry, ChainHead};
+use sluice_core::audit::{AuditDraft, AuditEntry, ChainHead, Checkpoint};
 use sluice_core::command::{Command, CommandStatus, Intent};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::time::Timestamp;
@@ -27,6 +27,9 @@ struct Fixture {
     record: Record,
     rollbacks: Vec<RollbackAsk>,
     next_commit: u64,
+    tightened: Option<Tightened>,
+    mcp: Option<Vec<McpCall>>,
+    purged: Option<Vec<Purged>>,
 }
 
 impl Fixture {
@@ -52,6 +55,7 @@ impl Fixture {
             idempotency_key: idempotency_key.clone(),
             tool,
             journal: (decision, 0),
+            business_key: None,
         });
         self.journals
             .entry(RUN.into())
@@ -86,6 +90,12 @@ impl Fixture {
             Timestamp::from_millis(T0 + at),
         );
         self.audits.entry(RUN.into()).or_default().push(entry);
+    }
+
+    /// A dispatch request of `key` for the effect `effect_ref`.
+    fn request_of(&mut self, key: &str, effect_ref: &str) {
+        let seq = self.request(key, 0, Some(1), DispatchFault::None);
+        self.record.dispatches[seq as usize].meta.effect_ref = Some(effect_ref.into());
     }
 
     /// A dispatch request of `key` arriving `at` ms after T0, its work over at `finished`.
@@ -162,7 +172,12 @@ impl Fixture {
             late_commit_horizon_ms: 700,
             clock_skew_ms: 0,
         };
-        let checks = check(&evidence);
+        let scenario = Scenario {
+            tightened: self.tightened,
+            mcp: self.mcp.as_deref(),
+            purged: self.purged.as_deref(),
+        };
+        let checks = check_with(&evidence, &scenario);
         let found = checks
             .into_iter()
             .find(|c| c.invariant == invariant)
@@ -439,4 +454,180 @@ fn unsettled_commands_and_broken_chains_are_reported() {
         json!({"valid": false, "message": "hash mismatch at 3"}),
     );
     assert_eq!(f.violations(AUDIT_VERIFIES).len(), 1);
+}
+
+#[test]
+fn a_command_behind_slow_lookups_must_still_come_to_rest() {
+    use crate::chaos::upstream::record::SlowLookup;
+    let mut f = Fixture::default();
+    f.command(1, ToolKind::Wire, CommandStatus::Unknown);
+    f.accepted[0].business_key = Some("r-1-0:500".into());
+    let key = f.command(2, ToolKind::Transfer, CommandStatus::Stuck);
+    for (endpoint, looked_up) in [("wires", "r-1-0:500"), ("transfers", key.as_str())] {
+        f.record.slow_lookups.push(SlowLookup {
+            endpoint: endpoint.into(),
+            key: looked_up.into(),
+            at: T0,
+        });
+    }
+    let found = f.violations(SLOW_LOOKUPS_END);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].what.contains("still UNKNOWN"), "{}", found[0].what);
+    assert!(found[0].command_key.contains("bank/wire"));
+    f.state(1, ToolKind::Wire).state.status = CommandStatus::Stuck;
+    assert!(f.violations(SLOW_LOOKUPS_END).is_empty());
+    // A confirmed command still owing its last look has not come to rest either.
+    f.state(1, ToolKind::Wire).state.status = CommandStatus::Confirmed;
+    f.state(1, ToolKind::Wire).state.verify_pending = true;
+    assert_eq!(f.violations(SLOW_LOOKUPS_END).len(), 1);
+}
+
+#[test]
+fn one_effect_under_two_keys_is_made_twice() {
+    let mut f = Fixture::default();
+    let first = f.command(1, ToolKind::Ticket, CommandStatus::Confirmed);
+    let second = f.command(2, ToolKind::Ticket, CommandStatus::Confirmed);
+    f.request_of(&first, "e-1");
+    f.request_of(&first, "e-1");
+    f.request_of(&second, "e-2");
+    assert!(f.violations(ONE_KEY_PER_EFFECT).is_empty());
+    f.request_of(&second, "e-1");
+    let found = f.violations(ONE_KEY_PER_EFFECT);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].what.contains("2 idempotency keys"),
+        "{}",
+        found[0].what
+    );
+}
+
+#[test]
+fn a_command_in_flight_when_policy_tightened_must_end_truthfully() {
+    use CommandStatus as S;
+    let mut f = Fixture::default();
+    let key = f.command(1, ToolKind::Ticket, S::Failed);
+    f.audit(
+        (1, ToolKind::Ticket),
+        (S::Pending, S::Leased),
+        0,
+        "leased at its reservation",
+        Value::Null,
+    );
+    f.tightened = Some(Tightened {
+        at_ms: T0 + 100,
+        generation: 7,
+    });
+    assert!(f.violations(TIGHTENED_TRUTHFULLY).is_empty());
+    // Called under the old policy, committed, and then told FAILED by the new one.
+    f.commit(&key, 50, None);
+    let found = f.violations(TIGHTENED_TRUTHFULLY);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].what.contains("generation 7"), "{}", found[0].what);
+    f.state(1, ToolKind::Ticket).state.status = S::Confirmed;
+    assert!(f.violations(TIGHTENED_TRUTHFULLY).is_empty());
+    f.state(1, ToolKind::Ticket).state.status = S::Blocked;
+    assert_eq!(f.violations(TIGHTENED_TRUTHFULLY).len(), 1, "never settled");
+}
+
+#[test]
+fn an_mcp_call_that_takes_another_position_is_reported() {
+    let mut f = Fixture::default();
+    f.command(1, ToolKind::Ticket, CommandStatus::Confirmed);
+    let answer =
+        |key: &str| json!({"status": "CONFIRMED", "command_key": key, "external_ref": "t-1"});
+    let planned = format!("d-1/{}/0", ToolKind::Ticket.name());
+    let call = McpCall {
+        run_id: RUN.into(),
+        tool: ToolKind::Ticket,
+        planned_key: planned.clone(),
+        journal: (1, 0),
+        business_key: None,
+        first: Some(answer(&planned)),
+        first_key: Some(planned.clone()),
+        redrive: Some(answer(&planned)),
+        redrive_key: Some(planned.clone()),
+        timed_out: true,
+        unanswered: 0,
+    };
+    f.mcp = Some(vec![call.clone()]);
+    assert!(f.violations(MCP_SAME_KEYS).is_empty());
+    let other = format!("d-1/{}/1", ToolKind::Ticket.name());
+    let mut moved = call;
+    moved.redrive_key = Some(other.clone());
+    moved.redrive = Some(answer(&other));
+    f.mcp = Some(vec![moved]);
+    f.journals.get_mut(RUN).expect("a journal").push(other);
+    let found = f.violations(MCP_SAME_KEYS);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found[0].what.contains("re-driven in a new session"),
+        "{}",
+        found[0].what
+    );
+    assert!(
+        found[1].what.contains("no call of its conversation"),
+        "{}",
+        found[1].what
+    );
+}
+
+#[test]
+fn a_purge_may_take_only_a_run_that_owes_nothing_and_as_it_was_read() {
+    use crate::chaos::purge::Snapshot;
+    use CommandStatus as S;
+    let mut f = Fixture::default();
+    f.command(1, ToolKind::Wire, S::Confirmed);
+    f.audit(
+        (1, ToolKind::Wire),
+        (S::Leased, S::Confirmed),
+        10,
+        "done",
+        Value::Null,
+    );
+    // At rest: nothing due.
+    f.state(1, ToolKind::Wire).state.due_at = None;
+    let audit = f.audits[RUN].clone();
+    let last = audit.last().expect("a record");
+    let purged = |f: &Fixture, hash: &str, count: u64| Purged {
+        run_id: RUN.into(),
+        snapshot: Some(Snapshot {
+            commands: f.commands.values().cloned().collect(),
+            audit: audit.clone(),
+            verdict: json!({"valid": true}),
+        }),
+        checkpoint: Some(Checkpoint {
+            run_id: RunId::parse(RUN).expect("a run id"),
+            last_hash: hash.into(),
+            count,
+            purged_at: Timestamp::from_millis(T0 + 100),
+        }),
+        cutoff_ms: T0 + 50,
+    };
+    f.purged = Some(vec![purged(&f, &last.hash, 1)]);
+    let found = f.violations(PURGED_AT_REST);
+    assert!(found.is_empty(), "{found:?}");
+    // The chain went on after the runner read it.
+    f.purged = Some(vec![purged(&f, "another", 2)]);
+    let found = f.violations(PURGED_AT_REST);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].what.contains("changed after the cutoff"),
+        "{}",
+        found[0].what
+    );
+    // Purged while its last look was still owed.
+    f.state(1, ToolKind::Wire).state.verify_pending = true;
+    f.purged = Some(vec![purged(&f, &last.hash, 1)]);
+    let found = f.violations(PURGED_AT_REST);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].what.contains("owing last_look"),
+        "{}",
+        found[0].what
+    );
+    // A run the runner never read as purgeable.
+    let mut unread = purged(&f, &last.hash, 1);
+    unread.snapshot = None;
+    f.purged = Some(vec![unread]);
+    assert_eq!(f.violations(PURGED_AT_REST).len(), 1);
 }

@@ -3,7 +3,9 @@
 //! Every fault is drawn from the run's seed and the request's identity (see `chaos::dice`), so
 //! a seed replays the same faults. The rates are per request of each kind: a dispatch draws one
 //! [`DispatchFault`], a status check whether it answers inconclusive, a reversal one
-//! [`ReverseFault`], and each commit whether lookups see it only after a lag.
+//! [`ReverseFault`], and each commit whether lookups see it only after a lag. A share of the
+//! lookup keys are slow for good: every status check for such a key answers only after every
+//! timeout a client of it has (see [`FaultRates::slow_lookup`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -113,6 +115,15 @@ pub struct FaultRates {
     pub inconclusive_check: f64,
     /// Per commit: lookups see it only `lag_ms` later.
     pub lagging_lookup: f64,
+    /// Per lookup key (a business key or an idempotency key at one endpoint): every status
+    /// check for it answers only after the endpoint's `slow_lookup_ms`, longer than the tool's
+    /// check timeout and the reconciler's sweep item budget. Not a passing fault but the
+    /// endpoint's nature for that key: it outlives [`ChaosUpstream::calm`], so the commands
+    /// behind it can end only by counting their cut-short checks (STUCK, or escalated after a
+    /// last look), never by waiting for the faults to stop.
+    ///
+    /// [`ChaosUpstream::calm`]: super::ChaosUpstream::calm
+    pub slow_lookup: f64,
     /// Per reversal request; what is left of 1 is [`ReverseFault::None`].
     pub reverse: BTreeMap<ReverseFault, f64>,
 }
@@ -124,7 +135,17 @@ impl FaultRates {
             dispatch: BTreeMap::new(),
             inconclusive_check: 0.0,
             lagging_lookup: 0.0,
+            slow_lookup: 0.0,
             reverse: BTreeMap::new(),
+        }
+    }
+
+    /// These rates with every passing fault stopped: only the slow lookup keys stay slow.
+    #[must_use]
+    pub fn calmed(&self) -> Self {
+        Self {
+            slow_lookup: self.slow_lookup,
+            ..Self::calm()
         }
     }
 
@@ -143,6 +164,7 @@ impl FaultRates {
             ]),
             inconclusive_check: 0.08,
             lagging_lookup: 0.15,
+            slow_lookup: 0.04,
             reverse: BTreeMap::from([
                 (ReverseFault::ReverseThen5xx, 0.05),
                 (ReverseFault::ReverseThenDrop, 0.04),
@@ -158,6 +180,7 @@ impl FaultRates {
             dispatch: scale(&self.dispatch, factor),
             inconclusive_check: (self.inconclusive_check * factor).clamp(0.0, 1.0),
             lagging_lookup: (self.lagging_lookup * factor).clamp(0.0, 1.0),
+            slow_lookup: (self.slow_lookup * factor).clamp(0.0, 1.0),
             reverse: scale(&self.reverse, factor),
         }
     }
@@ -184,6 +207,12 @@ impl FaultRates {
     /// Whether the `ordinal`-th status check for `key` at `endpoint` answers inconclusive.
     pub fn check_inconclusive(&self, seed: u64, endpoint: &str, key: &str, ordinal: u64) -> bool {
         dice::unit(seed, &["check", endpoint, key, &ordinal.to_string()]) < self.inconclusive_check
+    }
+
+    /// Whether every status check for `key` at `endpoint` is slow (see
+    /// [`Self::slow_lookup`]). Drawn per key, not per request: a slow key stays slow.
+    pub fn slow_lookup(&self, seed: u64, endpoint: &str, key: &str) -> bool {
+        dice::unit(seed, &["slow-lookup", endpoint, key]) < self.slow_lookup
     }
 
     /// The fault of the `ordinal`-th reversal request with compensation key `key`.
@@ -293,6 +322,23 @@ mod tests {
         );
         assert!(!calm.check_inconclusive(1, "e", "k", 0));
         assert!(!calm.lagged(1, "c-1"));
+        assert!(!calm.slow_lookup(1, "e", "k"));
+    }
+
+    #[test]
+    fn a_slow_lookup_key_stays_slow_when_the_faults_stop() {
+        let rates = FaultRates {
+            slow_lookup: 0.5,
+            ..FaultRates::standard()
+        };
+        let slow: Vec<String> = (0..200)
+            .map(|i| format!("k{i}"))
+            .filter(|k| rates.slow_lookup(5, "wires", k))
+            .collect();
+        assert!((60..140).contains(&slow.len()), "{}", slow.len());
+        let calmed = rates.calmed();
+        assert!(calmed.dispatch.is_empty() && calmed.inconclusive_check == 0.0);
+        assert!(slow.iter().all(|k| calmed.slow_lookup(5, "wires", k)));
     }
 
     #[test]

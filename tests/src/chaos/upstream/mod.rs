@@ -89,12 +89,15 @@ impl ChaosUpstream {
 
     /// Stops every fault from the next request on. Late commits already under way still land,
     /// and commits already lagging are still seen late: that is the world Sluice must settle.
+    /// A slow lookup key stays slow ([`FaultRates::slow_lookup`]): its commands must end by
+    /// counting their cut-short checks, not by waiting for the upstream to recover.
     pub fn calm(&self) {
-        *self
+        let mut rates = self
             .shared
             .rates
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = FaultRates::calm();
+            .unwrap_or_else(PoisonError::into_inner);
+        *rates = rates.calmed();
     }
 
     pub fn times(&self) -> &FaultTimes {

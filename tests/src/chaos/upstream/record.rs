@@ -38,6 +38,9 @@ pub struct EndpointSpec {
     pub timeout_ms: u64,
     /// The client's timeout for a reversal (the tool's compensate).
     pub reverse_timeout_ms: u64,
+    /// How long a status check for a slow lookup key takes to answer: longer than the tool's
+    /// check timeout and the reconciler's sweep item budget (see `FaultRates::slow_lookup`).
+    pub slow_lookup_ms: u64,
 }
 
 /// How an endpoint treats the Idempotency-Key header.
@@ -63,6 +66,9 @@ pub struct CallMeta {
     pub command_key: Option<String>,
     /// On a reversal: the dispatch's idempotency key it undoes.
     pub dispatch_key: Option<String>,
+    /// On a dispatch: the `ref` argument of its body, unique per effect the runner plans, so
+    /// the record says under which keys one effect reached the upstream.
+    pub effect_ref: Option<String>,
 }
 
 /// One commit, live or reversed.
@@ -157,11 +163,23 @@ pub enum LookupBy {
     IdempotencyKey,
 }
 
+/// A status check for a slow lookup key: answered only after every client of it gave up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SlowLookup {
+    pub endpoint: String,
+    /// The key looked up by: a business key or an idempotency key.
+    pub key: String,
+    pub at: i64,
+}
+
 /// Counters that are not records.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Counters {
+    /// Status checks answered from the record (slow ones are counted in `slow_lookups`).
     pub status_checks: u64,
     pub inconclusive_checks: u64,
+    /// Status checks for a slow lookup key (see `FaultRates::slow_lookup`).
+    pub slow_lookups: u64,
     /// Lookups that missed a commit which had landed but was not yet visible.
     pub lagged_misses: u64,
     pub lagged_commits: u64,
@@ -175,6 +193,7 @@ pub struct Record {
     pub commits: Vec<Commit>,
     pub dispatches: Vec<DispatchRequest>,
     pub reversals: Vec<ReverseRequest>,
+    pub slow_lookups: Vec<SlowLookup>,
     pub counters: Counters,
 }
 
@@ -381,6 +400,16 @@ impl World {
             1 => Lookup::Present(visible.remove(0)),
             _ => Lookup::Duplicate(visible),
         }
+    }
+
+    /// Records a status check for a slow lookup key as it arrives.
+    pub fn slow_lookup(&mut self, endpoint: &str, key: &str) {
+        self.record.counters.slow_lookups += 1;
+        self.record.slow_lookups.push(SlowLookup {
+            endpoint: endpoint.to_owned(),
+            key: key.to_owned(),
+            at: now_ms(),
+        });
     }
 
     pub fn count_inconclusive(&mut self) {

@@ -7,7 +7,7 @@
 //! | route | what |
 //! |---|---|
 //! | `POST /e/<e>` | dispatch: commit (or read), answer `{"id"}` |
-//! | `GET /e/<e>/by-key/<business key>` | status check: 200 `{"id"}`, 404, 409 `{"refs"}` |
+//! | `GET /e/<e>/by-key/<business key>` | status check: 200 `{"id"}`, 404, 409 `{"refs"}`; slow for some keys |
 //! | `GET /e/<e>/by-idem/<idempotency key>` | the same, by idempotency key |
 //! | `POST /e/<e>/<id>/reverse` | compensate: 200 `{"id"}` of the reversal, 404, 409 |
 //!
@@ -119,6 +119,7 @@ fn meta(headers: &HeaderMap) -> CallMeta {
         run_id: header(headers, "x-sluice-run-id"),
         command_key: header(headers, "x-sluice-command-key"),
         dispatch_key: header(headers, "x-sluice-dispatch-idempotency-key"),
+        effect_ref: None,
     }
 }
 
@@ -138,12 +139,15 @@ async fn dispatch(
     Extension(abort): Extension<Abort>,
     Path(endpoint): Path<String>,
     headers: HeaderMap,
-    _body: Bytes,
+    body: Bytes,
 ) -> Response {
     let Some(spec) = shared.endpoints.get(&endpoint).cloned() else {
         return answer(StatusCode::NOT_FOUND, json!({"error": "no such endpoint"}));
     };
-    let meta = meta(&headers);
+    let mut meta = meta(&headers);
+    meta.effect_ref = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|args| args["ref"].as_str().map(str::to_owned));
     let key = meta.idempotency_key.clone().unwrap_or_default();
     let dedupes = spec.keys == KeyHandling::Deduplicate;
     let (seq, fault, in_progress) = {
@@ -300,27 +304,40 @@ async fn by_business_key(
     State(shared): State<Arc<Shared>>,
     Path((endpoint, key)): Path<(String, String)>,
 ) -> Response {
-    lookup(&shared, &endpoint, LookupBy::BusinessKey, &key)
+    lookup(&shared, &endpoint, LookupBy::BusinessKey, &key).await
 }
 
 async fn by_idempotency_key(
     State(shared): State<Arc<Shared>>,
     Path((endpoint, key)): Path<(String, String)>,
 ) -> Response {
-    lookup(&shared, &endpoint, LookupBy::IdempotencyKey, &key)
+    lookup(&shared, &endpoint, LookupBy::IdempotencyKey, &key).await
 }
 
-fn lookup(shared: &Shared, endpoint: &str, by: LookupBy, key: &str) -> Response {
-    if !shared.endpoints.contains_key(endpoint) {
+async fn lookup(shared: &Shared, endpoint: &str, by: LookupBy, key: &str) -> Response {
+    let Some(spec) = shared.endpoints.get(endpoint) else {
         return answer(StatusCode::NOT_FOUND, json!({"error": "no such endpoint"}));
-    }
+    };
     let rates = shared.rates();
+    if rates.slow_lookup(shared.seed, endpoint, key) {
+        // A key this endpoint is slow to find: the answer comes after the client's check
+        // timeout and the sweep's item budget. The client has hung up by then, which drops
+        // this handler at the sleep, as a real server's work for a closed connection is lost.
+        shared.world().slow_lookup(endpoint, key);
+        tokio::time::sleep(Duration::from_millis(spec.slow_lookup_ms)).await;
+        return read_lookup(&mut shared.world(), endpoint, by, key);
+    }
     let mut world = shared.world();
     let ordinal = world.ordinal(endpoint, "check", key);
     if rates.check_inconclusive(shared.seed, endpoint, key, ordinal) {
         world.count_inconclusive();
         return unavailable();
     }
+    read_lookup(&mut world, endpoint, by, key)
+}
+
+/// The answer of a status check from the record as it is now.
+fn read_lookup(world: &mut World, endpoint: &str, by: LookupBy, key: &str) -> Response {
     match world.lookup(endpoint, by, key) {
         Lookup::Absent => answer(StatusCode::NOT_FOUND, json!({"error": "no such commit"})),
         Lookup::Present(id) => answer(StatusCode::OK, json!({"id": id})),

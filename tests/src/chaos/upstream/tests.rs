@@ -20,6 +20,7 @@ fn spec(name: &str, keys: KeyHandling) -> EndpointSpec {
         double_commits: true,
         timeout_ms: TIMEOUT_MS,
         reverse_timeout_ms: TIMEOUT_MS,
+        slow_lookup_ms: 3 * TIMEOUT_MS,
     }
 }
 
@@ -247,4 +248,35 @@ async fn reversals_undo_once_and_record_what_they_found() {
             R::UnknownCommit
         ]
     );
+}
+
+#[tokio::test]
+async fn a_slow_lookup_key_outlasts_its_client_even_once_calm() {
+    let up = upstream(FaultRates {
+        slow_lookup: 1.0,
+        ..FaultRates::calm()
+    })
+    .await;
+    let (_, body) = dispatch(&up, "bank", "k1").await.expect("an answer");
+    assert!(body["id"].is_string(), "dispatches are not slowed: {body}");
+    let check = |path: &'static str| {
+        let url = format!("{}{path}", up.base_url());
+        async move { client().get(url).send().await }
+    };
+    let error = check("/e/bank/by-idem/k1")
+        .await
+        .expect_err("the check times out");
+    assert!(error.is_timeout(), "{error}");
+    up.calm();
+    let error = check("/e/bank/by-key/b-k1")
+        .await
+        .expect_err("a slow key stays slow when the faults stop");
+    assert!(error.is_timeout(), "{error}");
+    let record = up.record();
+    assert_eq!(record.counters.slow_lookups, 2);
+    let keys: Vec<&str> = record.slow_lookups.iter().map(|l| l.key.as_str()).collect();
+    assert_eq!(keys, ["k1", "b-k1"]);
+    assert_eq!(record.counters.status_checks, 0, "no answer was read");
+    // The effect's `ref` is in the record of its dispatch.
+    assert_eq!(record.dispatches[0].meta.effect_ref.as_deref(), Some("k1"));
 }
