@@ -30,9 +30,9 @@
 //!   dead-lettered with the panic's message and acknowledged, and its command is left to the
 //!   sweeps (below). A retry after a panic is what a redelivery after a crash already is, which
 //!   every handler survives: it re-reads the command and acts through compare-and-set. Left
-//!   uncaught, the panic ended the delivery's task with the message unacknowledged, and the
+//!   uncaught, a panic would end the delivery's task with the message unacknowledged, and the
 //!   bus hands a partition's next message out only after an acknowledgement: every run of the
-//!   partition stopped until a rebalance.
+//!   partition would stop until a rebalance.
 //! * **A dead letter the bus refuses**: one too large for the bus is sent again with its
 //!   payload cut to fit (marked with [`DLQ_TRUNCATED_HEADER`]); any other refusal is retried
 //!   with backoff for [`RetryPolicy::dead_letter_budget_ms`]. If the dead-letter topic still

@@ -44,7 +44,7 @@
 //!
 //! [tool.dispatch]                   # required
 //! url = "http://127.0.0.1:8787/bank/wires"
-//! method = "POST"                   # GET | POST | PUT | PATCH | DELETE (POST)
+//! method = "POST"                   # GET | HEAD | POST | PUT | PATCH | DELETE (POST)
 //! reference_pointer = "/id"         # JSON pointer of the external reference (default "/id"),
 //! # or reference_header = "Location"; used for dispatch and status check responses
 //! timeout_ms = 10000                # optional, overrides policy.timeout_ms
@@ -58,8 +58,8 @@
 //! url = "http://127.0.0.1:8787/bank/wires/{external_ref}/reverse"
 //! ```
 //!
-//! An upstream's base URL is named once as a variable (`${name}` anywhere in a URL; see
-//! `variables`), overridable by the environment at load:
+//! An upstream's base URL is named once as a variable (`${name}` anywhere in a URL, a body, a
+//! header or a query value; see `variables`), overridable by the environment at load:
 //!
 //! ```toml
 //! [variables]
@@ -96,12 +96,13 @@
 //!
 //! Templates (`business_key`, connector URLs, bodies, headers, query values) are literal text
 //! with `{placeholder}`s; braces cannot be escaped. A `business_key` placeholder names a
-//! top-level argument field. Any other placeholder names either one of the keys `run_id`, `command_key`, `idempotency_key`,
-//! `business_key`, `external_ref` (a key wins over an argument field of the same name), a
-//! top-level argument field, or a nested one as `args.a.b`. Every field a template names must be declared in the schema's
+//! top-level argument field. Any other placeholder names either one of the keys in [`URL_KEYS`]
+//! (a key wins over an argument field of the same name), a top-level argument field, or a
+//! nested one as `args.a.b`. Every field a template names must be declared in the schema's
 //! `properties`, listed in its `required`, and not typed as an object or array, so a command
 //! that passed [`Tool::validate_args`] always renders. `{business_key}` needs a `business_key`
-//! template; `{external_ref}` is only known after a dispatch, so only `compensate` may use it.
+//! template; `{external_ref}` is only known after a dispatch and `{compensation_key}` is the
+//! compensation's own key, so only `compensate` may use them.
 //!
 //! The rules beyond shape: names are unique after bare-name resolution; the schema compiles
 //! (with `format` assertions on) and is `type = "object"` at the top level; a NON_IDEMPOTENT
@@ -120,7 +121,8 @@
 //! * `raw` — the TOML as written.
 //! * `build` — the rules a tool must satisfy to load.
 //! * `tool` — a validated [`Tool`] and its state machine [`Rules`].
-//! * `variables` — `${name}`s in URLs, overridable by the environment.
+//! * `variables` — `${name}`s in URLs, bodies, headers and query values, overridable by the
+//!   environment.
 
 mod args;
 mod build;

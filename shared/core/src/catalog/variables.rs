@@ -1,6 +1,7 @@
 //! Catalog variables: a value a catalog names once (an upstream's base URL) and uses in its
-//! endpoints' URLs as `${name}`, overridable by the environment at load, so moving an upstream
-//! means setting one variable, not editing every URL.
+//! endpoints' URLs, bodies, headers and query values as `${name}`, overridable by the
+//! environment at load, so moving an upstream means setting one variable, not editing every
+//! URL.
 //!
 //! ```toml
 //! [variables]
@@ -11,8 +12,8 @@
 //! url = "${bank}/wires"
 //! ```
 //!
-//! A variable is the catalog author's text, not an argument: it may stand anywhere in a URL,
-//! the scheme and host included. The expanded URL is checked like any other (http or https,
+//! A variable is the catalog author's text, not an argument: it may stand anywhere in a URL
+//! (the scheme and host included), a body's strings, a header or a query value. The expanded URL is checked like any other (http or https,
 //! no user information, no `{placeholder}` before the path), and a value from the environment
 //! is held to the same rules.
 

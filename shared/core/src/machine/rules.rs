@@ -201,8 +201,8 @@ impl Rules {
     /// extra commits owed and the command's own commit), each tried up to `tries` times with
     /// the backoff between, each try within one call's timeout (half of
     /// `compensation_timeout_ms`), and one more call's time for writing the result. A claim
-    /// held for one call only lapsed mid-job, and whoever found the command next (a sweep,
-    /// another compensator after a rebalance) repeated the calls already made.
+    /// held for one call only would lapse mid-job, and whoever found the command next (a
+    /// sweep, another compensator after a rebalance) would repeat the calls already made.
     pub fn compensation_hold_ms(&self, calls: usize, tries: u32) -> i64 {
         let call = (self.compensation_timeout_ms / 2).max(1);
         let tries = tries.max(1);

@@ -32,7 +32,7 @@ pub(super) fn mark_rollback(a: &Apply<'_>, operator: &Operator) -> Result<Step, 
     next.rollback_pending = Some(state.lease.epoch);
     // A new epoch makes every write begun from a copy read before the mark lose its
     // compare-and-set and be decided again under it (a lease taken from a stale
-    // PENDING copy would otherwise overwrite the mark: found by the fault runner); the
+    // PENDING copy would otherwise overwrite the mark); the
     // lease holder of the epoch the mark records may still write its outcome
     // (`check_holder`).
     next.lease.epoch = state.lease.epoch.next();
