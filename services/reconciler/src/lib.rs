@@ -8,8 +8,10 @@
 //! are retried with the same key; a NON_IDEMPOTENT tool without one goes to a person at once.
 //!
 //! Sweeps read the ledger's due index (never a scan of all commands): scheduled commands that
-//! are due become PENDING; PENDING commands nobody leased are republished; expired leases
-//! become UNKNOWN; UNKNOWN and COMPENSATING commands whose next look is due are republished.
+//! are due become PENDING; expired leases become UNKNOWN; BLOCKED commands past their approval
+//! timeout are cancelled; a command due for a look (UNKNOWN, or owing its last look) is looked
+//! at right there, in a task of its own; every other due command has the request it waits for
+//! (`machine::awaited`) republished.
 //! A sweep moves a command's due time forward before republishing it, so two sweeps in a row
 //! do not flood the bus, and a lost message is republished by a later sweep.
 
@@ -379,8 +381,9 @@ async fn republish(
         // shard leases' time left) stop the sweep waiting for it but never cut it off: the
         // status check ends within its own timeout, and what it found — an inconclusive
         // timeout included — is recorded and counted. Cut off instead, a lookup slower than
-        // the sweep recorded nothing, so its checks never added up to STUCK and every claim
-        // started over. Its claim keeps the next sweeps from starting another meanwhile.
+        // the sweep would record nothing, so its checks would never add up to STUCK and every
+        // claim would start over. Its claim keeps the next sweeps from starting another
+        // meanwhile.
         let ctx = ctx.clone();
         let look = tokio::spawn(async move { resolve(&ctx, command).await.map(drop) });
         return match look.await {

@@ -1,6 +1,7 @@
-//! Decisions about leases and rollbacks made outside a transition: whether a lease may still be
-//! used for a call, what a run's rollback does to each of its commands, which compensation may
-//! run next, and which commands are leased by their own reservation.
+//! Decisions about leases and rollbacks made outside a transition: what a dispatcher does with
+//! a command it is handed ([`plan_dispatch`]), whether a lease may still be used for a call,
+//! what a run's rollback does to each of its commands, which compensation may run next, and
+//! which commands are leased by their own reservation.
 
 use super::*;
 

@@ -11,7 +11,8 @@ use crate::command::{CommandState, CommandStatus, Observation};
 use crate::time::Timestamp;
 
 /// The last look at a settled command answered: a CONFIRMED one for a duplicate, a FAILED or
-/// CANCELLED one (decided on absence) for a commit that landed after all.
+/// CANCELLED one (decided on absence, or refused) for a commit that landed after all, a
+/// COMPENSATED one for a commit that still stands ([`verified_undone`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn verified(
     mut next: CommandState,
