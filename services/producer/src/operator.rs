@@ -124,7 +124,10 @@ fn refused(command: &Command, refusal: &Refusal) -> ApiError {
         | Refusal::LeaseStillValid { .. }
         | Refusal::AttemptsExhausted { .. }
         | Refusal::BlindRetry
-        | Refusal::NotCompensable => "not_allowed",
+        | Refusal::NotCompensable
+        | Refusal::NotAwaited
+        | Refusal::JobClaimed { .. }
+        | Refusal::LeaseNotExtended { .. } => "not_allowed",
     };
     ApiError::new(
         StatusCode::CONFLICT,

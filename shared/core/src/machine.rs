@@ -29,8 +29,8 @@ pub use rules::*;
 
 /// Computes the transition of `state` under `event` at `now`. Pure and total.
 ///
-/// A dispatcher into one function per event, grouped by family: `lifecycle` (scheduling and
-/// leases), `outcomes` (what the upstream did, or what a look found), `people` (an operator's
+/// A dispatcher into one function per event, grouped by family: `lifecycle` (scheduling,
+/// leases, claims and due-time moves), `outcomes` (what the upstream did, or what a look found), `people` (an operator's
 /// approvals, cancels, resolutions and replays) and `undoing` (rollbacks and compensations).
 /// Each of them still matches every status.
 pub fn apply(
@@ -53,7 +53,9 @@ pub fn apply(
     match event {
         Event::Due => lifecycle::due(&a),
         Event::Lease { owner } => lifecycle::lease(&a, owner),
-        Event::ExtendLease { epoch } => lifecycle::extend_lease(&a, epoch),
+        Event::ExtendLease { epoch, to } => lifecycle::extend_lease(&a, epoch, *to),
+        Event::Claim { job, hold_ms } => lifecycle::claim(&a, *job, *hold_ms),
+        Event::Republish { grace_ms } => lifecycle::republish(&a, *grace_ms),
         Event::Release { epoch, reason } => lifecycle::release(&a, epoch, reason),
         Event::Block { reason, epoch } | Event::Deny { reason, epoch } => {
             lifecycle::block_or_deny(&a, reason, epoch)
@@ -125,6 +127,15 @@ impl Apply<'_> {
             actions,
             reason,
             evidence,
+            quiet: false,
+        }
+    }
+
+    /// A quiet step: the status kept, no audit record (`Step::quiet`).
+    fn quiet_step(&self, next: CommandState, actions: Vec<Action>, reason: String) -> Step {
+        Step {
+            quiet: true,
+            ..self.step(next, actions, reason, Value::Null)
         }
     }
 

@@ -107,14 +107,15 @@ pub struct Transition {
 }
 
 impl Transition {
-    /// The write that stores a state machine step, audited as `actor`.
+    /// The write that stores a state machine step, audited as `actor` (a quiet step, such as a
+    /// claim or a lease extension, writes no audit record).
     pub fn from_step(command: &Command, step: &Step, actor: &str) -> Self {
         Self {
             run_id: command.run_id.clone(),
             command_key: command.command_key.clone(),
             guard: Guard::of(command),
             next: step.state.clone(),
-            audit: Some(step.audit(&command.command_key, actor)),
+            audit: step.audit(&command.command_key, actor),
         }
     }
 

@@ -58,9 +58,28 @@ pub enum Event {
     Lease {
         owner: std::sync::Arc<str>,
     },
-    /// The lease holder extends its lease.
+    /// The lease holder moves its lease's end to `to` (later than it is now), so a write that
+    /// may outlast the lease cannot let it lapse under it. Quiet: no audit record.
     ExtendLease {
         epoch: LeaseEpoch,
+        to: Timestamp,
+    },
+    /// A service takes exclusive charge of a command for `job`, work it does outside any
+    /// transition (a look at the world, a compensation's calls): the epoch moves on, so
+    /// whoever else read the command as it was loses its later write, and the command is held
+    /// `hold_ms` (its due time; a compensation's claim also in `claimed_until`), so the sweep
+    /// leaves it alone while the job runs and takes it up again if the claimer dies. Quiet: no
+    /// audit record.
+    Claim {
+        job: ClaimJob,
+        hold_ms: i64,
+    },
+    /// The sweep found a command due that waits for work of the pipeline: the request for that
+    /// work is sent again (the step's action), and the command is left alone for `grace_ms`
+    /// (a PENDING or APPROVED one at least its `pending_stale_ms`) while it is handled. Quiet:
+    /// no audit record.
+    Republish {
+        grace_ms: i64,
     },
     /// The lease holder gives its lease back before sending anything (too little of it was
     /// left for the whole call): the attempt does not count.
@@ -148,6 +167,30 @@ pub enum Event {
     },
 }
 
+/// The job a [`Event::Claim`] is taken for: each is the work of one
+/// [`awaited`](super::awaited) action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimJob {
+    /// A look at the world (`Action::Reconcile`): an UNKNOWN outcome, or a last look owed.
+    Look,
+    /// A COMPENSATING command's compensate calls (`Action::Compensate`).
+    Compensate,
+    /// The clean-up of a CONFIRMED command's extra commits (`Action::CompensateDuplicate`).
+    UndoDuplicates,
+}
+
+impl ClaimJob {
+    /// The awaited action this job does.
+    pub fn action(self) -> Action {
+        match self {
+            Self::Look => Action::Reconcile,
+            Self::Compensate => Action::Compensate,
+            Self::UndoDuplicates => Action::CompensateDuplicate,
+        }
+    }
+}
+
 /// The variant of an [`Event`], without its data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -155,6 +198,8 @@ pub enum EventKind {
     Due,
     Lease,
     ExtendLease,
+    Claim,
+    Republish,
     Release,
     Block,
     Deny,
@@ -181,6 +226,8 @@ impl Event {
             Self::Due => EventKind::Due,
             Self::Lease { .. } => EventKind::Lease,
             Self::ExtendLease { .. } => EventKind::ExtendLease,
+            Self::Claim { .. } => EventKind::Claim,
+            Self::Republish { .. } => EventKind::Republish,
             Self::Release { .. } => EventKind::Release,
             Self::Block { .. } => EventKind::Block,
             Self::Deny { .. } => EventKind::Deny,
@@ -215,6 +262,8 @@ impl Event {
             Self::Due
             | Self::Lease { .. }
             | Self::ExtendLease { .. }
+            | Self::Claim { .. }
+            | Self::Republish { .. }
             | Self::Release { .. }
             | Self::Block { .. }
             | Self::Deny { .. }
@@ -258,6 +307,10 @@ pub struct Step {
     pub actions: Vec<Action>,
     pub reason: String,
     pub evidence: Value,
+    /// A quiet step (a claim, a lease extension, a republish) keeps the status and writes no
+    /// audit record: it is bookkeeping of who works on the command and when it is next due,
+    /// not something that happened to the effect. Still a guarded write: the fences hold.
+    pub quiet: bool,
 }
 
 impl Step {
@@ -265,16 +318,20 @@ impl Step {
         self.state.status
     }
 
-    /// The audit record of this step, written by `actor`.
-    pub fn audit(&self, command_key: &CommandKey, actor: &str) -> AuditDraft {
-        AuditDraft::transition(
+    /// The audit record of this step, written by `actor`; `None` for a quiet step.
+    pub fn audit(&self, command_key: &CommandKey, actor: &str) -> Option<AuditDraft> {
+        if self.quiet {
+            return None;
+        }
+        let draft = AuditDraft::transition(
             command_key,
             Some(self.from),
             self.state.status,
             actor,
             self.reason.clone(),
         )
-        .with_evidence(self.evidence.clone())
+        .with_evidence(self.evidence.clone());
+        Some(draft)
     }
 }
 
@@ -318,4 +375,10 @@ pub enum Refusal {
     OutcomeUnknown,
     #[error("the command's run was rolled back: it is not dispatched again")]
     RunRolledBack,
+    #[error("the command waits for no such work of the pipeline")]
+    NotAwaited,
+    #[error("another job holds the command until {until}")]
+    JobClaimed { until: Timestamp },
+    #[error("the lease already runs until {expires_at}")]
+    LeaseNotExtended { expires_at: Timestamp },
 }

@@ -205,6 +205,7 @@ pub(super) fn rollback_confirmed(
         actions,
         reason,
         evidence: Value::Null,
+        quiet: false,
     };
     if rules.has_compensate {
         next.status = CommandStatus::Compensating;

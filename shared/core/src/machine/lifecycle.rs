@@ -1,5 +1,6 @@
-//! The command's scheduling and leases: `Due`, `Lease`, `ExtendLease`, `Release`, `Block` and
-//! `Deny` (policy at dispatch), `LeaseExpired`.
+//! The command's scheduling, leases and claims: `Due`, `Lease`, `ExtendLease`, `Release`,
+//! `Block` and `Deny` (policy at dispatch), `LeaseExpired`, and the quiet `Claim` and
+//! `Republish`.
 
 use super::*;
 
@@ -94,23 +95,25 @@ pub(super) fn lease(a: &Apply<'_>, owner: &std::sync::Arc<str>) -> Result<Step, 
     }
 }
 
-/// `Event::ExtendLease`.
-pub(super) fn extend_lease(a: &Apply<'_>, epoch: &LeaseEpoch) -> Result<Step, Refusal> {
+/// `Event::ExtendLease`: quiet, fenced by the epoch; never shortens the lease.
+pub(super) fn extend_lease(
+    a: &Apply<'_>,
+    epoch: &LeaseEpoch,
+    to: Timestamp,
+) -> Result<Step, Refusal> {
     use CommandStatus as S;
-    let Apply {
-        state, rules, now, ..
-    } = *a;
+    let state = a.state;
     let from = a.state.status;
     let mut next = a.next();
-    let step = |next, actions, reason, evidence| a.step(next, actions, reason, evidence);
-    let refuse = || a.refuse();
     match from {
         S::Leased => {
             check_epoch(state, *epoch)?;
-            let expires_at = now.plus_millis(rules.lease_ttl_ms);
-            next.lease.expires_at = Some(expires_at);
-            next.due_at = Some(expires_at);
-            Ok(step(next, vec![], "lease extended".into(), Value::Null))
+            if let Some(expires_at) = state.lease.expires_at.filter(|at| *at >= to) {
+                return Err(Refusal::LeaseNotExtended { expires_at });
+            }
+            next.lease.expires_at = Some(to);
+            next.due_at = Some(to);
+            Ok(a.quiet_step(next, vec![], format!("lease extended to {to}")))
         }
         S::Scheduled
         | S::Pending
@@ -124,8 +127,142 @@ pub(super) fn extend_lease(a: &Apply<'_>, epoch: &LeaseEpoch) -> Result<Step, Re
         | S::Compensating
         | S::Compensated
         | S::CompensationFailed
-        | S::NoCompensation => Err(refuse()),
+        | S::NoCompensation => Err(a.refuse()),
     }
+}
+
+/// `Event::Claim`: quiet. Taken only for the work the command waits for now
+/// ([`awaited`]): a look when it is due (another look's claim holds it until then), a
+/// compensation job when no other job holds it (`claimed_until`). Bumps the epoch, so a stale
+/// holder's write loses its compare-and-set and a stale claim's result is refused.
+pub(super) fn claim(a: &Apply<'_>, job: ClaimJob, hold_ms: i64) -> Result<Step, Refusal> {
+    use CommandStatus as S;
+    let Apply { state, now, .. } = *a;
+    let from = a.state.status;
+    let mut next = a.next();
+    let until = now.plus_millis(hold_ms.max(0));
+    let take = |mut next: CommandState| {
+        next.lease.epoch = state.lease.epoch.next();
+        next.due_at = Some(until);
+        if job != ClaimJob::Look {
+            next.claimed_until = Some(until);
+        }
+        a.quiet_step(next, vec![], format!("claimed for {job:?} until {until}"))
+    };
+    let takes = match (job, from) {
+        (ClaimJob::Look, S::Unknown | S::Confirmed | S::Failed | S::Cancelled | S::Compensated) => {
+            true
+        }
+        (ClaimJob::Compensate, S::Compensating) | (ClaimJob::UndoDuplicates, S::Confirmed) => true,
+        (
+            ClaimJob::Look,
+            S::Scheduled
+            | S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Leased
+            | S::Stuck
+            | S::Compensating
+            | S::CompensationFailed
+            | S::NoCompensation,
+        )
+        | (
+            ClaimJob::Compensate,
+            S::Scheduled
+            | S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Leased
+            | S::Confirmed
+            | S::Failed
+            | S::Unknown
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation,
+        )
+        | (
+            ClaimJob::UndoDuplicates,
+            S::Scheduled
+            | S::Pending
+            | S::Blocked
+            | S::Approved
+            | S::Leased
+            | S::Failed
+            | S::Unknown
+            | S::Stuck
+            | S::Cancelled
+            | S::Compensating
+            | S::Compensated
+            | S::CompensationFailed
+            | S::NoCompensation,
+        ) => false,
+    };
+    if !takes {
+        return Err(a.refuse());
+    }
+    // Of the statuses that may wait for the job, only one that waits for it now.
+    if awaited(state) != Some(job.action()) {
+        return Err(Refusal::NotAwaited);
+    }
+    match job {
+        ClaimJob::Look => {
+            if let Some(due_at) = state.due_at.filter(|at| *at > now) {
+                return Err(Refusal::NotYetDue { due_at });
+            }
+        }
+        ClaimJob::Compensate | ClaimJob::UndoDuplicates => {
+            if let Some(until) = state.claimed_until.filter(|until| *until > now) {
+                return Err(Refusal::JobClaimed { until });
+            }
+            if let Some(info) = next.compensation.as_mut()
+                && job == ClaimJob::Compensate
+            {
+                // The job's calls start now: the compensation's result is timed from here.
+                info.started_at = now;
+            }
+        }
+    }
+    Ok(take(next))
+}
+
+/// `Event::Republish`: quiet. A command the sweep found due while it waits for work of the
+/// pipeline gets that work's request again (the step's one action) and is left alone for the
+/// grace (a PENDING or APPROVED one at least `pending_stale_ms`, the wait it is given before it
+/// counts as stale). The epoch stays: whoever holds the work may still write its result.
+pub(super) fn republish(a: &Apply<'_>, grace_ms: i64) -> Result<Step, Refusal> {
+    use CommandStatus as S;
+    let Apply {
+        state, rules, now, ..
+    } = *a;
+    let from = a.state.status;
+    let mut next = a.next();
+    let delay = match from {
+        S::Pending | S::Approved => rules.pending_stale_ms.max(grace_ms),
+        S::Unknown | S::Confirmed | S::Failed | S::Cancelled | S::Compensating | S::Compensated => {
+            grace_ms
+        }
+        S::Scheduled
+        | S::Blocked
+        | S::Leased
+        | S::Stuck
+        | S::CompensationFailed
+        | S::NoCompensation => return Err(a.refuse()),
+    };
+    let Some(action) = awaited(state) else {
+        return Err(Refusal::NotAwaited);
+    };
+    if let Some(due_at) = state.due_at.filter(|at| *at > now) {
+        return Err(Refusal::NotYetDue { due_at });
+    }
+    let until = now.plus_millis(delay.max(0));
+    next.due_at = Some(until);
+    Ok(a.quiet_step(
+        next,
+        vec![action],
+        format!("republished; due again at {until}"),
+    ))
 }
 
 /// `Event::Release`.

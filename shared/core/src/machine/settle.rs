@@ -103,6 +103,7 @@ pub(super) fn stuck(mut next: CommandState, from: CommandStatus, reason: String)
         ],
         reason,
         evidence: Value::Null,
+        quiet: false,
     }
 }
 
@@ -138,6 +139,7 @@ pub(super) fn cancelled_unsent(
         }],
         reason,
         evidence: Value::Null,
+        quiet: false,
     };
     if ambiguous && rules.semantics != EffectSemantics::ObserveOnly {
         owe_verification(&mut step, rules, now, lands_by);
@@ -158,6 +160,7 @@ pub(super) fn failed(mut next: CommandState, from: CommandStatus, reason: String
         }],
         reason,
         evidence: Value::Null,
+        quiet: false,
     }
 }
 
@@ -183,6 +186,7 @@ fn confirmed(
         }],
         reason,
         evidence,
+        quiet: false,
     }
 }
 
@@ -370,6 +374,7 @@ pub(super) fn dispatched(
                 actions: vec![Action::Reconcile],
                 reason: format!("outcome ambiguous: {reason}"),
                 evidence: Value::Null,
+                quiet: false,
             }
         }
         DispatchOutcome::NotSent { reason }
@@ -404,6 +409,7 @@ pub(super) fn dispatched(
                     actions: vec![Action::Reconcile],
                     reason: format!("not sent ({reason}); {why}"),
                     evidence: Value::Null,
+                    quiet: false,
                 }
             } else {
                 stuck(next, from, format!("not sent ({reason}); {why}"))
@@ -423,6 +429,7 @@ pub(super) fn dispatched(
                     actions: vec![],
                     reason: format!("not sent, will retry: {reason}"),
                     evidence: Value::Null,
+                    quiet: false,
                 }
             } else if state.outcome_unknown {
                 stuck(
@@ -464,6 +471,7 @@ fn absent(
             actions: vec![],
             reason,
             evidence: evidence.clone(),
+            quiet: false,
         }
     };
     let non_idempotent = rules.semantics == EffectSemantics::NonIdempotent;
@@ -535,6 +543,7 @@ fn absent(
             actions: vec![Action::Dispatch],
             reason: format!("{looked}; redispatch"),
             evidence: evidence.clone(),
+            quiet: false,
         };
     } else {
         failed(
@@ -641,6 +650,7 @@ pub(super) fn observed(
                     actions: vec![],
                     reason: "status check inconclusive; look again later".into(),
                     evidence: evidence.clone(),
+                    quiet: false,
                 }
             }
         }

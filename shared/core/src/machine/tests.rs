@@ -83,7 +83,35 @@ fn samples() -> Vec<(&'static str, Event)> {
                 owner: "dispatcher-2".into(),
             },
         ),
-        ("Ext", Event::ExtendLease { epoch }),
+        (
+            "Ext",
+            Event::ExtendLease {
+                epoch,
+                to: now().plus_millis(5_000),
+            },
+        ),
+        (
+            "CLk",
+            Event::Claim {
+                job: ClaimJob::Look,
+                hold_ms: 10_000,
+            },
+        ),
+        (
+            "CCm",
+            Event::Claim {
+                job: ClaimJob::Compensate,
+                hold_ms: 60_000,
+            },
+        ),
+        (
+            "CDu",
+            Event::Claim {
+                job: ClaimJob::UndoDuplicates,
+                hold_ms: 60_000,
+            },
+        ),
+        ("Rpb", Event::Republish { grace_ms: 5_000 }),
         (
             "Rel",
             Event::Release {
@@ -215,21 +243,21 @@ fn samples() -> Vec<(&'static str, Event)> {
 /// Expected outcome of every (state, event) pair, for a NON_IDEMPOTENT tool with a status
 /// check and a compensate: the next status, `-` for "does not apply", `!` for another refusal.
 const TABLE: &str = "
-                     Due Lse Ext Rel Blk Dny Cmt Ref Amb NoS Exp Pre Abs Dup Inc Rty Giv Apv Rej AEx Can Rbk Mrk Cmp Dst Res Rpl
-SCHEDULED            PEN -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
-PENDING              -   LSD -   -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
-BLOCKED              -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   APR CAN CAN CAN -   -   -   -   -   -
-APPROVED             -   LSD -   -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
-LEASED               -   -   LSD PEN BLK FLD CNF FLD UNK PEN UNK -   -   -   -   -   -   -   -   -   -   -   LSD -   -   -   -
-CONFIRMED            -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMG -   -   CNF -   -
-FAILED               -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   FLD -   -   -   PEN
-UNKNOWN              -   -   -   -   -   -   -   -   -   -   -   CNF UNK CNF UNK !   STK -   -   -   -   -   UNK -   -   -   -
-STUCK                -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   STK -   -   CNF PEN
-CANCELLED            -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -
-COMPENSATING         -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMD -   -   -
-COMPENSATED          -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
-COMPENSATION_FAILED  -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
-NO_COMPENSATION      -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+                     Due Lse Ext CLk CCm CDu Rpb Rel Blk Dny Cmt Ref Amb NoS Exp Pre Abs Dup Inc Rty Giv Apv Rej AEx Can Rbk Mrk Cmp Dst Res Rpl
+SCHEDULED            PEN -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
+PENDING              -   LSD -   -   -   -   PEN -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
+BLOCKED              -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   APR CAN CAN CAN -   -   -   -   -   -
+APPROVED             -   LSD -   -   -   -   APR -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
+LEASED               -   -   LSD -   -   -   -   PEN BLK FLD CNF FLD UNK PEN UNK -   -   -   -   -   -   -   -   -   -   -   LSD -   -   -   -
+CONFIRMED            -   -   -   !   -   CNF CNF -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMG -   -   CNF -   -
+FAILED               -   -   -   !   -   -   !   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   FLD -   -   -   PEN
+UNKNOWN              -   -   -   UNK -   -   UNK -   -   -   -   -   -   -   -   CNF UNK CNF UNK !   STK -   -   -   -   -   UNK -   -   -   -
+STUCK                -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   STK -   -   CNF PEN
+CANCELLED            -   -   -   !   -   -   !   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -
+COMPENSATING         -   -   -   -   CMG -   CMG -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMD -   -   -
+COMPENSATED          -   -   -   !   -   -   !   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+COMPENSATION_FAILED  -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+NO_COMPENSATION      -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
 ";
 
 fn abbreviation(status: CommandStatus) -> &'static str {
@@ -798,10 +826,12 @@ fn approval_records_who_and_under_which_policy() {
     assert_eq!(approval.approver, "alice");
     assert_eq!(approval.policy_version, "2026-11");
     assert_eq!(approved.actions, vec![Action::Dispatch]);
-    let audit = approved.audit(
-        &crate::ids::CommandKey::parse("d-1/payments/wire/0").expect("valid"),
-        "alice",
-    );
+    let audit = approved
+        .audit(
+            &crate::ids::CommandKey::parse("d-1/payments/wire/0").expect("valid"),
+            "alice",
+        )
+        .expect("an approval is audited");
     assert_eq!(
         (audit.from, audit.to),
         (Some(S::Blocked), Some(S::Approved))
@@ -958,7 +988,21 @@ fn arb_event() -> impl Strategy<Value = Event> {
     prop_oneof![
         Just(Event::Due),
         Just(Event::Lease { owner: "d".into() }),
-        epoch.clone().prop_map(|epoch| Event::ExtendLease { epoch }),
+        // `to` is an offset from the time the event is applied at (rebased in the test).
+        (epoch.clone(), 0i64..60_000).prop_map(|(epoch, ms)| Event::ExtendLease {
+            epoch,
+            to: Timestamp::from_millis(ms)
+        }),
+        (
+            prop::sample::select(vec![
+                ClaimJob::Look,
+                ClaimJob::Compensate,
+                ClaimJob::UndoDuplicates
+            ]),
+            0i64..60_000
+        )
+            .prop_map(|(job, hold_ms)| Event::Claim { job, hold_ms }),
+        (0i64..30_000).prop_map(|grace_ms| Event::Republish { grace_ms }),
         prop::option::of(epoch.clone()).prop_map(|epoch| Event::Block {
             reason: "policy".into(),
             epoch
@@ -1056,7 +1100,15 @@ proptest! {
             {
                 *epoch = state.lease.epoch;
             }
+            if let Event::ExtendLease { to, .. } = &mut event {
+                *to = clock.plus_millis(to.as_millis());
+            }
             let result = apply(&state, &rules, &event, clock);
+            if let Event::ExtendLease { epoch, .. } = &event
+                && *epoch != state.lease.epoch
+            {
+                prop_assert!(result.is_err(), "a stale holder extended the lease: {event:?}");
+            }
             if let Event::Dispatched { epoch, .. } = &event
                 && *epoch != state.lease.epoch
                 && !(state.rollback_pending == Some(*epoch)
@@ -1072,6 +1124,41 @@ proptest! {
             }
             let Ok(step) = result else { continue };
             let (from, to) = (state.status, step.to());
+
+            let quiet_event = matches!(
+                event,
+                Event::ExtendLease { .. } | Event::Claim { .. } | Event::Republish { .. }
+            );
+            prop_assert_eq!(step.quiet, quiet_event, "only claims and due-time moves are quiet");
+            if step.quiet {
+                prop_assert_eq!(from, to, "a quiet step moved the status");
+                prop_assert!(step.audit(&CommandKey::parse("d-1/payments/wire/0").expect("valid"), "x").is_none());
+            }
+            match &event {
+                Event::Claim { job, hold_ms } => {
+                    prop_assert_eq!(awaited(&state), Some(job.action()), "claimed for work not awaited");
+                    prop_assert_eq!(step.state.lease.epoch, state.lease.epoch.next(), "a claim fences");
+                    prop_assert_eq!(step.state.due_at, Some(clock.plus_millis(*hold_ms)));
+                    prop_assert!(step.actions.is_empty());
+                    if *job == ClaimJob::Look {
+                        prop_assert!(state.due_at.is_none_or(|at| at <= clock), "looked before due");
+                    } else {
+                        prop_assert!(!job_claimed(&state, clock), "two compensation jobs at once");
+                        prop_assert_eq!(step.state.claimed_until, Some(clock.plus_millis(*hold_ms)));
+                    }
+                }
+                Event::ExtendLease { to: until, .. } => {
+                    prop_assert_eq!(step.state.lease.epoch, state.lease.epoch);
+                    prop_assert_eq!(step.state.lease.expires_at, Some(*until));
+                    prop_assert!(state.lease.expires_at.is_none_or(|at| at < *until), "shortened");
+                }
+                Event::Republish { .. } => {
+                    prop_assert_eq!(step.state.lease.epoch, state.lease.epoch);
+                    prop_assert_eq!(step.actions.clone(), awaited(&state).into_iter().collect::<Vec<_>>());
+                    prop_assert!(step.state.due_at.is_some_and(|at| at >= clock));
+                }
+                _ => {}
+            }
 
             if rules.semantics == E::NonIdempotent && from == S::Unknown && to == S::Pending {
                 let absent = matches!(
@@ -1135,6 +1222,105 @@ proptest! {
             state = step.state;
         }
     }
+}
+
+/// Claims, lease extensions and republishes are quiet steps of the machine (issue 29): each is
+/// refused where its work is not awaited, and a claim's new epoch fences whoever read the
+/// command before it.
+#[test]
+fn claims_extensions_and_republishes_are_fenced_quiet_steps() {
+    let rules = wire_rules();
+    // A compensation job: a second is refused while the first holds it, and the first's stale
+    // result is refused once a later claim took over.
+    let compensating = state_in(S::Compensating);
+    let claim = |job| Event::Claim {
+        job,
+        hold_ms: 60_000,
+    };
+    let first = step(&compensating, &rules, claim(ClaimJob::Compensate));
+    assert!(first.quiet && first.actions.is_empty());
+    assert_eq!(first.state.lease.epoch, LeaseEpoch::new(2));
+    assert_eq!(first.state.claimed_until, Some(now().plus_millis(60_000)));
+    assert_eq!(first.state.due_at, Some(now().plus_millis(60_000)));
+    assert_eq!(
+        apply(&first.state, &rules, &claim(ClaimJob::Compensate), now()),
+        Err(Refusal::JobClaimed {
+            until: now().plus_millis(60_000)
+        })
+    );
+    let later = now().plus_millis(60_001);
+    let second = apply(&first.state, &rules, &claim(ClaimJob::Compensate), later)
+        .expect("the first claim lapsed");
+    assert_eq!(second.state.lease.epoch, LeaseEpoch::new(3));
+    let stale = Event::Compensated {
+        epoch: LeaseEpoch::new(2),
+        outcome: CompensationOutcome::Done { reference: None },
+    };
+    assert!(matches!(
+        apply(&second.state, &rules, &stale, later),
+        Err(Refusal::StaleEpoch { .. })
+    ));
+
+    // A look: only when due, and only for a command that waits for one.
+    let unknown = state_in(S::Unknown);
+    let looked = step(&unknown, &rules, claim(ClaimJob::Look));
+    assert_eq!(
+        apply(&looked.state, &rules, &claim(ClaimJob::Look), now()),
+        Err(Refusal::NotYetDue {
+            due_at: now().plus_millis(60_000)
+        })
+    );
+    assert_eq!(
+        apply(&state_in(S::Failed), &rules, &claim(ClaimJob::Look), now()),
+        Err(Refusal::NotAwaited)
+    );
+    let mut owing = state_in(S::Failed);
+    owing.verify_pending = true;
+    assert!(apply(&owing, &rules, &claim(ClaimJob::Look), now()).is_ok());
+
+    // A lease extension: the holder's only, never shorter.
+    let leased = state_in(S::Leased);
+    let extend = |epoch, at: i64| Event::ExtendLease {
+        epoch: LeaseEpoch::new(epoch),
+        to: now().plus_millis(at),
+    };
+    let extended = step(&leased, &rules, extend(1, 5_000));
+    assert!(extended.quiet);
+    assert_eq!(extended.state.lease.epoch, leased.lease.epoch);
+    assert_eq!(
+        extended.state.lease.expires_at,
+        Some(now().plus_millis(5_000))
+    );
+    assert!(matches!(
+        apply(&leased, &rules, &extend(0, 5_000), now()),
+        Err(Refusal::StaleEpoch { .. })
+    ));
+    assert_eq!(
+        apply(&extended.state, &rules, &extend(1, 4_000), now()),
+        Err(Refusal::LeaseNotExtended {
+            expires_at: now().plus_millis(5_000)
+        })
+    );
+
+    // A republish: the awaited request, the epoch kept, a PENDING one held its stale wait.
+    let pending = state_in(S::Pending);
+    let again = step(&pending, &rules, Event::Republish { grace_ms: 1_000 });
+    assert!(again.quiet);
+    assert_eq!(again.actions, vec![Action::Dispatch]);
+    assert_eq!(again.state.lease.epoch, pending.lease.epoch);
+    assert_eq!(
+        again.state.due_at,
+        Some(now().plus_millis(rules.pending_stale_ms))
+    );
+    assert!(matches!(
+        apply(
+            &again.state,
+            &rules,
+            &Event::Republish { grace_ms: 1_000 },
+            now()
+        ),
+        Err(Refusal::NotYetDue { .. })
+    ));
 }
 
 /// Found by `sluice bench` on a slow ledger (issue 15): a dispatch request that waited on the bus

@@ -43,6 +43,7 @@ pub(super) fn undo_commit(
             actions: vec![Action::Compensate],
             reason,
             evidence: Value::Null,
+            quiet: false,
         }
     } else {
         next.status = CommandStatus::NoCompensation;
@@ -62,6 +63,7 @@ pub(super) fn undo_commit(
             ],
             reason: why,
             evidence: Value::Null,
+            quiet: false,
         }
     }
 }
@@ -179,6 +181,7 @@ pub(super) fn compensated(
                 actions: vec![],
                 reason: format!("compensation will be retried: {reason}"),
                 evidence,
+                quiet: false,
             };
         }
     };
@@ -200,5 +203,6 @@ pub(super) fn compensated(
         actions,
         reason,
         evidence,
+        quiet: false,
     }
 }

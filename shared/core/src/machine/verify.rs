@@ -32,6 +32,7 @@ pub(super) fn verified(
         actions,
         reason: reason.to_owned(),
         evidence: evidence.clone(),
+        quiet: false,
     };
     if from == CommandStatus::Compensated {
         return verified_undone(
@@ -158,6 +159,7 @@ fn verified_undone(
         actions,
         reason,
         evidence: evidence.clone(),
+        quiet: false,
     };
     match observation {
         Observation::Absent => {
