@@ -134,20 +134,11 @@ async fn compensate_one(ctx: &Context, command: Command) -> Result<(), PipelineE
     let hold = ctx
         .rules_of(&command)
         .compensation_hold_ms(command.state.owed_duplicates.len() + 1, 1);
-    let now = ctx.clock.now();
-    if machine::job_claimed(&command.state, now) {
-        // Another job is making these calls; its result, or its claim's end, brings the
-        // command back.
-        return Ok(());
-    }
     sluice_faults::point!("compensator.claim.pre");
+    // Refused while another job holds it (`claimed_until`): that job's result, or its claim's
+    // end, brings the command back.
     let Some(command) = ctx
-        .claim_with(&command, hold, |state| {
-            state.claimed_until = Some(now.plus_millis(hold));
-            if let Some(info) = state.compensation.as_mut() {
-                info.started_at = now;
-            }
-        })
+        .claim(command, ACTOR, machine::ClaimJob::Compensate, hold)
         .await?
     else {
         return Ok(());
@@ -231,15 +222,9 @@ pub async fn settle_duplicate(
     // One clean-up at a time, claimed for all of it (each extra commit, with its retries): the
     // request and a sweep may both get here.
     let hold = rules.compensation_hold_ms(command.state.owed_duplicates.len(), rules.max_attempts);
-    let now = ctx.clock.now();
-    if machine::job_claimed(&command.state, now) {
-        return Ok(());
-    }
     sluice_faults::point!("compensator.claim.pre");
     let Some(command) = ctx
-        .claim_with(&command, hold, |state| {
-            state.claimed_until = Some(now.plus_millis(hold));
-        })
+        .claim(command, ACTOR, machine::ClaimJob::UndoDuplicates, hold)
         .await?
     else {
         return Ok(());

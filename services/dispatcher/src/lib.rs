@@ -142,8 +142,10 @@ pub async fn dispatch(
         },
     };
 
-    let leased = extend_before_finalize(ctx, leased).await?;
+    // The epoch this dispatcher called under: the outcome is fenced by it, whatever the
+    // extension below finds.
     let epoch = leased.epoch();
+    let leased = extend_before_finalize(ctx, leased).await?;
     sluice_faults::point!("dispatcher.finalize.pre");
     let written = ctx
         .drive_from(leased, ACTOR, |_| {
@@ -275,24 +277,31 @@ fn outcome_label(outcome: &DispatchOutcome) -> &'static str {
 }
 
 /// Extends the lease first when the outcome's write, at the ledger's pace now, could outlive
-/// it (`load::extend_before_write`, the core's decision): a lease that lapsed under its holder's
-/// write is taken for expired by the sweep and reconciled, which costs the ledger several more
-/// writes for an outcome that was known. An extension that loses its compare-and-set changes
-/// nothing: the outcome's write is then decided on the command as it is.
+/// it (`load::extend_before_write`, the core's decision, then `Event::ExtendLease`, a quiet
+/// write fenced by the epoch): a lease that lapsed under its holder's write is taken for
+/// expired by the sweep and reconciled, which costs the ledger several more writes for an
+/// outcome that was known. An extension that is refused (the epoch moved on, the lease already
+/// runs long enough) changes nothing: the outcome's write is then decided on the command as
+/// it is.
 async fn extend_before_finalize(ctx: &Context, leased: Command) -> Result<Command, PipelineError> {
-    let now = ctx.clock.now();
     let write_ms = ctx.ledger.write_latency_ms();
-    let Some(to) = sluice_core::load::extend_before_write(
-        &leased.state,
-        &ctx.rules_of(&leased),
-        now,
-        write_ms,
-    ) else {
-        return Ok(leased);
+    let epoch = leased.epoch();
+    let extend = |current: &Command| {
+        sluice_core::load::extend_before_write(
+            &current.state,
+            &ctx.rules_of(current),
+            ctx.clock.now(),
+            write_ms,
+        )
+        .map(|to| Event::ExtendLease { epoch, to })
     };
+    if extend(&leased).is_none() {
+        return Ok(leased);
+    }
     tracing::debug!(write_ms, "extending the lease before writing the outcome");
-    Ok(match ctx.ledger.extend_lease(&leased, to).await? {
-        sluice_ledger::Cas::Applied(extended) => extended,
-        sluice_ledger::Cas::Conflict(_) => leased,
+    Ok(match ctx.drive_from(leased.clone(), ACTOR, extend).await? {
+        // Under the same epoch: the core extends only for the holder.
+        Driven::Applied(extended, _) => extended,
+        Driven::Refused(..) | Driven::Skipped(_) | Driven::Missing => leased,
     })
 }

@@ -25,7 +25,7 @@ use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{self, Event, Look};
 use sluice_core::sweep::ShardTimes;
-use sluice_ledger::{DueItem, Guard, Transition};
+use sluice_ledger::DueItem;
 use sluice_runtime::config::ReconcilerConfig;
 use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
 use sluice_runtime::messages::{Cause, ReconcileRequest, decode};
@@ -129,7 +129,10 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
         })
         .max(1_000);
     sluice_faults::point!("reconciler.claim.pre");
-    let Some(command) = ctx.claim(&command, hold).await? else {
+    let Some(command) = ctx
+        .claim(command, ACTOR, machine::ClaimJob::Look, hold)
+        .await?
+    else {
         return Ok(None);
     };
     sluice_faults::point!("reconciler.claim.post");
@@ -360,9 +363,9 @@ async fn step_due(
     Ok(())
 }
 
-/// Republishes the request a due command waits for, after moving its due time past `grace`
-/// (a quiet write, not a transition) so the next sweeps leave it alone meanwhile. A command
-/// waiting for a look at the world is looked at right here instead.
+/// Republishes the request a due command waits for (`Event::Republish`: a quiet write that
+/// moves its due time past `grace`, so the next sweeps leave it alone meanwhile, and names the
+/// request). A command waiting for a look at the world is looked at right here instead.
 async fn republish(
     ctx: &Context,
     run_id: &RunId,
@@ -394,32 +397,19 @@ async fn republish(
             }
         };
     }
-    let delay = match command.status() {
-        CommandStatus::Pending | CommandStatus::Approved => {
-            ctx.rules_of(&command).pending_stale_ms.max(grace)
-        }
-        _ => grace,
-    };
-    let mut next = command.state.clone();
-    next.due_at = Some(now.plus_millis(delay));
     sluice_faults::point!("reconciler.sweep_republish.pre");
-    let moved = ctx
-        .ledger
-        .transition(Transition {
-            run_id: command.run_id.clone(),
-            command_key: command.command_key.clone(),
-            guard: Guard::of(&command),
-            next,
-            audit: None,
+    let driven = ctx
+        .drive_from(command, SWEEP_ACTOR, |current| {
+            (!needs_look(current)).then_some(Event::Republish { grace_ms: grace })
         })
         .await?;
     sluice_faults::point!("reconciler.sweep_republish.post");
-    if let Some(moved) = moved.applied() {
+    if let Driven::Applied(moved, step) = driven {
         let cause = match moved.status() {
             CommandStatus::Pending | CommandStatus::Approved => Cause::Stale,
             _ => Cause::Retry,
         };
-        ctx.nudge(moved, cause).await?;
+        ctx.carry_out(SWEEP_ACTOR, &moved, &step, cause).await?;
     }
     Ok(())
 }

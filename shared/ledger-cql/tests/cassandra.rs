@@ -485,8 +485,18 @@ async fn a_stale_cached_row_costs_an_lwt_never_a_wrong_write() {
     let run = fresh_run("stale-row");
     let pending = reserved(&ledger, &run, 0, "payments/wire").await;
     let leased = lease(&ledger, &pending).await.expect("lease");
+    let extend = machine::apply(
+        &leased.state,
+        &wire_rules(),
+        &Event::ExtendLease {
+            epoch: leased.epoch(),
+            to: now().plus_millis(60_000),
+        },
+        now(),
+    )
+    .expect("the holder extends");
     let extended = other
-        .extend_lease(&leased, now().plus_millis(60_000))
+        .transition(Transition::from_step(&leased, &extend, "test"))
         .await
         .expect("extend");
     assert!(extended.is_applied());

@@ -25,8 +25,8 @@ use sluice_core::retention::Owed;
 use sluice_core::time::{Clock, SystemClock, Timestamp};
 
 use crate::{
-    Cas, Claim, KeptRun, Ledger, LedgerError, MAX_RESULT_BYTES, Reserved, RunCursor, SYSTEM_RUN,
-    Transition,
+    Cas, Claim, Guard, KeptRun, Ledger, LedgerError, MAX_RESULT_BYTES, Reserved, RunCursor,
+    SYSTEM_RUN, Transition,
 };
 
 /// Generates one test per contract check for the ledger made by `$make`.
@@ -42,7 +42,7 @@ macro_rules! ledger_contract_tests {
             sixteen_racing_leases_have_one_winner,
             sixteen_dispatchers_taking_over_a_lapsed_reservation_lease_have_one_winner,
             a_stale_epoch_never_finalizes,
-            extend_lease_needs_the_current_epoch,
+            a_quiet_step_is_fenced_and_writes_no_record,
             lease_and_finalize_refuse_the_wrong_shape,
             transitions_are_audited_and_conflicts_are_not,
             list_run_is_in_journal_order_and_filters_by_status,
@@ -536,7 +536,10 @@ pub async fn a_stale_epoch_never_finalizes(ledger: Arc<dyn Ledger>) {
     );
 }
 
-pub async fn extend_lease_needs_the_current_epoch(ledger: Arc<dyn Ledger>) {
+/// A quiet step of the machine (a lease extension, a claim) is an ordinary guarded write
+/// without an audit record: the holder's applies, a stale holder's loses its compare-and-set,
+/// and a claim's new epoch fences the write of whoever read the command before it.
+pub async fn a_quiet_step_is_fenced_and_writes_no_record(ledger: Arc<dyn Ledger>) {
     let run = fresh_run("extend");
     let pending = reserve_new(&*ledger, command(&run, 0, "payments/wire", 0, json!({}))).await;
     let leased = lease(&*ledger, &pending, "d")
@@ -545,27 +548,58 @@ pub async fn extend_lease_needs_the_current_epoch(ledger: Arc<dyn Ledger>) {
         .cloned()
         .expect("lease");
     let later = now().plus_millis(120_000);
-    let extended = ledger.extend_lease(&leased, later).await.expect("extend");
-    let extended = extended.applied().expect("holder extends");
+    let extend = Event::ExtendLease {
+        epoch: leased.epoch(),
+        to: later,
+    };
+    let write = step(&leased, extend.clone());
+    assert!(write.audit.is_none(), "an extension is quiet");
+    let extended = ledger.transition(write).await.expect("extend");
+    let extended = extended.applied().cloned().expect("holder extends");
     assert_eq!(extended.state.lease.expires_at, Some(later));
     assert_eq!(extended.state.due_at, Some(later));
+    // Decided on a copy whose epoch is gone: the guard no longer matches.
     let mut stale = leased.clone();
     stale.state.lease.epoch = LeaseEpoch::ZERO;
-    assert!(
-        !ledger
-            .extend_lease(&stale, later)
-            .await
-            .expect("write")
-            .is_applied()
+    let mut write = step(&leased, extend);
+    write.guard = Guard::of(&stale);
+    assert!(!ledger.transition(write).await.expect("write").is_applied());
+    // The lease holder's outcome is fenced out by a claim made after it read the command.
+    let mut expired = extended.clone();
+    expired.state.lease.expires_at = Some(now());
+    let unknown = ledger
+        .transition(step(&expired, Event::LeaseExpired))
+        .await
+        .expect("write")
+        .applied()
+        .cloned()
+        .expect("expired");
+    let claimed = ledger
+        .transition(step(
+            &unknown,
+            Event::Claim {
+                job: machine::ClaimJob::Look,
+                hold_ms: 10_000,
+            },
+        ))
+        .await
+        .expect("claim")
+        .applied()
+        .cloned()
+        .expect("claimed");
+    assert_eq!(claimed.epoch(), unknown.epoch().next());
+    assert_eq!(claimed.status(), CommandStatus::Unknown);
+    let late = step(
+        &unknown,
+        Event::GiveUp {
+            reason: "decided on the read before the claim".into(),
+        },
     );
-    assert!(
-        ledger.extend_lease(&pending, later).await.is_err(),
-        "not leased"
-    );
-    // An extension is not a transition: reservation + lease only.
+    assert!(!ledger.transition(late).await.expect("write").is_applied());
+    // Neither the extension nor the claim is a transition: reservation, lease, expiry only.
     assert_eq!(
         ledger.audit_read(&run).await.expect("audit").entries.len(),
-        2
+        3
     );
 }
 

@@ -349,32 +349,6 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
         cas
     }
 
-    /// Moves the expiry of a lease the caller holds; not an audited transition.
-    async fn extend_lease(
-        &self,
-        command: &Command,
-        expires_at: Timestamp,
-    ) -> Result<Cas, LedgerError> {
-        if command.state.status != CommandStatus::Leased {
-            return Err(LedgerError::InvalidRequest {
-                run_id: command.run_id.to_string(),
-                command_key: command.command_key.to_string(),
-                why: "only a LEASED command has a lease to extend".into(),
-            });
-        }
-        let mut next = command.state.clone();
-        next.lease.expires_at = Some(expires_at);
-        next.due_at = Some(expires_at);
-        self.transition(Transition {
-            run_id: command.run_id.clone(),
-            command_key: command.command_key.clone(),
-            guard: Guard::of(command),
-            next,
-            audit: None,
-        })
-        .await
-    }
-
     /// Writes the outcome of a dispatch, fenced by the lease epoch: applies only while the
     /// caller's epoch is still the current one.
     async fn finalize(&self, transition: Transition) -> Result<Cas, LedgerError> {

@@ -391,16 +391,6 @@ impl Ledger for GaugedLedger {
         Ok(cas)
     }
 
-    async fn extend_lease(
-        &self,
-        command: &Command,
-        expires_at: Timestamp,
-    ) -> Result<Cas, LedgerError> {
-        let cas = self.inner.extend_lease(command, expires_at).await?;
-        self.cas(command.status(), &cas);
-        Ok(cas)
-    }
-
     async fn finalize(&self, transition: Transition) -> Result<Cas, LedgerError> {
         let guard = transition.guard.status;
         let cas = self.inner.finalize(transition).await?;

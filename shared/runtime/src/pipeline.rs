@@ -278,7 +278,9 @@ impl Context {
                     };
                     record(&tracing::Span::current());
                     let _ = crate::consumer::WORK_SPAN.try_with(record);
-                    self.metrics.transition(&stored, step.from);
+                    if !step.quiet {
+                        self.metrics.transition(&stored, step.from);
+                    }
                     return Ok(Driven::Applied(stored, step));
                 }
                 Cas::Conflict(now) => {
@@ -382,43 +384,33 @@ impl Context {
         Ok(())
     }
 
-    /// Takes exclusive charge of a command for a look at the world (a status check): a quiet
-    /// write that bumps the command's epoch, so whoever else read the same state loses its
-    /// later write, and moves its due time `hold_ms` ahead, so the sweep leaves it alone while
-    /// the check runs (and takes it up again if this process dies). `None`: someone else did.
+    /// Takes exclusive charge of a command for `job` (`Event::Claim`, decided by the core: only
+    /// for the work the command waits for now, a look only when it is due, a compensation
+    /// job only when no other holds it). A quiet write that bumps the command's epoch, so
+    /// whoever else read the same state loses its later write, and holds it `hold_ms`, so the
+    /// sweep leaves it alone while the job runs (and takes it up again if this process dies).
+    /// `None`: someone else has it, or it no longer waits for the job.
     pub async fn claim(
         &self,
-        command: &Command,
+        command: Command,
+        actor: &str,
+        job: machine::ClaimJob,
         hold_ms: i64,
     ) -> Result<Option<Command>, PipelineError> {
-        self.claim_with(command, hold_ms, |_| {}).await
-    }
-
-    /// [`Context::claim`], also editing the state (not its status) in the same write.
-    pub async fn claim_with(
-        &self,
-        command: &Command,
-        hold_ms: i64,
-        edit: impl FnOnce(&mut sluice_core::command::CommandState),
-    ) -> Result<Option<Command>, PipelineError> {
-        let mut next = command.state.clone();
-        next.lease.epoch = next.lease.epoch.next();
-        next.due_at = Some(self.clock.now().plus_millis(hold_ms));
-        edit(&mut next);
-        let write = Transition {
-            run_id: command.run_id.clone(),
-            command_key: command.command_key.clone(),
-            guard: sluice_ledger::Guard::of(command),
-            next,
-            audit: None,
-        };
-        Ok(match self.ledger.transition(write).await? {
-            Cas::Applied(claimed) => Some(claimed),
-            Cas::Conflict(_) => {
-                self.metrics.cas_conflicts.inc();
-                None
-            }
-        })
+        let event = Event::Claim { job, hold_ms };
+        Ok(
+            match self
+                .drive_from(command, actor, |_| Some(event.clone()))
+                .await?
+            {
+                Driven::Applied(claimed, _) => Some(claimed),
+                Driven::Refused(_, refusal) => {
+                    tracing::debug!(%refusal, ?job, "not claimed");
+                    None
+                }
+                Driven::Skipped(_) | Driven::Missing => None,
+            },
+        )
     }
 
     /// Starts a run rollback durably: records it in the run's audit chain and closes the run to
