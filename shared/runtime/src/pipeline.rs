@@ -491,22 +491,11 @@ impl Context {
         }
         Ok(begun)
     }
-
-    /// Republishes the request a command waits for (used by the sweeps): the core says which
-    /// (`machine::awaited`), [`request_for`] where it goes.
-    pub async fn nudge(&self, command: &Command, cause: Cause) -> Result<(), BusError> {
-        let Some(action) = sluice_core::machine::awaited(&command.state) else {
-            return Ok(());
-        };
-        match request_for(&action, command, cause) {
-            Some((topic, message)) => self.publish(topic, command, message).await,
-            None => Ok(()),
-        }
-    }
 }
 
 /// The one table from a requested action to its topic and message: a step's actions
-/// (`Context::carry_out`) and a sweep's republish (`Context::nudge`) both go through it.
+/// (`Context::carry_out`, a sweep's republish among them: `Event::Republish` names the awaited
+/// request) go through it.
 /// `None` for the actions that are not requests to another service.
 pub fn request_for(action: &Action, command: &Command, cause: Cause) -> Option<(Topic, Outgoing)> {
     match action {
