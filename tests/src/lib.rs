@@ -390,7 +390,8 @@ pub fn effect(run: &str, decision: u32, tool: &str, call_idx: u32, args: Value) 
     })
 }
 
-/// Arguments of `payments/wire`; the business key is `{account}:{amount_minor}:{date}`.
+/// Arguments of `payments/wire`; the business key is
+/// `{account}:{beneficiary}:{amount_minor}:{date}`.
 /// Fails if the upstream saw any NON_IDEMPOTENT effect commit twice, naming them.
 pub fn assert_no_double_commit(stats: &sluice_upstream::Stats) {
     let doubles = stats.double_commits();
@@ -412,7 +413,7 @@ pub fn wire_args(account: &str, amount_minor: i64) -> Value {
 
 /// The business key of [`wire_args`].
 pub fn wire_business_key(account: &str, amount_minor: i64) -> String {
-    format!("{account}:{amount_minor}:2026-11-22")
+    format!("{account}:b-9:{amount_minor}:2026-11-22")
 }
 
 pub fn email_args(subject: &str) -> Value {

@@ -33,7 +33,7 @@ async fn four_tools_confirm_with_the_upstream_reference_and_the_audit_chain_veri
             .as_ref()
             .map(ToString::to_string)
             .as_deref(),
-        Some("acc-1:125000:2026-11-22")
+        Some("acc-1:b-9:125000:2026-11-22")
     );
     h.agent
         .submit_created(&effect(run, 2, "email/send", 0, email_args("paid")))
@@ -82,7 +82,7 @@ async fn four_tools_confirm_with_the_upstream_reference_and_the_audit_chain_veri
     // The world changed exactly once per effect.
     let stats = h.upstream.stats();
     assert_eq!(stats.wires, 1, "the bank saw exactly one wire: {stats:?}");
-    assert_eq!(stats.standing_wires("acc-1:125000:2026-11-22"), 1);
+    assert_eq!(stats.standing_wires("acc-1:b-9:125000:2026-11-22"), 1);
     assert_eq!((stats.emails, stats.tickets, stats.searches), (1, 1, 1));
     assert_eq!(stats.faults.total(), 0);
 
@@ -98,7 +98,7 @@ async fn four_tools_confirm_with_the_upstream_reference_and_the_audit_chain_veri
     assert_eq!(booked["idempotency_key"], "r-happy/d-1/payments/wire/0");
     assert_eq!(booked["run_id"], "r-happy");
     assert_eq!(booked["command_key"], "d-1/payments/wire/0");
-    assert_eq!(booked["business_key"], "acc-1:125000:2026-11-22");
+    assert_eq!(booked["business_key"], "acc-1:b-9:125000:2026-11-22");
 
     // The chain verifies and records the wire's life: reserved, leased, confirmed.
     let trail = h.audit(run).await;

@@ -27,7 +27,7 @@
 //! | `GET /_faults`, `POST /_faults` | [`Faults`] (422 when invalid) |
 //!
 //! The business key of a wire is the `X-Sluice-Business-Key` header, or
-//! `{account}:{amount_minor}:{date}` without it. Faults apply to the three dispatch endpoints
+//! `{account}:{beneficiary}:{amount_minor}:{date}` without it. Faults apply to the three dispatch endpoints
 //! (`POST /bank/wires`, `/email/messages`, `/tickets`) and, as `status_inconclusive`, to the
 //! by-key lookup; compensations and reads are never faulted.
 

@@ -33,10 +33,14 @@ pub(crate) struct WireOrder {
 }
 
 impl WireOrder {
-    /// The business key the catalog derives for a wire, `{account}:{amount_minor}:{date}`, used
-    /// when the request carries no `X-Sluice-Business-Key`.
+    /// The business key the catalog derives for a wire,
+    /// `{account}:{beneficiary}:{amount_minor}:{date}`, used when the request carries no
+    /// `X-Sluice-Business-Key`.
     pub fn business_key(&self) -> String {
-        format!("{}:{}:{}", self.account, self.amount_minor, self.date)
+        format!(
+            "{}:{}:{}:{}",
+            self.account, self.beneficiary, self.amount_minor, self.date
+        )
     }
 
     /// Why the bank refuses this order, if it does.
@@ -469,7 +473,7 @@ mod tests {
 
     #[test]
     fn business_key_follows_the_catalog_template() {
-        assert_eq!(order(5000).business_key(), "acct-1:5000:2026-11-02");
+        assert_eq!(order(5000).business_key(), "acct-1:Ada:5000:2026-11-02");
     }
 
     #[test]

@@ -169,12 +169,15 @@ async fn the_bank_books_every_post_and_by_key_tells_present_absent_duplicate() {
     let (status, _) = json_of(reverse("w-99").await).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
-    // Without the header the key is the catalog's `{account}:{amount_minor}:{date}`.
+    // Without the header the key is the catalog's `{account}:{beneficiary}:{amount_minor}:{date}`.
     let (status, computed) =
         json_of(post_wire(&client, &upstream, &wire("acct-2", 700), "idem-2").await).await;
     assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(computed["business_key"], "acct-2:700:2026-11-02");
-    let (status, present) = by_key(&client, &upstream, "acct-2:700:2026-11-02").await;
+    assert_eq!(
+        computed["business_key"],
+        "acct-2:Ada Lovelace:700:2026-11-02"
+    );
+    let (status, present) = by_key(&client, &upstream, "acct-2:Ada Lovelace:700:2026-11-02").await;
     assert_eq!(
         (status, present["id"].clone()),
         (StatusCode::OK, json!("w-3"))
@@ -334,7 +337,8 @@ async fn commit_then_timeout_commits_and_outlasts_the_client() {
     let stats = upstream.stats();
     assert_eq!(stats.wires, 1);
     assert_eq!(stats.faults.commit_then_timeout, 1);
-    let (status, present) = by_key(&client(), &upstream, "acct-1:5000:2026-11-02").await;
+    let (status, present) =
+        by_key(&client(), &upstream, "acct-1:Ada Lovelace:5000:2026-11-02").await;
     assert_eq!(
         (status, present["id"].clone()),
         (StatusCode::OK, json!("w-1"))
@@ -436,7 +440,7 @@ async fn drop_response_commits_then_closes_the_connection_without_a_status() {
     );
     assert_eq!(stats.emails, 1);
     assert_eq!(stats.faults.drop_response, 3);
-    let (status, present) = by_key(&client, &upstream, "acct-1:5000:2026-11-02").await;
+    let (status, present) = by_key(&client, &upstream, "acct-1:Ada Lovelace:5000:2026-11-02").await;
     assert_eq!(
         (status, present["id"].clone()),
         (StatusCode::OK, json!("w-1"))
@@ -470,7 +474,7 @@ async fn error_5xx_answers_503_and_commits_nothing() {
     )
     .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    let (status, _) = by_key(&client, &upstream, "acct-1:5000:2026-11-02").await;
+    let (status, _) = by_key(&client, &upstream, "acct-1:Ada Lovelace:5000:2026-11-02").await;
     assert_eq!(
         status,
         StatusCode::NOT_FOUND,
@@ -490,7 +494,7 @@ async fn commit_then_5xx_answers_500_after_booking() {
     let (status, _) =
         json_of(post_wire(&client, &upstream, &wire("acct-1", 5000), "k").await).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-    let (status, present) = by_key(&client, &upstream, "acct-1:5000:2026-11-02").await;
+    let (status, present) = by_key(&client, &upstream, "acct-1:Ada Lovelace:5000:2026-11-02").await;
     assert_eq!(
         (status, present["id"].clone()),
         (StatusCode::OK, json!("w-1"))
@@ -512,7 +516,7 @@ async fn commit_twice_is_found_by_key_and_undone_by_reversal() {
         (StatusCode::CREATED, json!("w-1"))
     );
 
-    let key = "acct-1:5000:2026-11-02";
+    let key = "acct-1:Ada Lovelace:5000:2026-11-02";
     let (status, duplicate) = by_key(&client, &upstream, key).await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(duplicate["refs"], json!(["w-1", "w-2"]));
@@ -545,7 +549,7 @@ async fn status_inconclusive_answers_503_until_faults_are_cleared() {
     let (status, _) =
         json_of(post_wire(&client, &upstream, &wire("acct-1", 5000), "k").await).await;
     assert_eq!(status, StatusCode::CREATED, "dispatch is not affected");
-    let key = "acct-1:5000:2026-11-02";
+    let key = "acct-1:Ada Lovelace:5000:2026-11-02";
     let (status, _) = by_key(&client, &upstream, key).await;
     assert_eq!(
         status,
@@ -638,7 +642,10 @@ async fn faults_and_stats_are_reachable_over_http() {
     let stats: Stats = serde_json::from_value(stats).expect("/_stats is a Stats");
     assert_eq!(stats, upstream.stats());
     assert_eq!((stats.wires, stats.faults.error_5xx), (1, 1));
-    assert_eq!(stats.standing_wires("acct-1:5000:2026-11-02"), 1);
+    assert_eq!(
+        stats.standing_wires("acct-1:Ada Lovelace:5000:2026-11-02"),
+        1
+    );
     upstream.shutdown().await;
 }
 
@@ -673,7 +680,12 @@ async fn run_script(seed: u64) -> (Vec<Seen>, Stats) {
                 Err(_) => Seen::NoResponse,
             },
         );
-        let (status, _) = by_key(&client, &upstream, &format!("acct-1:{n}:2026-11-02")).await;
+        let (status, _) = by_key(
+            &client,
+            &upstream,
+            &format!("acct-1:Ada Lovelace:{n}:2026-11-02"),
+        )
+        .await;
         seen.push(Seen::Status(status.as_u16()));
     }
     let stats = upstream.stats();

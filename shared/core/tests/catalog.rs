@@ -57,9 +57,22 @@ fn deploy_wire_is_non_idempotent_with_every_resolution_strategy() {
     assert!(!wire.allow_unsafe());
     assert_eq!(
         wire.business_key(&wire_args()).expect("renders"),
-        Some(BusinessKey::new("acc-1:125000:2026-11-22"))
+        Some(BusinessKey::new("acc-1:b-9:125000:2026-11-22"))
     );
     assert_eq!(wire.validate_args(&wire_args()), Ok(()));
+    // The beneficiary is part of the wire's identity, and no ':' in a field lets two wires
+    // (account "a:b" to "c", account "a" to "b:c") render one key.
+    let mut other = wire_args();
+    other["beneficiary"] = json!("b-7");
+    assert_ne!(
+        wire.business_key(&other).expect("renders"),
+        wire.business_key(&wire_args()).expect("renders")
+    );
+    for field in ["account", "beneficiary"] {
+        let mut colon = wire_args();
+        colon[field] = json!("a:b");
+        assert!(wire.validate_args(&colon).is_err(), "{field} with ':'");
+    }
     let threshold = wire.policy().approve_above.as_ref().expect("declared");
     assert_eq!(threshold.field, "amount_minor");
     assert_eq!(threshold.value, serde_json::Number::from(1_000_000));
@@ -100,7 +113,7 @@ fn deploy_wire_is_non_idempotent_with_every_resolution_strategy() {
     assert_eq!(status.method, HttpMethod::Get);
     assert_eq!(
         render_url(&status.url, &wire_args(), &keys).expect("renders"),
-        "http://127.0.0.1:8787/bank/wires/by-key/acc-1%3A125000%3A2026-11-22"
+        "http://127.0.0.1:8787/bank/wires/by-key/acc-1%3Ab-9%3A125000%3A2026-11-22"
     );
     let compensate = wire.compensate().expect("declared");
     assert_eq!(
