@@ -808,3 +808,126 @@ async fn prefer_wait_answers_with_the_settled_command_or_202_and_where_to_poll()
     assert!(bad.text.contains("wait"), "{}", bad.text);
     h.stop().await;
 }
+
+/// A wire from another run to another beneficiary is another wire: recorded anew (201), even
+/// with the same account, amount and date. The same wire from another run is the existing
+/// command, and the answer says so — `existing: "business_key"` in the body and
+/// `Sluice-Existing: business_key` — whether answered alone, minimal, in a batch or after a
+/// wait; a repeat of the same journal position says `command_key`. The bank books one wire
+/// per business key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_business_key_answered_from_another_run_says_so() {
+    let h = harness().await;
+    let wire = |beneficiary: &str| {
+        json!({"account": "acc-1", "amount_minor": 125_000, "beneficiary": beneficiary,
+               "date": "2026-11-22"})
+    };
+    let first = h
+        .agent
+        .submit_created(&effect("r-abc", 3, "payments/wire", 0, wire("b-9")))
+        .await;
+
+    // Another beneficiary: another wire, in its own run.
+    let other = h
+        .agent
+        .submit(&effect("r-other", 1, "payments/wire", 0, wire("b-7")))
+        .await;
+    assert_eq!(
+        other.status,
+        StatusCode::CREATED,
+        "a wire to another beneficiary is another wire: {}",
+        other.text
+    );
+    assert_eq!(other.command().run_id.as_str(), "r-other");
+
+    // The same wire from another run: r-abc's command, found by business key, and said so.
+    let post = |body: serde_json::Value, prefer: Option<&'static str>, path: &'static str| {
+        let base = h.agent.base().to_owned();
+        async move {
+            let mut request = reqwest::Client::new()
+                .post(format!("{base}{path}"))
+                .json(&body);
+            if let Some(prefer) = prefer {
+                request = request.header("prefer", prefer);
+            }
+            let response = request.send().await.expect("an answer");
+            let status = response.status();
+            let header = response
+                .headers()
+                .get("sluice-existing")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let body: serde_json::Value = response.json().await.expect("JSON");
+            (status, header, body)
+        }
+    };
+    let same = effect("r-same", 1, "payments/wire", 0, wire("b-9"));
+    for prefer in [None, Some("return=minimal"), Some("wait=5")] {
+        let (status, header, body) = post(same.clone(), prefer, "/v1/effects").await;
+        assert_eq!(status, StatusCode::OK, "{prefer:?}: {body}");
+        assert_eq!(body["run_id"], json!("r-abc"), "{prefer:?}: {body}");
+        assert_eq!(
+            body["command_key"],
+            json!(first.command_key.as_str()),
+            "{body}"
+        );
+        assert_eq!(
+            body["existing"],
+            json!("business_key"),
+            "{prefer:?}: the answer says it is another run's command: {body}"
+        );
+        assert_eq!(header.as_deref(), Some("business_key"), "{prefer:?}");
+    }
+    let (status, _, body) = post(
+        json!({"effects": [same.clone(), effect("r-abc", 3, "payments/wire", 0, wire("b-9"))]}),
+        None,
+        "/v1/effects/batch",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["results"][0]["status"], json!(200), "{body}");
+    assert_eq!(
+        body["results"][0]["command"]["existing"],
+        json!("business_key"),
+        "{body}"
+    );
+    assert_eq!(
+        body["results"][1]["command"]["existing"],
+        json!("command_key"),
+        "the same position again: {body}"
+    );
+    let (status, header, body) = post(
+        effect("r-abc", 3, "payments/wire", 0, wire("b-9")),
+        None,
+        "/v1/effects",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["existing"], json!("command_key"), "{body}");
+    assert_eq!(header.as_deref(), Some("command_key"));
+    assert!(
+        h.agent.commands("r-same", None).await.is_empty(),
+        "nothing recorded in r-same"
+    );
+
+    // A new command says nothing of the kind.
+    let (status, header, body) = post(
+        effect("r-new", 1, "email/send", 0, email_args("new")),
+        None,
+        "/v1/effects",
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert!(body.get("existing").is_none(), "{body}");
+    assert_eq!(header, None);
+
+    for (run, key) in [
+        ("r-abc", first.command_key.as_str()),
+        ("r-other", "d-1/payments/wire/0"),
+    ] {
+        let settled = h.agent.wait_settled(run, key).await;
+        assert_eq!(settled.status(), CommandStatus::Confirmed, "{run}");
+    }
+    assert_eq!(h.upstream.stats().wires, 2, "one wire per beneficiary");
+    h.stop().await;
+}

@@ -86,6 +86,14 @@ def test_a_business_key_already_held_returns_the_holder_instead_of_a_second_wire
         again = second.call("bank/wire", {"account": "acc-9", "amount_minor": 10, "memo": run_id})
     assert (again.run_id, again.command_key) == (run_id, held.command_key)
     assert again.result == held.result
+    # The answer says it is another run's command, found by the business key.
+    assert held.existing is None and not held.found_by_business_key
+    assert again.existing == "business_key" and again.found_by_business_key
+    with client.run(run_id) as redriven:
+        repeated = redriven.call(
+            "bank/wire", {"account": "acc-9", "amount_minor": 10, "memo": run_id}
+        )
+    assert repeated.existing == "command_key"
     assert world.calls["bank/wire"] - before == 1
 
 

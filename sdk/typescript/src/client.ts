@@ -128,6 +128,9 @@ export class SluiceClient {
    * Records one effect and, unless `wait` is `false`, waits until it is settled (terminal,
    * STUCK or BLOCKED). Returns the command as recorded (201 new, 200 already recorded) or as
    * settled; an outcome other than CONFIRMED is returned, not thrown (see `Run` for that).
+   * A command recorded before carries `existing`: `"command_key"` (this position) or
+   * `"business_key"` (another command holds the tool's business key; its `run_id` and
+   * `command_key` are its own, possibly another run's).
    *
    * @throws {ArgumentDriftError} the position holds other arguments
    * @throws {RunRolledBackError} the run was rolled back
@@ -165,7 +168,10 @@ export class SluiceClient {
     if (wait === false || isSettled(answer.body.status)) {
       return answer.body;
     }
-    return this.#poll(answer.body, started, wait);
+    const settled = await this.#poll(answer.body, started, wait);
+    // How the submission found the command is said by its answer only, not by the long polls.
+    const existing = answer.body.existing;
+    return existing === undefined ? settled : { ...settled, existing };
   }
 
   /**

@@ -251,6 +251,21 @@ describe("definition-time refusals", () => {
     refused(() => sluice.defineEffect("fax", { tool: "legacy/fax", allowUnsafe: true }), /already defined/);
   });
 
+  test("a business key held by another run's command answers with that command, and says so", async () => {
+    const client = new SluiceClient({ url: server.url, token: TOKENS.agentA });
+    const wire = { account: "acc-held", amount_minor: 4_200 };
+    const held = await client.submit({ run_id: "held-1", decision: 1, tool: "bank/wire", call_idx: 0, args: wire });
+    assert.equal(held.existing, undefined, "recorded by this submission");
+    const again = await client.submit({ run_id: "held-2", decision: 1, tool: "bank/wire", call_idx: 0, args: wire });
+    assert.equal(again.existing, "business_key");
+    assert.deepEqual([again.run_id, again.command_key], ["held-1", held.command_key]);
+    const unwaited = await client.submit({ run_id: "held-3", decision: 1, tool: "bank/wire", call_idx: 0, args: wire }, false);
+    assert.equal(unwaited.existing, "business_key");
+    const repeated = await client.submit({ run_id: "held-1", decision: 1, tool: "bank/wire", call_idx: 0, args: wire });
+    assert.equal(repeated.existing, "command_key");
+    assert.equal(world.wires.filter((w) => w.account === "acc-held").length, 1, "one wire");
+  });
+
   test("a guarded function called outside an agent run says how to call it", async () => {
     const sendMail = sluice.guard("mail/send");
     await assert.rejects(sendMail({ to: "a@example.com", subject: "s", body: "b" }), /inside sluice\.agent/);

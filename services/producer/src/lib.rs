@@ -40,7 +40,7 @@ pub mod wait;
 
 pub use http::ApiError;
 pub(crate) use http::{Q, RawBody, parse_body, parse_run};
-pub use submit::{BatchResult, EffectRequest};
+pub use submit::{BatchResult, EXISTING_HEADER, EffectRequest, Existing};
 pub use wait::parse_wait;
 
 use std::collections::HashSet;

@@ -9,6 +9,11 @@
 //!
 //! Preferences this service does not know are ignored, as the RFC asks; a `wait` that is not
 //! a number of seconds is refused (422), since ignoring it would silently answer at once.
+//!
+//! An answer with a command that was recorded before says how it was found ([`Existing`]):
+//! `existing` in the body and `Sluice-Existing` on a single submission's answer. A business key
+//! is found across runs, so the command may be another run's; without the field an agent that
+//! asked for a wire in its run would be told of another run's wire as if it were its own.
 
 use std::time::Duration;
 
@@ -90,10 +95,53 @@ fn invalid(field: &str, message: String) -> ApiError {
         .with_details(json!({ "pointer": format!("/{field}") }))
 }
 
-/// The answer to one submission: the status code and the command.
+/// How a submission that recorded nothing found the command it is answered with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Existing {
+    /// The same journal position (run and command key), with the same arguments.
+    CommandKey,
+    /// Another command, of this run or another, holds the tool's business key.
+    BusinessKey,
+}
+
+impl Existing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CommandKey => "command_key",
+            Self::BusinessKey => "business_key",
+        }
+    }
+}
+
+/// The header that says, on a single submission's answer, how an existing command was found.
+pub const EXISTING_HEADER: &str = "sluice-existing";
+
+/// The answer to one submission: the status code, the command, and how it was found when it
+/// was recorded before (`None`: recorded by this submission).
 struct Submitted {
     status: StatusCode,
     command: Command,
+    existing: Option<Existing>,
+}
+
+/// A command as a submission answers it: the command, and `existing` when it was not recorded
+/// by this submission.
+#[derive(Serialize)]
+struct Answered<'a> {
+    #[serde(flatten)]
+    command: &'a Command,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    existing: Option<Existing>,
+}
+
+impl<'a> Answered<'a> {
+    fn of(submitted: &'a Submitted) -> Self {
+        Self {
+            command: &submitted.command,
+            existing: submitted.existing,
+        }
+    }
 }
 
 impl Api {
@@ -359,9 +407,15 @@ impl Api {
                 Ok(Submitted {
                     status: StatusCode::CREATED,
                     command,
+                    existing: None,
                 })
             }
-            Reserved::Existing(command) | Reserved::BusinessKeyHeld(command) => {
+            Reserved::Existing(_) | Reserved::BusinessKeyHeld(_) => {
+                let existing = match &reserved {
+                    Reserved::BusinessKeyHeld(_) => Existing::BusinessKey,
+                    _ => Existing::CommandKey,
+                };
+                let command = reserved.into_command();
                 if principal.role == sluice_runtime::config::Role::Agent
                     && principal.authenticated
                     && command.submitted_by.as_deref() != Some(principal.name.as_str())
@@ -379,6 +433,7 @@ impl Api {
                 Ok(Submitted {
                     status: StatusCode::OK,
                     command,
+                    existing: Some(existing),
                 })
             }
         }
@@ -461,14 +516,18 @@ struct MinimalCommand<'a> {
     run_id: &'a RunId,
     command_key: &'a CommandKey,
     command_status: CommandStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    existing: Option<Existing>,
 }
 
 impl<'a> MinimalCommand<'a> {
-    fn of(command: &'a Command) -> Self {
+    fn of(submitted: &'a Submitted) -> Self {
+        let command = &submitted.command;
         Self {
             run_id: &command.run_id,
             command_key: &command.command_key,
             command_status: command.status(),
+            existing: submitted.existing,
         }
     }
 }
@@ -486,6 +545,7 @@ impl Api {
         let Some(deadline) = deadline else {
             return Ok(submitted);
         };
+        let existing = submitted.existing;
         let command = submitted.command;
         let (run_id, command_key) = (command.run_id.clone(), command.command_key.clone());
         // A business key held elsewhere answers with the holder, another command than the one
@@ -506,7 +566,11 @@ impl Api {
         } else {
             StatusCode::ACCEPTED
         };
-        Ok(Submitted { status, command })
+        Ok(Submitted {
+            status,
+            command,
+            existing,
+        })
     }
 }
 
@@ -560,14 +624,15 @@ pub(crate) async fn submit_one(
             let answer = match submitted {
                 Ok(submitted) => {
                     let mut response = if preferences.minimal {
-                        (
-                            submitted.status,
-                            Json(MinimalCommand::of(&submitted.command)),
-                        )
-                            .into_response()
+                        (submitted.status, Json(MinimalCommand::of(&submitted))).into_response()
                     } else {
-                        (submitted.status, Json(&submitted.command)).into_response()
+                        (submitted.status, Json(Answered::of(&submitted))).into_response()
                     };
+                    if let Some(existing) = submitted.existing {
+                        response
+                            .headers_mut()
+                            .insert(EXISTING_HEADER, HeaderValue::from_static(existing.as_str()));
+                    }
                     if submitted.status == StatusCode::ACCEPTED
                         && let Some(location) = location(&submitted.command)
                     {
@@ -688,11 +753,11 @@ pub(crate) async fn submit_batch(
                 let answer = match result {
                     Ok(submitted) if minimal => encode_answer(&MinimalAnswer {
                         status: submitted.status.as_u16(),
-                        command: MinimalCommand::of(&submitted.command),
+                        command: MinimalCommand::of(&submitted),
                     }),
                     Ok(submitted) => encode_answer(&BatchAnswer {
                         status: submitted.status.as_u16(),
-                        command: &submitted.command,
+                        command: Answered::of(&submitted),
                     }),
                     Err(e) => {
                         let mut body = e.body();
@@ -729,7 +794,7 @@ struct BatchResults {
 #[derive(Serialize)]
 struct BatchAnswer<'a> {
     status: u16,
-    command: &'a Command,
+    command: Answered<'a>,
 }
 
 /// One effect's answer in a batch under `Prefer: return=minimal`.

@@ -15,7 +15,7 @@ import email.utils
 import math
 import time
 from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from ._ids import CommandKey, path_segment
@@ -196,7 +196,9 @@ def submit(
     )
     answer = yield from send(request, retries, safe_to_repeat=True, context=context)
     effect = Effect.from_json(expect(answer, 200, 201, 202, context=context))
-    return (yield from poll(effect, deadline=deadline, retries=retries, clock=clock))
+    settled = yield from poll(effect, deadline=deadline, retries=retries, clock=clock)
+    # How the submission found the command is said by its answer only, not by the long polls.
+    return replace(settled, existing=effect.existing)
 
 
 def poll(

@@ -22,6 +22,12 @@ class Effect:
     ``result`` is the upstream's answer to the dispatch (its JSON body) once CONFIRMED;
     ``external_ref`` the reference the upstream gave the effect (e.g. a wire id). ``raw`` is the
     whole command as the server sent it.
+
+    ``existing`` says, when a submission recorded nothing, how the command it was answered with
+    was found: ``"command_key"`` (this journal position, recorded before) or ``"business_key"``
+    (another command holds the tool's business key: it is the effect, and ``run_id`` and
+    ``command_key`` are its own, possibly another run's). ``None`` when the submission recorded
+    it, and on effects read rather than submitted.
     """
 
     run_id: str
@@ -35,6 +41,7 @@ class Effect:
     last_error: str | None = None
     escalated: bool = False
     not_before: str | None = None
+    existing: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -51,8 +58,15 @@ class Effect:
             last_error=body.get("last_error"),
             escalated=bool(body.get("escalated", False)),
             not_before=body.get("not_before"),
+            existing=body.get("existing"),
             raw=body,
         )
+
+    @property
+    def found_by_business_key(self) -> bool:
+        """The submission was answered with another command holding the tool's business key
+        (possibly another run's), not with one recorded at its own journal position."""
+        return self.existing == "business_key"
 
     @property
     def settled(self) -> bool:

@@ -44,7 +44,10 @@ export interface paths {
          * @description 201 a new command (SCHEDULED when `delay_ms` or a future `not_before` is given;
          *     LEASED for an IDEMPOTENT or OBSERVE_ONLY tool that policy allows outright, handed to
          *     the dispatchers with its reservation; else PENDING); 200 the same key with the same arguments, or the same business key: the
-         *     stored command, nothing new. 409 `argument_drift` for the same key with other
+         *     stored command, nothing new, with `existing` saying which (`command_key`, or
+         *     `business_key`: another command, possibly of another run, holds the tool's business key
+         *     and is the one answered, under its own `run_id` and `command_key`), also in the
+         *     `Sluice-Existing` header. 409 `argument_drift` for the same key with other
          *     arguments; 409 `run_rolled_back` for a new effect in a run that was rolled back (its
          *     existing effects still answer 200). 403 for an agent in a run holding another
          *     submitter's command. 503 `dispatch_backlog_full` when the embedded pipeline's dispatch
@@ -572,7 +575,17 @@ export interface components {
             run_id: components["schemas"]["RunId"];
             command_key: components["schemas"]["CommandKey"];
             command_status: components["schemas"]["Status"];
+            existing?: components["schemas"]["Existing"];
         };
+        /**
+         * @description In the answer to a submission that recorded nothing: how the command answered was found.
+         *     `command_key`: the same journal position (run and command key) with the same arguments.
+         *     `business_key`: another command holds the tool's business key — of this run or of
+         *     another run (its `run_id` and `command_key` say which); that command is the effect, and
+         *     no second one was recorded. Absent when the submission recorded the command.
+         * @enum {unknown}
+         */
+        Existing: "command_key" | "business_key";
         /** @enum {unknown} */
         Status: "SCHEDULED" | "PENDING" | "BLOCKED" | "APPROVED" | "LEASED" | "CONFIRMED" | "FAILED" | "UNKNOWN" | "STUCK" | "CANCELLED" | "COMPENSATING" | "COMPENSATED" | "COMPENSATION_FAILED" | "NO_COMPENSATION";
         /** @description Why, for the audit chain; not blank, at most 1000 characters, no control characters but newlines */
@@ -621,6 +634,7 @@ export interface components {
             not_before?: components["schemas"]["Timestamp"];
             created_at: components["schemas"]["Timestamp"];
             submitted_by?: string;
+            existing?: components["schemas"]["Existing"];
             status: components["schemas"]["Status"];
             lease: {
                 epoch: number;
@@ -812,7 +826,10 @@ export interface components {
             };
         };
     };
-    headers: never;
+    headers: {
+        /** @description On a submission answered with a command recorded before, how it was found (the body's `existing`); `business_key` means the command may be another run's. */
+        SluiceExisting: components["schemas"]["Existing"];
+    };
     pathItems: never;
 }
 export type $defs = Record<string, never>;
@@ -906,6 +923,7 @@ export interface operations {
             /** @description Already recorded */
             200: {
                 headers: {
+                    "Sluice-Existing": components["headers"]["SluiceExisting"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -926,6 +944,7 @@ export interface operations {
                 headers: {
                     /** @description Where to poll the command: `GET /v1/runs/{run_id}/effects/{command_key}`, the key percent-encoded as one segment */
                     Location?: string;
+                    "Sluice-Existing": components["headers"]["SluiceExisting"];
                     [name: string]: unknown;
                 };
                 content: {

@@ -200,9 +200,22 @@ impl Bridge {
             break answer;
         };
         match submitted {
+            Ok((status, body)) if matches!(status.as_u16(), 200..=202) => {
+                // A business key held by another command answers with that command, possibly
+                // of another run: it is the effect, so it is followed and named by its own keys.
+                let held = held_by_business_key(&body);
+                let (run, key) = held.as_ref().map_or((run, key), |(run, key)| (run, key));
+                let outcome = if status == StatusCode::ACCEPTED {
+                    self.follow(run, key, &body, token).await
+                } else {
+                    settled(run, key, &body)
+                };
+                match &held {
+                    Some((run, key)) => found_by_business_key(outcome, run, key),
+                    None => outcome,
+                }
+            }
             Ok((status, body)) => match status.as_u16() {
-                200 | 201 => settled(run, key, &body),
-                202 => self.follow(run, key, &body, token).await,
                 500..=599 => {
                     self.look_up(run, key, token, Unanswered::of(status, &body))
                         .await
@@ -323,6 +336,28 @@ fn is_running(command: &Value) -> bool {
         command["status"].as_str(),
         Some("SCHEDULED" | "PENDING" | "APPROVED" | "LEASED" | "UNKNOWN" | "COMPENSATING")
     )
+}
+
+/// The keys of the command a submission was answered with when another command held the
+/// tool's business key (`existing: "business_key"`).
+fn held_by_business_key(answer: &Value) -> Option<(RunId, CommandKey)> {
+    if answer["existing"] != json!("business_key") {
+        return None;
+    }
+    let run = RunId::parse(answer["run_id"].as_str()?).ok()?;
+    let key = CommandKey::parse(answer["command_key"].as_str()?).ok()?;
+    Some((run, key))
+}
+
+/// `outcome` of the command `run`/`key` found by its business key, told as that: the call made
+/// no new effect.
+fn found_by_business_key(mut outcome: Outcome, run: &RunId, key: &CommandKey) -> Outcome {
+    outcome.message = format!(
+        "not made again: an effect with the same business key was already recorded (run {run}, command {key}), and this is it: {}",
+        outcome.message
+    );
+    outcome.details["existing"] = json!("business_key");
+    outcome
 }
 
 /// The outcome of a command as it stands.
@@ -642,6 +677,72 @@ mod tests {
         let url = producer(unavailable(), (axum::http::StatusCode::OK, leased())).await;
         let outcome = quick(&url).run_call(&run, &key, json!({}), Some("t")).await;
         says_recorded_and_running(&outcome);
+    }
+
+    #[tokio::test]
+    async fn a_call_answered_by_business_key_names_the_command_that_holds_it() {
+        let (run, key) = key();
+        let holder = |status: &str| {
+            json!({"status": status, "run_id": "r-abc", "command_key": "d-3/payments/wire/0",
+                   "existing": "business_key", "external_ref": "w-1"})
+        };
+        // Settled at once, or followed by the holder's own keys (only those are known here).
+        for submit in [axum::http::StatusCode::OK, axum::http::StatusCode::ACCEPTED] {
+            let status = if submit == axum::http::StatusCode::OK {
+                "CONFIRMED"
+            } else {
+                "LEASED"
+            };
+            let answer = holder(status);
+            let app = axum::Router::new()
+                .route(
+                    "/v1/effects",
+                    axum::routing::post(move || async move { (submit, axum::Json(answer)) }),
+                )
+                .route(
+                    "/v1/runs/{run}/effects/{key}",
+                    axum::routing::get(
+                        move |axum::extract::Path((run, _)): axum::extract::Path<(
+                            String,
+                            String,
+                        )>| async move {
+                            if run == "r-abc" {
+                                (
+                                    axum::http::StatusCode::OK,
+                                    axum::Json(json!({
+                                    "status": "CONFIRMED", "run_id": "r-abc",
+                                    "command_key": "d-3/payments/wire/0", "external_ref": "w-1"})),
+                                )
+                            } else {
+                                (
+                                    axum::http::StatusCode::NOT_FOUND,
+                                    axum::Json(json!({
+                                    "error": {"code": "unknown_command", "message": "none"}})),
+                                )
+                            }
+                        },
+                    ),
+                );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("a port");
+            let url = format!("http://{}", listener.local_addr().expect("an address"));
+            tokio::spawn(async move { axum::serve(listener, app).await });
+            let outcome = quick(&url).run_call(&run, &key, json!({}), Some("t")).await;
+            assert_eq!(outcome.details["status"], json!("CONFIRMED"), "{outcome:?}");
+            assert_eq!(outcome.details["run_id"], json!("r-abc"), "{outcome:?}");
+            assert_eq!(
+                outcome.details["command_key"],
+                json!("d-3/payments/wire/0"),
+                "{outcome:?}"
+            );
+            assert_eq!(outcome.details["existing"], json!("business_key"));
+            assert!(
+                outcome.message.contains("same business key") && outcome.message.contains("r-abc"),
+                "{outcome:?}"
+            );
+            assert!(!outcome.is_error, "{outcome:?}");
+        }
     }
 
     #[tokio::test]
