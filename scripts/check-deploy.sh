@@ -227,6 +227,35 @@ for svc in SERVICES:
         else:
             ok(f"{hpath}: HPA {name} on lag of {group}, maxReplicas {hpa['spec']['maxReplicas']} <= partitions {partitions}")
 
+# The producer answers only to the names in producer.allowed_hosts besides localhost and IP
+# addresses (421 otherwise): its Deployment must list the names its Service is reached by,
+# qualified by the namespace the pod reads from the downward API.
+for path, dep in find("Deployment", "sluice-producer"):
+    c = (dep["spec"]["template"]["spec"].get("containers") or [{}])[0]
+    env = c.get("env", [])
+    names = [e.get("name") for e in env]
+    namespace = next((e for e in env if e.get("name") == "POD_NAMESPACE"), {})
+    hosts = next((e.get("value", "") for e in env if e.get("name") == "SLUICE_PRODUCER__ALLOWED_HOSTS"), None)
+    service = [d["metadata"]["name"] for _, d in find("Service", "sluice-producer")]
+    if hosts is None:
+        fail(path, "sluice-producer: no SLUICE_PRODUCER__ALLOWED_HOSTS: requests to its Service's name would get 421")
+        continue
+    if namespace.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "metadata.namespace" \
+            or names.index("POD_NAMESPACE") > names.index("SLUICE_PRODUCER__ALLOWED_HOSTS"):
+        fail(path, "sluice-producer: POD_NAMESPACE must come from metadata.namespace, before SLUICE_PRODUCER__ALLOWED_HOSTS uses it")
+        continue
+    try:
+        listed = tomllib.loads("v = " + hosts.replace("$(POD_NAMESPACE)", "ns"))["v"]
+    except Exception as e:  # noqa: BLE001 - reported
+        fail(path, f"sluice-producer: SLUICE_PRODUCER__ALLOWED_HOSTS is not a TOML array: {e}")
+        continue
+    want = [f"{s}{q}" for s in service for q in ("", ".ns", ".ns.svc", ".ns.svc.cluster.local")]
+    missing = [w for w in want if w not in listed]
+    if missing or not service:
+        fail(path, f"sluice-producer: SLUICE_PRODUCER__ALLOWED_HOSTS lacks the Service's names {missing or want}")
+    else:
+        ok(f"{path}: sluice-producer answers to its Service's names ({', '.join(want)})")
+
 # The KEDA option (k8s/keda, a kustomize Component): a ScaledObject per consumer on the same
 # lag, bounds and target as its HPA, and patches that delete those HPAs; and the
 # prometheus-adapter rule the HPAs need, shipped in k8s/autoscaling/.
@@ -352,6 +381,16 @@ if compose:
         ok(f"{compose_path}: the admin token is required from the environment, no default ships")
     if str(services.get("producer", {}).get("environment", {}).get("SLUICE_PRODUCER__OPEN", "")).lower() != "false":
         fail(compose_path, "the producer must set SLUICE_PRODUCER__OPEN=false (it listens beyond loopback)")
+    # The other containers reach the API as `producer`: a name it must answer to (421 otherwise).
+    try:
+        hosts = tomllib.loads("v = " + str(services.get("producer", {}).get("environment", {})
+                                          .get("SLUICE_PRODUCER__ALLOWED_HOSTS", "[]")))["v"]
+    except Exception:  # noqa: BLE001 - reported below
+        hosts = []
+    if "producer" not in hosts:
+        fail(compose_path, "the producer must list its service name in SLUICE_PRODUCER__ALLOWED_HOSTS ('[\"producer\"]')")
+    else:
+        ok(f"{compose_path}: the producer answers to its service name")
     gauges = {s: str(services.get(s, {}).get("environment", {}).get("SLUICE_METRICS__COMMAND_GAUGES", "")).lower()
               for s in SERVICES}
     if [s for s, v in gauges.items() if v == "true"] != ["reconciler"]:

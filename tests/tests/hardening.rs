@@ -1,7 +1,9 @@
 //! The API's hardening against the real server: open mode only by an explicit, loopback-only
-//! choice; bodies only as JSON (415); browser requests only from the server's own origin or a
-//! listed one (403); long polls bounded per caller and in all (503 with `Retry-After`,
-//! nothing recorded); `/readyz` that tells whether the ledger answers and never why.
+//! choice; bodies only as JSON (415); requests only to the server's own names (421: DNS
+//! rebinding), browser requests only from the server's own origin or a listed one, and no
+//! other site's page loading it but by a link (403); long polls bounded per caller and in all
+//! (503 with `Retry-After`, nothing recorded); `/readyz` that tells whether the ledger answers
+//! and never why.
 
 use std::sync::Arc;
 
@@ -559,4 +561,322 @@ async fn readyz_tells_whether_the_ledger_answers_and_never_why() {
         .expect("the ops task ends")
         .expect("it served");
     upstream.shutdown().await;
+}
+
+/// A GET as a browser sends it, with `host` and the other `(name, value)` headers; the status
+/// and body.
+async fn browser_get(base: &str, path: &str, headers: &[(&str, &str)]) -> (StatusCode, Value) {
+    let (status, _, body) = raw(base, reqwest::Method::GET, path, headers, None).await;
+    (status, body)
+}
+
+/// DNS rebinding: a page at a name its author controls (`rebind.example`), made to resolve to
+/// 127.0.0.1 after it loaded, is same-origin with the API as far as the browser knows. Its
+/// `fetch` then reaches the producer with `Host: rebind.example:<port>` and, on a GET, no
+/// `Origin` at all — so in open mode it could read every run. The producer answers only to the
+/// names it is reached by (loopback names, IP addresses, `producer.allowed_hosts`): any other
+/// `Host` is refused with 421 before any route, naming the key that allows it. A request a
+/// browser marks as sent from another site (`Sec-Fetch-Site`) without an allowed `Origin` is
+/// refused too (403), unless it is a navigation (a link to the console).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_for_a_name_that_is_not_the_servers_is_refused() {
+    let harness = Harness::start_with(
+        Faults::none(),
+        |edit| edit,
+        |config| config.producer.console = Some(true),
+    )
+    .await;
+    let base = harness.agent.base().to_owned();
+    let port = base.rsplit(':').next().expect("a port").to_owned();
+    harness
+        .agent
+        .submit_created(&effect("r-secret", 1, "email/send", 0, email_args("hi")))
+        .await;
+    let rebound = format!("rebind.example:{port}");
+    let rebound_origin = format!("http://{rebound}");
+
+    // What the attacker's page asks: reads (no Origin on a same-origin GET), a submission
+    // (with its own origin), the console, the metrics, a long poll.
+    for (method, path, headers) in [
+        ("GET", "/v1/runs", vec![("host", rebound.as_str())]),
+        (
+            "GET",
+            "/v1/runs/r-secret/effects",
+            vec![("host", rebound.as_str())],
+        ),
+        (
+            "GET",
+            "/v1/runs/r-secret/effects/d-1%2Femail%2Fsend%2F0?wait=5s",
+            vec![("host", rebound.as_str())],
+        ),
+        ("GET", "/metrics", vec![("host", rebound.as_str())]),
+        ("GET", "/ui/", vec![("host", rebound.as_str())]),
+        ("GET", "/healthz", vec![("host", "REBIND.example")]),
+        (
+            "POST",
+            "/v1/effects",
+            vec![
+                ("host", rebound.as_str()),
+                ("origin", rebound_origin.as_str()),
+                ("content-type", "application/json"),
+            ],
+        ),
+    ] {
+        let body = (method == "POST")
+            .then(|| effect("r-rebound", 1, "email/send", 0, email_args("x")).to_string());
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
+        let (status, _, answer) = raw(&base, method, path, &headers, body.as_deref()).await;
+        assert_eq!(
+            status,
+            StatusCode::MISDIRECTED_REQUEST,
+            "{path} {headers:?}: {answer}"
+        );
+        assert_eq!(
+            answer["error"]["code"],
+            json!("host_not_allowed"),
+            "{answer}"
+        );
+        assert_eq!(answer["error"]["details"]["refused"], json!("host"));
+        assert_eq!(
+            answer["error"]["details"]["config_key"],
+            json!("producer.allowed_hosts")
+        );
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.to_ascii_lowercase().contains("rebind.example")
+                && message.contains("producer.allowed_hosts"),
+            "the refusal says what was refused and what allows it: {message}"
+        );
+    }
+    assert!(
+        harness.agent.commands("r-rebound", None).await.is_empty(),
+        "nothing recorded"
+    );
+
+    // The names the producer is reached by: loopback names and IP addresses, with or without
+    // a port (a port forward or a proxy changes it).
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        "LocalHost".to_owned(),
+        format!("[::1]:{port}"),
+        "10.1.2.3:8700".to_owned(),
+        "[fd00::17]".to_owned(),
+    ] {
+        let (status, answer) = browser_get(&base, "/v1/runs", &[("host", &host)]).await;
+        assert_eq!(status, StatusCode::OK, "{host}: {answer}");
+    }
+
+    // A page of another site that loads an API URL as an image or a script (no Origin on a
+    // no-cors GET) is refused; a link followed to the console is a navigation and served.
+    let (status, answer) = browser_get(
+        &base,
+        "/v1/runs/r-secret/effects/d-1%2Femail%2Fsend%2F0?wait=20s",
+        &[
+            ("sec-fetch-site", "cross-site"),
+            ("sec-fetch-mode", "no-cors"),
+            ("sec-fetch-dest", "image"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    assert_eq!(answer["error"]["code"], json!("cross_site"), "{answer}");
+    assert_eq!(
+        answer["error"]["details"]["refused"],
+        json!("sec-fetch-site")
+    );
+    assert_eq!(
+        answer["error"]["details"]["config_key"],
+        json!("producer.allowed_origins")
+    );
+    for (site, mode, dest) in [
+        ("cross-site", "navigate", "document"),
+        ("same-origin", "cors", "empty"),
+        ("none", "navigate", "document"),
+    ] {
+        let (status, _) = browser_get(
+            &base,
+            "/ui/",
+            &[
+                ("sec-fetch-site", site),
+                ("sec-fetch-mode", mode),
+                ("sec-fetch-dest", dest),
+            ],
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{site} {mode} {dest}");
+    }
+    harness.stop().await;
+
+    // With tokens too: a rebound page has no token, but /metrics and the console need none.
+    // A deployment reached by a name lists it: that name is served (any port, or the one
+    // given), its own origin too, and nothing that merely ends or starts like it.
+    let harness = Harness::start_with(
+        Faults::none(),
+        |edit| edit,
+        |config| {
+            tokens::install(config);
+            config.producer.console = Some(true);
+            config.producer.allowed_hosts =
+                vec!["sluice-producer".into(), "ops.example.com:8443".into()];
+        },
+    )
+    .await;
+    let base = harness.agent.base().to_owned();
+    let port = base.rsplit(':').next().expect("a port").to_owned();
+    let rebound = format!("rebind.example:{port}");
+    let rebound_origin = format!("http://{rebound}");
+    for path in ["/metrics", "/ui/js/api.js"] {
+        let (status, answer) = browser_get(
+            &base,
+            path,
+            &[("host", &rebound), ("origin", &rebound_origin)],
+        )
+        .await;
+        assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{path}: {answer}");
+    }
+    let admin = format!("Bearer {}", tokens::ADMIN);
+    for host in [
+        "sluice-producer:8700",
+        "sluice-producer",
+        "SLUICE-PRODUCER:80",
+        "ops.example.com:8443",
+    ] {
+        let own = format!("http://{host}");
+        let (status, answer) = browser_get(
+            &base,
+            "/v1/runs",
+            &[("host", host), ("origin", &own), ("authorization", &admin)],
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{host}: {answer}");
+    }
+    for host in [
+        "sluice-producer.rebind.example",
+        "rebind-sluice-producer:8700",
+        "ops.example.com",
+        "ops.example.com:8700",
+    ] {
+        let (status, answer) = browser_get(&base, "/metrics", &[("host", host)]).await;
+        assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{host}: {answer}");
+    }
+    harness.stop().await;
+
+    // An entry that is not a host name stops the producer at start, naming it.
+    let upstream = start_upstream(Faults::none()).await;
+    let data = tempfile::tempdir().expect("a temporary directory");
+    let mut config = test_config(data.path());
+    config.producer.allowed_hosts = vec!["https://sluice.example.com".into()];
+    let err = config.validate().expect_err("a URL is not a host name");
+    assert!(
+        err.to_string().contains("producer.allowed_hosts[0]"),
+        "{err}"
+    );
+    let pipeline =
+        start_pipeline(&config, sluice_tests::example_catalog(&upstream.base_url())).await;
+    let stopped = tokio::time::timeout(DEADLINE, pipeline.wait())
+        .await
+        .expect("the pipeline stops by itself");
+    let refused = stopped.expect_err("the producer refused to start");
+    assert!(refused.contains("producer.allowed_hosts[0]"), "{refused}");
+    upstream.shutdown().await;
+}
+
+/// The names the shipped deployments reach the API by are answered: `k8s/producer.yaml`'s
+/// `SLUICE_PRODUCER__ALLOWED_HOSTS` (the Service's names, qualified by the namespace the pod
+/// reads from the downward API) loaded with `k8s/config/sluice.toml`, and `deploy/compose.yaml`'s
+/// for its network. Probes and Prometheus come by the pod's IP, the host's curl by localhost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deployments_names_are_answered() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |path: &str| std::fs::read_to_string(root.join(path)).expect(path);
+    let producer: Vec<serde_yaml::Value> =
+        serde_yaml::Deserializer::from_str(&read("k8s/producer.yaml"))
+            .map(|doc| serde::Deserialize::deserialize(doc).expect("YAML"))
+            .collect();
+    let env = producer
+        .iter()
+        .find(|doc| doc["kind"] == "Deployment")
+        .and_then(|doc| doc["spec"]["template"]["spec"]["containers"][0]["env"].as_sequence())
+        .expect("the producer's environment");
+    let k8s_hosts = env
+        .iter()
+        .find(|e| e["name"] == "SLUICE_PRODUCER__ALLOWED_HOSTS")
+        .and_then(|e| e["value"].as_str())
+        .expect("SLUICE_PRODUCER__ALLOWED_HOSTS")
+        .replace("$(POD_NAMESPACE)", "payments");
+    let tokens = "[{ name = \"ops\", role = \"admin\", token = \"admin-token-0123456789\" }]";
+    let k8s = sluice_runtime::Config::load(
+        Some(&root.join("k8s/config/sluice.toml")),
+        [
+            ("SLUICE_PRODUCER__ALLOWED_HOSTS".to_owned(), k8s_hosts),
+            ("SLUICE_AUTH__TOKENS".to_owned(), tokens.to_owned()),
+        ],
+    )
+    .expect("the Kubernetes configuration with the producer's environment");
+    let compose: serde_yaml::Value =
+        serde_yaml::from_str(&read("deploy/compose.yaml")).expect("YAML");
+    let compose_hosts: Vec<String> = toml::from_str::<toml::Table>(&format!(
+        "v = {}",
+        compose["services"]["producer"]["environment"]["SLUICE_PRODUCER__ALLOWED_HOSTS"]
+            .as_str()
+            .expect("SLUICE_PRODUCER__ALLOWED_HOSTS")
+    ))
+    .expect("a TOML array")["v"]
+        .as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+
+    for (hosts, served, refused) in [
+        (
+            k8s.producer.allowed_hosts.clone(),
+            vec![
+                "sluice-producer:8700",
+                "sluice-producer.payments:8700",
+                "sluice-producer.payments.svc:8700",
+                "sluice-producer.payments.svc.cluster.local:8700",
+                "10.244.1.7:8700",
+            ],
+            vec!["sluice-producer.other:8700", "sluice.example.com"],
+        ),
+        (
+            compose_hosts,
+            vec!["producer:8700", "localhost:8700", "172.18.0.5:8700"],
+            vec!["sluice-producer:8700"],
+        ),
+    ] {
+        let harness = Harness::start_with(
+            Faults::none(),
+            |edit| edit,
+            |config| {
+                tokens::install(config);
+                config.producer.allowed_hosts = hosts.clone();
+            },
+        )
+        .await;
+        let base = harness.agent.base().to_owned();
+        let admin = format!("Bearer {}", tokens::ADMIN);
+        for host in &served {
+            for path in ["/readyz", "/metrics", "/v1/runs"] {
+                let (status, answer) =
+                    browser_get(&base, path, &[("host", host), ("authorization", &admin)]).await;
+                assert_eq!(
+                    status,
+                    StatusCode::OK,
+                    "{host}{path} with {hosts:?}: {answer}"
+                );
+            }
+        }
+        for host in &refused {
+            let (status, answer) = browser_get(&base, "/readyz", &[("host", host)]).await;
+            assert_eq!(
+                status,
+                StatusCode::MISDIRECTED_REQUEST,
+                "{host} with {hosts:?}: {answer}"
+            );
+        }
+        harness.stop().await;
+    }
 }

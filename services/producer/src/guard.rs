@@ -1,11 +1,16 @@
-//! What every request passes before its route: a browser's origin, the media type of a body,
-//! and the time the answer took.
+//! What every request passes before its route: the name it was sent to and a browser's
+//! origin, the media type of a body, and the time the answer took.
 //!
-//! * A request carrying `Origin` is a browser's. It is served when the origin is the producer's
-//!   own (the console at `/ui` calls the API with `fetch` from there) or is listed in
-//!   `producer.allowed_origins`; any other is refused with 403 `cross_origin` before its route
-//!   runs, so a page the operator happens to visit cannot submit, approve, roll back or purge
-//!   — not even in open mode, where the API has no token to ask for. A listed origin gets the
+//! * Where a browser could have sent it from (`sluice_core::browser`, which has the rules and
+//!   why): a `Host` that is not a name of this server — `localhost`, an IP address, or one of
+//!   `producer.allowed_hosts` — is refused with 421 `host_not_allowed` (DNS rebinding); an
+//!   `Origin` that is neither the producer's own (the console at `/ui` calls the API with
+//!   `fetch` from there) nor listed in `producer.allowed_origins` with 403 `cross_origin`; a
+//!   request another site's page made the browser send without an `Origin`, other than a
+//!   navigation, with 403 `cross_site`. Each before its route runs, so a page the operator
+//!   happens to visit cannot submit, approve, roll back, purge or read — not even in open mode,
+//!   where the API has no token to ask for. The answer's `details` say what was refused
+//!   (`refused`, `value`) and the key that allows it (`config_key`). A listed origin gets the
 //!   CORS headers that let its page read the answers, and its preflights are answered.
 //! * A request with a body must say `Content-Type: application/json` (415
 //!   `unsupported_media_type` otherwise): a cross-site form can send only `text/plain`,
@@ -19,72 +24,57 @@
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use sluice_core::browser::{self, Refusal, Verdict};
 
 use crate::{Api, ApiError};
 
 /// The request headers a listed origin's page may send.
 const ALLOW_HEADERS: &str = "authorization, content-type, prefer, traceparent, tracestate";
 /// The answer headers a listed origin's page may read.
-const EXPOSE_HEADERS: &str = "location, retry-after, preference-applied";
+const EXPOSE_HEADERS: &str = "location, retry-after, preference-applied, sluice-existing";
 
-/// Whose the request's origin is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Origin<'a> {
-    /// No `Origin`: not a browser's cross-origin request (curl, an SDK, a same-origin GET).
-    None,
-    /// The producer's own origin.
-    Same,
-    /// One of `producer.allowed_origins`.
-    Allowed(&'a str),
-    Refused,
+/// A header's value as the rules read it: `None` when absent, and a value that is not text as
+/// text that matches nothing.
+fn text<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
+    headers
+        .get(name)
+        .map(|value| value.to_str().unwrap_or("\u{FFFD}"))
 }
 
-/// `open`: the API is served without tokens, where the server's own origin counts only under a
-/// loopback name (`localhost`, an IP literal): a page on a name the attacker controls, made to
-/// resolve to 127.0.0.1 (DNS rebinding), would otherwise pass as the server's own.
-fn origin_of<'a>(headers: &'a HeaderMap, allowed: &[String], open: bool) -> Origin<'a> {
-    let Some(origin) = headers.get(header::ORIGIN) else {
-        return Origin::None;
-    };
-    let Ok(origin) = origin.to_str() else {
-        return Origin::Refused;
-    };
-    // The console's own origin: the authority the browser reached this server at. (Any scheme:
-    // behind a proxy that ends TLS the page is https and the request reaches us as http.)
-    let authority = origin
-        .strip_prefix("http://")
-        .or_else(|| origin.strip_prefix("https://"));
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
-    if let (Some(authority), Some(host)) = (authority, host)
-        && !authority.is_empty()
-        && authority.eq_ignore_ascii_case(host)
-        && (!open || is_loopback_name(host))
-    {
-        return Origin::Same;
+/// What the request says about where it comes from.
+fn seen<'a>(method: &'a Method, headers: &'a HeaderMap) -> browser::Request<'a> {
+    const SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
+    const MODE: HeaderName = HeaderName::from_static("sec-fetch-mode");
+    const DEST: HeaderName = HeaderName::from_static("sec-fetch-dest");
+    browser::Request {
+        method: method.as_str(),
+        host: text(headers, &header::HOST),
+        origin: text(headers, &header::ORIGIN),
+        fetch_site: text(headers, &SITE),
+        fetch_mode: text(headers, &MODE),
+        fetch_dest: text(headers, &DEST),
     }
-    if allowed.iter().any(|listed| listed == origin) {
-        return Origin::Allowed(origin);
-    }
-    // `Origin: null` (a sandboxed frame, a file) and every other site.
-    Origin::Refused
 }
 
-/// `localhost` or an IP literal, with or without a port.
-fn is_loopback_name(host: &str) -> bool {
-    let name = match host.rsplit_once(':') {
-        Some((name, port)) if !name.ends_with(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
-            name
-        }
-        _ => host,
+/// The answer to a refused request: 421 for a name that is not this server's, 403 otherwise.
+fn refused(refusal: &Refusal<'_>) -> Response {
+    let (status, code) = match refusal {
+        Refusal::Host(_) => (StatusCode::MISDIRECTED_REQUEST, "host_not_allowed"),
+        Refusal::Origin(_) => (StatusCode::FORBIDDEN, "cross_origin"),
+        Refusal::Site(_) => (StatusCode::FORBIDDEN, "cross_site"),
     };
-    let name = name.trim_start_matches('[').trim_end_matches(']');
-    name.eq_ignore_ascii_case("localhost")
-        || name
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    let value: String = refusal.value().chars().take(100).collect();
+    ApiError::new(status, code, refusal.explain())
+        .with_details(json!({
+            "refused": refusal.refused(),
+            "value": value,
+            "config_key": refusal.config_key(),
+        }))
+        .into_response()
 }
 
 /// Whether the request has a body: a length above zero, or a chunked one.
@@ -127,20 +117,10 @@ pub(crate) async fn guard(State(api): State<Api>, request: Request, next: Next) 
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
-    let origin = origin_of(
-        request.headers(),
-        &api.config.allowed_origins,
-        api.auth.is_open(),
-    );
-    let answer = match origin {
-        Origin::Refused => ApiError::new(
-            StatusCode::FORBIDDEN,
-            "cross_origin",
-            "a browser request from another origin; the producer serves its own origin and \
-             those in producer.allowed_origins",
-        )
-        .into_response(),
-        Origin::Allowed(origin) if method == Method::OPTIONS => {
+    let verdict = api.browser.judge(&seen(&method, request.headers()));
+    let answer = match verdict {
+        Verdict::Refuse(refusal) => refused(&refusal),
+        Verdict::Cors(origin) if method == Method::OPTIONS => {
             // A preflight of a listed origin's page.
             let mut response = StatusCode::NO_CONTENT.into_response();
             cors(&mut response, origin);
@@ -166,8 +146,8 @@ pub(crate) async fn guard(State(api): State<Api>, request: Request, next: Next) 
         )
         .into_response(),
         _ => {
-            let allowed = match origin {
-                Origin::Allowed(origin) => Some(origin.to_owned()),
+            let allowed = match verdict {
+                Verdict::Cors(origin) => Some(origin.to_owned()),
                 _ => None,
             };
             let mut response = next.run(request).await;
@@ -199,51 +179,6 @@ mod tests {
                 )
             })
             .collect()
-    }
-
-    #[test]
-    fn origins_are_the_servers_own_or_listed() {
-        let listed = vec!["https://console.example.com".to_owned()];
-        let host = (header::HOST, "127.0.0.1:8700");
-        assert_eq!(
-            origin_of(&headers(std::slice::from_ref(&host)), &listed, false),
-            Origin::None
-        );
-        for own in ["http://127.0.0.1:8700", "https://127.0.0.1:8700"] {
-            let with = headers(&[host.clone(), (header::ORIGIN, own)]);
-            assert_eq!(origin_of(&with, &listed, true), Origin::Same, "{own}");
-        }
-        // A name that resolves to loopback by the attacker's DNS: the server's own with
-        // tokens (a page there has none), refused in open mode.
-        let rebound = headers(&[
-            (header::HOST, "rebind.example:8700"),
-            (header::ORIGIN, "http://rebind.example:8700"),
-        ]);
-        assert_eq!(origin_of(&rebound, &listed, false), Origin::Same);
-        assert_eq!(origin_of(&rebound, &listed, true), Origin::Refused);
-        let local = headers(&[
-            (header::HOST, "localhost:8700"),
-            (header::ORIGIN, "http://localhost:8700"),
-        ]);
-        assert_eq!(origin_of(&local, &listed, true), Origin::Same);
-        let listed_one = headers(&[
-            host.clone(),
-            (header::ORIGIN, "https://console.example.com"),
-        ]);
-        assert_eq!(
-            origin_of(&listed_one, &listed, true),
-            Origin::Allowed("https://console.example.com")
-        );
-        for other in [
-            "https://evil.example",
-            "null",
-            "http://127.0.0.1:8701",
-            "http://",
-            "https://console.example.com.evil.example",
-        ] {
-            let with = headers(&[host.clone(), (header::ORIGIN, other)]);
-            assert_eq!(origin_of(&with, &listed, false), Origin::Refused, "{other}");
-        }
     }
 
     #[test]

@@ -11,8 +11,9 @@
 //! If publishing the dispatch request fails afterwards, the command still is PENDING with a due
 //! time, and the reconciler's sweep republishes it.
 //!
-//! Every request first passes [`guard`]: a browser's request from another origin is refused,
-//! a body must be JSON, and the answer's time is observed. Every route under `/v1` checks its
+//! Every request first passes [`guard`]: a request for a name that is not this server's, or a
+//! browser's request from another origin or site, is refused (`sluice_core::browser`), a body
+//! must be JSON, and the answer's time is observed. Every route under `/v1` checks its
 //! caller's bearer token and role ([`auth`]); operator
 //! actions (approve, reject, cancel, replay, resolve, rollback, purge) and the audit routes live
 //! in [`operator`]. The OpenAPI document `schemas/openapi.yaml` describes every route.
@@ -77,6 +78,8 @@ pub struct Api {
     ctx: Context,
     config: Arc<ProducerConfig>,
     auth: Arc<Authenticator>,
+    /// The names the API answers to and the origins whose pages may call it, besides its own.
+    browser: Arc<sluice_core::browser::Allowed>,
     /// The commands long polls and `Prefer: wait` submissions wait for.
     waiters: Arc<wait::Waiters>,
     /// Runs an agent was found to own here, so its next submissions skip the ownership check.
@@ -96,9 +99,11 @@ const RUN_STRIPES: usize = 4_096;
 const MAX_OWNED: usize = 65_536;
 
 impl Api {
-    /// The API of `config` (its `[producer]` and `[auth]` sections) over `ctx`.
-    pub fn new(ctx: Context, config: &Config) -> Self {
-        Self {
+    /// The API of `config` (its `[producer]` and `[auth]` sections) over `ctx`; refused when
+    /// an entry of `producer.allowed_hosts` or `allowed_origins` is not valid (naming it).
+    pub fn new(ctx: Context, config: &Config) -> Result<Self, sluice_core::browser::EntryError> {
+        Ok(Self {
+            browser: Arc::new(config.producer.browser_rules()?),
             ctx,
             config: Arc::new(config.producer.clone()),
             auth: Arc::new(Authenticator::from_config(&config.auth)),
@@ -108,7 +113,7 @@ impl Api {
             run_turns: (0..RUN_STRIPES)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
-        }
+        })
     }
 
     /// Waits for `run_id`'s turn (see [`Api::run_turns`]).
@@ -439,7 +444,13 @@ pub async fn serve(
         shutdown.cancel();
         return Err(std::io::Error::other(refused));
     }
-    let api = Api::new(ctx, config);
+    let api = match Api::new(ctx, config) {
+        Ok(api) => api,
+        Err(e) => {
+            shutdown.cancel();
+            return Err(std::io::Error::other(format!("configuration key {e}")));
+        }
+    };
     if api.auth.is_open() {
         tracing::warn!(
             "producer.open: the API has no tokens and is open to anyone who can reach this \

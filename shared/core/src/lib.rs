@@ -8,6 +8,7 @@
 //! * [`load`] — bounds on the work per effect when the ledger or the bus falls behind.
 //! * [`policy`] — deterministic policy checks against a command's stored arguments.
 //! * [`audit`] — the per-run audit hash chain and its verification.
+//! * [`browser`] — which requests the API serves, judged by what a browser could have made of them.
 //! * [`retention`] — which runs a purge may remove, and what keeps the others.
 //! * [`sweep`] — due-index shards and the plan by which reconcilers split them.
 //! * [`time`] — millisecond timestamps and the `Clock` port.
@@ -15,6 +16,7 @@
 //! * [`secret`] — [`Secret`], a configuration value that is never shown.
 
 pub mod audit;
+pub mod browser;
 pub mod canonical;
 pub mod catalog;
 pub mod command;

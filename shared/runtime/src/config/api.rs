@@ -52,6 +52,13 @@ pub struct ProducerConfig {
     /// A request whose `Origin` is neither one of these nor the producer's own (its `Host`) is
     /// refused with 403: a web page the operator visits cannot drive the API.
     pub allowed_origins: Vec<String>,
+    /// Host names (`sluice.example.com`, or `name:port` for that port only) the API answers to
+    /// besides `localhost` and IP addresses, which it always does. A request whose `Host` is
+    /// none of these is refused with 421 before any route: a page at a name its author made
+    /// resolve to this address (DNS rebinding) cannot read the API. Empty by default; a
+    /// deployment reached by a name (a Kubernetes Service, an ingress) lists it
+    /// (`sluice_core::browser`).
+    pub allowed_hosts: Vec<String>,
     /// Most long polls (`GET …?wait=`, `Prefer: wait`) held at once in all; past it 503
     /// `too_many_waits` with `Retry-After`.
     pub max_waits: usize,
@@ -108,6 +115,7 @@ impl Default for ProducerConfig {
             max_event_streams: 64,
             open: false,
             allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
             max_waits: 4_096,
             max_waits_per_principal: 256,
             tls: None,
@@ -140,10 +148,8 @@ impl ProducerConfig {
                 "an open API takes no tokens, and [[auth.tokens]] names some: leave one out".into(),
             );
         }
-        for (i, origin) in self.allowed_origins.iter().enumerate() {
-            if let Err(why) = check_origin(origin) {
-                return invalid(&format!("producer.allowed_origins[{i}]"), why);
-            }
+        if let Err(entry) = self.browser_rules() {
+            return invalid(&format!("{}[{}]", entry.key, entry.index), entry.why);
         }
         if self.max_waits == 0 || self.max_waits_per_principal == 0 {
             let key = if self.max_waits == 0 {
@@ -172,6 +178,14 @@ impl ProducerConfig {
         Ok(())
     }
 
+    /// The hosts and origins the API allows (`producer.allowed_hosts`, `allowed_origins`);
+    /// the first entry that is not valid is named.
+    pub fn browser_rules(
+        &self,
+    ) -> Result<sluice_core::browser::Allowed, sluice_core::browser::EntryError> {
+        sluice_core::browser::Allowed::new(&self.allowed_hosts, &self.allowed_origins)
+    }
+
     /// Whether the producer may serve with `auth`: tokens, or an explicit `producer.open`.
     /// Checked when the producer starts rather than at load, so `sluice dev` can add the
     /// admin token it generates to a configuration that names none.
@@ -187,28 +201,6 @@ impl ProducerConfig {
         }
         Ok(())
     }
-}
-
-/// An allowed origin is `http(s)://host[:port]`, lower case, nothing after: browsers send
-/// exactly that in `Origin`, and the comparison is of the whole text.
-fn check_origin(origin: &str) -> Result<(), String> {
-    let rest = origin
-        .strip_prefix("https://")
-        .or_else(|| origin.strip_prefix("http://"))
-        .ok_or("must start with http:// or https://")?;
-    let host_ok = !rest.is_empty()
-        && rest.bytes().all(|b| {
-            b.is_ascii_lowercase()
-                || b.is_ascii_digit()
-                || matches!(b, b'.' | b'-' | b':' | b'[' | b']')
-        });
-    if !host_ok {
-        return Err(format!(
-            "{origin:?} must be scheme://host[:port] in lower case, with no path, as a browser \
-             sends it in Origin"
-        ));
-    }
-    Ok(())
 }
 
 /// Who may call the API: bearer tokens, each with a role and a name.
@@ -432,6 +424,24 @@ mod tests {
             let err = load(&[("SLUICE_PRODUCER__ALLOWED_ORIGINS", bad)]).expect_err(bad);
             assert!(
                 err.to_string().contains("producer.allowed_origins[0]"),
+                "{bad}: {err}"
+            );
+        }
+        let ok = load(&[(
+            "SLUICE_PRODUCER__ALLOWED_HOSTS",
+            "[\"sluice-producer\", \"sluice.example.com:443\"]",
+        )])
+        .expect("host names as clients send them");
+        assert_eq!(ok.producer.allowed_hosts.len(), 2);
+        for bad in [
+            "[\"https://sluice.example.com\"]",
+            "[\"*\"]",
+            "[\"sluice.example.com/api\"]",
+            "[\"sluice.example.com:http\"]",
+        ] {
+            let err = load(&[("SLUICE_PRODUCER__ALLOWED_HOSTS", bad)]).expect_err(bad);
+            assert!(
+                err.to_string().contains("producer.allowed_hosts[0]"),
                 "{bad}: {err}"
             );
         }
