@@ -41,6 +41,20 @@ enum Command {
     Demo(sluice::demo::DemoArgs),
     /// Measure effects per second from submission to CONFIRMED, and their latency.
     Bench(sluice::bench::BenchArgs),
+    /// Serve the demo upstream (a small bank, mail, ticket and search service on loopback that
+    /// the example catalog calls) until Ctrl-C; `--faults demo` makes it misbehave on purpose,
+    /// as `sluice demo` does. Point the example catalog elsewhere with SLUICE_UPSTREAM_URL.
+    Upstream {
+        #[arg(long, default_value = "127.0.0.1:8787")]
+        listen: std::net::SocketAddr,
+        /// `none`, or `demo`: every fault at 5 % (commit then time out, drop the response,
+        /// 5xx, commit then 5xx, book a wire twice, status checks answered 503).
+        #[arg(long, value_enum, default_value = "none")]
+        faults: UpstreamFaults,
+        /// Seed of the fault draws (the same seed and requests give the same faults).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Serve the demo upstream without faults until a signal: the upstream process of `sluice
     /// bench --mode agents`, which prints its URL on the first line of stdout.
     #[command(hide = true)]
@@ -137,6 +151,20 @@ async fn run() -> anyhow::Result<ExitCode> {
             let outcome = sluice::bench::run(args, sluice_runtime::shutdown_on_signals()).await;
             return Ok(exit_code(outcome));
         }
+        Command::Upstream {
+            listen,
+            faults,
+            seed,
+        } => {
+            let faults = match faults {
+                UpstreamFaults::None => sluice_upstream::Faults::none(),
+                UpstreamFaults::Demo => sluice_upstream::Faults::demo(),
+            };
+            let upstream = sluice_upstream::Upstream::start(listen, faults, seed).await?;
+            println!("demo upstream listening on {}", upstream.base_url());
+            sluice_runtime::shutdown_on_signals().cancelled().await;
+            upstream.shutdown().await;
+        }
         Command::BenchUpstream { listen } => {
             let upstream =
                 sluice_upstream::Upstream::start(listen, sluice_upstream::Faults::none(), 0)
@@ -182,6 +210,13 @@ async fn run() -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The demo upstream's fault presets.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum UpstreamFaults {
+    None,
+    Demo,
 }
 
 /// Prints a failed demo or bench as one message with its causes (no backtrace: the failure is
