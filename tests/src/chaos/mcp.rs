@@ -63,11 +63,14 @@ pub struct McpServer {
     /// `http://127.0.0.1:<port>/mcp`.
     pub url: String,
     pub log: PathBuf,
+    /// How it answered a request without a token, when not with 401: over HTTP it must lend
+    /// no token of its own (a finding, reported as unexpected).
+    pub lends_a_token: Option<String>,
 }
 
 impl McpServer {
     /// Starts `bin mcp --transport http` in front of the API at `api_url` and waits until it
-    /// answers (a request without a token is refused with 401 once it listens).
+    /// answers; a request without a token must be refused with 401.
     pub async fn start(bin: &Path, api_url: &str, dir: &Path) -> Result<Self, ChaosError> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -104,10 +107,11 @@ impl McpServer {
                 what: format!("start {} mcp", bin.display()),
                 source,
             })?;
-        let server = Self {
+        let mut server = Self {
             child: Some(child),
             url: format!("http://127.0.0.1:{port}/mcp"),
             log,
+            lends_a_token: None,
         };
         let http = Client::new();
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -118,13 +122,22 @@ impl McpServer {
                 .json(&json!({"jsonrpc": "2.0", "id": 0, "method": "ping"}))
                 .send()
                 .await;
-            if matches!(&answer, Ok(r) if r.status() == StatusCode::UNAUTHORIZED) {
-                return Ok(server);
-            }
+            let error = match answer {
+                Ok(answer) => {
+                    if answer.status() != StatusCode::UNAUTHORIZED {
+                        server.lends_a_token = Some(format!(
+                            "sluice mcp --transport http answered a request without a token with HTTP {} instead of 401",
+                            answer.status()
+                        ));
+                    }
+                    return Ok(server);
+                }
+                Err(error) => error,
+            };
             if Instant::now() >= deadline {
                 let text = std::fs::read_to_string(&server.log).unwrap_or_default();
                 return Err(ChaosError::NotReady(format!(
-                    "sluice mcp did not listen on {} within 30 s (last: {answer:?}); its log:\n{}",
+                    "sluice mcp did not listen on {} within 30 s (last: {error}); its log:\n{}",
                     server.url,
                     super::crashes::tail(&text, 40)
                 )));

@@ -391,13 +391,14 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
         None => mcp::Told::default(),
     };
     driven.accepted.extend(mcp::McpCall::accepted(&told.calls));
-    if let Some(server) = mcp_server.as_mut()
-        && !server.alive()
-    {
-        driven.unexpected.push(format!(
-            "sluice mcp exited during the run (see {})",
-            server.log.display()
-        ));
+    if let Some(server) = mcp_server.as_mut() {
+        if !server.alive() {
+            driven.unexpected.push(format!(
+                "sluice mcp exited during the run (see {})",
+                server.log.display()
+            ));
+        }
+        driven.unexpected.extend(server.lends_a_token.clone());
     }
     let workload_done = started.elapsed();
     progress!(
