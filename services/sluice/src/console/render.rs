@@ -1,0 +1,283 @@
+//! How the console's commands show the server's answers: tables of effects, audit records and
+//! rollback progress, a command's detail, and the purge report.
+
+use super::*;
+
+pub(super) fn text(value: &Value) -> String {
+    match value {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+pub(super) fn table(header: &[&str]) -> Table {
+    let mut table = Table::new();
+    table
+        .load_preset(presets::UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(header.iter().copied());
+    table
+}
+
+pub(super) fn effects_table(effects: &[Value]) -> String {
+    let mut t = table(&[
+        "RUN",
+        "COMMAND",
+        "STATUS",
+        "ATTEMPTS",
+        "DUE",
+        "REF / ERROR",
+        "BY",
+    ]);
+    for e in effects {
+        let detail = if e["external_ref"].is_null() {
+            text(&e["last_error"])
+        } else {
+            text(&e["external_ref"])
+        };
+        let status = if e["escalated"].as_bool() == Some(true) {
+            format!("{} (!)", text(&e["status"]))
+        } else {
+            text(&e["status"])
+        };
+        t.add_row(vec![
+            text(&e["run_id"]),
+            text(&e["command_key"]),
+            status,
+            text(&e["attempts"]),
+            text(&e["due_at"]),
+            detail,
+            text(&e["submitted_by"]),
+        ]);
+    }
+    format!("{t}\n{} effect(s)", effects.len())
+}
+
+pub(super) fn command_view(c: &Value) -> String {
+    let mut t = table(&["FIELD", "VALUE"]);
+    for field in [
+        "run_id",
+        "command_key",
+        "idempotency_key",
+        "tool",
+        "semantics",
+        "status",
+        "attempts",
+        "replays",
+        "due_at",
+        "not_before",
+        "external_ref",
+        "last_error",
+        "escalated",
+        "business_key",
+        "policy_version",
+        "submitted_by",
+        "created_at",
+        "updated_at",
+        "approval",
+        "compensation",
+        "args",
+        "result",
+    ] {
+        if !c[field].is_null() {
+            t.add_row(vec![field.to_owned(), text(&c[field])]);
+        }
+    }
+    t.to_string()
+}
+
+pub(super) fn audit_table(trail: &Value) -> String {
+    let mut t = table(&["SEQ", "AT", "COMMAND", "FROM", "TO", "ACTOR", "REASON"]);
+    let entries = trail["entries"].as_array().cloned().unwrap_or_default();
+    for e in &entries {
+        t.add_row(vec![
+            text(&e["seq"]),
+            text(&e["at"]),
+            text(&e["command_key"]),
+            text(&e["from"]),
+            text(&e["to"]),
+            text(&e["actor"]),
+            text(&e["reason"]),
+        ]);
+    }
+    let mut out = String::new();
+    if let Some(cp) = trail["checkpoint"].as_object() {
+        out.push_str(&format!(
+            "checkpoint: {} records purged at {}, last hash {}\n",
+            text(&cp["count"].clone()),
+            text(&cp["purged_at"].clone()),
+            text(&cp["last_hash"].clone())
+        ));
+    }
+    out.push_str(&format!("{t}\n{} record(s)", entries.len()));
+    out
+}
+
+pub(super) fn progress_table(progress: &Value) -> String {
+    let mut t = table(&["COMMAND", "TOOL", "STATUS", "STARTED", "ENDED", "DETAIL"]);
+    for c in progress["commands"].as_array().cloned().unwrap_or_default() {
+        let comp = &c["compensation"];
+        t.add_row(vec![
+            text(&c["command_key"]),
+            text(&c["tool"]),
+            text(&c["status"]),
+            text(&comp["started_at"]),
+            text(&comp["ended_at"]),
+            if comp["detail"].is_null() {
+                text(&comp["reference"])
+            } else {
+                text(&comp["detail"])
+            },
+        ]);
+    }
+    let done = if progress["done"].as_bool() == Some(true) {
+        "rollback finished"
+    } else {
+        "rollback in progress"
+    };
+    format!("{t}\n{done}")
+}
+
+pub(super) fn render(command: &ConsoleCommand, body: &Value) -> String {
+    let list = |key: &str| body[key].as_array().cloned().unwrap_or_default();
+    match command {
+        ConsoleCommand::Whoami => format!(
+            "{} ({}){}",
+            text(&body["name"]),
+            text(&body["role"]),
+            if body["authenticated"] == json!(false) {
+                ", open API without tokens"
+            } else {
+                ""
+            }
+        ),
+        ConsoleCommand::Runs { .. } => {
+            let runs = list("runs");
+            let mut t = table(&["RUN", "CREATED", "UPDATED", "OPEN"]);
+            for r in &runs {
+                t.add_row(vec![
+                    text(&r["run_id"]),
+                    text(&r["created_at"]),
+                    text(&r["updated_at"]),
+                    text(&r["open_commands"]),
+                ]);
+            }
+            format!("{t}\n{} run(s)", runs.len())
+        }
+        ConsoleCommand::Effects { .. } | ConsoleCommand::Scheduled { .. } => {
+            effects_table(&list("effects"))
+        }
+        ConsoleCommand::Show { .. } => command_view(body),
+        ConsoleCommand::Approve { .. }
+        | ConsoleCommand::Reject { .. }
+        | ConsoleCommand::Cancel { .. }
+        | ConsoleCommand::Resolve { .. }
+        | ConsoleCommand::Replay { dry_run: false, .. } => format!(
+            "{}: {} {} -> {}\n{}",
+            text(&body["action"]),
+            text(&body["command"]["command_key"]),
+            text(&body["from"]),
+            text(&body["to"]),
+            command_view(&body["command"])
+        ),
+        ConsoleCommand::Replay { dry_run: true, .. } => {
+            let mut t = table(&["CHECK", "RESULT"]);
+            t.add_row(vec!["from".into(), text(&body["from"])]);
+            t.add_row(vec![
+                "arguments valid".into(),
+                text(&body["arguments"]["valid"]),
+            ]);
+            t.add_row(vec!["policy".into(), text(&body["policy"]["decision"])]);
+            t.add_row(vec![
+                "replays (command)".into(),
+                format!(
+                    "{} of {}",
+                    text(&body["replays"]["command"]),
+                    text(&body["replays"]["command_limit"])
+                ),
+            ]);
+            t.add_row(vec![
+                "replays (run)".into(),
+                format!(
+                    "{} of {}",
+                    text(&body["replays"]["run"]),
+                    text(&body["replays"]["run_limit"])
+                ),
+            ]);
+            for p in body["problems"].as_array().cloned().unwrap_or_default() {
+                t.add_row(vec![
+                    format!("refused: {}", text(&p["code"])),
+                    text(&p["message"]),
+                ]);
+            }
+            format!(
+                "dry run: {}\n{t}\nwould happen: {}",
+                if body["allowed"] == json!(true) {
+                    "allowed"
+                } else {
+                    "refused"
+                },
+                text(&body["next"])
+            )
+        }
+        ConsoleCommand::Rollback { .. } => progress_table(&body["progress"]),
+        ConsoleCommand::Audit(AuditCommand::Show { .. }) => audit_table(body),
+        ConsoleCommand::Audit(AuditCommand::Verify { .. }) => {
+            if body["valid"] == json!(true) {
+                format!(
+                    "audit chain of {} verifies: {} record(s)",
+                    text(&body["run_id"]),
+                    text(&body["records"])
+                )
+            } else {
+                format!(
+                    "audit chain of {} is BROKEN at seq {} ({}): {}",
+                    text(&body["run_id"]),
+                    text(&body["broken"]["seq"]),
+                    text(&body["broken"]["kind"]),
+                    text(&body["message"])
+                )
+            }
+        }
+        ConsoleCommand::Purge { .. } => render_purge(&body["report"]),
+    }
+}
+
+/// What a purge removed, then the runs it kept because a command still owes work.
+pub(super) fn render_purge(report: &Value) -> String {
+    let mut out = format!(
+        "purged {} run(s): {} command(s), {} audit record(s), {} business key(s); checkpoints kept",
+        text(&report["runs"]),
+        text(&report["commands"]),
+        text(&report["audit_records"]),
+        text(&report["business_keys"])
+    );
+    let kept = report["kept"].as_array().cloned().unwrap_or_default();
+    let counted = report["kept_runs"].as_u64().unwrap_or(kept.len() as u64);
+    if counted == 0 {
+        return out;
+    }
+    out.push_str(&format!(
+        "\nkept {counted} finished run(s) that still owe work (purged once it is done):"
+    ));
+    let mut table = table(&["run", "command", "still owed"]);
+    for run in &kept {
+        let owed = match run["owed"].as_str() {
+            Some("duplicate_clean_up") => "the clean-up of a duplicate commit",
+            Some("last_look") => "a last look for a late or second commit",
+            Some("due") => "a step the sweep has yet to take",
+            _ => "work",
+        };
+        table.add_row([
+            text(&run["run_id"]),
+            text(&run["command_key"]),
+            owed.to_owned(),
+        ]);
+    }
+    out.push_str(&format!("\n{table}"));
+    if counted > kept.len() as u64 {
+        out.push_str(&format!("\n… and {} more", counted - kept.len() as u64));
+    }
+    out
+}
