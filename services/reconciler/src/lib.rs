@@ -23,7 +23,7 @@ use futures::StreamExt;
 use sluice_bus::{BusError, Delivery, Topic};
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::{self, Event, Look};
+use sluice_core::machine::{self, Event, Look, SweepWork};
 use sluice_core::sweep::ShardTimes;
 use sluice_ledger::DueItem;
 use sluice_runtime::config::ReconcilerConfig;
@@ -79,22 +79,6 @@ pub async fn run(
     consumed
 }
 
-/// Whether a command waits for a look at the world: an UNKNOWN outcome, or a settled command
-/// owing its last look (a commit to verify, or a decision on absence to check).
-fn needs_look(command: &Command) -> bool {
-    match command.status() {
-        CommandStatus::Unknown => true,
-        // Owed extra commits are the compensator's first; the last look comes after them.
-        CommandStatus::Confirmed => {
-            command.state.verify_pending && command.state.owed_duplicates.is_empty()
-        }
-        CommandStatus::Failed | CommandStatus::Cancelled | CommandStatus::Compensated => {
-            command.state.verify_pending
-        }
-        _ => false,
-    }
-}
-
 /// Resolves one UNKNOWN command (or verifies a CONFIRMED one) whose next look is due;
 /// returns it as it stands afterwards.
 #[tracing::instrument(skip(ctx), fields(run_id = %run_id, command_key = %command_key))]
@@ -106,7 +90,7 @@ pub async fn reconcile(
     let Some(command) = ctx.ledger.get(run_id, command_key).await? else {
         return Ok(None);
     };
-    if !needs_look(&command) {
+    if !machine::awaits_look(&command.state) {
         return Ok(Some(command));
     }
     if command.state.due_at.is_some_and(|at| at > ctx.clock.now()) {
@@ -121,13 +105,10 @@ pub async fn reconcile(
 /// claimer's result is written: a concurrent look (a sweep, another replica) loses its claim.
 async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, PipelineError> {
     let tool = ctx.catalog.get(&command.tool);
-    // Hold the command for two status-check timeouts, so a slow check is not repeated.
-    let hold = tool
-        .and_then(|tool| tool.status_check())
-        .map_or(5_000, |check| {
-            i64::try_from(check.timeout_ms.saturating_mul(2)).unwrap_or(i64::MAX)
-        })
-        .max(1_000);
+    let hold = machine::look_hold_ms(
+        tool.and_then(|tool| tool.status_check())
+            .map(|check| check.timeout_ms),
+    );
     sluice_faults::point!("reconciler.claim.pre");
     let Some(command) = ctx
         .claim(command, ACTOR, machine::ClaimJob::Look, hold)
@@ -156,7 +137,8 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
     sluice_faults::point!("reconciler.write.pre");
     let driven = ctx
         .drive_from(command, ACTOR, |current| {
-            (needs_look(current) && current.epoch() == claimed_epoch).then(|| event.clone())
+            (machine::awaits_look(&current.state) && current.epoch() == claimed_epoch)
+                .then(|| event.clone())
         })
         .await?;
     sluice_faults::point!("reconciler.write.post");
@@ -314,46 +296,33 @@ async fn sweep_within(ctx: &Context, item: DueItem, grace: i64, item_timeout: Du
 
 async fn sweep_item(ctx: &Context, item: &DueItem, grace: i64) -> Result<(), PipelineError> {
     let (run_id, command_key) = (&item.run_id, &item.command_key);
-    match item.status {
-        CommandStatus::Scheduled => {
-            step_due(ctx, run_id, command_key, Event::Due, Cause::Due).await
-        }
-        CommandStatus::Leased => {
-            step_due(ctx, run_id, command_key, Event::LeaseExpired, Cause::Retry).await
-        }
-        CommandStatus::Blocked => {
-            step_due(ctx, run_id, command_key, Event::ApprovalExpired, Cause::Due).await
-        }
-        CommandStatus::Pending
-        | CommandStatus::Approved
-        | CommandStatus::Unknown
-        | CommandStatus::Confirmed
-        | CommandStatus::Failed
-        | CommandStatus::Cancelled
-        | CommandStatus::Compensating
-        | CommandStatus::Compensated => republish(ctx, run_id, command_key, grace).await,
-        CommandStatus::Stuck
-        | CommandStatus::CompensationFailed
-        | CommandStatus::NoCompensation => Ok(()),
+    let Some(command) = ctx.ledger.get(run_id, command_key).await? else {
+        return Ok(());
+    };
+    if command.state.due_at.is_none_or(|at| at > ctx.clock.now()) {
+        return Ok(());
+    }
+    match machine::sweep_work(&command.state) {
+        SweepWork::Fire(event) => step_due(ctx, command, event).await,
+        SweepWork::Look => look(ctx, command).await,
+        SweepWork::Republish => republish(ctx, command, grace).await,
+        SweepWork::Leave => Ok(()),
     }
 }
 
-async fn step_due(
-    ctx: &Context,
-    run_id: &RunId,
-    command_key: &CommandKey,
-    event: Event,
-    cause: Cause,
-) -> Result<(), PipelineError> {
+/// Fires the event a due command's time brought (`SweepWork::Fire`), if it is still due.
+async fn step_due(ctx: &Context, command: Command, event: Event) -> Result<(), PipelineError> {
     let now = ctx.clock.now();
+    let cause = match event {
+        Event::Due | Event::ApprovalExpired => Cause::Due,
+        _ => Cause::Retry,
+    };
     sluice_faults::point!("reconciler.sweep_due.pre");
     let driven = ctx
-        .drive(run_id, command_key, SWEEP_ACTOR, |command| {
-            command
-                .state
-                .due_at
-                .is_some_and(|at| at <= now)
-                .then(|| event.clone())
+        .drive_from(command, SWEEP_ACTOR, |current| {
+            (current.state.due_at.is_some_and(|at| at <= now)
+                && machine::sweep_work(&current.state) == SweepWork::Fire(event.clone()))
+            .then(|| event.clone())
         })
         .await?;
     sluice_faults::point!("reconciler.sweep_due.post");
@@ -363,44 +332,34 @@ async fn step_due(
     Ok(())
 }
 
-/// Republishes the request a due command waits for (`Event::Republish`: a quiet write that
-/// moves its due time past `grace`, so the next sweeps leave it alone meanwhile, and names the
-/// request). A command waiting for a look at the world is looked at right here instead.
-async fn republish(
-    ctx: &Context,
-    run_id: &RunId,
-    command_key: &CommandKey,
-    grace: i64,
-) -> Result<(), PipelineError> {
-    let Some(command) = ctx.ledger.get(run_id, command_key).await? else {
-        return Ok(());
-    };
-    let now = ctx.clock.now();
-    if command.state.due_at.is_none_or(|at| at > now) {
-        return Ok(());
+/// Looks at a due command waiting for a look (`SweepWork::Look`). The look runs in a task of
+/// its own, so the sweep's budgets (an item's timeout, the shard leases' time left) stop the
+/// sweep waiting for it but never cut it off: the status check ends within its own timeout,
+/// and what it found — an inconclusive timeout included — is recorded and counted. Cut off
+/// instead, a lookup slower than the sweep would record nothing, so its checks would never add
+/// up to STUCK and every claim would start over. Its claim keeps the next sweeps from starting
+/// another meanwhile.
+async fn look(ctx: &Context, command: Command) -> Result<(), PipelineError> {
+    let ctx = ctx.clone();
+    let look = tokio::spawn(async move { resolve(&ctx, command).await.map(drop) });
+    match look.await {
+        Ok(result) => result,
+        Err(join) => {
+            tracing::warn!(error = %join, "a look's task ended without an answer");
+            Ok(())
+        }
     }
-    if needs_look(&command) {
-        // The look runs in a task of its own, so the sweep's budgets (an item's timeout, the
-        // shard leases' time left) stop the sweep waiting for it but never cut it off: the
-        // status check ends within its own timeout, and what it found — an inconclusive
-        // timeout included — is recorded and counted. Cut off instead, a lookup slower than
-        // the sweep would record nothing, so its checks would never add up to STUCK and every
-        // claim would start over. Its claim keeps the next sweeps from starting another
-        // meanwhile.
-        let ctx = ctx.clone();
-        let look = tokio::spawn(async move { resolve(&ctx, command).await.map(drop) });
-        return match look.await {
-            Ok(result) => result,
-            Err(join) => {
-                tracing::warn!(error = %join, "a look's task ended without an answer");
-                Ok(())
-            }
-        };
-    }
+}
+
+/// Republishes the request a due command waits for (`SweepWork::Republish`, then
+/// `Event::Republish`: a quiet write that moves its due time past `grace`, so the next sweeps
+/// leave it alone meanwhile, and names the request).
+async fn republish(ctx: &Context, command: Command, grace: i64) -> Result<(), PipelineError> {
     sluice_faults::point!("reconciler.sweep_republish.pre");
     let driven = ctx
         .drive_from(command, SWEEP_ACTOR, |current| {
-            (!needs_look(current)).then_some(Event::Republish { grace_ms: grace })
+            (machine::sweep_work(&current.state) == SweepWork::Republish)
+                .then_some(Event::Republish { grace_ms: grace })
         })
         .await?;
     sluice_faults::point!("reconciler.sweep_republish.post");

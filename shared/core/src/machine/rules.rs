@@ -226,6 +226,24 @@ impl Rules {
     }
 }
 
+/// How long a look holds its claim on a command: two of the status check's timeouts, so a
+/// sweep does not start the same slow check again while the first still runs; at least a
+/// second. Without a check (a resend with the same key, or giving the command to a person) the
+/// look is short, and five seconds cover it.
+pub fn look_hold_ms(check_timeout_ms: Option<u64>) -> i64 {
+    check_timeout_ms
+        .map_or(5_000, |timeout| {
+            i64::try_from(timeout.saturating_mul(2)).unwrap_or(i64::MAX)
+        })
+        .max(1_000)
+}
+
+/// Whether `state` waits for a look at the world ([`Action::Reconcile`]): an UNKNOWN outcome,
+/// or a settled command owing its last look once the extra commits it owes are undone.
+pub fn awaits_look(state: &CommandState) -> bool {
+    awaited(state) == Some(Action::Reconcile)
+}
+
 /// The work a command waits for, by its status: what a sweep republishes when the command
 /// stalls, as the action a step would have returned. `None`: it waits for nothing the
 /// pipeline does (scheduled, blocked, leased, settled and owing nothing).
@@ -249,6 +267,37 @@ pub fn awaited(state: &CommandState) -> Option<Action> {
         | S::Compensated
         | S::CompensationFailed
         | S::NoCompensation => None,
+    }
+}
+
+/// What a sweep does with a command it finds due: decided from the command's state alone, so
+/// the reconciler's sweep only carries it out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SweepWork {
+    /// A time the command waited for has come (its scheduled time, its lease's expiry, its
+    /// approval's deadline): this event moves it on.
+    Fire(Event),
+    /// It waits for a look at the world: the sweep looks itself.
+    Look,
+    /// It waits for other work of the pipeline: the request for it is sent again
+    /// ([`Event::Republish`]).
+    Republish,
+    /// It waits for nothing the pipeline does (a person, or nothing at all).
+    Leave,
+}
+
+/// The sweep's work on a due command in `state`.
+pub fn sweep_work(state: &CommandState) -> SweepWork {
+    use CommandStatus as S;
+    match state.status {
+        S::Scheduled => SweepWork::Fire(Event::Due),
+        S::Leased => SweepWork::Fire(Event::LeaseExpired),
+        S::Blocked => SweepWork::Fire(Event::ApprovalExpired),
+        _ => match awaited(state) {
+            Some(Action::Reconcile) => SweepWork::Look,
+            Some(_) => SweepWork::Republish,
+            None => SweepWork::Leave,
+        },
     }
 }
 

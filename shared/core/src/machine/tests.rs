@@ -1486,3 +1486,55 @@ fn plan_dispatch_decides_call_lease_take_over_block_deny_or_nothing() {
         DispatchPlan::Nothing
     );
 }
+
+/// The sweep's work on a due command is the machine's: each kind it names applies to the
+/// state it was named for, and a command left alone has nothing a sweep could write.
+#[test]
+fn the_sweeps_work_on_each_status_is_a_step_the_machine_takes() {
+    let rules = wire_rules();
+    for status in S::ALL {
+        let state = state_in(status);
+        let work = sweep_work(&state);
+        let taken = match &work {
+            SweepWork::Fire(event) => apply(&state, &rules, event, now()),
+            SweepWork::Look => apply(
+                &state,
+                &rules,
+                &Event::Claim {
+                    job: ClaimJob::Look,
+                    hold_ms: look_hold_ms(Some(12_000)),
+                },
+                now(),
+            ),
+            SweepWork::Republish => {
+                apply(&state, &rules, &Event::Republish { grace_ms: 5_000 }, now())
+            }
+            SweepWork::Leave => {
+                assert!(
+                    apply(&state, &rules, &Event::Republish { grace_ms: 5_000 }, now()).is_err(),
+                    "{status:?} is left alone, yet a republish applies"
+                );
+                continue;
+            }
+        };
+        assert!(taken.is_ok(), "{status:?}: {work:?} is refused: {taken:?}");
+    }
+    // A CONFIRMED command owing a last look is looked at; once its duplicate's clean-up is
+    // owed, that comes first.
+    let mut verifying = state_in(S::Confirmed);
+    verifying.verify_pending = true;
+    assert_eq!(sweep_work(&verifying), SweepWork::Republish);
+    verifying.owed_duplicates.clear();
+    assert_eq!(sweep_work(&verifying), SweepWork::Look);
+    assert!(awaits_look(&verifying));
+}
+
+/// A look holds its claim for two of its check's timeouts, so a sweep does not start the same
+/// slow check again; never less than a second, five without a check.
+#[test]
+fn a_looks_claim_outlasts_two_of_its_checks() {
+    assert_eq!(look_hold_ms(Some(12_000)), 24_000);
+    assert_eq!(look_hold_ms(Some(100)), 1_000);
+    assert_eq!(look_hold_ms(None), 5_000);
+    assert_eq!(look_hold_ms(Some(u64::MAX)), i64::MAX);
+}
