@@ -5,6 +5,7 @@
 //! (503 with `Retry-After`, nothing recorded); `/readyz` that tells whether the ledger answers
 //! and never why.
 
+use sluice_ledger::{AuditStore, CommandStore, ShardStore};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -395,10 +396,11 @@ struct Unreachable(Arc<dyn Ledger>);
 const INTERNAL: &str = "10.20.30.40:9042 keyspace sluice_prod_secret";
 
 #[async_trait]
-impl Ledger for Unreachable {
+impl CommandStore for Unreachable {
     async fn reserve(&self, command: Command, audit: AuditDraft) -> Result<Reserved, LedgerError> {
         self.0.reserve(command, audit).await
     }
+
     async fn reserve_own(
         &self,
         command: Command,
@@ -406,12 +408,15 @@ impl Ledger for Unreachable {
     ) -> Result<Reserved, LedgerError> {
         self.0.reserve_own(command, audit).await
     }
+
     async fn transition(&self, transition: Transition) -> Result<Cas, LedgerError> {
         self.0.transition(transition).await
     }
+
     async fn get(&self, run: &RunId, key: &CommandKey) -> Result<Option<Command>, LedgerError> {
         self.0.get(run, key).await
     }
+
     async fn list_run(
         &self,
         run: &RunId,
@@ -419,6 +424,7 @@ impl Ledger for Unreachable {
     ) -> Result<Vec<Command>, LedgerError> {
         self.0.list_run(run, status).await
     }
+
     async fn list_runs(
         &self,
         _: Timestamp,
@@ -430,6 +436,7 @@ impl Ledger for Unreachable {
             source: format!("no node answered: {INTERNAL}").into(),
         })
     }
+
     async fn claim_business_key(
         &self,
         tool: &ToolName,
@@ -441,42 +448,7 @@ impl Ledger for Unreachable {
             .claim_business_key(tool, business_key, run, key)
             .await
     }
-    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<DueItem>, LedgerError> {
-        self.0.due(now, limit).await
-    }
-    fn due_shards(&self) -> u32 {
-        self.0.due_shards()
-    }
-    async fn due_in(
-        &self,
-        now: Timestamp,
-        limit: usize,
-        shards: &[u32],
-    ) -> Result<Vec<DueItem>, LedgerError> {
-        self.0.due_in(now, limit, shards).await
-    }
-    async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError> {
-        self.0.sweep_view(group, shards).await
-    }
-    async fn write_shard_lease(
-        &self,
-        group: &str,
-        guard: Option<u64>,
-        next: ShardLease,
-    ) -> Result<ShardCas, LedgerError> {
-        self.0.write_shard_lease(group, guard, next).await
-    }
-    async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
-        self.0.announce(group, member).await
-    }
-    async fn audit_append(
-        &self,
-        run: &RunId,
-        draft: AuditDraft,
-        at: Timestamp,
-    ) -> Result<AuditEntry, LedgerError> {
-        self.0.audit_append(run, draft, at).await
-    }
+
     async fn close_run(
         &self,
         run: &RunId,
@@ -485,9 +457,7 @@ impl Ledger for Unreachable {
     ) -> Result<AuditEntry, LedgerError> {
         self.0.close_run(run, draft, at).await
     }
-    async fn audit_read(&self, run: &RunId) -> Result<AuditTrail, LedgerError> {
-        self.0.audit_read(run).await
-    }
+
     async fn purge(
         &self,
         older_than: Timestamp,
@@ -498,6 +468,61 @@ impl Ledger for Unreachable {
         self.0.purge(older_than, max_runs, actor, now).await
     }
 }
+
+#[async_trait]
+impl AuditStore for Unreachable {
+    async fn audit_append(
+        &self,
+        run: &RunId,
+        draft: AuditDraft,
+        at: Timestamp,
+    ) -> Result<AuditEntry, LedgerError> {
+        self.0.audit_append(run, draft, at).await
+    }
+
+    async fn audit_read(&self, run: &RunId) -> Result<AuditTrail, LedgerError> {
+        self.0.audit_read(run).await
+    }
+}
+
+#[async_trait]
+impl ShardStore for Unreachable {
+    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<DueItem>, LedgerError> {
+        self.0.due(now, limit).await
+    }
+
+    fn due_shards(&self) -> u32 {
+        self.0.due_shards()
+    }
+
+    async fn due_in(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        shards: &[u32],
+    ) -> Result<Vec<DueItem>, LedgerError> {
+        self.0.due_in(now, limit, shards).await
+    }
+
+    async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError> {
+        self.0.sweep_view(group, shards).await
+    }
+
+    async fn write_shard_lease(
+        &self,
+        group: &str,
+        guard: Option<u64>,
+        next: ShardLease,
+    ) -> Result<ShardCas, LedgerError> {
+        self.0.write_shard_lease(group, guard, next).await
+    }
+
+    async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
+        self.0.announce(group, member).await
+    }
+}
+
+impl Ledger for Unreachable {}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_tells_whether_the_ledger_answers_and_never_why() {

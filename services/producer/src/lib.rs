@@ -126,7 +126,7 @@ impl Api {
 
     /// Whether `principal` must be confined to its own runs for this reservation: an
     /// authenticated agent, in a run it was not yet found to own here. The ledger then checks
-    /// ownership inside the reservation's own write ([`Ledger::reserve_own`]): a new run costs
+    /// ownership inside the reservation's own write ([`CommandStore::reserve_own`]): a new run costs
     /// no read, and two agents opening one run at once cannot both get in, whichever
     /// producers they reach.
     fn must_confine(&self, principal: &Principal, run_id: &RunId) -> bool {

@@ -51,6 +51,7 @@ mod tests;
 mod trips;
 mod write;
 
+use sluice_ledger::{AuditStore, CommandStore, ShardStore};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -379,7 +380,7 @@ impl CqlLedger {
 }
 
 #[async_trait]
-impl Ledger for CqlLedger {
+impl CommandStore for CqlLedger {
     async fn reserve(&self, command: Command, audit: AuditDraft) -> Result<Reserved, LedgerError> {
         self.reserve_as(command, audit, false).await
     }
@@ -479,56 +480,6 @@ impl Ledger for CqlLedger {
         })
     }
 
-    /// Walks the due buckets from the oldest unswept minute (per shard, `sweep_cursor`) to
-    /// `now`. Entries are checked against their command; stale ones are deleted. Live entries
-    /// in a bucket older than the sweep lag are carried forward into the current minute, so a
-    /// cursor never waits behind a command that stays due, and can move past the bucket.
-    async fn due_in(
-        &self,
-        now: Timestamp,
-        limit: usize,
-        shards: &[u32],
-    ) -> Result<Vec<DueItem>, LedgerError> {
-        self.sweep_due(now, limit, shards).await
-    }
-
-    fn due_shards(&self) -> u32 {
-        self.inner.config.due_shards
-    }
-
-    fn write_latency_ms(&self) -> i64 {
-        self.inner.write_latency.millis()
-    }
-
-    async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError> {
-        self.read_sweep_view(group, shards).await
-    }
-
-    async fn write_shard_lease(
-        &self,
-        group: &str,
-        guard: Option<u64>,
-        next: ShardLease,
-    ) -> Result<ShardCas, LedgerError> {
-        self.put_shard_lease(group, guard, next).await
-    }
-
-    async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
-        self.put_member(group, member).await
-    }
-
-    async fn audit_append(
-        &self,
-        run_id: &RunId,
-        draft: AuditDraft,
-        at: Timestamp,
-    ) -> Result<AuditEntry, LedgerError> {
-        sluice_faults::point!("ledger.audit_append.pre");
-        let entry = self.append_run_record(run_id, draft, at, false).await;
-        sluice_faults::point!("ledger.audit_append.post");
-        entry
-    }
-
     async fn close_run(
         &self,
         run_id: &RunId,
@@ -538,6 +489,34 @@ impl Ledger for CqlLedger {
         sluice_faults::point!("ledger.close_run.pre");
         let entry = self.append_run_record(run_id, draft, at, true).await;
         sluice_faults::point!("ledger.close_run.post");
+        entry
+    }
+
+    async fn purge(
+        &self,
+        older_than: Timestamp,
+        max_runs: usize,
+        actor: &str,
+        now: Timestamp,
+    ) -> Result<PurgeReport, LedgerError> {
+        sluice_faults::point!("ledger.purge.pre");
+        let report = self.purge_runs(older_than, max_runs, actor, now).await;
+        sluice_faults::point!("ledger.purge.post");
+        report
+    }
+}
+
+#[async_trait]
+impl AuditStore for CqlLedger {
+    async fn audit_append(
+        &self,
+        run_id: &RunId,
+        draft: AuditDraft,
+        at: Timestamp,
+    ) -> Result<AuditEntry, LedgerError> {
+        sluice_faults::point!("ledger.audit_append.pre");
+        let entry = self.append_run_record(run_id, draft, at, false).await;
+        sluice_faults::point!("ledger.audit_append.post");
         entry
     }
 
@@ -602,18 +581,48 @@ impl Ledger for CqlLedger {
             entries,
         })
     }
+}
 
-    async fn purge(
+#[async_trait]
+impl ShardStore for CqlLedger {
+    /// Walks the due buckets from the oldest unswept minute (per shard, `sweep_cursor`) to
+    /// `now`. Entries are checked against their command; stale ones are deleted. Live entries
+    /// in a bucket older than the sweep lag are carried forward into the current minute, so a
+    /// cursor never waits behind a command that stays due, and can move past the bucket.
+    async fn due_in(
         &self,
-        older_than: Timestamp,
-        max_runs: usize,
-        actor: &str,
         now: Timestamp,
-    ) -> Result<PurgeReport, LedgerError> {
-        sluice_faults::point!("ledger.purge.pre");
-        let report = self.purge_runs(older_than, max_runs, actor, now).await;
-        sluice_faults::point!("ledger.purge.post");
-        report
+        limit: usize,
+        shards: &[u32],
+    ) -> Result<Vec<DueItem>, LedgerError> {
+        self.sweep_due(now, limit, shards).await
+    }
+
+    fn due_shards(&self) -> u32 {
+        self.inner.config.due_shards
+    }
+
+    async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError> {
+        self.read_sweep_view(group, shards).await
+    }
+
+    async fn write_shard_lease(
+        &self,
+        group: &str,
+        guard: Option<u64>,
+        next: ShardLease,
+    ) -> Result<ShardCas, LedgerError> {
+        self.put_shard_lease(group, guard, next).await
+    }
+
+    async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
+        self.put_member(group, member).await
+    }
+}
+
+impl Ledger for CqlLedger {
+    fn write_latency_ms(&self) -> i64 {
+        self.inner.write_latency.millis()
     }
 
     fn quarantined(&self) -> u64 {

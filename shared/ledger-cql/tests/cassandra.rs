@@ -24,6 +24,7 @@ use sluice_core::command::CommandStatus;
 use sluice_core::machine::{self, DispatchOutcome, Event};
 use sluice_core::time::{Clock, ManualClock, SystemClock};
 use sluice_ledger::contract::{command, command_with_key, fresh_run, wire_rules};
+use sluice_ledger::{AuditStore, CommandStore, ShardStore};
 use sluice_ledger::{Cas, Ledger, Reserved, Transition};
 use sluice_ledger_cql::{CqlConfig, CqlLedger, Op, Replication, StatsSnapshot};
 use tokio::sync::OnceCell;

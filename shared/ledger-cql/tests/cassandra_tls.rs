@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use serde_json::json;
 use sluice_core::Secret;
-use sluice_ledger::Ledger;
+use sluice_ledger::CommandStore;
 use sluice_ledger::contract::{command, fresh_run};
 use sluice_ledger_cql::{CqlConfig, CqlLedger, CqlTls, Replication, connect_session};
 

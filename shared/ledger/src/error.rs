@@ -21,7 +21,7 @@ pub enum LedgerError {
         "run {run_id} was rolled back and takes no new effects ({command_key} is new); start a new run"
     )]
     RunClosed { run_id: String, command_key: String },
-    /// An agent confined to its own runs (see [`crate::Ledger::reserve_own`]) reserved in a
+    /// An agent confined to its own runs (see [`crate::CommandStore::reserve_own`]) reserved in a
     /// run that holds a command someone else submitted. Nothing was written.
     #[error(
         "run {run_id} holds a command not submitted by {submitter} ({other}); an agent adds effects to its own runs only"

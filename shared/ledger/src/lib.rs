@@ -297,18 +297,19 @@ impl RunSummary {
     }
 }
 
-/// The command ledger port.
+/// Commands and their runs: reservations, the guarded writes of the state machine, reads by
+/// key and by run, business keys, closing and purging runs.
 ///
 /// All writes are compare-and-set on one run; all reads are by key or through an index.
 #[async_trait]
-pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
+pub trait CommandStore: Send + Sync + std::fmt::Debug + 'static {
     /// Records a new command, atomically with its first audit record and, when it has one, the
     /// claim of its tool's business key. Insert-if-absent: a second reservation of the same key
     /// with the same argument hash returns the stored command; with a different hash it fails
     /// with [`LedgerError::ArgumentDrift`] and changes nothing.
     async fn reserve(&self, command: Command, audit: AuditDraft) -> Result<Reserved, LedgerError>;
 
-    /// [`Ledger::reserve`] for an agent that adds effects to its own runs only: when the run
+    /// [`CommandStore::reserve`] for an agent that adds effects to its own runs only: when the run
     /// holds any command not submitted by `command.submitted_by` (a command submitted by no
     /// one counts as someone else's), nothing is written, not even a replay of the same key,
     /// and the answer is [`LedgerError::ForeignRun`]. The check and the write are one
@@ -404,6 +405,64 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
         command_key: &CommandKey,
     ) -> Result<Claim, LedgerError>;
 
+    /// Appends a run-level record (a rollback request) and, in the same write, closes the run:
+    /// from then on [`CommandStore::reserve`] refuses new commands in it with
+    /// [`LedgerError::RunClosed`]; a command already there still replays (or drifts) as before.
+    /// Closing a closed run appends the record again and changes nothing else.
+    async fn close_run(
+        &self,
+        run_id: &RunId,
+        draft: AuditDraft,
+        at: Timestamp,
+    ) -> Result<AuditEntry, LedgerError>;
+
+    /// Removes whole runs whose commands are all terminal and owe nothing more
+    /// (`sluice_core::retention::purge_verdict`) and that have not changed since `older_than`,
+    /// with their audit records and business keys, leaving a checkpoint per run and recording
+    /// the purge in the [`SYSTEM_RUN`] chain. At most `max_runs` per call. A run whose commands
+    /// are all terminal but one still owes work (a last look, a duplicate's clean-up) is left
+    /// whole and reported in [`PurgeReport::kept`].
+    async fn purge(
+        &self,
+        older_than: Timestamp,
+        max_runs: usize,
+        actor: &str,
+        now: Timestamp,
+    ) -> Result<PurgeReport, LedgerError>;
+
+    /// A copy of a command waiting for dispatch ([`Command::awaits_dispatch`]: PENDING,
+    /// APPROVED, or leased by its reservation) as this process last wrote it, if the ledger
+    /// keeps one: a hint that saves the read before a lease or a call. It may be stale (another
+    /// process may have moved the command since), so it is only fit to start a compare-and-set
+    /// from, or to call an IDEMPOTENT tool under the reservation's lease (a stale copy costs a
+    /// repeated call with the same key and an outcome write that does not apply); a decision
+    /// *not* to write must be taken on [`CommandStore::get`].
+    fn cached(&self, _run_id: &RunId, _command_key: &CommandKey) -> Option<Command> {
+        None
+    }
+}
+
+/// The audit chains: records that are not a command's transition, and a run's chain read back.
+/// (A transition's record is written by [`CommandStore::transition`], in the same write.)
+#[async_trait]
+pub trait AuditStore: Send + Sync + std::fmt::Debug + 'static {
+    /// Appends a record that is not a command transition (a run rollback request, a
+    /// compensation of an extra commit, an operator note).
+    async fn audit_append(
+        &self,
+        run_id: &RunId,
+        draft: AuditDraft,
+        at: Timestamp,
+    ) -> Result<AuditEntry, LedgerError>;
+
+    /// A run's chain: its checkpoint, if purged before, and the records after it in order.
+    async fn audit_read(&self, run_id: &RunId) -> Result<AuditTrail, LedgerError>;
+}
+
+/// The due index and the reconcilers' shard leases: what is due when, and who sweeps which
+/// shard of it.
+#[async_trait]
+pub trait ShardStore: Send + Sync + std::fmt::Debug + 'static {
     /// Commands due at or before `now`, earliest first, read through the due index (never a
     /// scan of all commands). A command that cannot be decoded is skipped (and quarantined,
     /// [`quarantine`]), never an error of the whole call: one damaged row must not stop the
@@ -423,8 +482,8 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
     /// `sluice_core::sweep::shard_of(run_id, due_shards)`. Fixed for a ledger's life.
     fn due_shards(&self) -> u32;
 
-    /// [`Ledger::due`] over the listed shards only: what a reconciler holding their leases
-    /// sweeps. Shards past [`Ledger::due_shards`] hold nothing.
+    /// [`ShardStore::due`] over the listed shards only: what a reconciler holding their leases
+    /// sweeps. Shards past [`ShardStore::due_shards`] hold nothing.
     async fn due_in(
         &self,
         now: Timestamp,
@@ -448,44 +507,13 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
     /// Announces (or, with an expiry in the past, withdraws) a member of `group`: a plain
     /// upsert, a hint to the split that holds no lease by itself.
     async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError>;
+}
 
-    /// Appends a record that is not a command transition (a run rollback request, a
-    /// compensation of an extra commit, an operator note).
-    async fn audit_append(
-        &self,
-        run_id: &RunId,
-        draft: AuditDraft,
-        at: Timestamp,
-    ) -> Result<AuditEntry, LedgerError>;
-
-    /// Appends a run-level record (a rollback request) and, in the same write, closes the run:
-    /// from then on [`Ledger::reserve`] refuses new commands in it with
-    /// [`LedgerError::RunClosed`]; a command already there still replays (or drifts) as before.
-    /// Closing a closed run appends the record again and changes nothing else.
-    async fn close_run(
-        &self,
-        run_id: &RunId,
-        draft: AuditDraft,
-        at: Timestamp,
-    ) -> Result<AuditEntry, LedgerError>;
-
-    /// A run's chain: its checkpoint, if purged before, and the records after it in order.
-    async fn audit_read(&self, run_id: &RunId) -> Result<AuditTrail, LedgerError>;
-
-    /// Removes whole runs whose commands are all terminal and owe nothing more
-    /// (`sluice_core::retention::purge_verdict`) and that have not changed since `older_than`,
-    /// with their audit records and business keys, leaving a checkpoint per run and recording
-    /// the purge in the [`SYSTEM_RUN`] chain. At most `max_runs` per call. A run whose commands
-    /// are all terminal but one still owes work (a last look, a duplicate's clean-up) is left
-    /// whole and reported in [`PurgeReport::kept`].
-    async fn purge(
-        &self,
-        older_than: Timestamp,
-        max_runs: usize,
-        actor: &str,
-        now: Timestamp,
-    ) -> Result<PurgeReport, LedgerError>;
-
+/// The command ledger port: the three stores of one ledger, and what it measures of itself.
+///
+/// A service holds an `Arc<dyn Ledger>`; code that needs only one store takes it by its trait
+/// (`&dyn AuditStore`, …), so what each part of the pipeline may touch is in its signature.
+pub trait Ledger: CommandStore + AuditStore + ShardStore {
     /// Round trips to the store so far, by operation and kind, for the
     /// `sluice_ledger_round_trips_total` metric. Empty for a ledger that does not count them
     /// (the embedded ledger has no network round trips to count).
@@ -504,17 +532,6 @@ pub trait Ledger: Send + Sync + std::fmt::Debug + 'static {
     /// once ([`quarantine`]), for the `sluice_ledger_quarantined_commands_total` metric.
     fn quarantined(&self) -> u64 {
         0
-    }
-
-    /// A copy of a command waiting for dispatch ([`Command::awaits_dispatch`]: PENDING,
-    /// APPROVED, or leased by its reservation) as this process last wrote it, if the ledger
-    /// keeps one: a hint that saves the read before a lease or a call. It may be stale (another
-    /// process may have moved the command since), so it is only fit to start a compare-and-set
-    /// from, or to call an IDEMPOTENT tool under the reservation's lease (a stale copy costs a
-    /// repeated call with the same key and an outcome write that does not apply); a decision
-    /// *not* to write must be taken on [`Ledger::get`].
-    fn cached(&self, _run_id: &RunId, _command_key: &CommandKey) -> Option<Command> {
-        None
     }
 }
 

@@ -1,6 +1,7 @@
 //! The embedded SQLite ledger: the shared contract suite, then what only a file can show —
 //! several processes on one file, foreign and damaged files, a full disk, a held lock.
 
+use sluice_ledger::{AuditStore, CommandStore};
 use std::sync::Arc;
 use std::time::Duration;
 

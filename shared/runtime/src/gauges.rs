@@ -20,6 +20,7 @@
 //! reopened by another process (a rollback or a replay of a settled run): every
 //! [`FULL_EVERY`]th refresh reads every run again, which bounds how long such a run is missed.
 
+use sluice_ledger::{AuditStore, CommandStore, ShardStore};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -360,7 +361,7 @@ impl GaugedLedger {
 }
 
 #[async_trait]
-impl Ledger for GaugedLedger {
+impl CommandStore for GaugedLedger {
     async fn reserve(&self, command: Command, audit: AuditDraft) -> Result<Reserved, LedgerError> {
         let reserved = self.inner.reserve(command, audit).await?;
         self.reserved(&reserved);
@@ -435,6 +436,49 @@ impl Ledger for GaugedLedger {
             .await
     }
 
+    async fn close_run(
+        &self,
+        run_id: &RunId,
+        draft: AuditDraft,
+        at: Timestamp,
+    ) -> Result<AuditEntry, LedgerError> {
+        self.inner.close_run(run_id, draft, at).await
+    }
+
+    /// A purge removes terminal commands only, which the gauges do not hold.
+    async fn purge(
+        &self,
+        older_than: Timestamp,
+        max_runs: usize,
+        actor: &str,
+        now: Timestamp,
+    ) -> Result<PurgeReport, LedgerError> {
+        self.inner.purge(older_than, max_runs, actor, now).await
+    }
+
+    fn cached(&self, run_id: &RunId, command_key: &CommandKey) -> Option<Command> {
+        self.inner.cached(run_id, command_key)
+    }
+}
+
+#[async_trait]
+impl AuditStore for GaugedLedger {
+    async fn audit_append(
+        &self,
+        run_id: &RunId,
+        draft: AuditDraft,
+        at: Timestamp,
+    ) -> Result<AuditEntry, LedgerError> {
+        self.inner.audit_append(run_id, draft, at).await
+    }
+
+    async fn audit_read(&self, run_id: &RunId) -> Result<AuditTrail, LedgerError> {
+        self.inner.audit_read(run_id).await
+    }
+}
+
+#[async_trait]
+impl ShardStore for GaugedLedger {
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<DueItem>, LedgerError> {
         self.inner.due(now, limit).await
     }
@@ -468,40 +512,9 @@ impl Ledger for GaugedLedger {
     async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
         self.inner.announce(group, member).await
     }
+}
 
-    async fn audit_append(
-        &self,
-        run_id: &RunId,
-        draft: AuditDraft,
-        at: Timestamp,
-    ) -> Result<AuditEntry, LedgerError> {
-        self.inner.audit_append(run_id, draft, at).await
-    }
-
-    async fn close_run(
-        &self,
-        run_id: &RunId,
-        draft: AuditDraft,
-        at: Timestamp,
-    ) -> Result<AuditEntry, LedgerError> {
-        self.inner.close_run(run_id, draft, at).await
-    }
-
-    async fn audit_read(&self, run_id: &RunId) -> Result<AuditTrail, LedgerError> {
-        self.inner.audit_read(run_id).await
-    }
-
-    /// A purge removes terminal commands only, which the gauges do not hold.
-    async fn purge(
-        &self,
-        older_than: Timestamp,
-        max_runs: usize,
-        actor: &str,
-        now: Timestamp,
-    ) -> Result<PurgeReport, LedgerError> {
-        self.inner.purge(older_than, max_runs, actor, now).await
-    }
-
+impl Ledger for GaugedLedger {
     fn round_trips(&self) -> Vec<RoundTrips> {
         self.inner.round_trips()
     }
@@ -512,10 +525,6 @@ impl Ledger for GaugedLedger {
 
     fn quarantined(&self) -> u64 {
         self.inner.quarantined()
-    }
-
-    fn cached(&self, run_id: &RunId, command_key: &CommandKey) -> Option<Command> {
-        self.inner.cached(run_id, command_key)
     }
 }
 

@@ -74,7 +74,7 @@ pub enum Driven {
 pub struct Current {
     /// `None`: the ledger has no such command.
     pub command: Option<Command>,
-    /// Read from the ledger just now. A copy this process wrote last ([`Ledger::cached`]) is
+    /// Read from the ledger just now. A copy this process wrote last ([`CommandStore::cached`]) is
     /// only trusted to start a compare-and-set from: [`Context::drive_current`] re-reads it
     /// before it skips or refuses on it.
     pub trusted: bool,
@@ -220,7 +220,7 @@ impl Context {
     }
 
     /// `trusted`: `current` was read from the ledger or written by the caller just now; an
-    /// untrusted copy ([`Ledger::cached`]) is re-read before the caller's decision not to act
+    /// untrusted copy ([`CommandStore::cached`]) is re-read before the caller's decision not to act
     /// on it, or a refusal, is believed.
     async fn drive_inner<F>(
         &self,

@@ -23,6 +23,7 @@ use sluice_core::ids::RunId;
 use sluice_core::time::{Clock, SystemClock};
 use sluice_ledger::contract::{command, fresh_run};
 use sluice_ledger::sqlite::{SqliteConfig, SqliteLedger};
+use sluice_ledger::{CommandStore, ShardStore};
 use sluice_ledger::{Ledger, LedgerError};
 use sluice_runtime::Metrics;
 use sluice_runtime::consumer::{

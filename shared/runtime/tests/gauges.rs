@@ -5,9 +5,10 @@
 
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::time::Timestamp;
+use sluice_ledger::CommandStore;
 use sluice_ledger::contract::{command, fresh_run};
 use sluice_ledger::sqlite::{SqliteConfig, SqliteLedger};
-use sluice_ledger::{Cas, Guard, Ledger, Reserved, Transition};
+use sluice_ledger::{Cas, Guard, Reserved, Transition};
 use sluice_runtime::gauges::CommandGauges;
 
 /// A wire reserved PENDING as if created at `at` (ms), written straight to `ledger`.

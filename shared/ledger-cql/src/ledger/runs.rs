@@ -7,14 +7,15 @@ use sluice_core::audit::{AuditDraft, Checkpoint};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::retention::{PurgeVerdict, purge_verdict};
 use sluice_core::time::Timestamp;
-use sluice_ledger::{Ledger, LedgerError, PurgeReport, RunCursor, RunSummary, SYSTEM_RUN};
+use sluice_ledger::{LedgerError, PurgeReport, RunCursor, RunSummary, SYSTEM_RUN};
 
 use super::{CqlLedger, FAN_OUT, Head, Lwt, STALE_RUN_ENTRY_MS, epoch_i64};
 use crate::codec::{DAY_MS, MINUTE_MS, bad, day_of, parse_status};
 use crate::stats::{Kind, Op};
+use sluice_ledger::AuditStore;
 
 impl CqlLedger {
-    /// [`Ledger::list_runs`]: day buckets newest first, each entry checked against its run.
+    /// [`CommandStore::list_runs`]: day buckets newest first, each entry checked against its run.
     pub(super) async fn list_runs_by_day(
         &self,
         since: Timestamp,
@@ -75,7 +76,7 @@ impl CqlLedger {
         Ok(summaries)
     }
 
-    /// [`Ledger::purge`]: day buckets oldest first from the purge cursor; see `purge_run`.
+    /// [`CommandStore::purge`]: day buckets oldest first from the purge cursor; see `purge_run`.
     pub(super) async fn purge_runs(
         &self,
         older_than: Timestamp,

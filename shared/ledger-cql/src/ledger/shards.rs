@@ -26,7 +26,7 @@ fn lease_of(row: &Fields) -> Option<ShardLease> {
 }
 
 impl CqlLedger {
-    /// [`sluice_ledger::Ledger::sweep_view`]: one read of the group's shard partitions and
+    /// [`sluice_ledger::ShardStore::sweep_view`]: one read of the group's shard partitions and
     /// one of its members' partition.
     pub(super) async fn read_sweep_view(
         &self,
@@ -88,7 +88,7 @@ impl CqlLedger {
             .and_then(|row| Some((lease_of(row)?, row.uuid("write_id")))))
     }
 
-    /// [`sluice_ledger::Ledger::write_shard_lease`].
+    /// [`sluice_ledger::ShardStore::write_shard_lease`].
     pub(super) async fn put_shard_lease(
         &self,
         group: &str,
@@ -149,7 +149,7 @@ impl CqlLedger {
         }
     }
 
-    /// [`sluice_ledger::Ledger::announce`].
+    /// [`sluice_ledger::ShardStore::announce`].
     pub(super) async fn put_member(&self, group: &str, member: Member) -> Result<(), LedgerError> {
         let op = Op::Sweep;
         self.inner.stats.call(op);

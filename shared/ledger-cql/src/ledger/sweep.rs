@@ -215,7 +215,7 @@ impl CqlLedger {
         })
     }
 
-    /// [`sluice_ledger::Ledger::due`], documented there.
+    /// [`sluice_ledger::ShardStore::due`], documented there.
     pub(super) async fn sweep_due(
         &self,
         now: Timestamp,

@@ -15,11 +15,12 @@ use sluice_core::command::Command;
 use sluice_core::ids::RunId;
 use sluice_core::time::{Clock, SystemClock};
 use sluice_ledger::contract::{command_with_key, fresh_run};
-use sluice_ledger::{Ledger, LedgerError, Reserved};
+use sluice_ledger::{LedgerError, Reserved};
 use tokio::sync::OnceCell;
 
 use super::CqlLedger;
 use crate::config::{CqlConfig, Replication};
+use sluice_ledger::CommandStore;
 
 const TOOL: &str = "payments/wire";
 /// How long a test waits for a producer to reach a pause point before it fails.

@@ -25,6 +25,7 @@ mod sweep;
 mod waiting;
 mod writer;
 
+use crate::{AuditStore, CommandStore, ShardStore};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -140,7 +141,7 @@ struct Inner {
     /// One permit per read connection: a read waits for a pooled connection rather than
     /// opening a new one (and a new blocking thread) when many arrive at once.
     read_slots: Arc<Semaphore>,
-    /// Commands this process left waiting for dispatch: see [`Ledger::cached`].
+    /// Commands this process left waiting for dispatch: see [`CommandStore::cached`].
     waiting: Mutex<Waiting>,
     clock: Arc<dyn Clock>,
     /// Commands found undecodable: `due` skips them.
@@ -373,7 +374,7 @@ impl SqliteLedger {
 }
 
 #[async_trait]
-impl Ledger for SqliteLedger {
+impl CommandStore for SqliteLedger {
     async fn reserve(&self, command: Command, audit: AuditDraft) -> Result<Reserved, LedgerError> {
         self.reserve_as(command, audit, false).await
     }
@@ -452,10 +453,6 @@ impl Ledger for SqliteLedger {
             Cas::Conflict(None) => {}
         }
         Ok(cas)
-    }
-
-    fn quarantined(&self) -> u64 {
-        self.inner.quarantine.count()
     }
 
     fn cached(&self, run_id: &RunId, command_key: &CommandKey) -> Option<Command> {
@@ -604,69 +601,6 @@ impl Ledger for SqliteLedger {
         }
     }
 
-    fn due_shards(&self) -> u32 {
-        DUE_SHARDS
-    }
-
-    fn write_latency_ms(&self) -> i64 {
-        self.inner.write_latency.millis()
-    }
-
-    async fn due_in(
-        &self,
-        now: Timestamp,
-        limit: usize,
-        shards: &[u32],
-    ) -> Result<Vec<DueItem>, LedgerError> {
-        self.due_in_shards(now, limit, shards).await
-    }
-
-    async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError> {
-        self.read_sweep_view(group, shards).await
-    }
-
-    async fn write_shard_lease(
-        &self,
-        group: &str,
-        guard: Option<u64>,
-        next: ShardLease,
-    ) -> Result<ShardCas, LedgerError> {
-        crate::shards::validate(group, guard, &next)?;
-        let op = Op::ShardLease {
-            group: group.to_owned(),
-            guard,
-            next,
-        };
-        match self.submit(op).await?.result? {
-            Reply::Shard(cas) => Ok(cas),
-            _ => Err(LedgerError::Closed),
-        }
-    }
-
-    async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
-        let op = Op::Announce {
-            group: group.to_owned(),
-            member,
-        };
-        match self.submit(op).await?.result? {
-            Reply::Announced => Ok(()),
-            _ => Err(LedgerError::Closed),
-        }
-    }
-
-    async fn audit_append(
-        &self,
-        run_id: &RunId,
-        draft: AuditDraft,
-        at: Timestamp,
-    ) -> Result<AuditEntry, LedgerError> {
-        let record = PreparedRecord::new(run_id, draft, at);
-        sluice_faults::point!("ledger.audit_append.pre");
-        let entry = self.entry(Op::Append(record)).await;
-        sluice_faults::point!("ledger.audit_append.post");
-        entry
-    }
-
     async fn close_run(
         &self,
         run_id: &RunId,
@@ -677,6 +611,44 @@ impl Ledger for SqliteLedger {
         sluice_faults::point!("ledger.close_run.pre");
         let entry = self.entry(Op::Close(record)).await;
         sluice_faults::point!("ledger.close_run.post");
+        entry
+    }
+
+    async fn purge(
+        &self,
+        older_than: Timestamp,
+        max_runs: usize,
+        actor: &str,
+        now: Timestamp,
+    ) -> Result<PurgeReport, LedgerError> {
+        let op = Op::Purge {
+            older_than,
+            max_runs,
+            actor: actor.to_owned(),
+            now,
+        };
+        sluice_faults::point!("ledger.purge.pre");
+        let answer = self.submit(op).await?;
+        sluice_faults::point!("ledger.purge.post");
+        match answer.result? {
+            Reply::Purged(report) => Ok(report),
+            _ => Err(LedgerError::Closed),
+        }
+    }
+}
+
+#[async_trait]
+impl AuditStore for SqliteLedger {
+    async fn audit_append(
+        &self,
+        run_id: &RunId,
+        draft: AuditDraft,
+        at: Timestamp,
+    ) -> Result<AuditEntry, LedgerError> {
+        let record = PreparedRecord::new(run_id, draft, at);
+        sluice_faults::point!("ledger.audit_append.pre");
+        let entry = self.entry(Op::Append(record)).await;
+        sluice_faults::point!("ledger.audit_append.post");
         entry
     }
 
@@ -737,27 +709,64 @@ impl Ledger for SqliteLedger {
         })
         .await
     }
+}
 
-    async fn purge(
+#[async_trait]
+impl ShardStore for SqliteLedger {
+    fn due_shards(&self) -> u32 {
+        DUE_SHARDS
+    }
+
+    async fn due_in(
         &self,
-        older_than: Timestamp,
-        max_runs: usize,
-        actor: &str,
         now: Timestamp,
-    ) -> Result<PurgeReport, LedgerError> {
-        let op = Op::Purge {
-            older_than,
-            max_runs,
-            actor: actor.to_owned(),
-            now,
+        limit: usize,
+        shards: &[u32],
+    ) -> Result<Vec<DueItem>, LedgerError> {
+        self.due_in_shards(now, limit, shards).await
+    }
+
+    async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError> {
+        self.read_sweep_view(group, shards).await
+    }
+
+    async fn write_shard_lease(
+        &self,
+        group: &str,
+        guard: Option<u64>,
+        next: ShardLease,
+    ) -> Result<ShardCas, LedgerError> {
+        crate::shards::validate(group, guard, &next)?;
+        let op = Op::ShardLease {
+            group: group.to_owned(),
+            guard,
+            next,
         };
-        sluice_faults::point!("ledger.purge.pre");
-        let answer = self.submit(op).await?;
-        sluice_faults::point!("ledger.purge.post");
-        match answer.result? {
-            Reply::Purged(report) => Ok(report),
+        match self.submit(op).await?.result? {
+            Reply::Shard(cas) => Ok(cas),
             _ => Err(LedgerError::Closed),
         }
+    }
+
+    async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
+        let op = Op::Announce {
+            group: group.to_owned(),
+            member,
+        };
+        match self.submit(op).await?.result? {
+            Reply::Announced => Ok(()),
+            _ => Err(LedgerError::Closed),
+        }
+    }
+}
+
+impl Ledger for SqliteLedger {
+    fn quarantined(&self) -> u64 {
+        self.inner.quarantine.count()
+    }
+
+    fn write_latency_ms(&self) -> i64 {
+        self.inner.write_latency.millis()
     }
 }
 
@@ -774,7 +783,7 @@ mod tests {
 
     use super::{Identity, SqliteConfig, SqliteLedger, encode};
     use crate::contract::{command, fresh_run};
-    use crate::{Cas, Guard, Ledger, Transition};
+    use crate::{Cas, CommandStore, Guard, Transition};
     use sluice_core::audit::AuditDraft;
     use sluice_core::command::CommandStatus;
 

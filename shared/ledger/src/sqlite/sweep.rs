@@ -16,7 +16,7 @@ use super::{DUE_SHARDS, SqliteLedger};
 use crate::{DueItem, LedgerError, Member, ShardLease, SweepView};
 
 impl SqliteLedger {
-    /// [`crate::Ledger::due_in`]: due commands, earliest first, of runs in `shards`.
+    /// [`crate::ShardStore::due_in`]: due commands, earliest first, of runs in `shards`.
     pub(super) async fn due_in_shards(
         &self,
         now: Timestamp,
@@ -90,7 +90,7 @@ impl SqliteLedger {
         .await
     }
 
-    /// [`crate::Ledger::sweep_view`].
+    /// [`crate::ShardStore::sweep_view`].
     pub(super) async fn read_sweep_view(
         &self,
         group: &str,

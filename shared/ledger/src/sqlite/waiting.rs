@@ -1,4 +1,4 @@
-//! The process's cache of the commands it left waiting for dispatch (`Ledger::cached`): a hint
+//! The process's cache of the commands it left waiting for dispatch (`CommandStore::cached`): a hint
 //! kept beside the ledger, never the truth; a miss costs a read.
 
 use std::collections::HashMap;
@@ -10,7 +10,7 @@ use sluice_core::ids::{CommandKey, RunId};
 /// the map starts afresh.
 const MAX_WAITING: usize = 65_536;
 
-/// The commands behind [`Ledger::cached`](crate::Ledger::cached), by a hash of their run id and
+/// The commands behind [`CommandStore::cached`](crate::CommandStore::cached), by a hash of their run id and
 /// command key, so that noting a command (every reservation and transition) builds no key. Two
 /// commands whose hashes collide take turns in one slot: the cache is a hint, and a miss costs a
 /// read.

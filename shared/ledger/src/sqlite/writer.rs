@@ -56,7 +56,7 @@ pub(super) enum Op {
         audit: PreparedRecord,
         identity: String,
         state: String,
-        /// Refuse if the run holds another submitter's command (`Ledger::reserve_own`).
+        /// Refuse if the run holds another submitter's command (`CommandStore::reserve_own`).
         confined: bool,
     },
     Transition {
