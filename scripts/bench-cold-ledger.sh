@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 passes="${1:-3}"
 effects="${2:-5000}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
-cargo build --release --locked -p sluice --bin sluice >&2
+cargo build --release --locked -p sluice --features distributed --bin sluice >&2
 sluice="$CARGO_TARGET_DIR/release/sluice"
 cpu=scripts/engines/threads-cpu.sh
 scripts/engines/start.sh >&2

@@ -22,7 +22,7 @@ if ! command -v valgrind >/dev/null; then
   exit 2
 fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
-cargo build --release --locked -p sluice >&2
+cargo build --release --locked -p sluice --features distributed >&2
 out="$(mktemp -t sluice-callgrind.XXXXXX)"
 valgrind --tool=callgrind --callgrind-out-file="$out" \
   "$CARGO_TARGET_DIR/release/sluice" bench --mode batch --no-paced --effects "$effects" "$@" \

@@ -24,7 +24,7 @@ if [ -n "${SLUICE_BIN:-}" ]; then
   sluice="$SLUICE_BIN"
 else
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
-  cargo build --release --locked -p sluice --bin sluice >&2
+  cargo build --release --locked -p sluice --features distributed --bin sluice >&2
   sluice="$CARGO_TARGET_DIR/release/sluice"
 fi
 cpu=scripts/engines/threads-cpu.sh

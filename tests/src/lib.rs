@@ -33,13 +33,13 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sluice::dev::Pipeline;
+use sluice_assemble::{EXAMPLE_CATALOG, EXAMPLE_UPSTREAM, example_catalog_at};
 use sluice_core::audit::{AuditEntry, verify};
 use sluice_core::catalog::Catalog;
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_ledger::Ledger;
 use sluice_ledger::sqlite::{SqliteConfig, SqliteLedger};
-use sluice_runtime::assemble::{EXAMPLE_CATALOG, EXAMPLE_UPSTREAM, example_catalog_at};
 use sluice_runtime::{Config, Context, Shutdown};
 use sluice_upstream::{Faults, Upstream};
 use tempfile::TempDir;

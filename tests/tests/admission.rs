@@ -7,10 +7,10 @@
 use std::time::Duration;
 
 use reqwest::StatusCode;
+use sluice_assemble::assemble;
 use sluice_bus::{DISPATCHERS, Topic};
 use sluice_core::load::QUEUE_FLOOR;
 use sluice_runtime::Shutdown;
-use sluice_runtime::assemble::assemble;
 use sluice_runtime::config::BusKind;
 use sluice_tests::*;
 use tokio::time::{Instant, sleep};

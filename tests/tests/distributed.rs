@@ -441,10 +441,10 @@ async fn bench_on_kafka_and_cassandra_removes_its_keyspace_and_topics_unless_kep
             let mut kept = config.clone();
             kept.bus.topic_prefix = prefix;
             kept.ledger.cql.keyspace.clone_from(&keyspace);
-            sluice_runtime::assemble::delete_topics(&kept)
+            sluice_assemble::delete_topics(&kept)
                 .await
                 .expect("delete the kept topics");
-            sluice_runtime::assemble::drop_keyspace(&kept)
+            sluice_assemble::drop_keyspace(&kept)
                 .await
                 .expect("drop the kept keyspace");
         } else {

@@ -1475,7 +1475,7 @@ fn every_example_catalog_loads() {
         let path = examples().join(name);
         let catalog = Catalog::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(!catalog.is_empty(), "{name}");
-        sluice_runtime::assemble::check_sweep_budgets(&sluice_runtime::Config::default(), &catalog)
+        sluice_assemble::check_sweep_budgets(&sluice_runtime::Config::default(), &catalog)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }

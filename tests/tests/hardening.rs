@@ -530,7 +530,7 @@ async fn readyz_tells_whether_the_ledger_answers_and_never_why() {
     let data = tempfile::tempdir().expect("a temporary directory");
     let config = test_config(data.path());
     let catalog = sluice_tests::example_catalog(&upstream.base_url());
-    let mut ctx = sluice_runtime::assemble::assemble(&config, catalog)
+    let mut ctx = sluice_assemble::assemble(&config, catalog)
         .await
         .expect("a context");
     ctx.ledger = Arc::new(Unreachable(Arc::clone(&ctx.ledger)));

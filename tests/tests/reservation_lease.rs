@@ -4,13 +4,13 @@
 //! short of time over with a lease of its own. Real SQLite file, real upstream on loopback.
 
 use serde_json::json;
+use sluice_assemble::assemble;
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine;
 use sluice_core::policy::PolicyDecision;
 use sluice_core::time::{Clock, SystemClock};
 use sluice_runtime::Context;
-use sluice_runtime::assemble::assemble;
 use sluice_tests::{CatalogEdit, init_tracing, start_upstream, test_config};
 use sluice_upstream::{Faults, Upstream};
 

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-use sluice_runtime::assemble::{assemble, load_catalog};
+use sluice_assemble::{assemble, load_catalog};
 use sluice_runtime::config::ServerTls;
 use sluice_runtime::{Config, Shutdown};
 

@@ -1,9 +1,10 @@
 //! The reconciler binary: configuration and telemetry, then `sluice_reconciler::run`.
 
 use clap::Parser;
-use sluice_runtime::assemble::{assemble_service, load_catalog};
+use sluice_assemble::{assemble_service, load_catalog};
 use sluice_runtime::cli::{ServiceArgs, require_shared_bus};
 
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

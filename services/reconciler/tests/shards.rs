@@ -45,7 +45,7 @@ fn context(ledger: Arc<dyn Ledger>) -> Context {
         ledger,
         bus,
         catalog: Arc::new(
-            sluice_runtime::assemble::example_catalog_at("http://127.0.0.1:9").expect("catalog"),
+            sluice_assemble::example_catalog_at("http://127.0.0.1:9").expect("catalog"),
         ),
         connector: Arc::new(sluice_connector::HttpConnector::new().expect("connector")),
         clock: Arc::new(SystemClock),

@@ -13,8 +13,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use sluice_assemble::{AssembleError, assemble};
 use sluice_core::catalog::Catalog;
-use sluice_runtime::assemble::{AssembleError, assemble};
 use sluice_runtime::{Config, Context, Shutdown};
 use tokio::task::JoinHandle;
 

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use sluice::console::{ConsoleArgs, ConsoleCommand};
-use sluice_runtime::assemble::load_catalog;
+use sluice_assemble::load_catalog;
 use sluice_runtime::cli::ServiceArgs;
 use sluice_runtime::config::{Role, TokenConfig};
 

@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
+use sluice_assemble::{AssembleError, open_bus, open_ledger};
 use sluice_bus::Topic;
 use sluice_core::time::SystemClock;
 use sluice_ledger_cql::{SCHEMA_VERSION, schema_statements};
 use sluice_runtime::Config;
-use sluice_runtime::assemble::{AssembleError, open_bus, open_ledger};
 use sluice_runtime::config::{BusKind, LedgerKind};
 
 /// What `migrate` did, one line per part.

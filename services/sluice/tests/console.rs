@@ -91,8 +91,7 @@ async fn the_console_speaks_the_api_with_tables_json_and_meaningful_exit_codes()
         });
     }
     config.validate().expect("valid");
-    let catalog =
-        sluice_runtime::assemble::example_catalog_at(&upstream.base_url()).expect("catalog");
+    let catalog = sluice_assemble::example_catalog_at(&upstream.base_url()).expect("catalog");
     let pipeline = sluice::dev::start(&config, catalog, sluice_runtime::Shutdown::new())
         .await
         .expect("the pipeline starts");

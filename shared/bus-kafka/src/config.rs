@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+#[cfg(feature = "librdkafka")]
 use rdkafka::ClientConfig;
 use sluice_bus::{BusError, DEFAULT_PREFIX, validate_prefix};
 
@@ -25,6 +26,7 @@ pub const MAX_MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// Framing a record batch adds around a message's key, payload and headers, with room to
 /// spare; added to `max_message_bytes` for librdkafka's own limit and the topics' limit so that
 /// neither refuses a message this bus accepted.
+#[cfg(feature = "librdkafka")]
 const FRAMING_BYTES: usize = 16 * 1024;
 
 /// librdkafka properties that [`KafkaConfig::extra`] may not set: they are what makes the bus
@@ -249,12 +251,14 @@ impl KafkaConfig {
         self.security.validate()
     }
 
+    #[cfg(feature = "librdkafka")]
     /// librdkafka's limit on one message and the topics' `max.message.bytes`: ours plus the
     /// record batch framing, so that only this bus's own check refuses a message.
     pub(crate) fn wire_max_message_bytes(&self) -> usize {
         self.max_message_bytes + FRAMING_BYTES
     }
 
+    #[cfg(feature = "librdkafka")]
     /// What every client shares: the brokers, the security settings, then `extra`.
     fn base(&self, client_id: &str) -> ClientConfig {
         let mut config = ClientConfig::new();
@@ -268,6 +272,7 @@ impl KafkaConfig {
         config
     }
 
+    #[cfg(feature = "librdkafka")]
     /// The producer: idempotent, `acks=all`, Kafka's murmur2 partitioner.
     pub(crate) fn producer(&self) -> ClientConfig {
         let mut config = self.base(&self.client_id);
@@ -282,11 +287,13 @@ impl KafkaConfig {
         config
     }
 
+    #[cfg(feature = "librdkafka")]
     /// The admin client that creates (and in tests deletes) the topics.
     pub(crate) fn admin(&self) -> ClientConfig {
         self.base(&format!("{}-admin", self.client_id))
     }
 
+    #[cfg(feature = "librdkafka")]
     /// A consumer in `group`: offsets are stored by the bus when a delivery is acknowledged,
     /// and librdkafka commits what was stored (every second, and on revoke and close); the bus
     /// also commits synchronously on revoke and close. Every second rather than librdkafka's
@@ -318,6 +325,7 @@ impl KafkaConfig {
 }
 
 impl KafkaConfig {
+    #[cfg(feature = "librdkafka")]
     /// A reader of `group`'s committed offsets (`lag.rs`): it names the group to fetch its
     /// offsets but never subscribes, so it never joins it, and never commits.
     pub(crate) fn lag_reader(&self, group: &str) -> ClientConfig {
@@ -329,6 +337,7 @@ impl KafkaConfig {
         config
     }
 
+    #[cfg(feature = "librdkafka")]
     /// A watcher ([`sluice_bus::Bus::watch`]): assigned partitions, never a group member.
     /// librdkafka wants a `group.id` to `assign()`, so it gets one that no member ever joins
     /// and no offset is ever committed for (`enable.auto.commit` off): the broker never

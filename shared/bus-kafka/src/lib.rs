@@ -32,14 +32,20 @@
 //!
 //! [`Bus::publish`]: sluice_bus::Bus::publish
 
+#[cfg(feature = "librdkafka")]
 mod bus;
 pub mod config;
+#[cfg(feature = "librdkafka")]
 pub mod consumer;
+#[cfg(feature = "librdkafka")]
 mod lag;
+#[cfg(feature = "librdkafka")]
 mod probe;
 pub mod security;
+#[cfg(feature = "librdkafka")]
 mod watch;
 
+#[cfg(feature = "librdkafka")]
 pub use bus::KafkaBus;
 pub use config::KafkaConfig;
 pub use security::{KafkaSasl, KafkaSecurity, KafkaTls, SaslMechanism, SecurityProtocol};

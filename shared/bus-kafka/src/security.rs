@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "librdkafka")]
 use rdkafka::ClientConfig;
 use serde::{Deserialize, Serialize};
 use sluice_bus::BusError;
@@ -60,6 +61,7 @@ pub enum SaslMechanism {
 }
 
 impl SaslMechanism {
+    #[cfg(feature = "librdkafka")]
     fn as_librdkafka(self) -> &'static str {
         match self {
             Self::Plain => "PLAIN",
@@ -233,6 +235,7 @@ impl KafkaSecurity {
         Ok(())
     }
 
+    #[cfg(feature = "librdkafka")]
     /// Sets the librdkafka properties of these settings on `config`.
     pub(crate) fn apply(&self, config: &mut ClientConfig) {
         config.set("security.protocol", self.protocol.as_librdkafka());

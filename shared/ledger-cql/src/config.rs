@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+#[cfg(feature = "driver")]
 use scylla::frame::types::{Consistency as DriverConsistency, SerialConsistency};
 use serde::{Deserialize, Serialize};
 
@@ -118,6 +119,7 @@ pub enum Consistency {
 }
 
 impl Consistency {
+    #[cfg(feature = "driver")]
     pub(crate) fn driver(self) -> DriverConsistency {
         match self {
             Self::Quorum => DriverConsistency::Quorum,
@@ -140,6 +142,7 @@ pub enum Serial {
 }
 
 impl Serial {
+    #[cfg(feature = "driver")]
     pub(crate) fn driver(self) -> SerialConsistency {
         match self {
             Self::Serial => SerialConsistency::Serial,
@@ -148,6 +151,7 @@ impl Serial {
     }
 
     /// The same level as a read consistency (a SERIAL read).
+    #[cfg(feature = "driver")]
     pub(crate) fn as_read(self) -> DriverConsistency {
         match self {
             Self::Serial => DriverConsistency::Serial,
@@ -289,6 +293,7 @@ impl CqlConfig {
     }
 
     /// TTL of a business key claim in seconds; 0 for none.
+    #[cfg(feature = "driver")]
     pub(crate) fn business_key_ttl(&self) -> i32 {
         if self.retention_days == 0 {
             return 0;

@@ -12,6 +12,7 @@ pub enum CqlError {
     #[error(
         "cannot connect to the CQL cluster at {nodes}; check that it runs and that the addresses are right"
     )]
+    #[cfg(feature = "driver")]
     Connect {
         nodes: String,
         #[source]
@@ -30,6 +31,7 @@ pub enum CqlError {
     Schema { keyspace: String, why: String },
     /// A statement could not be prepared (the schema is not the one this build expects).
     #[error("cannot prepare a ledger statement on keyspace {keyspace}: {statement}")]
+    #[cfg(feature = "driver")]
     Prepare {
         keyspace: String,
         statement: String,

@@ -13,17 +13,25 @@
 //! `tests/cassandra.rs`. docs/cql.md explains the schema, the write protocol and where
 //! ScyllaDB differs.
 
+#[cfg(feature = "driver")]
 mod codec;
 pub mod config;
 mod error;
+#[cfg(feature = "driver")]
 mod ledger;
 pub mod schema;
+#[cfg(feature = "driver")]
 mod statements;
+#[cfg(feature = "driver")]
 pub mod stats;
 mod tls;
 
 pub use config::{Consistency, CqlConfig, CqlTls, Replication, Secret, Serial, Tablets};
 pub use error::CqlError;
+#[cfg(feature = "driver")]
 pub use ledger::{CqlLedger, connect_session};
-pub use schema::{SCHEMA_VERSION, drop_keyspace, migrate, migrate_with, schema_statements};
+pub use schema::{SCHEMA_VERSION, schema_statements};
+#[cfg(feature = "driver")]
+pub use schema::{drop_keyspace, migrate, migrate_with};
+#[cfg(feature = "driver")]
 pub use stats::{CqlStats, Op, OpCounts, StatsSnapshot};

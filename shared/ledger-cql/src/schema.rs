@@ -1,13 +1,21 @@
 //! The CQL schema (`schemas/cql/`) and its idempotent application: what `sluice migrate` runs.
 
+#[cfg(feature = "driver")]
 use scylla::client::session::Session;
+#[cfg(feature = "driver")]
 use scylla::errors::{ExecutionError, SchemaAgreementError};
+#[cfg(feature = "driver")]
 use scylla::frame::types::Consistency;
+#[cfg(feature = "driver")]
 use scylla::statement::unprepared::Statement;
 
+#[cfg(feature = "driver")]
 use crate::CqlError;
+#[cfg(feature = "driver")]
 use crate::codec::MINUTE_MS;
-use crate::config::{Replication, Tablets, validate_keyspace};
+#[cfg(feature = "driver")]
+use crate::config::validate_keyspace;
+use crate::config::{Replication, Tablets};
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: i64 = 1;
@@ -32,6 +40,7 @@ const SCHEMA_FILES: [(&str, &str); 4] = [
     ),
 ];
 
+#[cfg(feature = "driver")]
 /// Whether a failed schema statement is one that was already applied: an `ALTER TABLE … ADD` of
 /// a column the table has (CQL has no `ADD IF NOT EXISTS` on Cassandra 5).
 fn already_applied(statement: &str, error: &str) -> bool {
@@ -67,6 +76,7 @@ pub fn schema_statements(
         .collect()
 }
 
+#[cfg(feature = "driver")]
 /// Drops `keyspace` and everything in it, and waits for the cluster to agree. For tooling that
 /// made a keyspace of its own (`sluice bench` on a cluster); no service calls it.
 pub async fn drop_keyspace(session: &Session, keyspace: &str) -> Result<(), CqlError> {
@@ -96,6 +106,7 @@ pub async fn drop_keyspace(session: &Session, keyspace: &str) -> Result<(), CqlE
     Ok(())
 }
 
+#[cfg(feature = "driver")]
 /// Waits for every node to agree on the schema, for up to [`AGREEMENT_ATTEMPTS`] times the
 /// driver's own timeout: on a cluster whose nodes are busy or just started, a table's creation
 /// can take minutes to reach every node, and a migration that gives up then leaves a service
@@ -111,12 +122,15 @@ async fn agree(session: &Session) -> Result<(), SchemaAgreementError> {
     }
 }
 
+#[cfg(feature = "driver")]
 /// Driver timeouts (60 s each) waited for schema agreement before a migration fails.
 const AGREEMENT_ATTEMPTS: u32 = 4;
 
+#[cfg(feature = "driver")]
 /// Times a keyspace drop is asked for before its error is returned.
 const DROP_ATTEMPTS: u32 = 3;
 
+#[cfg(feature = "driver")]
 /// Creates the keyspace (with `replication`, if it does not exist yet) and every table, and
 /// records the schema version and the origin of the due index. Safe to run again and from
 /// several processes at once: every statement is `IF NOT EXISTS`, or an `ALTER … ADD` whose
@@ -129,6 +143,7 @@ pub async fn migrate(
     migrate_with(session, keyspace, replication, Tablets::ServerDefault).await
 }
 
+#[cfg(feature = "driver")]
 /// [`migrate`], choosing whether a new keyspace has tablets (ScyllaDB: it must not).
 pub async fn migrate_with(
     session: &Session,
@@ -197,6 +212,7 @@ pub async fn migrate_with(
     Ok(())
 }
 
+#[cfg(feature = "driver")]
 /// One value of the `meta` table.
 pub(crate) async fn read_meta(
     session: &Session,

@@ -1,9 +1,10 @@
-//! What the four services share at run time: configuration, the bus messages, the pipeline
-//! loop (read → state machine → guarded write → actions), metrics, telemetry and shutdown.
+//! What the four services share at run time: the bus messages, the pipeline loop (read →
+//! state machine → guarded write → actions), metrics, telemetry and shutdown. It names no
+//! concrete ledger or bus: `sluice-assemble` builds a [`Context`] from the configuration
+//! (`sluice-config`, re-exported here as [`config`]).
 
-pub mod assemble;
 pub mod cli;
-pub mod config;
+pub use sluice_config as config;
 pub mod consumer;
 pub mod gauges;
 pub mod messages;

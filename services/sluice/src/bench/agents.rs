@@ -167,8 +167,8 @@ impl PipelineProcess {
     ) -> Result<Self, BenchError> {
         std::fs::create_dir_all(dir.join("ledger"))
             .map_err(|e| BenchError::Process(format!("{}: {e}", dir.display())))?;
-        let catalog = sluice_runtime::assemble::EXAMPLE_CATALOG.replace(
-            sluice_runtime::assemble::EXAMPLE_UPSTREAM,
+        let catalog = sluice_assemble::EXAMPLE_CATALOG.replace(
+            sluice_assemble::EXAMPLE_UPSTREAM,
             base_url.trim_end_matches('/'),
         );
         let port = free_port()?;

@@ -26,10 +26,10 @@ use reqwest::StatusCode;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
+use sluice_assemble::example_catalog_at;
 use sluice_bus::{BusError, Subscription, Topic};
 use sluice_core::catalog::CatalogError;
 use sluice_ledger::sqlite::Durability;
-use sluice_runtime::assemble::example_catalog_at;
 use sluice_runtime::config::{BusKind, LedgerKind, Role, TelemetryConfig, TokenConfig};
 use sluice_runtime::messages::{event_type, header};
 use sluice_runtime::{Config, Shutdown};
@@ -590,7 +590,7 @@ impl Scratch {
             let prefix = &config.bus.topic_prefix;
             if self.keep {
                 self.note(format!("kept: the Kafka topics {prefix}*"));
-            } else if let Err(e) = sluice_runtime::assemble::delete_topics(&config).await {
+            } else if let Err(e) = sluice_assemble::delete_topics(&config).await {
                 self.note(format!("not removed: the Kafka topics {prefix}* ({e})"));
             }
         }
@@ -605,7 +605,7 @@ impl Scratch {
             } else {
                 let mut config = probe.clone();
                 config.ledger.cql.keyspace.clone_from(keyspace);
-                if let Err(e) = sluice_runtime::assemble::drop_keyspace(&config).await {
+                if let Err(e) = sluice_assemble::drop_keyspace(&config).await {
                     self.note(format!("not removed: the CQL keyspace {keyspace} ({e})"));
                 }
             }

@@ -354,7 +354,7 @@ impl AuthConfig {
 mod tests {
     use crate::Config;
 
-    fn load(pairs: &[(&str, &str)]) -> Result<Config, crate::config::ConfigError> {
+    fn load(pairs: &[(&str, &str)]) -> Result<Config, crate::ConfigError> {
         Config::load(
             None,
             pairs

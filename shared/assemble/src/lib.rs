@@ -1,21 +1,30 @@
 //! Builds a service [`Context`] from a [`Config`]: the ledger, the bus, the connector and the
-//! catalog it names.
+//! catalog it names. The only crate that names a concrete ledger or bus: the services hold
+//! `Arc<dyn Ledger>` and `Arc<dyn Bus>`.
+//!
+//! The distributed engines are features: `cql` (the ScyllaDB / Cassandra ledger) and `kafka`
+//! (the Kafka bus, on librdkafka and a vendored OpenSSL built from source). A binary built
+//! without one still parses and checks its settings, and refuses at start, naming the feature,
+//! a configuration that asks for it.
 
 use std::sync::Arc;
 
 use sluice_bus::{Bus, BusError, EmbeddedBus, EmbeddedConfig};
+#[cfg(feature = "kafka")]
 use sluice_bus_kafka::KafkaBus;
 use sluice_connector::{ConnectorError, HttpConnector};
 use sluice_core::catalog::{Catalog, CatalogError};
 use sluice_core::time::{Clock, SystemClock};
 use sluice_ledger::LedgerError;
 use sluice_ledger::sqlite::{SqliteConfig, SqliteLedger};
-use sluice_ledger_cql::{CqlError, CqlLedger, connect_session};
+use sluice_ledger_cql::CqlError;
+#[cfg(feature = "cql")]
+use sluice_ledger_cql::{CqlLedger, connect_session};
 use thiserror::Error;
 
-use crate::config::{BusKind, CatalogConfig, Config, LedgerKind};
-use crate::gauges::GaugedLedger;
-use crate::{Context, Metrics};
+use sluice_runtime::config::{BusKind, CatalogConfig, Config, LedgerKind};
+use sluice_runtime::gauges::GaugedLedger;
+use sluice_runtime::{Context, Metrics};
 
 /// The example catalog shipped in `deploy/catalog.toml`, used when no catalog is configured.
 pub const EXAMPLE_CATALOG: &str = include_str!("../../../deploy/catalog.toml");
@@ -34,6 +43,9 @@ pub enum AssembleError {
     Connector(#[from] ConnectorError),
     #[error(transparent)]
     Faults(#[from] sluice_faults::FaultsError),
+    /// The configuration asks for an engine this binary was built without.
+    #[error(transparent)]
+    NotBuilt(#[from] NotBuilt),
     /// A secret the catalog's credentials reference cannot be read, or a key is malformed:
     /// refused at start rather than at the first call.
     /// A status check cannot fit the reconciler's sweep budgets.
@@ -43,6 +55,44 @@ pub enum AssembleError {
     Credentials {
         problems: Vec<sluice_connector::credentials::CredentialError>,
     },
+}
+
+/// An engine the configuration names that this binary was built without.
+#[derive(Debug, Error)]
+#[error(
+    "{key} = \"{kind}\" needs a sluice built with the `{feature}` feature: cargo build --release -p sluice --features distributed (this build has the embedded ledger and bus only)"
+)]
+pub struct NotBuilt {
+    pub key: &'static str,
+    pub kind: &'static str,
+    pub feature: &'static str,
+}
+
+impl NotBuilt {
+    const CQL: Self = Self {
+        key: "ledger.kind",
+        kind: "cql",
+        feature: "cql",
+    };
+    const KAFKA: Self = Self {
+        key: "bus.kind",
+        kind: "kafka",
+        feature: "kafka",
+    };
+}
+
+/// Whether this binary has the distributed engines (both `cql` and `kafka`).
+pub const DISTRIBUTED: bool = cfg!(all(feature = "cql", feature = "kafka"));
+
+/// Refuses, before anything starts, a configuration that names an engine this binary lacks.
+pub fn check_built(config: &Config) -> Result<(), NotBuilt> {
+    if config.ledger.kind == LedgerKind::Cql && !cfg!(feature = "cql") {
+        return Err(NotBuilt::CQL);
+    }
+    if config.bus.kind == BusKind::Kafka && !cfg!(feature = "kafka") {
+        return Err(NotBuilt::KAFKA);
+    }
+    Ok(())
 }
 
 /// Loads the configured catalog, or the example one.
@@ -80,6 +130,7 @@ pub async fn open_ledger(
             };
             Ok(Arc::new(SqliteLedger::open_with_clock(sqlite, clock)?))
         }
+        #[cfg(feature = "cql")]
         LedgerKind::Cql => Ok(Arc::new(
             // Boxed: the driver's connect future is deep, and every caller's would inline it.
             Box::pin(CqlLedger::connect_with_clock(
@@ -88,11 +139,13 @@ pub async fn open_ledger(
             ))
             .await?,
         )),
+        #[cfg(not(feature = "cql"))]
+        LedgerKind::Cql => Err(NotBuilt::CQL.into()),
     }
 }
 
 /// Opens the configured bus: the in-process one, or Kafka (creating absent topics).
-pub async fn open_bus(config: &Config) -> Result<Arc<dyn Bus>, BusError> {
+pub async fn open_bus(config: &Config) -> Result<Arc<dyn Bus>, AssembleError> {
     match config.bus.kind {
         BusKind::Embedded => Ok(Arc::new(EmbeddedBus::new(EmbeddedConfig {
             prefix: config.bus.topic_prefix.clone(),
@@ -100,35 +153,44 @@ pub async fn open_bus(config: &Config) -> Result<Arc<dyn Bus>, BusError> {
             admission: (config.bus.admission > 0).then_some(config.bus.admission),
             ..EmbeddedConfig::default()
         })?)),
+        #[cfg(feature = "kafka")]
         BusKind::Kafka => Ok(Arc::new(
             Box::pin(KafkaBus::connect(config.bus.kafka_config())).await?,
         )),
+        #[cfg(not(feature = "kafka"))]
+        BusKind::Kafka => Err(NotBuilt::KAFKA.into()),
     }
 }
 
 /// Deletes the configured bus's topics and everything in them: Kafka's; the embedded bus keeps
 /// nothing beyond its process. For tooling that made topics of its own (`sluice bench`); the
 /// services never delete topics.
-pub async fn delete_topics(config: &Config) -> Result<(), BusError> {
+pub async fn delete_topics(config: &Config) -> Result<(), AssembleError> {
     match config.bus.kind {
         BusKind::Embedded => Ok(()),
+        #[cfg(not(feature = "kafka"))]
+        BusKind::Kafka => Err(NotBuilt::KAFKA.into()),
+        #[cfg(feature = "kafka")]
         BusKind::Kafka => {
             let bus = Box::pin(KafkaBus::connect(config.bus.kafka_config())).await?;
             let deleted = bus.delete_topics().await;
             bus.close().await;
-            deleted
+            Ok(deleted?)
         }
     }
 }
 
 /// Drops the configured CQL keyspace and everything in it; nothing for SQLite (its directory
 /// is the caller's to remove). For tooling that made a keyspace of its own (`sluice bench`).
-pub async fn drop_keyspace(config: &Config) -> Result<(), CqlError> {
+pub async fn drop_keyspace(config: &Config) -> Result<(), AssembleError> {
     match config.ledger.kind {
         LedgerKind::Sqlite => Ok(()),
+        #[cfg(not(feature = "cql"))]
+        LedgerKind::Cql => Err(NotBuilt::CQL.into()),
+        #[cfg(feature = "cql")]
         LedgerKind::Cql => {
             let session = Box::pin(connect_session(&config.ledger.cql)).await?;
-            sluice_ledger_cql::drop_keyspace(&session, &config.ledger.cql.keyspace).await
+            Ok(sluice_ledger_cql::drop_keyspace(&session, &config.ledger.cql.keyspace).await?)
         }
     }
 }
@@ -172,6 +234,7 @@ pub async fn assemble_with_clock(
     catalog: Catalog,
     clock: Arc<dyn Clock>,
 ) -> Result<Context, AssembleError> {
+    check_built(config)?;
     let ledger = open_ledger(config, Arc::clone(&clock)).await?;
     let metrics = Metrics::new();
     metrics.observe_ledger(Arc::clone(&ledger));
@@ -201,4 +264,48 @@ pub async fn assemble_with_clock(
         clock,
         metrics: Arc::new(metrics),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn distributed() -> Config {
+        let mut config = Config::default();
+        config.ledger.kind = LedgerKind::Cql;
+        config.bus.kind = BusKind::Kafka;
+        config
+    }
+
+    /// The embedded default needs no engine feature.
+    #[test]
+    fn the_embedded_default_is_always_built() {
+        assert!(check_built(&Config::default()).is_ok());
+    }
+
+    /// A build without the engines refuses a configuration naming them, before anything
+    /// starts, with the key, the feature and the command that builds it. (Run by `cargo test -p
+    /// sluice-assemble`; the workspace's test build has every engine.)
+    #[cfg(not(feature = "cql"))]
+    #[test]
+    fn a_build_without_cql_names_the_feature() {
+        let refused = check_built(&distributed()).expect_err("no CQL in this build");
+        let said = refused.to_string();
+        assert!(said.contains("ledger.kind = \"cql\""), "{said}");
+        assert!(said.contains("--features distributed"), "{said}");
+    }
+
+    #[cfg(all(feature = "cql", not(feature = "kafka")))]
+    #[test]
+    fn a_build_without_kafka_names_the_feature() {
+        let refused = check_built(&distributed()).expect_err("no Kafka in this build");
+        assert!(refused.to_string().contains("bus.kind = \"kafka\""));
+    }
+
+    #[cfg(all(feature = "cql", feature = "kafka"))]
+    #[test]
+    fn a_distributed_build_takes_both_engines() {
+        assert!(DISTRIBUTED);
+        assert!(check_built(&distributed()).is_ok());
+    }
 }
