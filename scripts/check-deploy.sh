@@ -22,7 +22,7 @@
 #   * Prometheus: every Sluice service is scraped; the alert rules cover the required cases;
 #     Grafana provisioning points at the dashboard folder and the Prometheus service;
 #   * SLUICE_ overrides and TOML keys name configuration keys that exist in
-#     shared/runtime/src/config.rs (and config/api.rs) or shared/ledger-cql/src/config.rs (a warning, not a failure:
+#     shared/config/src/lib.rs (and api.rs) or shared/ledger-cql/src/config.rs (a warning, not a failure:
 #     a key may be added by a change not merged yet).
 # When the tools are installed (they are optional; nothing is downloaded for them):
 #   * promtool: `check config`, `check rules`, `test rules` (deploy/prometheus/alerts.test.yml),
@@ -491,7 +491,7 @@ def parse_structs(src):
 
 
 structs = {}
-for src in ("shared/runtime/src/config.rs", "shared/runtime/src/config/api.rs",
+for src in ("shared/config/src/lib.rs", "shared/config/src/api.rs",
             "shared/ledger-cql/src/config.rs", "shared/ledger-cql/src/tls.rs",
             "shared/bus-kafka/src/security.rs"):
     if os.path.exists(src):
