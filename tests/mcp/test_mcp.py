@@ -191,10 +191,11 @@ async def test_over_http_each_session_is_a_run_and_callers_act_as_themselves(slu
                 "email__send", EMAIL, meta={"dev.sluice/run_id": named, "dev.sluice/decision": 3})
         assert (facts(result)["run_id"], facts(result)["command_key"]) == (named, "d-3/email/send/0")
 
-        # No token: Sluice refuses, and nothing is recorded.
-        async with http_session(url, "not-a-known-token-at-all") as session:
-            refused = await session.call_tool("email__send", EMAIL)
-        assert is_error(refused) and facts(refused)["http_status"] == 401
+        # A token Sluice does not know: refused at initialize, and nothing is recorded.
+        with pytest.raises(Exception) as refused:
+            async with http_session(url, "not-a-known-token-at-all") as session:
+                await session.call_tool("email__send", EMAIL)
+        assert "not recognised" in repr(refused.value), repr(refused.value)
 
 
 async def test_the_http_transport_refuses_browser_origins(sluice: Sluice) -> None:
@@ -376,3 +377,84 @@ async def test_a_sessionless_protocol_version_is_refused_over_http(sluice: Sluic
                 await client.call_tool("email__send", EMAIL, meta={"dev.sluice/run_id": run_id})
     assert "Unsupported protocol version" in repr(refused.value), refused.value
     assert effects_of(sluice, run_id) == []
+
+
+async def _stdio_stderr(sluice: Sluice, tmp_path: Any, name: str, args: list[str],
+                        env: dict[str, str]) -> str:
+    """Runs one stdio session (initialize, one call) and returns what the server wrote on
+    stderr."""
+    log = tmp_path / f"{name}.stderr"
+    params = StdioServerParameters(
+        command=SLUICE,
+        args=["mcp", "--url", sluice.url, "--max-wait-s", "20", *args],
+        env={"SLUICE_TOKEN": AGENT_TOKEN, **env},
+    )
+    with log.open("w") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                await session.call_tool("email__send", EMAIL)
+    return log.read_text()
+
+
+async def test_stdio_is_quiet_on_stderr_unless_asked(sluice: Sluice, tmp_path: Any) -> None:
+    """An MCP client shows a stdio server's stderr to its user: by default it holds warnings
+    and errors only; `--log-level` (or RUST_LOG) asks for more."""
+    quiet = await _stdio_stderr(sluice, tmp_path, "quiet", [], {})
+    assert "INFO" not in quiet, quiet
+    flagged = await _stdio_stderr(sluice, tmp_path, "flag", ["--log-level", "info"], {})
+    assert "mcp tool call" in flagged, flagged
+    from_env = await _stdio_stderr(sluice, tmp_path, "env", [], {"RUST_LOG": "info"})
+    assert "mcp tool call" in from_env, from_env
+
+
+async def test_a_session_delete_is_answered_as_the_sdk_expects(
+        sluice: Sluice, caplog: pytest.LogCaptureFixture) -> None:
+    """The transport specification has a client end its session with DELETE; the session is
+    gone when the answer comes, so it is 204 (the SDK takes 200 or 204 and logs "Session
+    termination failed" on anything else), and the session is then unknown (404)."""
+    with http_server(sluice) as url:
+        with caplog.at_level("DEBUG"):
+            async with http_session(url, AGENT_TOKEN) as session:
+                await session.list_tools()
+        assert "Session termination failed" not in caplog.text, caplog.text
+
+        headers = {"content-type": "application/json",
+                   "accept": "application/json, text/event-stream",
+                   "authorization": f"Bearer {AGENT_TOKEN}"}
+        init = httpx.post(url, headers=headers, content=json.dumps({
+            "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "1"}}}))
+        assert init.status_code == 200, init.text
+        session_headers = {**headers, "mcp-session-id": init.headers["mcp-session-id"],
+                           "mcp-protocol-version": "2025-11-25"}
+        gone = httpx.delete(url, headers=session_headers)
+        assert gone.status_code == 204, (gone.status_code, gone.text)
+        after = httpx.post(url, headers=session_headers, content=json.dumps(
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
+        assert after.status_code == 404, after.text
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_token_sluice_does_not_know_is_refused_at_initialize(
+        sluice: Sluice, transport: str) -> None:
+    """A wrong token is found at `initialize`, with a message the client shows, not at the
+    first `tools/list` as an internal error."""
+    bad = "not-a-known-token-at-all"
+    with pytest.raises(Exception) as refused:
+        if transport == "stdio":
+            params = StdioServerParameters(
+                command=SLUICE, args=["mcp", "--url", sluice.url],
+                env={"SLUICE_TOKEN": bad})
+            async with stdio_client(params) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+        else:
+            with http_server(sluice) as url:
+                async with http_session(url, bad):
+                    pass
+    # The client's task groups wrap the MCPError that carries Sluice's message.
+    said = repr(refused.value)
+    assert "MCPError(-32001" in said and "not recognised" in said, said
+    assert bad not in said, "the token is never echoed"

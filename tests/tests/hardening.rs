@@ -454,7 +454,7 @@ impl CommandStore for Unreachable {
         run: &RunId,
         draft: AuditDraft,
         at: Timestamp,
-    ) -> Result<AuditEntry, LedgerError> {
+    ) -> Result<sluice_ledger::Closing, LedgerError> {
         self.0.close_run(run, draft, at).await
     }
 
@@ -464,8 +464,11 @@ impl CommandStore for Unreachable {
         max_runs: usize,
         actor: &str,
         now: Timestamp,
+        dry_run: bool,
     ) -> Result<PurgeReport, LedgerError> {
-        self.0.purge(older_than, max_runs, actor, now).await
+        self.0
+            .purge(older_than, max_runs, actor, now, dry_run)
+            .await
     }
 }
 

@@ -238,7 +238,9 @@ export class SluiceClient {
       method: "POST",
       path,
       body: { reason },
-      accept: [202],
+      // 200: rolled back before, nothing written (`already_rolled_back`); rollbacks are
+      // idempotent.
+      accept: [200, 202],
     });
     return answer.body;
   }

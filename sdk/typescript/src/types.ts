@@ -28,9 +28,11 @@ export type Principal = Schemas["Principal"];
 /** The answer of `GET /v1/tools`. */
 export type ToolCatalog =
   operations["listTools"]["responses"]["200"]["content"]["application/json"];
-/** The answer of `POST /v1/runs/{run_id}/rollback`. */
+/** The answer of `POST /v1/runs/{run_id}/rollback`: begun (202), or rolled back before with
+ * nothing written (200, `already_rolled_back`). */
 export type RollbackStarted =
-  operations["rollback"]["responses"]["202"]["content"]["application/json"];
+  | operations["rollback"]["responses"]["202"]["content"]["application/json"]
+  | operations["rollback"]["responses"]["200"]["content"]["application/json"];
 /** A run's effects (`GET /v1/runs/{run_id}/effects` and `…/scheduled`). */
 export type RunEffects =
   operations["listRunEffects"]["responses"]["200"]["content"]["application/json"];

@@ -102,6 +102,9 @@ struct PurgeBody {
     reason: String,
     #[serde(default, deserialize_with = "crate::http::optional_whole_number")]
     max_runs: Option<usize>,
+    /// Report what would be removed and kept, removing and recording nothing.
+    #[serde(default)]
+    dry_run: bool,
 }
 
 /// `POST /v1/audit/purge`: removes finished runs untouched since `older_than`, with their
@@ -115,7 +118,7 @@ pub(crate) async fn purge(
     principal.require(Need::Admin)?;
     let body: PurgeBody = parse_body(
         &body,
-        "{\"older_than\": \"<RFC 3339>\", \"reason\": \"...\", \"max_runs\": n}",
+        "{\"older_than\": \"<RFC 3339>\", \"reason\": \"...\", \"max_runs\": n, \"dry_run\": false}",
     )?;
     let reason = check_reason(&body.reason)?;
     let older_than = Timestamp::parse_rfc3339(&body.older_than).map_err(|e| {
@@ -132,22 +135,25 @@ pub(crate) async fn purge(
     let max_runs = parse_limit(body.max_runs.or(Some(MAX_LIST_LIMIT)))?;
     let system = RunId::parse(sluice_ledger::SYSTEM_RUN)
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    api.ctx
-        .ledger
-        .audit_append(
-            &system,
-            AuditDraft {
-                command_key: None,
-                from: None,
-                to: None,
-                actor: principal.name.clone(),
-                reason: format!("purge requested: {reason}"),
-                evidence: json!({ "older_than": older_than, "max_runs": max_runs }),
-            },
-            now,
-        )
-        .await
-        .map_err(|e| ApiError::unavailable(&e))?;
+    // A dry run writes nothing, not even the request: it changes nothing to account for.
+    if !body.dry_run {
+        api.ctx
+            .ledger
+            .audit_append(
+                &system,
+                AuditDraft {
+                    command_key: None,
+                    from: None,
+                    to: None,
+                    actor: principal.name.clone(),
+                    reason: format!("purge requested: {reason}"),
+                    evidence: json!({ "older_than": older_than, "max_runs": max_runs }),
+                },
+                now,
+            )
+            .await
+            .map_err(|e| ApiError::unavailable(&e))?;
+    }
     let span = tracing::debug_span!(
         "operator",
         otel.name = "operator.purge",
@@ -157,12 +163,16 @@ pub(crate) async fn purge(
     let report = api
         .ctx
         .ledger
-        .purge(older_than, max_runs, &principal.name, now)
+        .purge(older_than, max_runs, &principal.name, now, body.dry_run)
         .instrument(span.clone())
         .await
         .map_err(|e| ApiError::unavailable(&e))?;
     span.record("outcome", report.runs);
-    tracing::info!(actor = %principal.name, runs = report.runs, "purged finished runs");
+    if body.dry_run {
+        tracing::info!(actor = %principal.name, runs = report.runs, "purge dry run");
+    } else {
+        tracing::info!(actor = %principal.name, runs = report.runs, "purged finished runs");
+    }
     Ok(Json(json!({
         "older_than": older_than,
         "actor": principal.name,

@@ -371,6 +371,11 @@ async fn rollback(
         .instrument(span.clone())
         .await
         .map_err(ApiError::unavailable)?;
+    if begun.already && !begun.moved_any() {
+        // Rolled back before, and nothing left to take: nothing was written, nothing is sent.
+        span.record("outcome", "already");
+        return already_rolled_back(&api, &run_id, begun).await;
+    }
     span.record("outcome", "begun");
     sluice_faults::point!("producer.rollback.post");
     let job = run_compensate_request(
@@ -395,12 +400,58 @@ async fn rollback(
         StatusCode::ACCEPTED,
         Json(json!({
             "run_id": run_id,
+            "already_rolled_back": begun.already,
             "rollback": begun,
             "progress": operator::rollback_progress(&effects),
             "effects": effects,
         })),
     )
         .into_response())
+}
+
+/// The answer to a rollback of a run rolled back before (200, not 202: nothing was begun):
+/// the first rollback's record (when, who, why) and where the run stands.
+async fn already_rolled_back(
+    api: &Api,
+    run_id: &RunId,
+    begun: sluice_runtime::pipeline::RollbackBegun,
+) -> Result<Response, ApiError> {
+    let trail = api
+        .ctx
+        .ledger
+        .audit_read(run_id)
+        .await
+        .map_err(|e| ApiError::unavailable(&e))?;
+    let first = trail.entries.iter().find_map(|entry| {
+        let record = &entry.record;
+        let reason = record
+            .reason
+            .strip_prefix(sluice_runtime::pipeline::ROLLBACK_RECORD)?;
+        record
+            .command_key
+            .is_none()
+            .then(|| json!({"at": record.at, "actor": record.actor, "reason": reason}))
+    });
+    let message = match &first {
+        Some(first) => format!(
+            "run {run_id} is already rolled back (at {}, by {}: {}); nothing was written",
+            first["at"].as_str().unwrap_or_default(),
+            first["actor"].as_str().unwrap_or_default(),
+            first["reason"].as_str().unwrap_or_default()
+        ),
+        None => format!("run {run_id} is already rolled back; nothing was written"),
+    };
+    let effects = api.commands_of(run_id).await?;
+    Ok(Json(json!({
+        "run_id": run_id,
+        "already_rolled_back": true,
+        "message": message,
+        "rolled_back": first,
+        "rollback": begun,
+        "progress": operator::rollback_progress(&effects),
+        "effects": effects,
+    }))
+    .into_response())
 }
 
 async fn ready(State(api): State<Api>) -> Response {

@@ -161,7 +161,8 @@ pub enum ConsoleCommand {
     /// Read or verify audit chains.
     #[command(subcommand)]
     Audit(AuditCommand),
-    /// Remove finished runs untouched for a while, leaving their audit checkpoints.
+    /// Remove finished runs untouched for a while, leaving their audit checkpoints, and list
+    /// them; `--dry-run` lists what would be removed and kept, removing nothing.
     Purge {
         /// `30d`, `12h`, or an RFC 3339 cutoff.
         #[arg(long)]
@@ -170,6 +171,9 @@ pub enum ConsoleCommand {
         reason: String,
         #[arg(long)]
         max_runs: Option<usize>,
+        /// Report what a purge would remove and keep, and why; remove and record nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -477,8 +481,13 @@ pub async fn run(args: ConsoleArgs, command: ConsoleCommand) -> Result<String, F
             older_than,
             reason,
             max_runs,
+            dry_run,
         } => {
-            let mut body = json!({ "older_than": parse_since(older_than, now)?, "reason": reason });
+            let mut body = json!({
+                "older_than": parse_since(older_than, now)?,
+                "reason": reason,
+                "dry_run": dry_run,
+            });
             if let Some(max_runs) = max_runs {
                 body["max_runs"] = json!(max_runs);
             }
@@ -502,6 +511,23 @@ pub async fn run(args: ConsoleArgs, command: ConsoleCommand) -> Result<String, F
         }
         return Err(Failure::new(exit, format!("error: {message}")));
     }
+    // A run's listing answers an empty list for a run it has never seen (a run begins with
+    // its first effect, for the SDKs' run handles); people asking about a run by id mean it
+    // exists, so an empty answer is checked here and an unknown run is "not found".
+    match &command {
+        ConsoleCommand::Effects {
+            run: Some(run),
+            status,
+            tool,
+            ..
+        } if listed_nothing(&answer.body) => {
+            known_run(&client, run, status.is_some() || tool.is_some(), args.json).await?;
+        }
+        ConsoleCommand::Scheduled { run, .. } if listed_nothing(&answer.body) => {
+            known_run(&client, run, true, args.json).await?;
+        }
+        _ => {}
+    }
     // Outcomes that succeed over HTTP but mean "no": a broken chain, a refused dry run.
     let exit = match &command {
         ConsoleCommand::Audit(AuditCommand::Verify { .. })
@@ -523,6 +549,74 @@ pub async fn run(args: ConsoleArgs, command: ConsoleCommand) -> Result<String, F
         Some(exit) => Err(Failure::new(exit, out)),
         None => Ok(out),
     }
+}
+
+fn listed_nothing(body: &Value) -> bool {
+    body["effects"].as_array().is_some_and(Vec::is_empty)
+}
+
+/// Whether a run whose listing came back empty exists: `filtered` says the listing was
+/// narrowed (by status, tool, or to SCHEDULED effects), so the run's whole listing is asked
+/// for first. A run with no effects is "not found"; one purged since says so, and where its
+/// audit checkpoint is.
+async fn known_run(client: &Client, run: &str, filtered: bool, json: bool) -> Result<(), Failure> {
+    let refused = |answer: &Answer| {
+        Failure::new(
+            exit_of(answer.status),
+            format!("error: {}: {}", answer.status.as_u16(), text(&answer.body)),
+        )
+    };
+    if filtered {
+        let all = client
+            .call(
+                Method::GET,
+                &format!("/v1/runs/{}/effects", segment(run)),
+                None,
+            )
+            .await?;
+        if !all.status.is_success() {
+            return Err(refused(&all));
+        }
+        if !listed_nothing(&all.body) {
+            return Ok(());
+        }
+    }
+    let trail = client
+        .call(
+            Method::GET,
+            &format!("/v1/runs/{}/audit", segment(run)),
+            None,
+        )
+        .await?;
+    let purged = match trail.status {
+        StatusCode::NOT_FOUND => false,
+        status if status.is_success() => {
+            let entries = trail.body["entries"].as_array().map_or(0, Vec::len);
+            if trail.body["checkpoint"].is_null() || entries > 0 {
+                // Records but no effects: a run that exists, with nothing to list.
+                return Ok(());
+            }
+            true
+        }
+        _ => return Err(refused(&trail)),
+    };
+    let message = if purged {
+        format!(
+            "run {run} not found: it was purged, and only its audit checkpoint remains (sluice audit verify {run})"
+        )
+    } else {
+        format!(
+            "run {run} not found: no effect was ever submitted in it (run ids are case-sensitive; sluice runs lists recent ones)"
+        )
+    };
+    Err(Failure::new(
+        Exit::NotFound,
+        if json {
+            json!({"error": {"code": "unknown_run", "message": message}}).to_string()
+        } else {
+            format!("error: {message}")
+        },
+    ))
 }
 
 #[cfg(test)]

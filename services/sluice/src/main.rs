@@ -174,8 +174,13 @@ async fn run() -> anyhow::Result<ExitCode> {
             upstream.shutdown().await;
         }
         Command::Mcp(args) => {
-            // Logs go to stderr: over stdio, stdout carries the protocol.
-            sluice_runtime::telemetry::init(&Default::default());
+            // Logs go to stderr: over stdio, stdout carries the protocol, and the client shows
+            // stderr to its user, so only warnings unless asked.
+            let telemetry = sluice_runtime::config::TelemetryConfig {
+                log_level: args.log_filter(std::env::var("RUST_LOG").ok()),
+                ..Default::default()
+            };
+            sluice_runtime::telemetry::init(&telemetry);
             sluice::mcp::run(
                 &cli.console.url,
                 cli.console.token,

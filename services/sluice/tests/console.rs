@@ -287,3 +287,253 @@ async fn sluice_dev_prints_an_admin_token_that_works_and_never_logs_it() {
         "the token leaked into the log: {log}"
     );
 }
+
+/// A pipeline on a fresh SQLite ledger with the demo upstream, and the console's three tokens.
+struct Pipeline {
+    url: String,
+    data: tempfile::TempDir,
+    pipeline: sluice::dev::Pipeline,
+    upstream: sluice_upstream::Upstream,
+}
+
+impl Pipeline {
+    async fn start() -> Self {
+        let upstream = sluice_upstream::Upstream::start(
+            "127.0.0.1:0".parse().expect("an address"),
+            sluice_upstream::Faults::none(),
+            7,
+        )
+        .await
+        .expect("the upstream starts");
+        let data = tempfile::tempdir().expect("a temporary directory");
+        let mut config = sluice_runtime::Config::default();
+        config.ledger.data_dir = data.path().to_owned();
+        config.producer.listen = "127.0.0.1:0".parse().expect("an address");
+        config.reconciler.sweep_interval_ms = 100;
+        for (name, role, token) in [
+            ("admin-1", Role::Admin, ADMIN),
+            ("operator-1", Role::Operator, OPERATOR),
+            ("agent-1", Role::Agent, AGENT),
+        ] {
+            config.auth.tokens.push(TokenConfig {
+                name: name.into(),
+                role,
+                token: Some(token.into()),
+                token_sha256: None,
+            });
+        }
+        config.validate().expect("valid");
+        let catalog =
+            sluice_runtime::assemble::example_catalog_at(&upstream.base_url()).expect("catalog");
+        let pipeline = sluice::dev::start(&config, catalog, sluice_runtime::Shutdown::new())
+            .await
+            .expect("the pipeline starts");
+        Self {
+            url: pipeline.url(),
+            data,
+            pipeline,
+            upstream,
+        }
+    }
+
+    async fn stop(self) {
+        self.pipeline.stop().await.expect("stops");
+        self.upstream.shutdown().await;
+        drop(self.data);
+    }
+}
+
+async fn email(url: &str, run: &str, decision: u32) {
+    submit(
+        url,
+        AGENT,
+        json!({"run_id": run, "decision": decision, "tool": "email/send", "call_idx": 0,
+        "args": {"to": "ops@example.com", "subject": "hi", "body": "b"}}),
+    )
+    .await;
+    wait_status(url, run, &format!("d-{decision}/email/send/0"), "CONFIRMED").await;
+}
+
+/// How many records a run's audit chain holds.
+async fn audit_records(url: &str, run: &str) -> usize {
+    let (code, out, err) = console(url, Some(OPERATOR), &["--json", "audit", "show", run]).await;
+    assert_eq!(code, 0, "{err}");
+    let trail: Value = serde_json::from_str(&out).expect("--json prints JSON");
+    trail["entries"].as_array().map_or(0, Vec::len)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_run_is_not_found_rather_than_an_empty_table() {
+    let p = Pipeline::start().await;
+    let url = p.url.clone();
+    email(&url, "r-known", 1).await;
+
+    for args in [
+        &["effects", "r-nope"][..],
+        &["--json", "effects", "r-nope"],
+        &["effects", "r-nope", "--status", "CONFIRMED"],
+        &["scheduled", "r-nope"],
+    ] {
+        let (code, out, err) = console(&url, Some(OPERATOR), args).await;
+        assert_eq!(code, 3, "{args:?} exits 3 (not found): {out}{err}");
+        assert!(
+            err.contains("r-nope") && err.contains("not found"),
+            "{args:?}: {err}"
+        );
+        assert!(out.is_empty(), "no empty table: {out}");
+    }
+    // A run that exists with nothing matching is an empty answer, not a missing run.
+    let (code, out, err) = console(
+        &url,
+        Some(OPERATOR),
+        &["effects", "r-known", "--status", "FAILED"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("0 effect(s)"), "{out}");
+    let (code, out, err) = console(&url, Some(OPERATOR), &["scheduled", "r-known"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("0 effect(s)"), "{out}");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_dry_run_lists_what_it_would_remove_and_a_purge_what_it_removed() {
+    let p = Pipeline::start().await;
+    let url = p.url.clone();
+    email(&url, "r-old-1", 1).await;
+    email(&url, "r-old-2", 1).await;
+    let before = audit_records(&url, "r-old-1").await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let (code, out, err) = console(
+        &url,
+        Some(ADMIN),
+        &[
+            "purge",
+            "--older-than",
+            "0s",
+            "--reason",
+            "retention",
+            "--dry-run",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("dry run"), "{out}");
+    assert!(out.contains("would purge 2 run(s)"), "{out}");
+    assert!(out.contains("r-old-1") && out.contains("r-old-2"), "{out}");
+    // Nothing was removed, and nothing was written: not even the purge's own record.
+    let (code, out, err) = console(&url, Some(OPERATOR), &["effects", "r-old-1"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("1 effect(s)"), "{out}");
+    assert_eq!(audit_records(&url, "r-old-1").await, before);
+    let (code, out, _) = console(
+        &url,
+        Some(OPERATOR),
+        &["--json", "audit", "show", "sluice.system"],
+    )
+    .await;
+    assert!(
+        code == 3 || !out.contains("purge"),
+        "a dry run records nothing: {out}"
+    );
+
+    let (code, out, err) = console(
+        &url,
+        Some(ADMIN),
+        &["purge", "--older-than", "0s", "--reason", "retention"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("purged 2 run(s)"), "{out}");
+    assert!(out.contains("r-old-1") && out.contains("r-old-2"), "{out}");
+
+    // The purged run: its effects are gone (and the console says why), its checkpoint stays
+    // and `audit verify` shows it without --json.
+    let (code, _, err) = console(&url, Some(OPERATOR), &["effects", "r-old-1"]).await;
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("purged"), "{err}");
+    let (code, out, err) = console(&url, Some(OPERATOR), &["audit", "verify", "r-old-1"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("verifies"), "{out}");
+    assert!(
+        out.contains("checkpoint") && out.contains(&format!("{before} record(s) purged")),
+        "the kept checkpoint is shown: {out}"
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_rollback_says_the_run_is_already_rolled_back_and_writes_nothing() {
+    let p = Pipeline::start().await;
+    let url = p.url.clone();
+    let run = "r-twice";
+    email(&url, run, 1).await;
+    let (code, out, err) = console(
+        &url,
+        Some(ADMIN),
+        &["rollback", run, "--reason", "customer cancelled"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("d-1/email/send/0"), "{out}");
+    // Wait until the rollback has finished, so that the chain no longer moves on its own.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, out, _) = console(&url, Some(OPERATOR), &["--json", "rollback", run]).await;
+        let progress: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+        if progress["progress"]["done"] == json!(true) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rollback never finished: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = audit_records(&url, run).await;
+
+    let (code, out, err) = console(
+        &url,
+        Some(ADMIN),
+        &["rollback", run, "--reason", "clicked twice"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("already rolled back"), "{out}");
+    assert!(
+        out.contains("customer cancelled"),
+        "names the first rollback: {out}"
+    );
+    assert_eq!(
+        audit_records(&url, run).await,
+        before,
+        "a second rollback writes no record"
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_error_prints_its_causes_and_never_a_backtrace() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = dir.path().join("sluice.toml");
+    std::fs::write(&config, "[producer]\nlisten = \"not an address\"\n").expect("write");
+    let output = Command::new(BIN)
+        .args(["dev", "--config"])
+        .arg(&config)
+        .env("RUST_BACKTRACE", "1")
+        .env("RUST_LIB_BACKTRACE", "1")
+        .env("SLUICE_LEDGER__DATA_DIR", dir.path())
+        .output()
+        .expect("the binary starts");
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    assert!(err.starts_with("error: invalid configuration"), "{err}");
+    assert!(err.contains("listen"), "names what was wrong: {err}");
+    assert!(
+        !err.to_lowercase().contains("backtrace") && !err.contains("at ./"),
+        "no backtrace: {err}"
+    );
+    assert!(err.lines().count() <= 3, "{err}");
+}

@@ -441,7 +441,7 @@ impl Config {
         let config: Config =
             toml::Table::try_into(table).map_err(|e: toml::de::Error| ConfigError::Parse {
                 source_name,
-                message: e.message().to_owned(),
+                message: keyed_message(&e),
             })?;
         config.validate()?;
         Ok(config)
@@ -624,6 +624,19 @@ fn apply_env(table: &mut toml::Table, var: &str, value: &str) -> Result<(), Conf
     }
     node.insert(last.clone(), parsed);
     Ok(())
+}
+
+/// A deserialisation error's message, led by the key it is about (`producer.listen: invalid
+/// socket address syntax`): the error of a table carries its key only in its display.
+fn keyed_message(error: &toml::de::Error) -> String {
+    let display = error.to_string();
+    let key = display
+        .lines()
+        .find_map(|line| line.strip_prefix("in `")?.strip_suffix('`'));
+    match key {
+        Some(key) => format!("{key}: {}", error.message()),
+        None => error.message().to_owned(),
+    }
 }
 
 #[cfg(test)]

@@ -78,8 +78,9 @@ use sluice_core::ids::{BusinessKey, CommandKey, LeaseEpoch, RunId, ToolName};
 use sluice_core::time::{Clock, SystemClock, Timestamp};
 use sluice_ledger::quarantine::Quarantine;
 use sluice_ledger::{
-    AuditTrail, Cas, Claim, DueItem, Guard, Ledger, LedgerError, Member, PurgeReport, Reserved,
-    RunCursor, RunSummary, SYSTEM_RUN, ShardCas, ShardLease, SweepView, Transition, cap_result,
+    AuditTrail, Cas, Claim, Closing, DueItem, Guard, Ledger, LedgerError, Member, PurgeReport,
+    Reserved, RunCursor, RunSummary, SYSTEM_RUN, ShardCas, ShardLease, SweepView, Transition,
+    cap_result,
 };
 
 use crate::CqlError;
@@ -485,11 +486,14 @@ impl CommandStore for CqlLedger {
         run_id: &RunId,
         draft: AuditDraft,
         at: Timestamp,
-    ) -> Result<AuditEntry, LedgerError> {
+    ) -> Result<Closing, LedgerError> {
         sluice_faults::point!("ledger.close_run.pre");
-        let entry = self.append_run_record(run_id, draft, at, true).await;
+        let closing = self.append_run_record(run_id, draft, at, true).await;
         sluice_faults::point!("ledger.close_run.post");
-        entry
+        Ok(match closing? {
+            Some(entry) => Closing::Closed(Box::new(entry)),
+            None => Closing::AlreadyClosed,
+        })
     }
 
     async fn purge(
@@ -498,9 +502,12 @@ impl CommandStore for CqlLedger {
         max_runs: usize,
         actor: &str,
         now: Timestamp,
+        dry_run: bool,
     ) -> Result<PurgeReport, LedgerError> {
         sluice_faults::point!("ledger.purge.pre");
-        let report = self.purge_runs(older_than, max_runs, actor, now).await;
+        let report = self
+            .purge_runs(older_than, max_runs, actor, now, dry_run)
+            .await;
         sluice_faults::point!("ledger.purge.post");
         report
     }
@@ -517,7 +524,7 @@ impl AuditStore for CqlLedger {
         sluice_faults::point!("ledger.audit_append.pre");
         let entry = self.append_run_record(run_id, draft, at, false).await;
         sluice_faults::point!("ledger.audit_append.post");
-        entry
+        entry?.ok_or_else(|| self.too_contended(Op::AuditAppend, run_id.as_str()))
     }
 
     async fn audit_read(&self, run_id: &RunId) -> Result<AuditTrail, LedgerError> {
@@ -651,20 +658,26 @@ impl Ledger for CqlLedger {
 }
 
 impl CqlLedger {
-    /// Appends a run-level record; with `close`, the same LWT closes the run.
+    /// Appends a run-level record; with `close`, the same LWT closes the run, and a run found
+    /// closed already is `None`, with nothing written.
     async fn append_run_record(
         &self,
         run_id: &RunId,
         draft: AuditDraft,
         at: Timestamp,
         close: bool,
-    ) -> Result<AuditEntry, LedgerError> {
+    ) -> Result<Option<AuditEntry>, LedgerError> {
         let op = Op::AuditAppend;
         self.inner.stats.call(op);
         let record = PreparedRecord::new(run_id, draft, at);
         let run = run_id.as_str();
         for attempt in 0..self.inner.config.max_attempts {
             let head = self.read_head(op, run, false).await?;
+            // Closed once: the append below is conditioned on the head read here, so of closes
+            // racing on an open run one applies and the others, retrying, find it closed.
+            if close && head.closed {
+                return Ok(None);
+            }
             let created_at = head.run_created_at.unwrap_or_else(|| at.as_millis());
             let register =
                 (head.run_created_at.is_none() && run != SYSTEM_RUN).then_some(created_at);
@@ -707,7 +720,7 @@ impl CqlLedger {
                 after.closed |= close;
                 self.remember_head(run, &after);
                 self.insert_own(op, run, &sealed, write_id).await;
-                return Ok(record.entry(&sealed));
+                return Ok(Some(record.entry(&sealed)));
             }
         }
         Err(self.too_contended(op, run))

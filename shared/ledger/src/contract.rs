@@ -25,8 +25,8 @@ use sluice_core::retention::Owed;
 use sluice_core::time::{Clock, SystemClock, Timestamp};
 
 use crate::{
-    Cas, Claim, Guard, KeptRun, Ledger, LedgerError, MAX_RESULT_BYTES, Reserved, RunCursor,
-    SYSTEM_RUN, Transition,
+    Cas, Claim, Closing, Guard, KeptRun, Ledger, LedgerError, MAX_RESULT_BYTES, Reserved,
+    RunCursor, SYSTEM_RUN, Transition,
 };
 
 /// Generates one test per contract check for the ledger made by `$make`.
@@ -51,6 +51,8 @@ macro_rules! ledger_contract_tests {
             unknown_commands_conflict_with_none,
             audit_append_records_run_level_facts,
             a_closed_run_takes_no_new_commands_and_replays_its_own,
+            eight_rollbacks_at_once_close_a_run_once,
+            a_dry_run_purge_reports_what_a_purge_would_remove_and_removes_nothing,
             purge_removes_finished_runs_and_leaves_checkpoints,
             purge_keeps_runs_that_still_owe_work,
             list_runs_shows_recent_runs_with_open_counts,
@@ -76,8 +78,12 @@ macro_rules! ledger_contract_tests {
     };
 }
 
+mod closing;
+mod purge_preview;
 mod shards;
 mod takeover;
+pub use closing::eight_rollbacks_at_once_close_a_run_once;
+pub use purge_preview::a_dry_run_purge_reports_what_a_purge_would_remove_and_removes_nothing;
 pub use shards::{
     due_in_returns_only_the_listed_shards,
     shard_leases_are_taken_renewed_and_released_under_their_epoch,
@@ -909,10 +915,12 @@ pub async fn a_closed_run_takes_no_new_commands_and_replays_its_own(ledger: Arc<
         evidence: json!({}),
     };
     let closing = ledger.close_run(&run, draft(), now()).await.expect("close");
-    assert_eq!(
-        closing.record.seq, 1,
-        "the record follows the reservation's"
-    );
+    match closing {
+        Closing::Closed(entry) => {
+            assert_eq!(entry.record.seq, 1, "the record follows the reservation's");
+        }
+        Closing::AlreadyClosed => panic!("an open run is closed by its first close"),
+    }
 
     // Nothing new goes in, with or without a business key, whatever the process caches.
     for fresh in [
@@ -959,18 +967,18 @@ pub async fn a_closed_run_takes_no_new_commands_and_replays_its_own(ledger: Arc<
         ledger.reserve(drifted, audit).await,
         Err(LedgerError::ArgumentDrift { .. })
     ));
-    // Closing again only records again; a plain run-level record does not reopen the run;
-    // other runs are untouched.
+    // Closing again writes nothing; a plain run-level record does not reopen the run; other
+    // runs are untouched.
     let twice = ledger
         .close_run(&run, draft(), now())
         .await
         .expect("close again");
-    assert_eq!(twice.record.seq, 2);
+    assert_eq!(twice, Closing::AlreadyClosed);
     let note = ledger
         .audit_append(&run, draft(), now())
         .await
         .expect("a note");
-    assert_eq!(note.record.seq, 3);
+    assert_eq!(note.record.seq, 2);
     let later = command(&run, 4, "email/send", 0, json!({}));
     let audit = later.reservation_audit("contract");
     assert!(matches!(
@@ -981,8 +989,8 @@ pub async fn a_closed_run_takes_no_new_commands_and_replays_its_own(ledger: Arc<
     let trail = ledger.audit_read(&run).await.expect("audit");
     assert_eq!(
         trail.entries.len(),
-        4,
-        "the reservation, two closing records and the note only"
+        3,
+        "the reservation, one closing record and the note only"
     );
     verify(&run, None, &trail.entries).expect("verifies");
     assert_eq!(
@@ -1018,7 +1026,7 @@ pub async fn purge_removes_finished_runs_and_leaves_checkpoints(ledger: Arc<dyn 
     // Other tests' finished runs may be purged too; loop until ours is gone.
     for _ in 0..100 {
         let batch = ledger
-            .purge(cutoff, 10_000, "retention", now())
+            .purge(cutoff, 10_000, "retention", now(), false)
             .await
             .expect("purge");
         let found = batch.checkpoints.iter().any(|c| c.run_id == done);
@@ -1170,7 +1178,7 @@ pub async fn purge_keeps_runs_that_still_owe_work(ledger: Arc<dyn Ledger>) {
     // or a purge would stop at them for good.
     for _ in 0..100 {
         let batch = ledger
-            .purge(cutoff, 1, "retention", now())
+            .purge(cutoff, 1, "retention", now(), false)
             .await
             .expect("purge");
         assert!(batch.runs <= 1, "{batch:?}");

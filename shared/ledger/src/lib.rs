@@ -206,9 +206,24 @@ pub struct AuditTrail {
     pub entries: Vec<AuditEntry>,
 }
 
-/// What a purge removed, and the runs it kept although they looked finished.
+/// What [`CommandStore::close_run`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Closing {
+    /// The run was open: its record was appended and the run closed, in one write.
+    Closed(Box<AuditEntry>),
+    /// The run was closed before (by an earlier close, or one racing this one): nothing was
+    /// written.
+    AlreadyClosed,
+}
+
+/// What a purge removed (or, for a dry run, would remove), and the runs it kept although they
+/// looked finished.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct PurgeReport {
+    /// A dry run: the counts and checkpoints are what a purge would remove and leave now;
+    /// nothing was removed or recorded.
+    #[serde(default)]
+    pub dry_run: bool,
     pub runs: u64,
     pub commands: u64,
     pub audit_records: u64,
@@ -408,26 +423,30 @@ pub trait CommandStore: Send + Sync + std::fmt::Debug + 'static {
     /// Appends a run-level record (a rollback request) and, in the same write, closes the run:
     /// from then on [`CommandStore::reserve`] refuses new commands in it with
     /// [`LedgerError::RunClosed`]; a command already there still replays (or drifts) as before.
-    /// Closing a closed run appends the record again and changes nothing else.
+    /// A run is closed once: closing a closed run writes nothing and answers
+    /// [`Closing::AlreadyClosed`], and of any number of closes racing on an open run exactly one
+    /// appends its record (the check and the write are one compare-and-set on the run).
     async fn close_run(
         &self,
         run_id: &RunId,
         draft: AuditDraft,
         at: Timestamp,
-    ) -> Result<AuditEntry, LedgerError>;
+    ) -> Result<Closing, LedgerError>;
 
     /// Removes whole runs whose commands are all terminal and owe nothing more
     /// (`sluice_core::retention::purge_verdict`) and that have not changed since `older_than`,
     /// with their audit records and business keys, leaving a checkpoint per run and recording
     /// the purge in the [`SYSTEM_RUN`] chain. At most `max_runs` per call. A run whose commands
     /// are all terminal but one still owes work (a last look, a duplicate's clean-up) is left
-    /// whole and reported in [`PurgeReport::kept`].
+    /// whole and reported in [`PurgeReport::kept`]. With `dry_run`, the same choice is made and
+    /// reported (with the checkpoints a purge would leave) but nothing is written at all.
     async fn purge(
         &self,
         older_than: Timestamp,
         max_runs: usize,
         actor: &str,
         now: Timestamp,
+        dry_run: bool,
     ) -> Result<PurgeReport, LedgerError>;
 
     /// A copy of a command waiting for dispatch ([`Command::awaits_dispatch`]: PENDING,

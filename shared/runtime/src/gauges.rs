@@ -441,7 +441,7 @@ impl CommandStore for GaugedLedger {
         run_id: &RunId,
         draft: AuditDraft,
         at: Timestamp,
-    ) -> Result<AuditEntry, LedgerError> {
+    ) -> Result<sluice_ledger::Closing, LedgerError> {
         self.inner.close_run(run_id, draft, at).await
     }
 
@@ -452,8 +452,11 @@ impl CommandStore for GaugedLedger {
         max_runs: usize,
         actor: &str,
         now: Timestamp,
+        dry_run: bool,
     ) -> Result<PurgeReport, LedgerError> {
-        self.inner.purge(older_than, max_runs, actor, now).await
+        self.inner
+            .purge(older_than, max_runs, actor, now, dry_run)
+            .await
     }
 
     fn cached(&self, run_id: &RunId, command_key: &CommandKey) -> Option<Command> {

@@ -16,7 +16,7 @@ use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{self, Action, Event, Refusal, Step};
 use sluice_core::time::Clock;
-use sluice_ledger::{Cas, Ledger, LedgerError, Transition};
+use sluice_ledger::{Cas, Closing, Ledger, LedgerError, Transition};
 use thiserror::Error;
 use tracing::Instrument;
 
@@ -80,6 +80,9 @@ pub struct Current {
     pub trusted: bool,
 }
 
+/// How the record of a run's rollback begins; the operator's reason follows.
+pub const ROLLBACK_RECORD: &str = "run rollback: ";
+
 /// What [`Context::begin_rollback`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RollbackBegun {
@@ -91,6 +94,17 @@ pub struct RollbackBegun {
     pub in_flight: Vec<String>,
     /// How many of them were marked.
     pub marked: usize,
+    /// The run was rolled back before: no second rollback record was written, and only what
+    /// the first left undone (a rollback cut short by a crash) was taken now.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub already: bool,
+}
+
+impl RollbackBegun {
+    /// Whether this call moved any command.
+    pub fn moved_any(&self) -> bool {
+        self.cancelled + self.compensating + self.no_compensation + self.marked > 0
+    }
 }
 
 /// The span of one guarded write: `lease` (taking a lease), `finalize` (a call's outcome), or
@@ -434,8 +448,12 @@ impl Context {
             })
             .map(|c| c.command_key.to_string())
             .collect();
-        // Recorded and closed in one write: from here on the run takes no new effects.
-        self.ledger
+        // Recorded and closed in one write: from here on the run takes no new effects. A run
+        // closed before gets no second record; its commands are still driven below, so a
+        // rollback cut short after its close is finished by the next one (and one that ran to
+        // its end writes nothing more: the core has no rollback step for an undone command).
+        let closing = self
+            .ledger
             .close_run(
                 run_id,
                 sluice_core::audit::AuditDraft {
@@ -443,7 +461,7 @@ impl Context {
                     from: None,
                     to: None,
                     actor: actor.to_owned(),
-                    reason: format!("run rollback: {reason}"),
+                    reason: format!("{ROLLBACK_RECORD}{reason}"),
                     evidence: serde_json::json!({
                         "commands": commands.len(),
                         "in_flight": in_flight,
@@ -452,6 +470,7 @@ impl Context {
                 self.clock.now(),
             )
             .await?;
+        let already = matches!(closing, Closing::AlreadyClosed);
         // Read again now that the run is closed: a command reserved between the first read and
         // the close (the reservation checks the close atomically) is in this list, so nothing
         // the run accepted escapes the rollback.
@@ -462,6 +481,7 @@ impl Context {
         };
         let mut begun = RollbackBegun {
             in_flight,
+            already,
             ..RollbackBegun::default()
         };
         // Last in the journal first, as the compensations will run. What to do with each is the
@@ -470,7 +490,15 @@ impl Context {
         for command in commands.iter().rev() {
             let driven = self
                 .drive_from(command.clone(), actor, |current| {
-                    machine::rollback_event(&current.state, current.semantics, &operator)
+                    if already {
+                        machine::repeated_rollback_event(
+                            &current.state,
+                            current.semantics,
+                            &operator,
+                        )
+                    } else {
+                        machine::rollback_event(&current.state, current.semantics, &operator)
+                    }
                 })
                 .await?;
             if let Driven::Applied(command, step) = driven {

@@ -319,6 +319,10 @@ export interface paths {
          * Roll the run back (compensation in reverse journal order)
          * @description An admin may roll back any run; an agent only a run whose every command it submitted
          *     (the run failed, its side effects are undone). Anyone else is answered 403.
+         *     A run is rolled back once: asked again, the answer is 200 with `already_rolled_back`,
+         *     the first rollback's record and where the run stands, and nothing is written (two
+         *     rollbacks at once write one record). A rollback cut short by a crash is finished by
+         *     the next request, which answers 202 with `already_rolled_back` too.
          */
         post: operations["rollback"];
         delete?: never;
@@ -375,7 +379,9 @@ export interface paths {
          * @description Removes whole runs whose commands are all terminal, with their idempotency and business
          *     keys and audit records, leaving per run a checkpoint (last hash, count, purge time) so
          *     what remains still verifies. The request and what it removed are recorded in the
-         *     `sluice.system` chain. A run whose commands are all terminal but one still owes work — a
+         *     `sluice.system` chain. With `dry_run`, the answer is what a purge would remove now
+         *     (runs, counts, the checkpoints it would leave) and keep, and nothing is removed or
+         *     recorded. A run whose commands are all terminal but one still owes work — a
          *     last look for a late or second commit, or the clean-up of a duplicate already found — is
          *     kept whole (commands, business keys, chain) and reported in `kept`: purging it would drop
          *     that work and free its business key.
@@ -728,6 +734,20 @@ export interface components {
             created_at: components["schemas"]["Timestamp"];
             updated_at: components["schemas"]["Timestamp"];
             open_commands: number;
+        };
+        RollbackBegun: {
+            cancelled: number;
+            compensating: number;
+            no_compensation: number;
+            /** @description Commands in flight when the rollback began (leased, UNKNOWN, retrying after an ambiguous attempt, STUCK); each is undone once its outcome is known. */
+            in_flight: string[];
+            /** @description How many of them were marked for undoing. */
+            marked: number;
+            /**
+             * @description Present when the run was rolled back before: no second rollback record was written
+             * @constant
+             */
+            already?: true;
         };
         RollbackProgress: {
             done: boolean;
@@ -1584,6 +1604,30 @@ export interface operations {
             };
         };
         responses: {
+            /** @description Rolled back before, with nothing left to take; nothing was written */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        run_id: components["schemas"]["RunId"];
+                        /** @constant */
+                        already_rolled_back: true;
+                        /** @description Says the run is already rolled back, when, by whom and why */
+                        message: string;
+                        /** @description The first rollback's record */
+                        rolled_back: null | {
+                            at: components["schemas"]["Timestamp"];
+                            actor: string;
+                            reason: string;
+                        };
+                        rollback: components["schemas"]["RollbackBegun"];
+                        progress: components["schemas"]["RollbackProgress"];
+                        effects: components["schemas"]["Command"][];
+                    };
+                };
+            };
             /** @description Begun durably; the compensations run in the background */
             202: {
                 headers: {
@@ -1592,15 +1636,9 @@ export interface operations {
                 content: {
                     "application/json": {
                         run_id: components["schemas"]["RunId"];
-                        rollback: {
-                            cancelled: number;
-                            compensating: number;
-                            no_compensation: number;
-                            /** @description Commands in flight when the rollback began (leased, UNKNOWN, retrying after an ambiguous attempt, STUCK); each is undone once its outcome is known. */
-                            in_flight: string[];
-                            /** @description How many of them were marked for undoing. */
-                            marked: number;
-                        };
+                        /** @description The run was rolled back before: this request finished what that rollback left undone */
+                        already_rolled_back: boolean;
+                        rollback: components["schemas"]["RollbackBegun"];
                         progress: components["schemas"]["RollbackProgress"];
                         effects: components["schemas"]["Command"][];
                     };
@@ -1726,11 +1764,16 @@ export interface operations {
                     reason: components["schemas"]["Reason"];
                     /** @description How many runs this call purges at most; absent or null: 1000 */
                     max_runs?: number | null;
+                    /**
+                     * @description Report what would be removed and kept; remove and record nothing
+                     * @default false
+                     */
+                    dry_run?: boolean;
                 };
             };
         };
         responses: {
-            /** @description What was removed */
+            /** @description What was removed (or, for a dry run, would be) */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -1740,6 +1783,8 @@ export interface operations {
                         older_than: components["schemas"]["Timestamp"];
                         actor: string;
                         report: {
+                            /** @description A dry run: nothing was removed; the counts and checkpoints are what a purge would remove and leave */
+                            dry_run: boolean;
                             runs: number;
                             commands: number;
                             audit_records: number;

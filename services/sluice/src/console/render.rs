@@ -102,16 +102,23 @@ pub(super) fn audit_table(trail: &Value) -> String {
         ]);
     }
     let mut out = String::new();
-    if let Some(cp) = trail["checkpoint"].as_object() {
-        out.push_str(&format!(
-            "checkpoint: {} records purged at {}, last hash {}\n",
-            text(&cp["count"].clone()),
-            text(&cp["purged_at"].clone()),
-            text(&cp["last_hash"].clone())
-        ));
+    if let Some(facts) = checkpoint_facts(&trail["checkpoint"]) {
+        out.push_str(&format!("checkpoint: {facts}\n"));
     }
     out.push_str(&format!("{t}\n{} record(s)", entries.len()));
     out
+}
+
+/// What the checkpoint a purge left of a run's chain says; `None` for a run never purged.
+pub(super) fn checkpoint_facts(checkpoint: &Value) -> Option<String> {
+    let cp = checkpoint.as_object()?;
+    let field = |key: &str| text(cp.get(key).unwrap_or(&Value::Null));
+    Some(format!(
+        "{} record(s) purged at {}, last hash {}",
+        field("count"),
+        field("purged_at"),
+        field("last_hash")
+    ))
 }
 
 pub(super) fn progress_table(progress: &Value) -> String {
@@ -221,15 +228,24 @@ pub(super) fn render(command: &ConsoleCommand, body: &Value) -> String {
                 text(&body["next"])
             )
         }
-        ConsoleCommand::Rollback { .. } => progress_table(&body["progress"]),
+        ConsoleCommand::Rollback { .. } => match body["message"].as_str() {
+            Some(message) if body["already_rolled_back"] == json!(true) => {
+                format!("{message}\n{}", progress_table(&body["progress"]))
+            }
+            _ => progress_table(&body["progress"]),
+        },
         ConsoleCommand::Audit(AuditCommand::Show { .. }) => audit_table(body),
         ConsoleCommand::Audit(AuditCommand::Verify { .. }) => {
             if body["valid"] == json!(true) {
-                format!(
+                let verified = format!(
                     "audit chain of {} verifies: {} record(s)",
                     text(&body["run_id"]),
                     text(&body["records"])
-                )
+                );
+                match checkpoint_facts(&body["checkpoint"]) {
+                    Some(facts) => format!("{verified} after its checkpoint ({facts})"),
+                    None => verified,
+                }
             } else {
                 format!(
                     "audit chain of {} is BROKEN at seq {} ({}): {}",
@@ -244,22 +260,56 @@ pub(super) fn render(command: &ConsoleCommand, body: &Value) -> String {
     }
 }
 
-/// What a purge removed, then the runs it kept because a command still owes work.
+/// How many removed runs a purge's report names; the rest are counted.
+const PURGED_LISTED: usize = 50;
+
+/// What a purge removed (or, for a dry run, would remove) run by run, then the runs it kept
+/// because a command still owes work.
 pub(super) fn render_purge(report: &Value) -> String {
+    let dry_run = report["dry_run"] == json!(true);
     let mut out = format!(
-        "purged {} run(s): {} command(s), {} audit record(s), {} business key(s); checkpoints kept",
+        "{} {} run(s): {} command(s), {} audit record(s), {} business key(s); {}",
+        if dry_run {
+            "dry run, nothing removed: would purge"
+        } else {
+            "purged"
+        },
         text(&report["runs"]),
         text(&report["commands"]),
         text(&report["audit_records"]),
-        text(&report["business_keys"])
+        text(&report["business_keys"]),
+        if dry_run {
+            "each would keep its audit checkpoint"
+        } else {
+            "checkpoints kept"
+        }
     );
+    let removed = report["checkpoints"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !removed.is_empty() {
+        let mut table = table(&["run", "audit records", "checkpoint hash"]);
+        for checkpoint in removed.iter().take(PURGED_LISTED) {
+            table.add_row([
+                text(&checkpoint["run_id"]),
+                text(&checkpoint["count"]),
+                text(&checkpoint["last_hash"]),
+            ]);
+        }
+        out.push_str(&format!("\n{table}"));
+        if removed.len() > PURGED_LISTED {
+            out.push_str(&format!("\n… and {} more", removed.len() - PURGED_LISTED));
+        }
+    }
     let kept = report["kept"].as_array().cloned().unwrap_or_default();
     let counted = report["kept_runs"].as_u64().unwrap_or(kept.len() as u64);
     if counted == 0 {
         return out;
     }
     out.push_str(&format!(
-        "\nkept {counted} finished run(s) that still owe work (purged once it is done):"
+        "\n{} {counted} finished run(s) that still owe work (purged once it is done):",
+        if dry_run { "would keep" } else { "kept" }
     ));
     let mut table = table(&["run", "command", "still owed"]);
     for run in &kept {

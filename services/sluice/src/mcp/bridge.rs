@@ -160,6 +160,23 @@ impl Bridge {
             .collect())
     }
 
+    /// Checks that Sluice knows `token` (`GET /v1/whoami`): what `initialize` asks before a
+    /// client is told it is connected.
+    pub async fn check_token(&self, token: Option<&str>) -> Result<(), BridgeError> {
+        let (status, body) = self
+            .call(Method::GET, "/v1/whoami", None, token, None)
+            .await?;
+        if status == StatusCode::OK {
+            return Ok(());
+        }
+        Err(refused(status, "GET /v1/whoami", &body))
+    }
+
+    /// Where the producer's API is.
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
     /// Submits the call as an effect and follows it until it settles or `max_wait` passes.
     pub async fn run_call(
         &self,

@@ -85,6 +85,24 @@ pub struct McpArgs {
     /// The longest one call waits for its effect to settle before answering "still running".
     #[arg(long, default_value = "120", value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub max_wait_s: u64,
+    /// Log filter on stderr, e.g. `info` or `sluice=debug,warn`; else `RUST_LOG`; else `warn`
+    /// over stdio (an MCP client shows a server's stderr to its user) and `info` over HTTP.
+    #[arg(long)]
+    pub log_level: Option<String>,
+}
+
+impl McpArgs {
+    /// The log filter: `--log-level`, else `rust_log` (the `RUST_LOG` variable), else quiet
+    /// over stdio and `info` over HTTP.
+    pub fn log_filter(&self, rust_log: Option<String>) -> String {
+        self.log_level
+            .clone()
+            .or_else(|| rust_log.filter(|filter| !filter.trim().is_empty()))
+            .unwrap_or_else(|| match self.transport {
+                Transport::Stdio => "warn".to_owned(),
+                Transport::Http => "info".to_owned(),
+            })
+    }
 }
 
 /// Serves MCP until the client goes (stdio) or `shutdown` (HTTP).
@@ -148,6 +166,7 @@ pub async fn run(
                 );
             let router = axum::Router::new()
                 .nest_service("/mcp", service)
+                .layer(axum::middleware::from_fn(a_deleted_session_is_204))
                 .layer(axum::middleware::from_fn(callers_bring_a_token));
             let listener = tokio::net::TcpListener::bind(args.listen).await?;
             // The first line of stdout says where it listens (scripts and tests read it).
@@ -251,6 +270,40 @@ async fn callers_bring_a_token(
         axum::Json(body),
     )
         .into_response()
+}
+
+/// A session's DELETE (the client ends it, as the transport specification has it) is
+/// answered 204 No Content: rmcp closes the session before it answers, so the deletion is
+/// done, not accepted for later, and its 202 made the official Python SDK log "Session
+/// termination failed" (it takes 200 or 204).
+async fn a_deleted_session_is_204(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let delete = request.method() == axum::http::Method::DELETE;
+    let mut response = next.run(request).await;
+    if delete && response.status() == axum::http::StatusCode::ACCEPTED {
+        *response.status_mut() = axum::http::StatusCode::NO_CONTENT;
+        *response.body_mut() = axum::body::Body::empty();
+    }
+    response
+}
+
+/// The error `initialize` answers when Sluice refuses the caller's token (or cannot be
+/// reached): the client shows it at connection, before any tool is listed. Never the token.
+fn unusable_token(error: &BridgeError, transport: Transport, url: &str) -> ErrorData {
+    let message = match error {
+        BridgeError::Refused { status: 401, .. } => match transport {
+            Transport::Stdio => format!(
+                "the token is not recognised by Sluice at {url}: set SLUICE_TOKEN (or --token) to a token of its [[auth.tokens]] (sluice dev prints one)"
+            ),
+            Transport::Http => format!(
+                "the bearer token is not recognised by Sluice at {url}: send a token of its [[auth.tokens]] in Authorization"
+            ),
+        },
+        other => format!("sluice mcp cannot check its token with Sluice: {other}"),
+    };
+    ErrorData::new(rmcp::model::ErrorCode(-32001), message, None)
 }
 
 /// What the HTTP transport knows of the caller: its bearer token and its session.
@@ -371,6 +424,23 @@ impl ServerHandler for SluiceMcp {
                  once. A call that waits for a person (approval, or an outcome nobody can \
                  determine) says so with its command key: do not repeat it.",
             )
+    }
+
+    /// Checks the caller's token with Sluice first: a wrong token is refused here, with a
+    /// message the client shows, rather than at the first `tools/list` as an internal error.
+    async fn initialize(
+        &self,
+        request: rmcp::model::InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::InitializeResult, ErrorData> {
+        let (bearer, _) = http_caller(&context);
+        let token = credential(self.transport, bearer, self.own_token.as_ref())?;
+        self.bridge
+            .check_token(token.as_deref())
+            .await
+            .map_err(|e| unusable_token(&e, self.transport, self.bridge.url()))?;
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
     }
 
     async fn list_tools(

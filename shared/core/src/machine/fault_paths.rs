@@ -663,6 +663,33 @@ fn a_rollback_keeps_the_last_look_owed_and_a_commit_still_standing_is_escalated(
     assert_eq!(clean.state.due_at, None);
 }
 
+/// A rollback asked again writes nothing for what the first left as it should be, and still
+/// takes what a crash left undone.
+#[test]
+fn a_repeated_rollback_marks_no_cancelled_command_and_takes_what_was_left() {
+    let operator = op("again");
+    let mut state = CommandState::reserved(at(0), None, 10_000);
+    state.status = S::Cancelled;
+    assert!(rollback_event(&state, E::NonIdempotent, &operator).is_some());
+    assert_eq!(
+        repeated_rollback_event(&state, E::NonIdempotent, &operator),
+        None
+    );
+    for (status, expected) in [
+        (S::Blocked, Some(EventKind::Cancel)),
+        (S::Confirmed, Some(EventKind::Rollback)),
+        (S::Failed, Some(EventKind::MarkRollback)),
+        (S::NoCompensation, None),
+    ] {
+        state.status = status;
+        assert_eq!(
+            repeated_rollback_event(&state, E::NonIdempotent, &operator).map(|e| e.kind()),
+            expected,
+            "{status}"
+        );
+    }
+}
+
 /// Found by the fault runner (seed 1): a rollback that listed a command SCHEDULED skipped it
 /// when it had fallen due meanwhile; the core now decides on the command as it is.
 #[test]

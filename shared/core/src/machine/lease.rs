@@ -43,6 +43,23 @@ pub fn rollback_event(
     }
 }
 
+/// [`rollback_event`] for a rollback asked again of a run an earlier rollback closed: what the
+/// first left undone (a crash cut it short) is still taken — a cancel, an undo, the mark of a
+/// command in flight or FAILED (a FAILED one could otherwise be replayed into the closed run) —
+/// but a CANCELLED command is not marked. The first rollback cancels without marking, and a
+/// CANCELLED command never committed and is never replayed, so its mark would be a record
+/// written for nothing, on every repeat.
+pub fn repeated_rollback_event(
+    state: &CommandState,
+    semantics: EffectSemantics,
+    operator: &Operator,
+) -> Option<Event> {
+    match state.status {
+        CommandStatus::Cancelled => None,
+        _ => rollback_event(state, semantics, operator),
+    }
+}
+
 /// Of a run's commands in journal order, the one whose compensation may run now: the last one
 /// still to be undone. Compensation is last-in-first-out: nothing earlier in the journal is
 /// undone while a later command is COMPENSATING or still in flight under a rollback (its

@@ -83,10 +83,14 @@ impl CqlLedger {
         max_runs: usize,
         actor: &str,
         now: Timestamp,
+        dry_run: bool,
     ) -> Result<PurgeReport, LedgerError> {
         let op = Op::Purge;
         self.inner.stats.call(op);
-        let mut report = PurgeReport::default();
+        let mut report = PurgeReport {
+            dry_run,
+            ..PurgeReport::default()
+        };
         let cursor_day = self
             .plain(
                 op,
@@ -142,6 +146,9 @@ impl CqlLedger {
                 new_cursor = Some(day + 1);
             }
             day += 1;
+        }
+        if dry_run {
+            return Ok(report);
         }
         if let Some(next) = new_cursor {
             self.plain(
@@ -245,7 +252,7 @@ impl CqlLedger {
             .await?;
         let head = rows.first().map_or_else(Head::empty, Head::of);
         if head.run_created_at != Some(created_at) {
-            if created_at < clock - STALE_RUN_ENTRY_MS {
+            if created_at < clock - STALE_RUN_ENTRY_MS && !report.dry_run {
                 self.plain(
                     op,
                     "delete stale run entry",
@@ -288,6 +295,24 @@ impl CqlLedger {
         // appended since the read. A reservation that read the head before now fails its LWT
         // (run_created_at changed) and registers the run afresh, continuing the chain.
         let hash = head.chain.hash.clone();
+        if report.dry_run {
+            // What the purge below would remove and leave, read from the rows above.
+            let run_id = RunId::parse(run).map_err(|e| bad("run id", run, e.to_string()))?;
+            report.runs += 1;
+            report.commands += commands.len() as u64;
+            report.audit_records += u64::try_from(count - head.floor()).unwrap_or(0);
+            report.business_keys += commands
+                .iter()
+                .filter(|c| c.command().business_key.is_some())
+                .count() as u64;
+            report.checkpoints.push(Checkpoint {
+                run_id,
+                last_hash: hash,
+                count: u64::try_from(count).unwrap_or(0),
+                purged_at: now,
+            });
+            return Ok(false);
+        }
         let fenced = self
             .lwt(
                 op,

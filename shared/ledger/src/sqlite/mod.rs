@@ -44,8 +44,8 @@ use sluice_core::time::{Clock, SystemClock, Timestamp};
 use crate::identity::Identity;
 use crate::quarantine::Quarantine;
 use crate::{
-    AuditTrail, Cas, Claim, DueItem, Ledger, LedgerError, Member, PurgeReport, Reserved, RunCursor,
-    RunSummary, SYSTEM_RUN, ShardCas, ShardLease, SweepView, Transition, cap_result,
+    AuditTrail, Cas, Claim, Closing, DueItem, Ledger, LedgerError, Member, PurgeReport, Reserved,
+    RunCursor, RunSummary, SYSTEM_RUN, ShardCas, ShardLease, SweepView, Transition, cap_result,
 };
 
 use self::schema::{
@@ -259,7 +259,7 @@ impl SqliteLedger {
         }
     }
 
-    /// Sends a run-level record (`Op::Append`, `Op::Close`) to the writer; its chain entry.
+    /// Sends a run-level record (`Op::Append`) to the writer; its chain entry.
     async fn entry(&self, op: Op) -> Result<AuditEntry, LedgerError> {
         match self.submit(op).await?.result? {
             Reply::Entry(entry) => Ok(entry),
@@ -606,12 +606,16 @@ impl CommandStore for SqliteLedger {
         run_id: &RunId,
         draft: AuditDraft,
         at: Timestamp,
-    ) -> Result<AuditEntry, LedgerError> {
+    ) -> Result<Closing, LedgerError> {
         let record = PreparedRecord::new(run_id, draft, at);
         sluice_faults::point!("ledger.close_run.pre");
-        let entry = self.entry(Op::Close(record)).await;
+        let answer = self.submit(Op::Close(record)).await;
         sluice_faults::point!("ledger.close_run.post");
-        entry
+        match answer?.result? {
+            Reply::Entry(entry) => Ok(Closing::Closed(Box::new(entry))),
+            Reply::AlreadyClosed => Ok(Closing::AlreadyClosed),
+            _ => Err(LedgerError::Closed),
+        }
     }
 
     async fn purge(
@@ -620,12 +624,14 @@ impl CommandStore for SqliteLedger {
         max_runs: usize,
         actor: &str,
         now: Timestamp,
+        dry_run: bool,
     ) -> Result<PurgeReport, LedgerError> {
         let op = Op::Purge {
             older_than,
             max_runs,
             actor: actor.to_owned(),
             now,
+            dry_run,
         };
         sluice_faults::point!("ledger.purge.pre");
         let answer = self.submit(op).await?;

@@ -80,6 +80,7 @@ pub(super) enum Op {
         max_runs: usize,
         actor: String,
         now: Timestamp,
+        dry_run: bool,
     },
     /// A sweep-shard lease written if the stored epoch is `guard`.
     ShardLease {
@@ -111,6 +112,8 @@ pub(super) enum Reply {
     Cas(CasReply),
     Claim(Claim),
     Entry(AuditEntry),
+    /// A close of a run that was closed already: nothing written.
+    AlreadyClosed,
     Purged(PurgeReport),
     Shard(crate::ShardCas),
     Announced,

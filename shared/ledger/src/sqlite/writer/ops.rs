@@ -57,6 +57,15 @@ impl Writer {
                 let link = self.append(record)?;
                 Ok(Reply::Entry(record.entry(&link)))
             }
+            // One writer: a run read as closed here is closed, and of two closes the second
+            // finds the first's mark.
+            Op::Close(record)
+                if self
+                    .stored_head(record.run_id())?
+                    .is_some_and(|head| head.closed) =>
+            {
+                Ok(Reply::AlreadyClosed)
+            }
             Op::Close(record) => {
                 let link = self.append(record)?;
                 let head = self.head(record.run_id(), record.at())?;
@@ -74,8 +83,18 @@ impl Writer {
                 max_runs,
                 actor,
                 now,
+                dry_run: false,
             } => self
-                .purge(*older_than, *max_runs, actor, *now)?
+                .purge(*older_than, *max_runs, actor, *now, false)?
+                .map(Reply::Purged),
+            Op::Purge {
+                older_than,
+                max_runs,
+                actor,
+                now,
+                dry_run: true,
+            } => self
+                .purge_dry_run(*older_than, *max_runs, actor, *now)?
                 .map(Reply::Purged),
             Op::ShardLease { group, guard, next } => {
                 Ok(Reply::Shard(self.write_shard_lease(group, *guard, next)?))
@@ -495,6 +514,7 @@ impl Writer {
         max_runs: usize,
         actor: &str,
         now: Timestamp,
+        dry_run: bool,
     ) -> WriteResult<PurgeReport> {
         let mut report = PurgeReport::default();
         // Candidates in pages by run_seq: a run kept for owed work does not use up the call's
@@ -555,7 +575,7 @@ impl Writer {
                 }
             }
         }
-        if report.runs > 0 {
+        if report.runs > 0 && !dry_run {
             let system = RunId::parse(SYSTEM_RUN).expect("SYSTEM_RUN is a valid run id");
             let draft = AuditDraft {
                 command_key: None,
@@ -568,6 +588,28 @@ impl Writer {
             self.append(&PreparedRecord::new(&system, draft, now))?;
         }
         Ok(Ok(report))
+    }
+
+    /// [`Self::purge`] inside a savepoint rolled back at its end: the same choice of runs and
+    /// the same counts and checkpoints, with nothing written and no record of it. The cached
+    /// heads of the runs it removed are dropped by the purge itself, so the rolled-back rows
+    /// are read afresh; nothing else it touched is cached (the ledger's own record is not
+    /// appended on a dry run).
+    fn purge_dry_run(
+        &mut self,
+        older_than: Timestamp,
+        max_runs: usize,
+        actor: &str,
+        now: Timestamp,
+    ) -> WriteResult<PurgeReport> {
+        self.conn.execute_batch("SAVEPOINT purge_dry_run")?;
+        let report = self.purge(older_than, max_runs, actor, now, true);
+        self.conn
+            .execute_batch("ROLLBACK TO purge_dry_run; RELEASE purge_dry_run")?;
+        Ok(report?.map(|mut report| {
+            report.dry_run = true;
+            report
+        }))
     }
 
     /// The core's verdict on a run from its commands' states (`None`: a command that cannot
