@@ -5,7 +5,8 @@ against one demo upstream and one `sluice dev` (conftest.py), each as written.
    by bash with real curl (wrapped to record each answer's status, headers and body), each
    answer checked against the status and fields the README's comment shows; and the prose
    claims that follow the blocks (the same call again, the same wire from another run, another
-   amount, an unknown tool, a negative amount, a rolled-back run taking nothing new).
+   amount, an unknown tool, a negative amount, a rolled-back run taking nothing new, the wire
+   the misbehaving bank committed found by the status check, and only once).
 2. The Python quickstart, twice, with the python of a virtualenv that has ./sdk/python
    installed (SLUICE_README_PYTHON, made by scripts/suites/readme.sh).
 3. The TypeScript quickstart, twice, with node, against sdk/typescript as an installed package
@@ -121,10 +122,26 @@ class Answer:
 
 
 @dataclass
+class Shown:
+    """What the README's comment under a curl command shows of its answer: `# 201 {...}`."""
+
+    status: int | None
+    fields: dict[str, Any]  # the top-level "key":value pairs it names (strings, numbers, booleans)
+
+
+@dataclass
 class Block:
     text: str  # as the README shows it
-    status: int | None  # from its comment: `# 201 {...}`
-    fields: dict[str, str]  # the "key":"value" pairs its comment shows
+    shown: list[Shown]  # one per curl command in it, in order
+
+
+def shown(comment: str) -> Shown:
+    status = re.match(r"\s*(\d{3})\b", comment)
+    pairs = re.findall(r'"(\w+)":("[^"]*"|true|false|-?\d+)', comment)
+    return Shown(
+        status=int(status.group(1)) if status else None,
+        fields={name: json.loads(value) for name, value in pairs},
+    )
 
 
 def tour_blocks() -> list[Block]:
@@ -132,13 +149,15 @@ def tour_blocks() -> list[Block]:
     assert blocks and "cargo run" in blocks[0], "the tour's first block starts the servers"
     out = []
     for text in blocks[1:]:
-        comment = "\n".join(line[1:] for line in text.splitlines() if line.startswith("#"))
-        status = re.match(r"\s*(\d{3})\b", comment)
-        out.append(Block(
-            text=text,
-            status=int(status.group(1)) if status else None,
-            fields=dict(re.findall(r'"(\w+)":"([^"]*)"', comment)),
-        ))
+        # A command starts with `curl`; the whole-line comments after it show its answer.
+        comments: list[list[str]] = []
+        for line in text.splitlines():
+            if line.startswith("curl "):
+                comments.append([])
+            elif line.startswith("#"):
+                assert comments, f"a comment before any command:\n{text}"
+                comments[-1].append(line[1:])
+        out.append(Block(text=text, shown=[shown("\n".join(c)) for c in comments]))
     return out
 
 
@@ -181,15 +200,18 @@ def one(answers: list[Answer]) -> Answer:
     return answers[0]
 
 
-def as_shown(block: Block, answer: Answer) -> None:
-    """The answer is what the block's comment shows: its status and every field it names."""
-    where = f"the README's block\n{block.text}\nanswered {answer.status} {answer.body}"
-    if block.status is not None:
-        assert answer.status == block.status, where
-    else:
-        assert 200 <= answer.status < 300, where
-    for name, value in block.fields.items():
-        assert answer.field(name) == value, f"{name}: {where}"
+def as_shown(block: Block, answers: list[Answer]) -> list[Answer]:
+    """Each answer is what the block's comments show: its status and every field they name."""
+    assert len(answers) == len(block.shown), f"{len(answers)} curl calls from\n{block.text}"
+    for answer, expected in zip(answers, block.shown, strict=True):
+        where = f"the README's block\n{block.text}\nanswered {answer.status} {answer.body}"
+        if expected.status is not None:
+            assert answer.status == expected.status, where
+        else:
+            assert 200 <= answer.status < 300, where
+        for name, value in expected.fields.items():
+            assert answer.field(name) == value, f"{name}: {where}"
+    return answers
 
 
 def variant(text: str, old: str, new: str) -> str:
@@ -200,18 +222,21 @@ def variant(text: str, old: str, new: str) -> str:
 def test_1_the_curl_tour(servers: Servers, tmp_path: Path) -> None:
     wait_ready(servers)
     blocks = tour_blocks()
-    assert len(blocks) == 5, "submit, wait, submit and wait, list, roll back: update this test"
-    wire, wait, mail, listing, rollback = blocks
-    run = lambda text: one(run_curl(servers, text, tmp_path))
+    assert len(blocks) == 6, "submit, wait, submit and wait, list, roll back, faults: update this test"
+    wire, wait, mail, listing, rollback, faults = blocks
 
-    submitted = run(wire.text)
-    as_shown(wire, submitted)
-    assert wire.fields.get("status") == "PENDING", "the README shows the wire PENDING"
+    def run(text: str) -> Answer:
+        return one(run_curl(servers, text, tmp_path))
+
+    def run_shown(block: Block) -> list[Answer]:
+        return as_shown(block, run_curl(servers, block.text, tmp_path))
+
+    [submitted] = run_shown(wire)
+    assert wire.shown[0].fields.get("status") == "PENDING", "the README shows the wire PENDING"
     # The wire's business key names its beneficiary, so another beneficiary is another wire.
     assert submitted.field("business_key") == "acc-1:b-9:125000:2026-11-22", submitted
-    as_shown(wait, run(wait.text))
-    mailed = run(mail.text)
-    as_shown(mail, mailed)
+    run_shown(wait)
+    [mailed] = run_shown(mail)
 
     # "Submit the same call again: 200 and the same command, with "existing": "command_key""
     for block, first in ((wire, submitted), (mail, mailed)):
@@ -240,14 +265,23 @@ def test_1_the_curl_tour(servers: Servers, tmp_path: Path) -> None:
     assert api(servers, "/v1/runs/r-other/effects")["effects"] == [], "nothing new was recorded"
 
     # List a run: both effects are CONFIRMED by now.
-    listed = run(listing.text)
-    as_shown(listing, listed)
+    [listed] = run_shown(listing)
     assert [e["status"] for e in listed.field("effects")] == ["CONFIRMED", "CONFIRMED"], listed
 
     # Roll it back; "the run then takes no new effects: 409 run_rolled_back".
-    as_shown(rollback, run(rollback.text))
+    run_shown(rollback)
     late = run(variant(mail.text, '"decision": 4', '"decision": 9'))
     assert (late.status, late.error_code()) == (409, "run_rolled_back"), late
+
+    # The bank commits and answers 500: the wire goes UNKNOWN, then CONFIRMED from the status
+    # check, "with exactly one wire at the bank"; then the bank behaves again.
+    _, _, stats, _ = run_shown(faults)
+    assert stats.body["standing_wires_by_key"]["acc-1:b-4:9900:2026-11-22"] == 1, stats.body
+    assert stats.body["faults"]["commit_then_5xx"] == 1, stats.body
+    entries = api(servers, "/v1/runs/r-def/audit")["entries"]
+    went = [(e["to"], e["reason"]) for e in entries if e["to"] in ("UNKNOWN", "CONFIRMED")]
+    assert [to for to, _ in went[:2]] == ["UNKNOWN", "CONFIRMED"], entries
+    assert went[1][1] == "status check: present", entries
     DONE["tour"] = True
 
 
@@ -276,8 +310,8 @@ def test_2_the_python_quickstart(servers: Servers, tmp_path: Path) -> None:
     script = tmp_path / "quickstart.py"
     script.write_text(marked("python", "python"))
     out = run_twice([python, str(script)], tmp_path, servers)
-    # A wire and an email of their own: the tour's are w-1 and m-1.
-    assert out == "w-2 m-2\n", out
+    # A wire and an email of their own: the tour's are w-1, w-2 and m-1.
+    assert out == "w-3 m-2\n", out
     DONE["python"] = out
 
 
@@ -348,25 +382,28 @@ def test_5_the_upstream_holds_exactly_what_the_examples_made(servers: Servers) -
     assert settled == {
         ("r-abc", "payments/wire"): "COMPENSATED",
         ("r-abc", "email/send"): "NO_COMPENSATION",
+        ("r-def", "payments/wire"): "CONFIRMED",
         ("quickstart-py-1", "payments/wire"): "CONFIRMED",
         ("quickstart-py-1", "email/send"): "CONFIRMED",
         ("quickstart-ts-1", "email/send"): "CONFIRMED",
         ("quickstart-ts-1", "tickets/create"): "CONFIRMED",
         (DONE["mcp"], "email/send"): "CONFIRMED",
     }, settled
-    assert len(effects) == 7, effects
+    assert len(effects) == 8, effects
     made = {k: stats[k] for k in ("wires", "wires_reversed", "emails", "tickets", "tickets_closed", "searches")}
     assert made == {
-        "wires": 2,  # the tour's (b-9) and the Python quickstart's (b-7)
+        "wires": 3,  # the tour's two (b-9, b-4) and the Python quickstart's (b-7)
         "wires_reversed": 1,  # the tour's, by its rollback
         "emails": 4,  # the tour, the two quickstarts, the MCP call
         "tickets": 1,  # the TypeScript quickstart's
         "tickets_closed": 0,
         "searches": 0,
     }, stats
-    # One wire standing per business key at most: the tour's reversed, the quickstart's booked.
+    # One wire standing per business key at most: the tour's first reversed, the others booked.
     assert stats["standing_wires_by_key"] == {
         "acc-1:b-9:125000:2026-11-22": 0,
+        "acc-1:b-4:9900:2026-11-22": 1,
         "acc-1:b-7:125000:2026-11-22": 1,
     }, stats
-    assert not any(stats["faults"].values()), stats
+    # The one fault the tour asked for, and none after it: the bank behaved for the quickstarts.
+    assert {k: v for k, v in stats["faults"].items() if v} == {"commit_then_5xx": 1}, stats
