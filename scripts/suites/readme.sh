@@ -34,19 +34,22 @@ if [ ! -x "$tools/bin/pytest" ] || ! "$tools/bin/python" -c 'import mcp, anyio' 
   "$tools/bin/pip" install --quiet --disable-pip-version-check -r tests/mcp/requirements.txt \
     || fail_setup "could not install tests/mcp/requirements.txt from PyPI"
 fi
-# As the README says: `python3 -m venv .venv && .venv/bin/pip install ./sdk/python`. The
-# package is reinstalled (not editable) so that the quickstart runs this checkout's SDK.
+# As the README says: `python3 -m venv .venv && .venv/bin/pip install ./sdk/python`. This
+# checkout's package is reinstalled each time (not editable); its dependencies only when
+# `pip check` finds them missing.
 if [ ! -x "$sdk/bin/python" ]; then
   python3 -m venv "$sdk" || fail_setup "could not create the virtualenv $sdk"
 fi
-"$sdk/bin/pip" install --quiet --disable-pip-version-check ./sdk/python \
-  || fail_setup "could not install ./sdk/python"
 "$sdk/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps ./sdk/python \
-  || fail_setup "could not reinstall ./sdk/python"
+  || fail_setup "could not install ./sdk/python"
+if ! "$sdk/bin/pip" check >/dev/null 2>&1; then
+  "$sdk/bin/pip" install --quiet --disable-pip-version-check ./sdk/python \
+    || fail_setup "could not install ./sdk/python's dependencies from PyPI"
+fi
 export SLUICE_README_PYTHON="$sdk/bin/python"
 
-# As the README says: `(cd sdk/typescript && npm ci && npm run build)`; `npm ci` only when its
-# dependencies are not installed yet (it starts from an empty node_modules each time).
+# As the README says: `(cd sdk/typescript && npm ci && npm run build)`: `npm ci` when its
+# dependencies are not installed yet, the build when dist/ is missing or older than a source.
 export npm_config_cache="${npm_config_cache:-$HOME/.cache/sluice/npm}"
 export npm_config_update_notifier=false
 (
@@ -54,7 +57,9 @@ export npm_config_update_notifier=false
   if [ ! -e node_modules/.bin/tsc ] || [ ! -d node_modules/standardwebhooks ]; then
     npm ci --no-audit --no-fund --silent || exit 1
   fi
-  npm run --silent build
+  if [ ! -e dist/index.js ] || [ -n "$(find src package.json tsconfig.json -newer dist/index.js | head -n 1)" ]; then
+    npm run --silent build
+  fi
 ) || fail_setup "could not build sdk/typescript (npm ci && npm run build)"
 
 set +e
