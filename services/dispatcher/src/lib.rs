@@ -273,6 +273,7 @@ fn outcome_label(outcome: &DispatchOutcome) -> &'static str {
         DispatchOutcome::Refused { .. } => "refused",
         DispatchOutcome::Ambiguous { .. } => "ambiguous",
         DispatchOutcome::NotSent { .. } => "not_sent",
+        DispatchOutcome::RateLimited { .. } => "rate_limited",
     }
 }
 

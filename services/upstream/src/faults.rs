@@ -31,17 +31,24 @@ pub enum FaultKind {
     CommitTwice,
     /// The status check (`GET /bank/wires/by-key/…`) answers 503.
     StatusInconclusive,
+    /// Answer 429 with `Retry-After` (`Faults::retry_after_secs`) without committing anything:
+    /// a rate limit. Opt-in: not among the rates of [`FaultRates::each`] or the demo preset.
+    RateLimited,
+    /// The status check answers 429 with `Retry-After`.
+    StatusRateLimited,
 }
 
 impl FaultKind {
     /// Every kind, in the order [`FaultRates::pick`] and the counters list them.
-    pub const ALL: [FaultKind; 6] = [
+    pub const ALL: [FaultKind; 8] = [
         FaultKind::CommitThenTimeout,
         FaultKind::DropResponse,
         FaultKind::Error5xx,
         FaultKind::CommitThen5xx,
         FaultKind::CommitTwice,
         FaultKind::StatusInconclusive,
+        FaultKind::RateLimited,
+        FaultKind::StatusRateLimited,
     ];
 
     /// The snake_case name used in JSON and in logs.
@@ -53,6 +60,8 @@ impl FaultKind {
             FaultKind::CommitThen5xx => "commit_then_5xx",
             FaultKind::CommitTwice => "commit_twice",
             FaultKind::StatusInconclusive => "status_inconclusive",
+            FaultKind::RateLimited => "rate_limited",
+            FaultKind::StatusRateLimited => "status_rate_limited",
         }
     }
 }
@@ -112,6 +121,8 @@ pub struct FaultRates {
     pub commit_then_5xx: f64,
     /// See [`FaultKind::CommitTwice`]; only the bank may set it.
     pub commit_twice: f64,
+    /// See [`FaultKind::RateLimited`].
+    pub rate_limited: f64,
 }
 
 impl FaultRates {
@@ -123,10 +134,12 @@ impl FaultRates {
             error_5xx: 0.0,
             commit_then_5xx: 0.0,
             commit_twice: 0.0,
+            rate_limited: 0.0,
         }
     }
 
-    /// Every fault of a mutating endpoint at `rate`, `commit_twice` included.
+    /// Every fault of a mutating endpoint at `rate`, `commit_twice` included and
+    /// `rate_limited` (opt-in, set it alone) left out.
     pub const fn each(rate: f64) -> Self {
         FaultRates {
             commit_then_timeout: rate,
@@ -134,6 +147,7 @@ impl FaultRates {
             error_5xx: rate,
             commit_then_5xx: rate,
             commit_twice: rate,
+            rate_limited: 0.0,
         }
     }
 
@@ -153,7 +167,8 @@ impl FaultRates {
             FaultKind::Error5xx => self.error_5xx,
             FaultKind::CommitThen5xx => self.commit_then_5xx,
             FaultKind::CommitTwice => self.commit_twice,
-            FaultKind::StatusInconclusive => 0.0,
+            FaultKind::RateLimited => self.rate_limited,
+            FaultKind::StatusInconclusive | FaultKind::StatusRateLimited => 0.0,
         }
     }
 
@@ -165,7 +180,8 @@ impl FaultRates {
             FaultKind::Error5xx => self.error_5xx = rate,
             FaultKind::CommitThen5xx => self.commit_then_5xx = rate,
             FaultKind::CommitTwice => self.commit_twice = rate,
-            FaultKind::StatusInconclusive => {}
+            FaultKind::RateLimited => self.rate_limited = rate,
+            FaultKind::StatusInconclusive | FaultKind::StatusRateLimited => {}
         }
     }
 
@@ -206,6 +222,11 @@ pub struct Faults {
     pub tickets: FaultRates,
     /// Rate at which `GET /bank/wires/by-key/…` answers 503.
     pub status_inconclusive: f64,
+    /// Rate at which `GET /bank/wires/by-key/…` answers 429 with `Retry-After`; with
+    /// `status_inconclusive` at most 1 (one draw decides both).
+    pub status_rate_limited: f64,
+    /// The `Retry-After` of a `rate_limited` or `status_rate_limited` answer, in seconds.
+    pub retry_after_secs: u64,
     /// How long `commit_then_timeout` holds the response, in milliseconds. Choose it longer than
     /// the client's timeout (the demo catalog's longest is 10 s).
     pub timeout_sleep_ms: u64,
@@ -228,6 +249,8 @@ impl Faults {
             email: FaultRates::none(),
             tickets: FaultRates::none(),
             status_inconclusive: 0.0,
+            status_rate_limited: 0.0,
+            retry_after_secs: 1,
             timeout_sleep_ms: duration_ms(Self::DEFAULT_TIMEOUT_SLEEP),
         }
     }
@@ -257,11 +280,13 @@ impl Faults {
     pub fn set_everywhere(&mut self, kind: FaultKind, rate: f64) {
         match kind {
             FaultKind::StatusInconclusive => self.status_inconclusive = rate,
+            FaultKind::StatusRateLimited => self.status_rate_limited = rate,
             FaultKind::CommitTwice => self.bank.commit_twice = rate,
             FaultKind::CommitThenTimeout
             | FaultKind::DropResponse
             | FaultKind::Error5xx
-            | FaultKind::CommitThen5xx => {
+            | FaultKind::CommitThen5xx
+            | FaultKind::RateLimited => {
                 for family in Family::ALL {
                     self.rates_mut(family).set(kind, rate);
                 }
@@ -313,10 +338,18 @@ impl Faults {
     /// bank commits twice.
     pub fn validate(&self) -> Result<(), FaultsError> {
         check_rate("status_inconclusive".to_owned(), self.status_inconclusive)?;
+        check_rate("status_rate_limited".to_owned(), self.status_rate_limited)?;
+        let status_sum = self.status_inconclusive + self.status_rate_limited;
+        if status_sum > 1.0 + RATE_SUM_TOLERANCE {
+            return Err(FaultsError::StatusRatesExceedOne { sum: status_sum });
+        }
         for family in Family::ALL {
             let rates = self.rates(family);
             for kind in FaultKind::ALL {
-                if kind != FaultKind::StatusInconclusive {
+                if !matches!(
+                    kind,
+                    FaultKind::StatusInconclusive | FaultKind::StatusRateLimited
+                ) {
                     check_rate(format!("{family}.{kind}"), rates.rate(kind))?;
                 }
             }
@@ -370,6 +403,15 @@ pub enum FaultsError {
         /// The sum of its rates.
         sum: f64,
     },
+    /// The status check's rates add up to more than 1.
+    #[error(
+        "status_inconclusive and status_rate_limited add up to {sum}; one status check \
+         suffers at most one fault, so they must add up to at most 1.0"
+    )]
+    StatusRatesExceedOne {
+        /// Their sum.
+        sum: f64,
+    },
     /// `commit_twice` set for a family that deduplicates by Idempotency-Key.
     #[error(
         "`{family}.commit_twice` is {rate}; only the bank commits twice (the other services \
@@ -398,6 +440,12 @@ pub struct FaultCounts {
     pub commit_twice: u64,
     /// See [`FaultKind::StatusInconclusive`].
     pub status_inconclusive: u64,
+    /// See [`FaultKind::RateLimited`].
+    #[serde(default)]
+    pub rate_limited: u64,
+    /// See [`FaultKind::StatusRateLimited`].
+    #[serde(default)]
+    pub status_rate_limited: u64,
 }
 
 impl FaultCounts {
@@ -410,6 +458,8 @@ impl FaultCounts {
             FaultKind::CommitThen5xx => self.commit_then_5xx,
             FaultKind::CommitTwice => self.commit_twice,
             FaultKind::StatusInconclusive => self.status_inconclusive,
+            FaultKind::RateLimited => self.rate_limited,
+            FaultKind::StatusRateLimited => self.status_rate_limited,
         }
     }
 
@@ -426,6 +476,8 @@ impl FaultCounts {
             FaultKind::CommitThen5xx => &mut self.commit_then_5xx,
             FaultKind::CommitTwice => &mut self.commit_twice,
             FaultKind::StatusInconclusive => &mut self.status_inconclusive,
+            FaultKind::RateLimited => &mut self.rate_limited,
+            FaultKind::StatusRateLimited => &mut self.status_rate_limited,
         };
         *counter += 1;
     }
@@ -436,6 +488,8 @@ impl FaultCounts {
 pub(crate) enum Plan {
     /// Answer 503 and change nothing.
     Refuse,
+    /// Answer 429 with `Retry-After` and change nothing.
+    RateLimit,
     /// Commit the effect `times` times, then answer as `then` says.
     Commit {
         /// How many times the effect is committed.
@@ -480,7 +534,8 @@ impl Plan {
             Some(FaultKind::CommitTwice) => commit(Commits::Twice, AfterCommit::Answer),
             // Never drawn for a mutating endpoint (its rate there is 0); a refusal is the
             // closest meaning should it ever be.
-            Some(FaultKind::StatusInconclusive) => Plan::Refuse,
+            Some(FaultKind::RateLimited) => Plan::RateLimit,
+            Some(FaultKind::StatusInconclusive | FaultKind::StatusRateLimited) => Plan::Refuse,
         }
     }
 }
@@ -498,6 +553,7 @@ mod tests {
             error_5xx: 0.0,
             commit_then_5xx: 0.25,
             commit_twice: 0.125,
+            rate_limited: 0.125,
         };
         let cases = [
             (0.0, Some(FaultKind::CommitThenTimeout)),
@@ -507,7 +563,9 @@ mod tests {
             (0.375, Some(FaultKind::CommitThen5xx)),
             (0.624, Some(FaultKind::CommitThen5xx)),
             (0.625, Some(FaultKind::CommitTwice)),
-            (0.75, None),
+            (0.75, Some(FaultKind::RateLimited)),
+            (0.874, Some(FaultKind::RateLimited)),
+            (0.875, None),
             (0.999_999, None),
         ];
         for (draw, expected) in cases {
@@ -552,6 +610,7 @@ mod tests {
                 },
             ),
             (Some(FaultKind::Error5xx), Plan::Refuse),
+            (Some(FaultKind::RateLimited), Plan::RateLimit),
             (
                 Some(FaultKind::CommitThen5xx),
                 Plan::Commit {
@@ -573,12 +632,17 @@ mod tests {
     }
 
     #[test]
-    fn presets_are_valid_and_demo_injects_every_kind() {
+    fn presets_are_valid_and_demo_injects_every_kind_but_the_rate_limits() {
         assert_eq!(Faults::none().validate(), Ok(()));
         let demo = Faults::demo();
         assert_eq!(demo.validate(), Ok(()));
         for kind in FaultKind::ALL {
             let injected = match kind {
+                // Opt-in: a rate limit is a scenario of its own, not noise in the demo.
+                FaultKind::RateLimited | FaultKind::StatusRateLimited => {
+                    assert_eq!(demo.bank.rate(kind) + demo.status_rate_limited, 0.0);
+                    continue;
+                }
                 FaultKind::StatusInconclusive => demo.status_inconclusive,
                 FaultKind::CommitThenTimeout
                 | FaultKind::DropResponse
@@ -609,6 +673,15 @@ mod tests {
         assert!(matches!(
             nan.validate(),
             Err(FaultsError::RateOutOfRange { key, .. }) if key == "status_inconclusive"
+        ));
+        let status_over_one = Faults {
+            status_rate_limited: 0.6,
+            ..Faults::none()
+        }
+        .with_status_inconclusive(0.6);
+        assert!(matches!(
+            status_over_one.validate(),
+            Err(FaultsError::StatusRatesExceedOne { .. })
         ));
         let over_one = Faults::uniform(FaultRates::each(0.3));
         assert!(matches!(

@@ -98,17 +98,28 @@ impl Shared {
         Plan::for_fault(fault, state.faults.timeout_sleep())
     }
 
-    /// Draws whether a status check answers inconclusive; such a check is counted here.
-    fn status_inconclusive(&self) -> bool {
+    /// Draws the fault of one status check (`StatusInconclusive`, `StatusRateLimited` or
+    /// none); such a check is counted here.
+    fn status_fault(&self) -> Option<FaultKind> {
         let mut state = self.lock();
         let draw: f64 = state.dice.random();
-        let inconclusive = draw < state.faults.status_inconclusive;
-        if inconclusive {
-            state.injected.record(FaultKind::StatusInconclusive);
-            state.world.record_inconclusive_check();
-            info!(fault = %FaultKind::StatusInconclusive, "injecting fault");
-        }
-        inconclusive
+        let inconclusive = state.faults.status_inconclusive;
+        let fault = if draw < inconclusive {
+            FaultKind::StatusInconclusive
+        } else if draw < inconclusive + state.faults.status_rate_limited {
+            FaultKind::StatusRateLimited
+        } else {
+            return None;
+        };
+        state.injected.record(fault);
+        state.world.record_inconclusive_check();
+        info!(%fault, "injecting fault");
+        Some(fault)
+    }
+
+    /// The `Retry-After` of a rate-limited answer, in seconds.
+    fn retry_after_secs(&self) -> u64 {
+        self.lock().faults.retry_after_secs
     }
 
     fn world<R>(&self, change: impl FnOnce(&mut World) -> R) -> R {
@@ -216,6 +227,7 @@ async fn book_wire(
     Span::current().record("business_key", business_key.as_str());
     let (times, then) = match shared.plan(Family::Bank) {
         Plan::Refuse => return refused(),
+        Plan::RateLimit => return rate_limited(shared.retry_after_secs()),
         Plan::Commit { times, then } => (times, then),
     };
     let wire = shared.world(|world| {
@@ -236,11 +248,15 @@ async fn wire_by_key(
     State(shared): State<Arc<Shared>>,
     Path(business_key): Path<String>,
 ) -> Response {
-    if shared.status_inconclusive() {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "wire lookup temporarily unavailable",
-        );
+    match shared.status_fault() {
+        Some(FaultKind::StatusRateLimited) => return rate_limited(shared.retry_after_secs()),
+        Some(_) => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "wire lookup temporarily unavailable",
+            );
+        }
+        None => {}
     }
     match shared.world(|world| world.lookup_by_key(&business_key)) {
         KeyLookup::Absent => error(
@@ -324,6 +340,7 @@ async fn send_email(
     // find the first anyway, so a mail commit happens once.
     let then = match shared.plan(Family::Email) {
         Plan::Refuse => return refused(),
+        Plan::RateLimit => return rate_limited(shared.retry_after_secs()),
         Plan::Commit { then, .. } => then,
     };
     let sent = shared.world(|world| world.send_email(&draft, &call.meta));
@@ -356,6 +373,7 @@ async fn open_ticket(
     // As for mail: deduplicated by key, so a ticket commit happens once.
     let then = match shared.plan(Family::Tickets) {
         Plan::Refuse => return refused(),
+        Plan::RateLimit => return rate_limited(shared.retry_after_secs()),
         Plan::Commit { then, .. } => then,
     };
     let opened = shared.world(|world| world.open_ticket(&draft, &call.meta));
@@ -458,6 +476,19 @@ fn refused() -> Response {
         StatusCode::SERVICE_UNAVAILABLE,
         "service temporarily unavailable, nothing was done; retry later",
     )
+}
+
+/// The answer to an injected `rate_limited`: 429 with `Retry-After`, nothing was done.
+fn rate_limited(retry_after_secs: u64) -> Response {
+    let mut response = error(
+        StatusCode::TOO_MANY_REQUESTS,
+        format!("rate limited, nothing was done; retry after {retry_after_secs} s"),
+    );
+    response.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from(retry_after_secs),
+    );
+    response
 }
 
 fn rejected(rejection: JsonRejection) -> Response {

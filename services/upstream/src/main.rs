@@ -41,6 +41,15 @@ struct Args {
     /// Rate of 503 from the by-key status check.
     #[arg(long, value_name = "RATE")]
     status_inconclusive: Option<f64>,
+    /// Rate of 429 with Retry-After, without committing (a rate limit).
+    #[arg(long, value_name = "RATE")]
+    rate_limited: Option<f64>,
+    /// Rate of 429 with Retry-After from the by-key status check.
+    #[arg(long, value_name = "RATE")]
+    status_rate_limited: Option<f64>,
+    /// The Retry-After of a rate-limited answer, in seconds (1).
+    #[arg(long, value_name = "SECS")]
+    retry_after_secs: Option<u64>,
     /// How long commit-then-timeout holds its response, in milliseconds.
     #[arg(long, value_name = "MS")]
     timeout_sleep_ms: Option<u64>,
@@ -67,11 +76,16 @@ impl Args {
             (FaultKind::CommitThen5xx, self.commit_then_5xx),
             (FaultKind::CommitTwice, self.commit_twice),
             (FaultKind::StatusInconclusive, self.status_inconclusive),
+            (FaultKind::RateLimited, self.rate_limited),
+            (FaultKind::StatusRateLimited, self.status_rate_limited),
         ];
         for (kind, rate) in rates {
             if let Some(rate) = rate {
                 faults.set_everywhere(kind, rate);
             }
+        }
+        if let Some(secs) = self.retry_after_secs {
+            faults.retry_after_secs = secs;
         }
         match self.timeout_sleep_ms {
             Some(ms) => faults.with_timeout_sleep(Duration::from_millis(ms)),

@@ -487,6 +487,50 @@ async fn error_5xx_answers_503_and_commits_nothing() {
     upstream.shutdown().await;
 }
 
+/// A rate limit: 429 with `Retry-After`, nothing booked; the status check can be rate
+/// limited the same way.
+#[tokio::test]
+async fn rate_limited_answers_429_with_retry_after_and_commits_nothing() {
+    let faults = Faults {
+        status_rate_limited: 1.0,
+        retry_after_secs: 2,
+        ..Faults::uniform(FaultRates::only(FaultKind::RateLimited, 1.0))
+    };
+    let upstream = start(faults).await;
+    let client = client();
+    let response = post_wire(&client, &upstream, &wire("acct-1", 5000), "k")
+        .await
+        .expect("an answer");
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        response
+            .headers()
+            .get("retry-after")
+            .and_then(|value| value.to_str().ok()),
+        Some("2")
+    );
+    let (status, _) = by_key(&client, &upstream, "acct-1:Ada Lovelace:5000:2026-11-02").await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the lookup is rate limited too"
+    );
+    let mut faults = upstream.faults();
+    faults.status_rate_limited = 0.0;
+    upstream.set_faults(faults).expect("valid faults");
+    let (status, _) = by_key(&client, &upstream, "acct-1:Ada Lovelace:5000:2026-11-02").await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "a rate-limited wire is not booked"
+    );
+    let stats = upstream.stats();
+    assert_eq!(stats.wires, 0);
+    assert_eq!(stats.faults.rate_limited, 1);
+    assert_eq!(stats.faults.status_rate_limited, 1);
+    upstream.shutdown().await;
+}
+
 #[tokio::test]
 async fn commit_then_5xx_answers_500_after_booking() {
     let upstream = start(bank_only(FaultKind::CommitThen5xx)).await;
@@ -663,6 +707,7 @@ async fn run_script(seed: u64) -> (Vec<Seen>, Stats) {
         error_5xx: 0.15,
         commit_then_5xx: 0.15,
         commit_twice: 0.15,
+        rate_limited: 0.0,
     };
     let faults = Faults::none()
         .with_rates(Family::Bank, rates)

@@ -9,6 +9,7 @@
 //! | 404 | `Refused` | `inconclusive` unless declared | `Impossible` (`Done` if in `done_status`) |
 //! | 409 | `Refused` (`Ambiguous` if in the tool's `in_progress_status`) | `inconclusive` unless declared | `Impossible` (`Done` if in `done_status`) |
 //! | other 4xx | `Refused` (`Ambiguous` if in the tool's `in_progress_status`) | `inconclusive` unless declared | `Impossible` (`Done` if in `done_status`) |
+//! | 429, 503, 403 with a `Retry-After` that is a delay (`retry_after`) | `RateLimited` (the delay; past the tool's ceiling the core reads it as the row below, a 403 as a refusal) | `inconclusive` carrying the delay (`retry_after_ms`) | as without it |
 //! | 408, 425, 429 | `Ambiguous` | `inconclusive` | `Retry` |
 //! | 5xx | `Ambiguous` | `inconclusive` | `Retry` |
 //! | 1xx, 3xx (redirects are not followed) | `Ambiguous` | `inconclusive` | `Retry` |
@@ -57,6 +58,18 @@ pub struct Answer {
     pub truncated: bool,
     /// Reading the body failed part-way (timeout, reset); `body` is what had arrived.
     pub body_error: Option<String>,
+    /// What its `Retry-After` header asks for, read when the answer arrived
+    /// (`retry_after::retry_after_ms`); `None` without one.
+    pub retry_after_ms: Option<i64>,
+}
+
+impl Answer {
+    /// The delay of an answer that asks for a later call: a 429, 503 or 403 with a
+    /// `Retry-After` that is one.
+    pub fn later(&self) -> Option<i64> {
+        self.retry_after_ms
+            .filter(|_| crate::retry_after::asks_later(self.status))
+    }
 }
 
 /// A call that got no answer, split by the one question that matters: could the upstream
@@ -111,6 +124,18 @@ pub fn dispatch(
     excerpt_bytes: usize,
 ) -> DispatchOutcome {
     let in_progress = connector.in_progress_status.as_slice();
+    if let Some(retry_after_ms) = answer.later() {
+        // Not a verdict but "call again then": the core waits it out, up to the tool's
+        // ceiling, and past it reads the answer as without the header (a 403 a refusal).
+        return DispatchOutcome::RateLimited {
+            reason: format!(
+                "{} (Retry-After: {retry_after_ms} ms)",
+                answer.summary(excerpt_bytes)
+            ),
+            retry_after_ms,
+            refusal: StatusClass::of(answer.status) == StatusClass::Refusal,
+        };
+    }
     match StatusClass::of(answer.status) {
         StatusClass::Success => match &answer.body_error {
             None => {
@@ -202,6 +227,7 @@ pub fn status_check(
             observation: Observation::Inconclusive,
             external_ref: None,
             evidence: Value::Object(evidence),
+            retry_after_ms: None,
         }
     };
     let carries_body = (200..=299).contains(&code) || answers.duplicate_status.contains(&code);
@@ -213,6 +239,7 @@ pub fn status_check(
             observation: Observation::Absent,
             external_ref: None,
             evidence: Value::Object(evidence),
+            retry_after_ms: None,
         };
     }
     if answers.duplicate_status.contains(&code) {
@@ -233,7 +260,19 @@ pub fn status_check(
             observation: Observation::Duplicate,
             external_ref: own,
             evidence: Value::Object(evidence),
+            retry_after_ms: None,
         };
+    }
+    if let Some(retry_after_ms) = answer.later() {
+        // "Ask again then": the next look waits for it, and this one is not counted (the
+        // core's decision, up to the tool's ceiling).
+        evidence.insert("retry_after_ms".into(), json!(retry_after_ms));
+        let mut report = inconclusive(
+            evidence,
+            format!("HTTP {code} asks to be asked again in {retry_after_ms} ms"),
+        );
+        report.retry_after_ms = Some(retry_after_ms);
+        return report;
     }
     if !(200..=299).contains(&code) {
         return inconclusive(
@@ -248,6 +287,7 @@ pub fn status_check(
             observation: Observation::Present,
             external_ref: own_reference(json.as_ref()),
             evidence: Value::Object(evidence),
+            retry_after_ms: None,
         };
     };
     let Some(body) = json.as_ref() else {
@@ -297,6 +337,7 @@ pub fn status_check(
             observation: Observation::Absent,
             external_ref: None,
             evidence: Value::Object(evidence),
+            retry_after_ms: None,
         },
         1 => StatusReport {
             observation: Observation::Present,
@@ -306,6 +347,7 @@ pub fn status_check(
                 .and_then(|pointer| body.pointer(pointer).and_then(reference_text))
                 .or_else(|| refs.first().cloned()),
             evidence: Value::Object(evidence),
+            retry_after_ms: None,
         },
         _ => {
             let own = answers
@@ -318,6 +360,7 @@ pub fn status_check(
                 observation: Observation::Duplicate,
                 external_ref: own,
                 evidence: Value::Object(evidence),
+                retry_after_ms: None,
             }
         }
     }
@@ -468,6 +511,7 @@ mod tests {
             body: body.as_bytes().to_vec(),
             truncated: false,
             body_error: None,
+            retry_after_ms: None,
         }
     }
 

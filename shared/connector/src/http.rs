@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 use sluice_core::catalog::Tool;
 use sluice_core::command::Command;
 use sluice_core::machine::{CompensationOutcome, DispatchOutcome};
-use tracing::{Instrument, Span, debug, field, warn};
+use tracing::{Instrument, Span, debug, field, info, warn};
 
 use crate::classify::{self, Answer, DEFAULT_EXCERPT_BYTES, NoAnswer};
 use crate::credentials::{self, Mode, Outgoing, Secrets};
@@ -173,6 +173,8 @@ impl HttpConnector {
         let status = response.status();
         // Taken, not copied: only the body is read from the response after this.
         let headers = std::mem::take(response.headers_mut());
+        let retry_after_ms =
+            crate::retry_after::retry_after_ms(&headers, std::time::SystemTime::now());
         let (body, truncated, body_error) =
             read_capped(&mut response, self.options.max_response_bytes, timeout).await;
         Ok(Answer {
@@ -181,6 +183,7 @@ impl HttpConnector {
             body,
             truncated,
             body_error,
+            retry_after_ms,
         })
     }
 }
@@ -382,6 +385,7 @@ fn dispatch_kind(outcome: &DispatchOutcome) -> &'static str {
         DispatchOutcome::Refused { .. } => "refused",
         DispatchOutcome::Ambiguous { .. } => "ambiguous",
         DispatchOutcome::NotSent { .. } => "not_sent",
+        DispatchOutcome::RateLimited { .. } => "rate_limited",
     }
 }
 
@@ -426,6 +430,13 @@ impl HttpConnector {
             }
             DispatchOutcome::NotSent { reason } => {
                 warn!(outcome = "not_sent", %reason, "dispatch not sent");
+            }
+            DispatchOutcome::RateLimited {
+                reason,
+                retry_after_ms,
+                ..
+            } => {
+                info!(outcome = "rate_limited", %reason, retry_after_ms, "dispatch asked to call again later");
             }
         }
         outcome

@@ -9,6 +9,8 @@
 //! * [`request`] — pure: the HTTP call of each operation (URL, headers, body) for a command.
 //! * [`classify`] — pure: what an upstream's answer means (the classification table of the wire
 //!   contract, docs/architecture.md), from a status code, headers and a size-capped body.
+//! * [`retry_after`] — pure: the delay a `Retry-After` header asks for, on the answers that
+//!   mean "later" by it (429, 503, 403).
 //! * [`http`] — [`HttpConnector`], the only code here that does IO: it sends the calls and
 //!   tells "nothing was sent" apart from "the request may have been processed".
 //! * [`error`] — [`ConnectorError`], for the one fallible step: building the HTTP client.
@@ -27,6 +29,7 @@ pub mod http;
 pub mod port;
 pub mod preview;
 pub mod request;
+pub mod retry_after;
 
 pub use error::ConnectorError;
 pub use http::{HttpConnector, HttpOptions};

@@ -45,6 +45,10 @@ pub struct StatusReport {
     /// What the upstream answered: for the HTTP connector `http_status`, a size-capped `body`
     /// excerpt, `refs` (every commit a `duplicate` answer listed) or the transport `error`.
     pub evidence: Value,
+    /// An `inconclusive` answer that asked to be asked again later (`Retry-After` on a 429,
+    /// 503 or 403): the delay in milliseconds, never negative. The core decides what waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<i64>,
 }
 
 impl StatusReport {
@@ -54,6 +58,7 @@ impl StatusReport {
             observation: Observation::Inconclusive,
             external_ref: None,
             evidence,
+            retry_after_ms: None,
         }
     }
 
@@ -79,6 +84,7 @@ impl From<StatusReport> for Event {
             external_ref: report.external_ref,
             evidence: report.evidence,
             extra_refs,
+            retry_after_ms: report.retry_after_ms,
         }
     }
 }

@@ -7,7 +7,7 @@
 //! pointing at that port, commands from `Command::from_intent`, as the services build them.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use axum::body::{Body, to_bytes};
@@ -526,6 +526,115 @@ async fn not_now_4xx_and_5xx_answers_are_ambiguous_not_refused() {
             "HTTP {code} is not retried by the connector"
         );
     }
+}
+
+/// A 429 or 503 with `Retry-After` (seconds or an HTTP-date), and a 403 with it (GitHub's
+/// secondary rate limit), ask for a later call: the connector reports the delay and leaves the
+/// decision to the core. Without the header, or with one that is not a delay, the answer is
+/// read as before.
+#[tokio::test]
+async fn a_429_503_or_403_with_retry_after_asks_for_a_later_call() {
+    let in_a_minute = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(61));
+    let cases: [(u16, String, i64, bool); 4] = [
+        (429, "1".into(), 1_000, false),
+        (503, "120".into(), 120_000, false),
+        (403, "60".into(), 60_000, true),
+        (429, in_a_minute, 60_000, false),
+    ];
+    for (code, retry_after, at_least_ms, refusal) in cases {
+        let header = retry_after.clone();
+        let upstream =
+            Upstream::start(move |_| Reply::new(code, "slow down").header("retry-after", &header))
+                .await;
+        let tool = wire_tool(&upstream.base);
+        let outcome = connector()
+            .dispatch(&tool, &command_for(&tool, args()))
+            .await;
+        let DispatchOutcome::RateLimited {
+            reason,
+            retry_after_ms,
+            refusal: read_as_refusal,
+        } = outcome
+        else {
+            panic!("HTTP {code} Retry-After {retry_after}: {outcome:?}");
+        };
+        assert!(
+            // An HTTP-date counts whole seconds.
+            (at_least_ms - 1_000..=at_least_ms + 1_000).contains(&retry_after_ms),
+            "HTTP {code} Retry-After {retry_after}: {retry_after_ms} ms"
+        );
+        assert_eq!(read_as_refusal, refusal, "HTTP {code}");
+        assert!(
+            reason.starts_with(&format!("HTTP {code}: slow down")),
+            "{reason}"
+        );
+        assert_eq!(
+            upstream.seen().len(),
+            1,
+            "the connector does not wait or retry"
+        );
+    }
+    // Without the header, or with one that is no delay: as before.
+    for (code, header) in [
+        (429_u16, None),
+        (429, Some("-1")),
+        (503, Some("soon")),
+        (500, Some("1")),
+    ] {
+        let upstream = Upstream::start(move |_| {
+            let reply = Reply::new(code, "later");
+            match header {
+                Some(value) => reply.header("retry-after", value),
+                None => reply,
+            }
+        })
+        .await;
+        let tool = wire_tool(&upstream.base);
+        let outcome = connector()
+            .dispatch(&tool, &command_for(&tool, args()))
+            .await;
+        assert!(
+            matches!(outcome, DispatchOutcome::Ambiguous { .. }),
+            "HTTP {code} Retry-After {header:?}: {outcome:?}"
+        );
+    }
+    let upstream = Upstream::start(|_| Reply::new(403, "forbidden")).await;
+    let tool = wire_tool(&upstream.base);
+    let outcome = connector()
+        .dispatch(&tool, &command_for(&tool, args()))
+        .await;
+    assert!(
+        matches!(outcome, DispatchOutcome::Refused { .. }),
+        "{outcome:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_status_check_answered_429_with_retry_after_is_inconclusive_and_carries_the_delay() {
+    let (report, _) = check(Reply::new(429, "slow down").header("retry-after", "2")).await;
+    assert_eq!(report.observation, Observation::Inconclusive);
+    assert_eq!(report.retry_after_ms, Some(2_000));
+    assert_eq!(report.evidence["http_status"], json!(429));
+    assert_eq!(report.evidence["retry_after_ms"], json!(2_000));
+    let event: sluice_core::machine::Event = report.into();
+    assert!(
+        matches!(
+            event,
+            sluice_core::machine::Event::Observed {
+                retry_after_ms: Some(2_000),
+                ..
+            }
+        ),
+        "{event:?}"
+    );
+    // A status the tool declares wins: its 404 is absent whatever the headers say.
+    let (report, _) = check(Reply::new(404, "none").header("retry-after", "2")).await;
+    assert_eq!(report.observation, Observation::Absent);
+    assert_eq!(report.retry_after_ms, None);
+    // Without the header: an inconclusive look, counted as before.
+    let (report, _) = check(Reply::new(503, "down")).await;
+    assert_eq!(report.observation, Observation::Inconclusive);
+    assert_eq!(report.retry_after_ms, None);
 }
 
 /// An upstream that answers 409 while a request with the same idempotency key is in progress
@@ -1099,6 +1208,7 @@ fn the_status_report_becomes_the_machine_event() {
         observation: Observation::Duplicate,
         external_ref: Some("w-1".into()),
         evidence: json!({"refs": ["w-1", "w-2"]}),
+        retry_after_ms: None,
     };
     let event: sluice_core::machine::Event = report.into();
     assert_eq!(
@@ -1108,6 +1218,7 @@ fn the_status_report_becomes_the_machine_event() {
             external_ref: Some("w-1".into()),
             evidence: json!({"refs": ["w-1", "w-2"]}),
             extra_refs: vec!["w-2".into()],
+            retry_after_ms: None,
         }
     );
 }

@@ -318,7 +318,21 @@ pub struct CommandState {
     /// job's claim, cleared when its result is written; a job that died lets it lapse.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claimed_until: Option<Timestamp>,
+    /// How long the command has waited in this cycle on answers that asked for a later call
+    /// (`Retry-After` on a 429 or 503, or a 403): the tool's `max_rate_limited_ms` bounds it,
+    /// across attempts and looks, and past it such answers count as they did without the
+    /// header (`machine::rate_limit`). A replay starts it again.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rate_limited_ms: i64,
+    /// PENDING after such an answer: not dispatched before this time (the upstream's
+    /// `Retry-After`, capped by what is left of the ceiling), whoever asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limited_until: Option<Timestamp>,
     pub updated_at: Timestamp,
+}
+
+fn is_zero(ms: &i64) -> bool {
+    *ms == 0
 }
 
 impl CommandState {
@@ -357,6 +371,8 @@ impl CommandState {
             ambiguous_before: false,
             key_sent_at: None,
             claimed_until: None,
+            rate_limited_ms: 0,
+            rate_limited_until: None,
             updated_at: now,
         }
     }

@@ -25,6 +25,7 @@ mod rules;
 
 pub use event::*;
 pub use lease::*;
+pub use rate_limit::{rate_limit_holds, rate_limited_wait_ms};
 pub use rules::*;
 
 /// Computes the transition of `state` under `event` at `now`. Pure and total.
@@ -71,7 +72,11 @@ pub fn apply(
             external_ref,
             evidence,
             extra_refs,
-        } => outcomes::on_observed(&a, observation, external_ref, evidence, extra_refs),
+            retry_after_ms,
+        } => match rate_limit::look_later(&a, *observation, *retry_after_ms, evidence) {
+            Some(step) => Ok(step),
+            None => outcomes::on_observed(&a, observation, external_ref, evidence, extra_refs),
+        },
         Event::RetrySameKey => outcomes::retry_same_key(&a),
         Event::GiveUp { reason } => outcomes::give_up(&a, reason),
         Event::Approve {
@@ -151,6 +156,7 @@ impl Apply<'_> {
 mod lifecycle;
 mod outcomes;
 mod people;
+mod rate_limit;
 mod settle;
 mod undo;
 mod undoing;
@@ -166,5 +172,7 @@ use verify::verified;
 mod fault_paths;
 #[cfg(test)]
 mod key_window;
+#[cfg(test)]
+mod retry_after;
 #[cfg(test)]
 mod tests;

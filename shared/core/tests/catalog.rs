@@ -609,6 +609,41 @@ fn zero_max_attempts_is_refused() {
 }
 
 #[test]
+fn retry_after_waiting_is_declared_per_tool_and_bounded_at_load() {
+    let catalog = Catalog::from_toml_str(BASE, "fixture.toml").expect("valid");
+    let rules = catalog.tools()[0].rules();
+    assert_eq!(
+        rules.max_rate_limited_ms,
+        sluice_core::machine::DEFAULT_MAX_RATE_LIMITED_MS
+    );
+    assert!(
+        !rules.rate_limited_commits_nothing,
+        "a look first, by default"
+    );
+
+    let declared = BASE.replacen(
+        "max_attempts = 3",
+        "max_attempts = 3\nmax_rate_limited_ms = 0\nrate_limited_commits_nothing = true",
+        1,
+    );
+    let catalog = Catalog::from_toml_str(&declared, "fixture.toml").expect("valid");
+    let rules = catalog.tools()[0].rules();
+    assert_eq!(rules.max_rate_limited_ms, 0, "0 turns the waiting off");
+    assert!(rules.rate_limited_commits_nothing);
+
+    let message = refused(
+        "max_attempts = 3",
+        "max_attempts = 3\nmax_rate_limited_ms = 86400001",
+    );
+    assert_names(&message, &["policy.max_rate_limited_ms", "86400001"]);
+    let message = refused(
+        "max_attempts = 3",
+        "max_attempts = 3\nmax_rate_limited_ms = -1",
+    );
+    assert_names(&message, &["policy.max_rate_limited_ms"]);
+}
+
+#[test]
 fn compensate_on_an_observe_only_tool_is_refused() {
     let message = refused(
         "semantics = \"NON_IDEMPOTENT\"",

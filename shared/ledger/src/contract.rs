@@ -673,6 +673,7 @@ pub async fn transitions_are_audited_and_conflicts_are_not(ledger: Arc<dyn Ledge
         external_ref: Some("w-77".into()),
         evidence: json!({"status": 200}),
         extra_refs: vec![],
+        retry_after_ms: None,
     };
     let confirmed = ledger
         .transition(step(&unknown, present))
@@ -1124,6 +1125,7 @@ async fn confirmed_after_a_look(
         external_ref: Some("w-1".into()),
         evidence: json!({"status": 200}),
         extra_refs: extra_refs.iter().map(|r| (*r).to_owned()).collect(),
+        retry_after_ms: None,
     };
     let confirmed = ledger
         .transition(step(&unknown, observed))

@@ -451,6 +451,9 @@ pub(super) fn parse_template(
     })
 }
 
+/// The largest `policy.max_rate_limited_ms` a catalog may declare: a day.
+const MAX_RATE_LIMITED_MS: u64 = 86_400_000;
+
 pub(super) fn build_policy(
     at: &At<'_>,
     raw: RawPolicy,
@@ -476,10 +479,24 @@ pub(super) fn build_policy(
             .verify_after_ms
             .unwrap_or(millis(defaults.verify_after_ms)),
         idempotency_key_ttl_ms: raw.idempotency_key_ttl_ms,
+        max_rate_limited_ms: raw
+            .max_rate_limited_ms
+            .unwrap_or(millis(defaults.max_rate_limited_ms)),
+        rate_limited_commits_nothing: raw.rate_limited_commits_nothing,
         approval_timeout_ms: raw
             .approval_timeout_ms
             .unwrap_or(millis(defaults.approval_timeout_ms)),
     };
+    if policy.max_rate_limited_ms > MAX_RATE_LIMITED_MS {
+        return Err(CatalogError::MalformedTool {
+            file: at.file(),
+            tool: at.tool(),
+            detail: format!(
+                "policy.max_rate_limited_ms is {} ms; at most {MAX_RATE_LIMITED_MS} (a day): a command waiting longer on Retry-After answers is an outage for a person, not a wait (0 turns the waiting off)",
+                policy.max_rate_limited_ms
+            ),
+        });
+    }
     if policy.verify_after_ms < policy.settle_ms {
         return Err(CatalogError::VerifyBeforeSettle {
             file: at.file(),

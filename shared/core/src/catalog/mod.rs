@@ -41,6 +41,13 @@
 //! #                                 # redispatched is looked up once more this long after it
 //! #                                 # settled; at least settle_ms
 //! approval_timeout_ms = 86400000    # a BLOCKED command waits this long, then is cancelled
+//! max_rate_limited_ms = 300000      # the most a command waits in all, per cycle, on answers
+//! #                                 # asking for a later call (Retry-After on a 429 or 503, or
+//! #                                 # a 403) without spending attempts or checks; past it they
+//! #                                 # count as without the header; 0 turns it off; <= a day
+//! rate_limited_commits_nothing = false  # such an answer proves nothing committed: a
+//! #                                 # NON_IDEMPOTENT tool is resent after the wait without a
+//! #                                 # look first (default: looked up first)
 //!
 //! [tool.dispatch]                   # required
 //! url = "http://127.0.0.1:8787/bank/wires"

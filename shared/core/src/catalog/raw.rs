@@ -67,6 +67,9 @@ pub(super) struct RawPolicy {
     pub(super) verify_after_ms: Option<u64>,
     pub(super) approval_timeout_ms: Option<u64>,
     pub(super) idempotency_key_ttl_ms: Option<u64>,
+    pub(super) max_rate_limited_ms: Option<u64>,
+    #[serde(default)]
+    pub(super) rate_limited_commits_nothing: bool,
 }
 
 /// One endpoint section as written. The keys of every section are read here; those that apply

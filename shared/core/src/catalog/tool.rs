@@ -45,6 +45,13 @@ pub struct ToolPolicy {
     /// resend of the same key could commit again, so the effect is looked up first, or goes to
     /// a person. `None`: the upstream remembers keys for good.
     pub idempotency_key_ttl_ms: Option<u64>,
+    /// The most a command waits in all, per cycle, on answers asking for a later call
+    /// (`Retry-After` on a 429 or 503, or a 403) without spending attempts or checks; 0 turns
+    /// the waiting off.
+    pub max_rate_limited_ms: u64,
+    /// Such an answer proves nothing committed: a NON_IDEMPOTENT command is sent again after
+    /// the wait without a look first.
+    pub rate_limited_commits_nothing: bool,
 }
 
 /// A declared tool, validated. Cheap to clone: the compiled schema is shared.
@@ -190,6 +197,8 @@ impl Tool {
             clock_skew_ms: millis(self.clock_skew_ms),
             approval_timeout_ms: millis(self.policy.approval_timeout_ms),
             idempotency_key_ttl_ms: self.policy.idempotency_key_ttl_ms.map(millis),
+            max_rate_limited_ms: millis(self.policy.max_rate_limited_ms),
+            rate_limited_commits_nothing: self.policy.rate_limited_commits_nothing,
             ..defaults
         }
     }

@@ -26,6 +26,45 @@ pub enum DispatchOutcome {
     Ambiguous { reason: String },
     /// Failed before anything left the process (connection refused, DNS): it did not happen.
     NotSent { reason: String },
+    /// The upstream asked to be called again later: a 429 or 503 with `Retry-After`, or a 403
+    /// with it (GitHub's secondary rate limit). `retry_after_ms` is the header's delay, never
+    /// negative (a header that is not one is no header: the answer is `Ambiguous` or
+    /// `Refused`). The machine waits it out without spending an attempt, up to the tool's
+    /// `max_rate_limited_ms`; past that the answer counts as it would without the header:
+    /// `Refused` when `refusal` (the 403), else `Ambiguous`.
+    RateLimited {
+        reason: String,
+        retry_after_ms: i64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        refusal: bool,
+    },
+}
+
+impl DispatchOutcome {
+    /// The outcome a `RateLimited` answer counts as once the ceiling is spent (or where it is
+    /// not waited on); any other outcome as it is.
+    pub fn without_retry_after(&self) -> DispatchOutcome {
+        match self {
+            Self::RateLimited {
+                reason,
+                refusal: true,
+                ..
+            } => Self::Refused {
+                reason: reason.clone(),
+            },
+            Self::RateLimited {
+                reason,
+                refusal: false,
+                ..
+            } => Self::Ambiguous {
+                reason: reason.clone(),
+            },
+            Self::Committed { .. }
+            | Self::Refused { .. }
+            | Self::Ambiguous { .. }
+            | Self::NotSent { .. } => self.clone(),
+        }
+    }
 }
 
 /// What a compensate call did.
@@ -115,6 +154,11 @@ pub enum Event {
         /// For `duplicate`: the commits other than the command's own.
         #[serde(default)]
         extra_refs: Vec<String>,
+        /// An `inconclusive` answer that asked to be asked again later (a 429 or 503 with
+        /// `Retry-After`): the delay, never negative. The next look waits for it and the look
+        /// is not counted, up to the tool's `max_rate_limited_ms`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_ms: Option<i64>,
     },
     /// An IDEMPOTENT or OBSERVE_ONLY tool without a status check is retried with the same key.
     RetrySameKey,

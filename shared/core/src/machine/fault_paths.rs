@@ -59,6 +59,7 @@ fn observed(observation: Observation, primary: Option<&str>, extra: &[&str]) -> 
         external_ref: primary.map(str::to_owned),
         evidence: json!({"looked": true}),
         extra_refs: extra.iter().map(|r| (*r).to_owned()).collect(),
+        retry_after_ms: None,
     }
 }
 

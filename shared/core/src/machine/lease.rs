@@ -279,10 +279,12 @@ pub fn plan_dispatch(
     owner: &std::sync::Arc<str>,
     now: Timestamp,
 ) -> DispatchPlan {
-    if !command.awaits_dispatch() {
+    let state = &command.state;
+    // Held back by an upstream that asked to be called again later: the sweep republishes
+    // the request when the wait is over.
+    if !command.awaits_dispatch() || rate_limit_holds(state, rules, now) {
         return DispatchPlan::Nothing;
     }
-    let state = &command.state;
     // Waiting for dispatch and LEASED: the reservation's lease, whose epoch a block or denial
     // must present.
     let reserved = state.status == CommandStatus::Leased;

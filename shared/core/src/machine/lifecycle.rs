@@ -61,6 +61,13 @@ pub(super) fn lease(a: &Apply<'_>, owner: &std::sync::Arc<str>) -> Result<Step, 
                     max_attempts: rules.max_attempts,
                 });
             }
+            if let Some(until) = state.rate_limited_until
+                && rate_limit_holds(state, rules, now)
+            {
+                // The upstream asked to be called again only then.
+                return Err(Refusal::NotYetDue { due_at: until });
+            }
+            next.rate_limited_until = None;
             let expires_at = now.plus_millis(rules.lease_ttl_ms);
             next.status = S::Leased;
             next.lease = Lease {

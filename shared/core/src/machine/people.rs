@@ -262,6 +262,8 @@ pub(super) fn replay(
             next.status = S::Pending;
             next.attempts = 0;
             next.checks = 0;
+            next.rate_limited_ms = 0;
+            next.rate_limited_until = None;
             next.replays = state.replays + 1;
             next.first_absent_at = None;
             next.lands_by = None;

@@ -74,6 +74,23 @@ pub struct Rules {
     /// of an IDEMPOTENT command whose earlier attempt may have committed is not safe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key_ttl_ms: Option<i64>,
+    /// The most a command waits in all, per cycle, on answers that ask for a later call
+    /// (`Retry-After`) without spending an attempt or a check; past it such answers count as
+    /// they would without the header. 0: never waited on.
+    #[serde(default = "default_max_rate_limited_ms")]
+    pub max_rate_limited_ms: i64,
+    /// The tool declares that an answer asking for a later call proves nothing committed: the
+    /// command is sent again after the wait, even a NON_IDEMPOTENT one, without a look first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rate_limited_commits_nothing: bool,
+}
+
+/// The default of `policy.max_rate_limited_ms`: five minutes of waiting on `Retry-After` per
+/// cycle, enough for the minute GitHub's secondary limit asks for, several times over.
+pub const DEFAULT_MAX_RATE_LIMITED_MS: i64 = 300_000;
+
+fn default_max_rate_limited_ms() -> i64 {
+    DEFAULT_MAX_RATE_LIMITED_MS
 }
 
 fn is_zero(ms: &i64) -> bool {
@@ -126,6 +143,8 @@ impl Rules {
             approval_timeout_ms: default_approval_timeout_ms(),
             write_slack_ms: 0,
             idempotency_key_ttl_ms: None,
+            max_rate_limited_ms: DEFAULT_MAX_RATE_LIMITED_MS,
+            rate_limited_commits_nothing: false,
         }
     }
 

@@ -360,12 +360,7 @@ pub(super) fn dispatched(
             // the work on, so the attempt counts as running until its timeout, and may land
             // until the horizon after that. The holder sent only with the whole call left in
             // its lease, so the lease's expiry bounds it whatever the holder's clock said.
-            let timeout_at = sent_at.plus_millis(rules.dispatch_timeout_ms);
-            let ended_by = state
-                .lease
-                .expires_at
-                .map_or(timeout_at, |expiry| timeout_at.min(expiry))
-                .max(now);
+            let ended_by = super::rate_limit::attempt_end(state, rules, sent_at, now);
             enter_unknown(&mut next, rules, ended_by, now);
             next.last_error = Some(reason.clone());
             Step {
@@ -377,6 +372,31 @@ pub(super) fn dispatched(
                 quiet: false,
             }
         }
+        DispatchOutcome::RateLimited {
+            reason,
+            retry_after_ms,
+            ..
+        } => match super::rate_limit::dispatch_later(
+            &next,
+            state,
+            rules,
+            *retry_after_ms,
+            reason,
+            sent_at,
+            now,
+        ) {
+            Some(step) => step,
+            // Not waited on (the ceiling is spent): it counts as it would without the header.
+            None => dispatched(
+                next,
+                state,
+                rules,
+                &outcome.without_retry_after(),
+                sent_at,
+                now,
+                from,
+            ),
+        },
         DispatchOutcome::NotSent { reason }
             if state.rollback_pending.is_some() && !state.outcome_unknown =>
         {

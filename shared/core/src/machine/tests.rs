@@ -74,6 +74,7 @@ fn samples() -> Vec<(&'static str, Event)> {
         } else {
             vec![]
         },
+        retry_after_ms: None,
     };
     vec![
         ("Due", Event::Due),
@@ -158,11 +159,29 @@ fn samples() -> Vec<(&'static str, Event)> {
                 reason: "connection refused".into(),
             }),
         ),
+        (
+            "RtL",
+            dispatched(DispatchOutcome::RateLimited {
+                reason: "HTTP 429".into(),
+                retry_after_ms: 1_000,
+                refusal: false,
+            }),
+        ),
         ("Exp", Event::LeaseExpired),
         ("Pre", observed(O::Present)),
         ("Abs", observed(O::Absent)),
         ("Dup", observed(O::Duplicate)),
         ("Inc", observed(O::Inconclusive)),
+        (
+            "IRa",
+            Event::Observed {
+                observation: O::Inconclusive,
+                external_ref: None,
+                evidence: json!({"http_status": 429}),
+                extra_refs: vec![],
+                retry_after_ms: Some(1_000),
+            },
+        ),
         ("Rty", Event::RetrySameKey),
         (
             "Giv",
@@ -243,21 +262,21 @@ fn samples() -> Vec<(&'static str, Event)> {
 /// Expected outcome of every (state, event) pair, for a NON_IDEMPOTENT tool with a status
 /// check and a compensate: the next status, `-` for "does not apply", `!` for another refusal.
 const TABLE: &str = "
-                     Due Lse Ext CLk CCm CDu Rpb Rel Blk Dny Cmt Ref Amb NoS Exp Pre Abs Dup Inc Rty Giv Apv Rej AEx Can Rbk Mrk Cmp Dst Res Rpl
-SCHEDULED            PEN -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
-PENDING              -   LSD -   -   -   -   PEN -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
-BLOCKED              -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   APR CAN CAN CAN -   -   -   -   -   -
-APPROVED             -   LSD -   -   -   -   APR -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
-LEASED               -   -   LSD -   -   -   -   PEN BLK FLD CNF FLD UNK PEN UNK -   -   -   -   -   -   -   -   -   -   -   LSD -   -   -   -
-CONFIRMED            -   -   -   !   -   CNF CNF -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMG -   -   CNF -   -
-FAILED               -   -   -   !   -   -   !   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   FLD -   -   -   PEN
-UNKNOWN              -   -   -   UNK -   -   UNK -   -   -   -   -   -   -   -   CNF UNK CNF UNK !   STK -   -   -   -   -   UNK -   -   -   -
-STUCK                -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   STK -   -   CNF PEN
-CANCELLED            -   -   -   !   -   -   !   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -
-COMPENSATING         -   -   -   -   CMG -   CMG -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMD -   -   -
-COMPENSATED          -   -   -   !   -   -   !   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
-COMPENSATION_FAILED  -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
-NO_COMPENSATION      -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+                     Due Lse Ext CLk CCm CDu Rpb Rel Blk Dny Cmt Ref Amb NoS RtL Exp Pre Abs Dup Inc IRa Rty Giv Apv Rej AEx Can Rbk Mrk Cmp Dst Res Rpl
+SCHEDULED            PEN -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
+PENDING              -   LSD -   -   -   -   PEN -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
+BLOCKED              -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   APR CAN CAN CAN -   -   -   -   -   -
+APPROVED             -   LSD -   -   -   -   APR -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
+LEASED               -   -   LSD -   -   -   -   PEN BLK FLD CNF FLD UNK PEN UNK UNK -   -   -   -   -   -   -   -   -   -   -   -   LSD -   -   -   -
+CONFIRMED            -   -   -   !   -   CNF CNF -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMG -   -   CNF -   -
+FAILED               -   -   -   !   -   -   !   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   FLD -   -   -   PEN
+UNKNOWN              -   -   -   UNK -   -   UNK -   -   -   -   -   -   -   -   -   CNF UNK CNF UNK UNK !   STK -   -   -   -   -   UNK -   -   -   -
+STUCK                -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   STK -   -   CNF PEN
+CANCELLED            -   -   -   !   -   -   !   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -
+COMPENSATING         -   -   -   -   CMG -   CMG -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMD -   -   -
+COMPENSATED          -   -   -   !   -   -   !   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+COMPENSATION_FAILED  -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+NO_COMPENSATION      -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
 ";
 
 fn abbreviation(status: CommandStatus) -> &'static str {
@@ -519,6 +538,7 @@ fn absent() -> Event {
         external_ref: None,
         evidence: json!({"status": 404}),
         extra_refs: vec![],
+        retry_after_ms: None,
     }
 }
 
@@ -576,6 +596,7 @@ fn inconclusive_checks_back_off_then_get_stuck_and_escalate() {
         external_ref: None,
         evidence: json!({"status": 503}),
         extra_refs: vec![],
+        retry_after_ms: None,
     };
     let mut state = state_in(S::Unknown);
     let mut delays = vec![];
@@ -604,6 +625,7 @@ fn a_duplicate_is_confirmed_and_its_extra_commit_compensated() {
         external_ref: Some("w-1".into()),
         evidence: json!({"refs": ["w-1", "w-2"]}),
         extra_refs: vec!["w-2".into()],
+        retry_after_ms: None,
     };
     let with = step(&state_in(S::Unknown), &wire_rules(), duplicate.clone());
     assert_eq!(with.to(), S::Confirmed);
@@ -871,6 +893,7 @@ fn a_verified_commit_catches_a_double_commit_behind_a_2xx() {
             external_ref: Some("w-1".into()),
             evidence: json!({"refs": ["w-1", "w-2"]}),
             extra_refs: vec!["w-2".into()],
+            retry_after_ms: None,
         },
     );
     assert_eq!(duplicate.to(), S::Confirmed);
@@ -884,6 +907,7 @@ fn a_verified_commit_catches_a_double_commit_behind_a_2xx() {
             external_ref: Some("w-1".into()),
             evidence: json!({}),
             extra_refs: vec![],
+            retry_after_ms: None,
         },
     );
     assert!(!present.state.verify_pending);
@@ -928,10 +952,25 @@ fn arb_rules() -> impl Strategy<Value = Rules> {
         any::<bool>(),
         any::<bool>(),
         0i64..3_000,
+        (
+            prop::sample::select(vec![0i64, 1_500, 30_000]),
+            any::<bool>(),
+        ),
     )
         .prop_map(
-            |(semantics, max_attempts, max_checks, check, compensate, fail_on_absent, settle)| {
+            |(
+                semantics,
+                max_attempts,
+                max_checks,
+                check,
+                compensate,
+                fail_on_absent,
+                settle,
+                (max_rate_limited_ms, rate_limited_commits_nothing),
+            )| {
                 Rules {
+                    max_rate_limited_ms,
+                    rate_limited_commits_nothing,
                     max_attempts,
                     max_checks,
                     has_status_check: check,
@@ -983,6 +1022,15 @@ fn arb_event() -> impl Strategy<Value = Event> {
         Just(DispatchOutcome::NotSent {
             reason: "refused".into()
         }),
+        // A Retry-After from none to more than the largest ceiling drawn; the connector never
+        // reports a negative one, but the core must not trust that.
+        (-1_000i64..40_000, any::<bool>()).prop_map(|(retry_after_ms, refusal)| {
+            DispatchOutcome::RateLimited {
+                reason: "429".into(),
+                retry_after_ms,
+                refusal,
+            }
+        }),
     ];
     let evidence = prop_oneof![Just(json!(null)), Just(json!({"ref": "x"}))];
     prop_oneof![
@@ -1025,14 +1073,18 @@ fn arb_event() -> impl Strategy<Value = Event> {
             sent_at
         }),
         Just(Event::LeaseExpired),
-        (prop::sample::select(O::ALL.to_vec()), evidence.clone()).prop_map(
-            |(observation, evidence)| Event::Observed {
+        (
+            prop::sample::select(O::ALL.to_vec()),
+            evidence.clone(),
+            prop::option::of(-1_000i64..40_000)
+        )
+            .prop_map(|(observation, evidence, retry_after_ms)| Event::Observed {
                 observation,
                 external_ref: Some("x".into()),
                 evidence,
                 extra_refs: vec!["y".into()],
-            }
-        ),
+                retry_after_ms,
+            }),
         Just(Event::RetrySameKey),
         Just(Event::GiveUp {
             reason: "no status check".into()
@@ -1180,6 +1232,39 @@ proptest! {
                 )));
             }
             prop_assert!(step.state.attempts <= rules.max_attempts);
+            // Waiting on Retry-After: bounded by the ceiling over a cycle, spending neither
+            // an attempt nor a check, and never sending a NON_IDEMPOTENT effect again without
+            // a look unless the tool says such an answer commits nothing.
+            prop_assert!(step.state.rate_limited_ms <= rules.max_rate_limited_ms.max(0));
+            if matches!(event, Event::Replay { .. }) {
+                prop_assert_eq!(step.state.rate_limited_ms, 0, "a replay starts a new cycle");
+            } else {
+                prop_assert!(step.state.rate_limited_ms >= state.rate_limited_ms, "waiting forgotten");
+            }
+            if step.state.rate_limited_ms > state.rate_limited_ms {
+                let waited = step.state.rate_limited_ms - state.rate_limited_ms;
+                prop_assert!(step.actions.is_empty());
+                prop_assert_eq!(step.state.due_at, Some(clock.plus_millis(waited)));
+                match &event {
+                    Event::Dispatched { .. } => {
+                        prop_assert_eq!(from, S::Leased);
+                        prop_assert_eq!(step.state.attempts + 1, state.attempts, "attempt spent");
+                        let look_first = rules.semantics == E::NonIdempotent
+                            && !rules.rate_limited_commits_nothing;
+                        prop_assert_eq!(to, if look_first { S::Unknown } else { S::Pending });
+                    }
+                    Event::Observed { observation, .. } => {
+                        prop_assert_eq!(*observation, O::Inconclusive);
+                        prop_assert_eq!(step.state.checks, state.checks, "check spent");
+                        prop_assert_eq!(from, to);
+                    }
+                    _ => prop_assert!(false, "waited on {:?}", event),
+                }
+            }
+            if matches!(event, Event::Lease { .. }) && from != S::Leased {
+                prop_assert!(!rate_limit_holds(&state, &rules, clock), "leased before Retry-After");
+                prop_assert_eq!(step.state.rate_limited_until, None);
+            }
             if from.is_terminal() && to != from {
                 // Only a person, or the last look at a command decided on absence that finds
                 // it committed after all, moves a terminal command.
