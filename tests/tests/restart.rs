@@ -340,8 +340,8 @@ async fn a_lease_left_by_a_crash_before_the_wire_reached_the_bank_is_redispatche
 /// reserved itself (no read), so it must still see that the other process cancelled it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dispatcher_does_not_call_for_a_command_another_process_cancelled() {
-    use sluice_core::machine::{Event, Operator};
     use sluice_assemble::assemble;
+    use sluice_core::machine::{Event, Operator};
     use sluice_runtime::Driven;
 
     init_tracing();

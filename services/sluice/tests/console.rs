@@ -323,8 +323,7 @@ impl Pipeline {
             });
         }
         config.validate().expect("valid");
-        let catalog =
-            sluice_assemble::example_catalog_at(&upstream.base_url()).expect("catalog");
+        let catalog = sluice_assemble::example_catalog_at(&upstream.base_url()).expect("catalog");
         let pipeline = sluice::dev::start(&config, catalog, sluice_runtime::Shutdown::new())
             .await
             .expect("the pipeline starts");
