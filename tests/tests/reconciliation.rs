@@ -86,6 +86,15 @@ async fn a_commit_whose_answer_is_lost_is_confirmed_by_the_status_check() {
         let booked = bank_wire(&h, &reference).await;
         assert_eq!(booked["idempotency_key"], format!("{run}/{key}"));
         assert_eq!(booked["status"], "booked");
+        // The agent gets a result as if the answer had arrived: the record the lookup found
+        // (an agent that reads its wire's id must not break exactly when Sluice had to look).
+        let result = wire
+            .state
+            .result
+            .as_deref()
+            .expect("a result from the lookup");
+        assert_eq!(result["id"], reference.as_str(), "{kind}: {result}");
+        assert_eq!(result["idempotency_key"], format!("{run}/{key}"));
 
         let trail = h.audit(&run).await;
         assert_eq!(

@@ -228,6 +228,7 @@ pub fn status_check(
             external_ref: None,
             evidence: Value::Object(evidence),
             retry_after_ms: None,
+            record: None,
         }
     };
     let carries_body = (200..=299).contains(&code) || answers.duplicate_status.contains(&code);
@@ -240,6 +241,7 @@ pub fn status_check(
             external_ref: None,
             evidence: Value::Object(evidence),
             retry_after_ms: None,
+            record: None,
         };
     }
     if answers.duplicate_status.contains(&code) {
@@ -261,6 +263,7 @@ pub fn status_check(
             external_ref: own,
             evidence: Value::Object(evidence),
             retry_after_ms: None,
+            record: None,
         };
     }
     if let Some(retry_after_ms) = answer.later() {
@@ -288,12 +291,13 @@ pub fn status_check(
             external_ref: own_reference(json.as_ref()),
             evidence: Value::Object(evidence),
             retry_after_ms: None,
+            record: json,
         };
     };
     let Some(body) = json.as_ref() else {
         return inconclusive(evidence, "the answer is not JSON read in full".into());
     };
-    let (count, refs) = match list {
+    let (count, refs, matched) = match list {
         MatchList::Items {
             pointer,
             reference: item_reference,
@@ -318,6 +322,13 @@ pub fn status_check(
                         .iter()
                         .filter_map(|item| item.pointer(item_reference).and_then(reference_text))
                         .collect::<Vec<_>>(),
+                    matching
+                        .iter()
+                        .map(|item| {
+                            let reference = item.pointer(item_reference).and_then(reference_text);
+                            (reference, (*item).clone())
+                        })
+                        .collect::<Vec<_>>(),
                 )
             }
             None => {
@@ -325,42 +336,51 @@ pub fn status_check(
             }
         },
         MatchList::Count { pointer } => match body.pointer(pointer).and_then(Value::as_u64) {
-            Some(count) => (usize::try_from(count).unwrap_or(usize::MAX), Vec::new()),
+            Some(count) => (
+                usize::try_from(count).unwrap_or(usize::MAX),
+                Vec::new(),
+                Vec::new(),
+            ),
             None => {
                 return inconclusive(evidence, format!("no count of matches at {pointer}"));
             }
         },
     };
     evidence.insert("matches".into(), json!(count));
+    let own = answers
+        .reference_pointer
+        .as_ref()
+        .and_then(|pointer| body.pointer(pointer).and_then(reference_text))
+        .or_else(|| refs.first().cloned());
+    // The matching item that is the command's own commit: its result when the answer was lost.
+    let record = matched
+        .iter()
+        .find(|(reference, _)| reference.is_some() && *reference == own)
+        .or_else(|| matched.first().filter(|_| count == 1))
+        .map(|(_, item)| item.clone());
     match count {
         0 => StatusReport {
             observation: Observation::Absent,
             external_ref: None,
             evidence: Value::Object(evidence),
             retry_after_ms: None,
+            record: None,
         },
         1 => StatusReport {
             observation: Observation::Present,
-            external_ref: answers
-                .reference_pointer
-                .as_ref()
-                .and_then(|pointer| body.pointer(pointer).and_then(reference_text))
-                .or_else(|| refs.first().cloned()),
+            external_ref: own,
             evidence: Value::Object(evidence),
             retry_after_ms: None,
+            record,
         },
         _ => {
-            let own = answers
-                .reference_pointer
-                .as_ref()
-                .and_then(|pointer| body.pointer(pointer).and_then(reference_text))
-                .or_else(|| refs.first().cloned());
             evidence.insert("refs".into(), json!(refs));
             StatusReport {
                 observation: Observation::Duplicate,
                 external_ref: own,
                 evidence: Value::Object(evidence),
                 retry_after_ms: None,
+                record,
             }
         }
     }
@@ -803,5 +823,64 @@ mod tests {
         assert_eq!(excerpt(b"abcdef", 3), "abc…");
         assert_eq!(excerpt(b"abc", 3), "abc");
         assert_eq!(excerpt(&[0xff, b'a'], 8), "\u{fffd}a");
+    }
+
+    /// What a lookup found for the command's own commit is kept as its record (its result when
+    /// the dispatch's answer was lost): the body of a plain 2xx, the own item of a list, and
+    /// nothing from an absence or a bare count.
+    #[test]
+    fn a_present_lookup_carries_the_record_it_found() {
+        let plain = status_check(
+            &answer(200, r#"{"id": "w-7", "amount": 5}"#),
+            &id(),
+            &StatusAnswers::default(),
+            &[],
+            4096,
+        );
+        assert_eq!(plain.observation, Observation::Present);
+        assert_eq!(plain.record, Some(json!({"id": "w-7", "amount": 5})));
+
+        let listed = StatusAnswers {
+            list: Some(MatchList::Items {
+                pointer: "/data".into(),
+                reference: "/id".into(),
+                filter: Vec::new(),
+            }),
+            ..StatusAnswers::default()
+        };
+        let one = status_check(
+            &answer(200, r#"{"data": [{"id": "ch_1", "amount": 5}]}"#),
+            &id(),
+            &listed,
+            &[],
+            4096,
+        );
+        assert_eq!(one.record, Some(json!({"id": "ch_1", "amount": 5})));
+        let two = status_check(
+            &answer(200, r#"{"data": [{"id": "ch_1"}, {"id": "ch_2"}]}"#),
+            &id(),
+            &listed,
+            &[],
+            4096,
+        );
+        assert_eq!(two.observation, Observation::Duplicate);
+        assert_eq!(
+            two.record,
+            Some(json!({"id": "ch_1"})),
+            "the own commit's item"
+        );
+        let none = status_check(&answer(200, r#"{"data": []}"#), &id(), &listed, &[], 4096);
+        assert_eq!((none.observation, none.record), (Observation::Absent, None));
+        let counted = StatusAnswers {
+            list: Some(MatchList::Count {
+                pointer: "/total".into(),
+            }),
+            ..StatusAnswers::default()
+        };
+        let count = status_check(&answer(200, r#"{"total": 1}"#), &id(), &counted, &[], 4096);
+        assert_eq!(
+            (count.observation, count.record),
+            (Observation::Present, None)
+        );
     }
 }

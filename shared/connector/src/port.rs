@@ -49,6 +49,11 @@ pub struct StatusReport {
     /// 503 or 403): the delay in milliseconds, never negative. The core decides what waits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<i64>,
+    /// For `present` and `duplicate`: the record the lookup found for the command's own commit
+    /// (the answer's JSON body, or the one matching item of a declared list), which becomes
+    /// the command's result when its dispatch answer was lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<Value>,
 }
 
 impl StatusReport {
@@ -59,6 +64,7 @@ impl StatusReport {
             external_ref: None,
             evidence,
             retry_after_ms: None,
+            record: None,
         }
     }
 
@@ -85,6 +91,7 @@ impl From<StatusReport> for Event {
             evidence: report.evidence,
             extra_refs,
             retry_after_ms: report.retry_after_ms,
+            record: report.record,
         }
     }
 }

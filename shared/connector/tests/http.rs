@@ -1209,6 +1209,7 @@ fn the_status_report_becomes_the_machine_event() {
         external_ref: Some("w-1".into()),
         evidence: json!({"refs": ["w-1", "w-2"]}),
         retry_after_ms: None,
+        record: None,
     };
     let event: sluice_core::machine::Event = report.into();
     assert_eq!(
@@ -1219,6 +1220,7 @@ fn the_status_report_becomes_the_machine_event() {
             evidence: json!({"refs": ["w-1", "w-2"]}),
             extra_refs: vec!["w-2".into()],
             retry_after_ms: None,
+            record: None,
         }
     );
 }

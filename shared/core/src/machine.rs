@@ -73,9 +73,17 @@ pub fn apply(
             evidence,
             extra_refs,
             retry_after_ms,
+            record,
         } => match rate_limit::look_later(&a, *observation, *retry_after_ms, evidence) {
             Some(step) => Ok(step),
-            None => outcomes::on_observed(&a, observation, external_ref, evidence, extra_refs),
+            None => outcomes::on_observed(
+                &a,
+                observation,
+                external_ref,
+                evidence,
+                extra_refs,
+                record.as_ref(),
+            ),
         },
         Event::RetrySameKey => outcomes::retry_same_key(&a),
         Event::GiveUp { reason } => outcomes::give_up(&a, reason),

@@ -674,6 +674,7 @@ pub async fn transitions_are_audited_and_conflicts_are_not(ledger: Arc<dyn Ledge
         evidence: json!({"status": 200}),
         extra_refs: vec![],
         retry_after_ms: None,
+        record: None,
     };
     let confirmed = ledger
         .transition(step(&unknown, present))
@@ -1126,6 +1127,7 @@ async fn confirmed_after_a_look(
         evidence: json!({"status": 200}),
         extra_refs: extra_refs.iter().map(|r| (*r).to_owned()).collect(),
         retry_after_ms: None,
+        record: None,
     };
     let confirmed = ledger
         .transition(step(&unknown, observed))

@@ -159,6 +159,11 @@ pub enum Event {
         /// is not counted, up to the tool's `max_rate_limited_ms`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         retry_after_ms: Option<i64>,
+        /// For `present` (and `duplicate`): the record the lookup found for the command's own
+        /// commit, kept as its result when the dispatch's answer was lost, so an agent reads a
+        /// result whether or not Sluice had to look.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        record: Option<Value>,
     },
     /// An IDEMPOTENT or OBSERVE_ONLY tool without a status check is retried with the same key.
     RetrySameKey,

@@ -60,6 +60,7 @@ fn observed(observation: Observation, primary: Option<&str>, extra: &[&str]) -> 
         evidence: json!({"looked": true}),
         extra_refs: extra.iter().map(|r| (*r).to_owned()).collect(),
         retry_after_ms: None,
+        record: None,
     }
 }
 

@@ -46,25 +46,34 @@ pub(super) fn on_observed(
     external_ref: &Option<String>,
     evidence: &Value,
     extra_refs: &[String],
+    record: Option<&Value>,
 ) -> Result<Step, Refusal> {
     use CommandStatus as S;
     let Apply {
         state, rules, now, ..
     } = *a;
     let from = a.state.status;
-    let next = a.next();
+    let mut next = a.next();
     let refuse = || a.refuse();
     match from {
-        S::Unknown => Ok(observed(
-            next,
-            state,
-            rules,
-            *observation,
-            external_ref,
-            evidence,
-            extra_refs,
-            now,
-        )),
+        S::Unknown => {
+            // The dispatch's answer was lost (or never read): what the lookup found for the
+            // command's own commit is its result, as the answer would have been.
+            let found = matches!(observation, Observation::Present | Observation::Duplicate);
+            if found && next.result.is_none() {
+                next.result = record.cloned().map(std::sync::Arc::new);
+            }
+            Ok(observed(
+                next,
+                state,
+                rules,
+                *observation,
+                external_ref,
+                evidence,
+                extra_refs,
+                now,
+            ))
+        }
         S::Confirmed | S::Failed | S::Cancelled | S::Compensated if state.verify_pending => {
             Ok(verified(
                 next,

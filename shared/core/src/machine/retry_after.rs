@@ -280,6 +280,7 @@ fn look_answered(state: &CommandState, rules: &Rules, retry_after_ms: Option<i64
         evidence: json!({"http_status": 429}),
         extra_refs: vec![],
         retry_after_ms,
+        record: None,
     };
     apply_ok(state, rules, event, state.due_at.expect("due"))
 }
@@ -339,6 +340,7 @@ fn a_last_look_answered_429_waits_too() {
         evidence: json!({}),
         extra_refs: vec![],
         retry_after_ms: Some(1_000),
+        record: None,
     };
     let mut unknown = pending();
     unknown.status = S::Unknown;

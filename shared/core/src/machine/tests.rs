@@ -75,6 +75,7 @@ fn samples() -> Vec<(&'static str, Event)> {
             vec![]
         },
         retry_after_ms: None,
+        record: None,
     };
     vec![
         ("Due", Event::Due),
@@ -180,6 +181,7 @@ fn samples() -> Vec<(&'static str, Event)> {
                 evidence: json!({"http_status": 429}),
                 extra_refs: vec![],
                 retry_after_ms: Some(1_000),
+                record: None,
             },
         ),
         ("Rty", Event::RetrySameKey),
@@ -539,6 +541,7 @@ fn absent() -> Event {
         evidence: json!({"status": 404}),
         extra_refs: vec![],
         retry_after_ms: None,
+        record: None,
     }
 }
 
@@ -597,6 +600,7 @@ fn inconclusive_checks_back_off_then_get_stuck_and_escalate() {
         evidence: json!({"status": 503}),
         extra_refs: vec![],
         retry_after_ms: None,
+        record: None,
     };
     let mut state = state_in(S::Unknown);
     let mut delays = vec![];
@@ -626,6 +630,7 @@ fn a_duplicate_is_confirmed_and_its_extra_commit_compensated() {
         evidence: json!({"refs": ["w-1", "w-2"]}),
         extra_refs: vec!["w-2".into()],
         retry_after_ms: None,
+        record: None,
     };
     let with = step(&state_in(S::Unknown), &wire_rules(), duplicate.clone());
     assert_eq!(with.to(), S::Confirmed);
@@ -894,6 +899,7 @@ fn a_verified_commit_catches_a_double_commit_behind_a_2xx() {
             evidence: json!({"refs": ["w-1", "w-2"]}),
             extra_refs: vec!["w-2".into()],
             retry_after_ms: None,
+            record: None,
         },
     );
     assert_eq!(duplicate.to(), S::Confirmed);
@@ -908,6 +914,7 @@ fn a_verified_commit_catches_a_double_commit_behind_a_2xx() {
             evidence: json!({}),
             extra_refs: vec![],
             retry_after_ms: None,
+            record: None,
         },
     );
     assert!(!present.state.verify_pending);
@@ -1084,6 +1091,7 @@ fn arb_event() -> impl Strategy<Value = Event> {
                 evidence,
                 extra_refs: vec!["y".into()],
                 retry_after_ms,
+                record: None,
             }),
         Just(Event::RetrySameKey),
         Just(Event::GiveUp {
