@@ -147,20 +147,25 @@ impl Pulse {
     }
 }
 
-/// The transitions counted into each final status so far, over every tool.
+/// The transitions counted into each final status so far, over every tool (from another
+/// status: each is an effect settling).
 pub fn totals(metrics: &Metrics) -> Totals {
     let mut totals = Totals::new();
     for family in metrics.transitions.collect() {
         for metric in family.get_metric() {
-            let to = metric
-                .get_label()
-                .iter()
-                .find(|label| label.name() == "to")
-                .map(|label| label.value());
-            let Some(Ok(status)) = to.map(str::parse::<CommandStatus>) else {
+            let label = |name: &str| {
+                metric
+                    .get_label()
+                    .iter()
+                    .find(|label| label.name() == name)
+                    .map(|label| label.value())
+            };
+            let Some(Ok(status)) = label("to").map(str::parse::<CommandStatus>) else {
                 continue;
             };
-            if status.is_terminal() {
+            // A write that leaves a settled effect where it was (a later look confirming a
+            // CONFIRMED wire) settles nothing new.
+            if status.is_terminal() && label("from") != label("to") {
                 // A counter's value is a whole number kept as a float.
                 let count = metric.get_counter().get_value().max(0.0) as u64;
                 *totals.entry(status.as_str().to_owned()).or_default() += count;
@@ -306,10 +311,11 @@ mod tests {
         bump("UNKNOWN", "CONFIRMED", 2);
         bump("LEASED", "UNKNOWN", 7);
         bump("COMPENSATING", "COMPENSATED", 1);
+        bump("CONFIRMED", "CONFIRMED", 4);
         assert_eq!(
             totals(&metrics),
             totals_of(&[("COMPENSATED", 1), ("CONFIRMED", 5)]),
-            "final statuses only, summed over where they came from"
+            "final statuses only, entered from another, summed over where they came from"
         );
     }
 }
