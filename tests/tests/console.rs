@@ -332,3 +332,112 @@ async fn the_event_stream_checks_roles_and_delivers_an_event_when_an_effect_sett
         .expect("the pipeline stops with streams open");
     assert!(own.next().await.is_none(), "the stream ends at shutdown");
 }
+
+/// Effects that reached `status`, summed over the overview's minutes.
+fn settled(overview: &Value, status: &str) -> u64 {
+    overview["minutes"]
+        .as_array()
+        .expect("minutes")
+        .iter()
+        .map(|m| m["settled"][status].as_u64().unwrap_or(0))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_reads_the_overview_money_fields_and_rolled_back_runs() {
+    let h = Harness::start_with(Faults::none(), |c| c, console_on).await;
+    let operator = h.agent.with_token(OPERATOR);
+    let agent = h.agent.with_token(AGENT_A);
+
+    // The overview covers every run: an operator or an admin, not an agent, not a stranger.
+    assert_eq!(
+        agent.call("GET", "/v1/overview", None).await.status,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        h.agent
+            .with_token("not-a-token-0123456789")
+            .call("GET", "/v1/overview", None)
+            .await
+            .status,
+        StatusCode::UNAUTHORIZED
+    );
+    let quiet = operator.call("GET", "/v1/overview", None).await;
+    assert_eq!(quiet.status, StatusCode::OK, "{}", quiet.text);
+    assert_eq!(settled(&quiet.body, "CONFIRMED"), 0, "{}", quiet.text);
+
+    // Two effects confirm in one run, a large wire waits BLOCKED in another.
+    agent
+        .submit_created(&effect("r-ov-1", 1, "email/send", 0, email_args("one")))
+        .await;
+    agent
+        .submit_created(&effect(
+            "r-ov-1",
+            2,
+            "tickets/create",
+            0,
+            ticket_args("two"),
+        ))
+        .await;
+    agent
+        .submit_created(&effect(
+            "r-ov-2",
+            1,
+            "payments/wire",
+            0,
+            wire_args("acc-ov", 2_000_000),
+        ))
+        .await;
+    agent.wait_settled("r-ov-1", "d-1/email/send/0").await;
+    agent.wait_settled("r-ov-1", "d-2/tickets/create/0").await;
+    let blocked = eventually("the wire is BLOCKED", DEADLINE, || async {
+        let now = operator.call("GET", "/v1/overview", None).await.body;
+        let last = now["minutes"].as_array()?.last()?.clone();
+        (last["blocked"] == 1).then_some(now)
+    })
+    .await;
+    assert_eq!(blocked["gauges"], true, "{blocked}");
+    assert_eq!(settled(&blocked, "CONFIRMED"), 2, "{blocked}");
+    let last = blocked["minutes"]
+        .as_array()
+        .expect("minutes")
+        .last()
+        .cloned();
+    let last = last.expect("the minute under way");
+    assert_eq!(last["partial"], true, "{last}");
+    assert_eq!(
+        (last["stuck"].as_u64(), last["unknown"].as_u64()),
+        (Some(0), Some(0))
+    );
+
+    // A rolled-back run is marked in the run listing, and its compensations are counted.
+    let admin = h.agent.with_token(ADMIN);
+    let begun = admin.rollback("r-ov-1", "customer cancelled").await;
+    assert_eq!(begun.status, StatusCode::ACCEPTED, "{}", begun.text);
+    eventually("the ticket is compensated", DEADLINE, || async {
+        let now = operator.call("GET", "/v1/overview", None).await.body;
+        (settled(&now, "COMPENSATED") == 1).then_some(())
+    })
+    .await;
+    let runs = operator.call("GET", "/v1/runs", None).await;
+    let rolled_back = |run: &str| {
+        runs.body["runs"]
+            .as_array()
+            .expect("runs")
+            .iter()
+            .find(|r| r["run_id"] == run)
+            .map(|r| r["rolled_back_at"].is_string())
+    };
+    assert_eq!(rolled_back("r-ov-1"), Some(true), "{}", runs.text);
+    assert_eq!(rolled_back("r-ov-2"), Some(false), "{}", runs.text);
+
+    // The catalog's money field, for the console to show "EUR 20,000.00".
+    let wire = agent.call("GET", "/v1/tools/payments/wire", None).await;
+    assert_eq!(
+        wire.body["money"]["amount_minor"],
+        serde_json::json!({"currency": "EUR", "minor_units": 2}),
+        "{}",
+        wire.text
+    );
+    h.stop().await;
+}

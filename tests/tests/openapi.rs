@@ -36,6 +36,7 @@ const SERVED: &[(&str, &str)] = &[
     ("GET", "/v1/runs/{run_id}/audit/verify"),
     ("POST", "/v1/audit/purge"),
     ("GET", "/v1/events/stream"),
+    ("GET", "/v1/overview"),
     ("GET", "/ui"),
     ("GET", "/ui/"),
     ("GET", "/ui/{path}"),
@@ -735,6 +736,33 @@ async fn the_server_answers_as_the_openapi_document_says() {
         200,
     )
     .await;
+    // The listing marks the rolled-back run.
+    let runs = spec
+        .call(&operator, "GET", "/v1/runs", "/v1/runs", None, 200)
+        .await;
+    let listed = runs.body["runs"].as_array().expect("runs").iter();
+    let rolled_back: Vec<&Value> = listed.filter(|r| r["run_id"] == run).collect();
+    assert!(
+        rolled_back.len() == 1 && rolled_back[0]["rolled_back_at"].is_string(),
+        "{}",
+        runs.text
+    );
+    // The overview: an operator's, not an agent's.
+    const OVERVIEW: &str = "/v1/overview";
+    let overview = spec
+        .call(&operator, "GET", OVERVIEW, OVERVIEW, None, 200)
+        .await;
+    assert!(
+        overview.body["minutes"]
+            .as_array()
+            .is_some_and(|m| !m.is_empty()),
+        "{}",
+        overview.text
+    );
+    spec.call(&agent, "GET", OVERVIEW, OVERVIEW, None, 403)
+        .await;
+    spec.call(&nobody, "GET", OVERVIEW, OVERVIEW, None, 401)
+        .await;
     spec.call(
         &admin,
         "POST",

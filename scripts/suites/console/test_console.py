@@ -212,6 +212,45 @@ def signs_in_with_a_token_and_lists_runs(browser):
     page.close()
 
 
+def held(status):
+    """How many effects are in `status` now, by the API's listing."""
+    code, answer, _ = call("GET", f"/v1/effects?status={status}&limit=1000", TOKENS["operator"])
+    assert code == 200, answer
+    return len(answer["effects"])
+
+
+@test
+def shows_the_overview_charts_from_the_servers_own_counters(browser):
+    page = browser.new_page()
+    refused = []
+    page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None)
+    sign_in(page, "operator")
+    # Read before the page reads: the page may count more, never less.
+    _, overview, _ = call("GET", "/v1/overview", TOKENS["operator"])
+    confirmed = sum(m["settled"].get("CONFIRMED", 0) for m in overview["minutes"])
+    page.click("nav >> text=Overview")
+    expect(page.locator("main h1")).to_contain_text("Overview")
+    # The tiles hold what the server holds now; seed() left two STUCK and two BLOCKED.
+    for name in ("STUCK", "BLOCKED", "UNKNOWN"):
+        expect(page.locator(f"[data-held={name}] .figure")).to_have_text(str(held(name)))
+    assert held("STUCK") == 2 and held("BLOCKED") == 2, (held("STUCK"), held("BLOCKED"))
+    # The settled chart: one bar segment per minute and outcome, summing to the server's count.
+    assert confirmed >= 5, overview  # r-rollback's three, r-tamper's, r-b-private's at least
+    bars = page.locator("svg.chart rect[data-outcome=CONFIRMED]")
+    expect(bars.first).to_be_visible()
+    drawn = sum(int(bars.nth(i).get_attribute("data-count")) for i in range(bars.count()))
+    assert drawn >= confirmed, (drawn, confirmed)
+    # The held chart: a line per status, and the figures as a table for those who cannot see it.
+    for series in ("UNKNOWN", "STUCK", "BLOCKED"):
+        expect(page.locator(f"svg.chart polyline[data-series={series}]")).to_have_count(1)
+    page.locator("details.figures summary", has_text="Effects held").click()
+    now_row = page.locator("table[aria-label='Effects held'] tr[data-partial=true]")
+    expect(now_row).to_contain_text("now")
+    assert not refused, f"the policy refused something: {refused}"
+    shot(page, "overview")
+    page.close()
+
+
 @test
 def keeps_the_token_out_of_urls_cookies_and_lasting_storage(browser):
     context = browser
@@ -339,8 +378,21 @@ def approves_a_blocked_wire_and_watches_it_confirm_live(browser):
     expect(card).to_have_attribute("data-status", "BLOCKED")
     expect(page.locator(".live")).to_have_attribute("data-state", "live")
     mark(page)
+    # The arguments read as money, not as minor units.
+    if card.get_attribute("open") is None:
+        card.locator(":scope > summary").click()
+    expect(card.locator("[data-money=amount_minor]")).to_have_text("EUR 20,000.00")
     card.locator("[data-action=approve]").click()
     dialog = page.locator("#action")
+    # What is approved: the run, the tool, the arguments and why policy holds it.
+    expect(dialog.locator("[data-fact=run]")).to_contain_text("r-blocked")
+    expect(dialog.locator("[data-fact=tool]")).to_contain_text(WIRE)
+    expect(dialog.locator("[data-fact=args] [data-money=amount_minor]")).to_have_text("EUR 20,000.00")
+    expect(dialog.locator("[data-fact=args]")).to_contain_text("acc-big")
+    reason = dialog.locator("[data-policy-reason]")
+    expect(reason).to_have_attribute("data-policy-reason", "found")
+    expect(reason).to_contain_text("amount_minor = 2000000 is above the approval threshold 1000000")
+    shot(page, "approve-dialog")
     dialog.locator("textarea[name=reason]").fill("invoice 42 checked")
     dialog.locator("button", has_text="Approve").click()
     result = dialog.locator("[data-result=applied]")
@@ -352,7 +404,7 @@ def approves_a_blocked_wire_and_watches_it_confirm_live(browser):
     expect(card).to_have_attribute("data-status", "CONFIRMED", timeout=TIMEOUT_MS)
     not_reloaded(page)
     if card.get_attribute("open") is None:
-        card.locator("summary").click()
+        card.locator(":scope > summary").click()
     timeline = card.locator("ol.timeline")
     expect(timeline).to_contain_text("invoice 42 checked")
     expect(timeline).to_contain_text("console-admin")
@@ -395,6 +447,31 @@ def rolls_a_run_back_and_watches_it_compensate(browser):
     shot(page, "run-rolled-back")
     status, progress, _ = call("GET", "/v1/runs/r-rollback/rollback", TOKENS["operator"])
     assert status == 200 and progress["progress"]["done"], progress
+    page.close()
+
+
+@test
+def marks_rolled_back_runs_and_shows_dates_on_one_line(browser):
+    page = browser.new_page()
+    sign_in(page, "operator")
+    rolled = page.locator("tr[data-run=r-rollback]")
+    expect(rolled).to_have_attribute("data-rolled-back", "true")
+    expect(rolled.locator("[data-status=ROLLED_BACK]")).to_contain_text("rolled back")
+    expect(page.locator("tr[data-run=r-tamper]")).not_to_have_attribute("data-rolled-back", "true")
+    expect(page.locator("tr[data-run=r-tamper] [data-status=ROLLED_BACK]")).to_have_count(0)
+    # Dates on one line: a cell's date is no taller than its line, and has no line break.
+    created = page.locator("tr[data-run=r-tamper] td:nth-child(3) time")
+    line = float(created.evaluate("t => parseFloat(getComputedStyle(t).lineHeight)"))
+    box = created.bounding_box()
+    assert box["height"] <= line * 1.2, (box, line)
+    assert "\n" not in created.inner_text()
+    # The queue shows the waiting wire's amount as money.
+    page.click("nav >> text=Queues")
+    waiting = page.locator("table[aria-label='Blocked effects'] tr[data-run=r-blocked-2]")
+    expect(waiting).to_contain_text("amount_minor: EUR 30,000.00")
+    page.goto(ARGS.base + "/ui/#/runs")
+    expect(rolled).to_be_visible()
+    shot(page, "runs-rolled-back")
     page.close()
 
 
@@ -507,7 +584,11 @@ def an_agent_sees_only_its_own_runs(browser):
     expect(alert).to_contain_text("may not see")
     expect(page.locator("details[data-key]")).to_have_count(0)
     shot(page, "agent-forbidden")
-    for path in ("/v1/runs/r-rollback/audit", "/v1/events/stream?run_id=r-rollback", "/v1/runs"):
+    # The overview counts every run: no link for an agent, and the server refuses it.
+    expect(page.locator("nav [data-view=overview]")).to_be_hidden()
+    page.goto(ARGS.base + "/ui/#/overview")
+    expect(page.locator("main [role=alert]")).to_contain_text("may not see")
+    for path in ("/v1/runs/r-rollback/audit", "/v1/events/stream?run_id=r-rollback", "/v1/runs", "/v1/overview"):
         answer = in_page_fetch(page, "GET", path)
         assert answer["status"] == 403, (path, answer)
     # Agent B's queues and schedule hold its own effects only: agent A's are not there.

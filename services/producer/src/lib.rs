@@ -32,6 +32,7 @@ mod guard;
 pub mod http;
 pub mod listing;
 pub mod operator;
+pub mod overview;
 pub mod submit;
 pub mod tls;
 pub mod tools;
@@ -90,6 +91,8 @@ pub struct Api {
     run_turns: Arc<[tokio::sync::Mutex<()>]>,
     /// The dispatchers' queue as last read from the bus, for admission.
     dispatch_queue: Arc<admission::DispatchQueue>,
+    /// The last hour of this process's counters, minute by minute (`GET /v1/overview`).
+    pulse: Arc<overview::Pulse>,
 }
 
 /// Stripes of [`Api::run_turns`]: runs sharing one wait for each other's turns, briefly.
@@ -102,8 +105,10 @@ impl Api {
     /// The API of `config` (its `[producer]` and `[auth]` sections) over `ctx`; refused when
     /// an entry of `producer.allowed_hosts` or `allowed_origins` is not valid (naming it).
     pub fn new(ctx: Context, config: &Config) -> Result<Self, sluice_core::browser::EntryError> {
+        let pulse = overview::Pulse::starting(ctx.clock.now(), overview::totals(&ctx.metrics));
         Ok(Self {
             browser: Arc::new(config.producer.browser_rules()?),
+            pulse: Arc::new(pulse),
             ctx,
             config: Arc::new(config.producer.clone()),
             auth: Arc::new(Authenticator::from_config(&config.auth)),
@@ -207,6 +212,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/runs/{run_id}/audit/verify", get(audit::audit_verify))
         .route("/v1/audit/purge", post(audit::purge))
         .route("/v1/events/stream", get(events::stream))
+        .route("/v1/overview", get(overview::overview))
         .merge(ui::routes(api.config.console_enabled(false)))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
@@ -525,6 +531,7 @@ pub async fn serve(
         api.clone(),
         shutdown.clone(),
     ));
+    let sampler = tokio::spawn(overview::sample_every_minute(api.clone(), shutdown.clone()));
     let stop = shutdown.clone();
     let graceful = async move { stop.cancelled().await };
     let served = match tls {
@@ -542,6 +549,7 @@ pub async fn serve(
     shutdown.cancel();
     let _ = watcher.await;
     let _ = queue_reader.await;
+    let _ = sampler.await;
     served
 }
 

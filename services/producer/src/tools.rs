@@ -34,6 +34,7 @@ pub fn describe(tool: &Tool) -> Value {
         "compensable": tool.compensate().is_some(),
         "max_attempts": policy.max_attempts,
         "timeout_ms": policy.timeout_ms,
+        "money": tool.money(),
     })
 }
 

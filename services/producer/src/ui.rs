@@ -56,11 +56,13 @@ const ASSETS: &[Asset] = &[
     asset!("js/dom.js", JS),
     asset!("js/actions.js", JS),
     asset!("js/live.js", JS),
+    asset!("js/format.js", JS),
     asset!("js/views/runs.js", JS),
     asset!("js/views/run.js", JS),
     asset!("js/views/queues.js", JS),
     asset!("js/views/scheduled.js", JS),
     asset!("js/views/audit.js", JS),
+    asset!("js/views/overview.js", JS),
 ];
 
 /// The console's routes, or none when it is not enabled (`/ui` is then no route, 404).

@@ -150,7 +150,7 @@ impl Statements {
             .await?,
             read_run_brief: prepare(
                 format!(
-                    "SELECT status, run_created_at, updated_at FROM {ks}.commands WHERE run_id = ?"
+                    "SELECT status, run_created_at, updated_at, run_closed_at FROM {ks}.commands WHERE run_id = ?"
                 ),
                 Read,
             )

@@ -894,6 +894,7 @@ pub async fn audit_append_records_run_level_facts(ledger: Arc<dyn Ledger>) {
 
 pub async fn a_closed_run_takes_no_new_commands_and_replays_its_own(ledger: Arc<dyn Ledger>) {
     let (run, other) = (fresh_run("closed"), fresh_run("closed-other"));
+    let since = now().plus_millis(-1);
     let key = format!("closed-{run}");
     let wire = reserve_new(
         &*ledger,
@@ -923,6 +924,22 @@ pub async fn a_closed_run_takes_no_new_commands_and_replays_its_own(ledger: Arc<
         }
         Closing::AlreadyClosed => panic!("an open run is closed by its first close"),
     }
+    // The run listing tells the closed run from the open one (the console marks it).
+    let listed = ledger
+        .list_runs(since, None, 100_000)
+        .await
+        .expect("list runs");
+    let closed_at = |id: &RunId| {
+        listed
+            .iter()
+            .find(|r| &r.run_id == id)
+            .map(|r| r.rolled_back_at)
+    };
+    assert!(
+        matches!(closed_at(&run), Some(Some(_))),
+        "a closed run is listed as rolled back: {listed:?}"
+    );
+    assert_eq!(closed_at(&other), Some(None), "an open run is not");
 
     // Nothing new goes in, with or without a business key, whatever the process caches.
     for fresh in [

@@ -300,6 +300,9 @@ pub struct RunSummary {
     pub updated_at: Timestamp,
     /// Commands not yet in a terminal state.
     pub open_commands: u64,
+    /// When a rollback closed the run ([`CommandStore::close_run`]); absent while it is open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolled_back_at: Option<Timestamp>,
 }
 
 impl RunSummary {

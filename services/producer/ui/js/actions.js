@@ -3,7 +3,8 @@
 // audited result: the transition and the audit record it wrote.
 
 import { api, paths } from './api.js';
-import { h, replace, status, json, time, announce, session } from './dom.js';
+import { h, replace, status, json, time, announce, session, id } from './dom.js';
+import { argsView } from './format.js';
 
 /** Evidence as typed: a JSON object when it parses as one, else the text. */
 function evidence(text) {
@@ -45,7 +46,7 @@ export function openAction(spec) {
   const result = document.getElementById('action-result');
   const buttons = document.getElementById('action-buttons');
   replace(document.getElementById('action-title'), spec.title);
-  replace(body, spec.intro ? h('p', {}, spec.intro) : null, spec.fields.map(field));
+  replace(body, spec.intro ? h('p', {}, spec.intro) : null, spec.details || null, spec.fields.map(field));
   replace(result);
   let done = false;
   const close = h('button', { type: 'button', class: 'quiet', onclick: () => dialog.close() }, 'Close');
@@ -115,9 +116,10 @@ async function audited(run, key, answer) {
 }
 
 function simple(action, title, intro) {
-  return (command, onDone) => openAction({
+  return (command, onDone, details) => openAction({
     title: `${title} ${command.command_key}`,
     intro,
+    details,
     fields: [{ name: 'reason', label: 'Reason', required: true, hint: 'Recorded in the audit chain with your token\'s name.' }],
     buttons: [{
       label: title,
@@ -129,8 +131,31 @@ function simple(action, title, intro) {
   });
 }
 
-export const approve = simple('approve', 'Approve',
+const approveAction = simple('approve', 'Approve',
   'The command is dispatched under the current policy version.');
+
+/**
+ * Approve, showing what is approved: the run, the tool, the arguments (amounts formatted) and
+ * why policy holds it, from the BLOCKED record of its audit chain.
+ */
+export function approve(command, onDone) {
+  const why = h('dd', { 'data-policy-reason': 'loading' }, h('span', { class: 'muted' }, 'Reading the audit chain…'));
+  approveAction(command, onDone, h('dl', { class: 'grid approve-facts', 'aria-label': 'What you approve' },
+    h('dt', {}, 'Run'), h('dd', { 'data-fact': 'run' }, id(command.run_id, 'run id')),
+    h('dt', {}, 'Tool'), h('dd', { 'data-fact': 'tool' }, h('span', { class: 'mono' }, command.tool), ` (${command.semantics})`),
+    h('dt', {}, 'Submitted by'), h('dd', {}, command.submitted_by || '—', ' at ', time(command.created_at)),
+    h('dt', {}, 'Why it waits'), why,
+    h('dt', {}, 'Arguments'), h('dd', { 'data-fact': 'args' }, argsView(command.tool, command.args))));
+  api(paths.audit(command.run_id)).then((trail) => {
+    const blocked = trail.entries.filter((e) => e.command_key === command.command_key && e.to === 'BLOCKED').pop();
+    why.dataset.policyReason = blocked ? 'found' : 'none';
+    replace(why, blocked ? h('strong', {}, blocked.reason) : h('span', { class: 'muted' }, 'No BLOCKED record in the audit chain.'),
+      ` (policy version ${command.policy_version})`);
+  }).catch((e) => {
+    why.dataset.policyReason = 'error';
+    replace(why, h('span', { class: 'error' }, `The audit chain could not be read: ${e.message}`));
+  });
+}
 export const reject = simple('reject', 'Reject', 'The command is cancelled and never dispatched.');
 export const cancel = simple('cancel', 'Cancel',
   'Only a command that has not started (SCHEDULED, PENDING, BLOCKED, APPROVED) can be cancelled.');

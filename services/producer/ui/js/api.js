@@ -73,6 +73,8 @@ const enc = encodeURIComponent;
 /** Paths of the API routes the console uses; ids are percent-encoded as one segment each. */
 export const paths = {
   whoami: () => '/v1/whoami',
+  tools: () => '/v1/tools',
+  overview: () => '/v1/overview',
   runs: (q) => `/v1/runs${query(q)}`,
   effects: (q) => `/v1/effects${query(q)}`,
   run: (run, q) => `/v1/runs/${enc(run)}/effects${query(q)}`,

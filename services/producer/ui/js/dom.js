@@ -55,16 +55,22 @@ export function status(name) {
     h('span', { class: 'icon', 'aria-hidden': 'true' }, icon), name || 'none');
 }
 
-/** A timestamp in the viewer's zone, with the UTC value in its title. */
+/**
+ * A timestamp in the viewer's zone on one line ("27 Nov 14:03:09"; the year only when it is
+ * not this year's), with the UTC value in its title.
+ */
 export function time(iso) {
   if (!iso) return h('span', { class: 'muted' }, '—');
   const at = new Date(iso);
   if (Number.isNaN(at.getTime())) return h('span', {}, iso);
-  const local = at.toLocaleString(undefined, {
-    year: 'numeric', month: 'short', day: '2-digit',
-    hour: '2-digit', minute: '2-digit', second: '2-digit',
+  const date = at.toLocaleDateString(undefined, {
+    day: 'numeric', month: 'short',
+    year: at.getFullYear() === new Date().getFullYear() ? undefined : 'numeric',
   });
-  return h('time', { datetime: at.toISOString(), title: `${at.toISOString()} (UTC)` }, local);
+  const clock = at.toLocaleTimeString(undefined, {
+    hour: '2-digit', minute: '2-digit', second: '2-digit', hourCycle: 'h23',
+  });
+  return h('time', { datetime: at.toISOString(), title: `${at.toISOString()} (UTC)` }, `${date} ${clock}`);
 }
 
 /** How long ago `iso` was, in words. */

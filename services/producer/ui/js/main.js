@@ -1,5 +1,5 @@
 // The console's entry: sign-in with a bearer token (kept in sessionStorage), the hash router
-// (#/runs, #/run/<id>, #/queues, #/scheduled, #/audit[/<id>]) and the navigation.
+// (#/overview, #/runs, #/run/<id>, #/queues, #/scheduled, #/audit[/<id>]) and the navigation.
 
 import { api, paths, token, setToken, clearToken, ApiError } from './api.js';
 import { h, replace, session, errorState } from './dom.js';
@@ -8,8 +8,9 @@ import * as run from './views/run.js';
 import * as queues from './views/queues.js';
 import * as scheduled from './views/scheduled.js';
 import * as audit from './views/audit.js';
+import * as overview from './views/overview.js';
 
-const VIEWS = { runs, run, queues, scheduled, audit };
+const VIEWS = { runs, run, queues, scheduled, audit, overview };
 const view = document.getElementById('view');
 let cleanup = null;
 
@@ -80,6 +81,8 @@ async function signIn(value) {
   document.getElementById('sign-in').hidden = true;
   document.getElementById('token').value = '';
   document.getElementById('nav').hidden = false;
+  // The overview counts every run: an operator's or an admin's, not an agent's.
+  document.querySelector('#nav [data-view=overview]').hidden = session.role === 'agent';
   const who = document.getElementById('who');
   who.hidden = false;
   replace(document.getElementById('who-name'), `Signed in as ${session.name} `,

@@ -137,6 +137,7 @@ pub(super) fn build_tool(
     };
 
     let policy = build_policy(&at, raw.policy, raw.semantics, &schema)?;
+    let money = super::money::build_money(&at, raw.money, &schema)?;
     if policy.verify_after_refusal && raw.status_check.is_none() {
         return Err(CatalogError::MalformedTool {
             file: at.file(),
@@ -362,6 +363,7 @@ pub(super) fn build_tool(
         compensate_done_status,
         allow_unsafe: raw.allow_unsafe,
         clock_skew_ms: DEFAULT_MAX_CLOCK_SKEW_MS,
+        money,
     })
 }
 

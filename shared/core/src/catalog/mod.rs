@@ -136,6 +136,7 @@ mod build;
 mod credential;
 mod endpoint;
 mod error;
+mod money;
 mod raw;
 mod shape;
 mod template;
@@ -160,6 +161,7 @@ pub use self::endpoint::{
     DispatchConnector, HttpEndpoint, HttpMethod, MatchList, ReferenceSource, StatusAnswers,
 };
 pub use self::error::CatalogError;
+pub use self::money::{MAX_MINOR_UNITS, Money};
 use self::raw::{RawCatalog, describe};
 pub use self::shape::{
     BodyTemplate, ContentType, DEFAULT_IDEMPOTENCY_HEADER, RequestShape, form_pairs, render_value,

@@ -44,6 +44,9 @@ pub(super) struct RawTool {
     pub(super) status_check: Option<RawEndpoint>,
     pub(super) compensate: Option<RawEndpoint>,
     pub(super) credential: Option<OneOrMany>,
+    /// `[tool.money.<field>]`: how a money argument is shown to people.
+    #[serde(default)]
+    pub(super) money: BTreeMap<String, super::money::Money>,
 }
 
 #[derive(Default, Deserialize)]

@@ -361,3 +361,62 @@ fn non_finite_floats_in_an_inline_schema_are_refused() {
     );
     assert!(err.to_string().contains("not a JSON number"), "{err}");
 }
+
+#[test]
+fn money_fields_are_declared_per_argument_and_checked_at_load() {
+    let with_money = |section: &str| {
+        Catalog::from_toml_str(
+            &WIRE.replace("[tool.policy]", &format!("{section}\n[tool.policy]")),
+            "wire.toml",
+        )
+    };
+    let catalog = with_money("[tool.money.amount_minor]\ncurrency = \"EUR\"\nminor_units = 2")
+        .expect("a money field on an integer argument loads");
+    let money = catalog.tools()[0].money();
+    assert_eq!(
+        money.get("amount_minor"),
+        Some(&Money {
+            currency: "EUR".into(),
+            minor_units: 2
+        })
+    );
+    assert!(wire().money().is_empty(), "no declaration, no money field");
+
+    // Each refusal names the key, and says what is wrong with it.
+    for (section, names) in [
+        (
+            "[tool.money.amount]\ncurrency = \"EUR\"\nminor_units = 2",
+            "money.amount: \"amount\" is not an argument",
+        ),
+        (
+            "[tool.money.account]\ncurrency = \"EUR\"\nminor_units = 2",
+            "money.account: argument \"account\" must have type \"integer\"",
+        ),
+        (
+            "[tool.money.amount_minor]\ncurrency = \"eur\"\nminor_units = 2",
+            "money.amount_minor: currency \"eur\" is not an ISO 4217 code",
+        ),
+        (
+            "[tool.money.amount_minor]\ncurrency = \"EURO\"\nminor_units = 2",
+            "money.amount_minor: currency \"EURO\"",
+        ),
+        (
+            "[tool.money.amount_minor]\ncurrency = \"EUR\"\nminor_units = 5",
+            "money.amount_minor: minor_units = 5 is more than 4",
+        ),
+    ] {
+        let error = with_money(section).expect_err(section).to_string();
+        assert!(
+            error.contains("tool payments/wire") && error.contains(names),
+            "{section}: {error}"
+        );
+    }
+    // Unknown and missing keys are refused by the shape, naming the section.
+    for section in [
+        "[tool.money.amount_minor]\ncurrency = \"EUR\"\nminor_units = 2\nsymbol = \"€\"",
+        "[tool.money.amount_minor]\ncurrency = \"EUR\"",
+    ] {
+        let error = with_money(section).expect_err(section).to_string();
+        assert!(error.contains("money"), "{section}: {error}");
+    }
+}

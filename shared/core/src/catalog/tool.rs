@@ -73,6 +73,8 @@ pub struct Tool {
     pub(super) allow_unsafe: bool,
     /// The catalog's `max_clock_skew_ms`.
     pub(super) clock_skew_ms: u64,
+    /// `[tool.money.<field>]`: the money arguments, for display.
+    pub(super) money: std::collections::BTreeMap<String, super::money::Money>,
 }
 
 impl fmt::Debug for Tool {
@@ -118,6 +120,11 @@ impl Tool {
 
     pub fn policy(&self) -> &ToolPolicy {
         &self.policy
+    }
+
+    /// The money arguments by field name (`[tool.money.<field>]`), for showing amounts.
+    pub fn money(&self) -> &std::collections::BTreeMap<String, super::money::Money> {
+        &self.money
     }
 
     pub fn dispatch(&self) -> &DispatchConnector {

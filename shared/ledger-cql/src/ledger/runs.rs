@@ -226,6 +226,10 @@ impl CqlLedger {
             created_at: Timestamp::from_millis(created_at),
             updated_at: Timestamp::from_millis(updated_at),
             open_commands: open,
+            rolled_back_at: rows
+                .first()
+                .and_then(|row| row.bigint("run_closed_at"))
+                .map(Timestamp::from_millis),
         }))
     }
 

@@ -535,11 +535,11 @@ impl CommandStore for SqliteLedger {
             (c.created_at.as_millis(), c.run_id.as_str().to_owned())
         });
         self.read("list_runs", move |conn| {
-            let rows: Vec<(String, i64, i64, i64)> = conn
+            let rows: Vec<(String, i64, i64, i64, Option<i64>)> = conn
                 .prepare_cached(&format!(
                     "SELECT r.run_id, r.created_at, COALESCE({last_at}, r.created_at), \
                          (SELECT count(*) FROM commands c WHERE c.run_seq = r.run_seq \
-                          AND c.status NOT IN {terminal}) \
+                          AND c.status NOT IN {terminal}), r.closed_at \
                          FROM runs r WHERE r.created_at >= ?1 AND r.run_id <> ?2 \
                          AND (r.created_at < ?4 OR (r.created_at = ?4 AND r.run_id < ?5)) \
                          ORDER BY r.created_at DESC, r.run_id DESC LIMIT ?3",
@@ -555,13 +555,21 @@ impl CommandStore for SqliteLedger {
                             before_at,
                             before_run,
                         ],
-                        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+                        |row| {
+                            Ok((
+                                row.get(0)?,
+                                row.get(1)?,
+                                row.get(2)?,
+                                row.get(3)?,
+                                row.get(4)?,
+                            ))
+                        },
                     )?
                     .collect()
                 })
                 .map_err(|e| map_err(e, "list_runs", &path, &config))?;
             rows.into_iter()
-                .map(|(run, created, updated, open)| {
+                .map(|(run, created, updated, open, closed)| {
                     Ok(RunSummary {
                         run_id: RunId::parse(&run).map_err(|e| LedgerError::Decode {
                             what: "run id",
@@ -571,6 +579,7 @@ impl CommandStore for SqliteLedger {
                         created_at: Timestamp::from_millis(created),
                         updated_at: Timestamp::from_millis(updated),
                         open_commands: open.max(0) as u64,
+                        rolled_back_at: closed.map(Timestamp::from_millis),
                     })
                 })
                 .collect()

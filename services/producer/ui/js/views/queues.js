@@ -8,16 +8,12 @@ import {
   throttled,
 } from '../dom.js';
 import { actionButtons, timeline } from './run.js';
+import { argsSummary, loadMoney } from '../format.js';
 import { watch } from '../live.js';
 
 /** Runs whose audit chains are read for evidence, at most. */
 const MAX_TRAILS = 25;
 const UNKNOWN_AGES = [['1', 'for over 1 minute'], ['5', 'for over 5 minutes'], ['15', 'for over 15 minutes'], ['60', 'for over an hour'], ['0', 'any time']];
-
-function summary(args) {
-  const text = JSON.stringify(args);
-  return text.length > 90 ? `${text.slice(0, 88)}…` : text;
-}
 
 function table(label, effects, trails, reload) {
   return h('table', { 'aria-label': label },
@@ -28,7 +24,7 @@ function table(label, effects, trails, reload) {
       return h('tr', { 'data-key': c.command_key, 'data-run': c.run_id },
         h('td', {}, status(c.status)),
         h('td', {}, id(c.run_id, 'run id', `#/run/${encodeURIComponent(c.run_id)}`)),
-        h('td', {}, id(c.command_key, 'command key'), h('div', { class: 'muted' }, c.tool), h('div', { class: 'mono muted' }, summary(c.args))),
+        h('td', {}, id(c.command_key, 'command key'), h('div', { class: 'muted' }, c.tool), h('div', { class: 'muted' }, argsSummary(c.tool, c.args))),
         h('td', {}, time(c.updated_at), h('div', { class: 'muted' }, ago(c.updated_at))),
         h('td', {},
           last ? h('div', {}, h('strong', {}, last.actor), `: ${last.reason || ''}`) : null,
@@ -65,7 +61,7 @@ export async function render(root, _arg, params) {
     unknown = unknown.filter((c) => new Date(c.updated_at).getTime() <= cutoff);
     const trails = new Map();
     const runs = [...new Set([...stuck, ...unknown, ...blocked].map((c) => c.run_id))].slice(0, MAX_TRAILS);
-    await Promise.all(runs.map((r) => api(paths.audit(r)).then((t) => trails.set(r, t.entries)).catch(() => null)));
+    await Promise.all([loadMoney(), ...runs.map((r) => api(paths.audit(r)).then((t) => trails.set(r, t.entries)).catch(() => null))]);
     keepingFocus(body, () => replace(body,
       h('section', { 'aria-labelledby': 'q-blocked' },
         h('h2', { id: 'q-blocked' }, `‖ Waiting for approval (${blocked.length})`),

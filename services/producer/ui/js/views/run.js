@@ -9,6 +9,7 @@ import {
   throttled,
 } from '../dom.js';
 import * as actions from '../actions.js';
+import { argsView, loadMoney } from '../format.js';
 import { watch } from '../live.js';
 
 /** Statuses a person should look at first. */
@@ -79,7 +80,7 @@ function effectCard(c, entries, open, reload) {
     fact('Compensation', c.compensation ? [`${c.compensation.attempts} attempts`, c.compensation.reference ? `, ref ${c.compensation.reference}` : '', c.compensation.detail ? `, ${c.compensation.detail}` : ''] : null),
     fact('Owed duplicates', c.owed_duplicates && c.owed_duplicates.length ? c.owed_duplicates.join(', ') : null)),
   h('div', { class: 'cols' },
-    h('div', {}, h('h3', {}, 'Arguments'), json(c.args)),
+    h('div', {}, h('h3', {}, 'Arguments'), argsView(c.tool, c.args)),
     h('div', {}, h('h3', {}, 'Result'), c.result === undefined ? h('p', { class: 'muted' }, 'No result yet.') : json(c.result))),
   h('h3', {}, 'Timeline'), timeline(entries));
   details.addEventListener('toggle', () => {
@@ -139,8 +140,9 @@ export async function render(root, runId) {
     let trail;
     let progress;
     try {
-      [effects, trail, progress] = await Promise.all([
+      [effects, , trail, progress] = await Promise.all([
         api(paths.run(runId)),
+        loadMoney(),
         api(paths.audit(runId)).catch((e) => (e.status === 404 ? { entries: [], checkpoint: null } : Promise.reject(e))),
         api(paths.rollback(runId)).catch((e) => (e.status === 404 ? null : Promise.reject(e))),
       ]);

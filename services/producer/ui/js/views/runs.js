@@ -17,11 +17,14 @@ function runsOf(effects) {
     if (e.created_at < r.created_at) r.created_at = e.created_at;
     if (e.updated_at > r.updated_at) r.updated_at = e.updated_at;
     if (!TERMINAL.has(e.status)) r.open_commands += 1;
+    // An agent reads no run summaries: a run whose effects a rollback touched was rolled back.
+    if (ROLLED_BACK.has(e.status) || e.rollback_pending !== undefined) r.rolled_back_at = r.rolled_back_at || e.updated_at;
     runs.set(e.run_id, r);
   }
   return [...runs.values()].sort((a, b) => b.created_at.localeCompare(a.created_at));
 }
 
+const ROLLED_BACK = new Set(['COMPENSATING', 'COMPENSATED', 'COMPENSATION_FAILED', 'NO_COMPENSATION']);
 const TERMINAL = new Set(['CONFIRMED', 'FAILED', 'CANCELLED', 'COMPENSATED', 'COMPENSATION_FAILED', 'NO_COMPENSATION']);
 
 export async function render(root, _arg, params) {
@@ -118,8 +121,12 @@ export async function render(root, _arg, params) {
           const mine = byRun.get(r.run_id) || [];
           const counts = {};
           for (const e of mine) counts[e.status] = (counts[e.status] || 0) + 1;
-          return h('tr', { 'data-run': r.run_id },
-            h('td', {}, id(r.run_id, 'run id', `#/run/${encodeURIComponent(r.run_id)}`)),
+          return h('tr', { 'data-run': r.run_id, 'data-rolled-back': r.rolled_back_at ? 'true' : null },
+            h('td', {}, id(r.run_id, 'run id', `#/run/${encodeURIComponent(r.run_id)}`),
+              r.rolled_back_at ? h('div', {}, h('span', {
+                class: 'status s-warn rolled-back', 'data-status': 'ROLLED_BACK',
+                title: `Rolled back: the run takes no new effects (${new Date(r.rolled_back_at).toISOString()} UTC)`,
+              }, h('span', { class: 'icon', 'aria-hidden': 'true' }, '↩'), 'rolled back')) : null),
             h('td', {}, [...new Set(mine.map((e) => e.submitted_by || '—'))].join(', ')),
             h('td', {}, time(r.created_at)), h('td', {}, time(r.updated_at)),
             h('td', {}, String(mine.length)), h('td', {}, String(r.open_commands)),
