@@ -321,8 +321,12 @@ async fn rollback(api: &Api, shared: &Shared, run_id: &str) -> Result<(), ChaosE
             status,
         });
         if done {
+            // 202: rolled back now; 200 with `already_rolled_back`: an earlier attempt (whose
+            // answer was lost) rolled it back, and this one wrote nothing.
             if let Some(answer) = answer
                 && answer.status != StatusCode::ACCEPTED
+                && !(answer.status == StatusCode::OK
+                    && answer.body["already_rolled_back"] == json!(true))
             {
                 lock(shared).unexpected.push(format!(
                     "rollback of {run_id}: HTTP {}: {}",

@@ -656,7 +656,8 @@ fn rollback_complete(view: &View<'_>) -> Checked {
         .e
         .rollbacks
         .iter()
-        .filter(|r| r.status == Some(202))
+        // 200: already rolled back by an attempt whose answer was lost.
+        .filter(|r| matches!(r.status, Some(200 | 202)))
         .map(|r| r.run_id.as_str())
         .collect();
     for a in view.e.accepted.iter().filter(|a| {

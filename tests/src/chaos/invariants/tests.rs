@@ -442,6 +442,19 @@ fn a_rolled_back_run_may_not_leave_a_silent_commit() {
     assert_eq!(f.violations(ROLLBACK_COMPLETE).len(), 1);
     f.state(1, ToolKind::Wire).state.escalated = true;
     assert!(f.violations(ROLLBACK_COMPLETE).is_empty());
+    // A rollback whose answer was lost and whose retry was told "already rolled back" (200)
+    // rolled the run back all the same.
+    let mut g = Fixture::default();
+    let key = g.command(1, ToolKind::Wire, CommandStatus::Confirmed);
+    g.commit(&key, 10, None);
+    for status in [None, Some(200)] {
+        g.rollbacks.push(RollbackAsk {
+            run_id: RUN.into(),
+            reason: "r".into(),
+            status,
+        });
+    }
+    assert_eq!(g.violations(ROLLBACK_COMPLETE).len(), 1);
 }
 
 #[test]
