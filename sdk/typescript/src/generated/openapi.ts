@@ -426,6 +426,32 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/overview": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The last hour minute by minute, from this process's own counters (operator, admin)
+         * @description Once a minute the server samples its own counters into a ring of the last 60 minutes:
+         *     how many effects reached each final status in the minute (`sluice_transitions_total`)
+         *     and how many commands were UNKNOWN, STUCK and BLOCKED at its end (the state gauges,
+         *     `sluice_commands`). The last entry is the minute under way (`partial: true`), read at
+         *     the request. Kept in memory: the ring starts empty when the process starts. `gauges` is
+         *     false when this process does not keep the state gauges (`metrics.command_gauges`); its
+         *     UNKNOWN, STUCK and BLOCKED counts are then zero. The web console draws its overview from it.
+         */
+        get: operations["overview"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/ui": {
         parameters: {
             query?: never;
@@ -561,6 +587,15 @@ export interface components {
             compensable: boolean;
             max_attempts: number;
             timeout_ms: number;
+            /** @description The money arguments by field name (`[tool.money.<field>]`), for showing amounts to people; display only, the arguments stay in minor units */
+            money: {
+                [key: string]: {
+                    /** @description ISO 4217 code */
+                    currency: string;
+                    /** @description Digits after the decimal point */
+                    minor_units: number;
+                };
+            };
         };
         RunId: string;
         /**
@@ -676,6 +711,10 @@ export interface components {
             key_sent_at?: components["schemas"]["Timestamp"];
             /** @description A compensation job holds the command until then; no other job starts its calls meanwhile. */
             claimed_until?: components["schemas"]["Timestamp"];
+            /** @description How long the command has waited in this cycle on answers asking for a later call (Retry-After on a 429 or 503, or a 403), without spending attempts or checks; bounded by the tool's max_rate_limited_ms. */
+            rate_limited_ms?: number;
+            /** @description PENDING after such an answer; not dispatched before this time. */
+            rate_limited_until?: components["schemas"]["Timestamp"];
             /** @description The run was rolled back while this command was in flight (the lease epoch it found); a commit is undone once known. */
             rollback_pending?: number;
             updated_at: components["schemas"]["Timestamp"];
@@ -734,6 +773,8 @@ export interface components {
             created_at: components["schemas"]["Timestamp"];
             updated_at: components["schemas"]["Timestamp"];
             open_commands: number;
+            /** @description When a rollback closed the run (it takes no new effects); absent while the run is open */
+            rolled_back_at?: components["schemas"]["Timestamp"];
         };
         RollbackBegun: {
             cancelled: number;
@@ -1844,6 +1885,49 @@ export interface operations {
             403: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
+        };
+    };
+    overview: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The minutes, oldest first */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        at: components["schemas"]["Timestamp"];
+                        sample_ms: number;
+                        gauges: boolean;
+                        minutes: {
+                            from: components["schemas"]["Timestamp"];
+                            to: components["schemas"]["Timestamp"];
+                            /** @description Effects that reached each final status in the minute (statuses with none left out) */
+                            settled: {
+                                [key: string]: number;
+                            };
+                            unknown: number;
+                            stuck: number;
+                            blocked: number;
+                            partial: boolean;
+                        }[];
+                    };
+                };
+            };
+            401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["Error"];
         };
     };
     consolePage: {
