@@ -252,6 +252,7 @@ fn plan(
         command,
         &ctx.rules_of(command),
         policy.as_ref(),
+        None,
         owner,
         ctx.clock.now(),
     )

@@ -328,6 +328,10 @@ pub struct CommandState {
     /// `Retry-After`, capped by what is left of the ceiling), whoever asks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limited_until: Option<Timestamp>,
+    /// Held for a slot of its upstream's rate (`Event::Hold`, `crate::flow`): the slot was
+    /// booked then, so at or after it the command goes without booking another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_slot: Option<Timestamp>,
     pub updated_at: Timestamp,
 }
 
@@ -373,6 +377,7 @@ impl CommandState {
             claimed_until: None,
             rate_limited_ms: 0,
             rate_limited_until: None,
+            flow_slot: None,
             updated_at: now,
         }
     }

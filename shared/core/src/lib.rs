@@ -21,6 +21,7 @@ pub mod canonical;
 pub mod catalog;
 pub mod command;
 pub mod error;
+pub mod flow;
 pub mod ids;
 pub mod journal;
 pub mod load;

@@ -58,6 +58,12 @@ pub fn apply(
         Event::Claim { job, hold_ms } => lifecycle::claim(&a, *job, *hold_ms),
         Event::Republish { grace_ms } => lifecycle::republish(&a, *grace_ms),
         Event::Release { epoch, reason } => lifecycle::release(&a, epoch, reason),
+        Event::Hold {
+            epoch,
+            until,
+            cause,
+            reason,
+        } => lifecycle::hold(&a, epoch.as_ref(), *until, *cause, reason),
         Event::Block { reason, epoch } | Event::Deny { reason, epoch } => {
             lifecycle::block_or_deny(&a, reason, epoch)
         }

@@ -102,6 +102,7 @@ pub(super) fn build_tool(
         }
     })?;
     let at = At { file, tool: &name };
+    let name_text = name.to_string();
 
     let (schema, schema_key) = load_schema(&at, raw.schema, raw.schema_file, schemas)?;
     let validator = jsonschema::options()
@@ -363,6 +364,7 @@ pub(super) fn build_tool(
         compensate_done_status,
         allow_unsafe: raw.allow_unsafe,
         clock_skew_ms: DEFAULT_MAX_CLOCK_SKEW_MS,
+        upstream: raw.upstream.unwrap_or_else(|| name_text.clone()),
         money,
     })
 }

@@ -141,6 +141,7 @@ mod raw;
 mod shape;
 mod template;
 mod tool;
+pub mod upstream;
 mod variables;
 
 #[cfg(test)]
@@ -207,6 +208,8 @@ pub struct Catalog {
     /// Looked up on every hop of every effect; the operator names the tools.
     index: HashMap<ToolName, usize, foldhash::fast::RandomState>,
     credentials: BTreeMap<String, Arc<Credential>>,
+    /// `[upstream.<name>]`, by name.
+    upstreams: BTreeMap<String, crate::flow::UpstreamSpec>,
 }
 
 /// Operator replays allowed over all of a run's commands unless the catalog says otherwise.
@@ -285,6 +288,7 @@ impl Catalog {
             })?;
         let credentials = build_credentials(raw.credentials, file, dir)?;
         let clock_skew_ms = raw.max_clock_skew_ms.unwrap_or(DEFAULT_MAX_CLOCK_SKEW_MS);
+        let upstreams = upstream::build_upstreams(raw.upstream, file)?;
         let mut tools = Vec::with_capacity(raw.tool.len());
         let mut index = HashMap::with_capacity_and_hasher(raw.tool.len(), Default::default());
         for (position, entry) in raw.tool.into_iter().enumerate() {
@@ -298,6 +302,16 @@ impl Catalog {
                 &variables,
             )?;
             tool.clock_skew_ms = clock_skew_ms;
+            if tool.upstream != tool.name.to_string() && !upstreams.contains_key(&tool.upstream) {
+                return Err(CatalogError::MalformedTool {
+                    file: file.to_owned(),
+                    tool: tool.name.to_string(),
+                    detail: format!(
+                        "upstream {:?} is not declared: add [upstream.{}] or leave the key out",
+                        tool.upstream, tool.upstream
+                    ),
+                });
+            }
             check_lease(&tool, file)?;
             if let Some(first) = index.insert(tool.name.clone(), position) {
                 return Err(CatalogError::DuplicateTool {
@@ -319,6 +333,7 @@ impl Catalog {
             tools,
             index,
             credentials,
+            upstreams,
         })
     }
 
@@ -354,6 +369,19 @@ impl Catalog {
         let name = ToolName::resolve(raw_name, &self.default_namespace)?;
         self.get(&name)
             .ok_or(CatalogError::UnknownTool { tool: name })
+    }
+
+    /// The declared upstreams (`[upstream.<name>]`).
+    pub fn upstreams(&self) -> impl Iterator<Item = &crate::flow::UpstreamSpec> {
+        self.upstreams.values()
+    }
+
+    /// What `tool`'s calls are limited by: its declared upstream, or itself with no limit.
+    pub fn upstream_of(&self, tool: &Tool) -> std::borrow::Cow<'_, crate::flow::UpstreamSpec> {
+        match self.upstreams.get(&tool.upstream) {
+            Some(spec) => std::borrow::Cow::Borrowed(spec),
+            None => std::borrow::Cow::Owned(crate::flow::UpstreamSpec::unlimited(&tool.upstream)),
+        }
     }
 
     /// Every tool, in declaration order.

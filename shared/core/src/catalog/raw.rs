@@ -21,6 +21,9 @@ pub(super) struct RawCatalog {
     pub(super) credentials: BTreeMap<String, toml::Table>,
     #[serde(default)]
     pub(super) variables: BTreeMap<String, super::variables::RawVariable>,
+    /// `[upstream.<name>]`, each read on its own so its errors name it.
+    #[serde(default)]
+    pub(super) upstream: BTreeMap<String, toml::Table>,
     /// Kept as tables so each entry is deserialized on its own and its errors name the tool.
     #[serde(default)]
     pub(super) tool: Vec<toml::Table>,
@@ -34,6 +37,8 @@ pub(super) struct RawTool {
     pub(super) description: String,
     pub(super) semantics: EffectSemantics,
     pub(super) business_key: Option<String>,
+    /// The `[upstream.<name>]` whose limits and breaker the tool's calls count against.
+    pub(super) upstream: Option<String>,
     #[serde(default)]
     pub(super) allow_unsafe: bool,
     pub(super) schema: Option<toml::Table>,

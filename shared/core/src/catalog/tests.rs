@@ -420,3 +420,100 @@ fn money_fields_are_declared_per_argument_and_checked_at_load() {
         assert!(error.contains("money"), "{section}: {error}");
     }
 }
+
+const SHARED_BANK: &str = r#"
+    [upstream.bank]
+    rate = "50/s"
+    burst = 10
+    max_in_flight = 8
+    [upstream.bank.breaker]
+    failures = 3
+    open_ms = 2000
+    [[tool]]
+    name = "payments/wire"
+    semantics = "IDEMPOTENT"
+    upstream = "bank"
+    schema = { type = "object" }
+    [tool.dispatch]
+    url = "http://bank/wires"
+    [[tool]]
+    name = "payments/refund"
+    semantics = "IDEMPOTENT"
+    upstream = "bank"
+    schema = { type = "object" }
+    [tool.dispatch]
+    url = "http://bank/refunds"
+    [[tool]]
+    name = "email/send"
+    semantics = "IDEMPOTENT"
+    schema = { type = "object" }
+    [tool.dispatch]
+    url = "http://mail/send"
+"#;
+
+/// Tools share a declared upstream's limits and breaker; a tool naming none is its own
+/// upstream with neither.
+#[test]
+fn tools_share_a_declared_upstreams_limits_and_breaker() {
+    let catalog = Catalog::from_toml_str(SHARED_BANK, "bank.toml").expect("valid");
+    let [wire, refund, email] = catalog.tools() else {
+        panic!("three tools");
+    };
+    assert_eq!((wire.upstream(), refund.upstream()), ("bank", "bank"));
+    let bank = catalog.upstream_of(wire);
+    assert_eq!(bank.rate.map(|r| r.to_string()), Some("50/s".into()));
+    assert_eq!((bank.burst, bank.max_in_flight), (10, Some(8)));
+    let breaker = bank.breaker.expect("a breaker");
+    assert_eq!((breaker.failures, breaker.open_ms), (3, 2_000));
+    assert_eq!(breaker.max_open_ms, upstream::DEFAULT_BREAKER_MAX_OPEN_MS);
+    assert_eq!(email.upstream(), "email/send");
+    let own = catalog.upstream_of(email);
+    assert_eq!(
+        (own.rate, own.max_in_flight, own.breaker),
+        (None, None, None)
+    );
+}
+
+/// Each mistake in an upstream is refused naming the upstream and the key.
+#[test]
+fn a_bad_upstream_is_refused_naming_it_and_the_key() {
+    let cases = [
+        (
+            SHARED_BANK.replace("\"50/s\"", "\"fast\""),
+            "upstream.bank: rate",
+        ),
+        (SHARED_BANK.replace("burst = 10", "burst = 0"), "burst is 0"),
+        (
+            SHARED_BANK.replace("max_in_flight = 8", "max_in_flight = 0"),
+            "max_in_flight is 0",
+        ),
+        (
+            SHARED_BANK.replace("failures = 3", "failures = 0"),
+            "breaker.failures",
+        ),
+        (
+            SHARED_BANK.replace("open_ms = 2000", "open_ms = 2000\n    max_open_ms = 10"),
+            "max_open_ms",
+        ),
+        (
+            SHARED_BANK.replace("max_in_flight = 8", "max_inflight = 8"),
+            "upstream.bank: unknown field",
+        ),
+        (
+            SHARED_BANK
+                .replace("[upstream.bank]", "[upstream.Bank]")
+                .replace("[upstream.bank.", "[upstream.Bank."),
+            "upstream name \"Bank\"",
+        ),
+        (
+            SHARED_BANK.replacen("upstream = \"bank\"", "upstream = \"bnak\"", 1),
+            "upstream \"bnak\" is not declared",
+        ),
+    ];
+    for (text, expected) in cases {
+        let error = Catalog::from_toml_str(&text, "bank.toml")
+            .expect_err(expected)
+            .to_string();
+        assert!(error.contains(expected), "{expected}: {error}");
+    }
+}

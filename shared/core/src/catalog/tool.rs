@@ -73,6 +73,9 @@ pub struct Tool {
     pub(super) allow_unsafe: bool,
     /// The catalog's `max_clock_skew_ms`.
     pub(super) clock_skew_ms: u64,
+    /// The upstream whose limits, breaker and pause its calls count against: the one it names,
+    /// or its own name.
+    pub(super) upstream: String,
     /// `[tool.money.<field>]`: the money arguments, for display.
     pub(super) money: std::collections::BTreeMap<String, super::money::Money>,
 }
@@ -116,6 +119,12 @@ impl Tool {
 
     pub fn business_key_template(&self) -> Option<&Template> {
         self.business_key.as_ref()
+    }
+
+    /// The name its calls are limited, broken and paused under (`crate::flow`): a declared
+    /// `[upstream.<name>]`, or the tool's own name.
+    pub fn upstream(&self) -> &str {
+        &self.upstream
     }
 
     pub fn policy(&self) -> &ToolPolicy {

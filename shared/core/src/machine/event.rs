@@ -126,6 +126,16 @@ pub enum Event {
         epoch: LeaseEpoch,
         reason: String,
     },
+    /// Flow control keeps the call back (an operator's pause, an open circuit breaker, the
+    /// upstream's rate or its cap in flight: `crate::flow`): the command waits, PENDING (or
+    /// APPROVED), until `until`, without spending an attempt; a reservation's unused lease
+    /// (`epoch`) is given back. The sweep brings it back then.
+    Hold {
+        epoch: Option<LeaseEpoch>,
+        until: Timestamp,
+        cause: crate::flow::HoldCause,
+        reason: String,
+    },
     /// Policy needs a person's approval first.
     Block {
         reason: String,
@@ -250,6 +260,7 @@ pub enum EventKind {
     Claim,
     Republish,
     Release,
+    Hold,
     Block,
     Deny,
     Dispatched,
@@ -278,6 +289,7 @@ impl Event {
             Self::Claim { .. } => EventKind::Claim,
             Self::Republish { .. } => EventKind::Republish,
             Self::Release { .. } => EventKind::Release,
+            Self::Hold { .. } => EventKind::Hold,
             Self::Block { .. } => EventKind::Block,
             Self::Deny { .. } => EventKind::Deny,
             Self::Dispatched { .. } => EventKind::Dispatched,
@@ -314,6 +326,7 @@ impl Event {
             | Self::Claim { .. }
             | Self::Republish { .. }
             | Self::Release { .. }
+            | Self::Hold { .. }
             | Self::Block { .. }
             | Self::Deny { .. }
             | Self::Dispatched { .. }

@@ -271,11 +271,13 @@ pub enum DispatchPlan {
 }
 
 /// Decides what to do with `command` (see [`DispatchPlan`]). `policy`: `None` when its tool is
-/// no longer in the catalog.
+/// no longer in the catalog. `held`: flow control keeps the call back now (`crate::flow`);
+/// an allowed command is then put back until its time instead of leased.
 pub fn plan_dispatch(
     command: &crate::command::Command,
     rules: &Rules,
     policy: Option<&PolicyDecision>,
+    held: Option<&crate::flow::Held>,
     owner: &std::sync::Arc<str>,
     now: Timestamp,
 ) -> DispatchPlan {
@@ -295,6 +297,42 @@ pub fn plan_dispatch(
             epoch,
         });
     };
+    match (policy, held) {
+        // A reservation lease that is lapsing is left to lapse: the sweep reconciles it, as a
+        // lease that was called under may have sent.
+        (PolicyDecision::Allow, Some(held))
+            if !reserved || reservation_lease_usable(state, rules, now) =>
+        {
+            // A rate's slots are spaced already; any other hold's end is spread per command.
+            let jitter = match held.cause {
+                crate::flow::HoldCause::Rate => 0,
+                _ => crate::flow::jitter_ms(
+                    command.command_key.as_str(),
+                    held.until.millis_since(now),
+                ),
+            };
+            DispatchPlan::Apply(Event::Hold {
+                epoch,
+                until: held.until.plus_millis(jitter),
+                cause: held.cause,
+                reason: held.reason.clone(),
+            })
+        }
+        (PolicyDecision::Allow, Some(_)) => DispatchPlan::Nothing,
+        _ => plan_allowed(command, rules, policy, owner, epoch, now),
+    }
+}
+
+fn plan_allowed(
+    command: &crate::command::Command,
+    rules: &Rules,
+    policy: &PolicyDecision,
+    owner: &std::sync::Arc<str>,
+    epoch: Option<LeaseEpoch>,
+    now: Timestamp,
+) -> DispatchPlan {
+    let state = &command.state;
+    let reserved = epoch.is_some();
     match policy {
         PolicyDecision::Allow if reserved && reservation_lease_usable(state, rules, now) => {
             DispatchPlan::Call

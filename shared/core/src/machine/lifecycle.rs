@@ -68,6 +68,7 @@ pub(super) fn lease(a: &Apply<'_>, owner: &std::sync::Arc<str>) -> Result<Step, 
                 return Err(Refusal::NotYetDue { due_at: until });
             }
             next.rate_limited_until = None;
+            next.flow_slot = None;
             let expires_at = now.plus_millis(rules.lease_ttl_ms);
             next.status = S::Leased;
             next.lease = Lease {
@@ -321,6 +322,45 @@ pub(super) fn release(a: &Apply<'_>, epoch: &LeaseEpoch, reason: &str) -> Result
         | S::CompensationFailed
         | S::NoCompensation => Err(refuse()),
     }
+}
+
+/// `Event::Hold`.
+pub(super) fn hold(
+    a: &Apply<'_>,
+    epoch: Option<&LeaseEpoch>,
+    until: Timestamp,
+    cause: crate::flow::HoldCause,
+    reason: &str,
+) -> Result<Step, Refusal> {
+    use CommandStatus as S;
+    let Apply { state, now, .. } = *a;
+    let mut next = a.next();
+    let from = state.status;
+    match (from, epoch) {
+        (S::Pending | S::Approved, None) => {}
+        // A reservation's lease, not yet called under: given back, its attempt not counted.
+        (S::Leased, Some(epoch))
+            if state.lease.owner.as_deref() == Some(lease::RESERVATION_OWNER)
+                && state.rollback_pending.is_none() =>
+        {
+            check_holder(state, *epoch)?;
+            next.lease = released(&state.lease);
+            next.attempts = state.attempts.saturating_sub(1);
+            next.status = S::Pending;
+        }
+        _ => return Err(a.refuse()),
+    }
+    let until = until.max(now);
+    next.due_at = Some(until);
+    next.rate_limited_until = Some(until);
+    // A slot of the upstream's rate was booked for it: it goes then without booking another.
+    next.flow_slot = (cause == crate::flow::HoldCause::Rate).then_some(until);
+    Ok(a.step(
+        next,
+        Vec::new(),
+        format!("held until {until} without spending an attempt: {reason}"),
+        Value::Null,
+    ))
 }
 
 /// `Event::Block` (and `Event::Deny`).

@@ -264,6 +264,7 @@ pub(super) fn replay(
             next.checks = 0;
             next.rate_limited_ms = 0;
             next.rate_limited_until = None;
+            next.flow_slot = None;
             next.replays = state.replays + 1;
             next.first_absent_at = None;
             next.lands_by = None;

@@ -1539,7 +1539,7 @@ fn plan_dispatch_decides_call_lease_take_over_block_deny_or_nothing() {
     let reserved =
         command(lease_at_reservation(&pending.state, &rules, &allow, now()).expect("leased"));
     let plan = |command: &Command, policy: Option<&PolicyDecision>, at: Timestamp| {
-        plan_dispatch(command, &rules, policy, &owner, at)
+        plan_dispatch(command, &rules, policy, None, &owner, at)
     };
     assert_eq!(plan(&reserved, Some(&allow), now()), DispatchPlan::Call);
     assert_eq!(
@@ -1578,6 +1578,123 @@ fn plan_dispatch_decides_call_lease_take_over_block_deny_or_nothing() {
         plan(&command(state_in(S::Confirmed)), Some(&allow), now()),
         DispatchPlan::Nothing
     );
+}
+
+/// Flow control's hold: an allowed command is put back until its time, PENDING, with no
+/// attempt spent and a reservation's unused lease given back; the dispatcher will not lease it
+/// before then; a rate's hold books its slot; policy still blocks or denies first.
+#[test]
+fn a_held_command_waits_pending_without_spending_an_attempt() {
+    use crate::command::{Command, Intent};
+    use crate::flow::{Held, HoldCause};
+    use crate::ids::{CommandKey, RunId, ToolName};
+    let rules = Rules::defaults(E::Idempotent);
+    let owner: std::sync::Arc<str> = std::sync::Arc::from("d-1");
+    let mut pending = Command::from_intent(
+        Intent {
+            run_id: RunId::parse("r-1").expect("valid"),
+            command_key: CommandKey::new(1, ToolName::parse("bank/wire").expect("valid"), 0),
+            semantics: E::Idempotent,
+            args: json!({}),
+            business_key: None,
+            policy_version: "1".into(),
+            max_attempts: 3,
+            not_before: None,
+        },
+        now(),
+        10_000,
+    );
+    let allow = PolicyDecision::Allow;
+    let reserved_state =
+        lease_at_reservation(&pending.state, &rules, &allow, now()).expect("leased");
+    let mut reserved = pending.clone();
+    reserved.state = reserved_state;
+    let until = now().plus_millis(30_000);
+    for (cause, spread) in [(HoldCause::BreakerOpen, true), (HoldCause::Rate, false)] {
+        let held = Held {
+            until,
+            cause,
+            reason: "upstream bank's circuit breaker is open".into(),
+        };
+        for command in [&pending, &reserved] {
+            let DispatchPlan::Apply(event) =
+                plan_dispatch(command, &rules, Some(&allow), Some(&held), &owner, now())
+            else {
+                panic!("{cause:?}: not held");
+            };
+            let Event::Hold { until: at, .. } = &event else {
+                panic!("{event:?}");
+            };
+            assert!(*at >= until && *at <= until.plus_millis(2_000));
+            assert_eq!(
+                *at == until,
+                !spread,
+                "{cause:?}: a rate's slot is kept exact"
+            );
+            let step = apply(&command.state, &rules, &event, now()).expect("applies");
+            assert_eq!(step.state.status, S::Pending);
+            assert_eq!(step.state.attempts, 0, "no attempt spent");
+            assert_eq!(step.state.lease.owner, None);
+            assert_eq!(
+                step.state.due_at,
+                Some(*at),
+                "the sweep brings it back then"
+            );
+            assert_eq!(step.state.flow_slot.is_some(), cause == HoldCause::Rate);
+            assert!(step.actions.is_empty(), "{:?}", step.actions);
+            // Before its time no dispatcher leases it, whoever asks.
+            let mut back = command.clone();
+            back.state = step.state.clone();
+            assert_eq!(
+                plan_dispatch(&back, &rules, Some(&allow), None, &owner, now()),
+                DispatchPlan::Nothing
+            );
+            assert!(
+                apply(
+                    &back.state,
+                    &rules,
+                    &Event::Lease {
+                        owner: owner.clone()
+                    },
+                    now()
+                )
+                .is_err()
+            );
+            let leased = apply(
+                &back.state,
+                &rules,
+                &Event::Lease {
+                    owner: owner.clone(),
+                },
+                at.plus_millis(1),
+            )
+            .expect("leased after the hold");
+            assert_eq!(leased.state.flow_slot, None, "a slot is used once");
+            assert_eq!(leased.state.attempts, 1);
+        }
+    }
+    // Policy first: a command needing approval is blocked, not held.
+    let approve = PolicyDecision::RequireApproval {
+        reason: "large".into(),
+    };
+    let held = Held {
+        until,
+        cause: HoldCause::Paused,
+        reason: "paused".into(),
+    };
+    assert!(matches!(
+        plan_dispatch(&pending, &rules, Some(&approve), Some(&held), &owner, now()),
+        DispatchPlan::Apply(Event::Block { .. })
+    ));
+    // Only waiting commands are held: a hold on a command that was called under is refused.
+    pending.state = state_in(S::Unknown);
+    let hold = Event::Hold {
+        epoch: None,
+        until,
+        cause: HoldCause::Paused,
+        reason: "p".into(),
+    };
+    assert!(apply(&pending.state, &rules, &hold, now()).is_err());
 }
 
 /// The sweep's work on a due command is the machine's: each kind it names applies to the
