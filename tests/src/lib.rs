@@ -123,6 +123,35 @@ impl CatalogEdit {
         self
     }
 
+    /// Sets the tool's own `key = value` (such as `upstream`).
+    pub fn tool_key(mut self, tool: &str, key: &str, value: impl Into<toml::Value>) -> Self {
+        let entry = self
+            .table
+            .get_mut("tool")
+            .and_then(toml::Value::as_array_mut)
+            .expect("the example catalog has [[tool]] entries")
+            .iter_mut()
+            .filter_map(toml::Value::as_table_mut)
+            .find(|t| t.get("name").and_then(toml::Value::as_str) == Some(tool))
+            .unwrap_or_else(|| panic!("the example catalog has no tool {tool}"));
+        entry.insert(key.to_owned(), value.into());
+        self.edited = true;
+        self
+    }
+
+    /// Declares `[upstream.<name>]` from TOML text (its keys and `[breaker]`).
+    pub fn upstream(mut self, name: &str, toml_text: &str) -> Self {
+        let table: toml::Table = toml::from_str(toml_text).expect("the upstream's TOML parses");
+        self.table
+            .entry("upstream".to_owned())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .expect("upstream is a table")
+            .insert(name.to_owned(), toml::Value::Table(table));
+        self.edited = true;
+        self
+    }
+
     /// Sets `[tool.policy] key = value` of the tool named `tool`.
     pub fn policy(self, tool: &str, key: &str, value: impl Into<toml::Value>) -> Self {
         self.section(tool, "policy", key, value.into())

@@ -525,6 +525,21 @@ impl ShardStore for Unreachable {
     }
 }
 
+#[async_trait]
+impl sluice_ledger::FlowStore for Unreachable {
+    async fn flow_controls(&self) -> Result<Vec<sluice_core::flow::FlowControl>, LedgerError> {
+        self.0.flow_controls().await
+    }
+
+    async fn write_flow_control(
+        &self,
+        guard: u64,
+        next: sluice_core::flow::FlowControl,
+    ) -> Result<sluice_ledger::FlowCas, LedgerError> {
+        self.0.write_flow_control(guard, next).await
+    }
+}
+
 impl Ledger for Unreachable {}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,6 +71,7 @@ async fn a_second_compensator_does_not_repeat_a_job_still_calling() {
         connector: Arc::new(sluice_connector::HttpConnector::new().expect("connector")),
         clock: Arc::new(SystemClock),
         metrics: Arc::new(Metrics::new()),
+        flow: sluice_runtime::flow::Flow::new(),
     };
 
     // A CONFIRMED wire with three extra commits still owed, then rolled back: its job is four

@@ -14,11 +14,13 @@ use std::time::Instant;
 use sluice_bus::{BusError, Delivery, Topic};
 use sluice_core::catalog::{Catalog, Tool};
 use sluice_core::command::{Command, CommandStatus};
+use sluice_core::flow::Held;
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{self, DispatchOutcome, DispatchPlan, Event, Refusal};
 use sluice_core::policy::{self, PolicyDecision};
 use sluice_runtime::config::DispatcherConfig;
 use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
+use sluice_runtime::flow::{Admission, Permit};
 use sluice_runtime::messages::{Cause, DispatchRequest, decode};
 use sluice_runtime::{Context, Current, Driven, PipelineError, Shutdown};
 
@@ -47,6 +49,12 @@ pub async fn run(
         concurrency: config.concurrency,
     };
     let (bus, metrics) = (ctx.bus.clone(), ctx.metrics.clone());
+    // The shared flow controls, read every second, and this dispatcher's share of the limits.
+    tokio::spawn(sluice_runtime::flow::keep_fresh(
+        ctx.clone(),
+        owner.clone(),
+        shutdown.clone(),
+    ));
     consume(bus, metrics, spec, shutdown, move |delivery: Delivery| {
         let (ctx, owner) = (ctx.clone(), owner.clone());
         async move {
@@ -76,12 +84,18 @@ pub async fn dispatch(
     let catalog = ctx.catalog.clone();
     let owner: std::sync::Arc<str> = std::sync::Arc::from(owner);
     let current = ctx.current(run_id, command_key).await?;
+    // Flow control first: whether the call may go now, or is put back until later.
+    let (held, permit) = match &current.command {
+        Some(command) => admit(ctx, &catalog, command, &owner).await?,
+        None => (None, None),
+    };
+    let held = held.as_ref();
     // Decided once on this read (policy evaluated once); the lease's write re-decides only on a
     // copy that moved meanwhile.
     let first = current
         .command
         .as_ref()
-        .map(|command| (version(command), plan(ctx, &catalog, command, &owner)));
+        .map(|command| (version(command), plan(ctx, &catalog, command, held, &owner)));
     sluice_faults::point!("dispatcher.lease.pre");
     let leased = match (current, first) {
         (
@@ -91,10 +105,12 @@ pub async fn dispatch(
             },
             Some((_, DispatchPlan::Call)),
         ) => command,
-        (current, first) => match lease(ctx, &owner, run_id, command_key, current, first).await? {
-            Ok(command) => command,
-            Err(settled) => return Ok(settled),
-        },
+        (current, first) => {
+            match lease(ctx, &owner, run_id, command_key, current, first, held).await? {
+                Ok(command) => command,
+                Err(settled) => return Ok(settled),
+            }
+        }
     };
     sluice_faults::point!("dispatcher.lease.post");
 
@@ -130,6 +146,16 @@ pub async fn dispatch(
             sluice_faults::point!("dispatcher.call.pre");
             let outcome = ctx.connector.dispatch(tool, &leased).await;
             sluice_faults::point!("dispatcher.call.post");
+            if let Some(permit) = &permit
+                && let Err(error) = ctx
+                    .flow
+                    .after_call(ctx, tool, &outcome, permit, &owner)
+                    .await
+            {
+                // The breaker's count is this process's; the outcome is written regardless.
+                tracing::warn!(%error, "could not write the upstream's circuit breaker");
+            }
+            drop(permit);
             ctx.metrics
                 .dispatch_seconds
                 .with_label_values(&[&leased.tool.to_string(), outcome_label(&outcome)])
@@ -192,13 +218,14 @@ async fn lease(
     command_key: &CommandKey,
     current: Current,
     first: Option<(Version, DispatchPlan)>,
+    held: Option<&Held>,
 ) -> Result<Result<Command, Option<Command>>, PipelineError> {
     let catalog = ctx.catalog.clone();
     let leased = ctx
         .drive_current(run_id, command_key, ACTOR, current, |command| {
             let planned = match &first {
                 Some((seen, planned)) if *seen == version(command) => planned.clone(),
-                Some(_) | None => plan(ctx, &catalog, command, owner),
+                Some(_) | None => plan(ctx, &catalog, command, held, owner),
             };
             match planned {
                 DispatchPlan::Apply(event) => Some(event),
@@ -211,6 +238,20 @@ async fn lease(
     Ok(match leased {
         Driven::Applied(command, _) if command.status() == CommandStatus::Leased => Ok(command),
         Driven::Applied(command, step) => {
+            if let Some(held) = held
+                && command.state.rate_limited_until.is_some()
+            {
+                ctx.metrics
+                    .flow
+                    .holds
+                    .with_label_values(&[
+                        ctx.catalog
+                            .get(&command.tool)
+                            .map_or("", |tool| tool.upstream()),
+                        held.cause.as_str(),
+                    ])
+                    .inc();
+            }
             ctx.carry_out(ACTOR, &command, &step, Cause::Reserved)
                 .await?;
             Err(Some(command))
@@ -238,11 +279,34 @@ fn version(command: &Command) -> Version {
     (command.status(), command.epoch(), command.state.updated_at)
 }
 
+/// What flow control says of a call of `command` now (`sluice_runtime::flow`): held until
+/// later, or a permit to call under. Asked only of a command a dispatcher could call now.
+async fn admit(
+    ctx: &Context,
+    catalog: &Catalog,
+    command: &Command,
+    owner: &str,
+) -> Result<(Option<Held>, Option<Permit>), PipelineError> {
+    let Some(tool) = catalog.get(&command.tool) else {
+        return Ok((None, None));
+    };
+    let waiting = command.awaits_dispatch()
+        && !machine::rate_limit_holds(&command.state, &ctx.rules_of(command), ctx.clock.now());
+    if !waiting {
+        return Ok((None, None));
+    }
+    Ok(match ctx.flow.admit(ctx, tool, command, owner).await? {
+        Admission::Go(permit) => (None, Some(permit)),
+        Admission::Hold(held) => (Some(held), None),
+    })
+}
+
 /// The core's plan for `command`, with today's policy for its stored arguments.
 fn plan(
     ctx: &Context,
     catalog: &Catalog,
     command: &Command,
+    held: Option<&Held>,
     owner: &std::sync::Arc<str>,
 ) -> DispatchPlan {
     let policy = catalog
@@ -252,7 +316,7 @@ fn plan(
         command,
         &ctx.rules_of(command),
         policy.as_ref(),
-        None,
+        held,
         owner,
         ctx.clock.now(),
     )

@@ -50,6 +50,7 @@ fn context(ledger: Arc<dyn Ledger>) -> Context {
         connector: Arc::new(sluice_connector::HttpConnector::new().expect("connector")),
         clock: Arc::new(SystemClock),
         metrics: Arc::new(Metrics::new()),
+        flow: sluice_runtime::flow::Flow::new(),
     }
 }
 

@@ -74,6 +74,7 @@ async fn a_lookup_slower_than_the_sweep_counts_as_inconclusive_and_ends_stuck() 
         connector: Arc::new(sluice_connector::HttpConnector::new().expect("connector")),
         clock: Arc::new(SystemClock),
         metrics: Arc::new(Metrics::new()),
+        flow: sluice_runtime::flow::Flow::new(),
     };
 
     // An UNKNOWN wire whose attempt went out a minute ago: its horizon has passed, so its

@@ -260,6 +260,7 @@ pub async fn assemble_with_clock(
         connector: Arc::new(connector),
         clock,
         metrics: Arc::new(metrics),
+        flow: sluice_runtime::flow::Flow::new(),
     })
 }
 

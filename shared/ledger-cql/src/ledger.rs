@@ -37,6 +37,7 @@
 //! business keys and their fenced takeovers, `shards` the sweep-shard leases.
 
 mod claims;
+mod flow;
 mod known;
 mod links;
 #[cfg(test)]
@@ -624,6 +625,21 @@ impl ShardStore for CqlLedger {
 
     async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
         self.put_member(group, member).await
+    }
+}
+
+#[async_trait]
+impl sluice_ledger::FlowStore for CqlLedger {
+    async fn flow_controls(&self) -> Result<Vec<sluice_core::flow::FlowControl>, LedgerError> {
+        self.read_flow_controls().await
+    }
+
+    async fn write_flow_control(
+        &self,
+        guard: u64,
+        next: sluice_core::flow::FlowControl,
+    ) -> Result<sluice_ledger::FlowCas, LedgerError> {
+        self.put_flow_control(guard, next).await
     }
 }
 

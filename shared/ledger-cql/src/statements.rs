@@ -68,6 +68,11 @@ pub(crate) struct Statements {
     pub take_shard: PreparedStatement,
     pub write_shard: PreparedStatement,
     pub announce: PreparedStatement,
+    // Flow controls (`ledger/flow.rs`).
+    pub read_flow: PreparedStatement,
+    pub read_flow_serial: PreparedStatement,
+    pub create_flow: PreparedStatement,
+    pub write_flow: PreparedStatement,
 }
 
 impl Statements {
@@ -406,6 +411,35 @@ impl Statements {
                      VALUES (?, ?, ?) USING TTL ?"
                 ),
                 Write,
+            )
+            .await?,
+            read_flow: prepare(
+                format!("SELECT name, version, body FROM {ks}.flow_controls WHERE scope = ?"),
+                Read,
+            )
+            .await?,
+            read_flow_serial: prepare(
+                format!(
+                    "SELECT name, version, body, write_id FROM {ks}.flow_controls \
+                     WHERE scope = ? AND name = ?"
+                ),
+                SerialRead,
+            )
+            .await?,
+            create_flow: prepare(
+                format!(
+                    "INSERT INTO {ks}.flow_controls (scope, name, version, body, write_id) \
+                     VALUES (?, ?, ?, ?, ?) IF NOT EXISTS"
+                ),
+                Lwt,
+            )
+            .await?,
+            write_flow: prepare(
+                format!(
+                    "UPDATE {ks}.flow_controls SET version = ?, body = ?, write_id = ? \
+                     WHERE scope = ? AND name = ? IF version = ?"
+                ),
+                Lwt,
             )
             .await?,
         })

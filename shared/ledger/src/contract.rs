@@ -64,7 +64,9 @@ macro_rules! ledger_contract_tests {
             shard_leases_are_taken_renewed_and_released_under_their_epoch,
             sixteen_racing_shard_takers_have_one_winner,
             sweep_members_are_announced_and_withdrawn,
-            due_in_returns_only_the_listed_shards
+            due_in_returns_only_the_listed_shards,
+            flow_controls_are_written_under_their_version_and_read_back_whole,
+            sixteen_racing_breaker_writers_have_one_winner
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
@@ -79,10 +81,15 @@ macro_rules! ledger_contract_tests {
 }
 
 mod closing;
+mod flow;
 mod purge_preview;
 mod shards;
 mod takeover;
 pub use closing::eight_rollbacks_at_once_close_a_run_once;
+pub use flow::{
+    flow_controls_are_written_under_their_version_and_read_back_whole,
+    sixteen_racing_breaker_writers_have_one_winner,
+};
 pub use purge_preview::a_dry_run_purge_reports_what_a_purge_would_remove_and_removes_nothing;
 pub use shards::{
     due_in_returns_only_the_listed_shards,

@@ -32,6 +32,7 @@ use sluice_core::time::Timestamp;
 
 pub mod contract;
 mod error;
+pub mod flow;
 pub mod identity;
 pub mod latency;
 pub mod quarantine;
@@ -39,6 +40,7 @@ pub mod shards;
 pub mod sqlite;
 
 pub use error::LedgerError;
+pub use flow::{FlowCas, FlowStore};
 pub use shards::{Member, ShardCas, ShardLease, SweepView};
 
 /// Largest stored tool result, in bytes of JSON; larger results are replaced by a marker that
@@ -535,7 +537,7 @@ pub trait ShardStore: Send + Sync + std::fmt::Debug + 'static {
 ///
 /// A service holds an `Arc<dyn Ledger>`; code that needs only one store takes it by its trait
 /// (`&dyn AuditStore`, …), so what each part of the pipeline may touch is in its signature.
-pub trait Ledger: CommandStore + AuditStore + ShardStore {
+pub trait Ledger: CommandStore + AuditStore + ShardStore + FlowStore {
     /// Round trips to the store so far, by operation and kind, for the
     /// `sluice_ledger_round_trips_total` metric. Empty for a ledger that does not count them
     /// (the embedded ledger has no network round trips to count).

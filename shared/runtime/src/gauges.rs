@@ -517,6 +517,21 @@ impl ShardStore for GaugedLedger {
     }
 }
 
+#[async_trait]
+impl sluice_ledger::FlowStore for GaugedLedger {
+    async fn flow_controls(&self) -> Result<Vec<sluice_core::flow::FlowControl>, LedgerError> {
+        self.inner.flow_controls().await
+    }
+
+    async fn write_flow_control(
+        &self,
+        guard: u64,
+        next: sluice_core::flow::FlowControl,
+    ) -> Result<sluice_ledger::FlowCas, LedgerError> {
+        self.inner.write_flow_control(guard, next).await
+    }
+}
+
 impl Ledger for GaugedLedger {
     fn round_trips(&self) -> Vec<RoundTrips> {
         self.inner.round_trips()

@@ -415,3 +415,108 @@ mod tests {
         );
     }
 }
+
+/// A change of a flow control (`sluice_core::flow`): an operator's pause or resume, a circuit
+/// breaker opening, half-opening or closing. Published on the events topic as a CloudEvent
+/// (binary mode, like [`LifecycleEvent`]) keyed by the tool or upstream name, and audited in
+/// the ledger's own chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowChange {
+    Paused,
+    Resumed,
+    BreakerOpened,
+    BreakerHalfOpen,
+    BreakerClosed,
+}
+
+impl FlowChange {
+    /// What changed from `before` to `after`; `None`: nothing anyone is told of.
+    pub fn between(
+        before: &sluice_core::flow::FlowControl,
+        after: &sluice_core::flow::FlowControl,
+    ) -> Option<Self> {
+        use sluice_core::flow::Breaker;
+        match (&before.paused, &after.paused) {
+            (None, Some(_)) => return Some(Self::Paused),
+            (Some(_), None) => return Some(Self::Resumed),
+            _ => {}
+        }
+        match (&before.breaker, &after.breaker) {
+            (Breaker::Open { .. }, Breaker::Open { .. }) | (Breaker::Closed, Breaker::Closed) => {
+                None
+            }
+            (Breaker::HalfOpen { .. }, Breaker::HalfOpen { .. }) => None,
+            (_, Breaker::Open { .. }) => Some(Self::BreakerOpened),
+            (_, Breaker::HalfOpen { .. }) => Some(Self::BreakerHalfOpen),
+            (_, Breaker::Closed) => Some(Self::BreakerClosed),
+        }
+    }
+
+    pub fn kind(self) -> &'static str {
+        match self {
+            Self::Paused => "paused",
+            Self::Resumed => "resumed",
+            Self::BreakerOpened => "breaker_opened",
+            Self::BreakerHalfOpen => "breaker_half_open",
+            Self::BreakerClosed => "breaker_closed",
+        }
+    }
+
+    /// The breaker state it leads to, for the transitions metric.
+    pub fn breaker_to(self) -> Option<&'static str> {
+        match self {
+            Self::BreakerOpened => Some("open"),
+            Self::BreakerHalfOpen => Some("half_open"),
+            Self::BreakerClosed => Some("closed"),
+            Self::Paused | Self::Resumed => None,
+        }
+    }
+
+    /// The CloudEvents `type`: `dev.sluice.flow.<kind>`.
+    pub fn event_type(self) -> String {
+        format!("dev.sluice.flow.{}", self.kind())
+    }
+
+    /// One line for the audit record and the log.
+    pub fn describe(self, name: &str) -> String {
+        match self {
+            Self::Paused => format!("{name} paused: its calls wait until it is resumed"),
+            Self::Resumed => format!("{name} resumed: its waiting calls go at its rate"),
+            Self::BreakerOpened => {
+                format!("upstream {name}: circuit breaker opened; its calls wait")
+            }
+            Self::BreakerHalfOpen => {
+                format!("upstream {name}: circuit breaker half open; one probe goes")
+            }
+            Self::BreakerClosed => {
+                format!("upstream {name}: circuit breaker closed; calls go again")
+            }
+        }
+    }
+
+    /// The event: CloudEvents binary mode, the control as its JSON payload.
+    pub fn event(
+        self,
+        control: &sluice_core::flow::FlowControl,
+        actor: &str,
+        at: Timestamp,
+    ) -> LifecycleEvent {
+        let id = uuid::Uuid::new_v4().to_string();
+        let headers = vec![
+            ("ce_specversion".to_owned(), b"1.0".to_vec()),
+            ("ce_id".to_owned(), id.into_bytes()),
+            (
+                "ce_source".to_owned(),
+                format!("/sluice/{actor}").into_bytes(),
+            ),
+            ("ce_type".to_owned(), self.event_type().into_bytes()),
+            ("ce_subject".to_owned(), control.name.clone().into_bytes()),
+            ("ce_time".to_owned(), at.to_string().into_bytes()),
+            ("content-type".to_owned(), b"application/json".to_vec()),
+        ];
+        LifecycleEvent {
+            headers,
+            payload: serde_json::to_vec(control).unwrap_or_default(),
+        }
+    }
+}

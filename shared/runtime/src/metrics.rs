@@ -38,6 +38,8 @@ pub struct Metrics {
     pub cas_conflicts: IntCounter,
     /// `sluice_escalations_total`: commands handed to a person.
     pub escalations: IntCounter,
+    /// Flow control's holds, breakers and pauses (`crate::flow`).
+    pub flow: crate::flow::FlowMetrics,
     /// `sluice_dispatch_duration_seconds{tool, outcome}`: upstream calls.
     pub dispatch_seconds: HistogramVec,
     /// `sluice_handle_duration_seconds{topic}`: how long each consumed message held its
@@ -146,6 +148,7 @@ impl Metrics {
             "Guarded ledger writes that found the command changed",
         );
         let escalations = single("escalations_total", "Commands escalated to a person");
+        let flow = crate::flow::FlowMetrics::register(&registry);
         let dispatch_seconds = HistogramVec::new(
             HistogramOpts::new("dispatch_duration_seconds", "Upstream dispatch calls").buckets(
                 vec![
@@ -223,6 +226,7 @@ impl Metrics {
             transitions,
             cas_conflicts,
             escalations,
+            flow,
             dispatch_seconds,
             handle_seconds,
             dead_letters,

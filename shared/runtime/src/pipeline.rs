@@ -38,6 +38,9 @@ pub struct Context {
     pub connector: Arc<dyn Connector>,
     pub clock: Arc<dyn Clock>,
     pub metrics: Arc<Metrics>,
+    /// Flow control's per-process state: the shared controls as last read, this process's
+    /// buckets and calls in flight (`crate::flow`).
+    pub flow: Arc<crate::flow::Flow>,
 }
 
 /// A failure that stops a handler; the message is not acknowledged and comes back.

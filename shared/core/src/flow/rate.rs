@@ -167,7 +167,11 @@ mod tests {
                 "{in_window} calls in the second from {window_start}"
             );
         }
-        assert!(*slots.last().expect("slots") >= 39_000, "{:?}", slots.last());
+        assert!(
+            *slots.last().expect("slots") >= 39_000,
+            "{:?}",
+            slots.last()
+        );
     }
 
     #[test]

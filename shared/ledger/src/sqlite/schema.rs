@@ -40,6 +40,16 @@ CREATE TABLE IF NOT EXISTS sweep_members (
 ) WITHOUT ROWID;
 ";
 
+/// Flow controls (`crate::flow`): created on every open like the sweep's tables, for the same
+/// reasons.
+const FLOW_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS flow_controls (
+    name    TEXT    NOT NULL PRIMARY KEY,
+    version INTEGER NOT NULL,
+    body    TEXT    NOT NULL
+) WITHOUT ROWID;
+";
+
 // Layout notes. Run ids are random, so every index keyed by run id puts each write on a
 // random page, and a group commit then rewrites pages all over the file. Instead each run gets
 // a `run_seq` (the rowid of its `runs` row) when it is first seen: runs are created over time
@@ -192,6 +202,7 @@ pub(super) fn prepare_schema(conn: &Connection, path: &Path) -> Result<(), Ledge
         })?;
     }
     conn.execute_batch(SWEEP_SCHEMA).map_err(not_a_ledger)?;
+    conn.execute_batch(FLOW_SCHEMA).map_err(not_a_ledger)?;
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 //! A caller hears "applied" only once its batch committed; a batch that fails to write is rolled
 //! back and its requests retried one by one, so none is half-applied.
 
+mod flow;
 mod ops;
 mod shards;
 
@@ -93,6 +94,11 @@ pub(super) enum Op {
         group: String,
         member: crate::Member,
     },
+    /// A flow control written if its stored version is `guard`.
+    FlowControl {
+        guard: u64,
+        next: sluice_core::flow::FlowControl,
+    },
 }
 
 pub(super) enum ReserveReply {
@@ -117,6 +123,7 @@ pub(super) enum Reply {
     Purged(PurgeReport),
     Shard(crate::ShardCas),
     Announced,
+    Flow(crate::FlowCas),
 }
 
 pub(super) struct Job {

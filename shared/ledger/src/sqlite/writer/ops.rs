@@ -103,6 +103,9 @@ impl Writer {
                 self.announce(group, member)?;
                 Ok(Reply::Announced)
             }
+            Op::FlowControl { guard, next } => {
+                Ok(Reply::Flow(self.write_flow_control(*guard, next)?))
+            }
         })
     }
 
