@@ -37,6 +37,9 @@ const SERVED: &[(&str, &str)] = &[
     ("POST", "/v1/audit/purge"),
     ("GET", "/v1/events/stream"),
     ("GET", "/v1/overview"),
+    ("GET", "/v1/flow"),
+    ("POST", "/v1/flow/{name}:pause"),
+    ("POST", "/v1/flow/{name}:resume"),
     ("GET", "/ui"),
     ("GET", "/ui/"),
     ("GET", "/ui/{path}"),
@@ -761,6 +764,80 @@ async fn the_server_answers_as_the_openapi_document_says() {
     );
     spec.call(&agent, "GET", OVERVIEW, OVERVIEW, None, 403)
         .await;
+    // Flow control: the listing is an operator's, a pause and a resume an admin's.
+    const FLOW: &str = "/v1/flow";
+    const PAUSE: &str = "/v1/flow/{name}:pause";
+    const RESUME: &str = "/v1/flow/{name}:resume";
+    let listed = spec.call(&operator, "GET", FLOW, FLOW, None, 200).await;
+    assert!(listed.text.contains("payments/wire"), "{}", listed.text);
+    spec.call(&agent, "GET", FLOW, FLOW, None, 403).await;
+    let reason = Some(json!({"reason": "the bank's maintenance window"}));
+    let wire = "/v1/flow/payments%2Fwire";
+    spec.call(
+        &operator,
+        "POST",
+        PAUSE,
+        &format!("{wire}:pause"),
+        reason.clone(),
+        403,
+    )
+    .await;
+    let paused = spec
+        .call(
+            &admin,
+            "POST",
+            PAUSE,
+            &format!("{wire}:pause"),
+            reason.clone(),
+            200,
+        )
+        .await;
+    assert_eq!(paused.body["outcome"], json!("paused"), "{}", paused.text);
+    spec.call(
+        &admin,
+        "POST",
+        PAUSE,
+        "/v1/flow/nope:pause",
+        reason.clone(),
+        404,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        PAUSE,
+        &format!("{wire}:pause"),
+        Some(json!({"reason": " "})),
+        422,
+    )
+    .await;
+    let resumed = spec
+        .call(
+            &admin,
+            "POST",
+            RESUME,
+            &format!("{wire}:resume"),
+            reason.clone(),
+            200,
+        )
+        .await;
+    assert_eq!(
+        resumed.body["outcome"],
+        json!("resumed"),
+        "{}",
+        resumed.text
+    );
+    let again = spec
+        .call(
+            &admin,
+            "POST",
+            RESUME,
+            &format!("{wire}:resume"),
+            reason,
+            200,
+        )
+        .await;
+    assert_eq!(again.body["outcome"], json!("not_paused"), "{}", again.text);
     spec.call(&nobody, "GET", OVERVIEW, OVERVIEW, None, 401)
         .await;
     spec.call(

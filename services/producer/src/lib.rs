@@ -28,6 +28,7 @@ mod admission;
 pub mod audit;
 pub mod auth;
 pub mod events;
+pub mod flow;
 mod guard;
 pub mod http;
 pub mod listing;
@@ -213,6 +214,8 @@ pub fn router(api: Api) -> Router {
         .route("/v1/audit/purge", post(audit::purge))
         .route("/v1/events/stream", get(events::stream))
         .route("/v1/overview", get(overview::overview))
+        .route("/v1/flow", get(flow::list))
+        .route("/v1/flow/{*action}", post(flow::act))
         .merge(ui::routes(api.config.console_enabled(false)))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))

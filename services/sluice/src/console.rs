@@ -72,6 +72,25 @@ pub enum AuditCommand {
     Verify { run: String },
 }
 
+#[derive(Debug, Clone, Subcommand)]
+pub enum FlowCommand {
+    /// Every upstream and tool: its rate, cap and breaker, paused or not, breaker state.
+    List,
+    /// Pause a tool (`namespace/name`) or an upstream: its calls wait, spending no attempt,
+    /// until it is resumed.
+    Pause {
+        name: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Resume a paused tool or upstream: its waiting calls go again, at its rate.
+    Resume {
+        name: String,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
 /// The console's subcommands.
 #[derive(Debug, Clone, Subcommand)]
 pub enum ConsoleCommand {
@@ -161,6 +180,9 @@ pub enum ConsoleCommand {
     /// Read or verify audit chains.
     #[command(subcommand)]
     Audit(AuditCommand),
+    /// Flow control: list upstreams and tools, pause or resume one.
+    #[command(subcommand)]
+    Flow(FlowCommand),
     /// Remove finished runs untouched for a while, leaving their audit checkpoints, and list
     /// them; `--dry-run` lists what would be removed and kept, removing nothing.
     Purge {
@@ -476,6 +498,17 @@ pub async fn run(args: ConsoleArgs, command: ConsoleCommand) -> Result<String, F
             Method::GET,
             format!("/v1/runs/{}/audit/verify", segment(run)),
             None,
+        ),
+        ConsoleCommand::Flow(FlowCommand::List) => (Method::GET, "/v1/flow".to_owned(), None),
+        ConsoleCommand::Flow(FlowCommand::Pause { name, reason }) => (
+            Method::POST,
+            format!("/v1/flow/{}:pause", segment(name)),
+            Some(json!({ "reason": reason })),
+        ),
+        ConsoleCommand::Flow(FlowCommand::Resume { name, reason }) => (
+            Method::POST,
+            format!("/v1/flow/{}:resume", segment(name)),
+            Some(json!({ "reason": reason })),
         ),
         ConsoleCommand::Purge {
             older_than,

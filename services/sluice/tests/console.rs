@@ -49,19 +49,7 @@ async fn submit(url: &str, token: &str, body: Value) -> Value {
 }
 
 async fn wait_status(url: &str, run: &str, key: &str, status: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (code, out, _) = console(url, Some(OPERATOR), &["--json", "show", run, key]).await;
-        let body: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
-        if code == 0 && body["status"] == json!(status) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{run}/{key} never became {status}: {out}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_status_within(url, run, key, status, Duration::from_secs(20)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -535,4 +523,154 @@ async fn a_configuration_error_prints_its_causes_and_never_a_backtrace() {
         "no backtrace: {err}"
     );
     assert!(err.lines().count() <= 3, "{err}");
+}
+
+/// An operator's pause through the CLI (issue 30): the paused tool's calls wait PENDING,
+/// spending no attempt and reaching no upstream, while another tool's calls go; `flow list`
+/// shows who paused it and why; a resume lets them go, each booked once. An operator cannot
+/// pause (an admin's action), an unknown name is not found, and pausing twice writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_tool_waits_without_spending_attempts_until_it_is_resumed() {
+    let p = Pipeline::start().await;
+    let url = p.url.clone();
+    let run = "r-paused";
+
+    let (code, _, err) = console(
+        &url,
+        Some(OPERATOR),
+        &["flow", "pause", "payments/wire", "--reason", "x"],
+    )
+    .await;
+    assert_eq!(code, 5, "an operator may not pause: {err}");
+    let (code, _, err) = console(
+        &url,
+        Some(ADMIN),
+        &["flow", "pause", "bank/nope", "--reason", "x"],
+    )
+    .await;
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("bank/nope"), "{err}");
+    let (code, out, err) = console(
+        &url,
+        Some(ADMIN),
+        &[
+            "flow",
+            "pause",
+            "payments/wire",
+            "--reason",
+            "the bank's maintenance window",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("payments/wire: paused (paused by admin-1"),
+        "{out}"
+    );
+    let (code, out, _) = console(
+        &url,
+        Some(ADMIN),
+        &["flow", "pause", "payments/wire", "--reason", "again"],
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("already_paused") && out.contains("maintenance window"),
+        "{out}"
+    );
+    let (code, out, err) = console(&url, Some(OPERATOR), &["flow", "list"]).await;
+    assert_eq!(code, 0, "{err}");
+    let row = out
+        .lines()
+        .find(|l| l.contains("payments/wire"))
+        .unwrap_or_default();
+    assert!(
+        row.contains("admin-1: the bank's maintenance window"),
+        "{out}"
+    );
+
+    // Within a second every dispatcher holds the wires; the email goes.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for n in 0..3 {
+        submit(&url, AGENT, json!({"run_id": run, "decision": 1, "tool": "payments/wire", "call_idx": n,
+            "args": {"account": format!("acc-p{n}"), "amount_minor": 2_000, "beneficiary": "b", "date": "2026-11-27"}})).await;
+    }
+    email(&url, run, 2).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for n in 0..3 {
+        let (code, out, _) = console(
+            &url,
+            Some(OPERATOR),
+            &["--json", "show", run, &format!("d-1/payments/wire/{n}")],
+        )
+        .await;
+        assert_eq!(code, 0);
+        let wire: Value = serde_json::from_str(&out).expect("json");
+        assert_eq!(wire["status"], json!("PENDING"), "{wire}");
+        assert_eq!(wire["attempts"], json!(0), "{wire}");
+        assert!(
+            !wire["due_at"].is_null(),
+            "held until a time the sweep brings it back: {wire}"
+        );
+    }
+    assert_eq!(
+        p.upstream.stats().wires,
+        0,
+        "nothing reached the bank while paused"
+    );
+
+    let (code, out, err) = console(
+        &url,
+        Some(ADMIN),
+        &["flow", "resume", "payments/wire", "--reason", "window over"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("payments/wire: resumed"), "{out}");
+    for n in 0..3 {
+        wait_status_within(
+            &url,
+            run,
+            &format!("d-1/payments/wire/{n}"),
+            "CONFIRMED",
+            Duration::from_secs(30),
+        )
+        .await;
+    }
+    assert_eq!(p.upstream.stats().wires, 3, "each wire booked once");
+    let (_, out, _) = console(
+        &url,
+        Some(ADMIN),
+        &["flow", "resume", "payments/wire", "--reason", "again"],
+    )
+    .await;
+    assert!(out.contains("not_paused"), "{out}");
+    let (code, out, _) = console(
+        &url,
+        Some(OPERATOR),
+        &["--json", "audit", "show", "sluice.system"],
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("payments/wire paused") && out.contains("payments/wire resumed"),
+        "{out}"
+    );
+    p.stop().await;
+}
+
+async fn wait_status_within(url: &str, run: &str, key: &str, status: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let (code, out, _) = console(url, Some(OPERATOR), &["--json", "show", run, key]).await;
+        let body: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+        if code == 0 && body["status"] == json!(status) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{run}/{key} never became {status}: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -452,6 +452,76 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/flow": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Every upstream and tool with its limits, its breaker and its pause (operator, admin)
+         * @description The declared upstreams (`[upstream.<name>]`: `rate`, `burst`, `max_in_flight`,
+         *     `breaker`), then every tool (its own limits are none; `upstream` names what its calls
+         *     count against), each with its state as stored in the ledger now: `paused` (who, why,
+         *     when) and `breaker_state` (`closed`, `open` with `probe_at`, `half_open` with the
+         *     probe's holder). `share` is this process's part of every limit (one over the live
+         *     dispatchers it counted). docs/operations.md, "Flow control".
+         */
+        get: operations["listFlow"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/flow/{name}:pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Pause a tool or an upstream; its calls wait, without spending attempts, until resumed
+         * @description Stored in the ledger: every dispatcher replica holds the calls within a second, and
+         *     scheduled effects falling due wait too. Audited in the `sluice.system` chain and
+         *     published as a `dev.sluice.flow.paused` event. Pausing what is paused writes nothing
+         *     (`outcome: already_paused`, with the pause in force).
+         */
+        post: operations["pauseFlow"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/flow/{name}:resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Resume a paused tool or upstream; its waiting calls go again at its rate
+         * @description The waiting calls come back within 10 s (each paused call looks again that often),
+         *     spread out, at the tool's rate. Resuming what is not paused writes nothing
+         *     (`outcome: not_paused`).
+         */
+        post: operations["resumeFlow"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/ui": {
         parameters: {
             query?: never;
@@ -564,6 +634,41 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        FlowPause: {
+            actor: string;
+            reason: string;
+            at: components["schemas"]["Timestamp"];
+        };
+        BreakerState: {
+            /** @enum {unknown} */
+            state: "closed" | "open" | "half_open";
+            since?: components["schemas"]["Timestamp"];
+            probe_at?: components["schemas"]["Timestamp"];
+            until?: components["schemas"]["Timestamp"];
+            probe_by?: string;
+            opened?: number;
+            reason?: string;
+        };
+        FlowEntry: {
+            name: string;
+            /** @enum {unknown} */
+            kind: "upstream" | "tool";
+            /** @description For a tool: the upstream its calls count against (its own name when it names none) */
+            upstream?: string;
+            tools: string[];
+            /** @description Calls per period over every dispatcher, such as 50/s */
+            rate: string | null;
+            burst: number;
+            max_in_flight: number | null;
+            breaker: null | {
+                failures: number;
+                open_ms: number;
+                max_open_ms: number;
+                probe_ms: number;
+            };
+            paused: null | components["schemas"]["FlowPause"];
+            breaker_state: components["schemas"]["BreakerState"];
+        };
         ToolDescription: {
             /** @description namespace/name */
             name: string;
@@ -876,6 +981,8 @@ export interface components {
         Since: components["schemas"]["Timestamp"];
         /** @description The `next` of the previous page, to go on where it stopped. */
         Before: components["schemas"]["RunCursor"];
+        /** @description A tool's name (`namespace/name`) or a declared upstream's */
+        FlowName: string;
         Limit: number;
     };
     requestBodies: {
@@ -1928,6 +2035,121 @@ export interface operations {
             };
             401: components["responses"]["Unauthenticated"];
             403: components["responses"]["Error"];
+        };
+    };
+    listFlow: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The upstreams, then the tools */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        share: number;
+                        flow: components["schemas"]["FlowEntry"][];
+                    };
+                };
+            };
+            401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    pauseFlow: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
+            path: {
+                /** @description A tool's name (`namespace/name`) or a declared upstream's */
+                name: components["parameters"]["FlowName"];
+            };
+            cookie?: never;
+        };
+        requestBody: components["requestBodies"]["Reason"];
+        responses: {
+            /** @description What was done, and the control as stored */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        name: string;
+                        /** @enum {unknown} */
+                        outcome: "paused" | "already_paused" | "resumed" | "not_paused";
+                        paused?: null | components["schemas"]["FlowPause"];
+                        breaker_state: components["schemas"]["BreakerState"];
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            405: components["responses"]["Error"];
+            415: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    resumeFlow: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
+            path: {
+                /** @description A tool's name (`namespace/name`) or a declared upstream's */
+                name: components["parameters"]["FlowName"];
+            };
+            cookie?: never;
+        };
+        requestBody: components["requestBodies"]["Reason"];
+        responses: {
+            /** @description What was done, and the control as stored */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        name: string;
+                        /** @enum {unknown} */
+                        outcome: "paused" | "already_paused" | "resumed" | "not_paused";
+                        paused?: null | components["schemas"]["FlowPause"];
+                        breaker_state: components["schemas"]["BreakerState"];
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            405: components["responses"]["Error"];
+            415: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     consolePage: {

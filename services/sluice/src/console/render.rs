@@ -257,7 +257,67 @@ pub(super) fn render(command: &ConsoleCommand, body: &Value) -> String {
             }
         }
         ConsoleCommand::Purge { .. } => render_purge(&body["report"]),
+        ConsoleCommand::Flow(FlowCommand::List) => flow_table(body),
+        ConsoleCommand::Flow(_) => {
+            let outcome = text(&body["outcome"]);
+            let pause = &body["paused"];
+            if pause.is_null() {
+                format!("{}: {outcome}", text(&body["name"]))
+            } else {
+                format!(
+                    "{}: {outcome} (paused by {} at {}: {})",
+                    text(&body["name"]),
+                    text(&pause["actor"]),
+                    text(&pause["at"]),
+                    text(&pause["reason"])
+                )
+            }
+        }
     }
+}
+
+/// Upstreams and tools with their limits and state, one row each.
+pub(super) fn flow_table(body: &Value) -> String {
+    let entries = body["flow"].as_array().cloned().unwrap_or_default();
+    let mut t = table(&["NAME", "KIND", "RATE", "IN FLIGHT", "BREAKER", "PAUSED"]);
+    for e in &entries {
+        let breaker = match e["breaker_state"]["state"].as_str() {
+            Some("open") => format!("open until {}", text(&e["breaker_state"]["probe_at"])),
+            Some("half_open") => format!("half open ({})", text(&e["breaker_state"]["probe_by"])),
+            Some(state) if !e["breaker"].is_null() => state.to_owned(),
+            _ => "-".to_owned(),
+        };
+        let kind = match e["kind"].as_str() {
+            Some("tool") if e["upstream"] != e["name"] => {
+                format!("tool of {}", text(&e["upstream"]))
+            }
+            _ => text(&e["kind"]),
+        };
+        t.add_row(vec![
+            text(&e["name"]),
+            kind,
+            match e["rate"].as_str() {
+                Some(rate) => format!("{rate} (burst {})", text(&e["burst"])),
+                None => "-".into(),
+            },
+            if e["max_in_flight"].is_null() {
+                "-".into()
+            } else {
+                text(&e["max_in_flight"])
+            },
+            breaker,
+            if e["paused"].is_null() {
+                String::new()
+            } else {
+                format!(
+                    "{}: {}",
+                    text(&e["paused"]["actor"]),
+                    text(&e["paused"]["reason"])
+                )
+            },
+        ]);
+    }
+    t.to_string()
 }
 
 /// How many removed runs a purge's report names; the rest are counted.
