@@ -52,7 +52,7 @@ pub async fn run(
     // The shared flow controls, read every second, and this dispatcher's share of the limits.
     tokio::spawn(sluice_runtime::flow::keep_fresh(
         ctx.clone(),
-        owner.clone(),
+        Some(owner.clone()),
         shutdown.clone(),
     ));
     consume(bus, metrics, spec, shutdown, move |delivery: Delivery| {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use sluice_bus::{BusError, Delivery, Topic};
-use sluice_core::command::{Command, CommandStatus};
+use sluice_core::command::{Command, CommandStatus, Observation};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{self, Event, Look, SweepWork};
 use sluice_core::sweep::ShardTimes;
@@ -61,6 +61,13 @@ pub async fn run(
         shutdown.clone(),
         keeper,
         |_| {},
+    ));
+    // The flow controls, so a look at a paused or broken upstream waits (not announced: the
+    // limits' shares are the dispatchers').
+    tokio::spawn(sluice_runtime::flow::keep_fresh(
+        ctx.clone(),
+        None,
+        shutdown.clone(),
     ));
     let (bus, metrics) = (ctx.bus.clone(), ctx.metrics.clone());
     let consumed = consume(bus, metrics, spec, shutdown, move |delivery: Delivery| {
@@ -105,6 +112,19 @@ pub async fn reconcile(
 /// claimer's result is written: a concurrent look (a sweep, another replica) loses its claim.
 async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, PipelineError> {
     let tool = ctx.catalog.get(&command.tool);
+    // Flow control: a look at a paused upstream, or one whose breaker is open, waits.
+    if let Some(tool) = tool
+        && command.status() == CommandStatus::Unknown
+        && let Some(held) = ctx.flow.look_gate(ctx, tool)
+        && machine::look_for(
+            &command.state,
+            &ctx.rules_of(&command),
+            true,
+            ctx.clock.now(),
+        ) == Look::StatusCheck
+    {
+        return hold_look(ctx, command, held).await;
+    }
     let hold = machine::look_hold_ms(
         tool.and_then(|tool| tool.status_check())
             .map(|check| check.timeout_ms),
@@ -125,7 +145,29 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
         machine::look_for(&command.state, &rules, tool.is_some(), ctx.clock.now()),
         tool,
     ) {
-        (Look::StatusCheck, Some(tool)) => ctx.connector.status_check(tool, &command).await.into(),
+        (Look::StatusCheck, Some(tool)) => {
+            let event: Event = ctx.connector.status_check(tool, &command).await.into();
+            report_look(ctx, tool, &event).await;
+            match (&event, ctx.flow.hold_failed_look(ctx, tool)) {
+                (
+                    Event::Observed {
+                        observation: Observation::Inconclusive,
+                        retry_after_ms: None,
+                        ..
+                    },
+                    Some(held),
+                ) => Event::Hold {
+                    epoch: None,
+                    until: held.until.plus_millis(sluice_core::flow::jitter_ms(
+                        command.command_key.as_str(),
+                        held.until.millis_since(ctx.clock.now()),
+                    )),
+                    cause: held.cause,
+                    reason: held.reason,
+                },
+                _ => event,
+            }
+        }
         (Look::RetrySameKey, _) => Event::RetrySameKey,
         (Look::GiveUp(reason), _) => Event::GiveUp { reason },
         (Look::StatusCheck, None) => Event::GiveUp {
@@ -155,6 +197,63 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
             Some(command)
         }
         Driven::Skipped(command) => Some(command),
+        Driven::Missing => None,
+    })
+}
+
+/// This reconciler's name in flow control (a probe's holder).
+fn owner() -> String {
+    format!("{ACTOR}-{}", std::process::id())
+}
+
+/// Counts a look's answer against its upstream's breaker (only where one is declared): its
+/// failures count toward opening it; never a probe (`Flow::look_gate`).
+async fn report_look(ctx: &Context, tool: &sluice_core::catalog::Tool, event: &Event) {
+    let Event::Observed {
+        observation,
+        retry_after_ms,
+        evidence,
+        ..
+    } = event
+    else {
+        return;
+    };
+    let verdict = sluice_core::flow::look_verdict(*observation, retry_after_ms.is_some());
+    let error = evidence.to_string();
+    if let Err(error) = ctx
+        .flow
+        .after_answer(ctx, tool, verdict, &error, false, &owner())
+        .await
+    {
+        tracing::warn!(%error, "could not write the upstream's circuit breaker");
+    }
+}
+
+/// Puts a look back until flow control lets it go (`Event::Hold`): no check is spent on an
+/// upstream that is paused or whose breaker is open.
+async fn hold_look(
+    ctx: &Context,
+    command: Command,
+    held: sluice_core::flow::Held,
+) -> Result<Option<Command>, PipelineError> {
+    let until = held.until.plus_millis(sluice_core::flow::jitter_ms(
+        command.command_key.as_str(),
+        held.until.millis_since(ctx.clock.now()),
+    ));
+    let driven = ctx
+        .drive_from(command, ACTOR, |current| {
+            machine::awaits_look(&current.state).then(|| Event::Hold {
+                epoch: None,
+                until,
+                cause: held.cause,
+                reason: held.reason.clone(),
+            })
+        })
+        .await?;
+    Ok(match driven {
+        Driven::Applied(command, _) | Driven::Refused(command, _) | Driven::Skipped(command) => {
+            Some(command)
+        }
         Driven::Missing => None,
     })
 }

@@ -347,6 +347,37 @@ impl Flow {
         })
     }
 
+    /// What the controls as last read say of a look at `tool`'s upstream now: held while the
+    /// tool or its upstream is paused or its breaker is open and its probe not yet due (a
+    /// lookup would fail, or should not be made, and would spend a check). Looks never take the
+    /// probe, and their answers never close the breaker: a lookup that works says nothing of
+    /// the calls that failed. Once the probe is due they go; a command found absent is sent
+    /// again, and that call is the probe.
+    pub fn look_gate(&self, ctx: &Context, tool: &Tool) -> Option<Held> {
+        let (tool_control, upstream_control) = self.with_state(|state| {
+            (
+                state.controls.get(&tool.name().to_string()).cloned(),
+                state.controls.get(tool.upstream()).cloned(),
+            )
+        });
+        match flow::gate(
+            tool_control.as_ref(),
+            upstream_control.as_ref(),
+            ctx.clock.now(),
+        ) {
+            Gate::Hold(held) => Some(held),
+            Gate::Go | Gate::Probe => None,
+        }
+    }
+
+    /// A look at `tool` that could not say, put back while its upstream's breaker is not
+    /// closed (`flow::hold_failed_look`).
+    pub fn hold_failed_look(&self, ctx: &Context, tool: &Tool) -> Option<Held> {
+        let spec = ctx.catalog.upstream_of(tool);
+        let control = self.with_state(|state| state.controls.get(&spec.name).cloned());
+        flow::hold_failed_look(&spec, control.as_ref(), ctx.clock.now())
+    }
+
     /// Counts a call's answer against its upstream, and opens or closes the breaker when the
     /// core says so.
     pub async fn after_call(
@@ -357,11 +388,38 @@ impl Flow {
         permit: &Permit,
         owner: &str,
     ) -> Result<(), LedgerError> {
+        let error = match outcome {
+            DispatchOutcome::Ambiguous { reason } | DispatchOutcome::NotSent { reason } => {
+                reason.as_str()
+            }
+            _ => "",
+        };
+        self.after_answer(
+            ctx,
+            tool,
+            flow::verdict(outcome),
+            error,
+            permit.probe,
+            owner,
+        )
+        .await
+    }
+
+    /// Counts an answer (a call's or a look's) judged `verdict` against `tool`'s upstream;
+    /// `probe`: it was this process's probe.
+    pub async fn after_answer(
+        &self,
+        ctx: &Context,
+        tool: &Tool,
+        verdict: Verdict,
+        error: &str,
+        probe: bool,
+        owner: &str,
+    ) -> Result<(), LedgerError> {
         let spec = ctx.catalog.upstream_of(tool).into_owned();
         let Some(breaker) = spec.breaker else {
             return Ok(());
         };
-        let verdict = flow::verdict(outcome);
         let failures = self.with_state(|state| {
             let local = local(state, &spec.name);
             match verdict {
@@ -371,13 +429,6 @@ impl Flow {
             }
             local.failures
         });
-        let error = match outcome {
-            DispatchOutcome::Ambiguous { reason } | DispatchOutcome::NotSent { reason } => {
-                reason.as_str()
-            }
-            _ => "",
-        };
-        let probe = permit.probe;
         // Decided first on the controls as last read: most answers change nothing, and then
         // nothing is read or written.
         let cached = self
@@ -490,10 +541,10 @@ async fn record(ctx: &Context, before: &FlowControl, after: &FlowControl, actor:
     tracing::warn!(name = %after.name, change = change.kind(), actor, "{}", change.describe(&after.name));
 }
 
-/// Reads the controls every `REFRESH_MS` into `ctx.flow`, announces this dispatcher (`owner`)
-/// and counts the live ones for its share, and sets the gauges; until `shutdown`. A read that
-/// fails keeps the controls last read.
-pub async fn keep_fresh(ctx: Context, owner: String, shutdown: crate::Shutdown) {
+/// Reads the controls every `REFRESH_MS` into `ctx.flow` and sets the gauges; a dispatcher
+/// (`owner`) also announces itself and counts the live ones for its share. Until `shutdown`.
+/// A read that fails keeps the controls last read.
+pub async fn keep_fresh(ctx: Context, owner: Option<String>, shutdown: crate::Shutdown) {
     let mut tick = tokio::time::interval(Duration::from_millis(REFRESH_MS));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let lifetime = i64::try_from(REFRESH_MS * 5).unwrap_or(5_000);
@@ -502,18 +553,24 @@ pub async fn keep_fresh(ctx: Context, owner: String, shutdown: crate::Shutdown) 
             _ = shutdown.cancelled() => break,
             _ = tick.tick() => {}
         }
-        refresh(&ctx, &owner, lifetime).await;
+        if let Some(owner) = &owner {
+            announce(&ctx, owner, lifetime).await;
+        }
+        refresh(&ctx).await;
     }
     // Withdrawn: the others' shares grow at once instead of after the announcement lapses.
-    let gone = Member {
-        name: owner.clone(),
-        expires_at: Timestamp::from_millis(0),
-    };
-    let _ = ctx.ledger.announce(DISPATCHERS, gone).await;
+    if let Some(owner) = owner {
+        let gone = Member {
+            name: owner,
+            expires_at: Timestamp::from_millis(0),
+        };
+        let _ = ctx.ledger.announce(DISPATCHERS, gone).await;
+    }
 }
 
-/// One round of [`keep_fresh`].
-pub async fn refresh(ctx: &Context, owner: &str, lifetime_ms: i64) {
+/// Announces dispatcher `owner` for `lifetime_ms` and takes one over the live ones as this
+/// process's share.
+async fn announce(ctx: &Context, owner: &str, lifetime_ms: i64) {
     let now = ctx.clock.now();
     let me = Member {
         name: owner.to_owned(),
@@ -531,6 +588,10 @@ pub async fn refresh(ctx: &Context, owner: &str, lifetime_ms: i64) {
             .max(1);
         ctx.flow.with_state(|state| state.share = 1.0 / live as f64);
     }
+}
+
+/// Reads the controls into `ctx.flow` once, and sets the gauges.
+pub async fn refresh(ctx: &Context) {
     match ctx.ledger.flow_controls().await {
         Ok(controls) => {
             set_gauges(ctx, &controls);

@@ -129,7 +129,8 @@ pub enum Event {
     /// Flow control keeps the call back (an operator's pause, an open circuit breaker, the
     /// upstream's rate or its cap in flight: `crate::flow`): the command waits, PENDING (or
     /// APPROVED), until `until`, without spending an attempt; a reservation's unused lease
-    /// (`epoch`) is given back. The sweep brings it back then.
+    /// (`epoch`) is given back. An UNKNOWN command's look waits the same way, spending no
+    /// check. The sweep brings it back then.
     Hold {
         epoch: Option<LeaseEpoch>,
         until: Timestamp,

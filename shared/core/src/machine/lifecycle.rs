@@ -337,6 +337,17 @@ pub(super) fn hold(
     let mut next = a.next();
     let from = state.status;
     match (from, epoch) {
+        // A look kept back: only its due time moves; no check is spent.
+        (S::Unknown, None) if awaits_look(state) => {
+            let until = until.max(now);
+            next.due_at = Some(until);
+            return Ok(a.step(
+                next,
+                Vec::new(),
+                format!("look held until {until} without spending a check: {reason}"),
+                Value::Null,
+            ));
+        }
         (S::Pending | S::Approved, None) => {}
         // A reservation's lease, not yet called under: given back, its attempt not counted.
         (S::Leased, Some(epoch))

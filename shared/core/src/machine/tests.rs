@@ -1686,15 +1686,29 @@ fn a_held_command_waits_pending_without_spending_an_attempt() {
         plan_dispatch(&pending, &rules, Some(&approve), Some(&held), &owner, now()),
         DispatchPlan::Apply(Event::Block { .. })
     ));
-    // Only waiting commands are held: a hold on a command that was called under is refused.
-    pending.state = state_in(S::Unknown);
+    // An UNKNOWN command's look waits too: only its due time moves, no check spent.
+    let unknown = state_in(S::Unknown);
     let hold = Event::Hold {
         epoch: None,
         until,
         cause: HoldCause::Paused,
         reason: "p".into(),
     };
-    assert!(apply(&pending.state, &rules, &hold, now()).is_err());
+    let step = apply(&unknown, &rules, &hold, now()).expect("a look is held");
+    assert_eq!(step.state.due_at, Some(until));
+    assert_eq!(step.state.status, S::Unknown);
+    assert_eq!(
+        (step.state.checks, step.state.attempts),
+        (unknown.checks, unknown.attempts)
+    );
+    // Nothing called under, settled or waiting for a person is held.
+    for status in [S::Leased, S::Confirmed, S::Failed, S::Stuck, S::Blocked] {
+        pending.state = state_in(status);
+        assert!(
+            apply(&pending.state, &rules, &hold, now()).is_err(),
+            "{status:?}"
+        );
+    }
 }
 
 /// The sweep's work on a due command is the machine's: each kind it names applies to the
