@@ -147,7 +147,7 @@ ok, out = promtool("check", "rules", str(tmp / "dashboard-rules.yml"))
 result(ok, f"every query of {dash_path} parses as PromQL", "" if ok else out)
 
 # -- Metric names against their definitions ------------------------------------------------
-source = open("shared/runtime/src/metrics.rs").read()
+source = open("shared/runtime/src/metrics.rs").read() + open("shared/runtime/src/flow.rs").read()
 defined = {f"sluice_{name}" for name in re.findall(r'"([a-z][a-z0-9_]*_[a-z0-9_]*|commands)"', source)}
 # The prometheus crate's process collector (unprefixed, Linux).
 process = {"process_cpu_seconds_total", "process_open_fds", "process_max_fds",
@@ -163,7 +163,7 @@ for what, texts in (("alerts.yml", [r["expr"] for r in rules]),
                      if m not in defined | process
                      and re.sub(r"_(bucket|count|sum)$", "", m) not in defined)
     result(not unknown, f"every metric {what} reads is defined ({len(used)} names)",
-           "not defined in shared/runtime/src/metrics.rs: " + ", ".join(unknown))
+           "not defined in shared/runtime/src/metrics.rs or flow.rs: " + ", ".join(unknown))
 
 print(f"{passed} passed, {failed} failed, 0 skipped")
 sys.exit(1 if failed else 0)
