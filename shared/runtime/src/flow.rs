@@ -253,10 +253,12 @@ impl Flow {
             return Ok(Admission::Go(permit));
         }
         let slot = self.with_state(|state| {
+            // The burst is the upstream's over every replica too: this one's part of it.
             let share = state.share;
+            let burst = ((f64::from(spec.burst) * share).ceil() as u32).max(1);
             local(state, &spec.name)
                 .bucket
-                .book(rate, share, spec.burst, now)
+                .book(rate, share, burst, now)
         });
         let wait = slot.millis_since(now);
         if wait <= flow::WAIT_IN_PROCESS_MS {
