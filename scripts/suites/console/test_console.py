@@ -545,6 +545,45 @@ def shows_scheduled_effects_and_cancels_one(browser):
 
 
 @test
+def pauses_a_tool_and_resumes_it_from_the_flow_view(browser):
+    page = browser.new_page()
+    sign_in(page, "admin")
+    page.click("nav >> text=Flow")
+    row = page.locator("table[aria-label='Flow control'] tr[data-name='search/lookup']")
+    expect(row).to_have_attribute("data-paused", "0")
+    row.locator("[data-action=pause]").click()
+    dialog = page.locator("#action")
+    dialog.locator("textarea[name=reason]").fill("the search provider's maintenance")
+    dialog.locator("button", has_text="Pause").click()
+    expect(dialog.locator("[data-result=paused]")).to_contain_text("search/lookup: paused")
+    dialog.locator("button", has_text="Close").click()
+    expect(row).to_have_attribute("data-paused", "1")
+    expect(row).to_contain_text("the search provider's maintenance")
+    shot(page, "flow-paused")
+    status, body, _ = call("GET", "/v1/flow", TOKENS["operator"])
+    entry = next(e for e in body["flow"] if e["name"] == "search/lookup")
+    assert status == 200 and "admin" in entry["paused"]["actor"], entry
+    # An operator sees it and cannot act; the server refuses too.
+    other = browser.new_page()
+    sign_in(other, "operator")
+    other.goto(ARGS.base + "/ui/#/flow")
+    button = other.locator("tr[data-name='search/lookup'] [data-action=resume]")
+    expect(button).to_be_disabled()
+    answer = in_page_fetch(other, "POST", "/v1/flow/search%2Flookup:resume", {"reason": "trying"})
+    assert answer["status"] == 403, answer
+    other.close()
+    row.locator("[data-action=resume]").click()
+    dialog.locator("textarea[name=reason]").fill("maintenance over")
+    dialog.locator("button", has_text="Resume").click()
+    expect(dialog.locator("[data-result=resumed]")).to_contain_text("search/lookup: resumed")
+    dialog.locator("button", has_text="Close").click()
+    expect(row).to_have_attribute("data-paused", "0")
+    status, body, _ = call("GET", "/v1/flow", TOKENS["operator"])
+    assert next(e for e in body["flow"] if e["name"] == "search/lookup")["paused"] is None
+    page.close()
+
+
+@test
 def an_operator_reads_everything_and_cannot_act(browser):
     page = browser.new_page()
     sign_in(page, "operator")

@@ -63,6 +63,7 @@ const ASSETS: &[Asset] = &[
     asset!("js/views/scheduled.js", JS),
     asset!("js/views/audit.js", JS),
     asset!("js/views/overview.js", JS),
+    asset!("js/views/flow.js", JS),
 ];
 
 /// The console's routes, or none when it is not enabled (`/ui` is then no route, 404).

@@ -1,5 +1,5 @@
 // The console's entry: sign-in with a bearer token (kept in sessionStorage), the hash router
-// (#/overview, #/runs, #/run/<id>, #/queues, #/scheduled, #/audit[/<id>]) and the navigation.
+// (#/overview, #/flow, #/runs, #/run/<id>, #/queues, #/scheduled, #/audit[/<id>]) and the navigation.
 
 import { api, paths, token, setToken, clearToken, ApiError } from './api.js';
 import { h, replace, session, errorState } from './dom.js';
@@ -9,8 +9,9 @@ import * as queues from './views/queues.js';
 import * as scheduled from './views/scheduled.js';
 import * as audit from './views/audit.js';
 import * as overview from './views/overview.js';
+import * as flow from './views/flow.js';
 
-const VIEWS = { runs, run, queues, scheduled, audit, overview };
+const VIEWS = { runs, run, queues, scheduled, audit, overview, flow };
 const view = document.getElementById('view');
 let cleanup = null;
 
@@ -83,6 +84,7 @@ async function signIn(value) {
   document.getElementById('nav').hidden = false;
   // The overview counts every run: an operator's or an admin's, not an agent's.
   document.querySelector('#nav [data-view=overview]').hidden = session.role === 'agent';
+  document.querySelector('#nav [data-view=flow]').hidden = session.role === 'agent';
   const who = document.getElementById('who');
   who.hidden = false;
   replace(document.getElementById('who-name'), `Signed in as ${session.name} `,
