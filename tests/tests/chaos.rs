@@ -87,6 +87,10 @@ fn assert_exercised(report: &Report, effects: usize, crashes: usize) {
         (&f.mcp, "re-driven in a new session"),
         (&f.purges, "purges"),
         (&f.purges, "runs purged"),
+        (&f.flow, "breaker opened"),
+        (&f.flow, "breaker closed"),
+        (&f.flow, "calls held (breaker)"),
+        (&f.flow, "calls held (rate)"),
     ] {
         assert!(
             figures.get(what).copied().unwrap_or(0) > 0,

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use sluice_bus::{BusError, Delivery, Topic};
-use sluice_core::command::{Command, CommandStatus, Observation};
+use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{self, Event, Look, SweepWork};
 use sluice_core::sweep::ShardTimes;
@@ -145,29 +145,7 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
         machine::look_for(&command.state, &rules, tool.is_some(), ctx.clock.now()),
         tool,
     ) {
-        (Look::StatusCheck, Some(tool)) => {
-            let event: Event = ctx.connector.status_check(tool, &command).await.into();
-            report_look(ctx, tool, &event).await;
-            match (&event, ctx.flow.hold_failed_look(ctx, tool)) {
-                (
-                    Event::Observed {
-                        observation: Observation::Inconclusive,
-                        retry_after_ms: None,
-                        ..
-                    },
-                    Some(held),
-                ) => Event::Hold {
-                    epoch: None,
-                    until: held.until.plus_millis(sluice_core::flow::jitter_ms(
-                        command.command_key.as_str(),
-                        held.until.millis_since(ctx.clock.now()),
-                    )),
-                    cause: held.cause,
-                    reason: held.reason,
-                },
-                _ => event,
-            }
-        }
+        (Look::StatusCheck, Some(tool)) => ctx.connector.status_check(tool, &command).await.into(),
         (Look::RetrySameKey, _) => Event::RetrySameKey,
         (Look::GiveUp(reason), _) => Event::GiveUp { reason },
         (Look::StatusCheck, None) => Event::GiveUp {
@@ -199,34 +177,6 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
         Driven::Skipped(command) => Some(command),
         Driven::Missing => None,
     })
-}
-
-/// This reconciler's name in flow control (a probe's holder).
-fn owner() -> String {
-    format!("{ACTOR}-{}", std::process::id())
-}
-
-/// Counts a look's answer against its upstream's breaker (only where one is declared): its
-/// failures count toward opening it; never a probe (`Flow::look_gate`).
-async fn report_look(ctx: &Context, tool: &sluice_core::catalog::Tool, event: &Event) {
-    let Event::Observed {
-        observation,
-        retry_after_ms,
-        evidence,
-        ..
-    } = event
-    else {
-        return;
-    };
-    let verdict = sluice_core::flow::look_verdict(*observation, retry_after_ms.is_some());
-    let error = evidence.to_string();
-    if let Err(error) = ctx
-        .flow
-        .after_answer(ctx, tool, verdict, &error, false, &owner())
-        .await
-    {
-        tracing::warn!(%error, "could not write the upstream's circuit breaker");
-    }
 }
 
 /// Puts a look back until flow control lets it go (`Event::Hold`): no check is spent on an

@@ -350,11 +350,11 @@ impl Flow {
     }
 
     /// What the controls as last read say of a look at `tool`'s upstream now: held while the
-    /// tool or its upstream is paused or its breaker is open and its probe not yet due (a
-    /// lookup would fail, or should not be made, and would spend a check). Looks never take the
-    /// probe, and their answers never close the breaker: a lookup that works says nothing of
-    /// the calls that failed. Once the probe is due they go; a command found absent is sent
-    /// again, and that call is the probe.
+    /// tool or its upstream is paused, or its breaker is open and its probe not yet due (a
+    /// lookup would load a failing upstream, and spend a check). Looks never take the probe
+    /// and their answers never count toward the breaker: a lookup failing for one key (a slow
+    /// record) says nothing of the upstream, and a breaker that looks could open would hold
+    /// the looks that could close it. Once the probe is due they go as before.
     pub fn look_gate(&self, ctx: &Context, tool: &Tool) -> Option<Held> {
         let (tool_control, upstream_control) = self.with_state(|state| {
             (
@@ -370,14 +370,6 @@ impl Flow {
             Gate::Hold(held) => Some(held),
             Gate::Go | Gate::Probe => None,
         }
-    }
-
-    /// A look at `tool` that could not say, put back while its upstream's breaker is not
-    /// closed (`flow::hold_failed_look`).
-    pub fn hold_failed_look(&self, ctx: &Context, tool: &Tool) -> Option<Held> {
-        let spec = ctx.catalog.upstream_of(tool);
-        let control = self.with_state(|state| state.controls.get(&spec.name).cloned());
-        flow::hold_failed_look(&spec, control.as_ref(), ctx.clock.now())
     }
 
     /// Counts a call's answer against its upstream, and opens or closes the breaker when the
@@ -407,9 +399,9 @@ impl Flow {
         .await
     }
 
-    /// Counts an answer (a call's or a look's) judged `verdict` against `tool`'s upstream;
-    /// `probe`: it was this process's probe.
-    pub async fn after_answer(
+    /// Counts a call's answer judged `verdict` against `tool`'s upstream; `probe`: it was this
+    /// process's probe.
+    async fn after_answer(
         &self,
         ctx: &Context,
         tool: &Tool,

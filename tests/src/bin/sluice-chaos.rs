@@ -61,6 +61,14 @@ struct Args {
     /// above a lower amount, under a new policy version).
     #[arg(long)]
     no_tighten: bool,
+    /// Leave out the upstream's phases (a third of the way through the workload 30 % of
+    /// dispatches answered 429 `Retry-After: 1`; two thirds of the way the bank down, every
+    /// dispatch and lookup 503).
+    #[arg(long)]
+    no_phases: bool,
+    /// How long each phase lasts, in seconds.
+    #[arg(long, default_value_t = 8)]
+    phase_secs: u64,
     /// MCP stories per effect: agents calling through `sluice mcp --transport http` and
     /// re-driving their conversations in new sessions (0: none).
     #[arg(long, default_value_t = 0.01)]
@@ -147,6 +155,7 @@ async fn run(args: Args, seed: u64) -> anyhow::Result<chaos::report::Report> {
         every: Duration::from_secs(args.purge_every_secs.max(1)),
         ..chaos::purge::Retention::default()
     });
+    options.phases = (!args.no_phases).then(|| Duration::from_secs(args.phase_secs.max(1)));
     options.keep = args.keep;
     options.log_level = args.log_level;
     if args.failpoints {

@@ -76,6 +76,16 @@ impl ToolKind {
     }
 
     /// The upstream endpoint behind the tool.
+    /// The `[upstream.<name>]` the tool's calls count against: the bank's four share a
+    /// circuit breaker, the mail and SMS tools a rate.
+    pub fn upstream(self) -> Option<&'static str> {
+        match self {
+            Self::Wire | Self::Transfer | Self::Payout | Self::Refund => Some("bank"),
+            Self::Email | Self::Sms => Some("messaging"),
+            Self::Ticket | Self::Case | Self::Search => None,
+        }
+    }
+
     pub fn endpoint(self) -> &'static str {
         match self {
             Self::Wire => "wires",
@@ -302,12 +312,42 @@ pub fn catalog_toml_under(
     if horizons.declare {
         root.insert("max_clock_skew_ms".into(), int(horizons.max_clock_skew_ms));
     }
+    root.insert("upstream".into(), Value::Table(upstreams(timing)));
     let tools = ToolKind::ALL
         .into_iter()
-        .map(|kind| Value::Table(tool(kind, base_url, timing, times, horizons, policy)))
+        .map(|kind| {
+            let mut tool = tool(kind, base_url, timing, times, horizons, policy);
+            if let Some(upstream) = kind.upstream() {
+                tool.insert("upstream".into(), upstream.into());
+            }
+            Value::Table(tool)
+        })
         .collect();
     root.insert("tool".into(), Value::Array(tools));
     toml::to_string(&root).expect("a TOML table serializes")
+}
+
+/// The upstreams: the bank with a circuit breaker that opens after 5 failing answers in a row
+/// (the standard faults make that happen now and then, and the outage phase for certain), and
+/// messaging at a rate near the load the workload sends it, so calls are held for their slots.
+fn upstreams(timing: &Timing) -> Table {
+    let mut breaker = Table::new();
+    breaker.insert("failures".into(), int(5));
+    breaker.insert("open_ms".into(), int(1_000));
+    breaker.insert("max_open_ms".into(), int(4_000));
+    breaker.insert(
+        "probe_ms".into(),
+        int(2 * timing.dispatch_timeout_ms(ToolKind::Wire) + 1_000),
+    );
+    let mut bank = Table::new();
+    bank.insert("breaker".into(), Value::Table(breaker));
+    let mut messaging = Table::new();
+    messaging.insert("rate".into(), "25/s".into());
+    messaging.insert("burst".into(), int(10));
+    let mut all = Table::new();
+    all.insert("bank".into(), Value::Table(bank));
+    all.insert("messaging".into(), Value::Table(messaging));
+    all
 }
 
 fn int(n: u64) -> Value {

@@ -108,6 +108,10 @@ pub struct Options {
     /// Purge finished runs every so often through the workload and the settling (`None`: no
     /// retention).
     pub retention: Option<purge::Retention>,
+    /// How long each of the upstream's phases lasts (`None`: none): a third of the way through
+    /// the workload 30 % of dispatches are answered 429 `Retry-After: 1`, two thirds of the way
+    /// the bank's endpoints answer every dispatch and lookup 503 (issue 30: flow control).
+    pub phases: Option<Duration>,
 }
 
 impl Options {
@@ -136,6 +140,7 @@ impl Options {
             tighten_policy: true,
             mcp_stories_per_effect: 0.01,
             retention: Some(purge::Retention::default()),
+            phases: Some(Duration::from_secs(8)),
         }
     }
 
@@ -149,6 +154,39 @@ impl Options {
                 + self.timing.bank_timeout_ms
                 + 2_000,
         )
+    }
+}
+
+/// The upstream's phases over a workload of `workload` (see [`Options::phases`]).
+async fn play_phases(
+    upstream: Arc<ChaosUpstream>,
+    workload: Duration,
+    length: Duration,
+    progress: bool,
+) {
+    let bank: Vec<String> = catalog::ToolKind::ALL
+        .into_iter()
+        .filter(|kind| kind.upstream() == Some("bank"))
+        .map(|kind| kind.endpoint().to_owned())
+        .collect();
+    let phases = [
+        upstream::Phase::RateLimited {
+            share: 0.3,
+            retry_after_s: 1,
+        },
+        upstream::Phase::Outage { endpoints: bank },
+    ];
+    let mut at = Duration::ZERO;
+    for (n, phase) in phases.into_iter().enumerate() {
+        let start = workload.mul_f64((n + 1) as f64 / 3.0);
+        tokio::time::sleep(start.saturating_sub(at)).await;
+        if progress {
+            eprintln!("phase: {phase:?} for {:.0} s", length.as_secs_f64());
+        }
+        upstream.set_phase(phase);
+        tokio::time::sleep(length).await;
+        upstream.set_phase(upstream::Phase::Normal);
+        at = start + length;
     }
 }
 
@@ -362,6 +400,14 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
         workload_time.as_secs_f64(),
         options.crashes
     );
+    let phasing = options.phases.map(|length| {
+        tokio::spawn(play_phases(
+            Arc::clone(&upstream),
+            workload_time,
+            length,
+            options.progress,
+        ))
+    });
     let runs = plan.len();
     let driven = driver::drive_noting(
         api.clone(),
@@ -410,6 +456,10 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
     );
 
     // Settle: no more faults, a process without failpoints, and time.
+    if let Some(phasing) = phasing {
+        phasing.abort();
+        let _ = phasing.await;
+    }
     upstream.calm();
     settling.store(true, std::sync::atomic::Ordering::SeqCst);
     supervisor.restart_clean().await?;
@@ -460,6 +510,7 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
         mut audits,
         mut verdicts,
     } = read_ended(&api, &kept).await?;
+    let flow = flow_figures(&api, &audits).await?;
     for (run, gone) in &purged {
         let Some(snapshot) = &gone.snapshot else {
             continue;
@@ -599,6 +650,7 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
         mcp,
         tightened,
         purges: purges.as_ref().map(purge_figures).unwrap_or_default(),
+        flow,
         workload: workload_done,
         settle: settle_time,
         total: started.elapsed(),
@@ -617,6 +669,45 @@ pub async fn run(options: Options) -> Result<Report, ChaosError> {
         figures,
         kept,
     })
+}
+
+/// What flow control did: the breakers' changes (in the ledger's own chain) and the holds of
+/// the runs still in the ledger, by why.
+async fn flow_figures(
+    api: &api::Api,
+    audits: &HashMap<String, Vec<sluice_core::audit::AuditEntry>>,
+) -> Result<BTreeMap<String, u64>, ChaosError> {
+    let system = api.audit(sluice_ledger::SYSTEM_RUN).await?;
+    let mut figures = BTreeMap::new();
+    for (what, text) in [
+        ("breaker opened", "circuit breaker opened"),
+        ("breaker half open", "circuit breaker half open"),
+        ("breaker closed", "circuit breaker closed"),
+    ] {
+        let n = system
+            .iter()
+            .filter(|e| e.record.reason.contains(text))
+            .count();
+        figures.insert(what.to_owned(), n as u64);
+    }
+    for entries in audits.values() {
+        for entry in entries {
+            let reason = &entry.record.reason;
+            let held = if reason.starts_with("look held until") {
+                "looks held"
+            } else if !reason.starts_with("held until") {
+                continue;
+            } else if reason.contains("circuit breaker") {
+                "calls held (breaker)"
+            } else if reason.contains("'s rate") {
+                "calls held (rate)"
+            } else {
+                "calls held (other)"
+            };
+            *figures.entry(held.to_owned()).or_default() += 1;
+        }
+    }
+    Ok(figures)
 }
 
 /// What retention did.

@@ -41,6 +41,8 @@ pub struct Figures {
     pub tightened: Option<String>,
     /// What retention did (purges, runs purged, runs kept owing work).
     pub purges: BTreeMap<String, u64>,
+    /// What flow control did (breaker changes, calls and looks held, by why).
+    pub flow: BTreeMap<String, u64>,
     pub workload: Duration,
     pub settle: Duration,
     pub total: Duration,
@@ -155,6 +157,7 @@ impl Report {
             ),
             ("MCP agents (sluice mcp over HTTP)".into(), join(&f.mcp)),
             ("retention (purges mid-run)".into(), join(&f.purges)),
+            ("flow control (phases)".into(), join(&f.flow)),
             (
                 "duration".into(),
                 format!(

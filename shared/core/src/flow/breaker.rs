@@ -42,17 +42,6 @@ pub fn verdict(outcome: &DispatchOutcome) -> Verdict {
     }
 }
 
-/// What a status check's answer says about the upstream: one that could not say (a 5xx, a
-/// timeout) is failing; an answer asking for a later call says nothing.
-pub fn look_verdict(observation: crate::command::Observation, asked_later: bool) -> Verdict {
-    use crate::command::Observation as O;
-    match (observation, asked_later) {
-        (_, true) => Verdict::Neither,
-        (O::Inconclusive, false) => Verdict::Failing,
-        (O::Present | O::Absent | O::Duplicate, false) => Verdict::Up,
-    }
-}
-
 /// The breaker state to write after a call whose answer was `verdict`, this dispatcher having
 /// seen `failures_in_a_row` failing answers (this one included); `probe`: the call was this
 /// dispatcher's probe. `None`: nothing changes.

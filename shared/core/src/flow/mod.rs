@@ -12,7 +12,7 @@
 mod breaker;
 mod rate;
 
-pub use breaker::{BreakerSpec, Verdict, after_call, claim_probe, look_verdict, verdict};
+pub use breaker::{BreakerSpec, Verdict, after_call, claim_probe, verdict};
 pub use rate::{Bucket, Rate};
 
 use serde::{Deserialize, Serialize};
@@ -219,32 +219,6 @@ pub fn gate(tool: Option<&FlowControl>, upstream: Option<&FlowControl>, now: Tim
     }
 }
 
-/// A look that could not say (a 5xx or a timeout of the status check) while `upstream`'s
-/// breaker is not closed: put back for the breaker's open time instead of spending a check.
-/// The upstream is known to be failing, so such a look says nothing of the command; spending
-/// checks on it would send every waiting command to a person during a long outage. `None`:
-/// the breaker is closed (or none is declared), and the look counts as it always did.
-pub fn hold_failed_look(
-    spec: &UpstreamSpec,
-    upstream: Option<&FlowControl>,
-    now: Timestamp,
-) -> Option<Held> {
-    let breaker = spec.breaker?;
-    let control = upstream?;
-    if control.breaker == Breaker::Closed {
-        return None;
-    }
-    Some(Held {
-        until: now.plus_millis(i64::try_from(breaker.open_ms).unwrap_or(i64::MAX)),
-        cause: HoldCause::BreakerOpen,
-        reason: format!(
-            "its status check could not say while upstream {}'s circuit breaker is {}; looked at again then, no check spent",
-            spec.name,
-            control.breaker.name().replace('_', " ")
-        ),
-    })
-}
-
 /// A command's own spread around a hold's end, so a backlog held until one time does not come
 /// back in one burst: up to a fifth of the hold, at most 2 s, from a hash of its key.
 pub fn jitter_ms(key: &str, hold_ms: i64) -> i64 {
@@ -344,42 +318,6 @@ mod tests {
         assert_eq!(spec.in_flight_share(0.5), Some(3));
         assert_eq!(spec.in_flight_share(0.01), Some(1));
         assert_eq!(UpstreamSpec::unlimited("x").in_flight_share(0.5), None);
-    }
-
-    #[test]
-    fn a_look_that_could_not_say_waits_only_while_the_breaker_is_not_closed() {
-        let spec = UpstreamSpec {
-            breaker: Some(BreakerSpec {
-                failures: 3,
-                open_ms: 2_000,
-                max_open_ms: 8_000,
-                probe_ms: 1_000,
-            }),
-            ..UpstreamSpec::unlimited("bank")
-        };
-        let open = FlowControl {
-            breaker: Breaker::Open {
-                since: at(0),
-                probe_at: at(500),
-                opened: 1,
-                reason: "x".into(),
-            },
-            ..FlowControl::new("bank")
-        };
-        let held = hold_failed_look(&spec, Some(&open), at(1_000)).expect("held");
-        assert_eq!(
-            (held.until, held.cause),
-            (at(3_000), HoldCause::BreakerOpen)
-        );
-        assert_eq!(
-            hold_failed_look(&spec, Some(&FlowControl::new("bank")), at(0)),
-            None
-        );
-        assert_eq!(hold_failed_look(&spec, None, at(0)), None);
-        assert_eq!(
-            hold_failed_look(&UpstreamSpec::unlimited("x"), Some(&open), at(0)),
-            None
-        );
     }
 
     #[test]

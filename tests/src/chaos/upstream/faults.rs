@@ -35,10 +35,53 @@ pub enum DispatchFault {
     DoubleCommit,
     /// Answer 503 without doing anything.
     Refuse5xx,
+    /// Answer 429 with `Retry-After` without doing anything (a [`Phase::RateLimited`]).
+    RateLimited,
+}
+
+/// A stretch of time the upstream behaves one way whatever the dice say: the fault runner's
+/// rate-limiting and outage phases (issue 30), set and cleared by the runner.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Phase {
+    #[default]
+    Normal,
+    /// This share of dispatches is answered 429 with `Retry-After: retry_after_s`, nothing done.
+    RateLimited { share: f64, retry_after_s: u64 },
+    /// Every dispatch and status check of these endpoints is answered 503, nothing done.
+    Outage { endpoints: Vec<String> },
+}
+
+impl Phase {
+    /// The fault this phase imposes on the `ordinal`-th dispatch of `key` at `endpoint`, if
+    /// any.
+    pub fn dispatch_fault(
+        &self,
+        seed: u64,
+        endpoint: &str,
+        key: &str,
+        ordinal: u64,
+    ) -> Option<DispatchFault> {
+        match self {
+            Self::Normal => None,
+            Self::RateLimited { share, .. } => {
+                (dice::unit(seed, &["429", endpoint, key, &ordinal.to_string()]) < *share)
+                    .then_some(DispatchFault::RateLimited)
+            }
+            Self::Outage { endpoints } => endpoints
+                .iter()
+                .any(|e| e == endpoint)
+                .then_some(DispatchFault::Refuse5xx),
+        }
+    }
+
+    /// Whether a status check at `endpoint` is answered 503 now.
+    pub fn check_down(&self, endpoint: &str) -> bool {
+        matches!(self, Self::Outage { endpoints } if endpoints.iter().any(|e| e == endpoint))
+    }
 }
 
 impl DispatchFault {
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::None,
         Self::CommitThenTimeout,
         Self::TimeoutNoCommit,
@@ -47,6 +90,7 @@ impl DispatchFault {
         Self::CommitThenDrop,
         Self::DoubleCommit,
         Self::Refuse5xx,
+        Self::RateLimited,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -59,6 +103,7 @@ impl DispatchFault {
             Self::CommitThenDrop => "commit_then_drop",
             Self::DoubleCommit => "double_commit",
             Self::Refuse5xx => "refuse_5xx",
+            Self::RateLimited => "rate_limited",
         }
     }
 
@@ -71,7 +116,8 @@ impl DispatchFault {
             | Self::LateCommit
             | Self::CommitThen5xx
             | Self::CommitThenDrop
-            | Self::Refuse5xx => true,
+            | Self::Refuse5xx
+            | Self::RateLimited => true,
         }
     }
 }

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use faults::{DispatchFault, FaultRates, FaultTimes, ReverseFault};
+pub use faults::{DispatchFault, FaultRates, FaultTimes, Phase, ReverseFault};
 pub use record::{Commit, EndpointSpec, KeyHandling, Record};
 
 use server::Shared;
@@ -67,6 +67,7 @@ impl ChaosUpstream {
             rates: Mutex::new(rates),
             times,
             world: Mutex::default(),
+            phase: Mutex::default(),
         });
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(server::accept_loop(
@@ -87,6 +88,16 @@ impl ChaosUpstream {
         format!("http://{}", self.addr)
     }
 
+    /// Sets the phase (rate limited, an outage of some endpoints, or normal again) from the
+    /// next request on.
+    pub fn set_phase(&self, phase: Phase) {
+        *self
+            .shared
+            .phase
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = phase;
+    }
+
     /// Stops every fault from the next request on. Late commits already under way still land,
     /// and commits already lagging are still seen late: that is the world Sluice must settle.
     /// A slow lookup key stays slow ([`FaultRates::slow_lookup`]): its commands must end by
@@ -98,6 +109,8 @@ impl ChaosUpstream {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         *rates = rates.calmed();
+        drop(rates);
+        self.set_phase(Phase::Normal);
     }
 
     pub fn times(&self) -> &FaultTimes {

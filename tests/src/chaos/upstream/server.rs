@@ -37,7 +37,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use super::faults::{DispatchFault, FaultRates, FaultTimes, ReverseFault};
+use super::faults::{DispatchFault, FaultRates, FaultTimes, Phase, ReverseFault};
 use super::record::{CallMeta, EndpointSpec, KeyHandling, Lookup, LookupBy, ReverseOutcome, World};
 use crate::chaos::dice;
 
@@ -49,6 +49,8 @@ pub struct Shared {
     pub rates: Mutex<FaultRates>,
     pub times: FaultTimes,
     pub world: Mutex<World>,
+    /// The phase the runner has set (rate limited, an outage), over the dice.
+    pub phase: Mutex<Phase>,
 }
 
 impl Shared {
@@ -56,6 +58,13 @@ impl Shared {
     /// what is there is still true).
     pub fn world(&self) -> MutexGuard<'_, World> {
         self.world.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub fn rates(&self) -> FaultRates {
@@ -155,7 +164,12 @@ async fn dispatch(
         let mut world = shared.world();
         let ordinal = world.ordinal(&endpoint, "dispatch", &key);
         let doubles = spec.double_commits && spec.keys != KeyHandling::Deduplicate;
-        let fault = rates.dispatch_fault(shared.seed, &endpoint, &key, ordinal, doubles);
+        let fault = shared
+            .phase()
+            .dispatch_fault(shared.seed, &endpoint, &key, ordinal)
+            .unwrap_or_else(|| {
+                rates.dispatch_fault(shared.seed, &endpoint, &key, ordinal, doubles)
+            });
         let seq = world.arrive(&endpoint, &meta, fault);
         let in_progress = dedupes && world.commit_scheduled(&endpoint, &key);
         if in_progress {
@@ -191,6 +205,7 @@ async fn dispatch(
             answer(status, json!({"id": id}))
         }
         DispatchFault::Refuse5xx => unavailable(),
+        DispatchFault::RateLimited => rate_limited(&shared),
         DispatchFault::CommitThenTimeout => {
             let (id, _) = commit_now(0);
             tokio::time::sleep(hold).await;
@@ -296,8 +311,25 @@ async fn read(
             answer(StatusCode::OK, json!({"id": "read", "results": []}))
         }
         DispatchFault::CommitThen5xx | DispatchFault::Refuse5xx => unavailable(),
+        DispatchFault::RateLimited => rate_limited(shared),
         DispatchFault::CommitThenDrop => abort.drop_connection().await,
     }
+}
+
+/// 429 with the phase's `Retry-After`, nothing done.
+fn rate_limited(shared: &Shared) -> Response {
+    let after = match shared.phase() {
+        Phase::RateLimited { retry_after_s, .. } => retry_after_s,
+        Phase::Normal | Phase::Outage { .. } => 1,
+    };
+    let mut response = answer(
+        StatusCode::TOO_MANY_REQUESTS,
+        json!({"error": "rate limited; nothing was done"}),
+    );
+    if let Ok(value) = axum::http::HeaderValue::from_str(&after.to_string()) {
+        response.headers_mut().insert("retry-after", value);
+    }
+    response
 }
 
 async fn by_business_key(
@@ -329,7 +361,9 @@ async fn lookup(shared: &Shared, endpoint: &str, by: LookupBy, key: &str) -> Res
     }
     let mut world = shared.world();
     let ordinal = world.ordinal(endpoint, "check", key);
-    if rates.check_inconclusive(shared.seed, endpoint, key, ordinal) {
+    if shared.phase().check_down(endpoint)
+        || rates.check_inconclusive(shared.seed, endpoint, key, ordinal)
+    {
         world.count_inconclusive();
         return unavailable();
     }
