@@ -13,6 +13,7 @@ use crate::*;
 #[derive(Debug, Clone)]
 pub struct Answer {
     pub status: StatusCode,
+    pub headers: reqwest::header::HeaderMap,
     pub body: Value,
     pub text: String,
 }
@@ -109,9 +110,15 @@ impl Agent {
     async fn answer(response: reqwest::Result<reqwest::Response>) -> reqwest::Result<Answer> {
         let response = response?;
         let status = response.status();
+        let headers = response.headers().clone();
         let text = response.text().await?;
         let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Ok(Answer { status, body, text })
+        Ok(Answer {
+            status,
+            headers,
+            body,
+            text,
+        })
     }
 
     /// `POST /v1/effects` with `effect` as JSON; errors are transport errors.

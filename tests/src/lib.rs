@@ -599,6 +599,7 @@ pub mod tokens {
                 role,
                 token: Some(token.into()),
                 token_sha256: None,
+                tenants: Vec::new(),
             });
         }
     }

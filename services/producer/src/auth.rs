@@ -16,6 +16,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use sluice_core::command::Command;
 use sluice_core::ids::RunId;
+use sluice_core::tenant::TenantRefusal;
 use sluice_runtime::config::{AuthConfig, Role};
 use subtle::ConstantTimeEq;
 
@@ -29,6 +30,8 @@ pub struct Principal {
     pub role: Role,
     /// False in open mode (no tokens configured).
     pub authenticated: bool,
+    /// The tenants it may submit for besides itself (`auth.tokens[].tenants`).
+    pub tenants: Vec<String>,
 }
 
 /// What a route needs of its caller.
@@ -104,6 +107,7 @@ impl Authenticator {
                         name: entry.name.clone(),
                         role: entry.role,
                         authenticated: true,
+                        tenants: entry.tenants.clone(),
                     },
                 ))
             })
@@ -123,6 +127,7 @@ impl Authenticator {
                 name: "anonymous".into(),
                 role: Role::Admin,
                 authenticated: false,
+                tenants: Vec::new(),
             });
         }
         let token = authorization
@@ -182,6 +187,22 @@ impl Principal {
     /// The submitter recorded on commands: the token's name, or none in open mode.
     pub fn submitter(&self) -> Option<&str> {
         self.authenticated.then_some(self.name.as_str())
+    }
+
+    /// The tenant a submission is recorded under: this principal (the anonymous one in open
+    /// mode), or the tenant it `named` if it may name it (`sluice_core::tenant::choose`): 422
+    /// for a malformed name, 403 for one it may not.
+    pub fn tenant(&self, named: Option<&str>) -> Result<std::sync::Arc<str>, ApiError> {
+        let me = self.submitter().unwrap_or(sluice_core::tenant::ANONYMOUS);
+        sluice_core::tenant::choose(me, named, &self.tenants).map_err(|refused| match refused {
+            TenantRefusal::Malformed(e) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                e.to_string(),
+            )
+            .with_details(serde_json::json!({ "pointer": "/tenant" })),
+            e @ TenantRefusal::NotAllowed { .. } => forbidden(self, &e.to_string()),
+        })
     }
 
     /// For an agent, checks that the run exists and that its commands were submitted by it: an
@@ -256,12 +277,14 @@ mod tests {
                     role: Role::Agent,
                     token: Some("agent-token-0123456789".into()),
                     token_sha256: None,
+                    tenants: Vec::new(),
                 },
                 TokenConfig {
                     name: "ops".into(),
                     role: Role::Admin,
                     token: None,
                     token_sha256: Some(hex::encode(digest("admin-token-0123456789"))),
+                    tenants: Vec::new(),
                 },
             ],
         })
@@ -297,6 +320,7 @@ mod tests {
             name: "x".into(),
             role,
             authenticated: true,
+            tenants: Vec::new(),
         };
         let table = [
             (Need::Submit, [true, false, true]),

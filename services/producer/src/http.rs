@@ -96,7 +96,11 @@ impl IntoResponse for ApiError {
         let mut response = (self.status, Json(self.body())).into_response();
         // Unavailable for now, not for good: a client backs off by the server's measure (an
         // admission refusal says how long in its details, `sluice_core::load::admit`).
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+        // A tenant over its quota (429) is told the same way when to come back.
+        if matches!(
+            self.status,
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+        ) {
             let after = self
                 .details
                 .get("retry_after_s")

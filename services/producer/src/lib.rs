@@ -34,6 +34,7 @@ pub mod http;
 pub mod listing;
 pub mod operator;
 pub mod overview;
+mod quota;
 pub mod submit;
 pub mod tls;
 pub mod tools;
@@ -94,6 +95,8 @@ pub struct Api {
     dispatch_queue: Arc<admission::DispatchQueue>,
     /// The last hour of this process's counters, minute by minute (`GET /v1/overview`).
     pulse: Arc<overview::Pulse>,
+    /// Tenants' quotas of effects in flight, and the admissions under way (`[tenants]`).
+    quotas: Arc<quota::Quotas>,
 }
 
 /// Stripes of [`Api::run_turns`]: runs sharing one wait for each other's turns, briefly.
@@ -116,6 +119,7 @@ impl Api {
             waiters: Arc::default(),
             owned: Arc::default(),
             dispatch_queue: Arc::default(),
+            quotas: Arc::new(quota::Quotas::new(config.tenants.clone())),
             run_turns: (0..RUN_STRIPES)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),

@@ -44,6 +44,7 @@ pub(crate) struct RunsQuery {
     limit: Option<usize>,
     status: Option<String>,
     tool: Option<String>,
+    tenant: Option<String>,
 }
 
 fn parse_since(raw: Option<&str>) -> Result<Timestamp, ApiError> {
@@ -117,9 +118,9 @@ pub(crate) async fn list_runs(
     Q(query): Q<RunsQuery>,
 ) -> Result<Response, ApiError> {
     principal.require(Need::ReadAll)?;
-    if query.status.is_some() || query.tool.is_some() {
+    if query.status.is_some() || query.tool.is_some() || query.tenant.is_some() {
         return Err(ApiError::invalid(
-            "runs are filtered by since and limit; filter effects by status and tool at /v1/effects",
+            "runs are filtered by since and limit; filter effects by status, tool and tenant at /v1/effects",
         ));
     }
     let since = parse_since(query.since.as_deref())?;
@@ -139,7 +140,7 @@ pub(crate) async fn list_runs(
 }
 
 /// `GET /v1/effects`: effects across the runs created since `since` (newest runs first), by
-/// status and tool, at most `limit` (more only when one run alone has more), reading at most
+/// status, tool and tenant, at most `limit` (more only when one run alone has more), reading at most
 /// [`RUNS_PER_EFFECTS_PAGE`] runs. An agent gets only the effects it submitted (its own runs:
 /// a run holds one submitter's commands), so it can list its runs without knowing their ids.
 pub(crate) async fn list_all_effects(
@@ -154,6 +155,14 @@ pub(crate) async fn list_all_effects(
     let limit = parse_limit(query.limit)?;
     let status = parse_status_filter(query.status.as_deref())?;
     let tool = parse_tool_filter(&api, query.tool.as_deref())?;
+    let tenant = query
+        .tenant
+        .as_deref()
+        .map(sluice_core::tenant::parse)
+        .transpose()
+        .map_err(|e| {
+            ApiError::invalid(e.to_string()).with_details(json!({"pointer": "/tenant"}))
+        })?;
     // A page answers once its reads pass the budget, with a `next`: on a slow ledger a client
     // that asked again after a timeout would ask for the same page for ever.
     let began = std::time::Instant::now();
@@ -187,6 +196,7 @@ pub(crate) async fn list_all_effects(
             .map_err(|e| ApiError::unavailable(&e))?
             .into_iter()
             .filter(|c| tool.as_ref().is_none_or(|t| &c.tool == t))
+            .filter(|c| tenant.as_deref().is_none_or(|t| c.tenant() == t))
             .filter(|c| only.is_none() || c.submitted_by.as_deref() == only.as_deref())
             .collect();
         if !effects.is_empty() && effects.len() + matching.len() > limit {

@@ -470,10 +470,28 @@ async fn read_events(api: &Api, shutdown: Shutdown) {
             };
             if let Some(subject) = header(&delivery.message.headers, "ce_subject") {
                 api.waiters.wake(subject, &delivery.message.payload);
+                // An effect that reached a final status leaves its tenant's count in flight at
+                // once, whichever process wrote it (the tenants' quotas, `quota.rs`).
+                if let Some(at) = final_at(&delivery.message.headers) {
+                    api.ctx.metrics.commands.forget(subject, at);
+                }
             }
             let _ = delivery.ack().await;
         }
     }
+}
+
+/// When a lifecycle event's command reached a final status (its `ce_time`), if its type
+/// (`dev.sluice.effect.<status>`) is one.
+fn final_at(headers: &[(String, Vec<u8>)]) -> Option<Timestamp> {
+    let status: CommandStatus = header(headers, "ce_type")?
+        .strip_prefix("dev.sluice.effect.")?
+        .parse()
+        .ok()?;
+    if !status.is_terminal() {
+        return None;
+    }
+    Timestamp::parse_rfc3339(header(headers, "ce_time")?).ok()
 }
 
 /// The first wait before watching the events again after a failure; doubled up to
@@ -508,6 +526,7 @@ mod tests {
             name: name.into(),
             role: sluice_runtime::config::Role::Agent,
             authenticated: true,
+            tenants: Vec::new(),
         };
         let a1 = slots.take(&who("a"), 3, 2).expect("a's first");
         let _a2 = slots.take(&who("a"), 3, 2).expect("a's second");

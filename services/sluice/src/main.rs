@@ -263,6 +263,7 @@ fn ensure_admin_token(
         role: Role::Admin,
         token: Some(token.clone()),
         token_sha256: None,
+        tenants: Vec::new(),
     });
     Ok(Some((
         token,

@@ -76,6 +76,7 @@ async fn the_console_speaks_the_api_with_tables_json_and_meaningful_exit_codes()
             role,
             token: Some(token.into()),
             token_sha256: None,
+            tenants: Vec::new(),
         });
     }
     config.validate().expect("valid");
@@ -308,6 +309,7 @@ impl Pipeline {
                 role,
                 token: Some(token.into()),
                 token_sha256: None,
+                tenants: Vec::new(),
             });
         }
         config.validate().expect("valid");

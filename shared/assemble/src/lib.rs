@@ -236,9 +236,15 @@ pub async fn assemble_with_clock(
     let metrics = Metrics::new();
     metrics.observe_ledger(Arc::clone(&ledger));
     metrics.observe_catalog(&catalog);
-    let ledger = if config.metrics.command_gauges {
+    // The same figures count each tenant's effects in flight for its quota (`[tenants]`, read
+    // by the producer's admission): kept wherever quotas are configured, exported or not.
+    let quotas = config.tenants.has_quotas();
+    let ledger = if config.metrics.command_gauges || quotas {
         let counted = GaugedLedger::wrap(ledger, metrics.commands.clone());
-        metrics.observe_commands(Arc::clone(&clock));
+        if config.metrics.command_gauges {
+            metrics.observe_commands(Arc::clone(&clock));
+        }
+        metrics.observe_tenants();
         tokio::spawn(metrics.commands.clone().keep_seeded(
             Arc::downgrade(&counted),
             config.command_gauges_refresh(),

@@ -234,6 +234,10 @@ pub struct TokenConfig {
     /// The token's SHA-256 digest in hex, for configuration that must not hold the secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_sha256: Option<String>,
+    /// Tenants this token may submit for (the `tenant` of a submission) besides itself: a
+    /// platform's one token acting for each of its customers. Empty: only for itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<String>,
 }
 
 impl std::fmt::Debug for TokenConfig {
@@ -246,6 +250,7 @@ impl std::fmt::Debug for TokenConfig {
                 "token_sha256",
                 &self.token_sha256.as_ref().map(|_| "<redacted>"),
             )
+            .field("tenants", &self.tenants)
             .finish()
     }
 }
@@ -309,6 +314,11 @@ impl AuthConfig {
                     key("name"),
                     "must be 1 to 64 letters, digits, '-', '_', '.' or '@'".into(),
                 );
+            }
+            for (j, tenant) in entry.tenants.iter().enumerate() {
+                if let Err(e) = sluice_core::tenant::parse(tenant) {
+                    return invalid(key(&format!("tenants[{j}]")), e.to_string());
+                }
             }
             if !names.insert(entry.name.as_str()) {
                 return invalid(key("name"), format!("{:?} is used twice", entry.name));

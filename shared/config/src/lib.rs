@@ -14,7 +14,9 @@ use thiserror::Error;
 
 mod api;
 mod secrets;
+mod tenants;
 pub use api::{AuthConfig, MIN_TOKEN_CHARS, ProducerConfig, Role, ServerTls, TokenConfig};
+pub use tenants::{DEFAULT_QUOTA_RETRY_AFTER_MS, TenantsConfig};
 
 /// The environment prefix of configuration overrides.
 pub const ENV_PREFIX: &str = "SLUICE_";
@@ -32,6 +34,8 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     pub auth: AuthConfig,
     pub metrics: MetricsConfig,
+    /// Per-tenant quotas of effects in flight (the producer's admission).
+    pub tenants: TenantsConfig,
 }
 
 /// The state gauges (`sluice_commands`, `sluice_oldest_command_age_seconds`): kept in memory
@@ -562,6 +566,7 @@ impl Config {
         }
         self.auth.validate(self.producer.listen)?;
         self.producer.validate(&self.auth)?;
+        self.tenants.validate()?;
         Ok(())
     }
 }

@@ -407,6 +407,11 @@ pub struct Command {
     /// it submitted. `None` for commands recorded without authentication.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitted_by: Option<Arc<str>>,
+    /// The tenant whose effects this one counts against (`crate::tenant`): the submitter, or a
+    /// tenant it was allowed to name. Part of the identity; read [`Command::tenant`], which
+    /// answers for commands recorded before tenants existed too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<Arc<str>>,
     /// The W3C trace context of the submission (the producer's span of it), stored with the
     /// identity so every later step of the effect joins the same trace. Not part of the
     /// command's JSON (the API's answers and lifecycle payloads): the ledgers store it in the
@@ -451,15 +456,43 @@ impl Command {
             not_before: intent.not_before,
             created_at: now,
             submitted_by: None,
+            tenant: Some(Arc::from(crate::tenant::ANONYMOUS)),
             trace: None,
         }
     }
 
-    /// The same command, recorded as submitted by `principal`.
+    /// The same command, recorded as submitted by `principal`, and as its tenant unless
+    /// another tenant was named ([`Command::for_tenant`]).
     #[must_use]
     pub fn submitted_by(mut self, principal: impl Into<Arc<str>>) -> Self {
-        self.submitted_by = Some(principal.into());
+        let principal = principal.into();
+        if self
+            .tenant
+            .as_deref()
+            .is_none_or(|tenant| tenant == crate::tenant::ANONYMOUS)
+        {
+            self.tenant = Some(Arc::clone(&principal));
+        }
+        self.submitted_by = Some(principal);
         self
+    }
+
+    /// The same command, recorded for `tenant` (see [`Command::tenant`]).
+    #[must_use]
+    pub fn for_tenant(mut self, tenant: impl Into<Arc<str>>) -> Self {
+        self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// The tenant the command counts against: the one stored with it, else (a command recorded
+    /// before tenants existed, read from JSON that has none) its submitter, else
+    /// [`crate::tenant::ANONYMOUS`] (recorded without authentication). Every command made by
+    /// [`Command::from_intent`] or read from a ledger has one stored.
+    pub fn tenant(&self) -> &str {
+        self.tenant
+            .as_deref()
+            .or(self.submitted_by.as_deref())
+            .unwrap_or(crate::tenant::ANONYMOUS)
     }
 
     /// The same command, carrying `trace` (see [`Command::trace`]).

@@ -11,6 +11,7 @@
 //! * [`browser`] — which requests the API serves, judged by what a browser could have made of them.
 //! * [`retention`] — which runs a purge may remove, and what keeps the others.
 //! * [`sweep`] — due-index shards and the plan by which reconcilers split them.
+//! * [`tenant`] — whose effects a command counts against, and the per-tenant quota of effects in flight.
 //! * [`time`] — millisecond timestamps and the `Clock` port.
 //! * [`trace`] — the W3C trace context a command carries from the agent's call onwards.
 //! * [`secret`] — [`Secret`], a configuration value that is never shown.
@@ -31,6 +32,7 @@ pub mod replay;
 pub mod retention;
 pub mod secret;
 pub mod sweep;
+pub mod tenant;
 pub mod time;
 pub mod trace;
 

@@ -58,6 +58,7 @@ macro_rules! ledger_contract_tests {
             list_runs_shows_recent_runs_with_open_counts,
             list_runs_pages_with_a_cursor_and_misses_none,
             the_submitter_is_kept_through_transitions,
+            the_tenant_is_kept_through_transitions,
             the_trace_context_is_kept_through_transitions,
             reserve_own_refuses_a_run_with_another_submitter,
             two_agents_opening_one_run_at_once_cannot_both_get_in,
@@ -1371,6 +1372,53 @@ pub async fn the_submitter_is_kept_through_transitions(ledger: Arc<dyn Ledger>) 
     let listed = ledger.list_run(&run, None).await.expect("list");
     let submitters: Vec<Option<&str>> = listed.iter().map(|c| c.submitted_by.as_deref()).collect();
     assert_eq!(submitters, vec![None, Some("agent-7")]);
+}
+
+/// A command's tenant is stored with its identity and survives its transitions (each tenant's
+/// quota, and fair dispatch between tenants, rest on it); a command stored without one (as
+/// before tenants existed) reads as its submitter's, or the anonymous principal's.
+pub async fn the_tenant_is_kept_through_transitions(ledger: Arc<dyn Ledger>) {
+    let run = fresh_run("tenant");
+    let named = reserve_new(
+        &*ledger,
+        command(&run, 0, "email/send", 0, json!({}))
+            .submitted_by("platform")
+            .for_tenant("acme"),
+    )
+    .await;
+    assert_eq!(named.tenant(), "acme");
+    let leased = lease(&*ledger, &named, "d-1").await;
+    let leased = leased.applied().expect("the lease applies");
+    assert_eq!(
+        (leased.tenant(), leased.submitted_by.as_deref()),
+        ("acme", Some("platform"))
+    );
+    let unnamed = reserve_new(
+        &*ledger,
+        command(&run, 1, "email/send", 0, json!({})).submitted_by("platform"),
+    )
+    .await;
+    assert_eq!(unnamed.tenant(), "platform");
+    let other = fresh_run("tenant-anon");
+    reserve_new(&*ledger, command(&other, 0, "email/send", 0, json!({}))).await;
+    let read = ledger
+        .get(&run, &named.command_key)
+        .await
+        .expect("get")
+        .expect("stored");
+    assert_eq!(read.tenant.as_deref(), Some("acme"));
+    let listed = ledger.list_run(&run, None).await.expect("list");
+    let tenants: Vec<Option<&str>> = listed.iter().map(|c| c.tenant.as_deref()).collect();
+    assert_eq!(
+        tenants,
+        vec![Some("acme"), Some("platform")],
+        "read back, each names its tenant"
+    );
+    let anonymous = ledger.list_run(&other, None).await.expect("list");
+    assert_eq!(
+        anonymous[0].tenant.as_deref(),
+        Some(sluice_core::tenant::ANONYMOUS)
+    );
 }
 
 /// The trace context a command was submitted under is stored with its identity and survives

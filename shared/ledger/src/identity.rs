@@ -29,6 +29,10 @@ pub struct Identity {
     created_at: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     submitted_by: Option<Arc<str>>,
+    /// Absent from rows written before tenants were stored: those read as their submitter
+    /// (`Command::tenant`), or as the anonymous principal when they have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tenant: Option<Arc<str>>,
     /// Absent from rows written before traces were stored: those read as `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     trace: Option<TraceContext>,
@@ -50,6 +54,7 @@ impl Identity {
             not_before: command.not_before,
             created_at: command.created_at,
             submitted_by: command.submitted_by.clone(),
+            tenant: command.tenant.clone(),
             trace: command.trace.clone(),
         }
     }
@@ -72,6 +77,12 @@ impl Identity {
             max_attempts: self.max_attempts,
             not_before: self.not_before,
             created_at: self.created_at,
+            // An older row reads as its submitter's, so every command read back names its tenant.
+            tenant: Some(self.tenant.unwrap_or_else(|| {
+                self.submitted_by
+                    .clone()
+                    .unwrap_or_else(|| Arc::from(sluice_core::tenant::ANONYMOUS))
+            })),
             submitted_by: self.submitted_by,
             trace: self.trace,
             state,
@@ -104,5 +115,44 @@ mod tests {
         assert_eq!(identity.trace, None);
         let written = serde_json::to_value(&identity).expect("encodes");
         assert!(written.get("trace").is_none(), "{written}");
+    }
+
+    /// A row written before tenants were stored reads as its submitter's; one recorded without
+    /// authentication as the anonymous principal's. Writing it back adds nothing.
+    #[test]
+    fn an_identity_without_a_tenant_reads_as_its_submitter() {
+        let mut old = json!({
+            "run_id": "r-1",
+            "command_key": "d-1/email/send/0",
+            "idempotency_key": "r-1/d-1/email/send/0",
+            "tool": "email/send",
+            "semantics": "IDEMPOTENT",
+            "args": {},
+            "args_hash": "0".repeat(64),
+            "policy_version": "v1",
+            "max_attempts": 3,
+            "created_at": "2026-11-25T00:00:00Z",
+        });
+        let state =
+            || CommandState::reserved(sluice_core::time::Timestamp::from_millis(0), None, 1_000);
+        let identity: Identity = serde_json::from_value(old.clone()).expect("decodes");
+        assert!(
+            serde_json::to_value(&identity)
+                .expect("encodes")
+                .get("tenant")
+                .is_none()
+        );
+        let anonymous = identity.with_state(state());
+        assert_eq!(anonymous.tenant(), "anonymous");
+        assert_eq!(anonymous.tenant.as_deref(), Some("anonymous"));
+        old["submitted_by"] = json!("bot");
+        let identity: Identity = serde_json::from_value(old).expect("decodes");
+        let command = identity.with_state(state());
+        assert_eq!(command.tenant(), "bot");
+        let named = Identity::of(&command.clone().for_tenant("acme")).with_state(state());
+        assert_eq!(
+            (named.tenant(), named.submitted_by.as_deref()),
+            ("acme", Some("bot"))
+        );
     }
 }

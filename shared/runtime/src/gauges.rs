@@ -42,6 +42,8 @@ struct Held {
     run: RunId,
     status: CommandStatus,
     tool: Arc<str>,
+    /// Its tenant (`Command::tenant`): what a tenant holds in flight is what its quota bounds.
+    tenant: Arc<str>,
     /// When it entered `status` (its last write, for a seeded command).
     since: Timestamp,
 }
@@ -57,6 +59,8 @@ struct State {
     by_age: HashMap<Labels, BTreeSet<(Timestamp, Arc<str>)>>,
     /// Per (status, tool), how many are held.
     counts: HashMap<Labels, u64>,
+    /// Per tenant, how many are held: its effects in flight (kept at zero once emptied).
+    by_tenant: HashMap<Arc<str>, u64>,
     /// While a seed reads the ledger: the latest state of every command written meanwhile
     /// (`None`: it left the unresolved statuses), replayed over the seed when it lands.
     during_seed: Option<HashMap<Arc<str>, Option<Held>>>,
@@ -64,6 +68,8 @@ struct State {
     seeded: bool,
     /// Each tool's name as a label, made once (a write must not allocate it again).
     tools: HashMap<ToolName, Arc<str>>,
+    /// Each tenant's name, made once.
+    tenants: std::collections::HashSet<Arc<str>>,
 }
 
 impl State {
@@ -73,6 +79,15 @@ impl State {
                 .entry(tool.clone())
                 .or_insert_with(|| Arc::from(tool.to_string())),
         )
+    }
+
+    fn tenant(&mut self, tenant: &str) -> Arc<str> {
+        if let Some(known) = self.tenants.get(tenant) {
+            return Arc::clone(known);
+        }
+        let made: Arc<str> = Arc::from(tenant);
+        self.tenants.insert(Arc::clone(&made));
+        made
     }
 
     fn remove(&mut self, key: &Arc<str>) {
@@ -85,6 +100,9 @@ impl State {
                 *count = count.saturating_sub(1);
                 // Kept at zero rather than removed: a series that drops out of a scrape looks
                 // like a missing scrape, and an alert on it would hold its last value.
+            }
+            if let Some(count) = self.by_tenant.get_mut(&old.tenant) {
+                *count = count.saturating_sub(1);
             }
         }
     }
@@ -99,6 +117,7 @@ impl State {
             .counts
             .entry((held.status, Arc::clone(&held.tool)))
             .or_default() += 1;
+        *self.by_tenant.entry(Arc::clone(&held.tenant)).or_default() += 1;
         self.held.insert(key, held);
     }
 
@@ -154,6 +173,7 @@ impl CommandGauges {
                 run: command.run_id.clone(),
                 status,
                 tool: state.tool(&command.tool),
+                tenant: state.tenant(command.tenant()),
                 since,
             }
         });
@@ -161,6 +181,45 @@ impl CommandGauges {
             pending.insert(Arc::clone(&key), held.clone());
         }
         state.set(key, held);
+    }
+
+    /// Forgets the command `<run_id>/<command_key>` (a lifecycle event's `ce_subject`), which
+    /// a write at `at` took to a final status, often another process's: a producer hears of it
+    /// from the events it watches, long before its next read of the ledger. Kept if it entered
+    /// its status well after `at` (by more than [`EVENT_SKEW`]): a replay since, whose event is
+    /// still to come.
+    pub fn forget(&self, subject: &str, at: Timestamp) {
+        let mut state = self.lock();
+        let Some((key, held)) = state.held.get_key_value(subject) else {
+            return;
+        };
+        let skew = i64::try_from(EVENT_SKEW.as_millis()).unwrap_or(i64::MAX);
+        if held.since > at.plus_millis(skew) {
+            return;
+        }
+        let key = Arc::clone(key);
+        if let Some(pending) = state.during_seed.as_mut() {
+            pending.insert(Arc::clone(&key), None);
+        }
+        state.remove(&key);
+    }
+
+    /// The commands of `tenant` held now: its effects in flight (not yet in a final status).
+    pub fn in_flight(&self, tenant: &str) -> u64 {
+        self.lock().by_tenant.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// Every tenant seen since start with its effects in flight (at zero once emptied), by
+    /// name.
+    pub fn tenant_figures(&self) -> Vec<(Arc<str>, u64)> {
+        let state = self.lock();
+        let mut figures: Vec<(Arc<str>, u64)> = state
+            .by_tenant
+            .iter()
+            .map(|(tenant, count)| (Arc::clone(tenant), *count))
+            .collect();
+        figures.sort();
+        figures
     }
 
     /// Replaces the figures with the unresolved commands of `ledger`, read through its run
@@ -196,15 +255,20 @@ impl CommandGauges {
         for (status, tool) in state.counts.keys() {
             fresh.counts.insert((*status, Arc::clone(tool)), 0);
         }
+        for tenant in state.by_tenant.keys() {
+            fresh.by_tenant.insert(Arc::clone(tenant), 0);
+        }
         let held = commands.len();
         for command in commands {
             let tool = fresh.tool(&command.tool);
+            let tenant = fresh.tenant(command.tenant());
             fresh.insert(
                 key_of(&command.run_id, &command.command_key),
                 Held {
                     run: command.run_id.clone(),
                     status: command.status(),
                     tool,
+                    tenant,
                     since: command.state.updated_at,
                 },
             );
@@ -295,6 +359,11 @@ impl CommandGauges {
         }
     }
 }
+
+/// How much later than a final status's event a held command may have entered its status and
+/// still be taken to be the one the event ended: the writers' clocks differ by up to the skew
+/// bound, while a replay after a final status is an operator's action, seconds later.
+pub const EVENT_SKEW: Duration = Duration::from_secs(1);
 
 /// How far before the last read's start a refresh reads new runs from: a run's creation time is
 /// its first reservation's, taken before the write, on the writer's clock. Every run created in
@@ -605,6 +674,49 @@ mod tests {
         assert!(!gauges.is_seeded());
     }
 
+    /// A tenant's effects in flight are its commands not yet final, STUCK and BLOCKED among
+    /// them; a final status, written here or heard of from another process, lowers the count.
+    #[test]
+    fn each_tenant_counts_its_commands_not_yet_final() {
+        let gauges = CommandGauges::default();
+        let key = "d-1/payments/wire/0";
+        let of = |run: &str, status, tenant: &str| {
+            command(run, key, status, 1_000)
+                .submitted_by("platform")
+                .for_tenant(tenant)
+        };
+        gauges.observe(&of("r-1", CommandStatus::Pending, "acme"), true);
+        gauges.observe(&of("r-2", CommandStatus::Stuck, "acme"), true);
+        gauges.observe(&of("r-3", CommandStatus::Blocked, "globex"), true);
+        // Recorded before tenants: counted as its submitter's.
+        gauges.observe(
+            &command("r-4", key, CommandStatus::Leased, 1_000).submitted_by("bot"),
+            true,
+        );
+        assert_eq!(
+            (
+                gauges.in_flight("acme"),
+                gauges.in_flight("globex"),
+                gauges.in_flight("bot")
+            ),
+            (2, 1, 1)
+        );
+        assert_eq!(gauges.in_flight("initech"), 0);
+        gauges.observe(&of("r-1", CommandStatus::Confirmed, "acme"), true);
+        // An event older than the status held (a replay since) leaves it; a current one ends it.
+        gauges.forget("r-3/d-1/payments/wire/0", Timestamp::from_millis(-5_000));
+        assert_eq!(gauges.in_flight("globex"), 1);
+        gauges.forget("r-3/d-1/payments/wire/0", Timestamp::from_millis(900));
+        gauges.forget("r-9/d-1/payments/wire/0", Timestamp::from_millis(900));
+        let acme: Arc<str> = Arc::from("acme");
+        let globex: Arc<str> = Arc::from("globex");
+        let bot: Arc<str> = Arc::from("bot");
+        assert_eq!(
+            gauges.tenant_figures(),
+            vec![(acme, 1), (bot, 1), (globex, 0)]
+        );
+    }
+
     #[test]
     fn writes_made_while_a_seed_reads_are_replayed_over_it() {
         let gauges = CommandGauges::default();
@@ -623,6 +735,7 @@ mod tests {
                 run: RunId::parse("r-1").expect("a run id"),
                 status: CommandStatus::Unknown,
                 tool: Arc::from("payments/wire"),
+                tenant: Arc::from("anonymous"),
                 since: Timestamp::from_millis(1_000),
             },
         );

@@ -72,6 +72,9 @@ pub struct Metrics {
     /// `sluice_http_waiting_requests`: requests holding their answer now (long polls and
     /// `Prefer: wait`), bounded by `producer.max_waits`.
     pub waiting_requests: IntGauge,
+    /// `sluice_tenant_submissions_refused_total{tenant}`: submissions refused because their
+    /// tenant held its whole quota in flight (429, nothing recorded).
+    pub tenant_refused: IntCounterVec,
     /// The figures of `sluice_commands{status, tool}` and
     /// `sluice_oldest_command_age_seconds{status, tool}`, exported by
     /// [`Metrics::observe_commands`].
@@ -134,6 +137,13 @@ impl Metrics {
             "effects_submitted_total",
             "Effect submissions by outcome",
             &["tool", "outcome"],
+        );
+        // Labelled by tenant: principals and the tenants they may name, all in the
+        // configuration, so the series are as few as its tokens and tenants.
+        let tenant_refused = counter(
+            "tenant_submissions_refused_total",
+            "Submissions refused because their tenant held its whole quota of effects in flight",
+            &["tenant"],
         );
         let single = |name: &str, help: &str| {
             let counter =
@@ -239,7 +249,18 @@ impl Metrics {
             submissions,
             http_seconds,
             waiting_requests,
+            tenant_refused,
             commands: CommandGauges::default(),
+        }
+    }
+
+    /// Exports `sluice_tenant_effects_in_flight{tenant}` from [`Metrics::commands`], read at
+    /// every scrape: each tenant's effects not yet in a final status, as the producer counts
+    /// them for its quotas (docs/decisions.md, "Tenants"). Call once per registry.
+    pub fn observe_tenants(&self) {
+        let collector = TenantGauges::new(self.commands.clone());
+        if let Err(error) = self.registry.register(Box::new(collector)) {
+            tracing::warn!(%error, "the tenant gauges are already exported");
         }
     }
 
@@ -479,5 +500,47 @@ impl Collector for StateGauges {
         families.extend(oldest.collect());
         families.extend(seeded.collect());
         families
+    }
+}
+
+/// `sluice_tenant_effects_in_flight{tenant}`, built at each scrape from [`CommandGauges`].
+#[derive(Debug)]
+struct TenantGauges {
+    gauges: CommandGauges,
+    descs: Vec<Desc>,
+}
+
+impl TenantGauges {
+    fn metric() -> IntGaugeVec {
+        IntGaugeVec::new(
+            Opts::new(
+                "tenant_effects_in_flight",
+                "Effects of a tenant recorded and not yet in a final status, as the producer \
+                 counts them against its quota",
+            ),
+            &["tenant"],
+        )
+        .expect("metric definitions are static and valid")
+    }
+
+    fn new(gauges: CommandGauges) -> Self {
+        let descs = Self::metric().desc().into_iter().cloned().collect();
+        Self { gauges, descs }
+    }
+}
+
+impl Collector for TenantGauges {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let in_flight = Self::metric();
+        for (tenant, count) in self.gauges.tenant_figures() {
+            in_flight
+                .with_label_values(&[&*tenant])
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+        in_flight.collect()
     }
 }

@@ -55,7 +55,14 @@ export interface paths {
          *     `ledger_behind` when the ledger's measured write latency is past
          *     `producer.max_write_latency_ms`, 503 `bus_behind` when the bus client's backlog is past
          *     `producer.max_bus_backlog`, 503 `dispatch_behind` when the dispatchers' queue holds more
-         *     than they take on in `producer.max_dispatch_queue_ms`: nothing was recorded, submit again after `Retry-After`. With `Prefer: return=minimal` (RFC 7240) a 201 or 200
+         *     than they take on in `producer.max_dispatch_queue_ms`: nothing was recorded, submit again after `Retry-After`.
+         *     The command is recorded under the caller's tenant (its token's name), or the `tenant`
+         *     it names: 403 for a tenant its token may not name (`auth.tokens[].tenants`), 422 for a
+         *     malformed one. 429 `tenant_over_quota` when that tenant already holds its whole quota
+         *     of effects in flight (`[tenants]`: recorded, not yet in a final status): nothing was
+         *     recorded, and `error.details` gives `tenant`, `quota`, `in_flight` and
+         *     `retry_after_s`; submit again after `Retry-After`. A submission of an effect already
+         *     recorded is answered as before, whatever the quota. With `Prefer: return=minimal` (RFC 7240) a 201 or 200
          *     carries the command's keys and status only, and `Preference-Applied: return=minimal`.
          *     With `Prefer: wait=<seconds>` (capped at `producer.max_wait_ms`) the answer is held
          *     until the command is terminal, then 201 or 200 as above with the settled command; a
@@ -86,7 +93,10 @@ export interface paths {
          *     and status only (errors keep their full body), and the answer carries
          *     `Preference-Applied: return=minimal`. With `Prefer: wait=<seconds>` the answer is held
          *     until every submitted effect is terminal or the wait ends; an effect still moving then
-         *     (or BLOCKED, STUCK, SCHEDULED past the wait) has `status` 202.
+         *     (or BLOCKED, STUCK, SCHEDULED past the wait) has `status` 202. An effect refused
+         *     because its tenant holds its whole quota in flight has `status` 429 and the error
+         *     `tenant_over_quota` (the batch's answer carries no `Retry-After`; the error's
+         *     `details.retry_after_s` says when to come back).
          */
         post: operations["submitBatch"];
         delete?: never;
@@ -764,7 +774,11 @@ export interface components {
             delay_ms?: number | null;
             /** @description Run it at this time (at most a year ahead) */
             not_before?: null | components["schemas"]["Timestamp"];
+            /** @description Record it under this tenant: the caller itself when absent, else a tenant its token may name */
+            tenant?: null | components["schemas"]["Tenant"];
         };
+        /** @description A tenant, the name of a token or a tenant a token may name */
+        Tenant: string;
         Command: {
             run_id: components["schemas"]["RunId"];
             command_key: components["schemas"]["CommandKey"];
@@ -780,6 +794,8 @@ export interface components {
             not_before?: components["schemas"]["Timestamp"];
             created_at: components["schemas"]["Timestamp"];
             submitted_by?: string;
+            /** @description The tenant the effect counts against: its submitter, or the tenant it named (commands recorded before tenants: their submitter, or anonymous) */
+            tenant?: components["schemas"]["Tenant"];
             existing?: components["schemas"]["Existing"];
             status: components["schemas"]["Status"];
             lease: {
@@ -948,6 +964,17 @@ export interface components {
                 "application/json": components["schemas"]["Error"];
             };
         };
+        /** @description The tenant holds its whole quota of effects in flight; nothing was recorded */
+        OverQuota: {
+            headers: {
+                /** @description Seconds to wait before submitting again */
+                "Retry-After"?: number;
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["Error"];
+            };
+        };
         /** @description A run's effects */
         RunEffects: {
             headers: {
@@ -1035,6 +1062,8 @@ export interface operations {
                 status?: components["parameters"]["Status"];
                 /** @description A tool, `namespace/name` or a bare name in the default namespace */
                 tool?: components["parameters"]["Tool"];
+                /** @description Only the effects of this tenant */
+                tenant?: components["schemas"]["Tenant"];
                 since?: components["parameters"]["Since"];
                 /** @description The `next` of the previous page, to go on where it stopped. */
                 before?: components["parameters"]["Before"];
@@ -1127,6 +1156,7 @@ export interface operations {
             413: components["responses"]["Error"];
             415: components["responses"]["Error"];
             422: components["responses"]["Error"];
+            429: components["responses"]["OverQuota"];
             503: components["responses"]["Error"];
         };
     };

@@ -60,6 +60,10 @@ pub struct EffectRequest {
     pub delay_ms: Option<u64>,
     #[serde(default)]
     pub not_before: Option<String>,
+    /// The tenant to record the effect under: the caller itself unless given, and only a
+    /// tenant its token may name (`auth.tokens[].tenants`).
+    #[serde(default)]
+    pub tenant: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -84,6 +88,9 @@ struct WellFormed {
     call_idx: u32,
     args: Value,
     not_before: Option<Schedule>,
+    /// The tenant named, its syntax checked; whether the caller may name it is checked with
+    /// the caller.
+    tenant: Option<String>,
 }
 
 impl WellFormed {
@@ -191,6 +198,9 @@ impl Api {
             )),
             (None, None) => None,
         };
+        if let Some(tenant) = request.tenant.as_deref() {
+            sluice_core::tenant::parse(tenant).map_err(|e| invalid("tenant", e.to_string()))?;
+        }
         Ok(WellFormed {
             run_id,
             tool,
@@ -198,6 +208,7 @@ impl Api {
             call_idx: request.call_idx,
             args: request.args,
             not_before,
+            tenant: request.tenant,
         })
     }
 
@@ -208,6 +219,7 @@ impl Api {
         principal: &Principal,
         request: WellFormed,
     ) -> Result<Submitted, ApiError> {
+        let tenant = principal.tenant(request.tenant.as_deref())?;
         let catalog = &self.ctx.catalog;
         let tool = catalog.get(&request.tool).ok_or_else(|| {
             ApiError::new(
@@ -281,7 +293,8 @@ impl Api {
         let command = match principal.submitter() {
             Some(name) => command.submitted_by(name),
             None => command,
-        };
+        }
+        .for_tenant(tenant);
         // The submission's span: the child of the request's, holding the reservation; the
         // command is stored with its context, the parent of every later step of the effect.
         let span = tracing::debug_span!(
@@ -294,6 +307,13 @@ impl Api {
         let command = command.traced(span.in_scope(crate::trace::for_command));
         let tool_label = tool.name().to_string();
         let audit = command.reservation_audit(ACTOR);
+        // Room in the tenant's quota, before anything is recorded: over it, 429 and nothing
+        // written. Held until the reservation is counted.
+        let quota = self.take_quota(&command).await.inspect_err(|e| {
+            if e.status() == StatusCode::TOO_MANY_REQUESTS {
+                self.count(&tool_label, "over_quota");
+            }
+        })?;
         // Room in the dispatch backlog, taken before the reservation: a burst waits here
         // instead of piling up behind the dispatcher (`bus.admission`).
         let admission = if matches!(
@@ -322,6 +342,7 @@ impl Api {
                 .await
         };
         sluice_faults::point!("producer.reserve.post");
+        drop(quota);
         span.record(
             "outcome",
             match &reserved {

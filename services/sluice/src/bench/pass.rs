@@ -187,6 +187,7 @@ pub(super) async fn run_pass(
         role: Role::Agent,
         token: Some(token.clone()),
         token_sha256: None,
+        tenants: Vec::new(),
     });
     let catalog = example_catalog_at(&upstream.base_url())?;
     let pipeline = crate::dev::start(&config, catalog, shutdown.child_token()).await?;

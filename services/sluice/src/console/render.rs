@@ -73,6 +73,7 @@ pub(super) fn command_view(c: &Value) -> String {
         "business_key",
         "policy_version",
         "submitted_by",
+        "tenant",
         "created_at",
         "updated_at",
         "approval",

@@ -66,6 +66,7 @@ function effectCard(c, entries, open, reload) {
     fact('Semantics', c.semantics),
     fact('Business key', c.business_key),
     fact('Submitted by', c.submitted_by),
+    fact('Tenant', c.tenant),
     fact('Created', time(c.created_at)),
     fact('Not before', c.not_before ? time(c.not_before) : null),
     fact('Due', c.due_at ? time(c.due_at) : null),
