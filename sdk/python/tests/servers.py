@@ -93,7 +93,10 @@ class SluiceDev:
             "[reconciler]\nsweep_interval_ms = 100\n"
             '[telemetry]\nlog_level = "warn"\n'
             f'[[auth.tokens]]\nname = "test-agent"\nrole = "agent"\ntoken = "{self.agent_token}"\n'
+            # Tenants the agent may name: acme, and "closed", whose quota refuses every effect.
+            'tenants = ["acme", "closed"]\n'
             f'[[auth.tokens]]\nname = "test-admin"\nrole = "admin"\ntoken = "{self.admin_token}"\n'
+            "[tenants]\nretry_after_ms = 2000\n[tenants.quotas]\nclosed = 0\n"
         )
         self.log = workdir / "sluice.log"
         self.process: subprocess.Popen[bytes] | None = None

@@ -24,6 +24,7 @@ import {
   ForbiddenError,
   InvalidRequestError,
   NotFoundError,
+  OverQuotaError,
   RunRolledBackError,
   UnauthenticatedError,
   UnavailableError,
@@ -380,6 +381,8 @@ function apiError(init: ApiErrorInit): ApiError {
       return new ConflictError(init);
     case 422:
       return new InvalidRequestError(init);
+    case 429:
+      return new OverQuotaError(init);
     case 503:
       return new UnavailableError(init);
     default:

@@ -102,6 +102,31 @@ export class ConflictError extends ApiError {
   override name = "ConflictError";
 }
 
+/**
+ * 429 `tenant_over_quota`: the tenant already holds its whole quota of effects in flight.
+ * Nothing was recorded: submit the same effect again after `retryAfterS` seconds.
+ */
+export class OverQuotaError extends ApiError {
+  override name = "OverQuotaError";
+  /** The tenant refused, its quota and what it had in flight, as the server counted them. */
+  readonly tenant: string | undefined;
+  readonly quota: number | undefined;
+  readonly inFlight: number | undefined;
+  /** Seconds to wait before submitting again. */
+  readonly retryAfterS: number | undefined;
+
+  constructor(init: ApiErrorInit) {
+    super(init, "Nothing was recorded: submit the same effect again after Retry-After");
+    const details = isRecord(init.body?.details) ? init.body.details : {};
+    const text = (v: unknown) => (typeof v === "string" ? v : undefined);
+    const num = (v: unknown) => (typeof v === "number" ? v : undefined);
+    this.tenant = text(details["tenant"]);
+    this.quota = num(details["quota"]);
+    this.inFlight = num(details["in_flight"]);
+    this.retryAfterS = num(details["retry_after_s"]);
+  }
+}
+
 /** 503 (`ledger_unavailable`, `dispatch_backlog_full`) still answered after every retry. */
 export class UnavailableError extends ApiError {
   override name = "UnavailableError";

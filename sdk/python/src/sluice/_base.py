@@ -98,8 +98,9 @@ def rfc3339(at: datetime) -> str:
 class RunCore:
     """A run's identity and journal, and the conversations of its operations."""
 
-    def __init__(self, config: ClientConfig, run_id: str | None) -> None:
+    def __init__(self, config: ClientConfig, run_id: str | None, tenant: str | None = None) -> None:
         self.run_id = check_run_id(run_id) if run_id is not None else new_run_id()
+        self.tenant = tenant
         self.config = config
         self.journal = Journal()
         self.lock = threading.Lock()
@@ -134,6 +135,7 @@ class RunCore:
             args,
             wait=self.config.wait if wait is None else wait,
             retries=self.config.retries,
+            tenant=self.tenant,
             **schedule,
         )
 

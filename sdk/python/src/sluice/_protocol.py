@@ -34,6 +34,7 @@ from .errors import (
     Forbidden,
     InvalidRequest,
     NotFound,
+    OverQuota,
     RunRolledBack,
     Unauthorized,
     Unavailable,
@@ -171,6 +172,7 @@ def submit(
     retries: Retries,
     delay_ms: int | None = None,
     not_before: str | None = None,
+    tenant: str | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Conversation[Effect]:
     """Submits one effect at its journal position and waits up to ``wait`` seconds for it to
@@ -188,6 +190,8 @@ def submit(
         body["delay_ms"] = delay_ms
     if not_before is not None:
         body["not_before"] = not_before
+    if tenant is not None:
+        body["tenant"] = tenant
     context = (run_id, str(key))
     held = math.floor(min(wait, MAX_WAIT_PER_REQUEST))
     headers = {"prefer": f"wait={held}"} if held > 0 else {}
@@ -306,6 +310,8 @@ _HINTS = {
     401: "give the client a token: Client(token=...) or SLUICE_TOKEN (`sluice dev` prints one).",
     403: "use a token whose role may do this; an agent acts only in runs it submitted itself.",
     422: "fix the request: details name each failing JSON pointer.",
+    429: "the tenant holds its whole quota of effects in flight; nothing was recorded: submit "
+    "the same effect again after retry_after seconds, or once some of its effects settle.",
     503: "the server is overloaded or its ledger is unavailable; nothing was recorded: retry.",
 }
 
@@ -351,6 +357,17 @@ def error_from(
         elif code == "business_key_held":
             kind = BusinessKeyHeld
             hint = "another agent's command already holds this effect; do not submit it again."
+    elif status == 429:
+        kind = OverQuota
+        after = retry_after(answer.headers)
+        if after is None and isinstance(details, dict):
+            after = details.get("retry_after_s")
+        if after is not None:
+            hint = (
+                "the tenant holds its whole quota of effects in flight; nothing was recorded: "
+                f"submit the same effect again after {after:g} s, or once some of its effects "
+                "settle."
+            )
     elif status == 503:
         kind = Unavailable
     return kind(status, code, message, details, run_id=run_id, command_key=command_key, hint=hint)

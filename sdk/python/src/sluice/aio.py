@@ -118,17 +118,20 @@ class AsyncClient:
         )
         return body
 
-    def run(self, run_id: str | None = None) -> AsyncRun:
-        """A run (``async with client.run(...) as run:`` makes it current for decorated effects)."""
-        return AsyncRun(self, run_id)
+    def run(self, run_id: str | None = None, *, tenant: str | None = None) -> AsyncRun:
+        """A run (``async with client.run(...) as run:`` makes it current for decorated effects);
+        ``tenant`` as for :meth:`sluice.Client.run`."""
+        return AsyncRun(self, run_id, tenant=tenant)
 
 
 class AsyncRun:
     """One agent run of an :class:`AsyncClient`; see :class:`sluice.Run`."""
 
-    def __init__(self, client: AsyncClient, run_id: str | None = None) -> None:
+    def __init__(
+        self, client: AsyncClient, run_id: str | None = None, *, tenant: str | None = None
+    ) -> None:
         self.client = client
-        self._core = RunCore(client._config, run_id)
+        self._core = RunCore(client._config, run_id, tenant)
         self._tokens: list[Any] = []
 
     @property

@@ -109,12 +109,15 @@ class Client:
         body: dict[str, Any] = self.drive(proto.call("GET", "/v1/whoami", self._config.retries))
         return body
 
-    def run(self, run_id: str | None = None) -> Run:
+    def run(self, run_id: str | None = None, *, tenant: str | None = None) -> Run:
         """A run (``with client.run(...) as run:`` makes it current for decorated effects).
 
         Give the same ``run_id`` to re-drive an agent: a fresh id (``r-<uuid>``) is made when none.
+        ``tenant`` records the run's effects under a tenant the token may name (a platform acting
+        for one of its customers); by default they are the token's own. A tenant over its quota
+        of effects in flight is refused with :class:`~sluice.errors.OverQuota`.
         """
-        return Run(self, run_id)
+        return Run(self, run_id, tenant=tenant)
 
 
 class Run:
@@ -124,14 +127,21 @@ class Run:
     keys stable, and only a deterministic order of calls keeps it so.
     """
 
-    def __init__(self, client: Client, run_id: str | None = None) -> None:
+    def __init__(
+        self, client: Client, run_id: str | None = None, *, tenant: str | None = None
+    ) -> None:
         self.client = client
-        self._core = RunCore(client._config, run_id)
+        self._core = RunCore(client._config, run_id, tenant)
         self._tokens: list[Any] = []
 
     @property
     def run_id(self) -> str:
         return self._core.run_id
+
+    @property
+    def tenant(self) -> str | None:
+        """The tenant named for this run's effects (``None``: the token's own)."""
+        return self._core.tenant
 
     @property
     def decision(self) -> int:

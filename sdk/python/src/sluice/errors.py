@@ -173,5 +173,35 @@ class BusinessKeyHeld(Conflict):
     """409 ``business_key_held``: another agent's command holds this effect's business key."""
 
 
+class OverQuota(ApiError):
+    """429 ``tenant_over_quota``: the run's tenant already holds its whole quota of effects in
+    flight (recorded, not yet in a final status). Nothing was recorded: submit the same effect
+    again (same run, same journal position) after :attr:`retry_after` seconds."""
+
+    def _detail(self, name: str) -> Any:
+        return self.details.get(name) if isinstance(self.details, dict) else None
+
+    @property
+    def tenant(self) -> str | None:
+        found = self._detail("tenant")
+        return str(found) if found is not None else None
+
+    @property
+    def quota(self) -> int | None:
+        found = self._detail("quota")
+        return int(found) if found is not None else None
+
+    @property
+    def in_flight(self) -> int | None:
+        found = self._detail("in_flight")
+        return int(found) if found is not None else None
+
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds to wait before submitting again, as the server asked."""
+        found = self._detail("retry_after_s")
+        return float(found) if found is not None else None
+
+
 class Unavailable(ApiError):
     """503 (ledger unavailable, dispatch backlog full) or no answer, after the client's retries."""

@@ -42,6 +42,8 @@ class Effect:
     escalated: bool = False
     not_before: str | None = None
     existing: str | None = None
+    #: The tenant the effect counts against (its submitter, or the tenant its run named).
+    tenant: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -59,6 +61,7 @@ class Effect:
             escalated=bool(body.get("escalated", False)),
             not_before=body.get("not_before"),
             existing=body.get("existing"),
+            tenant=body.get("tenant"),
             raw=body,
         )
 
