@@ -261,3 +261,48 @@ async fn a_tenant_over_its_quota_is_refused_with_nothing_recorded_until_its_effe
     assert_eq!(admitted.body["tenant"], "acme");
     h.stop().await;
 }
+
+/// A batch's runs are submitted at once: the quota holds across concurrent submissions to one
+/// producer (admissions under way count), each refused item answered 429 in its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_submissions_of_one_tenant_cannot_all_pass_on_one_count() {
+    let h = Harness::start_with(Faults::none(), |c| c, tenants).await;
+    let platform = h.agent.with_token(PLATFORM);
+    let effects: Vec<Value> = (0..6)
+        .map(|i| {
+            let run = format!("r-batch-{i}");
+            let mut effect = for_tenant(effect(&run, 1, "email/send", 0, email_args(&run)), "acme");
+            effect["delay_ms"] = json!(60_000);
+            effect
+        })
+        .collect();
+    let answer = platform.batch(effects).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);
+    let statuses: Vec<u64> = answer.body["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 201).count(),
+        2,
+        "exactly the quota admitted: {statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 429).count(),
+        4,
+        "{statuses:?}"
+    );
+    let (commands, _) = recorded(h.ctx().ledger.as_ref()).await;
+    assert_eq!(commands, 2, "only the admitted are recorded");
+    let refused = answer.body["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .find(|r| r["status"] == 429)
+        .expect("a refusal");
+    assert_eq!(refused["error"]["code"], "tenant_over_quota");
+    assert_eq!(refused["error"]["details"]["retry_after_s"], 3);
+    h.stop().await;
+}

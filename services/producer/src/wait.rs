@@ -503,6 +503,35 @@ const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(10);
 mod tests {
     use super::*;
 
+    /// Only a final status's event, with its time, lowers a tenant's count in flight.
+    #[test]
+    fn a_final_status_event_is_read_with_its_time() {
+        let event = |kind: &str| {
+            vec![
+                ("ce_type".to_owned(), kind.as_bytes().to_vec()),
+                ("ce_time".to_owned(), b"2026-11-27T10:00:00.250Z".to_vec()),
+            ]
+        };
+        assert_eq!(
+            final_at(&event("dev.sluice.effect.confirmed")),
+            Timestamp::parse_rfc3339("2026-11-27T10:00:00.250Z").ok()
+        );
+        assert!(final_at(&event("dev.sluice.effect.compensation_failed")).is_some());
+        for kind in [
+            "dev.sluice.effect.stuck",
+            "dev.sluice.effect.pending",
+            "dev.sluice.effect.done",
+            "other.confirmed",
+        ] {
+            assert_eq!(final_at(&event(kind)), None, "{kind}");
+        }
+        assert_eq!(
+            final_at(&event("dev.sluice.effect.failed")[..1]),
+            None,
+            "no time"
+        );
+    }
+
     #[test]
     fn waits_parse_in_common_units() {
         assert_eq!(parse_wait("30s"), Some(Duration::from_secs(30)));
