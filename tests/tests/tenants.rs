@@ -68,6 +68,10 @@ async fn a_command_is_recorded_under_its_caller_or_a_tenant_it_may_name() {
     let platform = h.agent.with_token(PLATFORM);
     let admin = h.agent.with_token(ADMIN);
 
+    // A token says which tenants it may name.
+    let me = platform.call("GET", "/v1/whoami", None).await;
+    assert_eq!(me.body["tenants"], json!(["acme", "globex"]), "{}", me.text);
+
     // Named by no one: the caller's own.
     let own = agent
         .submit_created(&effect("r-own", 1, "email/send", 0, email_args("own")))

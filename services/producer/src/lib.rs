@@ -244,6 +244,7 @@ async fn whoami(Caller(principal): Caller) -> Response {
         "name": principal.name,
         "role": principal.role,
         "authenticated": principal.authenticated,
+        "tenants": principal.tenants,
     }))
     .into_response()
 }

@@ -755,6 +755,8 @@ export interface components {
             /** @enum {unknown} */
             role: "agent" | "operator" | "admin";
             authenticated: boolean;
+            /** @description The tenants this token may name in a submission besides itself (`auth.tokens[].tenants`) */
+            tenants?: components["schemas"]["Tenant"][];
         };
         ErrorBody: {
             code: string;
