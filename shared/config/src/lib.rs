@@ -749,6 +749,47 @@ mod tests {
         assert!(err.to_string().contains("auth.tokens"), "{err}");
     }
 
+    /// The tenants a token may name and the quotas are tenant names, each error naming its
+    /// key; a tenant without a quota of its own gets the default.
+    #[test]
+    fn tenants_and_their_quotas_are_checked() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("sluice.toml");
+        let write = |text: &str| std::fs::write(&path, text).expect("write");
+        let token = "[[auth.tokens]]\nname = \"platform\"\nrole = \"agent\"\n\
+                     token = \"s3cret-s3cret-s3cret\"\n";
+        write(&format!(
+            "{token}tenants = [\"acme\", \"globex\"]\n\
+             [tenants]\ndefault_quota = 100\nretry_after_ms = 2500\n[tenants.quotas]\nacme = 5\n"
+        ));
+        let config = Config::load(Some(&path), env(&[])).expect("valid");
+        assert_eq!(config.auth.tokens[0].tenants, vec!["acme", "globex"]);
+        assert_eq!(
+            (
+                config.tenants.quota_of("acme"),
+                config.tenants.quota_of("globex"),
+                config.tenants.retry_after_ms()
+            ),
+            (Some(5), Some(100), 2_500)
+        );
+        assert!(config.tenants.has_quotas());
+        assert!(!Config::default().tenants.has_quotas());
+        assert_eq!(Config::default().tenants.quota_of("acme"), None);
+
+        write(&format!("{token}tenants = [\"acme\", \"acme corp\"]\n"));
+        let err = Config::load(Some(&path), env(&[])).expect_err("malformed tenant");
+        assert!(
+            err.to_string().contains("auth.tokens[0].tenants[1]"),
+            "{err}"
+        );
+        write(&format!("{token}[tenants.quotas]\n\"a/b\" = 1\n"));
+        let err = Config::load(Some(&path), env(&[])).expect_err("malformed quota key");
+        assert!(err.to_string().contains("tenants.quotas.a/b"), "{err}");
+        write(&format!("{token}[tenants]\nretry_after_ms = 86400000\n"));
+        let err = Config::load(Some(&path), env(&[])).expect_err("a day");
+        assert!(err.to_string().contains("tenants.retry_after_ms"), "{err}");
+    }
+
     #[test]
     fn errors_name_the_key() {
         let err =
