@@ -21,7 +21,7 @@ use crate::config::{Replication, Tablets};
 pub const SCHEMA_VERSION: i64 = 1;
 
 /// Schema files in order; each is applied whole, every statement idempotent.
-const SCHEMA_FILES: [(&str, &str); 4] = [
+const SCHEMA_FILES: [(&str, &str); 5] = [
     (
         "001_schema.cql",
         include_str!("../../../schemas/cql/001_schema.cql"),
@@ -37,6 +37,10 @@ const SCHEMA_FILES: [(&str, &str); 4] = [
     (
         "004_sweep_shards.cql",
         include_str!("../../../schemas/cql/004_sweep_shards.cql"),
+    ),
+    (
+        "005_webhooks.cql",
+        include_str!("../../../schemas/cql/005_webhooks.cql"),
     ),
 ];
 

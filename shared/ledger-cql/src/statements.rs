@@ -68,6 +68,12 @@ pub(crate) struct Statements {
     pub take_shard: PreparedStatement,
     pub write_shard: PreparedStatement,
     pub announce: PreparedStatement,
+    // Webhook deliveries (`ledger/webhooks.rs`).
+    pub enqueue_webhook: PreparedStatement,
+    pub update_webhook: PreparedStatement,
+    pub read_webhook_serial: PreparedStatement,
+    pub due_webhooks: PreparedStatement,
+    pub list_webhooks: PreparedStatement,
 }
 
 impl Statements {
@@ -406,6 +412,47 @@ impl Statements {
                      VALUES (?, ?, ?) USING TTL ?"
                 ),
                 Write,
+            )
+            .await?,
+            enqueue_webhook: prepare(
+                format!(
+                    "UPDATE {ks}.webhook_deliveries SET version = ?, status = ?, next_at = ?, \
+                     created_at = ?, record = ?, write_id = ? \
+                     WHERE webhook = ? AND event_id = ? IF version = null"
+                ),
+                Lwt,
+            )
+            .await?,
+            update_webhook: prepare(
+                format!(
+                    "UPDATE {ks}.webhook_deliveries USING TTL ? SET version = ?, status = ?, \
+                     next_at = ?, created_at = ?, record = ?, write_id = ? \
+                     WHERE webhook = ? AND event_id = ? IF version = ?"
+                ),
+                Lwt,
+            )
+            .await?,
+            read_webhook_serial: prepare(
+                format!(
+                    "SELECT version, write_id FROM {ks}.webhook_deliveries \
+                     WHERE webhook = ? AND event_id = ?"
+                ),
+                SerialRead,
+            )
+            .await?,
+            due_webhooks: prepare(
+                format!(
+                    "SELECT record, next_at FROM {ks}.webhook_deliveries \
+                     WHERE webhook = ? AND status = ? AND next_at <= ? ALLOW FILTERING"
+                ),
+                Read,
+            )
+            .await?,
+            list_webhooks: prepare(
+                format!(
+                    "SELECT record, created_at FROM {ks}.webhook_deliveries WHERE webhook = ?"
+                ),
+                Read,
             )
             .await?,
         })

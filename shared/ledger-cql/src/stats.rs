@@ -34,10 +34,12 @@ pub enum Op {
     Purge,
     /// Sweep-shard leases and member announcements.
     Sweep,
+    /// Webhook deliveries.
+    Webhook,
 }
 
 impl Op {
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::Reserve,
         Self::ClaimBusinessKey,
         Self::Lease,
@@ -52,6 +54,7 @@ impl Op {
         Self::AuditRead,
         Self::Purge,
         Self::Sweep,
+        Self::Webhook,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -70,6 +73,7 @@ impl Op {
             Self::AuditRead => "audit_read",
             Self::Purge => "purge",
             Self::Sweep => "sweep_shards",
+            Self::Webhook => "webhooks",
         }
     }
 

@@ -64,7 +64,9 @@ macro_rules! ledger_contract_tests {
             shard_leases_are_taken_renewed_and_released_under_their_epoch,
             sixteen_racing_shard_takers_have_one_winner,
             sweep_members_are_announced_and_withdrawn,
-            due_in_returns_only_the_listed_shards
+            due_in_returns_only_the_listed_shards,
+            webhook_deliveries_are_stored_once_and_come_back_when_due,
+            sixteen_racing_webhook_claims_have_one_winner
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
@@ -82,6 +84,7 @@ mod closing;
 mod purge_preview;
 mod shards;
 mod takeover;
+mod webhooks;
 pub use closing::eight_rollbacks_at_once_close_a_run_once;
 pub use purge_preview::a_dry_run_purge_reports_what_a_purge_would_remove_and_removes_nothing;
 pub use shards::{
@@ -90,6 +93,10 @@ pub use shards::{
     sixteen_racing_shard_takers_have_one_winner, sweep_members_are_announced_and_withdrawn,
 };
 pub use takeover::sixteen_dispatchers_taking_over_a_lapsed_reservation_lease_have_one_winner;
+pub use webhooks::{
+    sixteen_racing_webhook_claims_have_one_winner,
+    webhook_deliveries_are_stored_once_and_come_back_when_due,
+};
 
 static RUNS: AtomicU64 = AtomicU64::new(0);
 

@@ -5,6 +5,7 @@
 
 mod ops;
 mod shards;
+mod webhooks;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -93,6 +94,13 @@ pub(super) enum Op {
         group: String,
         member: crate::Member,
     },
+    /// A webhook delivery stored unless one with its key is (`WebhookStore::webhook_enqueue`).
+    WebhookEnqueue(Box<sluice_core::webhook::Delivery>),
+    /// A webhook delivery's compare-and-set on its version.
+    WebhookUpdate {
+        next: Box<sluice_core::webhook::Delivery>,
+        expected: u64,
+    },
 }
 
 pub(super) enum ReserveReply {
@@ -117,6 +125,8 @@ pub(super) enum Reply {
     Purged(PurgeReport),
     Shard(crate::ShardCas),
     Announced,
+    /// Whether a webhook write applied.
+    Webhook(bool),
 }
 
 pub(super) struct Job {

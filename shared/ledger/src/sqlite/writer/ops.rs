@@ -103,6 +103,10 @@ impl Writer {
                 self.announce(group, member)?;
                 Ok(Reply::Announced)
             }
+            Op::WebhookEnqueue(delivery) => Ok(Reply::Webhook(self.webhook_enqueue(delivery)?)),
+            Op::WebhookUpdate { next, expected } => {
+                Ok(Reply::Webhook(self.webhook_update(next, *expected)?))
+            }
         })
     }
 
