@@ -14,7 +14,9 @@ use thiserror::Error;
 
 mod api;
 mod secrets;
+mod webhooks;
 pub use api::{AuthConfig, MIN_TOKEN_CHARS, ProducerConfig, Role, ServerTls, TokenConfig};
+pub use webhooks::WebhookConfig;
 
 /// The environment prefix of configuration overrides.
 pub const ENV_PREFIX: &str = "SLUICE_";
@@ -32,6 +34,8 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     pub auth: AuthConfig,
     pub metrics: MetricsConfig,
+    /// Webhook subscriptions (`[[webhooks]]`, `webhooks.rs`).
+    pub webhooks: Vec<WebhookConfig>,
 }
 
 /// The state gauges (`sluice_commands`, `sluice_oldest_command_age_seconds`): kept in memory
@@ -455,6 +459,7 @@ impl Config {
                 message: message.to_owned(),
             })
         };
+        webhooks::validate(&self.webhooks)?;
         if self.bus.partitions == 0 || self.bus.partitions > 4_096 {
             return invalid("bus.partitions", "must be between 1 and 4096");
         }
