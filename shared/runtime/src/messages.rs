@@ -264,11 +264,30 @@ impl LifecycleEvent {
         }
     }
 
+    /// The event of a command handed to a person ([`ESCALATED_TYPE`]), with the reason in the
+    /// `ce_reason` extension: beside the status's own event, so a subscription can take every
+    /// escalation — an extra commit left standing on a CONFIRMED command included — by one type.
+    pub fn escalated(source: &str, command: &Command, at: Timestamp, reason: &str) -> Self {
+        let mut event = Self::new(source, command, at);
+        for (name, value) in &mut event.headers {
+            if name == "ce_type" {
+                *value = ESCALATED_TYPE.as_bytes().to_vec();
+            }
+        }
+        event
+            .headers
+            .push(("ce_reason".to_owned(), reason.as_bytes().to_vec()));
+        event
+    }
+
     /// The value of a header, as text.
     pub fn header(&self, name: &str) -> Option<&str> {
         header(&self.headers, name)
     }
 }
+
+/// The CloudEvents `type` of an escalation ([`LifecycleEvent::escalated`]).
+pub const ESCALATED_TYPE: &str = "dev.sluice.effect.escalated";
 
 /// The value of a header, as text.
 pub fn header<'a>(headers: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a str> {
