@@ -280,7 +280,8 @@ mod tests {
                 "ALTER TABLE sluice_test.business_keys ADD claim_id uuid",
                 "ALTER TABLE sluice_test.commands ADD claim_fences map<uuid, bigint>",
                 "sweep_shards",
-                "sweep_members"
+                "sweep_members",
+                "webhook_deliveries"
             ]
         );
         assert!(
