@@ -295,6 +295,17 @@ async fn a_stuck_wire_pushes_one_signed_cloud_event_and_its_escalation() {
     assert_eq!(kept[0].status, DeliveryStatus::Delivered);
     assert_eq!(kept[0].attempts, 1);
     assert_eq!(kept[0].id(), event.webhook_id, "webhook-id is the event id");
+    assert_eq!(
+        event.webhook_id,
+        sluice_core::webhook::event_id(
+            run,
+            key,
+            "dev.sluice.effect.stuck",
+            wire.state.updated_at,
+            wire.epoch().get()
+        ),
+        "derived from the transition, as the catch-up at start rebuilds it"
+    );
     let metrics = &h.ctx().metrics;
     assert_eq!(
         metrics
@@ -476,4 +487,58 @@ async fn webhooks_test_sends_a_signed_event_and_prints_the_answer() {
         .expect_err("down");
     assert!(refused.contains("no answer"), "{refused}");
     assert!(!refused.contains(&key_text()), "{refused}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_wire_never_pushed_is_pushed_when_the_deliverer_starts_and_only_once() {
+    let receiver = Receiver::start().await;
+    // No subscription yet: the STUCK event is published and nobody takes it (as when a
+    // process dies between the transition and its publish).
+    let Harness {
+        upstream,
+        pipeline,
+        agent,
+        mut config,
+        data,
+    } = Harness::start(stuck_bank(), stuck_wires).await;
+    let (run, key) = ("r-webhook-catch-up", "d-1/payments/wire/0");
+    agent
+        .submit_created(&effect(
+            run,
+            1,
+            "payments/wire",
+            0,
+            wire_args("acc-cu", 5_000),
+        ))
+        .await;
+    assert_eq!(
+        agent.wait_settled(run, key).await.status(),
+        CommandStatus::Stuck
+    );
+    pipeline.stop().await.expect("every service stops cleanly");
+    assert!(receiver.got().is_empty());
+
+    config.webhooks = vec![subscription(
+        "on-call",
+        receiver.url("stuck"),
+        &["dev.sluice.effect.stuck"],
+    )];
+    let catalog = || stuck_wires(CatalogEdit::example(&upstream.base_url())).build();
+    let second = start_pipeline(&config, catalog()).await;
+    let pushed = eventually("the STUCK wire pushed at start", DEADLINE, || async {
+        receiver.got().into_iter().next()
+    })
+    .await;
+    assert_eq!(pushed.ce_type, "dev.sluice.effect.stuck");
+    assert_eq!(pushed.ce_subject, format!("{run}/{key}"));
+    assert_eq!(pushed.body["status"], "STUCK");
+    second.stop().await.expect("every service stops cleanly");
+
+    // Another start finds it delivered: not pushed again.
+    let third = start_pipeline(&config, catalog()).await;
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert_eq!(receiver.got().len(), 1, "{:?}", receiver.got());
+    third.stop().await.expect("every service stops cleanly");
+    upstream.shutdown().await;
+    drop(data);
 }

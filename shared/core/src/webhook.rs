@@ -39,6 +39,37 @@ pub fn decode_key(key: &str) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
+/// The CloudEvents `id` of the event of type `kind` about a command's transition: derived from
+/// the command (run, key), the transition (its time and epoch) and the type, not drawn at
+/// random, so the same event published twice, or rebuilt from the ledger by the deliverer's
+/// catch-up at start, has the same id, and a webhook delivers it once. UUID-shaped.
+pub fn event_id(
+    run_id: &str,
+    command_key: &str,
+    kind: &str,
+    updated_at: Timestamp,
+    epoch: u64,
+) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for part in [run_id.as_bytes(), command_key.as_bytes(), kind.as_bytes()] {
+        hash.update(part);
+        hash.update([0]);
+    }
+    hash.update(updated_at.as_millis().to_be_bytes());
+    hash.update(epoch.to_be_bytes());
+    let digest = hash.finalize();
+    let hex = hex::encode(&digest[..16]);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
 /// Whether a subscription's `types` take the event type `kind`: a type matches itself, a type
 /// ending in `*` matches every type that starts with what precedes it (`dev.sluice.effect.*`),
 /// and `*` alone matches everything.
@@ -368,6 +399,32 @@ mod tests {
         let again = third.retried(now).expect("a failed one is sent again");
         assert_eq!((again.status, again.attempts), (DeliveryStatus::Pending, 0));
         assert!(again.is_due(now));
+    }
+
+    #[test]
+    fn an_event_id_is_the_same_for_the_same_transition_and_type_only() {
+        let at = Timestamp::from_millis(1_000);
+        let id = event_id("r", "d-1/a/b/0", "dev.sluice.effect.stuck", at, 3);
+        assert_eq!(id.len(), 36);
+        assert_eq!(
+            id,
+            event_id("r", "d-1/a/b/0", "dev.sluice.effect.stuck", at, 3)
+        );
+        for other in [
+            event_id("r2", "d-1/a/b/0", "dev.sluice.effect.stuck", at, 3),
+            event_id("r", "d-1/a/b/1", "dev.sluice.effect.stuck", at, 3),
+            event_id("r", "d-1/a/b/0", "dev.sluice.effect.escalated", at, 3),
+            event_id(
+                "r",
+                "d-1/a/b/0",
+                "dev.sluice.effect.stuck",
+                at.plus_millis(1),
+                3,
+            ),
+            event_id("r", "d-1/a/b/0", "dev.sluice.effect.stuck", at, 4),
+        ] {
+            assert_ne!(id, other);
+        }
     }
 
     #[test]

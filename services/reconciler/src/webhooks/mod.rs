@@ -11,6 +11,7 @@
 //! sent again after a jittered exponential backoff, or given up. Several processes may run
 //! both loops on one ledger: the group splits the intake, the claims split the sending.
 
+mod catch_up;
 pub mod send;
 
 use std::sync::Arc;
@@ -86,8 +87,13 @@ impl Hook {
 /// The CloudEvent a bus message carries in binary mode, or `None` if it has no `ce_id` or
 /// `ce_type`, or its data is not text.
 pub fn event_of(message: &BusDelivery) -> Option<WebhookEvent> {
+    event_from(&message.message.headers, message.payload())
+}
+
+/// The CloudEvent of binary-mode `headers` and `payload`.
+fn event_from(headers: &[(String, Vec<u8>)], payload: &[u8]) -> Option<WebhookEvent> {
     let mut attributes = std::collections::BTreeMap::new();
-    for (name, value) in &message.message.headers {
+    for (name, value) in headers {
         if let Some(attribute) = name.strip_prefix("ce_")
             && let Ok(value) = std::str::from_utf8(value)
         {
@@ -97,10 +103,10 @@ pub fn event_of(message: &BusDelivery) -> Option<WebhookEvent> {
     if !attributes.contains_key("id") || !attributes.contains_key("type") {
         return None;
     }
-    let data = std::str::from_utf8(message.payload()).ok()?.to_owned();
+    let data = std::str::from_utf8(payload).ok()?.to_owned();
     Some(WebhookEvent {
         attributes,
-        content_type: header(&message.message.headers, "content-type").map(str::to_owned),
+        content_type: header(headers, "content-type").map(str::to_owned),
         data,
     })
 }
@@ -159,6 +165,12 @@ impl Deliverer {
         };
         let (ctx, hooks) = (self.ctx, self.hooks);
         let wake = Arc::new(Notify::new());
+        tokio::spawn(catch_up::run(
+            ctx.clone(),
+            Arc::clone(&hooks),
+            Arc::clone(&wake),
+            shutdown.clone(),
+        ));
         let sender = tokio::spawn(send_loop(
             ctx.clone(),
             Arc::clone(&hooks),
