@@ -42,7 +42,7 @@ pub fn decode_key(key: &str) -> Result<Vec<u8>, String> {
 /// The CloudEvents `id` of the event of type `kind` about a command's transition: derived from
 /// the command (run, key), the transition (its time and epoch) and the type, not drawn at
 /// random, so the same event published twice, or rebuilt from the ledger by the deliverer's
-/// catch-up at start, has the same id, and a webhook delivers it once. UUID-shaped.
+/// catch-up at start, has the same id, and a webhook delivers it once. A UUID of version 8.
 pub fn event_id(
     run_id: &str,
     command_key: &str,
@@ -58,8 +58,12 @@ pub fn event_id(
     }
     hash.update(updated_at.as_millis().to_be_bytes());
     hash.update(epoch.to_be_bytes());
-    let digest = hash.finalize();
-    let hex = hex::encode(&digest[..16]);
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&hash.finalize()[..16]);
+    // A well-formed UUID of version 8 (RFC 9562: custom, here name-based on SHA-256).
+    bytes[6] = (bytes[6] & 0x0f) | 0x80;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex = hex::encode(bytes);
     format!(
         "{}-{}-{}-{}-{}",
         &hex[..8],
