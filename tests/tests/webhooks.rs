@@ -542,3 +542,78 @@ async fn a_stuck_wire_never_pushed_is_pushed_when_the_deliverer_starts_and_only_
     upstream.shutdown().await;
     drop(data);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_given_up_is_listed_and_sent_again_by_retry() {
+    let mut receiver = Receiver::start().await;
+    let url = receiver.url("events");
+    receiver.stop().await;
+    let h = Harness::start_with(
+        Faults::none(),
+        |c| c,
+        |config| {
+            let mut hook = subscription("ops", url, &["dev.sluice.effect.confirmed"]);
+            hook.max_attempts = 2;
+            config.webhooks = vec![hook];
+        },
+    )
+    .await;
+    let (run, key) = ("r-webhook-retry", "d-1/payments/wire/0");
+    h.agent
+        .submit_created(&effect(
+            run,
+            1,
+            "payments/wire",
+            0,
+            wire_args("acc-rt", 3_000),
+        ))
+        .await;
+    h.agent.wait_settled(run, key).await;
+    let ledger = Arc::clone(&h.ctx().ledger);
+    let failed = eventually("given up after two attempts", DEADLINE, || {
+        let ledger = Arc::clone(&ledger);
+        async move {
+            let kept = deliveries(ledger.as_ref(), "ops").await;
+            kept.first()
+                .filter(|d| d.status == DeliveryStatus::Failed)
+                .cloned()
+        }
+    })
+    .await;
+    assert_eq!(failed.attempts, 2);
+    let listed = sluice::webhooks_cmd::list(&h.config, "ops", 10)
+        .await
+        .expect("listed");
+    assert!(
+        listed.contains("0 pending, 0 delivered, 1 failed"),
+        "{listed}"
+    );
+    assert!(listed.contains(failed.id()), "{listed}");
+
+    receiver.restart().await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(
+        receiver.got().is_empty(),
+        "a FAILED delivery waits for a person"
+    );
+    let answer = sluice::webhooks_cmd::retry(&h.config, "ops", None)
+        .await
+        .expect("retried");
+    assert!(answer.contains("1 deliveries pending again"), "{answer}");
+    eventually("delivered once retried", DEADLINE, || async {
+        (receiver.got().len() == 1).then_some(())
+    })
+    .await;
+    let listed = sluice::webhooks_cmd::list(&h.config, "ops", 10)
+        .await
+        .expect("listed");
+    assert!(
+        listed.contains("0 pending, 1 delivered, 0 failed"),
+        "{listed}"
+    );
+    let unknown = sluice::webhooks_cmd::retry(&h.config, "ops", Some("no-such-event"))
+        .await
+        .expect_err("no such delivery");
+    assert!(unknown.contains("no-such-event"), "{unknown}");
+    h.stop().await;
+}

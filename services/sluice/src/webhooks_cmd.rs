@@ -112,7 +112,8 @@ async fn open(config: &Config) -> Result<Arc<dyn sluice_ledger::Ledger>, String>
         .map_err(|e| format!("cannot open the ledger: {e}"))
 }
 
-async fn list(config: &Config, name: &str, limit: usize) -> Result<String, String> {
+/// `sluice webhooks list`: the webhook's deliveries the ledger keeps, newest first.
+pub async fn list(config: &Config, name: &str, limit: usize) -> Result<String, String> {
     let ledger = open(config).await?;
     let deliveries = ledger
         .webhook_list(name, limit)
@@ -171,7 +172,8 @@ pub fn table(name: &str, deliveries: &[Delivery]) -> String {
     )
 }
 
-async fn retry(config: &Config, name: &str, event_id: Option<&str>) -> Result<String, String> {
+/// `sluice webhooks retry`: FAILED deliveries (or the one of `event_id`) pending again.
+pub async fn retry(config: &Config, name: &str, event_id: Option<&str>) -> Result<String, String> {
     let ledger = open(config).await?;
     let now = SystemClock.now();
     let kept = ledger
