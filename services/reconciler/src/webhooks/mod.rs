@@ -137,11 +137,12 @@ impl Deliverer {
                 }
             })
             .collect();
-        let client = match send::client() {
-            Ok(client) => client,
+        let (client, hooks) = match send::client() {
+            Ok(client) => (client, hooks),
             Err(why) => {
+                // Never a client with other settings (redirects, no timeouts): none at all.
                 tracing::error!("{why}; no webhook is served");
-                Client::new()
+                (Client::new(), Vec::new())
             }
         };
         let subscription = if hooks.is_empty() {
