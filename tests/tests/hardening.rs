@@ -540,6 +540,41 @@ impl sluice_ledger::FlowStore for Unreachable {
     }
 }
 
+#[async_trait]
+impl sluice_ledger::WebhookStore for Unreachable {
+    async fn webhook_enqueue(
+        &self,
+        delivery: &sluice_core::webhook::Delivery,
+    ) -> Result<bool, LedgerError> {
+        self.0.webhook_enqueue(delivery).await
+    }
+
+    async fn webhook_due(
+        &self,
+        webhook: &str,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<sluice_core::webhook::Delivery>, LedgerError> {
+        self.0.webhook_due(webhook, now, limit).await
+    }
+
+    async fn webhook_update(
+        &self,
+        next: &sluice_core::webhook::Delivery,
+        expected: u64,
+    ) -> Result<bool, LedgerError> {
+        self.0.webhook_update(next, expected).await
+    }
+
+    async fn webhook_list(
+        &self,
+        webhook: &str,
+        limit: usize,
+    ) -> Result<Vec<sluice_core::webhook::Delivery>, LedgerError> {
+        self.0.webhook_list(webhook, limit).await
+    }
+}
+
 impl Ledger for Unreachable {}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

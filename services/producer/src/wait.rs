@@ -468,7 +468,12 @@ async fn read_events(api: &Api, shutdown: Shutdown) {
                     None => return,
                 },
             };
-            if let Some(subject) = header(&delivery.message.headers, "ce_subject") {
+            // A command's events only: flow control's (`dev.sluice.flow.*`) carry no command.
+            let effect = header(&delivery.message.headers, "ce_type")
+                .is_some_and(|kind| kind.starts_with("dev.sluice.effect."));
+            if let Some(subject) = header(&delivery.message.headers, "ce_subject")
+                && effect
+            {
                 api.waiters.wake(subject, &delivery.message.payload);
                 // An effect that reached a final status leaves its tenant's count in flight at
                 // once, whichever process wrote it (the tenants' quotas, `quota.rs`).

@@ -16,6 +16,7 @@
 //! do not flood the bus, and a lost message is republished by a later sweep.
 
 pub mod shards;
+pub mod webhooks;
 
 use std::time::{Duration, Instant};
 

@@ -29,9 +29,18 @@ async fn main() -> anyhow::Result<()> {
     let ctx = assemble_service(&config, load_catalog(&config.catalog)?, "reconciler").await?;
     let shutdown = sluice_runtime::shutdown_on_signals();
     sluice_runtime::ops::spawn(&ctx, config.telemetry.listen, &shutdown);
-    let ran = sluice_reconciler::run(ctx, config.reconciler.clone(), shutdown).await;
+    // The webhook deliverer runs in every reconciler (docs/decisions.md, "Webhooks").
+    let webhooks = tokio::spawn(sluice_reconciler::webhooks::run(
+        ctx.clone(),
+        config.webhooks.clone(),
+        shutdown.clone(),
+    ));
+    let ran = sluice_reconciler::run(ctx, config.reconciler.clone(), shutdown.clone()).await;
+    shutdown.cancel();
+    let delivered = webhooks.await;
     // Spans still batched are exported before the process ends.
     sluice_runtime::telemetry::shutdown();
     ran?;
+    delivered??;
     Ok(())
 }

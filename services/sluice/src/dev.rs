@@ -51,6 +51,12 @@ pub async fn start(
         addr: config.producer.listen,
         source,
     })?;
+    // In the events topic's groups before anything publishes: the embedded bus drops an
+    // event once every group then subscribed has taken it.
+    let deliverer =
+        sluice_reconciler::webhooks::Deliverer::start(ctx_of("reconciler"), &config.webhooks)
+            .await
+            .map_err(StartError::Webhooks)?;
     let mut tasks = Vec::new();
     {
         let (ctx, config, shutdown) = (ctx_of("producer"), config.clone(), shutdown.clone());
@@ -91,6 +97,15 @@ pub async fn start(
                     .await
                     .map_err(|e| e.to_string())
             }),
+        ));
+    }
+    {
+        // The webhook deliverer beside the reconciler: its intake consumes `events`, its
+        // sender pushes what the ledger holds (`sluice_reconciler::webhooks`).
+        let shutdown = shutdown.clone();
+        tasks.push((
+            "webhooks",
+            tokio::spawn(async move { deliverer.run(shutdown).await.map_err(|e| e.to_string()) }),
         ));
     }
     {
@@ -162,4 +177,6 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the webhook deliverer cannot join the events topic")]
+    Webhooks(#[source] sluice_bus::BusError),
 }

@@ -9,3 +9,4 @@ pub mod dev;
 pub mod devdir;
 pub mod mcp;
 pub mod migrate;
+pub mod webhooks_cmd;

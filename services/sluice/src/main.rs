@@ -68,6 +68,9 @@ enum Command {
     /// For catalog authors: check a catalog and its secrets, or print the requests a tool's
     /// endpoints would send, secrets masked, without sending them.
     Catalog(sluice::catalog_cmd::CatalogArgs),
+    /// For operators of [[webhooks]]: send a signed test event, list deliveries, retry those
+    /// given up.
+    Webhooks(sluice::webhooks_cmd::WebhooksArgs),
     #[command(flatten)]
     Console(ConsoleCommand),
 }
@@ -191,6 +194,18 @@ async fn run() -> anyhow::Result<ExitCode> {
         }
         Command::Catalog(args) => {
             return Ok(match sluice::catalog_cmd::run(args) {
+                Ok(out) => {
+                    println!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(message) => {
+                    eprintln!("error: {message}");
+                    ExitCode::FAILURE
+                }
+            });
+        }
+        Command::Webhooks(args) => {
+            return Ok(match sluice::webhooks_cmd::run(args).await {
                 Ok(out) => {
                     println!("{out}");
                     ExitCode::SUCCESS

@@ -17,6 +17,8 @@ mod secrets;
 mod tenants;
 pub use api::{AuthConfig, MIN_TOKEN_CHARS, ProducerConfig, Role, ServerTls, TokenConfig};
 pub use tenants::{DEFAULT_QUOTA_RETRY_AFTER_MS, TenantsConfig};
+mod webhooks;
+pub use webhooks::WebhookConfig;
 
 /// The environment prefix of configuration overrides.
 pub const ENV_PREFIX: &str = "SLUICE_";
@@ -36,6 +38,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// Per-tenant quotas of effects in flight (the producer's admission).
     pub tenants: TenantsConfig,
+    /// Webhook subscriptions (`[[webhooks]]`, `webhooks.rs`).
+    pub webhooks: Vec<WebhookConfig>,
 }
 
 /// The state gauges (`sluice_commands`, `sluice_oldest_command_age_seconds`): kept in memory
@@ -459,6 +463,7 @@ impl Config {
                 message: message.to_owned(),
             })
         };
+        webhooks::validate(&self.webhooks)?;
         if self.bus.partitions == 0 || self.bus.partitions > 4_096 {
             return invalid("bus.partitions", "must be between 1 and 4096");
         }

@@ -15,6 +15,7 @@
 //! * [`time`] — millisecond timestamps and the `Clock` port.
 //! * [`trace`] — the W3C trace context a command carries from the agent's call onwards.
 //! * [`secret`] — [`Secret`], a configuration value that is never shown.
+//! * [`webhook`] — which events a webhook subscription takes, and each delivery's retries.
 
 pub mod audit;
 pub mod browser;
@@ -35,6 +36,7 @@ pub mod sweep;
 pub mod tenant;
 pub mod time;
 pub mod trace;
+pub mod webhook;
 
 pub use audit::{AuditDraft, AuditEntry, AuditRecord, BrokenLink, ChainHead, Checkpoint};
 pub use command::{Command, CommandState, CommandStatus, EffectSemantics, Observation};

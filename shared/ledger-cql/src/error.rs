@@ -30,7 +30,10 @@ pub enum CqlError {
     #[error("keyspace {keyspace} {why}")]
     Schema { keyspace: String, why: String },
     /// A statement could not be prepared (the schema is not the one this build expects).
-    #[error("cannot prepare a ledger statement on keyspace {keyspace}: {statement}")]
+    #[error(
+        "cannot prepare a ledger statement on keyspace {keyspace} (a table this build needs may be \
+         missing: run `sluice migrate`): {statement}"
+    )]
     #[cfg(feature = "driver")]
     Prepare {
         keyspace: String,

@@ -50,6 +50,7 @@ mod sweep;
 #[cfg(test)]
 mod tests;
 mod trips;
+mod webhooks;
 mod write;
 
 use sluice_ledger::{AuditStore, CommandStore, ShardStore};
@@ -640,6 +641,41 @@ impl sluice_ledger::FlowStore for CqlLedger {
         next: sluice_core::flow::FlowControl,
     ) -> Result<sluice_ledger::FlowCas, LedgerError> {
         self.put_flow_control(guard, next).await
+    }
+}
+
+#[async_trait]
+impl sluice_ledger::WebhookStore for CqlLedger {
+    async fn webhook_enqueue(
+        &self,
+        delivery: &sluice_core::webhook::Delivery,
+    ) -> Result<bool, LedgerError> {
+        self.put_webhook(delivery).await
+    }
+
+    async fn webhook_due(
+        &self,
+        webhook: &str,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<sluice_core::webhook::Delivery>, LedgerError> {
+        self.read_webhook_due(webhook, now, limit).await
+    }
+
+    async fn webhook_update(
+        &self,
+        next: &sluice_core::webhook::Delivery,
+        expected: u64,
+    ) -> Result<bool, LedgerError> {
+        self.cas_webhook(next, expected).await
+    }
+
+    async fn webhook_list(
+        &self,
+        webhook: &str,
+        limit: usize,
+    ) -> Result<Vec<sluice_core::webhook::Delivery>, LedgerError> {
+        self.read_webhook_list(webhook, limit).await
     }
 }
 

@@ -21,7 +21,7 @@ use crate::config::{Replication, Tablets};
 pub const SCHEMA_VERSION: i64 = 1;
 
 /// Schema files in order; each is applied whole, every statement idempotent.
-const SCHEMA_FILES: [(&str, &str); 5] = [
+const SCHEMA_FILES: [(&str, &str); 6] = [
     (
         "001_schema.cql",
         include_str!("../../../schemas/cql/001_schema.cql"),
@@ -41,6 +41,10 @@ const SCHEMA_FILES: [(&str, &str); 5] = [
     (
         "005_flow_controls.cql",
         include_str!("../../../schemas/cql/005_flow_controls.cql"),
+    ),
+    (
+        "006_webhooks.cql",
+        include_str!("../../../schemas/cql/006_webhooks.cql"),
     ),
 ];
 
@@ -281,7 +285,8 @@ mod tests {
                 "ALTER TABLE sluice_test.commands ADD claim_fences map<uuid, bigint>",
                 "sweep_shards",
                 "sweep_members",
-                "flow_controls"
+                "flow_controls",
+                "webhook_deliveries"
             ]
         );
         assert!(

@@ -73,6 +73,12 @@ pub(crate) struct Statements {
     pub read_flow_serial: PreparedStatement,
     pub create_flow: PreparedStatement,
     pub write_flow: PreparedStatement,
+    // Webhook deliveries (`ledger/webhooks.rs`).
+    pub enqueue_webhook: PreparedStatement,
+    pub update_webhook: PreparedStatement,
+    pub read_webhook_serial: PreparedStatement,
+    pub due_webhooks: PreparedStatement,
+    pub list_webhooks: PreparedStatement,
 }
 
 impl Statements {
@@ -426,6 +432,32 @@ impl Statements {
                 SerialRead,
             )
             .await?,
+            enqueue_webhook: prepare(
+                format!(
+                    "UPDATE {ks}.webhook_deliveries SET version = ?, status = ?, next_at = ?, \
+                     created_at = ?, record = ?, write_id = ? \
+                     WHERE webhook = ? AND event_id = ? IF version = null"
+                ),
+                Lwt,
+            )
+            .await?,
+            update_webhook: prepare(
+                format!(
+                    "UPDATE {ks}.webhook_deliveries USING TTL ? SET version = ?, status = ?, \
+                     next_at = ?, created_at = ?, record = ?, write_id = ? \
+                     WHERE webhook = ? AND event_id = ? IF version = ?"
+                ),
+                Lwt,
+            )
+            .await?,
+            read_webhook_serial: prepare(
+                format!(
+                    "SELECT version, write_id FROM {ks}.webhook_deliveries \
+                     WHERE webhook = ? AND event_id = ?"
+                ),
+                SerialRead,
+            )
+            .await?,
             create_flow: prepare(
                 format!(
                     "INSERT INTO {ks}.flow_controls (scope, name, version, body, write_id) \
@@ -440,6 +472,21 @@ impl Statements {
                      WHERE scope = ? AND name = ? IF version = ?"
                 ),
                 Lwt,
+            )
+            .await?,
+            due_webhooks: prepare(
+                format!(
+                    "SELECT record, next_at FROM {ks}.webhook_deliveries \
+                     WHERE webhook = ? AND status = ? AND next_at <= ? ALLOW FILTERING"
+                ),
+                Read,
+            )
+            .await?,
+            list_webhooks: prepare(
+                format!(
+                    "SELECT record, created_at FROM {ks}.webhook_deliveries WHERE webhook = ?"
+                ),
+                Read,
             )
             .await?,
         })

@@ -36,10 +36,12 @@ pub enum Op {
     Sweep,
     /// Flow controls: pauses and circuit breakers.
     Flow,
+    /// Webhook deliveries.
+    Webhook,
 }
 
 impl Op {
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::Reserve,
         Self::ClaimBusinessKey,
         Self::Lease,
@@ -55,6 +57,7 @@ impl Op {
         Self::Purge,
         Self::Sweep,
         Self::Flow,
+        Self::Webhook,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -74,6 +77,7 @@ impl Op {
             Self::Purge => "purge",
             Self::Sweep => "sweep_shards",
             Self::Flow => "flow_controls",
+            Self::Webhook => "webhooks",
         }
     }
 

@@ -67,7 +67,9 @@ macro_rules! ledger_contract_tests {
             sweep_members_are_announced_and_withdrawn,
             due_in_returns_only_the_listed_shards,
             flow_controls_are_written_under_their_version_and_read_back_whole,
-            sixteen_racing_breaker_writers_have_one_winner
+            sixteen_racing_breaker_writers_have_one_winner,
+            webhook_deliveries_are_stored_once_and_come_back_when_due,
+            sixteen_racing_webhook_claims_have_one_winner
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
@@ -86,6 +88,7 @@ mod flow;
 mod purge_preview;
 mod shards;
 mod takeover;
+mod webhooks;
 pub use closing::eight_rollbacks_at_once_close_a_run_once;
 pub use flow::{
     flow_controls_are_written_under_their_version_and_read_back_whole,
@@ -98,6 +101,10 @@ pub use shards::{
     sixteen_racing_shard_takers_have_one_winner, sweep_members_are_announced_and_withdrawn,
 };
 pub use takeover::sixteen_dispatchers_taking_over_a_lapsed_reservation_lease_have_one_winner;
+pub use webhooks::{
+    sixteen_racing_webhook_claims_have_one_winner,
+    webhook_deliveries_are_stored_once_and_come_back_when_due,
+};
 
 static RUNS: AtomicU64 = AtomicU64::new(0);
 

@@ -5,6 +5,7 @@
 //! * [`contract`] — the one contract suite every implementation must pass, races included.
 //! * [`quarantine`] — commands that cannot be decoded, set aside so they stop nobody else.
 //! * [`shards`] — the sweep-shard leases by which reconcilers split the due index.
+//! * [`WebhookStore`] — webhook deliveries waiting for, or answered by, their receivers.
 //!
 //! # The contract
 //!
@@ -29,6 +30,7 @@ use sluice_core::ids::{BusinessKey, CommandKey, LeaseEpoch, RunId, ToolName};
 use sluice_core::machine::Step;
 use sluice_core::retention::Owed;
 use sluice_core::time::Timestamp;
+use sluice_core::webhook::Delivery;
 
 pub mod contract;
 mod error;
@@ -533,11 +535,41 @@ pub trait ShardStore: Send + Sync + std::fmt::Debug + 'static {
     async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError>;
 }
 
+/// Webhook deliveries (`sluice_core::webhook`): one row per (webhook, event id), written before
+/// the event's bus message is acknowledged and kept until its receiver answered or the
+/// attempts ran out, then for [`WEBHOOK_RETENTION_MS`]. Every write but the first is a
+/// compare-and-set on the version the writer read.
+#[async_trait]
+pub trait WebhookStore: Send + Sync + std::fmt::Debug + 'static {
+    /// Stores `delivery` unless one with its webhook and event id is stored already; whether
+    /// it was stored. An event read twice off the bus is delivered once.
+    async fn webhook_enqueue(&self, delivery: &Delivery) -> Result<bool, LedgerError>;
+
+    /// Up to `limit` of `webhook`'s PENDING deliveries due at or before `now`, earliest first.
+    async fn webhook_due(
+        &self,
+        webhook: &str,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Delivery>, LedgerError>;
+
+    /// Stores `next` if the stored delivery still has version `expected`; whether it did.
+    async fn webhook_update(&self, next: &Delivery, expected: u64) -> Result<bool, LedgerError>;
+
+    /// `webhook`'s deliveries still kept, newest first, at most `limit`.
+    async fn webhook_list(&self, webhook: &str, limit: usize)
+    -> Result<Vec<Delivery>, LedgerError>;
+}
+
+/// How long a delivered or failed delivery is kept, for `sluice webhooks list` and for an event
+/// read again off the bus to be recognised: 7 days. A PENDING one is kept as long as it waits.
+pub const WEBHOOK_RETENTION_MS: i64 = 7 * 24 * 3_600_000;
+
 /// The command ledger port: the three stores of one ledger, and what it measures of itself.
 ///
 /// A service holds an `Arc<dyn Ledger>`; code that needs only one store takes it by its trait
 /// (`&dyn AuditStore`, …), so what each part of the pipeline may touch is in its signature.
-pub trait Ledger: CommandStore + AuditStore + ShardStore + FlowStore {
+pub trait Ledger: CommandStore + AuditStore + ShardStore + FlowStore + WebhookStore {
     /// Round trips to the store so far, by operation and kind, for the
     /// `sluice_ledger_round_trips_total` metric. Empty for a ledger that does not count them
     /// (the embedded ledger has no network round trips to count).

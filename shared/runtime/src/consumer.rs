@@ -209,7 +209,26 @@ where
     H: Fn(Delivery) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Handled, PipelineError>> + Send + 'static,
 {
-    let mut subscription = bus.subscribe(spec.topic, &spec.group, &spec.member).await?;
+    let subscription = bus.subscribe(spec.topic, &spec.group, &spec.member).await?;
+    consume_subscribed(bus, metrics, spec, policy, subscription, shutdown, handler).await
+}
+
+/// [`consume_with`] on a subscription the caller already made: a consumer that must be in its
+/// group before the first message it needs is published (on the embedded bus, a message every
+/// group then in the topic acknowledged is dropped) subscribes first, then consumes.
+pub async fn consume_subscribed<H, F>(
+    bus: Arc<dyn Bus>,
+    metrics: Arc<Metrics>,
+    spec: ConsumerSpec,
+    policy: RetryPolicy,
+    mut subscription: sluice_bus::Subscription,
+    shutdown: CancellationToken,
+    handler: H,
+) -> Result<(), BusError>
+where
+    H: Fn(Delivery) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Handled, PipelineError>> + Send + 'static,
+{
     let permits = Arc::new(Semaphore::new(spec.concurrency.max(1)));
     let budget = Arc::new(std::sync::Mutex::new(RetryBudget::new(
         RETRY_BUDGET_SAVED,

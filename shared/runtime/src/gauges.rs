@@ -601,6 +601,41 @@ impl sluice_ledger::FlowStore for GaugedLedger {
     }
 }
 
+#[async_trait]
+impl sluice_ledger::WebhookStore for GaugedLedger {
+    async fn webhook_enqueue(
+        &self,
+        delivery: &sluice_core::webhook::Delivery,
+    ) -> Result<bool, LedgerError> {
+        self.inner.webhook_enqueue(delivery).await
+    }
+
+    async fn webhook_due(
+        &self,
+        webhook: &str,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<sluice_core::webhook::Delivery>, LedgerError> {
+        self.inner.webhook_due(webhook, now, limit).await
+    }
+
+    async fn webhook_update(
+        &self,
+        next: &sluice_core::webhook::Delivery,
+        expected: u64,
+    ) -> Result<bool, LedgerError> {
+        self.inner.webhook_update(next, expected).await
+    }
+
+    async fn webhook_list(
+        &self,
+        webhook: &str,
+        limit: usize,
+    ) -> Result<Vec<sluice_core::webhook::Delivery>, LedgerError> {
+        self.inner.webhook_list(webhook, limit).await
+    }
+}
+
 impl Ledger for GaugedLedger {
     fn round_trips(&self) -> Vec<RoundTrips> {
         self.inner.round_trips()

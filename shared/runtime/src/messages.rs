@@ -236,8 +236,8 @@ impl LifecycleEvent {
         subject.extend_from_slice(run_id.as_bytes());
         subject.push(b'/');
         subject.extend_from_slice(key.as_bytes());
-        let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
-        let id = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut id);
+        let kind = event_type(command.status());
+        let id = event_id_of(command, &kind);
         let mut headers = vec![
             ("ce_specversion".to_owned(), b"1.0".to_vec()),
             ("ce_id".to_owned(), id.as_bytes().to_vec()),
@@ -245,10 +245,7 @@ impl LifecycleEvent {
                 "ce_source".to_owned(),
                 [b"/sluice/", source.as_bytes()].concat(),
             ),
-            (
-                "ce_type".to_owned(),
-                event_type(command.status()).into_bytes(),
-            ),
+            ("ce_type".to_owned(), kind.into_bytes()),
             ("ce_subject".to_owned(), subject),
             ("ce_time".to_owned(), at.to_string().into_bytes()),
             ("content-type".to_owned(), b"application/json".to_vec()),
@@ -264,11 +261,46 @@ impl LifecycleEvent {
         }
     }
 
+    /// The event of a command handed to a person ([`ESCALATED_TYPE`]), with the reason in the
+    /// `ce_reason` extension: beside the status's own event, so a subscription can take every
+    /// escalation — an extra commit left standing on a CONFIRMED command included — by one type.
+    pub fn escalated(source: &str, command: &Command, at: Timestamp, reason: &str) -> Self {
+        let mut event = Self::new(source, command, at);
+        let id = event_id_of(command, ESCALATED_TYPE);
+        for (name, value) in &mut event.headers {
+            if name == "ce_type" {
+                *value = ESCALATED_TYPE.as_bytes().to_vec();
+            } else if name == "ce_id" {
+                *value = id.as_bytes().to_vec();
+            }
+        }
+        event
+            .headers
+            .push(("ce_reason".to_owned(), reason.as_bytes().to_vec()));
+        event
+    }
+
     /// The value of a header, as text.
     pub fn header(&self, name: &str) -> Option<&str> {
         header(&self.headers, name)
     }
 }
+
+/// The `ce_id` of the event of type `kind` about `command` as it stands: the same for the same
+/// transition (`sluice_core::webhook::event_id`), so webhooks deliver it once however often it
+/// is published or rebuilt.
+fn event_id_of(command: &Command, kind: &str) -> String {
+    sluice_core::webhook::event_id(
+        command.run_id.as_str(),
+        command.command_key.as_str(),
+        kind,
+        command.state.updated_at,
+        command.epoch().get(),
+    )
+}
+
+/// The CloudEvents `type` of an escalation ([`LifecycleEvent::escalated`]).
+pub const ESCALATED_TYPE: &str = "dev.sluice.effect.escalated";
 
 /// The value of a header, as text.
 pub fn header<'a>(headers: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a str> {

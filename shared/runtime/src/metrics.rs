@@ -79,6 +79,14 @@ pub struct Metrics {
     /// `sluice_oldest_command_age_seconds{status, tool}`, exported by
     /// [`Metrics::observe_commands`].
     pub commands: CommandGauges,
+    /// `sluice_webhook_deliveries_total{webhook, outcome}`: deliveries enqueued, and attempts
+    /// that delivered, will be retried, or gave up (`enqueued`, `delivered`, `retry`, `failed`).
+    pub webhook_deliveries: IntCounterVec,
+    /// `sluice_webhook_pending{webhook}`: deliveries not yet answered 2xx nor given up, as the
+    /// deliverer last read them (at most 1000).
+    pub webhook_pending: IntGaugeVec,
+    /// `sluice_webhook_oldest_pending_seconds{webhook}`: the age of the oldest of those.
+    pub webhook_oldest_pending: GaugeVec,
 }
 
 impl Metrics {
@@ -205,6 +213,33 @@ impl Metrics {
         registry
             .register(Box::new(waiting_requests.clone()))
             .expect("each metric is registered once");
+        let webhook_deliveries = counter(
+            "webhook_deliveries_total",
+            "Webhook deliveries enqueued, and attempts by outcome (delivered, retry, failed)",
+            &["webhook", "outcome"],
+        );
+        let webhook_pending = IntGaugeVec::new(
+            Opts::new(
+                "webhook_pending",
+                "Webhook deliveries waiting to be delivered (at most 1000 counted)",
+            ),
+            &["webhook"],
+        )
+        .expect("metric definitions are static and valid");
+        registry
+            .register(Box::new(webhook_pending.clone()))
+            .expect("each metric is registered once");
+        let webhook_oldest_pending = GaugeVec::new(
+            Opts::new(
+                "webhook_oldest_pending_seconds",
+                "Age of the oldest webhook delivery still waiting",
+            ),
+            &["webhook"],
+        )
+        .expect("metric definitions are static and valid");
+        registry
+            .register(Box::new(webhook_oldest_pending.clone()))
+            .expect("each metric is registered once");
         let build_info = IntGaugeVec::new(
             Opts::new(
                 "build_info",
@@ -251,6 +286,9 @@ impl Metrics {
             waiting_requests,
             tenant_refused,
             commands: CommandGauges::default(),
+            webhook_deliveries,
+            webhook_pending,
+            webhook_oldest_pending,
         }
     }
 

@@ -377,6 +377,13 @@ impl Context {
                         reason = %reason,
                         "escalated to a person"
                     );
+                    let event =
+                        LifecycleEvent::escalated(service, command, self.clock.now(), reason);
+                    let event = Outgoing {
+                        payload: event.payload,
+                        headers: event.headers,
+                    };
+                    self.publish(Topic::Events, command, event).await?;
                 }
                 Action::CallUpstream => {}
             }

@@ -159,7 +159,12 @@ fn lifecycle_event_payload_matches_its_schema() {
         id,
         "hyphenated, lower case"
     );
-    assert_eq!(parsed.get_version_num(), 4);
+    assert_eq!(
+        parsed.get_version_num(),
+        8,
+        "derived from the transition (RFC 9562 version 8), so the same event has one id"
+    );
+    assert_eq!(parsed.get_variant(), uuid::Variant::RFC4122);
 }
 
 /// Every lifecycle event the pipeline publishes — including those of operator actions, whose

@@ -23,6 +23,7 @@
 mod schema;
 mod sweep;
 mod waiting;
+mod webhooks;
 mod writer;
 
 use crate::{AuditStore, CommandStore, ShardStore};

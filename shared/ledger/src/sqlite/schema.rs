@@ -50,6 +50,23 @@ CREATE TABLE IF NOT EXISTS flow_controls (
 ) WITHOUT ROWID;
 ";
 
+/// Webhook deliveries (`crate::WebhookStore`), created on every open like the sweep tables.
+/// `record` is the delivery as JSON; the other columns are what the writes and reads select on.
+const WEBHOOK_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS webhook_deliveries (
+    webhook    TEXT    NOT NULL,
+    event_id   TEXT    NOT NULL,
+    version    INTEGER NOT NULL,
+    status     TEXT    NOT NULL,
+    next_at    INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    record     TEXT    NOT NULL,
+    PRIMARY KEY (webhook, event_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS webhook_deliveries_due
+    ON webhook_deliveries (webhook, status, next_at);
+";
+
 // Layout notes. Run ids are random, so every index keyed by run id puts each write on a
 // random page, and a group commit then rewrites pages all over the file. Instead each run gets
 // a `run_seq` (the rowid of its `runs` row) when it is first seen: runs are created over time
@@ -203,6 +220,7 @@ pub(super) fn prepare_schema(conn: &Connection, path: &Path) -> Result<(), Ledge
     }
     conn.execute_batch(SWEEP_SCHEMA).map_err(not_a_ledger)?;
     conn.execute_batch(FLOW_SCHEMA).map_err(not_a_ledger)?;
+    conn.execute_batch(WEBHOOK_SCHEMA).map_err(not_a_ledger)?;
     Ok(())
 }
 

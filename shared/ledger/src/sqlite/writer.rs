@@ -6,6 +6,7 @@
 mod flow;
 mod ops;
 mod shards;
+mod webhooks;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -99,6 +100,13 @@ pub(super) enum Op {
         guard: u64,
         next: sluice_core::flow::FlowControl,
     },
+    /// A webhook delivery stored unless one with its key is (`WebhookStore::webhook_enqueue`).
+    WebhookEnqueue(Box<sluice_core::webhook::Delivery>),
+    /// A webhook delivery's compare-and-set on its version.
+    WebhookUpdate {
+        next: Box<sluice_core::webhook::Delivery>,
+        expected: u64,
+    },
 }
 
 pub(super) enum ReserveReply {
@@ -124,6 +132,8 @@ pub(super) enum Reply {
     Shard(crate::ShardCas),
     Announced,
     Flow(crate::FlowCas),
+    /// Whether a webhook write applied.
+    Webhook(bool),
 }
 
 pub(super) struct Job {

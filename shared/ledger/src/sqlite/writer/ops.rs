@@ -106,6 +106,10 @@ impl Writer {
             Op::FlowControl { guard, next } => {
                 Ok(Reply::Flow(self.write_flow_control(*guard, next)?))
             }
+            Op::WebhookEnqueue(delivery) => Ok(Reply::Webhook(self.webhook_enqueue(delivery)?)),
+            Op::WebhookUpdate { next, expected } => {
+                Ok(Reply::Webhook(self.webhook_update(next, *expected)?))
+            }
         })
     }
 
