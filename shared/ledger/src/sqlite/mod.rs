@@ -20,6 +20,7 @@
 //! writer. A checkpointer thread copies the WAL into the database file beside the writer, so no
 //! commit waits for a checkpoint (see `Checkpointer`).
 
+mod flow;
 mod schema;
 mod sweep;
 mod waiting;
@@ -771,45 +772,6 @@ impl ShardStore for SqliteLedger {
         };
         match self.submit(op).await?.result? {
             Reply::Announced => Ok(()),
-            _ => Err(LedgerError::Closed),
-        }
-    }
-}
-
-#[async_trait]
-impl crate::FlowStore for SqliteLedger {
-    async fn flow_controls(&self) -> Result<Vec<sluice_core::flow::FlowControl>, LedgerError> {
-        let (path, config) = (self.inner.path.clone(), self.inner.config.clone());
-        self.read("flow_controls", move |conn| {
-            let failed = |e| map_err(e, "flow_controls", &path, &config);
-            let rows: Vec<(i64, String)> = conn
-                .prepare_cached("SELECT version, body FROM flow_controls ORDER BY name")
-                .and_then(|mut stmt| {
-                    stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
-                        .collect::<Result<Vec<_>, _>>()
-                })
-                .map_err(failed)?;
-            Ok(rows
-                .into_iter()
-                .filter_map(|(version, body)| {
-                    let mut control: sluice_core::flow::FlowControl =
-                        serde_json::from_str(&body).ok()?;
-                    control.version = u64::try_from(version).unwrap_or(0);
-                    Some(control)
-                })
-                .collect())
-        })
-        .await
-    }
-
-    async fn write_flow_control(
-        &self,
-        guard: u64,
-        next: sluice_core::flow::FlowControl,
-    ) -> Result<crate::FlowCas, LedgerError> {
-        crate::flow::validate(&next)?;
-        match self.submit(Op::FlowControl { guard, next }).await?.result? {
-            Reply::Flow(cas) => Ok(cas),
             _ => Err(LedgerError::Closed),
         }
     }
