@@ -208,6 +208,16 @@ impl CatalogEdit {
     }
 }
 
+/// The wire with short calls and horizons: a wire looked up after an ambiguous answer is sent
+/// again within seconds (the suites that play an upstream misbehaving for seconds).
+pub fn short_wire(c: CatalogEdit) -> CatalogEdit {
+    c.dispatch("payments/wire", "timeout_ms", 1_000)
+        .policy("payments/wire", "lease_ttl_ms", 3_000)
+        .policy("payments/wire", "late_commit_ms", 200)
+        .policy("payments/wire", "settle_ms", 300)
+        .policy("payments/wire", "verify_after_ms", 1_000)
+}
+
 /// The example catalog at `base_url`, unedited.
 pub fn example_catalog(base_url: &str) -> Catalog {
     example_catalog_at(base_url).expect("the example catalog is valid")

@@ -26,16 +26,12 @@ fn bank_down() -> Faults {
 /// The wire on a shared `bank` upstream with a breaker; short calls and horizons, so a wire
 /// looked up after a 503 is sent again within seconds, as in the report.
 fn bank_with_breaker(c: CatalogEdit) -> CatalogEdit {
-    c.upstream(
-        "bank",
-        "[breaker]\nfailures = 3\nopen_ms = 2000\nmax_open_ms = 4000\nprobe_ms = 3000",
-    )
-    .tool_key("payments/wire", "upstream", "bank")
-    .dispatch("payments/wire", "timeout_ms", 1_000)
-    .policy("payments/wire", "lease_ttl_ms", 3_000)
-    .policy("payments/wire", "late_commit_ms", 200)
-    .policy("payments/wire", "settle_ms", 300)
-    .policy("payments/wire", "verify_after_ms", 1_000)
+    short_wire(c)
+        .upstream(
+            "bank",
+            "[breaker]\nfailures = 3\nopen_ms = 2000\nmax_open_ms = 4000\nprobe_ms = 3000",
+        )
+        .tool_key("payments/wire", "upstream", "bank")
 }
 
 fn account(run: usize, n: usize) -> String {

@@ -33,11 +33,7 @@ fn rate_limited_bank_and_mail() -> Faults {
 /// Short calls and horizons, so a wire looked up after a 429 is sent again within seconds; the
 /// same attempt budget for both tools (three), as in the report.
 fn short_tools(c: CatalogEdit) -> CatalogEdit {
-    c.dispatch("payments/wire", "timeout_ms", 1_000)
-        .policy("payments/wire", "lease_ttl_ms", 3_000)
-        .policy("payments/wire", "late_commit_ms", 200)
-        .policy("payments/wire", "settle_ms", 300)
-        .policy("payments/wire", "verify_after_ms", 1_000)
+    short_wire(c)
         .policy("email/send", "max_attempts", 3)
         .policy("email/send", "timeout_ms", 1_000)
         .policy("email/send", "lease_ttl_ms", 3_000)
