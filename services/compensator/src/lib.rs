@@ -165,11 +165,19 @@ async fn compensate_one(ctx: &Context, command: Command) -> Result<(), PipelineE
                 .await;
             match (failed_extra, own) {
                 (None, own) => own,
-                (Some((extra, CompensationOutcome::Retry { reason })), _) => {
-                    CompensationOutcome::Retry {
-                        reason: format!("extra commit {extra}: {reason}"),
-                    }
-                }
+                (
+                    Some((
+                        extra,
+                        CompensationOutcome::Retry {
+                            reason,
+                            retry_after_ms,
+                        },
+                    )),
+                    _,
+                ) => CompensationOutcome::Retry {
+                    reason: format!("extra commit {extra}: {reason}"),
+                    retry_after_ms,
+                },
                 (Some((extra, CompensationOutcome::Impossible { reason })), _) => {
                     CompensationOutcome::Impossible {
                         reason: format!("extra commit {extra}: {reason}"),
@@ -286,11 +294,16 @@ pub async fn settle_duplicate(
                         reason: format!("{reference}: {reason}"),
                     }
                 }
-                Some((reference, CompensationOutcome::Retry { reason })) => {
+                Some((
+                    reference,
                     CompensationOutcome::Retry {
-                        reason: format!("{reference}: {reason}"),
-                    }
-                }
+                        reason,
+                        retry_after_ms,
+                    },
+                )) => CompensationOutcome::Retry {
+                    reason: format!("{reference}: {reason}"),
+                    retry_after_ms,
+                },
                 Some((_, done @ CompensationOutcome::Done { .. })) => done,
             }
         }

@@ -9,7 +9,7 @@
 //! | 404 | `Refused` | `inconclusive` unless declared | `Impossible` (`Done` if in `done_status`) |
 //! | 409 | `Refused` (`Ambiguous` if in the tool's `in_progress_status`) | `inconclusive` unless declared | `Impossible` (`Done` if in `done_status`) |
 //! | other 4xx | `Refused` (`Ambiguous` if in the tool's `in_progress_status`) | `inconclusive` unless declared | `Impossible` (`Done` if in `done_status`) |
-//! | 429, 503, 403 with a `Retry-After` that is a delay (`retry_after`) | `RateLimited` (the delay; past the tool's ceiling the core reads it as the row below, a 403 as a refusal) | `inconclusive` carrying the delay (`retry_after_ms`) | as without it |
+//! | 429, 503, 403 with a `Retry-After` that is a delay (`retry_after`) | `RateLimited` (the delay; past the tool's ceiling the core reads it as the row below, a 403 as a refusal) | `inconclusive` carrying the delay (`retry_after_ms`) | `Retry` carrying the delay (`retry_after_ms`: waited out without spending an attempt, as a dispatch's) |
 //! | 408, 425, 429 | `Ambiguous` | `inconclusive` | `Retry` |
 //! | 5xx | `Ambiguous` | `inconclusive` | `Retry` |
 //! | 1xx, 3xx (redirects are not followed) | `Ambiguous` | `inconclusive` | `Retry` |
@@ -412,6 +412,14 @@ pub fn compensation(
     if done_status.contains(&answer.status.as_u16()) {
         return CompensationOutcome::Done { reference: None };
     }
+    // Asked to call again later (429, 503, or GitHub's 403, with `Retry-After`): the core waits
+    // it out without spending an attempt.
+    if let Some(retry_after_ms) = answer.later() {
+        return CompensationOutcome::Retry {
+            reason: answer.summary(excerpt_bytes),
+            retry_after_ms: Some(retry_after_ms),
+        };
+    }
     match StatusClass::of(answer.status) {
         // The reference of a compensation is informational (the refund's id): a body cut off
         // after a 2xx does not make the undo any less done.
@@ -423,6 +431,7 @@ pub fn compensation(
         },
         StatusClass::Transient | StatusClass::Unexpected => CompensationOutcome::Retry {
             reason: answer.summary(excerpt_bytes),
+            retry_after_ms: None,
         },
     }
 }
@@ -431,7 +440,10 @@ pub fn compensation(
 pub fn compensation_without_answer(no_answer: NoAnswer) -> CompensationOutcome {
     match no_answer {
         NoAnswer::NotSent { reason } | NoAnswer::Lost { reason, .. } => {
-            CompensationOutcome::Retry { reason }
+            CompensationOutcome::Retry {
+                reason,
+                retry_after_ms: None,
+            }
         }
     }
 }

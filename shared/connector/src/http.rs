@@ -535,7 +535,7 @@ impl HttpConnector {
             CompensationOutcome::Impossible { reason } => {
                 warn!(outcome = "impossible", %reason, "compensation impossible");
             }
-            CompensationOutcome::Retry { reason } => {
+            CompensationOutcome::Retry { reason, .. } => {
                 warn!(outcome = "retry", %reason, "compensation to be retried");
             }
         }

@@ -1108,6 +1108,42 @@ async fn a_4xx_compensation_is_impossible() {
     );
 }
 
+/// A compensation answered 429 (or 503, or GitHub's 403) with `Retry-After` says when to call
+/// again: the outcome carries the delay for the core to wait out; without the header it is a
+/// plain retry (a 403 a refusal), as before.
+#[tokio::test]
+async fn a_rate_limited_compensation_carries_its_retry_after() {
+    for (code, header, expected) in [
+        (429, Some("2"), Some(2_000)),
+        (503, Some("1"), Some(1_000)),
+        (403, Some("3"), Some(3_000)),
+        (429, None, None),
+    ] {
+        let upstream = Upstream::start(move |_| {
+            let reply = Reply::new(code, "slow down");
+            match header {
+                Some(value) => reply.header("retry-after", value),
+                None => reply,
+            }
+        })
+        .await;
+        let tool = wire_tool(&upstream.base);
+        let outcome = connector()
+            .compensate(
+                &tool,
+                &confirmed(&tool, "w-1"),
+                CompensationTarget::OwnCommit,
+            )
+            .await;
+        match outcome {
+            CompensationOutcome::Retry { retry_after_ms, .. } => {
+                assert_eq!(retry_after_ms, expected, "{code} {header:?}");
+            }
+            other => panic!("{code} {header:?}: {other:?}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_5xx_or_unreachable_compensation_is_retried() {
     let upstream = Upstream::start(|_| Reply::new(503, "maintenance")).await;
@@ -1124,7 +1160,8 @@ async fn a_5xx_or_unreachable_compensation_is_retried() {
     assert_eq!(
         outcome,
         CompensationOutcome::Retry {
-            reason: "HTTP 503: maintenance".into()
+            reason: "HTTP 503: maintenance".into(),
+            retry_after_ms: None,
         }
     );
 

@@ -75,8 +75,14 @@ pub enum CompensationOutcome {
     Done { reference: Option<String> },
     /// 4xx: the upstream says it cannot be undone; a person must act.
     Impossible { reason: String },
-    /// Anything else: try again later.
-    Retry { reason: String },
+    /// Anything else: try again later. `retry_after_ms`: the upstream asked to be called again
+    /// only then (a 429 or 503, or a 403, with `Retry-After`): waited out without spending an
+    /// attempt, up to the tool's `max_rate_limited_ms`, as a dispatch's is.
+    Retry {
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_ms: Option<i64>,
+    },
 }
 
 /// How a person settles a STUCK command.

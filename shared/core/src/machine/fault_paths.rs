@@ -522,6 +522,7 @@ fn a_compensation_result_is_fenced_by_the_claim_it_was_made_under() {
         epoch: LeaseEpoch::new(6),
         outcome: CompensationOutcome::Retry {
             reason: "503".into(),
+            retry_after_ms: None,
         },
     };
     assert!(matches!(

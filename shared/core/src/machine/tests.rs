@@ -755,6 +755,7 @@ fn compensation_records_its_end_after_the_handler_and_retries_are_bounded() {
         epoch: started.lease.epoch,
         outcome: CompensationOutcome::Retry {
             reason: "503".into(),
+            retry_after_ms: None,
         },
     };
     let mut state = started;
@@ -1006,7 +1007,12 @@ fn arb_compensation() -> impl Strategy<Value = CompensationOutcome> {
             reason: "409".into()
         }),
         Just(CompensationOutcome::Retry {
-            reason: "503".into()
+            reason: "503".into(),
+            retry_after_ms: None,
+        }),
+        Just(CompensationOutcome::Retry {
+            reason: "429".into(),
+            retry_after_ms: Some(1_000),
         }),
     ]
 }
@@ -1264,6 +1270,14 @@ proptest! {
                     Event::Observed { observation, .. } => {
                         prop_assert_eq!(*observation, O::Inconclusive);
                         prop_assert_eq!(step.state.checks, state.checks, "check spent");
+                        prop_assert_eq!(from, to);
+                    }
+                    Event::Compensated {
+                        outcome: CompensationOutcome::Retry { retry_after_ms: Some(_), .. },
+                        ..
+                    } => {
+                        let attempts = |s: &CommandState| s.compensation.as_ref().map_or(0, |c| c.attempts);
+                        prop_assert_eq!(attempts(&step.state), attempts(&state), "attempt spent");
                         prop_assert_eq!(from, to);
                     }
                     _ => prop_assert!(false, "waited on {:?}", event),
@@ -1709,6 +1723,44 @@ fn a_held_command_waits_pending_without_spending_an_attempt() {
             "{status:?}"
         );
     }
+}
+
+/// A compensation the upstream asked to call again later is waited out without spending an
+/// attempt, under the same ceiling as a dispatch's waits; past it, it counts as any retry.
+#[test]
+fn a_rate_limited_compensation_waits_without_spending_an_attempt() {
+    let rules = wire_rules();
+    let mut compensating = state_in(S::Compensating);
+    compensating.rate_limited_ms = 0;
+    let outcome = CompensationOutcome::Retry {
+        reason: "HTTP 429: slow down".into(),
+        retry_after_ms: Some(2_000),
+    };
+    let epoch = compensating.lease.epoch;
+    let event = Event::Compensated {
+        epoch,
+        outcome: outcome.clone(),
+    };
+    let step = apply(&compensating, &rules, &event, now()).expect("applies");
+    assert_eq!(step.state.status, S::Compensating);
+    let attempts = |s: &CommandState| s.compensation.as_ref().map_or(0, |c| c.attempts);
+    assert_eq!(
+        attempts(&step.state),
+        attempts(&compensating),
+        "no attempt spent"
+    );
+    assert_eq!(step.state.due_at, Some(now().plus_millis(2_000)));
+    assert_eq!(step.state.rate_limited_ms, 2_000);
+    assert!(
+        step.reason.contains("without spending an attempt"),
+        "{}",
+        step.reason
+    );
+    // Past the ceiling it counts: an attempt spent, the usual backoff.
+    let mut spent = compensating.clone();
+    spent.rate_limited_ms = rules.max_rate_limited_ms;
+    let step = apply(&spent, &rules, &event, now()).expect("applies");
+    assert_eq!(attempts(&step.state), attempts(&spent) + 1);
 }
 
 /// The sweep's work on a due command is the machine's: each kind it names applies to the

@@ -122,8 +122,31 @@ pub(super) fn compensated(
             attempts: 0,
         })
     });
-    info.attempts += 1;
     let evidence = serde_json::to_value(outcome).unwrap_or(Value::Null);
+    // Asked to call again later: waited out, the attempt not spent, within the ceiling the
+    // dispatch's waits share (`rate_limit`); past it the answer counts as any other retry.
+    if let CompensationOutcome::Retry {
+        reason,
+        retry_after_ms: Some(asked),
+    } = outcome
+        && let Some(wait) = super::rate_limit::rate_limited_wait_ms(state, rules, *asked)
+    {
+        info.detail = Some(reason.clone());
+        next.rate_limited_ms = state.rate_limited_ms.max(0).saturating_add(wait);
+        next.due_at = Some(now.plus_millis(wait));
+        next.compensation = Some(info);
+        return Step {
+            from,
+            state: next,
+            actions: vec![],
+            reason: format!(
+                "compensation asked to call again later ({reason}); waits {wait} ms without spending an attempt"
+            ),
+            evidence,
+            quiet: false,
+        };
+    }
+    info.attempts += 1;
     let (status, actions, reason) = match outcome {
         CompensationOutcome::Done { reference } => {
             info.ended_at = Some(now);
@@ -153,7 +176,7 @@ pub(super) fn compensated(
                 format!("compensation refused: {reason}"),
             )
         }
-        CompensationOutcome::Retry { reason } if info.attempts >= rules.max_attempts => {
+        CompensationOutcome::Retry { reason, .. } if info.attempts >= rules.max_attempts => {
             info.ended_at = Some(now);
             info.detail = Some(reason.clone());
             next.escalated = true;
@@ -171,7 +194,7 @@ pub(super) fn compensated(
                 why,
             )
         }
-        CompensationOutcome::Retry { reason } => {
+        CompensationOutcome::Retry { reason, .. } => {
             info.detail = Some(reason.clone());
             next.due_at = Some(now.plus_millis(rules.backoff_ms(info.attempts - 1)));
             next.compensation = Some(info);

@@ -144,7 +144,7 @@ pub(super) fn duplicate_settled(
                     ),
                 ),
                 CompensationOutcome::Impossible { reason }
-                | CompensationOutcome::Retry { reason } => {
+                | CompensationOutcome::Retry { reason, .. } => {
                     next.escalated = true;
                     let why = format!("extra commit could not be compensated: {reason}");
                     (
