@@ -565,7 +565,7 @@ pub trait WebhookStore: Send + Sync + std::fmt::Debug + 'static {
 /// read again off the bus to be recognised: 7 days. A PENDING one is kept as long as it waits.
 pub const WEBHOOK_RETENTION_MS: i64 = 7 * 24 * 3_600_000;
 
-/// The command ledger port: the three stores of one ledger, and what it measures of itself.
+/// The command ledger port: the five stores of one ledger, and what it measures of itself.
 ///
 /// A service holds an `Arc<dyn Ledger>`; code that needs only one store takes it by its trait
 /// (`&dyn AuditStore`, …), so what each part of the pipeline may touch is in its signature.
