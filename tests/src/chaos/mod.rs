@@ -203,8 +203,15 @@ pub async fn read_ended(api: &api::Api, run_ids: &[String]) -> Result<Ended, Cha
     Ok(ended)
 }
 
-/// A seed from the operating system, for a run that was given none.
+/// A seed from the operating system, for a run that was given none. `SLUICE_CHAOS_SEED`, when set to a number, replays that seed instead (the cluster test draws
+/// its seed here, and has no flag of its own).
 pub fn random_seed() -> u64 {
+    if let Some(seed) = std::env::var("SLUICE_CHAOS_SEED")
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+    {
+        return seed;
+    }
     let uuid = uuid::Uuid::new_v4();
     let (high, _) = uuid.as_u64_pair();
     high
