@@ -888,25 +888,28 @@ async fn unfile_due_entry(ledger: &CqlLedger, keyspace: &str, command: &Command)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sweep_does_not_read_again_the_tombstones_the_last_one_left() {
     let (ledger, clock, keyspace) = swept_alone().await;
-    // 400 entries of commands that do not exist, due 10 s ago: stale, deleted by the first
-    // sweep, which leaves 400 tombstones in their bucket.
+    // 400 entries of commands that do not exist, due 10 s ago and written 10 minutes ago (no
+    // transition of theirs can still land): stale, deleted by the first sweep, which leaves
+    // 400 tombstones in their bucket.
     const STALE: usize = 400;
     let run = fresh_run("tombstones");
     let due_at = clock.now().plus_millis(-10_000);
     let minute = due_at.as_millis() / 60_000;
+    let written_us = clock.now().plus_millis(-600_000).as_millis() * 1_000;
     for i in 0..STALE {
         ledger
             .session()
             .query_unpaged(
                 format!(
                     "INSERT INTO {keyspace}.due (minute, shard, due_at, run_id, command_key, \
-                     status) VALUES (?, 0, ?, ?, ?, 'PENDING')"
+                     status) VALUES (?, 0, ?, ?, ?, 'PENDING') USING TIMESTAMP ?"
                 ),
                 (
                     minute,
                     due_at.as_millis(),
                     run.as_str(),
                     format!("gone-{i}"),
+                    written_us,
                 ),
             )
             .await
@@ -983,6 +986,62 @@ async fn an_entry_that_lands_late_is_found_by_the_next_whole_read() {
     let found_at = found_at.expect("the late entry is found within 32 s of sweeps");
     let waited = found_at.as_millis() - landed.as_millis();
     assert!(waited <= 31_000, "found {waited} ms after it landed");
+}
+
+/// A transition's due entry is written before its LWT, so a sweep can read the entry while the
+/// LWT is still undecided — an LWT whose outcome was unknown (a node died mid-Paxos) and is
+/// settled seconds later — and find the command at its old due time. Deleted as stale then, the
+/// entry was gone when the LWT landed: the command waited, due, with nothing in the index to
+/// find it (the cluster test's seed 6341616281808031570: a PENDING command due for seven
+/// minutes, never swept). A young entry that looks stale is kept, and the next whole read of
+/// its shard finds it once the row has its due time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_entry_read_before_its_transition_landed_is_kept_for_it() {
+    let (ledger, clock, keyspace) = swept_alone().await;
+    let run = fresh_run("undecided");
+    let waiting = reserved(&ledger, &run, 0, "email/send").await;
+    // The transition's entry, due a second ago, filed before its LWT; the row still holds the
+    // reservation's due time.
+    let due_at = clock.now().plus_millis(-1_000);
+    file_due_entry(&ledger, &keyspace, &waiting, due_at, clock.now()).await;
+    let found = ledger.due(clock.now(), 1_000).await.expect("sweep");
+    assert!(
+        found
+            .iter()
+            .all(|item| item.command_key != waiting.command_key),
+        "not due yet at its old time: {found:?}"
+    );
+    // The LWT lands.
+    ledger
+        .session()
+        .query_unpaged(
+            format!(
+                "UPDATE {keyspace}.commands SET due_at = ? WHERE run_id = ? AND command_key = ?"
+            ),
+            (
+                due_at.as_millis(),
+                waiting.run_id.as_str(),
+                waiting.command_key.to_string(),
+            ),
+        )
+        .await
+        .expect("the transition lands");
+    let mut found_at = None;
+    for _ in 0..=31 {
+        clock.advance(Duration::from_secs(1));
+        let found = ledger.due(clock.now(), 1_000).await.expect("sweep");
+        if found
+            .iter()
+            .any(|item| item.command_key == waiting.command_key)
+        {
+            found_at = Some(clock.now());
+            break;
+        }
+    }
+    assert!(
+        found_at.is_some(),
+        "the command, due since its transition landed, was never swept: its entry was deleted"
+    );
 }
 
 /// A command that stays due (a sweep that cannot act on it) is returned by every sweep, not

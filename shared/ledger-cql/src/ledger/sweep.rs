@@ -23,6 +23,15 @@ const FLOOR_OVERLAP_MS: i64 = 5_000;
 /// forward by another process), and the only reads that move cursors.
 const WHOLE_EVERY_MS: i64 = 30_000;
 
+/// How long after it was written an entry that looks stale is kept. A writer files a
+/// transition's entry before its LWT, so until the LWT is decided the row may still show the
+/// old due time (or no command, for a reservation): an LWT whose outcome was unknown is settled
+/// by a SERIAL read seconds later, after a node's death. Deleted then, the entry would be gone
+/// when the LWT lands, and the command due with nothing to find it. Kept, it is read again by
+/// the next whole read of its shard, and deleted there once it is older than this. Far longer
+/// than a writer keeps an LWT undecided (its attempts, each within the driver's timeout).
+const STALE_AFTER_MS: i64 = 120_000;
+
 /// Per shard, where this process's last sweep of it left off.
 #[derive(Debug, Clone, Copy)]
 struct Floor {
@@ -128,6 +137,9 @@ enum Checked {
     Due(DueItem),
     /// Nothing: the command is gone or due at another time.
     Stale,
+    /// Nothing yet, but written less than [`STALE_AFTER_MS`] ago: its transition may still
+    /// land. Kept, and its bucket is not passed.
+    Young,
     /// A command due at the entry's time that cannot be decoded: not returned, but the entry
     /// is kept (and carried forward like a live one) so a repaired row, or a build that can
     /// read it, takes it up again. `status` as stored, for the carried entry's hint.
@@ -135,6 +147,12 @@ enum Checked {
 }
 
 impl CqlLedger {
+    /// Whether an entry written at `written` (its write time, in microseconds) is younger
+    /// than [`STALE_AFTER_MS`] by this ledger's clock.
+    fn young(&self, written: i64) -> bool {
+        self.now().as_millis() - written.div_euclid(1_000) < STALE_AFTER_MS
+    }
+
     async fn cursors(&self, op: Op) -> Result<Vec<i64>, LedgerError> {
         let shards = self.inner.config.due_shards;
         let ids: Vec<i32> = (0..i32::try_from(shards).unwrap_or(1)).collect();
@@ -327,10 +345,17 @@ impl CqlLedger {
                         let checked = self
                             .check_due(op, &entry.run_id, &entry.command_key, entry.due_at)
                             .await?;
+                        let checked = match checked {
+                            Checked::Stale if self.young(entry.written) => Checked::Young,
+                            checked => checked,
+                        };
+                        if matches!(checked, Checked::Young) {
+                            return Ok((entry, checked));
+                        }
                         let live = match &checked {
                             Checked::Due(item) => Some(item.status.as_str()),
                             Checked::Quarantined { status } => Some(status.as_str()),
-                            Checked::Stale => None,
+                            Checked::Stale | Checked::Young => None,
                         };
                         let carry = live.is_some() && entry.minute < settled_before;
                         if live.is_none() || carry {
@@ -368,8 +393,20 @@ impl CqlLedger {
                     .await;
             for result in checked {
                 let (entry, checked) = result?;
-                if matches!(checked, Checked::Stale) {
-                    continue;
+                match checked {
+                    Checked::Stale => continue,
+                    Checked::Young => {
+                        // Kept: the bucket is not empty, so the cursor stays and the shard's
+                        // whole reads see the entry again.
+                        if let Some(slot) = usize::try_from(entry.shard)
+                            .ok()
+                            .and_then(|s| clean.get_mut(s))
+                        {
+                            *slot = false;
+                        }
+                        continue;
+                    }
+                    Checked::Due(_) | Checked::Quarantined { .. } => {}
                 }
                 if matches!(checked, Checked::Due(_))
                     && let Some(slot) = usize::try_from(entry.shard)
