@@ -63,7 +63,7 @@ use tokio::sync::{Notify, Semaphore};
 
 use crate::{
     Acknowledge, Admission, Bus, BusError, DEFAULT_PREFIX, Delivery, DeliverySource, Header,
-    Message, Published, Subscription, Topic, partition_for, validate_group, validate_prefix,
+    Message, Published, Room, Subscription, Topic, partition_for, validate_group, validate_prefix,
 };
 
 /// Partitions per topic unless configured otherwise.
@@ -686,6 +686,22 @@ struct EmbeddedAck {
 #[async_trait]
 impl Acknowledge for EmbeddedAck {
     async fn ack(&self) -> Result<(), BusError> {
+        self.acknowledge(false).map(drop)
+    }
+
+    async fn ack_keeping_room(&self) -> Result<Room, BusError> {
+        let took = self.acknowledge(true)?;
+        Ok(match self.shared.admission.get(self.topic.index()) {
+            Some(bound) if took => Room::of(Arc::clone(bound)),
+            _ => Room::none(),
+        })
+    }
+}
+
+impl EmbeddedAck {
+    /// Acknowledges; with `keep_room`, takes the message's admission room off its record (so
+    /// compaction does not give it back). Whether it took one.
+    fn acknowledge(&self, keep_room: bool) -> Result<bool, BusError> {
         let mut state = self.shared.lock();
         if state.closed {
             return Err(BusError::Closed);
@@ -710,6 +726,13 @@ impl Acknowledge for EmbeddedAck {
         {
             partition.committed += 1;
             partition.in_flight = false;
+            // The room leaves with the caller: the record no longer gives it back.
+            let took = keep_room
+                && usize::try_from(self.offset.saturating_sub(logs[p].base))
+                    .ok()
+                    .filter(|_| self.offset >= logs[p].base)
+                    .and_then(|at| logs[p].records.get_mut(at))
+                    .is_some_and(|record| std::mem::replace(&mut record.admitted, false));
             let owner = partition.owner;
             group.mark(p);
             if let Some(owner) = owner {
@@ -727,11 +750,11 @@ impl Acknowledge for EmbeddedAck {
             {
                 room.add_permits(admitted);
             }
-            return Ok(());
+            return Ok(took);
         }
         if self.offset < partition.committed {
             // Acknowledged before (by this delivery, or by the redelivery to a new owner).
-            return Ok(());
+            return Ok(false);
         }
         if partition.generation != self.generation {
             return Err(BusError::Revoked {
@@ -982,6 +1005,59 @@ mod tests {
                 delivery.key()
             );
         }
+    }
+
+    /// A delivery acknowledged keeping its room frees its partition at once, but its room
+    /// comes back only when the consumer drops it: what a consumer queued still counts.
+    #[tokio::test]
+    async fn a_room_kept_at_acknowledgement_comes_back_when_dropped() {
+        let bus = EmbeddedBus::new(EmbeddedConfig {
+            partitions: 1,
+            admission: Some(1),
+            ..EmbeddedConfig::default()
+        })
+        .expect("valid config");
+        let mut consumer = bus
+            .subscribe(Topic::Requested, "dispatcher", "d")
+            .await
+            .expect("join");
+        let wait = Duration::from_millis(100);
+        let admission = bus.admit(Topic::Requested).await.expect("room");
+        bus.publish_admitted(admission, Topic::Requested, "r-1", b"1".to_vec(), vec![])
+            .await
+            .expect("publish");
+        bus.publish(Topic::Requested, "r-1", b"2".to_vec(), vec![])
+            .await
+            .expect("publish");
+        let first = consumer.next().await.expect("open");
+        let room = first.ack_keeping_room().await.expect("ack");
+        let second = tokio::time::timeout(wait, consumer.next())
+            .await
+            .expect("the partition's next message, its first acknowledged")
+            .expect("open");
+        assert_eq!(second.payload(), b"2");
+        assert!(
+            tokio::time::timeout(wait, bus.admit(Topic::Requested))
+                .await
+                .is_err(),
+            "the first message's room is held by the consumer"
+        );
+        // A plain message has no room to hand over; acknowledging it frees nothing.
+        drop(second.ack_keeping_room().await.expect("ack"));
+        assert!(
+            tokio::time::timeout(wait, bus.admit(Topic::Requested))
+                .await
+                .is_err()
+        );
+        drop(room);
+        assert!(
+            tokio::time::timeout(wait, bus.admit(Topic::Requested))
+                .await
+                .is_ok(),
+            "the room came back when the consumer dropped it"
+        );
+        // Acknowledged again: nothing more is handed over.
+        drop(first.ack_keeping_room().await.expect("twice is harmless"));
     }
 
     #[test]

@@ -169,6 +169,40 @@ pub struct Published {
 pub trait Acknowledge: Send + Sync + fmt::Debug + 'static {
     /// Commits the delivery's offset for its group. See [`Delivery::ack`] for the contract.
     async fn ack(&self) -> Result<(), BusError>;
+
+    /// [`Acknowledge::ack`], and the admission room the message was published under (see
+    /// [`Bus::admit`]) handed to the caller instead of given back. A bus without an admission
+    /// bound hands over no room.
+    async fn ack_keeping_room(&self) -> Result<Room, BusError> {
+        self.ack().await.map(|()| Room::none())
+    }
+}
+
+/// Room in a bus's admission bound, taken over from an acknowledged delivery
+/// ([`Delivery::ack_keeping_room`]): given back when dropped. A consumer that queues a message
+/// after acknowledging it holds its room until the work is done, so what waits in its queue
+/// still counts toward the bound new submissions wait for.
+#[derive(Debug, Default)]
+pub struct Room(Option<Arc<tokio::sync::Semaphore>>);
+
+impl Room {
+    /// No room: the bus has no bound, or the message was not published under an admission.
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// For implementations: one unit of `bound`, given back to it when dropped.
+    pub fn of(bound: Arc<tokio::sync::Semaphore>) -> Self {
+        Self(Some(bound))
+    }
+}
+
+impl Drop for Room {
+    fn drop(&mut self) {
+        if let Some(bound) = self.0.take() {
+            bound.add_permits(1);
+        }
+    }
 }
 
 /// A message handed to one member of a group, to be acknowledged once handled.
@@ -218,6 +252,18 @@ impl Delivery {
         // Every bus's acknowledgements pass here.
         sluice_faults::point!("bus.ack.pre");
         let acked = self.acknowledge.ack().await;
+        sluice_faults::point!("bus.ack.post");
+        acked
+    }
+
+    /// [`Delivery::ack`] for a consumer that queues the message to handle it later: its
+    /// admission room (see [`Bus::admit`]) is not given back but handed over, to be dropped
+    /// when the work is done. Acknowledged first, the partition's next message can be handed
+    /// out while this one waits; the message is then lost with the consumer's process, so it
+    /// fits only work the ledger brings back when due.
+    pub async fn ack_keeping_room(&self) -> Result<Room, BusError> {
+        sluice_faults::point!("bus.ack.pre");
+        let acked = self.acknowledge.ack_keeping_room().await;
         sluice_faults::point!("bus.ack.post");
         acked
     }
