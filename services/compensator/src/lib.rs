@@ -42,6 +42,7 @@ pub async fn run(
         group: GROUP.into(),
         member: format!("{ACTOR}-{}", std::process::id()),
         concurrency: config.concurrency,
+        lanes: None,
     };
     let (bus, metrics) = (ctx.bus.clone(), ctx.metrics.clone());
     consume(bus, metrics, spec, shutdown, move |delivery: Delivery| {

@@ -47,6 +47,8 @@ pub async fn run(
         group: GROUP.into(),
         member: owner.clone(),
         concurrency: config.concurrency,
+        // Fair dispatch between tenants: requests read ahead into a lane each.
+        lanes: (config.queue > 0).then_some(config.queue),
     };
     let (bus, metrics) = (ctx.bus.clone(), ctx.metrics.clone());
     // The shared flow controls, read every second, and this dispatcher's share of the limits.

@@ -50,6 +50,7 @@ pub async fn run(
         group: GROUP.into(),
         member: format!("{ACTOR}-{}", std::process::id()),
         concurrency: config.concurrency,
+        lanes: None,
     };
     let keeper = shards::ShardKeeper::new(
         config.name.clone().unwrap_or_else(shards::member_name),

@@ -281,16 +281,26 @@ pub struct CatalogConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DispatcherConfig {
-    /// Runs dispatched at the same time (a run's own commands go one at a time, in order).
+    /// Calls made at the same time (a run's own commands go one at a time).
     pub concurrency: usize,
+    /// Fair dispatch between tenants: how many dispatch requests are read ahead of the
+    /// workers, into one lane per tenant that the workers serve in turn
+    /// (docs/decisions.md, "Tenants"). 0 turns it off: each partition's requests are then
+    /// handled one after another, in the order they were published, whatever their tenant.
+    pub queue: usize,
     /// The name this dispatcher leases under; default `<host>-<pid>`.
     pub owner: Option<String>,
 }
+
+/// `dispatcher.queue` unless configured: more than the embedded bus's admission bound, so the
+/// bus is drained into the lanes and a new tenant's request is never behind a full partition.
+pub const DEFAULT_DISPATCH_QUEUE: usize = 1_024;
 
 impl Default for DispatcherConfig {
     fn default() -> Self {
         Self {
             concurrency: EMBEDDED_PARTITIONS as usize,
+            queue: DEFAULT_DISPATCH_QUEUE,
             owner: None,
         }
     }

@@ -15,6 +15,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+pub mod lanes;
+
 /// The tenant of commands recorded without authentication (the open API's principal).
 pub const ANONYMOUS: &str = "anonymous";
 

@@ -116,6 +116,10 @@ pub struct ConsumerSpec {
     pub group: String,
     pub member: String,
     pub concurrency: usize,
+    /// Read requests ahead, up to this many, into one lane per tenant served in turn by
+    /// `concurrency` workers ([`crate::lanes`]); `None`: a partition's messages one after
+    /// another.
+    pub lanes: Option<usize>,
 }
 
 /// How long a message may hold its partition: handler retries, then dead-letter retries.
@@ -229,11 +233,21 @@ where
     H: Fn(Delivery) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Handled, PipelineError>> + Send + 'static,
 {
+    if let Some(capacity) = spec.lanes {
+        return crate::lanes::consume(
+            bus,
+            metrics,
+            spec,
+            policy,
+            subscription,
+            shutdown,
+            handler,
+            capacity,
+        )
+        .await;
+    }
     let permits = Arc::new(Semaphore::new(spec.concurrency.max(1)));
-    let budget = Arc::new(std::sync::Mutex::new(RetryBudget::new(
-        RETRY_BUDGET_SAVED,
-        RETRY_BUDGET_PER_SUCCESS,
-    )));
+    let budget = One::new_budget();
     let mut tasks = JoinSet::new();
     loop {
         let permit = tokio::select! {
@@ -251,25 +265,11 @@ where
             },
         };
         let handler = handler.clone();
-        let one = One {
-            bus: Arc::clone(&bus),
-            metrics: Arc::clone(&metrics),
-            topic: spec.topic,
-            policy,
-            shutdown: shutdown.clone(),
-            budget: Arc::clone(&budget),
-        };
-        let span = delivery_span(spec.topic, &delivery);
-        tasks.spawn(
-            WORK_SPAN.scope(
-                span.clone(),
-                async move {
-                    one.handle(delivery, handler).await;
-                    drop(permit);
-                }
-                .instrument(span),
-            ),
-        );
+        let one = One::new(&bus, &metrics, spec.topic, policy, &shutdown, &budget);
+        tasks.spawn(async move {
+            one.handle_spanned(delivery, handler).await;
+            drop(permit);
+        });
         while let Some(joined) = tasks.try_join_next() {
             task_ended(joined, &metrics, &bus.topic_name(spec.topic));
         }
@@ -284,7 +284,11 @@ where
 /// here is a panic of the loop's own code around it (acknowledging, dead-lettering), which
 /// left its delivery unacknowledged: its partition waits for a rebalance or a restart. Said at
 /// error level and counted, never dropped unseen.
-fn task_ended(joined: Result<(), tokio::task::JoinError>, metrics: &Metrics, topic: &str) {
+pub(crate) fn task_ended(
+    joined: Result<(), tokio::task::JoinError>,
+    metrics: &Metrics,
+    topic: &str,
+) {
     if let Err(error) = joined
         && error.is_panic()
     {
@@ -338,7 +342,8 @@ fn delivery_span(topic: Topic, delivery: &Delivery) -> tracing::Span {
 }
 
 /// What handling one delivery needs.
-struct One {
+#[derive(Clone)]
+pub(crate) struct One {
     bus: Arc<dyn Bus>,
     metrics: Arc<Metrics>,
     topic: Topic,
@@ -355,6 +360,47 @@ const RETRY_BUDGET_SAVED: u32 = 20;
 const RETRY_BUDGET_PER_SUCCESS: u32 = 100;
 
 impl One {
+    pub(crate) fn new(
+        bus: &Arc<dyn Bus>,
+        metrics: &Arc<Metrics>,
+        topic: Topic,
+        policy: RetryPolicy,
+        shutdown: &CancellationToken,
+        budget: &Arc<std::sync::Mutex<RetryBudget>>,
+    ) -> Self {
+        Self {
+            bus: Arc::clone(bus),
+            metrics: Arc::clone(metrics),
+            topic,
+            policy,
+            shutdown: shutdown.clone(),
+            budget: Arc::clone(budget),
+        }
+    }
+
+    /// A loop's retry budget, shared by its handlers.
+    pub(crate) fn new_budget() -> Arc<std::sync::Mutex<RetryBudget>> {
+        Arc::new(std::sync::Mutex::new(RetryBudget::new(
+            RETRY_BUDGET_SAVED,
+            RETRY_BUDGET_PER_SUCCESS,
+        )))
+    }
+
+    /// [`One::handle`] in the delivery's span ([`delivery_span`], also [`WORK_SPAN`]).
+    pub(crate) async fn handle_spanned<H, F>(self, delivery: Delivery, handler: H)
+    where
+        H: Fn(Delivery) -> F,
+        F: Future<Output = Result<Handled, PipelineError>>,
+    {
+        let span = delivery_span(self.topic, &delivery);
+        WORK_SPAN
+            .scope(
+                span.clone(),
+                self.handle(delivery, handler).instrument(span),
+            )
+            .await;
+    }
+
     /// Whether a retry is in the budget now; one that is not waits the longest backoff.
     fn retry_in_budget(&self) -> bool {
         self.budget

@@ -8,6 +8,7 @@ pub use sluice_config as config;
 pub mod consumer;
 pub mod flow;
 pub mod gauges;
+pub mod lanes;
 pub mod messages;
 pub mod metrics;
 pub mod ops;

@@ -126,6 +126,13 @@ pub fn trace_of(headers: &[(String, Vec<u8>)]) -> Option<TraceContext> {
     })
 }
 
+/// The header of a dispatch request naming its command's tenant: the lane it waits in at the
+/// dispatcher (fair dispatch, `sluice_core::tenant::lanes`). A header, not a field, so a
+/// dispatcher reads it without decoding the payload and one built before it reads the message
+/// as before; a request without it waits in the lane of [`sluice_core::tenant::ANONYMOUS`].
+/// It orders work only: the dispatcher re-reads the command and acts on what the ledger holds.
+pub const TENANT_HEADER: &str = "sluice-tenant";
+
 /// A request about `command`, with the trace headers it is sent under.
 fn request_for<T: Serialize>(command: &Command, request: &T) -> Outgoing {
     Outgoing {
@@ -134,16 +141,20 @@ fn request_for<T: Serialize>(command: &Command, request: &T) -> Outgoing {
     }
 }
 
-/// `requested`: a dispatch request for `command`.
+/// `requested`: a dispatch request for `command`, with its tenant's header.
 pub fn dispatch_request(command: &Command, cause: Cause) -> Outgoing {
-    request_for(
+    let mut request = request_for(
         command,
         &DispatchRequest {
             run_id: command.run_id.clone(),
             command_key: command.command_key.clone(),
             cause,
         },
-    )
+    );
+    request
+        .headers
+        .push((TENANT_HEADER.into(), command.tenant().as_bytes().to_vec()));
+    request
 }
 
 /// `unknown`: a reconcile request for `command`.
@@ -428,7 +439,17 @@ mod tests {
         assert_eq!(trace_of(&event.headers), trace);
         // No context, no headers: a command submitted without one and no span to send from.
         let untraced = command.clone().traced(None);
-        assert!(dispatch_request(&untraced, Cause::Due).headers.is_empty());
+        assert_eq!(
+            dispatch_request(&untraced, Cause::Due).headers,
+            [(TENANT_HEADER.to_owned(), b"anonymous".to_vec())],
+            "a dispatch request names its tenant, and nothing else without a context"
+        );
+        let named = untraced.clone().for_tenant("acme");
+        assert_eq!(
+            header(&dispatch_request(&named, Cause::Due).headers, TENANT_HEADER),
+            Some("acme")
+        );
+        assert!(reconcile_request(&untraced).headers.is_empty());
         assert_eq!(
             LifecycleEvent::new("x", &untraced, Timestamp::from_millis(2)).header("ce_traceparent"),
             None

@@ -75,6 +75,9 @@ pub struct Metrics {
     /// `sluice_tenant_submissions_refused_total{tenant}`: submissions refused because their
     /// tenant held its whole quota in flight (429, nothing recorded).
     pub tenant_refused: IntCounterVec,
+    /// `sluice_dispatch_queued{tenant}`: dispatch requests read off the bus and waiting in the
+    /// dispatcher's lane of their tenant for a worker (fair dispatch).
+    pub dispatch_queued: IntGaugeVec,
     /// The figures of `sluice_commands{status, tool}` and
     /// `sluice_oldest_command_age_seconds{status, tool}`, exported by
     /// [`Metrics::observe_commands`].
@@ -229,6 +232,17 @@ impl Metrics {
         registry
             .register(Box::new(webhook_pending.clone()))
             .expect("each metric is registered once");
+        let dispatch_queued = IntGaugeVec::new(
+            Opts::new(
+                "dispatch_queued",
+                "Dispatch requests waiting in the dispatcher's lane of their tenant for a worker",
+            ),
+            &["tenant"],
+        )
+        .expect("metric definitions are static and valid");
+        registry
+            .register(Box::new(dispatch_queued.clone()))
+            .expect("each metric is registered once");
         let webhook_oldest_pending = GaugeVec::new(
             Opts::new(
                 "webhook_oldest_pending_seconds",
@@ -285,6 +299,7 @@ impl Metrics {
             http_seconds,
             waiting_requests,
             tenant_refused,
+            dispatch_queued,
             commands: CommandGauges::default(),
             webhook_deliveries,
             webhook_pending,

@@ -64,6 +64,7 @@ fn spec() -> ConsumerSpec {
         group: "test-dispatcher".into(),
         member: "test".into(),
         concurrency: 4,
+        lanes: None,
     }
 }
 

@@ -184,6 +184,7 @@ impl Deliverer {
             group: GROUP.into(),
             member: member(),
             concurrency: 4,
+            lanes: None,
         };
         let (bus, metrics) = (ctx.bus.clone(), ctx.metrics.clone());
         let consumed = consume_subscribed(
