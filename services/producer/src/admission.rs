@@ -5,6 +5,7 @@
 //! docs/decisions.md, "No work amplification under a slow ledger"). Work accepted then would
 //! wait past its reservation lease, and every lapse costs the ledger more writes.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -113,15 +114,20 @@ impl DispatchQueue {
             .waiting = Some(0);
     }
 
-    /// Decides on one more request and, when admitted, counts it (under the same lock, so
-    /// concurrent submissions cannot all pass on one figure).
-    fn admit(self: &Arc<Self>, max_queue_ms: u64) -> Result<Ticket, load::Admission> {
+    /// Decides on one more request of a tenant with `share` and, when admitted, counts it
+    /// (under the same lock, so concurrent submissions cannot all pass on one figure).
+    fn admit(
+        self: &Arc<Self>,
+        max_queue_ms: u64,
+        share: impl FnOnce() -> load::TenantShare,
+    ) -> Result<Ticket, load::Admission> {
         let mut reading = self.reading.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(waiting) = reading.estimate() {
-            let verdict = load::admit_queue(
+            let verdict = load::admit_queue_for(
                 waiting,
                 &reading.rate,
                 i64::try_from(max_queue_ms).unwrap_or(i64::MAX),
+                share,
             );
             if verdict != load::Admission::Admit {
                 return Err(verdict);
@@ -142,10 +148,32 @@ pub(crate) struct Admitted {
     pub(crate) ticket: Option<Ticket>,
 }
 
+/// One turn per tenant at the bus's admission: a tenant's submissions wait for room one at a
+/// time, so the bus's queue of waiters (first come, first served) holds at most one of each
+/// tenant and room that comes back goes to the tenants in turn. Without it a tenant's burst of
+/// submissions queued ahead of everyone else's. Tenants are the configuration's tokens and
+/// the tenants they may name, so the map stays as small as the configuration.
+#[derive(Debug, Default)]
+pub(crate) struct TenantTurns(Mutex<HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>>);
+
+impl TenantTurns {
+    fn of(&self, tenant: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut turns = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(turn) = turns.get(tenant) {
+            return Arc::clone(turn);
+        }
+        let turn = Arc::new(tokio::sync::Mutex::new(()));
+        turns.insert(Arc::from(tenant), Arc::clone(&turn));
+        turn
+    }
+}
+
 impl Api {
-    /// Waits for room for one more dispatch request (see [`sluice_bus::Bus::admit`]), at most
-    /// `admission_wait_ms`, unless the pipeline is behind already.
-    pub(crate) async fn admit(&self) -> Result<Admitted, ApiError> {
+    /// Waits for room for one more dispatch request of `tenant` (see
+    /// [`sluice_bus::Bus::admit`]), at most `admission_wait_ms`, unless the pipeline is behind
+    /// already (a tenant under its share of the dispatchers' queue is admitted past it:
+    /// `sluice_core::load::admit_queue_for`).
+    pub(crate) async fn admit(&self, tenant: &str) -> Result<Admitted, ApiError> {
         // Behind already (the ledger's writes, the bus client's queue, the dispatchers' queue):
         // refused before the reservation, so work that could not start in time is never taken
         // on.
@@ -161,7 +189,7 @@ impl Api {
             load::Admission::Admit if self.config.max_dispatch_queue_ms == 0 => Ok(None),
             load::Admission::Admit => self
                 .dispatch_queue
-                .admit(self.config.max_dispatch_queue_ms)
+                .admit(self.config.max_dispatch_queue_ms, || self.share_of(tenant))
                 .map(Some),
             refused => Err(refused),
         };
@@ -178,7 +206,12 @@ impl Api {
             Err(load::Admission::Admit) => None,
         };
         let wait = Duration::from_millis(self.config.admission_wait_ms);
-        match tokio::time::timeout(wait, self.ctx.bus.admit(Topic::Requested)).await {
+        let turn = self.tenant_turns.of(tenant);
+        let room = async {
+            let _turn = turn.lock().await;
+            self.ctx.bus.admit(Topic::Requested).await
+        };
+        match tokio::time::timeout(wait, room).await {
             Ok(Ok(room)) => Ok(Admitted { room, ticket }),
             Ok(Err(e)) => Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -194,6 +227,28 @@ impl Api {
                     wait.as_millis()
                 ),
             )),
+        }
+    }
+
+    /// `tenant`'s effects in flight, and how many tenants have some (this one included), as
+    /// the command gauges count them. A process that does not keep them (neither
+    /// `metrics.command_gauges` nor `[tenants]` quotas), or has not read the ledger into them
+    /// yet, knows no tenant's count: every tenant is then held to the queue's bound.
+    fn share_of(&self, tenant: &str) -> load::TenantShare {
+        if !self.ctx.metrics.commands.is_seeded() {
+            return load::TenantShare {
+                in_flight: u64::MAX,
+                tenants: 1,
+            };
+        }
+        let figures = self.ctx.metrics.commands.tenant_figures();
+        let others = figures
+            .iter()
+            .filter(|(name, count)| *count > 0 && &**name != tenant)
+            .count();
+        load::TenantShare {
+            in_flight: self.ctx.metrics.commands.in_flight(tenant),
+            tenants: u64::try_from(others).unwrap_or(u64::MAX).saturating_add(1),
         }
     }
 }
@@ -261,10 +316,16 @@ async fn read_dispatch_queue(api: Api, shutdown: Shutdown) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tenant with its whole even share in flight: the queue's bound binds it.
+    const ANY: load::TenantShare = load::TenantShare {
+        in_flight: u64::MAX,
+        tenants: 1,
+    };
     use sluice_core::load::QUEUE_FLOOR;
 
     fn refused(queue: &Arc<DispatchQueue>) -> bool {
-        queue.admit(5_000).is_err()
+        queue.admit(5_000, || ANY).is_err()
     }
 
     #[test]
@@ -274,7 +335,7 @@ mod tests {
         let tickets: Vec<Ticket> = (0..=QUEUE_FLOOR)
             .map(|n| {
                 queue
-                    .admit(5_000)
+                    .admit(5_000, || ANY)
                     .unwrap_or_else(|_| panic!("admission {n}"))
             })
             .collect();
@@ -292,7 +353,7 @@ mod tests {
         let queue = Arc::new(DispatchQueue::default());
         queue.arm();
         let mut tickets: Vec<Ticket> = (0..=QUEUE_FLOOR)
-            .map(|_| queue.admit(5_000).expect("admitted"))
+            .map(|_| queue.admit(5_000, || ANY).expect("admitted"))
             .collect();
         // Half were published before a reading began; it found the dispatchers had taken
         // every one of those.
@@ -320,7 +381,7 @@ mod tests {
         let queue = Arc::new(DispatchQueue::default());
         queue.arm();
         let held: Vec<Ticket> = (0..=QUEUE_FLOOR)
-            .map(|_| queue.admit(5_000).expect("admitted"))
+            .map(|_| queue.admit(5_000, || ANY).expect("admitted"))
             .collect();
         assert!(refused(&queue));
         assert!(queue.give_up(), "it was deciding");

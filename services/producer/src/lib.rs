@@ -93,6 +93,8 @@ pub struct Api {
     run_turns: Arc<[tokio::sync::Mutex<()>]>,
     /// The dispatchers' queue as last read from the bus, for admission.
     dispatch_queue: Arc<admission::DispatchQueue>,
+    /// Each tenant's turn at the bus's admission (fair between tenants).
+    tenant_turns: Arc<admission::TenantTurns>,
     /// The last hour of this process's counters, minute by minute (`GET /v1/overview`).
     pulse: Arc<overview::Pulse>,
     /// Tenants' quotas of effects in flight, and the admissions under way (`[tenants]`).
@@ -119,6 +121,7 @@ impl Api {
             waiters: Arc::default(),
             owned: Arc::default(),
             dispatch_queue: Arc::default(),
+            tenant_turns: Arc::default(),
             quotas: Arc::new(quota::Quotas::new(config.tenants.clone())),
             run_turns: (0..RUN_STRIPES)
                 .map(|_| tokio::sync::Mutex::new(()))

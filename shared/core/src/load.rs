@@ -168,6 +168,42 @@ pub fn admit_queue(waiting: u64, rate: &DrainRate, max_queue_ms: i64) -> Admissi
     }
 }
 
+/// A tenant's part of what is in flight, for [`admit_queue_for`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TenantShare {
+    /// The submitting tenant's effects in flight.
+    pub in_flight: u64,
+    /// Tenants with effects in flight, the submitting one included.
+    pub tenants: u64,
+}
+
+/// [`admit_queue`], fair between tenants: over the bound, a tenant is still admitted while its
+/// effects in flight are under an even share of the bound (the bound over the tenants with
+/// work in flight). The tenant that filled the queue is refused; one that arrives behind it
+/// with a few effects is not, and the dispatchers' lanes serve it in turn
+/// (docs/decisions.md, "Tenants"). The queue then holds at most about twice the bound: the
+/// bound, and the small tenants' shares of it.
+/// `share` is asked only when the queue is over its bound.
+pub fn admit_queue_for(
+    waiting: u64,
+    rate: &DrainRate,
+    max_queue_ms: i64,
+    share: impl FnOnce() -> TenantShare,
+) -> Admission {
+    let verdict = admit_queue(waiting, rate, max_queue_ms);
+    if verdict == Admission::Admit {
+        return verdict;
+    }
+    let share = share();
+    let per_s = rate.per_s().max(0.0);
+    let limit = ((per_s * max_queue_ms as f64 / 1_000.0) as u64).max(QUEUE_FLOOR);
+    if share.in_flight < limit / share.tenants.max(1) {
+        Admission::Admit
+    } else {
+        verdict
+    }
+}
+
 /// The wait before retry `attempt` (1 for the first) of a failed write: exponential from
 /// `base_ms`, at most `cap_ms`, and "equal jitter" by `jitter` in `[0, 1)` — between half
 /// and all of it — so writers that failed together do not retry together.

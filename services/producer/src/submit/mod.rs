@@ -320,7 +320,7 @@ impl Api {
             command.status(),
             CommandStatus::Pending | CommandStatus::Leased
         ) {
-            Some(self.admit().await?)
+            Some(self.admit(command.tenant()).await?)
         } else {
             None
         };

@@ -290,3 +290,49 @@ proptest! {
         prop_assert!(crate::machine::lease_usable(&leased, &rules, decided.plus_millis(write_ms)));
     }
 }
+
+#[test]
+fn over_the_queue_bound_a_tenant_under_its_share_is_still_admitted() {
+    let idle = DrainRate::default();
+    let over = QUEUE_FLOOR + 1_000;
+    let flood = TenantShare {
+        in_flight: 1_400,
+        tenants: 2,
+    };
+    assert!(
+        matches!(
+            admit_queue_for(over, &idle, 5_000, || flood),
+            Admission::Refuse {
+                code: "dispatch_behind",
+                ..
+            }
+        ),
+        "the tenant that filled the queue is refused"
+    );
+    let trickle = TenantShare {
+        in_flight: 10,
+        tenants: 2,
+    };
+    assert_eq!(
+        admit_queue_for(over, &idle, 5_000, || trickle),
+        Admission::Admit,
+        "one with ten in flight, under half the bound of 500, is not"
+    );
+    let at_share = TenantShare {
+        in_flight: QUEUE_FLOOR / 2,
+        tenants: 2,
+    };
+    assert_ne!(
+        admit_queue_for(over, &idle, 5_000, || at_share),
+        Admission::Admit
+    );
+    // Under the bound everyone is admitted, and 0 turns it off, as `admit_queue`.
+    assert_eq!(
+        admit_queue_for(10, &idle, 5_000, || flood),
+        Admission::Admit
+    );
+    assert_eq!(
+        admit_queue_for(u64::MAX, &idle, 0, || flood),
+        Admission::Admit
+    );
+}
