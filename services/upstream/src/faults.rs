@@ -230,6 +230,10 @@ pub struct Faults {
     /// How long `commit_then_timeout` holds the response, in milliseconds. Choose it longer than
     /// the client's timeout (the demo catalog's longest is 10 s).
     pub timeout_sleep_ms: u64,
+    /// How long every committed call to a mutating endpoint holds its answer, in milliseconds:
+    /// a real API's latency, for benchmarks that need the calls, not the pipeline, to take
+    /// the time. 0 answers at once.
+    pub latency_ms: u64,
 }
 
 impl Default for Faults {
@@ -252,6 +256,7 @@ impl Faults {
             status_rate_limited: 0.0,
             retry_after_secs: 1,
             timeout_sleep_ms: duration_ms(Self::DEFAULT_TIMEOUT_SLEEP),
+            latency_ms: 0,
         }
     }
 

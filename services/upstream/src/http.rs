@@ -95,7 +95,17 @@ impl Shared {
             state.injected.record(kind);
             info!(fault = %kind, %family, "injecting fault");
         }
-        Plan::for_fault(fault, state.faults.timeout_sleep())
+        let latency = state.faults.latency_ms;
+        match Plan::for_fault(fault, state.faults.timeout_sleep()) {
+            Plan::Commit {
+                times,
+                then: AfterCommit::Answer,
+            } if latency > 0 => Plan::Commit {
+                times,
+                then: AfterCommit::AnswerLate(std::time::Duration::from_millis(latency)),
+            },
+            plan => plan,
+        }
     }
 
     /// Draws the fault of one status check (`StatusInconclusive`, `StatusRateLimited` or
