@@ -136,7 +136,9 @@ pub enum Admission {
 /// A call in flight, counted against its upstream's cap until dropped.
 #[derive(Debug)]
 pub struct Permit {
-    flow: Arc<Flow>,
+    /// `None`: a call nothing limits (no upstream declared, no control stored), counted
+    /// nowhere.
+    flow: Option<Arc<Flow>>,
     upstream: String,
     /// This call is the breaker's probe.
     pub probe: bool,
@@ -144,12 +146,15 @@ pub struct Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        if let Ok(mut state) = self.flow.state.lock()
+        let Some(flow) = &self.flow else {
+            return;
+        };
+        if let Ok(mut state) = flow.state.lock()
             && let Some(local) = state.local.get_mut(&self.upstream)
         {
             local.in_flight = local.in_flight.saturating_sub(1);
         }
-        self.flow.freed.notify_waiters();
+        flow.freed.notify_waiters();
     }
 }
 
@@ -207,6 +212,17 @@ impl Flow {
         command: &Command,
         owner: &str,
     ) -> Result<Admission, LedgerError> {
+        // The common case, on every dispatch: a tool with no declared limits and nothing
+        // stored by an operator or a breaker. Nothing to count or look up.
+        if ctx.catalog.declared_upstream(tool).is_none()
+            && self.with_state(|state| state.controls.is_empty())
+        {
+            return Ok(Admission::Go(Permit {
+                flow: None,
+                upstream: String::new(),
+                probe: false,
+            }));
+        }
         let spec = ctx.catalog.upstream_of(tool).into_owned();
         let now = ctx.clock.now();
         let (tool_control, upstream_control) = self.with_state(|state| {
@@ -294,7 +310,7 @@ impl Flow {
             });
             if taken {
                 return Some(Permit {
-                    flow: Arc::clone(self),
+                    flow: Some(Arc::clone(self)),
                     upstream: spec.name.clone(),
                     probe,
                 });
@@ -410,7 +426,10 @@ impl Flow {
         probe: bool,
         owner: &str,
     ) -> Result<(), LedgerError> {
-        let spec = ctx.catalog.upstream_of(tool).into_owned();
+        // Only a declared upstream has a breaker.
+        let Some(spec) = ctx.catalog.declared_upstream(tool) else {
+            return Ok(());
+        };
         let Some(breaker) = spec.breaker else {
             return Ok(());
         };

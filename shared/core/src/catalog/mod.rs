@@ -377,6 +377,12 @@ impl Catalog {
     }
 
     /// What `tool`'s calls are limited by: its declared upstream, or itself with no limit.
+    /// The `[upstream.<name>]` `tool` joins, if the catalog declares it (a tool naming none,
+    /// or an undeclared one, has no limits).
+    pub fn declared_upstream(&self, tool: &Tool) -> Option<&crate::flow::UpstreamSpec> {
+        self.upstreams.get(&tool.upstream)
+    }
+
     pub fn upstream_of(&self, tool: &Tool) -> std::borrow::Cow<'_, crate::flow::UpstreamSpec> {
         match self.upstreams.get(&tool.upstream) {
             Some(spec) => std::borrow::Cow::Borrowed(spec),
