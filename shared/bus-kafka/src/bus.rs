@@ -51,6 +51,8 @@ struct Inner {
     drivers: Mutex<Vec<JoinHandle<()>>>,
     /// Readers of consumer groups' committed offsets, for [`Bus::queue_depth`].
     lag: LagReaders,
+    /// Messages published and fetched through this handle, for [`Bus::traffic`].
+    traffic: Arc<sluice_bus::Traffic>,
 }
 
 impl fmt::Debug for KafkaBus {
@@ -115,6 +117,7 @@ impl KafkaBus {
                 closed,
                 drivers: Mutex::new(Vec::new()),
                 lag: LagReaders::default(),
+                traffic: Arc::default(),
             }),
         })
     }
@@ -367,6 +370,7 @@ impl Bus for KafkaBus {
         sluice_faults::point!("bus.publish.post");
         match sent {
             Ok(delivery) => {
+                self.inner.traffic.count_published(topic);
                 let (Ok(partition), Ok(offset)) = (
                     u32::try_from(delivery.partition),
                     u64::try_from(delivery.offset),
@@ -397,7 +401,13 @@ impl Bus for KafkaBus {
             return Err(BusError::Closed);
         }
         let name = self.inner.names[topic.index()].clone();
-        let shared = Arc::new(Member::new(topic, name.clone(), group, member));
+        let shared = Arc::new(Member::new(
+            topic,
+            name.clone(),
+            group,
+            member,
+            Arc::clone(&self.inner.traffic),
+        ));
         let consumer: KafkaConsumer = self
             .inner
             .config
@@ -434,6 +444,10 @@ impl Bus for KafkaBus {
         u64::try_from(self.inner.producer.in_flight_count()).unwrap_or(0)
     }
 
+    fn traffic(&self) -> Option<sluice_bus::TrafficCounts> {
+        Some(self.inner.traffic.read())
+    }
+
     async fn queue_depth(&self, topic: Topic, group: &str) -> Result<Option<QueueDepth>, BusError> {
         validate_group(group)?;
         if self.is_closed() {
@@ -462,6 +476,7 @@ impl Bus for KafkaBus {
             self.inner.partitions[topic.index()],
             member,
             self.inner.closed.subscribe(),
+            Arc::clone(&self.inner.traffic),
         )
     }
 }

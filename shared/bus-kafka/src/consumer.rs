@@ -92,6 +92,8 @@ pub(crate) struct Member {
     pub(crate) group: String,
     pub(crate) name: String,
     state: Mutex<MemberState>,
+    /// The bus handle's counts: every message received is counted fetched.
+    traffic: Arc<sluice_bus::Traffic>,
     /// Wakes `next`: a message was queued, acknowledged, the assignment changed or the member
     /// closed. `notify_one` keeps a permit if `next` is not waiting yet, so a wake-up between
     /// its look at the state and its wait is not lost; a wake-up is only a hint to look again.
@@ -144,13 +146,20 @@ impl Received {
 }
 
 impl Member {
-    pub(crate) fn new(topic: Topic, topic_name: String, group: &str, name: &str) -> Self {
+    pub(crate) fn new(
+        topic: Topic,
+        topic_name: String,
+        group: &str,
+        name: &str,
+        traffic: Arc<sluice_bus::Traffic>,
+    ) -> Self {
         Self {
             topic,
             topic_name,
             group: group.to_owned(),
             name: name.to_owned(),
             state: Mutex::new(MemberState::default()),
+            traffic,
             wake: Notify::new(),
         }
     }
@@ -208,6 +217,7 @@ impl Member {
             );
             return;
         };
+        self.traffic.count_fetched(self.topic);
         let received = Received {
             offset,
             message: Message {

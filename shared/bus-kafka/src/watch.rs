@@ -34,6 +34,7 @@ struct WatchSource {
     partitions: Vec<u32>,
     closed: watch::Receiver<bool>,
     ack: Arc<dyn Acknowledge>,
+    traffic: Arc<sluice_bus::Traffic>,
 }
 
 impl fmt::Debug for WatchSource {
@@ -62,7 +63,10 @@ impl DeliverySource for WatchSource {
                 received = self.consumer.recv() => received,
             };
             let message = match received {
-                Ok(message) => message,
+                Ok(message) => {
+                    self.traffic.count_fetched(self.topic);
+                    message
+                }
                 Err(error) => {
                     tracing::debug!(topic = %self.name, %error, "watch: a fetch failed; librdkafka retries");
                     continue;
@@ -113,6 +117,7 @@ pub(crate) fn watch(
     partitions: u32,
     member: &str,
     closed: watch::Receiver<bool>,
+    traffic: Arc<sluice_bus::Traffic>,
 ) -> Result<Subscription, BusError> {
     let backend = |error| BusError::Backend {
         op: "watch",
@@ -135,6 +140,7 @@ pub(crate) fn watch(
         partitions: (0..partitions).collect(),
         closed,
         ack: Arc::new(NoAck),
+        traffic,
     };
     Ok(Subscription::new(topic, "", member, Box::new(source)))
 }

@@ -138,6 +138,7 @@ struct Shared {
     partitions: u32,
     max_message_bytes: usize,
     state: Mutex<State>,
+    traffic: crate::Traffic,
 }
 
 #[derive(Debug)]
@@ -316,6 +317,7 @@ impl EmbeddedBus {
                 prefix: config.prefix,
                 partitions: config.partitions,
                 max_message_bytes: config.max_message_bytes,
+                traffic: crate::Traffic::default(),
                 state: Mutex::new(State {
                     closed: false,
                     topics,
@@ -350,6 +352,7 @@ impl EmbeddedBus {
         }
         let partition = partition_for(key.as_bytes(), self.shared.partitions);
         let p = partition as usize;
+        self.shared.traffic.count_published(topic);
 
         let mut state = self.shared.lock();
         if state.closed {
@@ -421,6 +424,10 @@ impl EmbeddedBus {
 
 #[async_trait]
 impl Bus for EmbeddedBus {
+    fn traffic(&self) -> Option<crate::TrafficCounts> {
+        Some(self.shared.traffic.read())
+    }
+
     fn prefix(&self) -> &str {
         &self.shared.prefix
     }
@@ -607,6 +614,7 @@ impl EmbeddedSource {
                     offset,
                     generation: partition.generation,
                 };
+                self.shared.traffic.count_fetched(self.topic);
                 return Take::Ready(Delivery::new(
                     Arc::clone(&record.message),
                     partition_id,
@@ -1058,6 +1066,30 @@ mod tests {
         );
         // Acknowledged again: nothing more is handed over.
         drop(first.ack_keeping_room().await.expect("twice is harmless"));
+    }
+
+    /// What a benchmark reads to count the bus's work per effect.
+    #[tokio::test]
+    async fn traffic_counts_what_was_published_and_handed_out() {
+        let bus = bus(2);
+        let mut consumer = bus
+            .subscribe(Topic::Requested, "dispatcher", "d")
+            .await
+            .expect("join");
+        for key in ["r-1", "r-2"] {
+            bus.publish(Topic::Requested, key, b"x".to_vec(), vec![])
+                .await
+                .expect("publish");
+        }
+        bus.publish(Topic::Events, "r-1", b"e".to_vec(), vec![])
+            .await
+            .expect("publish");
+        consumer.next().await.expect("open");
+        let counts = bus.traffic().expect("counted");
+        assert_eq!(counts.published[Topic::Requested.index()], 2);
+        assert_eq!(counts.published[Topic::Events.index()], 1);
+        assert_eq!(counts.fetched[Topic::Requested.index()], 1);
+        assert_eq!(counts.fetched[Topic::Events.index()], 0);
     }
 
     #[test]

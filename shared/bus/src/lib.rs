@@ -178,6 +178,43 @@ pub trait Acknowledge: Send + Sync + fmt::Debug + 'static {
     }
 }
 
+/// Messages a bus handle published and fetched, per topic (indexed by [`Topic::index`]),
+/// since it was made: what a benchmark divides by its effects to count the bus's work per
+/// effect. Fetched counts every message a member of this handle received from the bus (on
+/// Kafka, from the brokers), handed out or not.
+#[derive(Debug, Default)]
+pub struct Traffic {
+    published: [std::sync::atomic::AtomicU64; 5],
+    fetched: [std::sync::atomic::AtomicU64; 5],
+}
+
+/// A reading of [`Traffic`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TrafficCounts {
+    pub published: [u64; 5],
+    pub fetched: [u64; 5],
+}
+
+impl Traffic {
+    pub fn count_published(&self, topic: Topic) {
+        self.published[topic.index()].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn count_fetched(&self, topic: Topic) {
+        self.fetched[topic.index()].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn read(&self) -> TrafficCounts {
+        let load = |counts: &[std::sync::atomic::AtomicU64; 5]| {
+            std::array::from_fn(|i| counts[i].load(std::sync::atomic::Ordering::Relaxed))
+        };
+        TrafficCounts {
+            published: load(&self.published),
+            fetched: load(&self.fetched),
+        }
+    }
+}
+
 /// Room in a bus's admission bound, taken over from an acknowledged delivery
 /// ([`Delivery::ack_keeping_room`]): given back when dropped. A consumer that queues a message
 /// after acknowledging it holds its room until the work is done, so what waits in its queue
@@ -415,6 +452,12 @@ pub trait Bus: Send + Sync + fmt::Debug + 'static {
     /// bus is, for admission (`sluice_core::load::admit`). 0 for a bus that does not queue.
     fn backlog(&self) -> u64 {
         0
+    }
+
+    /// What this handle published and fetched so far, per topic; `None` for a bus that does
+    /// not count.
+    fn traffic(&self) -> Option<TrafficCounts> {
+        None
     }
 
     /// How far `group` is behind on `topic`, read from the bus itself (for a producer's

@@ -76,6 +76,7 @@ pub(super) fn summarize(
         round_trips_per_effect: BTreeMap::new(),
         lwt_per_effect_by_op: BTreeMap::new(),
         plain_per_effect_by_op: BTreeMap::new(),
+        bus_per_effect: BTreeMap::new(),
         deferred_503: tracker.deferred.load(Ordering::Relaxed),
     }
 }
@@ -91,6 +92,37 @@ pub(super) fn count_round_trips(result: &mut PassResult, trips: Vec<sluice_ledge
             _ => continue,
         };
         *by_op.entry(trip.op).or_default() += trip.count as f64 / effects;
+    }
+}
+
+/// Divides the pass's bus messages (a fresh bus handle per pass), published and fetched, by
+/// its effects, per topic. Fetched counts every consumer group of the pipeline's process and
+/// the bench's own reader of `events`.
+pub(super) fn count_bus_messages(
+    result: &mut PassResult,
+    traffic: Option<sluice_bus::TrafficCounts>,
+) {
+    let Some(traffic) = traffic else {
+        return;
+    };
+    let effects = result.effects.max(1) as f64;
+    for topic in [
+        Topic::Requested,
+        Topic::Unknown,
+        Topic::Compensate,
+        Topic::Events,
+        Topic::Dlq,
+    ] {
+        let (published, fetched) = (
+            traffic.published[topic.index()],
+            traffic.fetched[topic.index()],
+        );
+        if published + fetched > 0 {
+            result.bus_per_effect.insert(
+                topic.suffix(),
+                (published as f64 / effects, fetched as f64 / effects),
+            );
+        }
     }
 }
 

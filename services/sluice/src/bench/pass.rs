@@ -251,6 +251,7 @@ pub(super) async fn run_pass(
         }
         let mut result = summarize(&pass, &submission, &tracker, submit_secs, cpu);
         count_round_trips(&mut result, pipeline.ctx.ledger.round_trips());
+        count_bus_messages(&mut result, pipeline.ctx.bus.traffic());
         Ok(result)
     };
     let result = measured.await;

@@ -55,6 +55,9 @@ pub struct PassResult {
     pub round_trips_per_effect: BTreeMap<&'static str, f64>,
     pub lwt_per_effect_by_op: BTreeMap<&'static str, f64>,
     pub plain_per_effect_by_op: BTreeMap<&'static str, f64>,
+    /// Bus messages per confirmed effect by topic: (published, fetched by the process's
+    /// consumer groups and the bench's reader of `events`).
+    pub bus_per_effect: BTreeMap<&'static str, (f64, f64)>,
     /// Submissions answered 503 (the pipeline's admission: behind) and sent again after the
     /// answer's `Retry-After`.
     pub deferred_503: usize,
@@ -106,6 +109,25 @@ impl PassResult {
                 kinds.join(", "),
                 by_op(&self.lwt_per_effect_by_op),
                 by_op(&self.plain_per_effect_by_op)
+            ));
+        }
+        if !self.bus_per_effect.is_empty() {
+            let topics: Vec<String> = self
+                .bus_per_effect
+                .iter()
+                .map(|(topic, (published, fetched))| {
+                    format!("{topic} {published:.2} published, {fetched:.2} fetched")
+                })
+                .collect();
+            let (published, fetched) = self
+                .bus_per_effect
+                .values()
+                .fold((0.0, 0.0), |(p, f), (published, fetched)| {
+                    (p + published, f + fetched)
+                });
+            line.push_str(&format!(
+                "\n  bus messages per effect: {published:.2} published, {fetched:.2} fetched ({})",
+                topics.join("; ")
             ));
         }
         line
