@@ -109,6 +109,8 @@ struct Counters {
     retries: AtomicU64,
     /// LWTs whose outcome was unknown (a timeout) and was settled by a SERIAL read.
     unknown: AtomicU64,
+    /// Reservations that took their run to be new and found it was not (a failed LWT).
+    guesses_missed: AtomicU64,
 }
 
 /// Round-trip counters of one ledger; shared by its clones.
@@ -130,6 +132,7 @@ pub struct OpCounts {
     pub plain_us: u64,
     pub retries: u64,
     pub unknown: u64,
+    pub guesses_missed: u64,
 }
 
 impl std::ops::Sub for OpCounts {
@@ -145,6 +148,7 @@ impl std::ops::Sub for OpCounts {
             plain_us: self.plain_us - earlier.plain_us,
             retries: self.retries - earlier.retries,
             unknown: self.unknown - earlier.unknown,
+            guesses_missed: self.guesses_missed - earlier.guesses_missed,
         }
     }
 }
@@ -211,6 +215,12 @@ impl CqlStats {
         self.ops[op.index()].retries.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn guess_missed(&self, op: Op) {
+        self.ops[op.index()]
+            .guesses_missed
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn unknown(&self, op: Op) {
         self.ops[op.index()].unknown.fetch_add(1, Ordering::Relaxed);
     }
@@ -231,6 +241,7 @@ impl CqlStats {
                         plain_us: c.plain_us.load(Ordering::Relaxed),
                         retries: c.retries.load(Ordering::Relaxed),
                         unknown: c.unknown.load(Ordering::Relaxed),
+                        guesses_missed: c.guesses_missed.load(Ordering::Relaxed),
                     };
                     (op.as_str(), counts)
                 })

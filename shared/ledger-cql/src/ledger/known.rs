@@ -41,6 +41,8 @@ pub(super) enum Stale {
     Read,
     /// The cache.
     Cached,
+    /// Nothing: a run taken to be new without a read ([`guess_new_run`](super::reserve)).
+    Guessed,
 }
 
 /// Entries of each map of [`Known`].
