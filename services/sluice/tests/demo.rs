@@ -148,13 +148,19 @@ async fn bench_small_run_confirms_every_effect_in_each_pass() {
             .cpu_us_per_effect
             .expect("the process CPU clock is read");
         assert!(cpu > 0.0, "{result:?}");
+        let line = result.line();
+        let summary = line.lines().next().unwrap_or_default();
         assert!(
-            result
-                .line()
-                .ends_with(&format!("; {cpu:.0} µs of this process's CPU per effect")),
-            "{}",
-            result.line()
+            summary.ends_with(&format!("; {cpu:.0} µs of this process's CPU per effect")),
+            "{line}"
         );
+        // And the bus's work per effect: each effect's dispatch request at least.
+        let requested = result.bus_per_effect.get("requested").copied();
+        assert!(
+            requested.is_some_and(|(published, fetched)| published >= 1.0 && fetched >= 1.0),
+            "{line}"
+        );
+        assert!(line.contains("\n  bus messages per effect: "), "{line}");
     }
     let batch = &report.results[1];
     let paced = &report.results[2];

@@ -82,8 +82,9 @@ impl Shared {
             .with_label_values(&[&queued.tenant])
             .inc();
         self.lock().push(queued);
-        // Every idle worker looks: the one woken alone might find only busy runs.
-        self.ready.notify_waiters();
+        // One idle worker looks (a busy worker looks again on its own when it is done). One
+        // that finds only busy runs waits again: `done` wakes the next when a run frees up.
+        self.ready.notify_one();
     }
 
     fn take(&self) -> Option<Queued> {
@@ -99,9 +100,16 @@ impl Shared {
     }
 
     fn done(&self, run: &str) {
-        self.lock().done(run);
-        // A request of the same run may be waiting for this one.
-        self.ready.notify_waiters();
+        let waiting = {
+            let mut lanes = self.lock();
+            lanes.done(run);
+            !lanes.is_empty()
+        };
+        // A request of the same run may have waited for this one: one idle worker looks. Never
+        // every worker, which with hundreds idle cost each request hundreds of wake-ups.
+        if waiting {
+            self.ready.notify_one();
+        }
     }
 
     fn full(&self) -> bool {
