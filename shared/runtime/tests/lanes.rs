@@ -275,3 +275,46 @@ async fn a_queued_request_keeps_its_admission_room_until_handled() {
     shutdown.cancel();
     consumer.await.expect("joined").expect("consumed");
 }
+
+/// On shutdown the reader stops, and the workers go on with what the lanes hold (for up to
+/// `lanes::DRAIN`): requests already acknowledged are handled, not left to the sweeps.
+#[tokio::test]
+async fn a_shutdown_handles_what_the_lanes_hold_first() {
+    let bus = bus(2, None);
+    drop(
+        bus.subscribe(Topic::Requested, "test-dispatcher", "test")
+            .await
+            .expect("join"),
+    );
+    for n in 0..20 {
+        publish(&*bus, "a", &format!("run-{n}"), n).await;
+    }
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let shutdown = CancellationToken::new();
+    let consumer = tokio::spawn(consume_with(
+        Arc::clone(&bus) as Arc<dyn Bus>,
+        Arc::new(Metrics::new()),
+        spec(Some(64), 2),
+        RetryPolicy::default(),
+        shutdown.clone(),
+        handler(Arc::clone(&seen), Duration::from_millis(20)),
+    ));
+    // Every request read into the lanes, few handled yet: then the stop.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let handled_at_stop = seen.lock().expect("lock").order.len();
+    assert!(
+        handled_at_stop < 20,
+        "{handled_at_stop} handled before the stop"
+    );
+    shutdown.cancel();
+    tokio::time::timeout(WAIT, consumer)
+        .await
+        .expect("the loop ends within the drain")
+        .expect("joined")
+        .expect("consumed");
+    assert_eq!(
+        seen.lock().expect("lock").order.len(),
+        20,
+        "every queued request handled before the loop ended"
+    );
+}
