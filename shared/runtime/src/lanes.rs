@@ -157,6 +157,10 @@ where
         workers.spawn(async move {
             loop {
                 let queued = loop {
+                    // Past the drain after a shutdown: the rest is left to the sweeps.
+                    if stop.is_cancelled() {
+                        break None;
+                    }
                     // Registered before looking, so a push between the look and the wait is
                     // not missed.
                     let ready = shared.ready.notified();

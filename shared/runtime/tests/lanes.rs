@@ -289,32 +289,52 @@ async fn a_shutdown_handles_what_the_lanes_hold_first() {
     for n in 0..20 {
         publish(&*bus, "a", &format!("run-{n}"), n).await;
     }
-    let seen = Arc::new(Mutex::new(Seen::default()));
+    let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let metrics = Arc::new(Metrics::new());
     let shutdown = CancellationToken::new();
     let consumer = tokio::spawn(consume_with(
         Arc::clone(&bus) as Arc<dyn Bus>,
-        Arc::new(Metrics::new()),
+        Arc::clone(&metrics),
         spec(Some(64), 2),
         RetryPolicy::default(),
         shutdown.clone(),
-        handler(Arc::clone(&seen), Duration::from_millis(20)),
+        {
+            let (handled, gate) = (Arc::clone(&handled), Arc::clone(&gate));
+            move |_delivery: Delivery| {
+                let (handled, gate) = (Arc::clone(&handled), Arc::clone(&gate));
+                Box::pin(async move {
+                    gate.acquire().await.expect("open").forget();
+                    // Each takes a while: the lanes are far from empty when the stop lands.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    handled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    Ok(Handled::Done)
+                }) as Handler
+            }
+        },
     ));
-    // Every request read into the lanes, few handled yet: then the stop.
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    let handled_at_stop = seen.lock().expect("lock").order.len();
-    assert!(
-        handled_at_stop < 20,
-        "{handled_at_stop} handled before the stop"
-    );
+    // The two workers hold one each; the other 18 wait in the lane. Then the stop.
+    let queued = || metrics.dispatch_queued.with_label_values(&["a"]).get();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while queued() < 18 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} queued",
+            queued()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     shutdown.cancel();
+    gate.add_permits(20);
     tokio::time::timeout(WAIT, consumer)
         .await
         .expect("the loop ends within the drain")
         .expect("joined")
         .expect("consumed");
     assert_eq!(
-        seen.lock().expect("lock").order.len(),
+        handled.load(std::sync::atomic::Ordering::Relaxed),
         20,
         "every queued request handled before the loop ended"
     );
+    assert_eq!(queued(), 0);
 }
