@@ -1029,18 +1029,7 @@ async fn an_entry_that_lands_late_is_found_by_the_next_whole_read() {
     clock.advance(Duration::from_secs(1));
     let landed = clock.now();
     file_due_entry(&ledger, &keyspace, &late, due_at, landed).await;
-    let mut found_at = None;
-    for _ in 0..=31 {
-        clock.advance(Duration::from_secs(1));
-        let found = ledger.due(clock.now(), 1_000).await.expect("sweep");
-        if found
-            .iter()
-            .any(|item| item.command_key == late.command_key)
-        {
-            found_at = Some(clock.now());
-            break;
-        }
-    }
+    let found_at = swept_within_32_s(&ledger, &clock, &late).await;
     let found_at = found_at.expect("the late entry is found within 32 s of sweeps");
     let waited = found_at.as_millis() - landed.as_millis();
     assert!(waited <= 31_000, "found {waited} ms after it landed");
@@ -1084,22 +1073,30 @@ async fn an_entry_read_before_its_transition_landed_is_kept_for_it() {
         )
         .await
         .expect("the transition lands");
-    let mut found_at = None;
+    let found_at = swept_within_32_s(&ledger, &clock, &waiting).await;
+    assert!(
+        found_at.is_some(),
+        "the command, due since its transition landed, was never swept: its entry was deleted"
+    );
+}
+
+/// When a sweep, one every second of the clock for 32 seconds, first returns `command`.
+async fn swept_within_32_s(
+    ledger: &CqlLedger,
+    clock: &ManualClock,
+    command: &Command,
+) -> Option<sluice_core::time::Timestamp> {
     for _ in 0..=31 {
         clock.advance(Duration::from_secs(1));
         let found = ledger.due(clock.now(), 1_000).await.expect("sweep");
         if found
             .iter()
-            .any(|item| item.command_key == waiting.command_key)
+            .any(|item| item.command_key == command.command_key)
         {
-            found_at = Some(clock.now());
-            break;
+            return Some(clock.now());
         }
     }
-    assert!(
-        found_at.is_some(),
-        "the command, due since its transition landed, was never swept: its entry was deleted"
-    );
+    None
 }
 
 /// A command that stays due (a sweep that cannot act on it) is returned by every sweep, not

@@ -133,21 +133,32 @@ fn bus(partitions: u32, admission: Option<u32>) -> Arc<EmbeddedBus> {
     )
 }
 
-#[tokio::test]
-async fn a_tenant_behind_a_flood_is_served_in_its_first_turns() {
-    let bus = bus(4, None);
-    // In the group before anything is published, so nothing is compacted away unread.
+/// A bus whose dispatcher group has joined (so nothing is compacted away unread) before
+/// anything is published.
+async fn joined_bus(partitions: u32) -> Arc<EmbeddedBus> {
+    let bus = bus(partitions, None);
     drop(
         bus.subscribe(Topic::Requested, "test-dispatcher", "test")
             .await
             .expect("join"),
     );
+    bus
+}
+
+/// 400 requests of tenant `flood`, then 5 of tenant `trickle`, each a run of its own.
+async fn flood_then_trickle(bus: &EmbeddedBus) {
     for n in 0..400 {
-        publish(&*bus, "flood", &format!("flood-{n}"), n).await;
+        publish(bus, "flood", &format!("flood-{n}"), n).await;
     }
     for n in 0..5 {
-        publish(&*bus, "trickle", &format!("trickle-{n}"), n).await;
+        publish(bus, "trickle", &format!("trickle-{n}"), n).await;
     }
+}
+
+#[tokio::test]
+async fn a_tenant_behind_a_flood_is_served_in_its_first_turns() {
+    let bus = joined_bus(4).await;
+    flood_then_trickle(&bus).await;
     let seen = consume_until(
         Arc::clone(&bus),
         spec(Some(1_024), 4),
@@ -166,18 +177,8 @@ async fn a_tenant_behind_a_flood_is_served_in_its_first_turns() {
     );
 
     // The same with the lanes off: each partition in publish order, the trickle last.
-    let bus = self::bus(4, None);
-    drop(
-        bus.subscribe(Topic::Requested, "test-dispatcher", "test")
-            .await
-            .expect("join"),
-    );
-    for n in 0..400 {
-        publish(&*bus, "flood", &format!("flood-{n}"), n).await;
-    }
-    for n in 0..5 {
-        publish(&*bus, "trickle", &format!("trickle-{n}"), n).await;
-    }
+    let bus = joined_bus(4).await;
+    flood_then_trickle(&bus).await;
     let unfair = consume_until(bus, spec(None, 4), Duration::ZERO, 405).await;
     assert!(
         positions(&unfair, "trickle").iter().all(|&at| at >= 300),
@@ -188,12 +189,7 @@ async fn a_tenant_behind_a_flood_is_served_in_its_first_turns() {
 
 #[tokio::test]
 async fn a_runs_requests_are_handled_one_at_a_time() {
-    let bus = bus(2, None);
-    drop(
-        bus.subscribe(Topic::Requested, "test-dispatcher", "test")
-            .await
-            .expect("join"),
-    );
+    let bus = joined_bus(2).await;
     for n in 0..30 {
         publish(&*bus, "a", &format!("run-{}", n % 3), n).await;
     }
@@ -280,12 +276,7 @@ async fn a_queued_request_keeps_its_admission_room_until_handled() {
 /// `lanes::DRAIN`): requests already acknowledged are handled, not left to the sweeps.
 #[tokio::test]
 async fn a_shutdown_handles_what_the_lanes_hold_first() {
-    let bus = bus(2, None);
-    drop(
-        bus.subscribe(Topic::Requested, "test-dispatcher", "test")
-            .await
-            .expect("join"),
-    );
+    let bus = joined_bus(2).await;
     for n in 0..20 {
         publish(&*bus, "a", &format!("run-{n}"), n).await;
     }
