@@ -955,21 +955,30 @@ mod tests {
         );
     }
 
+    /// A bus whose `Requested` topic admits `admission` messages, and a dispatcher in its group.
+    async fn bounded_with_dispatcher(
+        partitions: u32,
+        admission: u32,
+    ) -> (EmbeddedBus, Subscription) {
+        let bus = EmbeddedBus::new(EmbeddedConfig {
+            partitions,
+            admission: Some(admission),
+            ..EmbeddedConfig::default()
+        })
+        .expect("valid config");
+        let consumer = bus
+            .subscribe(Topic::Requested, "dispatcher", "d")
+            .await
+            .expect("join");
+        (bus, consumer)
+    }
+
     /// With room for two admitted messages, a third admission waits until one of the two has
     /// been handled; an admission dropped unused gives its room back, and a plain publish takes
     /// none.
     #[tokio::test]
     async fn admission_waits_for_the_consumers_to_handle_admitted_messages() {
-        let bus = EmbeddedBus::new(EmbeddedConfig {
-            partitions: 3,
-            admission: Some(2),
-            ..EmbeddedConfig::default()
-        })
-        .expect("valid config");
-        let mut consumer = bus
-            .subscribe(Topic::Requested, "dispatcher", "d")
-            .await
-            .expect("join");
+        let (bus, mut consumer) = bounded_with_dispatcher(3, 2).await;
         let wait = Duration::from_millis(100);
         let unused = bus.admit(Topic::Requested).await.expect("room");
         drop(unused);
@@ -1019,16 +1028,7 @@ mod tests {
     /// comes back only when the consumer drops it: what a consumer queued still counts.
     #[tokio::test]
     async fn a_room_kept_at_acknowledgement_comes_back_when_dropped() {
-        let bus = EmbeddedBus::new(EmbeddedConfig {
-            partitions: 1,
-            admission: Some(1),
-            ..EmbeddedConfig::default()
-        })
-        .expect("valid config");
-        let mut consumer = bus
-            .subscribe(Topic::Requested, "dispatcher", "d")
-            .await
-            .expect("join");
+        let (bus, mut consumer) = bounded_with_dispatcher(1, 1).await;
         let wait = Duration::from_millis(100);
         let admission = bus.admit(Topic::Requested).await.expect("room");
         bus.publish_admitted(admission, Topic::Requested, "r-1", b"1".to_vec(), vec![])
