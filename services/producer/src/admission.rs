@@ -50,6 +50,9 @@ struct Reading {
     /// Admissions in all, and `ended` as it was when the last good reading began.
     admitted: u64,
     ended_before: u64,
+    /// Each tenant's admissions not yet ended: its share counts them, since its in-flight
+    /// figure only grows once a reservation is written.
+    unended: HashMap<Arc<str>, u64>,
 }
 
 impl Reading {
@@ -66,10 +69,22 @@ impl Reading {
 #[derive(Debug)]
 pub(crate) struct Ticket {
     queue: Arc<DispatchQueue>,
+    tenant: Arc<str>,
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
+        let mut reading = self
+            .queue
+            .reading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = reading.unended.get_mut(&*self.tenant) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                reading.unended.remove(&*self.tenant);
+            }
+        }
         self.queue.ended.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -114,28 +129,43 @@ impl DispatchQueue {
             .waiting = Some(0);
     }
 
-    /// Decides on one more request of a tenant with `share` and, when admitted, counts it
-    /// (under the same lock, so concurrent submissions cannot all pass on one figure).
+    /// Decides on one more request of `tenant`, whose recorded part is `share`, and when
+    /// admitted counts it (under the same lock, so concurrent submissions cannot all pass on
+    /// one figure).
     fn admit(
         self: &Arc<Self>,
         max_queue_ms: u64,
+        tenant: &str,
         share: impl FnOnce() -> load::TenantShare,
     ) -> Result<Ticket, load::Admission> {
         let mut reading = self.reading.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(waiting) = reading.estimate() {
+            let unended = reading.unended.get(tenant).copied().unwrap_or(0);
             let verdict = load::admit_queue_for(
                 waiting,
                 &reading.rate,
                 i64::try_from(max_queue_ms).unwrap_or(i64::MAX),
-                share,
+                || {
+                    let recorded = share();
+                    load::TenantShare {
+                        in_flight: recorded.in_flight.saturating_add(unended),
+                        ..recorded
+                    }
+                },
             );
             if verdict != load::Admission::Admit {
                 return Err(verdict);
             }
         }
         reading.admitted += 1;
+        let tenant: Arc<str> = match reading.unended.get_key_value(tenant) {
+            Some((name, _)) => Arc::clone(name),
+            None => Arc::from(tenant),
+        };
+        *reading.unended.entry(Arc::clone(&tenant)).or_insert(0) += 1;
         Ok(Ticket {
             queue: Arc::clone(self),
+            tenant,
         })
     }
 }
@@ -189,7 +219,9 @@ impl Api {
             load::Admission::Admit if self.config.max_dispatch_queue_ms == 0 => Ok(None),
             load::Admission::Admit => self
                 .dispatch_queue
-                .admit(self.config.max_dispatch_queue_ms, || self.share_of(tenant))
+                .admit(self.config.max_dispatch_queue_ms, tenant, || {
+                    self.share_of(tenant)
+                })
                 .map(Some),
             refused => Err(refused),
         };
@@ -325,7 +357,7 @@ mod tests {
     use sluice_core::load::QUEUE_FLOOR;
 
     fn refused(queue: &Arc<DispatchQueue>) -> bool {
-        queue.admit(5_000, || ANY).is_err()
+        queue.admit(5_000, "t", || ANY).is_err()
     }
 
     #[test]
@@ -335,7 +367,7 @@ mod tests {
         let tickets: Vec<Ticket> = (0..=QUEUE_FLOOR)
             .map(|n| {
                 queue
-                    .admit(5_000, || ANY)
+                    .admit(5_000, "t", || ANY)
                     .unwrap_or_else(|_| panic!("admission {n}"))
             })
             .collect();
@@ -353,7 +385,7 @@ mod tests {
         let queue = Arc::new(DispatchQueue::default());
         queue.arm();
         let mut tickets: Vec<Ticket> = (0..=QUEUE_FLOOR)
-            .map(|_| queue.admit(5_000, || ANY).expect("admitted"))
+            .map(|_| queue.admit(5_000, "t", || ANY).expect("admitted"))
             .collect();
         // Half were published before a reading began; it found the dispatchers had taken
         // every one of those.
@@ -377,11 +409,44 @@ mod tests {
     }
 
     #[test]
+    fn a_tenants_admissions_not_yet_recorded_count_in_its_share() {
+        // Two tenants, and a ledger whose figures have not caught up with any admission yet
+        // (each reservation is still being written): the queue's bound is passed, and the
+        // tenant that filled it is still held to its half of the floor by what it was admitted.
+        let queue = Arc::new(DispatchQueue::default());
+        queue.arm();
+        let unrecorded = load::TenantShare {
+            in_flight: 0,
+            tenants: 2,
+        };
+        let held: Vec<Ticket> = (0..=QUEUE_FLOOR)
+            .map(|_| queue.admit(5_000, "a", || unrecorded).expect("admitted"))
+            .collect();
+        assert!(
+            queue.admit(5_000, "a", || unrecorded).is_err(),
+            "the tenant that filled the queue"
+        );
+        let other: Vec<Ticket> = (0..QUEUE_FLOOR / 2)
+            .map(|_| {
+                queue
+                    .admit(5_000, "b", || unrecorded)
+                    .expect("b under its share")
+            })
+            .collect();
+        assert!(
+            queue.admit(5_000, "b", || unrecorded).is_err(),
+            "b at its share"
+        );
+        drop(other);
+        drop(held);
+    }
+
+    #[test]
     fn a_producer_that_cannot_read_the_queue_admits_on_its_other_signals() {
         let queue = Arc::new(DispatchQueue::default());
         queue.arm();
         let held: Vec<Ticket> = (0..=QUEUE_FLOOR)
-            .map(|_| queue.admit(5_000, || ANY).expect("admitted"))
+            .map(|_| queue.admit(5_000, "t", || ANY).expect("admitted"))
             .collect();
         assert!(refused(&queue));
         assert!(queue.give_up(), "it was deciding");

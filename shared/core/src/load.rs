@@ -182,8 +182,11 @@ pub struct TenantShare {
 /// work in flight). The tenant that filled the queue is refused; one that arrives behind it
 /// with a few effects is not, and the dispatchers' lanes serve it in turn
 /// (docs/decisions.md, "Tenants"). The queue then holds at most about twice the bound: the
-/// bound, and the small tenants' shares of it.
-/// `share` is asked only when the queue is over its bound.
+/// bound, and the small tenants' shares of it. A tenant alone is held to the bound itself (its
+/// even share is all of it, and the queue's figure counts its admissions sooner than its
+/// in-flight figure can). `share` is asked only when the queue is over its bound; its
+/// `in_flight` must count the tenant's admissions not yet recorded, or a burst of concurrent
+/// submissions passes on one figure.
 pub fn admit_queue_for(
     waiting: u64,
     rate: &DrainRate,
@@ -195,6 +198,9 @@ pub fn admit_queue_for(
         return verdict;
     }
     let share = share();
+    if share.tenants <= 1 {
+        return verdict;
+    }
     let per_s = rate.per_s().max(0.0);
     let limit = ((per_s * max_queue_ms as f64 / 1_000.0) as u64).max(QUEUE_FLOOR);
     if share.in_flight < limit / share.tenants.max(1) {

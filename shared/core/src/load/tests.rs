@@ -336,3 +336,19 @@ fn over_the_queue_bound_a_tenant_under_its_share_is_still_admitted() {
         Admission::Admit
     );
 }
+
+#[test]
+fn over_the_queue_bound_a_tenant_alone_is_refused_whatever_its_figure() {
+    // Alone, a tenant's even share is the whole bound, which the queue's own figure already
+    // holds it to; its in-flight count lags the admissions not yet recorded (a burst of
+    // concurrent batches was admitted 700 deep on a floor of 500 when it was believed).
+    let idle = DrainRate::default();
+    let alone = TenantShare {
+        in_flight: 0,
+        tenants: 1,
+    };
+    assert_ne!(
+        admit_queue_for(QUEUE_FLOOR + 1, &idle, 5_000, || alone),
+        Admission::Admit
+    );
+}
