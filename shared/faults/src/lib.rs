@@ -60,8 +60,6 @@ pub const POINTS: &[&str] = &[
     "ledger.finalize.post",
     "ledger.transition.pre",
     "ledger.transition.post",
-    "ledger.audit_link.pre",
-    "ledger.audit_link.post",
     "ledger.audit_append.pre",
     "ledger.audit_append.post",
     "ledger.close_run.pre",

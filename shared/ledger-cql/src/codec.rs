@@ -113,6 +113,19 @@ pub(crate) fn rows_of(result: QueryResult) -> Result<Vec<Fields>, String> {
 }
 
 /// Minutes and days since the epoch, for the due index and the runs index.
+/// The key of audit record `seq`'s row in its run's partition of `commands`: zero-padded, so
+/// the records sort by seq, and `a-` sorts before every command key (`d-…`).
+pub(crate) fn link_key(seq: i64) -> String {
+    format!("{}{:020}", crate::statements::LINKS_START, seq.max(0))
+}
+
+/// The seq of a record's row key, [`link_key`]'s inverse.
+pub(crate) fn link_seq(key: &str) -> Option<i64> {
+    key.strip_prefix(crate::statements::LINKS_START)?
+        .parse()
+        .ok()
+}
+
 pub(crate) const MINUTE_MS: i64 = 60_000;
 pub(crate) const DAY_MS: i64 = 86_400_000;
 

@@ -1,35 +1,35 @@
 //! [`CqlLedger`]: the [`Ledger`] port on ScyllaDB / Cassandra.
 //!
 //! Every write that the contract makes atomic is one lightweight transaction (LWT) on one run's
-//! partition of `commands`: the command row and, in static columns, the run's audit head. The
-//! audit record itself is then a plain insert whose seq and hash the LWT fixed. The write
+//! partition of `commands`: the command row, the run's audit head in static columns, and the
+//! new audit record as a row of the same partition (a conditional batch; schema 007). The write
 //! protocol of an audited write is:
 //!
 //! 1. read the row and the head (plain, QUORUM), unless this process knows them (below);
 //! 2. before the LWT, write what must exist if it applies, as one UNLOGGED BATCH: the due entry
-//!    for a new due time, the run's `runs` entry for a new run, and the record the head still
-//!    holds in `audit_pending` unless this process already knows it is in `audit` (the repair
-//!    rule, below);
+//!    for a new due time, the run's `runs` entry for a new run, and a record a build before
+//!    schema 007 left pending in the head (`audit_pending`), unless this process already knows
+//!    it is in `audit`;
 //! 3. the LWT, guarded by status and epoch (the contract's guard), the row's `write_id` and
-//!    the head (`audit_seq`, `audit_head`): it stores the state, moves the head and keeps the
-//!    new record whole in `audit_pending`;
-//! 4. the plain insert of the new record into `audit`.
+//!    the head (`audit_seq`, `audit_head`): it stores the state, moves the head and writes the
+//!    new record's row (`a-<seq>`), all or nothing;
+//! 4. the delete of the due entry the write moved the command off, if any (best effort).
 //!
 //! **What a process knows.** The head and row this process last read or wrote (`Known`) stand
 //! in for step 1 when they match the guard. The LWT's condition holds all that the write took
 //! from them, so a stale entry only makes the LWT not apply; the run is then read before every
 //! write, as without the cache (at most one LWT lost per run and process, see `Known`).
 //!
-//! **Repair rule.** The record at `audit_seq - 1` may be missing from `audit` (its writer died
-//! between 3 and 4); every other record is there, because the writer of a record made sure of
-//! the one before it (step 2) before moving the head past it. So a reader (`audit_read`) and the
-//! next writer insert `audit_pending` when `audit` lacks it; the insert is idempotent.
+//! **Runs written before schema 007.** Their records are in `audit`, the last one possibly only
+//! in `audit_pending` (its writer died before inserting it): a reader (`audit_read`) and the
+//! next writer insert it when `audit` lacks it; the insert is idempotent. The next LWT clears
+//! `audit_pending`.
 //!
 //! **Unknown outcomes.** An LWT that times out (or loses its connection) may or may not have
-//! applied. It is settled by a SERIAL read of the partition: the record at the seq it wrote
-//! carries the LWT's `write_id` (in `audit_write_id`, or in `audit` once the head moved on), and
-//! a write that is not audited leaves its `write_id` on the row. Only then is it reported as
-//! applied or retried; never "not applied" on a guess.
+//! applied. It is settled by a SERIAL read: an audited LWT's `write_id` is on its record's row,
+//! which nothing else writes, and a write that is not audited leaves its `write_id` on the
+//! command's row. Only then is it reported as applied or retried; never "not applied" on a
+//! guess.
 //!
 //! `trips` makes and counts the round trips, `rows` reads heads and rows, `known` is the cache
 //! of them, `reserve` and `write` are the two kinds of guarded write, `links` the audit records'
@@ -86,7 +86,9 @@ use sluice_ledger::{
 };
 
 use crate::CqlError;
-use crate::codec::{Fields, Identity, bad, day_of, decode, encode, minute_of, rows_of, shard_of};
+use crate::codec::{
+    Fields, Identity, bad, day_of, decode, encode, link_key, link_seq, minute_of, rows_of, shard_of,
+};
 use crate::config::CqlConfig;
 use crate::schema::{migrate_with, read_meta};
 use crate::statements::Statements;
@@ -176,9 +178,6 @@ impl Link {
 struct AppendValues<'a> {
     next_seq: i64,
     head: &'a str,
-    pending: &'a str,
-    pending_prev: &'a str,
-    audit_write_id: Uuid,
     updated_at: i64,
     new_run_created_at: i64,
     /// When the record closes the run (a rollback); unset leaves the column as it is.
@@ -427,7 +426,13 @@ impl CommandStore for CqlLedger {
         self.inner.stats.call(op);
         let run = run_id.as_str();
         let rows = self
-            .paged(op, "list run", &self.inner.st.read_run, (run,), Kind::Plain)
+            .paged(
+                op,
+                "list run",
+                &self.inner.st.read_commands,
+                (run,),
+                Kind::Plain,
+            )
             .await?;
         let mut commands = Vec::with_capacity(rows.len());
         for fields in &rows {
@@ -538,16 +543,18 @@ impl AuditStore for CqlLedger {
             return Ok(AuditTrail::default());
         };
         let floor = head.floor();
-        let rows = self
-            .paged(
+        // Records of builds before schema 007 are in `audit`; later ones in the partition.
+        let (legacy, own) = futures::try_join!(
+            self.paged(
                 op,
                 "read audit",
                 &self.inner.st.read_audit,
                 (run, floor),
                 Kind::Plain,
-            )
-            .await?;
-        let mut links: Vec<Link> = rows
+            ),
+            self.read_links(op, run, floor),
+        )?;
+        let mut links: Vec<Link> = legacy
             .iter()
             .filter_map(|row| {
                 Some(Link {
@@ -558,9 +565,12 @@ impl AuditStore for CqlLedger {
                     write_id: row.uuid("write_id"),
                 })
             })
+            .chain(own)
             // A consistent snapshot: the chain as of the head read, nothing appended after.
             .filter(|link| link.seq < next_seq)
             .collect();
+        links.sort_by_key(|link| link.seq);
+        links.dedup_by_key(|link| link.seq);
         if let Some(pending) = &head.pending
             && pending.seq >= floor
             && !links.iter().any(|link| link.seq == pending.seq)
@@ -741,9 +751,6 @@ impl CqlLedger {
             let values = AppendValues {
                 next_seq: seq_i64(chain.next_seq),
                 head: &sealed.hash,
-                pending: &sealed.canonical,
-                pending_prev: &sealed.prev_hash,
-                audit_write_id: write_id,
                 updated_at: at.as_millis(),
                 new_run_created_at: created_at,
                 closed_at: MaybeUnset::from_option(close.then(|| at.as_millis())),
@@ -751,8 +758,10 @@ impl CqlLedger {
                 seq: head.stored_seq,
                 run_created_at: head.run_created_at,
             };
+            let link = Link::sealed(&sealed, write_id);
+            let statement = &self.inner.st.append;
             let applied = match self
-                .lwt(op, "audit append", &self.inner.st.append, values)
+                .lwt_linked(op, "audit append", statement, values, run, &link)
                 .await?
             {
                 Lwt::Applied => true,
@@ -767,11 +776,9 @@ impl CqlLedger {
                 }
             };
             if applied {
-                let mut after =
-                    head.after(chain, &sealed, write_id, Some(created_at), at.as_millis());
+                let mut after = head.after(chain, Some(created_at), at.as_millis());
                 after.closed |= close;
                 self.remember_head(run, &after);
-                self.insert_own(op, run, &sealed, write_id).await;
                 return Ok(Some(record.entry(&sealed)));
             }
         }

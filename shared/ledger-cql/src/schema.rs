@@ -21,7 +21,7 @@ use crate::config::{Replication, Tablets};
 pub const SCHEMA_VERSION: i64 = 1;
 
 /// Schema files in order; each is applied whole, every statement idempotent.
-const SCHEMA_FILES: [(&str, &str); 6] = [
+const SCHEMA_FILES: [(&str, &str); 7] = [
     (
         "001_schema.cql",
         include_str!("../../../schemas/cql/001_schema.cql"),
@@ -45,6 +45,10 @@ const SCHEMA_FILES: [(&str, &str); 6] = [
     (
         "006_webhooks.cql",
         include_str!("../../../schemas/cql/006_webhooks.cql"),
+    ),
+    (
+        "007_audit_links.cql",
+        include_str!("../../../schemas/cql/007_audit_links.cql"),
     ),
 ];
 
@@ -286,7 +290,10 @@ mod tests {
                 "sweep_shards",
                 "sweep_members",
                 "flow_controls",
-                "webhook_deliveries"
+                "webhook_deliveries",
+                "ALTER TABLE sluice_test.commands ADD link_record text",
+                "ALTER TABLE sluice_test.commands ADD link_prev text",
+                "ALTER TABLE sluice_test.commands ADD link_hash text"
             ]
         );
         assert!(

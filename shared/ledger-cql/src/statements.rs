@@ -19,6 +19,14 @@ pub(crate) const STATICS: &str = "audit_seq, audit_head, audit_pending, audit_pe
 /// A command row's own columns.
 const ROW: &str = "command_key, identity, state, status, lease_epoch, due_at, args_hash, write_id";
 
+/// Where a run's audit records sit among its partition's rows: keys `a-<seq, 20 digits>`
+/// (`codec::link_key`), before every command key (`d-…`), read and deleted by range.
+pub(crate) const LINKS_START: &str = "a-";
+const LINKS_END: &str = "a.";
+/// The range of a run's command keys (`d-<decision>/…`).
+const COMMANDS_START: &str = "d-";
+const COMMANDS_END: &str = "d.";
+
 /// Rows per page of a partition read.
 const PAGE_SIZE: i32 = 1_000;
 
@@ -33,7 +41,9 @@ pub(crate) struct Statements {
     pub read_run_brief: PreparedStatement,
     pub read_due_at: PreparedStatement,
     pub read_audit: PreparedStatement,
-    pub read_audit_one: PreparedStatement,
+    pub read_links: PreparedStatement,
+    pub read_link_serial: PreparedStatement,
+    pub read_commands: PreparedStatement,
     pub read_due: PreparedStatement,
     pub read_cursors: PreparedStatement,
     pub read_claim_serial: PreparedStatement,
@@ -55,6 +65,9 @@ pub(crate) struct Statements {
     // Plain writes.
     pub insert_audit: PreparedStatement,
     pub delete_audit_below: PreparedStatement,
+    /// A record's row in its run's partition: only ever in a batch with the LWT that fixed it.
+    pub insert_link: PreparedStatement,
+    pub delete_links_below: PreparedStatement,
     pub insert_due: PreparedStatement,
     pub delete_due: PreparedStatement,
     pub write_cursor: PreparedStatement,
@@ -122,8 +135,7 @@ impl Statements {
             "UPDATE {ks}.commands SET status = :status, lease_epoch = :lease_epoch, due_at = :due_at, \
              args_hash = :args_hash, identity = :identity, state = :state, \
              write_id = :write_id, audit_seq = :next_seq, audit_head = :head, \
-             audit_pending = :pending, audit_pending_prev = :pending_prev, \
-             audit_write_id = :audit_write_id, updated_at = :updated_at, \
+             audit_pending = null, audit_pending_prev = null, updated_at = :updated_at, \
              run_created_at = :new_run_created_at \
              WHERE run_id = :run_id AND command_key = :command_key \
              IF status = null AND audit_seq = :seq AND audit_head = :seq_head \
@@ -181,10 +193,26 @@ impl Statements {
                 Read,
             )
             .await?,
-            read_audit_one: prepare(
+            read_links: prepare(
                 format!(
-                    "SELECT seq, record, prev_hash, hash, write_id FROM {ks}.audit \
-                     WHERE run_id = ? AND seq = ?"
+                    "SELECT command_key, link_record, link_prev, link_hash, write_id \
+                     FROM {ks}.commands WHERE run_id = ? AND command_key >= ? \
+                     AND command_key < '{LINKS_END}'"
+                ),
+                Read,
+            )
+            .await?,
+            read_link_serial: prepare(
+                format!(
+                    "SELECT write_id FROM {ks}.commands WHERE run_id = ? AND command_key = ?"
+                ),
+                SerialRead,
+            )
+            .await?,
+            read_commands: prepare(
+                format!(
+                    "SELECT {ROW}, {STATICS} FROM {ks}.commands WHERE run_id = ? \
+                     AND command_key >= '{COMMANDS_START}' AND command_key < '{COMMANDS_END}'"
                 ),
                 Read,
             )
@@ -234,9 +262,8 @@ impl Statements {
                 format!(
                     "UPDATE {ks}.commands SET status = :status, lease_epoch = :lease_epoch, \
                      due_at = :due_at, state = :state, write_id = :write_id, \
-                     audit_seq = :next_seq, audit_head = :head, audit_pending = :pending, \
-                     audit_pending_prev = :pending_prev, audit_write_id = :audit_write_id, \
-                     updated_at = :updated_at \
+                     audit_seq = :next_seq, audit_head = :head, audit_pending = null, \
+                     audit_pending_prev = null, updated_at = :updated_at \
                      WHERE run_id = :run_id AND command_key = :command_key \
                      IF status = :guard_status AND lease_epoch = :guard_epoch \
                      AND write_id = :row_write_id AND audit_seq = :seq AND audit_head = :seq_head"
@@ -256,8 +283,7 @@ impl Statements {
             append: prepare(
                 format!(
                     "UPDATE {ks}.commands SET audit_seq = :next_seq, audit_head = :head, \
-                     audit_pending = :pending, audit_pending_prev = :pending_prev, \
-                     audit_write_id = :audit_write_id, updated_at = :updated_at, \
+                     audit_pending = null, audit_pending_prev = null, updated_at = :updated_at, \
                      run_created_at = :new_run_created_at, run_closed_at = :closed_at \
                      WHERE run_id = :run_id \
                      IF audit_seq = :seq AND run_created_at = :run_created_at"
@@ -334,6 +360,23 @@ impl Statements {
             .await?,
             delete_audit_below: prepare(
                 format!("DELETE FROM {ks}.audit WHERE run_id = ? AND seq < ?"),
+                Write,
+            )
+            .await?,
+            insert_link: prepare(
+                format!(
+                    "INSERT INTO {ks}.commands \
+                     (run_id, command_key, link_record, link_prev, link_hash, write_id) \
+                     VALUES (?, ?, ?, ?, ?, ?)"
+                ),
+                Lwt,
+            )
+            .await?,
+            delete_links_below: prepare(
+                format!(
+                    "DELETE FROM {ks}.commands WHERE run_id = ? \
+                     AND command_key >= '{LINKS_START}' AND command_key < ?"
+                ),
                 Write,
             )
             .await?,

@@ -21,6 +21,7 @@ use serde_json::json;
 use sluice_core::audit::verify;
 use sluice_core::command::Command;
 use sluice_core::command::CommandStatus;
+use sluice_core::ids::RunId;
 use sluice_core::machine::{self, DispatchOutcome, Event};
 use sluice_core::time::{Clock, ManualClock, SystemClock};
 use sluice_ledger::contract::{command, command_with_key, fresh_run, wire_rules};
@@ -337,23 +338,23 @@ async fn lwts_per_effect_are_the_same_for_one_effect_and_for_many() {
     let ledger = connect_shared().await;
     // One effect of each semantics in a run of its own.
     // Plain round trips: the first reservation of a run files the due entry and the run (one
-    // batch) and inserts its record, its head taken to be a new run's without a read (it is
-    // the run's first decision); the lease files its due entry and inserts its record; the
-    // finalize inserts its record. Later reservations in the run write from the head this
-    // process left (no read).
+    // batch), its head taken to be a new run's without a read (it is the run's first
+    // decision); the lease files its due entry and deletes the reservation's; the finalize
+    // deletes the lease's. Every record is written by its own LWT. Later reservations in the
+    // run write from the head this process left (no read).
     let single = fresh_run("lwt-one");
     let spent = one_effect(&ledger, &single, 0, "payments/wire", None).await;
-    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (3, [2, 2, 1]));
+    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (3, [1, 2, 1]));
     assert_eq!(spent.op(Op::Reserve).guesses_missed, 0);
     // IDEMPOTENT and OBSERVE_ONLY: the lease rides in the reservation's LWT.
     let spent = one_effect(&ledger, &single, 1, "email/send", None).await;
-    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (2, [2, 0, 1]));
+    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (2, [1, 0, 1]));
     let spent = one_effect(&ledger, &single, 3, "search/lookup", None).await;
-    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (2, [2, 0, 1]));
+    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (2, [1, 0, 1]));
     // A business key costs its claim (an LWT, no plain round trip).
     let keyed = format!("bk-{single}");
     let spent = one_effect(&ledger, &single, 2, "payments/wire", Some(&keyed)).await;
-    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (4, [2, 2, 1]));
+    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (4, [1, 2, 1]));
     // Many effects in one run, one after the other: still 3 each.
     let many = fresh_run("lwt-many");
     let before = ledger.stats();
@@ -377,7 +378,7 @@ async fn lwts_per_effect_are_the_same_for_one_effect_and_for_many() {
     );
     assert_eq!(spent.total_lwt(), 3 * u64::from(effects), "{spent:?}");
     let n = u64::from(effects);
-    assert_eq!(plain_by_op(&spent), [2 * n, 2 * n, n], "{spent:?}");
+    assert_eq!(plain_by_op(&spent), [n, 2 * n, n], "{spent:?}");
     for op in [Op::Reserve, Op::Lease, Op::Finalize] {
         let counts = spent.op(op);
         assert_eq!(
@@ -408,7 +409,7 @@ async fn lwts_per_effect_are_the_same_for_one_effect_and_for_many() {
     }
     let spent = ledger.stats().since(&before);
     assert_eq!(spent.total_lwt(), 2 * n, "{spent:?}");
-    assert_eq!(plain_by_op(&spent), [2 * n, 0, n], "{spent:?}");
+    assert_eq!(plain_by_op(&spent), [n, 0, n], "{spent:?}");
     assert_eq!(spent.op(Op::Lease).calls, 0, "{spent:?}");
     let trail = ledger.audit_read(&many).await.expect("audit");
     assert_eq!(trail.entries.len(), 2 * effects as usize);
@@ -649,64 +650,10 @@ async fn lwts_that_time_out_are_settled_by_a_serial_read() {
 /// a timeout (one round sees one in most runs).
 const ROUNDS_FOR_A_TIMEOUT: usize = 20;
 
-/// A writer that dies between its LWT and the insert of its audit record leaves the record in
-/// `audit_pending`: the next reader repairs it, and so does the next writer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_record_lost_after_its_lwt_is_repaired() {
-    let ledger = connect_shared().await;
-    let keyspace = ledger.config().keyspace.clone();
-    let run = fresh_run("repair");
-    let first = command(&run, 0, "email/send", 0, json!({}));
-    let audit = first.reservation_audit("test");
-    ledger.reserve(first, audit).await.expect("reserve");
-    let second = command(&run, 1, "email/send", 0, json!({}));
-    let audit = second.reservation_audit("test");
-    ledger.reserve(second, audit).await.expect("reserve");
-    // Simulate the crash: the record of seq 1 never reached `audit`.
-    ledger
-        .session()
-        .query_unpaged(
-            format!("DELETE FROM {keyspace}.audit WHERE run_id = ? AND seq = 1"),
-            (run.as_str(),),
-        )
-        .await
-        .expect("delete");
-    // A reader sees the whole chain (and writes the record back).
-    let trail = ledger.audit_read(&run).await.expect("audit");
-    assert_eq!(trail.entries.len(), 2);
-    verify(&run, None, &trail.entries).expect("verifies");
-    let count: i64 = ledger
-        .session()
-        .query_unpaged(
-            format!("SELECT COUNT(*) FROM {keyspace}.audit WHERE run_id = ?"),
-            (run.as_str(),),
-        )
-        .await
-        .expect("count")
-        .into_rows_result()
-        .expect("rows")
-        .first_row::<(i64,)>()
-        .expect("row")
-        .0;
-    assert_eq!(count, 2, "the reader wrote the record back");
-
-    // Again, and this time a writer on another ledger instance (no memory of the run) moves the
-    // head on: it writes the record first, so nothing is lost even if it dies as well.
-    ledger
-        .session()
-        .query_unpaged(
-            format!("DELETE FROM {keyspace}.audit WHERE run_id = ? AND seq = 1"),
-            (run.as_str(),),
-        )
-        .await
-        .expect("delete");
-    let other = CqlLedger::connect(config(keyspace.clone()))
-        .await
-        .expect("second instance");
-    let third = command(&run, 2, "email/send", 0, json!({}));
-    let audit = third.reservation_audit("test");
-    other.reserve(third, audit).await.expect("reserve");
-    let rows = other
+/// The seqs of a run's records in the `audit` table (where builds before schema 007 put them).
+async fn legacy_seqs(ledger: &CqlLedger, run: &RunId) -> Vec<i64> {
+    let keyspace = &ledger.config().keyspace;
+    let rows = ledger
         .session()
         .query_unpaged(
             format!("SELECT seq FROM {keyspace}.audit WHERE run_id = ?"),
@@ -716,14 +663,177 @@ async fn a_record_lost_after_its_lwt_is_repaired() {
         .expect("read")
         .into_rows_result()
         .expect("rows");
-    let seqs: Vec<i64> = rows
-        .rows::<(i64,)>()
+    rows.rows::<(i64,)>()
         .expect("typed")
         .map(|r| r.expect("row").0)
-        .collect();
-    assert_eq!(seqs, [0, 1, 2]);
-    let trail = other.audit_read(&run).await.expect("audit");
+        .collect()
+}
+
+/// A run's audit records as rows of its partition: (seq's key, record, prev, hash, write id).
+type LinkRow = (String, String, String, String, uuid::Uuid);
+
+async fn link_rows(ledger: &CqlLedger, run: &RunId) -> Vec<LinkRow> {
+    let keyspace = &ledger.config().keyspace;
+    let rows = ledger
+        .session()
+        .query_unpaged(
+            format!(
+                "SELECT command_key, link_record, link_prev, link_hash, write_id \
+                 FROM {keyspace}.commands WHERE run_id = ? AND command_key >= 'a-' \
+                 AND command_key < 'a.'"
+            ),
+            (run.as_str(),),
+        )
+        .await
+        .expect("read")
+        .into_rows_result()
+        .expect("rows");
+    rows.rows::<LinkRow>()
+        .expect("typed")
+        .map(|r| r.expect("row"))
+        .collect()
+}
+
+/// Each audit record is a row of its run's partition, written by the LWT that fixed it:
+/// nothing goes to `audit` any more, so there is no window in which the record exists only
+/// in the head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_record_is_written_by_its_own_lwt() {
+    let ledger = connect_shared().await;
+    let run = fresh_run("linked");
+    one_effect(&ledger, &run, 0, "payments/wire", None).await;
+    let rows = link_rows(&ledger, &run).await;
+    let keys: Vec<&str> = rows.iter().map(|row| row.0.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "a-00000000000000000000",
+            "a-00000000000000000001",
+            "a-00000000000000000002"
+        ]
+    );
+    assert!(legacy_seqs(&ledger, &run).await.is_empty());
+    let trail = ledger.audit_read(&run).await.expect("audit");
+    for (entry, row) in trail.entries.iter().zip(&rows) {
+        assert_eq!((&entry.prev_hash, &entry.hash), (&row.2, &row.3));
+    }
     verify(&run, None, &trail.entries).expect("verifies");
+    // The run's commands are listed without them.
+    assert_eq!(ledger.list_run(&run, None).await.expect("list").len(), 1);
+}
+
+/// A keyspace and a run written by a build before schema 007 (the records in `audit`, the
+/// last one kept in the head's `audit_pending` until the next writer makes sure of it, and no
+/// record columns in `commands`): migrated live when a ledger connects, the run is read whole
+/// and goes on. A reader and a writer each insert the pending record when `audit` lacks it
+/// (its writer died before inserting it), and the next record is a row of the partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_written_before_schema_007_is_read_whole_and_goes_on() {
+    let ledger = connect_own().await;
+    let keyspace = ledger.config().keyspace.clone();
+    let session = ledger.session();
+    let run = fresh_run("legacy");
+    for decision in 0..2 {
+        let wanted = command(&run, decision, "email/send", 0, json!({}));
+        let audit = wanted.reservation_audit("test");
+        ledger.reserve(wanted, audit).await.expect("reserve");
+    }
+    // Rewrite the run as the old build left it: records in `audit`, the last one pending in
+    // the head, and its insert never made (the writer died).
+    let rows = link_rows(&ledger, &run).await;
+    assert_eq!(rows.len(), 2);
+    for (key, record, prev, hash, write_id) in &rows {
+        let seq: i64 = key.trim_start_matches("a-").parse().expect("seq");
+        session
+            .query_unpaged(
+                format!(
+                    "INSERT INTO {keyspace}.audit (run_id, seq, record, prev_hash, hash, write_id) \
+                     VALUES (?, ?, ?, ?, ?, ?)"
+                ),
+                (run.as_str(), seq, record, prev, hash, write_id),
+            )
+            .await
+            .expect("insert");
+        session
+            .query_unpaged(
+                format!("DELETE FROM {keyspace}.commands WHERE run_id = ? AND command_key = ?"),
+                (run.as_str(), key),
+            )
+            .await
+            .expect("delete");
+    }
+    let (_, last, last_prev, _, last_write) = &rows[1];
+    let lose_the_pending_insert = || async {
+        session
+            .query_unpaged(
+                format!("DELETE FROM {keyspace}.audit WHERE run_id = ? AND seq = 1"),
+                (run.as_str(),),
+            )
+            .await
+            .expect("delete");
+    };
+    session
+        .query_unpaged(
+            format!(
+                "UPDATE {keyspace}.commands SET audit_pending = ?, audit_pending_prev = ?, \
+                 audit_write_id = ? WHERE run_id = ?"
+            ),
+            (last, last_prev, last_write, run.as_str()),
+        )
+        .await
+        .expect("pending");
+    lose_the_pending_insert().await;
+    session
+        .query_unpaged(
+            format!("ALTER TABLE {keyspace}.commands DROP (link_record, link_prev, link_hash)"),
+            (),
+        )
+        .await
+        .expect("make it a keyspace before 007");
+
+    // A reader on a ledger with no memory of the run (whose connect migrates the keyspace)
+    // sees the whole chain and writes the pending record back.
+    let reader = CqlLedger::connect(config(keyspace.clone()))
+        .await
+        .expect("second instance");
+    let trail = reader.audit_read(&run).await.expect("audit");
+    assert_eq!(trail.entries.len(), 2);
+    verify(&run, None, &trail.entries).expect("verifies");
+    assert_eq!(legacy_seqs(&reader, &run).await, [0, 1]);
+
+    // Lost again; a writer with no memory of the run makes sure of it before moving the head,
+    // and its own record is a row of the partition.
+    lose_the_pending_insert().await;
+    let writer = CqlLedger::connect(config(keyspace.clone()))
+        .await
+        .expect("third instance");
+    let third = command(&run, 2, "email/send", 0, json!({}));
+    let audit = third.reservation_audit("test");
+    writer.reserve(third, audit).await.expect("reserve");
+    assert_eq!(legacy_seqs(&writer, &run).await, [0, 1]);
+    let keys: Vec<String> = link_rows(&writer, &run)
+        .await
+        .into_iter()
+        .map(|row| row.0)
+        .collect();
+    assert_eq!(keys, ["a-00000000000000000002"]);
+    let trail = writer.audit_read(&run).await.expect("audit");
+    assert_eq!(trail.entries.len(), 3);
+    verify(&run, None, &trail.entries).expect("one chain across the two layouts");
+    // The head no longer holds a pending record: a later reader does not write it again.
+    let pending: Option<String> = session
+        .query_unpaged(
+            format!("SELECT audit_pending FROM {keyspace}.commands WHERE run_id = ? LIMIT 1"),
+            (run.as_str(),),
+        )
+        .await
+        .expect("read")
+        .into_rows_result()
+        .expect("rows")
+        .first_row::<(Option<String>,)>()
+        .expect("row")
+        .0;
+    assert_eq!(pending, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1162,9 +1272,9 @@ async fn effects_across_runs_cost_three_lwts_each() {
         task.await.expect("task");
     }
     let elapsed = started.elapsed();
-    // Per run: 2 + 2 + 1 for every effect (the first one's run taken to be new, no head
-    // read).
-    let plain = u64::from(runs * 5 * per_run);
+    // Per run: 1 + 2 + 1 for every effect (the first one's run taken to be new, no head
+    // read; each record written by its LWT).
+    let plain = u64::from(runs * 4 * per_run);
     let effects = runs * per_run;
     let spent = ledger.stats().since(&before);
     assert_eq!(spent.total_lwt(), u64::from(3 * effects), "{spent:?}");

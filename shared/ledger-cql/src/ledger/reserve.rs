@@ -24,9 +24,6 @@ struct ReserveValues<'a> {
     write_id: Uuid,
     next_seq: i64,
     head: &'a str,
-    pending: &'a str,
-    pending_prev: &'a str,
-    audit_write_id: Uuid,
     updated_at: i64,
     new_run_created_at: i64,
     run_id: &'a str,
@@ -193,9 +190,6 @@ impl CqlLedger {
                 write_id,
                 next_seq: seq_i64(chain.next_seq),
                 head: &sealed.hash,
-                pending: &sealed.canonical,
-                pending_prev: &sealed.prev_hash,
-                audit_write_id: write_id,
                 updated_at: command.state.updated_at.as_millis(),
                 new_run_created_at: created_at,
                 run_id: run,
@@ -204,9 +198,10 @@ impl CqlLedger {
                 seq_head: head.stored_hash.as_deref(),
                 run_created_at: head.run_created_at,
             };
+            let link = Link::sealed(&sealed, write_id);
             let outcome = match claim {
                 None => {
-                    self.lwt(op, "reserve", &self.inner.st.reserve, values)
+                    self.lwt_linked(op, "reserve", &self.inner.st.reserve, values, run, &link)
                         .await?
                 }
                 Some(claim_id) => {
@@ -214,7 +209,8 @@ impl CqlLedger {
                         reserve: values,
                         claim_id,
                     };
-                    self.lwt(op, "reserve", &self.inner.st.reserve_claimed, values)
+                    let statement = &self.inner.st.reserve_claimed;
+                    self.lwt_linked(op, "reserve", statement, values, run, &link)
                         .await?
                 }
             };
@@ -255,8 +251,6 @@ impl CqlLedger {
             if applied {
                 let after = head.after(
                     chain,
-                    &sealed,
-                    write_id,
                     Some(created_at),
                     command.state.updated_at.as_millis(),
                 );
@@ -272,7 +266,6 @@ impl CqlLedger {
                         write_id,
                     }),
                 );
-                self.insert_own(op, run, &sealed, write_id).await;
                 return Ok(RowReserved::Done(Reserved::Created(command.clone())));
             }
             if let Some(stored) = self.read_row(op, run, &key, false).await? {

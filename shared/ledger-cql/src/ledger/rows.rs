@@ -11,7 +11,9 @@ pub(super) struct Head {
     /// `audit_head` as stored: the value an LWT's condition compares.
     pub(super) stored_hash: Option<String>,
     pub(super) chain: ChainHead,
-    /// The record at `audit_seq - 1`, kept whole until the head moves on.
+    /// The record at `audit_seq - 1` when a build before schema 007 wrote it: kept whole in
+    /// the head (`audit_pending`) until its plain insert into `audit`, which the next writer
+    /// makes sure of. Records written since are rows of the partition, written by their LWT.
     pub(super) pending: Option<Link>,
     pub(super) run_created_at: Option<i64>,
     pub(super) updated_at: Option<i64>,
@@ -82,13 +84,12 @@ impl Head {
         self.checkpoint.as_ref().map_or(0, |c| c.0)
     }
 
-    /// The head as an applied LWT left it: `chain` advanced past `sealed`, which is now the
-    /// pending record. `run_created_at` is what the LWT stored (or kept).
+    /// The head as an applied LWT left it: `chain` advanced past the record the LWT wrote
+    /// (in its own row, so nothing is pending). `run_created_at` is what the LWT stored (or
+    /// kept).
     pub(super) fn after(
         &self,
         chain: ChainHead,
-        sealed: &SealedLink,
-        write_id: Uuid,
         run_created_at: Option<i64>,
         updated_at: i64,
     ) -> Self {
@@ -96,7 +97,7 @@ impl Head {
             stored_seq: Some(seq_i64(chain.next_seq)),
             stored_hash: Some(chain.hash.clone()),
             chain,
-            pending: Some(Link::sealed(sealed, write_id)),
+            pending: None,
             run_created_at,
             updated_at: Some(updated_at),
             checkpoint: self.checkpoint.clone(),

@@ -9,7 +9,7 @@ use sluice_core::retention::{PurgeVerdict, purge_verdict};
 use sluice_core::time::Timestamp;
 use sluice_ledger::{LedgerError, PurgeReport, RunCursor, RunSummary, SYSTEM_RUN};
 
-use super::{CqlLedger, FAN_OUT, Head, Lwt, STALE_RUN_ENTRY_MS, epoch_i64};
+use super::{CqlLedger, FAN_OUT, Head, Lwt, STALE_RUN_ENTRY_MS, epoch_i64, link_key};
 use crate::codec::{DAY_MS, MINUTE_MS, bad, day_of, parse_status};
 use crate::stats::{Kind, Op};
 use sluice_ledger::AuditStore;
@@ -396,13 +396,21 @@ impl CqlLedger {
             report.commands += deleted;
             return Ok(false);
         }
-        self.plain(
-            op,
-            "purge audit records",
-            &self.inner.st.delete_audit_below,
-            (run, count),
-        )
-        .await?;
+        let below = link_key(count);
+        futures::try_join!(
+            self.plain(
+                op,
+                "purge audit records",
+                &self.inner.st.delete_audit_below,
+                (run, count),
+            ),
+            self.plain(
+                op,
+                "purge audit records",
+                &self.inner.st.delete_links_below,
+                (run, below.as_str()),
+            ),
+        )?;
         for command in &commands {
             let command = command.command();
             if let Some(bk) = &command.business_key {

@@ -118,6 +118,54 @@ impl CqlLedger {
         let answer = self.inner.session.execute_unpaged(statement, values).await;
         self.inner.write_latency.observe(started.elapsed());
         drop(trip);
+        self.lwt_answer(op, what, answer).await
+    }
+
+    /// An audited LWT: `statement` (which moves the run's head to `link`'s hash) and the
+    /// insert of `link`'s own row into the same partition, as one conditional batch — one
+    /// Paxos round, so the record exists exactly when the head names it (docs/cql.md, "Write
+    /// protocol"). The batch applies or not as `statement`'s condition says.
+    pub(super) async fn lwt_linked(
+        &self,
+        op: Op,
+        what: &'static str,
+        statement: &PreparedStatement,
+        values: impl SerializeRow,
+        run: &str,
+        link: &Link,
+    ) -> Result<Lwt, LedgerError> {
+        let mut batch = Batch::new(BatchType::Unlogged);
+        batch.append_statement(statement.clone());
+        batch.append_statement(self.inner.st.insert_link.clone());
+        batch.set_is_idempotent(false);
+        if self.inner.config.lwt_timeout_ms > 0 {
+            batch.set_request_timeout(Some(Duration::from_millis(
+                self.inner.config.lwt_timeout_ms,
+            )));
+        }
+        let key = link_key(link.seq);
+        let row = (
+            run,
+            key.as_str(),
+            link.record.as_str(),
+            link.prev_hash.as_str(),
+            link.hash.as_str(),
+            link.write_id,
+        );
+        let trip = self.inner.stats.round_trip(op, Kind::Lwt);
+        let started = std::time::Instant::now();
+        let answer = self.inner.session.batch(&batch, (values, row)).await;
+        self.inner.write_latency.observe(started.elapsed());
+        drop(trip);
+        self.lwt_answer(op, what, answer).await
+    }
+
+    async fn lwt_answer(
+        &self,
+        op: Op,
+        what: &'static str,
+        answer: Result<scylla::response::query_result::QueryResult, ExecutionError>,
+    ) -> Result<Lwt, LedgerError> {
         match answer {
             Ok(result) => {
                 let row = rows_of(result)

@@ -13,9 +13,6 @@ struct TransitionValues<'a> {
     write_id: Uuid,
     next_seq: i64,
     head: &'a str,
-    pending: &'a str,
-    pending_prev: &'a str,
-    audit_write_id: Uuid,
     updated_at: i64,
     run_id: &'a str,
     command_key: &'a str,
@@ -225,9 +222,6 @@ impl CqlLedger {
                         write_id,
                         next_seq: seq_i64(chain.next_seq),
                         head: &sealed.hash,
-                        pending: &sealed.canonical,
-                        pending_prev: &sealed.prev_hash,
-                        audit_write_id: write_id,
                         updated_at: next.updated_at.as_millis(),
                         run_id: run,
                         command_key: &key,
@@ -237,8 +231,10 @@ impl CqlLedger {
                         seq: seq_i64(sealed.seq),
                         seq_head: basis.head.stored_hash.as_deref(),
                     };
+                    let link = Link::sealed(&sealed, write_id);
+                    let statement = &self.inner.st.transition;
                     let done = match self
-                        .lwt(op, "transition", &self.inner.st.transition, values)
+                        .lwt_linked(op, "transition", statement, values, run, &link)
                         .await?
                     {
                         Lwt::Applied => true,
@@ -263,8 +259,6 @@ impl CqlLedger {
                     if done {
                         let after = basis.head.after(
                             chain,
-                            &sealed,
-                            write_id,
                             basis.head.run_created_at,
                             next.updated_at.as_millis(),
                         );
@@ -273,14 +267,9 @@ impl CqlLedger {
                         let stale_due = basis
                             .due_at
                             .filter(|&old| Some(old) != next.due_at.map(Timestamp::as_millis));
-                        self.after_transition(
-                            op,
-                            run,
-                            &sealed,
-                            write_id,
-                            stale_due.map(|at| (key.as_str(), at)),
-                        )
-                        .await;
+                        if let Some(at) = stale_due {
+                            self.delete_stale_due(op, run, &key, at).await;
+                        }
                         return Ok(applied(&basis));
                     }
                 }
