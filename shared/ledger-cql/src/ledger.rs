@@ -405,6 +405,14 @@ impl CommandStore for CqlLedger {
         cas
     }
 
+    fn basis(&self, run_id: &RunId, command_key: &CommandKey) -> Option<String> {
+        self.basis_of(run_id.as_str(), command_key.as_str())
+    }
+
+    fn adopt(&self, copy: &Command, basis: &str) -> bool {
+        self.adopt_basis(copy, basis)
+    }
+
     async fn get(
         &self,
         run_id: &RunId,

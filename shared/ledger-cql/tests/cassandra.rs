@@ -256,6 +256,89 @@ async fn finalize(ledger: &CqlLedger, leased: &Command) -> Cas {
         .expect("finalize write")
 }
 
+/// A dispatcher handed the producer's copy of a command with the producer's basis (the row's
+/// version and the run's head it wrote) writes its lease and outcome from them without reading
+/// the command; a basis that went stale (the run's head moved since) costs one LWT that does
+/// not apply, then a read, never a wrong write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_adopted_with_its_basis_is_written_from_without_a_read() {
+    let producer = connect_shared().await;
+    let dispatcher = CqlLedger::connect(config(producer.config().keyspace.clone()))
+        .await
+        .expect("second instance");
+    let run = fresh_run("adopted");
+    let reserve = |decision: u32, tool: &'static str| {
+        let wanted = command(&run, decision, tool, 0, json!({"n": decision}));
+        let rules = machine::Rules::defaults(wanted.semantics);
+        let wanted = wanted.leased_at_reservation(
+            &rules,
+            &sluice_core::policy::PolicyDecision::Allow,
+            now(),
+        );
+        let audit = wanted.reservation_audit("test");
+        let producer = &producer;
+        async move {
+            let reserved = producer
+                .reserve(wanted, audit)
+                .await
+                .expect("reserve")
+                .into_command();
+            let basis = producer
+                .basis(&reserved.run_id, &reserved.command_key)
+                .expect("the producer knows what it wrote");
+            (reserved, basis)
+        }
+    };
+
+    // IDEMPOTENT (leased by its reservation): the outcome's LWT straight away.
+    let (copy, basis) = reserve(0, "email/send").await;
+    assert!(dispatcher.adopt(&copy, &basis));
+    let before = dispatcher.stats();
+    assert!(finalize(&dispatcher, &copy).await.is_applied());
+    let spent = dispatcher.stats().since(&before);
+    assert_eq!(
+        (spent.total_lwt(), spent.total_plain()),
+        (1, 1),
+        "{spent:?}"
+    );
+    assert_eq!(spent.op(Op::Get).calls, 0);
+
+    // NON_IDEMPOTENT: the lease and the outcome, still no read.
+    let (copy, basis) = reserve(1, "payments/wire").await;
+    assert!(dispatcher.adopt(&copy, &basis));
+    let before = dispatcher.stats();
+    let leased = lease(&dispatcher, &copy)
+        .await
+        .expect("leased from the copy");
+    assert!(finalize(&dispatcher, &leased).await.is_applied());
+    let spent = dispatcher.stats().since(&before);
+    assert_eq!(spent.total_lwt(), 2, "{spent:?}");
+    assert_eq!(
+        [Op::Get, Op::Lease, Op::Finalize].map(|op| spent.op(op).plain),
+        [0, 2, 1],
+        "the lease files its due entry and deletes the reservation's; the outcome deletes the lease's"
+    );
+
+    // A stale basis: the producer moved the run's head after handing it out.
+    let (copy, basis) = reserve(2, "email/send").await;
+    reserve(3, "email/send").await;
+    assert!(dispatcher.adopt(&copy, &basis));
+    let before = dispatcher.stats();
+    assert!(finalize(&dispatcher, &copy).await.is_applied());
+    let spent = dispatcher.stats().since(&before);
+    assert_eq!(
+        spent.op(Op::Finalize).lwt,
+        2,
+        "one LWT lost to the stale head: {spent:?}"
+    );
+    let trail = producer.audit_read(&run).await.expect("audit");
+    verify(&run, None, &trail.entries).expect("one chain");
+    assert_eq!(trail.entries.len(), 4 + 3 + 1);
+
+    // What is not a basis is refused.
+    assert!(!dispatcher.adopt(&copy, "{\"w\": 1}"));
+}
+
 /// Reserves a new command of `tool` as decision `decision` of `run`; returns it PENDING.
 async fn reserved(
     ledger: &CqlLedger,

@@ -466,6 +466,23 @@ pub trait CommandStore: Send + Sync + std::fmt::Debug + 'static {
     fn cached(&self, _run_id: &RunId, _command_key: &CommandKey) -> Option<Command> {
         None
     }
+
+    /// What this ledger wrote a command from, as this process last wrote it, for another
+    /// process of the same ledger to [`CommandStore::adopt`] with a copy of the command: an
+    /// opaque text (the CQL ledger: the row's version and the run's head, which its next
+    /// compare-and-set is conditioned on). `None` when it keeps no such thing.
+    fn basis(&self, _run_id: &RunId, _command_key: &CommandKey) -> Option<String> {
+        None
+    }
+
+    /// Takes `copy`, a command another process wrote with `basis` ([`CommandStore::basis`]),
+    /// as though this process had written it: afterwards it is a [`CommandStore::cached`] hint
+    /// here, with the same caveats (only fit to start a compare-and-set from; a stale one costs
+    /// a compare-and-set that does not apply, then a read). Whether it was taken. The caller
+    /// must have authenticated the copy: the ledger takes it as it is.
+    fn adopt(&self, _copy: &Command, _basis: &str) -> bool {
+        false
+    }
 }
 
 /// The audit chains: records that are not a command's transition, and a run's chain read back.

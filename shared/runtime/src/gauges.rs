@@ -531,6 +531,14 @@ impl CommandStore for GaugedLedger {
     fn cached(&self, run_id: &RunId, command_key: &CommandKey) -> Option<Command> {
         self.inner.cached(run_id, command_key)
     }
+
+    fn basis(&self, run_id: &RunId, command_key: &CommandKey) -> Option<String> {
+        self.inner.basis(run_id, command_key)
+    }
+
+    fn adopt(&self, copy: &Command, basis: &str) -> bool {
+        self.inner.adopt(copy, basis)
+    }
 }
 
 #[async_trait]

@@ -45,6 +45,22 @@ pub(super) enum Stale {
     Guessed,
 }
 
+/// What [`CqlLedger::basis_of`] hands out and [`CqlLedger::adopt_basis`] takes back: the
+/// row's version and the run's head that a compare-and-set from the copy is conditioned on.
+/// Short names: it rides in every dispatch request.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct WireBasis {
+    /// The row's `write_id`.
+    w: Uuid,
+    /// The head: `audit_seq`, `audit_head`, `run_created_at`, `updated_at`.
+    s: i64,
+    h: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    c: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    u: Option<i64>,
+}
+
 /// Entries of each map of [`Known`].
 pub(super) const KNOWN_CAPACITY: usize = 10_000;
 
@@ -144,6 +160,62 @@ impl CqlLedger {
             write_id: Some(row.write_id),
             head: head.clone(),
         })
+    }
+
+    /// The row and head this process knows `key` by, for another process to adopt with a
+    /// copy of the command (`CommandStore::basis`). Asked right after this process wrote the
+    /// command, so even in a run written by others too (whose own writes here read first) it
+    /// is what that write left, unless another write of the run came in between.
+    pub(super) fn basis_of(&self, run: &str, key: &str) -> Option<String> {
+        let known = self.inner.known.lock().ok()?;
+        let row = known.rows.get(&(run.to_owned(), key.to_owned()))?;
+        let head = known.heads.get(run)?;
+        Some(encode(&WireBasis {
+            w: row.write_id,
+            s: head.stored_seq?,
+            h: head.stored_hash.clone()?,
+            c: head.run_created_at,
+            u: head.updated_at,
+        }))
+    }
+
+    /// Takes `copy` and its `basis` as though this process had written them
+    /// (`CommandStore::adopt`): the next transition of the command writes its LWT from them
+    /// without a read. A head this process knows at a later seq is kept.
+    pub(super) fn adopt_basis(&self, copy: &Command, basis: &str) -> bool {
+        let Ok(basis) = serde_json::from_str::<WireBasis>(basis) else {
+            return false;
+        };
+        let Ok(next_seq) = u64::try_from(basis.s) else {
+            return false;
+        };
+        let run = copy.run_id.as_str();
+        let head = Head {
+            stored_seq: Some(basis.s),
+            stored_hash: Some(basis.h.clone()),
+            chain: ChainHead {
+                next_seq,
+                hash: basis.h,
+            },
+            pending: None,
+            run_created_at: basis.c,
+            updated_at: basis.u,
+            checkpoint: None,
+            closed: false,
+        };
+        self.remember_head(run, &head);
+        self.remember_row(
+            run,
+            copy.command_key.as_str(),
+            Some(KnownRow {
+                identity: Arc::new(Identity::of(copy)),
+                status: copy.state.status,
+                epoch: copy.state.lease.epoch,
+                due_at: copy.state.due_at.map(Timestamp::as_millis),
+                write_id: basis.w,
+            }),
+        );
+        true
     }
 
     pub(super) fn known_flushed(&self, run: &str, seq: i64) -> bool {
