@@ -81,6 +81,16 @@ struct Service {
 
 impl Service {
     fn start(name: &'static str, config: &Path, dir: &Path, generation: u32) -> Self {
+        Self::start_with(name, config, dir, generation, &[])
+    }
+
+    fn start_with(
+        name: &'static str,
+        config: &Path,
+        dir: &Path,
+        generation: u32,
+        env: &[(&str, String)],
+    ) -> Self {
         let log = dir.join(format!("{name}-{generation}.log"));
         let out = std::fs::File::create(&log).expect("a log file");
         let err = out.try_clone().expect("a second handle on the log file");
@@ -88,6 +98,7 @@ impl Service {
             .arg("--config")
             .arg(config)
             .env_remove("SLUICE_CONFIG")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("SLUICE_TELEMETRY__LOG_LEVEL", "info")
             .stdin(Stdio::null())
             .stdout(out)
@@ -135,7 +146,7 @@ fn distributed_config(
         .policy("email/send", "lease_ttl_ms", 2_500);
     std::fs::write(&catalog, edit.text()).expect("write the catalog");
 
-    processes::services_config(
+    let (path, config) = processes::services_config(
         dir,
         catalog,
         nodes,
@@ -146,7 +157,27 @@ fn distributed_config(
             topics: "sluice-e2e",
         },
         |config| config.bus.kafka.replication_factor = Some(1),
-    )
+    );
+    // Every service shares a copy key, as `deploy/` configures them: the dispatcher acts on
+    // the producer's signed copy of each command instead of reading it (a written
+    // configuration holds no secret, so the key is a file the services read).
+    let key = dir.join("copy.key");
+    std::fs::write(&key, uuid::Uuid::new_v4().simple().to_string().repeat(2)).expect("a key");
+    let mut text = std::fs::read_to_string(&path).expect("the configuration");
+    text.push_str(&format!(
+        "\n[[bus.copy_keys]]\nid = \"e2e\"\nsecret = {{ file = {:?} }}\n",
+        key.display().to_string()
+    ));
+    std::fs::write(&path, text).expect("the configuration with its copy key");
+    (path, config)
+}
+
+/// The value of the first sample of `name` with `labels` in a Prometheus text exposition.
+fn sample(metrics: &str, name_and_labels: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name_and_labels)?.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -264,9 +295,16 @@ async fn four_processes_on_kafka_and_cassandra_survive_a_killed_dispatcher() {
         unsettled >= 1,
         "the kill left effects in flight: {at_kill:?}"
     );
+    let dispatcher_ops = format!("127.0.0.1:{}", processes::free_port());
     services.insert(
         "sluice-dispatcher",
-        Service::start("sluice-dispatcher", &config_path, dir.path(), 2),
+        Service::start_with(
+            "sluice-dispatcher",
+            &config_path,
+            dir.path(),
+            2,
+            &[("SLUICE_TELEMETRY__LISTEN", dispatcher_ops.clone())],
+        ),
     );
 
     // Every command ends CONFIRMED: the leases the dead dispatcher held expire, the reconciler
@@ -319,6 +357,26 @@ async fn four_processes_on_kafka_and_cassandra_survive_a_killed_dispatcher() {
         metrics.contains("sluice_ledger_round_trips_total{kind=\"lwt\",op=\"reserve\"}"),
         "the producer exports its ledger round trips"
     );
+    // The restarted dispatcher took requests on their signed copies (those the sweeps and
+    // the reconciler sent again after the kill among them), and none was refused as forged.
+    let metrics = http
+        .get(format!("http://{dispatcher_ops}/metrics"))
+        .send()
+        .await
+        .expect("the dispatcher's metrics answer")
+        .text()
+        .await
+        .expect("metrics text");
+    let copies = |outcome: &str| {
+        sample(
+            &metrics,
+            &format!("sluice_dispatch_copies_total{{outcome=\"{outcome}\"}}"),
+        )
+    };
+    assert!(copies("used") > 0.0, "no copy was used:\n{metrics}");
+    for forged in ["bad_signature", "unknown_key", "malformed", "mismatch"] {
+        assert_eq!(copies(forged), 0.0, "{forged}");
+    }
 }
 
 /// The names of the broker's topics that start with `prefix`.

@@ -40,6 +40,7 @@ async fn send_at_a_limited_rate(effects: usize, rate: u32, burst: u32) -> Figure
     config.owner = Some("dispatcher-second-replica".into());
     let ctx = sluice_runtime::Context {
         flow: sluice_runtime::flow::Flow::new(),
+        copies: None,
         ..h.ctx().clone()
     };
     let replica = tokio::spawn(sluice_dispatcher::run(ctx, config, second.clone()));

@@ -72,6 +72,7 @@ async fn a_second_compensator_does_not_repeat_a_job_still_calling() {
         clock: Arc::new(SystemClock),
         metrics: Arc::new(Metrics::new()),
         flow: sluice_runtime::flow::Flow::new(),
+        copies: None,
     };
 
     // A CONFIRMED wire with three extra commits still owed, then rolled back: its job is four

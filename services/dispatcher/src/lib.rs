@@ -64,7 +64,13 @@ pub async fn run(
                 Ok(request) => request,
                 Err(e) => return Ok(Handled::Reject(e)),
             };
-            dispatch(&ctx, &owner, &request.run_id, &request.command_key).await?;
+            // The producer's signed copy, when the services share copy keys: no ledger read.
+            let copy = ctx.adopt_copy(
+                delivery.message.header(sluice_runtime::copies::COPY_HEADER),
+                &request.run_id,
+                &request.command_key,
+            );
+            dispatch_from(&ctx, &owner, &request.run_id, &request.command_key, copy).await?;
             Ok(Handled::Done)
         }
     })
@@ -76,16 +82,31 @@ pub async fn run(
 /// A command leased by its own reservation (an IDEMPOTENT or OBSERVE_ONLY tool, see
 /// [`machine::lease_at_reservation`]) is called under that lease as it stands, without a lease
 /// write; every other command is leased here first.
-#[tracing::instrument(skip(ctx, owner), fields(run_id = %run_id, command_key = %command_key))]
 pub async fn dispatch(
     ctx: &Context,
     owner: &str,
     run_id: &RunId,
     command_key: &CommandKey,
 ) -> Result<Option<Command>, PipelineError> {
+    dispatch_from(ctx, owner, run_id, command_key, None).await
+}
+
+/// [`dispatch`] from `copy` when there is one (the request's signed copy, adopted:
+/// [`Context::adopt_copy`]), else from the ledger.
+#[tracing::instrument(skip(ctx, owner, copy), fields(run_id = %run_id, command_key = %command_key))]
+pub async fn dispatch_from(
+    ctx: &Context,
+    owner: &str,
+    run_id: &RunId,
+    command_key: &CommandKey,
+    copy: Option<Current>,
+) -> Result<Option<Command>, PipelineError> {
     let catalog = ctx.catalog.clone();
     let owner: std::sync::Arc<str> = std::sync::Arc::from(owner);
-    let current = ctx.current(run_id, command_key).await?;
+    let current = match copy {
+        Some(copy) => copy,
+        None => ctx.current(run_id, command_key).await?,
+    };
     // Flow control first: whether the call may go now, or is put back until later.
     let (held, permit) = match &current.command {
         Some(command) => admit(ctx, &catalog, command, &owner).await?,

@@ -51,6 +51,7 @@ fn context(ledger: Arc<dyn Ledger>) -> Context {
         clock: Arc::new(SystemClock),
         metrics: Arc::new(Metrics::new()),
         flow: sluice_runtime::flow::Flow::new(),
+        copies: None,
     }
 }
 

@@ -75,6 +75,7 @@ async fn a_lookup_slower_than_the_sweep_counts_as_inconclusive_and_ends_stuck() 
         clock: Arc::new(SystemClock),
         metrics: Arc::new(Metrics::new()),
         flow: sluice_runtime::flow::Flow::new(),
+        copies: None,
     };
 
     // An UNKNOWN wire whose attempt went out a minute ago: its horizon has passed, so its

@@ -267,6 +267,12 @@ pub async fn assemble_with_clock(
         clock,
         metrics: Arc::new(metrics),
         flow: sluice_runtime::flow::Flow::new(),
+        // On Kafka only: in one process the producer's writes are the dispatcher's own
+        // ledger hints already (`CommandStore::cached`).
+        copies: (config.bus.kind == BusKind::Kafka)
+            .then(|| sluice_runtime::copies::Copies::new(&config.bus.copy_keys))
+            .flatten()
+            .map(Arc::new),
     })
 }
 

@@ -13,11 +13,13 @@ use sluice_ledger_cql::CqlConfig;
 use thiserror::Error;
 
 mod api;
+mod copies;
 mod secrets;
 mod tenants;
 pub use api::{AuthConfig, MIN_TOKEN_CHARS, ProducerConfig, Role, ServerTls, TokenConfig};
 pub use tenants::{DEFAULT_QUOTA_RETRY_AFTER_MS, TenantsConfig};
 mod webhooks;
+pub use copies::{CopyKey, MAX_COPY_KEYS, MIN_COPY_KEY_BYTES};
 pub use webhooks::WebhookConfig;
 
 /// The environment prefix of configuration overrides.
@@ -156,6 +158,11 @@ pub struct BusConfig {
     pub admission: u32,
     /// The Kafka bus (`kind = "kafka"`).
     pub kafka: KafkaSettings,
+    /// Kafka only: keys that sign the command's copy in each dispatch request, so the
+    /// dispatcher does not read it (`copies`); none: requests carry no copy. Not written out
+    /// when empty (a dumped configuration cannot hold their secrets anyway).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub copy_keys: Vec<CopyKey>,
 }
 
 impl Default for BusConfig {
@@ -169,6 +176,7 @@ impl Default for BusConfig {
             partitions: EMBEDDED_PARTITIONS,
             admission: DEFAULT_ADMISSION,
             kafka: KafkaSettings::default(),
+            copy_keys: Vec::new(),
         }
     }
 }
@@ -474,6 +482,7 @@ impl Config {
             })
         };
         webhooks::validate(&self.webhooks)?;
+        copies::validate(&self.bus.copy_keys)?;
         if self.bus.partitions == 0 || self.bus.partitions > 4_096 {
             return invalid("bus.partitions", "must be between 1 and 4096");
         }

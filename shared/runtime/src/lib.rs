@@ -6,6 +6,7 @@
 pub mod cli;
 pub use sluice_config as config;
 pub mod consumer;
+pub mod copies;
 pub mod flow;
 pub mod gauges;
 pub mod lanes;

@@ -141,8 +141,10 @@ fn request_for<T: Serialize>(command: &Command, request: &T) -> Outgoing {
     }
 }
 
-/// `requested`: a dispatch request for `command`, with its tenant's header.
-pub fn dispatch_request(command: &Command, cause: Cause) -> Outgoing {
+/// `requested`: a dispatch request for `command`, with its tenant's header and, when the
+/// services share copy keys, the command's signed copy (`crate::copies`, sealed by
+/// [`crate::Context::seal_copy`]).
+pub fn dispatch_request(command: &Command, cause: Cause, copy: Option<Vec<u8>>) -> Outgoing {
     let mut request = request_for(
         command,
         &DispatchRequest {
@@ -154,6 +156,11 @@ pub fn dispatch_request(command: &Command, cause: Cause) -> Outgoing {
     request
         .headers
         .push((TENANT_HEADER.into(), command.tenant().as_bytes().to_vec()));
+    if let Some(copy) = copy {
+        request
+            .headers
+            .push((crate::copies::COPY_HEADER.into(), copy));
+    }
     request
 }
 
@@ -413,7 +420,7 @@ mod tests {
         )
         .traced(trace.clone());
         for outgoing in [
-            dispatch_request(&command, Cause::Reserved),
+            dispatch_request(&command, Cause::Reserved, None),
             reconcile_request(&command),
             compensate_request(
                 &command,
@@ -440,13 +447,16 @@ mod tests {
         // No context, no headers: a command submitted without one and no span to send from.
         let untraced = command.clone().traced(None);
         assert_eq!(
-            dispatch_request(&untraced, Cause::Due).headers,
+            dispatch_request(&untraced, Cause::Due, None).headers,
             [(TENANT_HEADER.to_owned(), b"anonymous".to_vec())],
             "a dispatch request names its tenant, and nothing else without a context"
         );
         let named = untraced.clone().for_tenant("acme");
         assert_eq!(
-            header(&dispatch_request(&named, Cause::Due).headers, TENANT_HEADER),
+            header(
+                &dispatch_request(&named, Cause::Due, None).headers,
+                TENANT_HEADER
+            ),
             Some("acme")
         );
         assert!(reconcile_request(&untraced).headers.is_empty());

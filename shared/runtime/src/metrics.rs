@@ -75,6 +75,10 @@ pub struct Metrics {
     /// `sluice_tenant_submissions_refused_total{tenant}`: submissions refused because their
     /// tenant held its whole quota in flight (429, nothing recorded).
     pub tenant_refused: IntCounterVec,
+    /// `sluice_dispatch_copies_total{outcome}`: dispatch requests by what became of their signed
+    /// copy of the command (`used`; else read: `absent`, `stale`, `unknown_key`,
+    /// `bad_signature`, `malformed`, `mismatch`). Counted only where copy keys are configured.
+    pub dispatch_copies: IntCounterVec,
     /// `sluice_dispatch_queued{tenant}`: dispatch requests read off the bus and waiting in the
     /// dispatcher's lane of their tenant for a worker (fair dispatch).
     pub dispatch_queued: IntGaugeVec,
@@ -232,6 +236,11 @@ impl Metrics {
         registry
             .register(Box::new(webhook_pending.clone()))
             .expect("each metric is registered once");
+        let dispatch_copies = counter(
+            "dispatch_copies_total",
+            "Dispatch requests by what became of the command's signed copy (used, or read instead and why)",
+            &["outcome"],
+        );
         let dispatch_queued = IntGaugeVec::new(
             Opts::new(
                 "dispatch_queued",
@@ -299,12 +308,18 @@ impl Metrics {
             http_seconds,
             waiting_requests,
             tenant_refused,
+            dispatch_copies,
             dispatch_queued,
             commands: CommandGauges::default(),
             webhook_deliveries,
             webhook_pending,
             webhook_oldest_pending,
         }
+    }
+
+    /// Counts a dispatch request's copy by `outcome` (`sluice_dispatch_copies_total`).
+    pub fn copy_outcome(&self, outcome: &str) {
+        self.dispatch_copies.with_label_values(&[outcome]).inc();
     }
 
     /// Exports `sluice_tenant_effects_in_flight{tenant}` from [`Metrics::commands`], read at

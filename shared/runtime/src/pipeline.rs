@@ -41,6 +41,9 @@ pub struct Context {
     /// Flow control's per-process state: the shared controls as last read, this process's
     /// buckets and calls in flight (`crate::flow`).
     pub flow: Arc<crate::flow::Flow>,
+    /// The keys that sign a command's copy in its dispatch requests, and verify it at the
+    /// dispatcher (`crate::copies`); `None`: requests carry no copy and are read.
+    pub copies: Option<Arc<crate::copies::Copies>>,
 }
 
 /// A failure that stops a handler; the message is not acknowledged and comes back.
@@ -195,6 +198,51 @@ impl Context {
                 trusted: true,
             },
         })
+    }
+
+    /// The signed copy of `command` as this process just wrote it, with its ledger's basis,
+    /// for the command's dispatch request; `None` without copy keys.
+    pub fn seal_copy(&self, command: &Command) -> Option<Vec<u8>> {
+        let copies = self.copies.as_ref()?;
+        let basis = self.ledger.basis(&command.run_id, &command.command_key);
+        Some(copies.seal(command, basis, self.clock.now()))
+    }
+
+    /// The command a dispatch request's signed copy holds, adopted by this process's ledger
+    /// with its basis, as a [`Current`] to start from without a read (untrusted: a decision not
+    /// to act on it is taken on a read). `None` when the request carries no copy or the copy
+    /// is not used (counted by why, in `sluice_dispatch_copies_total`): then read the command.
+    pub fn adopt_copy(
+        &self,
+        header: Option<&[u8]>,
+        run_id: &RunId,
+        command_key: &CommandKey,
+    ) -> Option<Current> {
+        let copies = self.copies.as_ref()?;
+        let Some(header) = header else {
+            self.metrics.copy_outcome("absent");
+            return None;
+        };
+        match copies.open(header, (run_id, command_key), self.clock.now()) {
+            Ok(copy) => {
+                if let Some(basis) = &copy.basis {
+                    self.ledger.adopt(&copy.command, basis);
+                }
+                self.metrics.copy_outcome("used");
+                Some(Current {
+                    command: Some(copy.command),
+                    trusted: false,
+                })
+            }
+            Err(refused) => {
+                if refused != crate::copies::Refused::Stale {
+                    tracing::warn!(%run_id, %command_key, why = refused.as_str(),
+                        "a dispatch request's copy was refused; reading the command instead");
+                }
+                self.metrics.copy_outcome(refused.as_str());
+                None
+            }
+        }
     }
 
     /// [`Context::drive`] from a command the caller got from [`Context::current`].
@@ -355,7 +403,10 @@ impl Context {
                 | Action::Reconcile
                 | Action::Compensate
                 | Action::CompensateDuplicate => {
-                    if let Some((topic, message)) = request_for(action, command, cause) {
+                    let copy = matches!(action, Action::Dispatch)
+                        .then(|| self.seal_copy(command))
+                        .flatten();
+                    if let Some((topic, message)) = request_for(action, command, cause, copy) {
                         self.publish(topic, command, message).await?;
                     }
                 }
@@ -535,9 +586,15 @@ impl Context {
 /// (`Context::carry_out`, a sweep's republish among them: `Event::Republish` names the awaited
 /// request) go through it.
 /// `None` for the actions that are not requests to another service.
-pub fn request_for(action: &Action, command: &Command, cause: Cause) -> Option<(Topic, Outgoing)> {
+/// `copy`: the command's signed copy, for a dispatch request ([`Context::seal_copy`]).
+pub fn request_for(
+    action: &Action,
+    command: &Command,
+    cause: Cause,
+    copy: Option<Vec<u8>>,
+) -> Option<(Topic, Outgoing)> {
     match action {
-        Action::Dispatch => Some((Topic::Requested, dispatch_request(command, cause))),
+        Action::Dispatch => Some((Topic::Requested, dispatch_request(command, cause, copy))),
         Action::Reconcile => Some((Topic::Unknown, reconcile_request(command))),
         Action::Compensate => Some((
             Topic::Compensate,

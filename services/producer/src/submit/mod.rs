@@ -398,7 +398,9 @@ impl Api {
                     CommandStatus::Pending | CommandStatus::Leased
                 ) {
                     // Built in the reservation's span: the dispatcher's span is its child.
-                    let request = span.in_scope(|| dispatch_request(&command, Cause::Reserved));
+                    let copy = self.ctx.seal_copy(&command);
+                    let request =
+                        span.in_scope(|| dispatch_request(&command, Cause::Reserved, copy));
                     // The ticket counts this request in the dispatchers' queue until it is
                     // published (admission's estimate): dropped after the publish below.
                     let (room, _ticket) = match admission {
