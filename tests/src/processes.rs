@@ -75,3 +75,18 @@ pub fn services_config(
     .expect("write the configuration");
     (path, config)
 }
+
+/// Gives every service reading the configuration at `path` one copy key (`[[bus.copy_keys]]`),
+/// as a deployment should: the dispatcher then acts on the signed copy of each command in its
+/// requests instead of reading it. A written configuration holds no secret, so the key is a
+/// file in `dir` the services read.
+pub fn add_copy_key(dir: &Path, path: &Path) {
+    let key = dir.join("copy.key");
+    std::fs::write(&key, uuid::Uuid::new_v4().simple().to_string().repeat(2)).expect("a key");
+    let mut text = std::fs::read_to_string(path).expect("the configuration");
+    text.push_str(&format!(
+        "\n[[bus.copy_keys]]\nid = \"test\"\nsecret = {{ file = {:?} }}\n",
+        key.display().to_string()
+    ));
+    std::fs::write(path, text).expect("the configuration with its copy key");
+}

@@ -302,6 +302,9 @@ fn cluster_config(dir: &Path, nodes: Vec<String>, brokers: &str, catalog: &Path)
             // Eight processes reading the whole ledger for gauges would only add load.
             config.metrics.command_gauges = false;
         });
+    // Dispatchers act on signed copies, as a deployment with a key does: node kills and
+    // rebalances then hand them copies gone stale, which must cost reads, never a guarantee.
+    processes::add_copy_key(dir, &path);
     path
 }
 

@@ -158,17 +158,7 @@ fn distributed_config(
         },
         |config| config.bus.kafka.replication_factor = Some(1),
     );
-    // Every service shares a copy key, as `deploy/` configures them: the dispatcher acts on
-    // the producer's signed copy of each command instead of reading it (a written
-    // configuration holds no secret, so the key is a file the services read).
-    let key = dir.join("copy.key");
-    std::fs::write(&key, uuid::Uuid::new_v4().simple().to_string().repeat(2)).expect("a key");
-    let mut text = std::fs::read_to_string(&path).expect("the configuration");
-    text.push_str(&format!(
-        "\n[[bus.copy_keys]]\nid = \"e2e\"\nsecret = {{ file = {:?} }}\n",
-        key.display().to_string()
-    ));
-    std::fs::write(&path, text).expect("the configuration with its copy key");
+    processes::add_copy_key(dir, &path);
     (path, config)
 }
 
