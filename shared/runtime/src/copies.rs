@@ -214,17 +214,16 @@ mod tests {
         Timestamp::from_millis(ms)
     }
 
+    /// A wire of 5 as decision 1 of `run`.
+    fn wire_of(run: &sluice_core::ids::RunId) -> Command {
+        command(run, 1, "payments/wire", 0, serde_json::json!({"amount": 5}))
+    }
+
     #[test]
     fn a_copy_opens_as_sealed_and_only_for_its_command() {
         let copies = keys(&[("k1", "a")]);
         let run = fresh_run("copy");
-        let wire = command(
-            &run,
-            1,
-            "payments/wire",
-            0,
-            serde_json::json!({"amount": 5}),
-        );
+        let wire = wire_of(&run);
         let header = copies.seal(&wire, Some("basis".into()), at(1_000));
         let opened = copies
             .open(&header, (&wire.run_id, &wire.command_key), at(1_500))
@@ -254,13 +253,7 @@ mod tests {
     fn an_altered_or_foreign_copy_is_refused() {
         let copies = keys(&[("k1", "a")]);
         let run = fresh_run("copy");
-        let wire = command(
-            &run,
-            1,
-            "payments/wire",
-            0,
-            serde_json::json!({"amount": 5}),
-        );
+        let wire = wire_of(&run);
         let named = (&wire.run_id, &wire.command_key);
         let header = copies.seal(&wire, None, at(0));
         // The amount changed in transit.
