@@ -113,11 +113,9 @@ impl CqlLedger {
         statement: &PreparedStatement,
         values: impl SerializeRow,
     ) -> Result<Lwt, LedgerError> {
-        let trip = self.inner.stats.round_trip(op, Kind::Lwt);
-        let started = std::time::Instant::now();
-        let answer = self.inner.session.execute_unpaged(statement, values).await;
-        self.inner.write_latency.observe(started.elapsed());
-        drop(trip);
+        let answer = self
+            .timed_lwt(op, self.inner.session.execute_unpaged(statement, values))
+            .await;
         self.lwt_answer(op, what, answer).await
     }
 
@@ -152,12 +150,21 @@ impl CqlLedger {
             link.hash.as_str(),
             link.write_id,
         );
+        let answer = self
+            .timed_lwt(op, self.inner.session.batch(&batch, (values, row)))
+            .await;
+        self.lwt_answer(op, what, answer).await
+    }
+
+    /// One LWT round trip, counted and timed (the ledger's write latency, which admission
+    /// and lease sizing read).
+    async fn timed_lwt<T>(&self, op: Op, request: impl Future<Output = T>) -> T {
         let trip = self.inner.stats.round_trip(op, Kind::Lwt);
         let started = std::time::Instant::now();
-        let answer = self.inner.session.batch(&batch, (values, row)).await;
+        let answer = request.await;
         self.inner.write_latency.observe(started.elapsed());
         drop(trip);
-        self.lwt_answer(op, what, answer).await
+        answer
     }
 
     async fn lwt_answer(
