@@ -638,17 +638,22 @@ if not compose_check and shutil.which("go"):
                            + (r.stderr.strip().splitlines() or ["?"])[-1])
     if target.exists():
         compose_check = str(target)
+# What the compose file takes from the shell, with no default.
+COMPOSE_SECRETS = {"SLUICE_ADMIN_TOKEN": "check-deploy-token-0123456789",
+                   "SLUICE_COPY_KEY": "check-deploy-copy-key-0123456789abcdef"}
 if compose_check:
     # With the admin token from the environment it loads; without it, it must refuse, naming it.
-    with_token = dict(os.environ, SLUICE_ADMIN_TOKEN="check-deploy-token-0123456789")
-    run([compose_check, compose_path], f"compose-go loads {compose_path} (SLUICE_ADMIN_TOKEN set)",
-        compose_path, env=with_token)
-    without = {k: v for k, v in os.environ.items() if k != "SLUICE_ADMIN_TOKEN"}
-    r = subprocess.run([compose_check, compose_path], capture_output=True, text=True, env=without)
-    if r.returncode == 0 or "SLUICE_ADMIN_TOKEN" not in r.stdout + r.stderr:
-        fail(compose_path, "compose-go loads it without SLUICE_ADMIN_TOKEN: a default token ships")
-    else:
-        ok(f"compose-go refuses {compose_path} without SLUICE_ADMIN_TOKEN, naming it")
+    run([compose_check, compose_path],
+        f"compose-go loads {compose_path} (SLUICE_ADMIN_TOKEN and SLUICE_COPY_KEY set)",
+        compose_path, env=dict(os.environ, **COMPOSE_SECRETS))
+    # Without either secret it must refuse, naming the one missing: no default ships.
+    for missing in COMPOSE_SECRETS:
+        without = {k: v for k, v in dict(os.environ, **COMPOSE_SECRETS).items() if k != missing}
+        r = subprocess.run([compose_check, compose_path], capture_output=True, text=True, env=without)
+        if r.returncode == 0 or missing not in r.stdout + r.stderr:
+            fail(compose_path, f"compose-go loads it without {missing}: a default ships")
+        else:
+            ok(f"compose-go refuses {compose_path} without {missing}, naming it")
 elif shutil.which("docker-compose"):
     # docker-compose v1 predates the top-level `name`; validate the rest of the file.
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir="deploy", delete=False) as f:
@@ -656,7 +661,7 @@ elif shutil.which("docker-compose"):
     try:
         run(["docker-compose", "-f", f.name, "config", "-q"],
             f"docker-compose config (v1, without the top-level name) accepts {compose_path}", compose_path,
-            env=dict(os.environ, SLUICE_ADMIN_TOKEN="check-deploy-token-0123456789"))
+            env=dict(os.environ, **COMPOSE_SECRETS))
     finally:
         os.unlink(f.name)
 else:
