@@ -315,8 +315,8 @@ async fn a_copy_adopted_with_its_basis_is_written_from_without_a_read() {
     assert_eq!(spent.total_lwt(), 2, "{spent:?}");
     assert_eq!(
         [Op::Get, Op::Lease, Op::Finalize].map(|op| spent.op(op).plain),
-        [0, 2, 1],
-        "the lease files its due entry and deletes the reservation's; the outcome deletes the lease's"
+        [0, 0, 1],
+        "the lease keeps the reservation's due time (no entry to file or delete); the outcome deletes its entry"
     );
 
     // A stale basis: the producer moved the run's head after handing it out.
@@ -422,12 +422,12 @@ async fn lwts_per_effect_are_the_same_for_one_effect_and_for_many() {
     // One effect of each semantics in a run of its own.
     // Plain round trips: the first reservation of a run files the due entry and the run (one
     // batch), its head taken to be a new run's without a read (it is the run's first
-    // decision); the lease files its due entry and deletes the reservation's; the finalize
-    // deletes the lease's. Every record is written by its own LWT. Later reservations in the
+    // decision); the lease keeps the reservation's due time, so it touches no due entry; the
+    // finalize deletes the reservation's. Every record is written by its own LWT. Later reservations in the
     // run write from the head this process left (no read).
     let single = fresh_run("lwt-one");
     let spent = one_effect(&ledger, &single, 0, "payments/wire", None).await;
-    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (3, [1, 2, 1]));
+    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (3, [1, 0, 1]));
     assert_eq!(spent.op(Op::Reserve).guesses_missed, 0);
     // IDEMPOTENT and OBSERVE_ONLY: the lease rides in the reservation's LWT.
     let spent = one_effect(&ledger, &single, 1, "email/send", None).await;
@@ -437,7 +437,7 @@ async fn lwts_per_effect_are_the_same_for_one_effect_and_for_many() {
     // A business key costs its claim (an LWT, no plain round trip).
     let keyed = format!("bk-{single}");
     let spent = one_effect(&ledger, &single, 2, "payments/wire", Some(&keyed)).await;
-    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (4, [1, 2, 1]));
+    assert_eq!((spent.total_lwt(), plain_by_op(&spent)), (4, [1, 0, 1]));
     // Many effects in one run, one after the other: still 3 each.
     let many = fresh_run("lwt-many");
     let before = ledger.stats();
@@ -461,7 +461,7 @@ async fn lwts_per_effect_are_the_same_for_one_effect_and_for_many() {
     );
     assert_eq!(spent.total_lwt(), 3 * u64::from(effects), "{spent:?}");
     let n = u64::from(effects);
-    assert_eq!(plain_by_op(&spent), [n, 2 * n, n], "{spent:?}");
+    assert_eq!(plain_by_op(&spent), [n, 0, n], "{spent:?}");
     for op in [Op::Reserve, Op::Lease, Op::Finalize] {
         let counts = spent.op(op);
         assert_eq!(
@@ -582,7 +582,7 @@ async fn a_run_written_by_two_processes_loses_at_most_one_lwt_to_the_cache() {
     assert_eq!(dispatcher_spent.total_lwt(), 2 * n, "{dispatcher_spent:?}");
     assert_eq!(
         [Op::Get, Op::Lease, Op::Finalize].map(|op| dispatcher_spent.op(op).plain),
-        [n, 2 * n, n]
+        [n, 0, n]
     );
     let trail = api.audit_read(&run).await.expect("audit");
     assert_eq!(trail.entries.len(), 3 * effects as usize);
@@ -1355,9 +1355,9 @@ async fn effects_across_runs_cost_three_lwts_each() {
         task.await.expect("task");
     }
     let elapsed = started.elapsed();
-    // Per run: 1 + 2 + 1 for every effect (the first one's run taken to be new, no head
-    // read; each record written by its LWT).
-    let plain = u64::from(runs * 4 * per_run);
+    // Per run: 1 + 0 + 1 for every effect (the first one's run taken to be new, no head
+    // read; each record written by its LWT; the lease keeps the reservation's due time).
+    let plain = u64::from(runs * 2 * per_run);
     let effects = runs * per_run;
     let spent = ledger.stats().since(&before);
     assert_eq!(spent.total_lwt(), u64::from(3 * effects), "{spent:?}");
@@ -1412,7 +1412,8 @@ async fn an_orphaned_business_key_is_taken_over_after_the_grace() {
 
 /// A transition that moves a command's due time deletes the old due entry in the batch that
 /// inserts its audit record, so the sweep does not meet it stale later (a read and a delete
-/// each): an effect that went PENDING → LEASED → CONFIRMED leaves no due entry behind.
+/// each): an effect that went PENDING → LEASED → CONFIRMED leaves no due entry behind, whether
+/// its lease kept the reservation's due time or, leased after it, moved it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_moved_due_time_leaves_no_stale_due_entry() {
     let ledger = connect_shared().await;
@@ -1421,8 +1422,28 @@ async fn a_moved_due_time_leaves_no_stale_due_entry() {
     let spent = one_effect(&ledger, &run, 0, "payments/wire", None).await;
     assert_eq!(
         plain_by_op(&spent)[1..],
+        [0, 1],
+        "leased before the reservation's due time, the lease keeps it"
+    );
+    // Reserved 20 s ago: its due time (10 s later) has passed, so the lease moves it.
+    let mut late = command(&run, 1, "payments/wire", 0, json!({}));
+    late.state = sluice_core::command::CommandState::reserved(
+        now().plus_millis(-20_000),
+        None,
+        wire_rules().pending_stale_ms,
+    );
+    let audit = late.reservation_audit("test");
+    let before = ledger.stats();
+    let Reserved::Created(reserved) = ledger.reserve(late, audit).await.expect("reserve") else {
+        panic!("expected a new command");
+    };
+    let leased = lease(&ledger, &reserved).await.expect("lease applied");
+    assert_eq!(leased.state.due_at, leased.state.lease.expires_at);
+    assert!(finalize(&ledger, &leased).await.is_applied());
+    assert_eq!(
+        plain_by_op(&ledger.stats().since(&before))[1..],
         [2, 1],
-        "the delete rides along: lease and finalize cost what they did"
+        "a moved due time: the lease files its entry and deletes the reservation's"
     );
     // Test-only: a scan of the due table for this run.
     let left = ledger

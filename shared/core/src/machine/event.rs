@@ -161,7 +161,10 @@ pub enum Event {
         /// until its timeout after this.
         sent_at: Timestamp,
     },
-    /// The sweep found the lease expired with no outcome written.
+    /// The sweep found a LEASED command due: its lease expired with no outcome written, or,
+    /// while the lease still holds, the command was due earlier than its end (a dispatcher's
+    /// lease keeps an earlier due time) and is now due at the end instead: then quiet, no
+    /// audit record.
     LeaseExpired,
     /// A status check answered (for an UNKNOWN command, or to verify a CONFIRMED one).
     Observed {

@@ -526,12 +526,77 @@ fn not_sent_goes_back_to_pending_with_backoff_until_attempts_run_out() {
 fn an_unexpired_lease_is_not_taken_away() {
     let mut state = state_in(S::Leased);
     state.lease.expires_at = Some(now().plus_millis(1));
+    state.due_at = state.lease.expires_at;
     assert_eq!(
         apply(&state, &wire_rules(), &Event::LeaseExpired, now()),
         Err(Refusal::LeaseStillValid {
             expires_at: now().plus_millis(1)
         })
     );
+    // Due before its end (the due time a lease kept): only the due time moves.
+    state.due_at = Some(now());
+    let moved = apply(&state, &wire_rules(), &Event::LeaseExpired, now()).expect("moved");
+    assert_eq!(
+        (moved.to(), moved.quiet, moved.state.lease.clone()),
+        (S::Leased, true, state.lease.clone())
+    );
+}
+
+/// A dispatcher's lease keeps the reservation's earlier due time (so a ledger indexing due
+/// times writes no entry for it); a call still running then is moved to the lease's end,
+/// quietly, and only the lease's end makes its outcome unknown.
+#[test]
+fn a_lease_keeps_an_earlier_due_time_and_the_sweep_then_waits_for_the_leases_end() {
+    let rules = wire_rules();
+    let reserved = CommandState::reserved(now(), None, rules.pending_stale_ms);
+    let reserved_due = now().plus_millis(rules.pending_stale_ms);
+    assert_eq!(reserved.due_at, Some(reserved_due));
+    let at = |ms: i64| now().plus_millis(ms);
+
+    let leased = apply(
+        &reserved,
+        &rules,
+        &Event::Lease {
+            owner: "d-1".into(),
+        },
+        at(20),
+    )
+    .expect("leased")
+    .state;
+    let lease_end = at(20 + rules.lease_ttl_ms);
+    assert_eq!(leased.status, S::Leased);
+    assert_eq!(leased.lease.expires_at, Some(lease_end));
+    assert_eq!(
+        leased.due_at,
+        Some(reserved_due),
+        "the due time did not move"
+    );
+
+    // Before the lease's end nothing is due yet: refused as before.
+    assert_eq!(
+        apply(&leased, &rules, &Event::LeaseExpired, at(5_000)),
+        Err(Refusal::LeaseStillValid {
+            expires_at: lease_end
+        })
+    );
+    // Due while the call runs: moved to the lease's end, quietly.
+    let moved = apply(&leased, &rules, &Event::LeaseExpired, reserved_due).expect("moves");
+    assert!(moved.quiet);
+    assert_eq!(moved.to(), S::Leased);
+    assert_eq!(moved.state.due_at, Some(lease_end));
+    assert_eq!(moved.state.lease, leased.lease);
+    assert!(moved.actions.is_empty());
+    // Once there, the lease is still valid until its end, then the outcome is unknown.
+    assert_eq!(
+        apply(&moved.state, &rules, &Event::LeaseExpired, at(10_001)),
+        Err(Refusal::LeaseStillValid {
+            expires_at: lease_end
+        })
+    );
+    let expired = apply(&moved.state, &rules, &Event::LeaseExpired, lease_end).expect("expires");
+    assert!(!expired.quiet);
+    assert_eq!(expired.to(), S::Unknown);
+    assert_eq!(expired.actions, vec![Action::Reconcile]);
 }
 
 fn absent() -> Event {
@@ -1194,7 +1259,8 @@ proptest! {
             let quiet_event = matches!(
                 event,
                 Event::ExtendLease { .. } | Event::Claim { .. } | Event::Republish { .. }
-            );
+            ) || (event == Event::LeaseExpired
+                && state.lease.expires_at.is_some_and(|at| at > clock));
             prop_assert_eq!(step.quiet, quiet_event, "only claims and due-time moves are quiet");
             if step.quiet {
                 prop_assert_eq!(from, to, "a quiet step moved the status");
@@ -1217,6 +1283,13 @@ proptest! {
                     prop_assert_eq!(step.state.lease.epoch, state.lease.epoch);
                     prop_assert_eq!(step.state.lease.expires_at, Some(*until));
                     prop_assert!(state.lease.expires_at.is_none_or(|at| at < *until), "shortened");
+                }
+                Event::LeaseExpired if step.quiet => {
+                    // Only a due time earlier than a live lease's end moves, to that end.
+                    prop_assert!(state.due_at.is_some_and(|at| at <= clock), "moved before due");
+                    prop_assert_eq!(step.state.lease.clone(), state.lease.clone());
+                    prop_assert_eq!(step.state.due_at, state.lease.expires_at);
+                    prop_assert!(step.actions.is_empty());
                 }
                 Event::Republish { .. } => {
                     prop_assert_eq!(step.state.lease.epoch, state.lease.epoch);
