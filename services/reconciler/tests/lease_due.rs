@@ -5,19 +5,19 @@
 
 use std::sync::Arc;
 
+mod common;
+
 use serde_json::json;
-use sluice_bus::{Bus, EmbeddedBus, EmbeddedConfig};
 use sluice_core::catalog::Catalog;
 use sluice_core::command::{Command, CommandState, CommandStatus};
 use sluice_core::ids::RunId;
 use sluice_core::machine::{self, Event};
 use sluice_core::time::{Clock, SystemClock, Timestamp};
+use sluice_ledger::Transition;
 use sluice_ledger::contract::{command, fresh_run};
-use sluice_ledger::sqlite::{SqliteConfig, SqliteLedger};
-use sluice_ledger::{Ledger, Transition};
 use sluice_reconciler::sweep_once;
+use sluice_runtime::Context;
 use sluice_runtime::config::ReconcilerConfig;
-use sluice_runtime::{Context, Metrics};
 
 /// A wire whose lease lasts a minute; the bank is never called (nothing is due to it).
 const CATALOG: &str = r#"
@@ -70,21 +70,9 @@ async fn leased_wire(ctx: &Context, run: &RunId, reserved_at: Timestamp) -> Comm
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_due_command_under_a_live_lease_waits_for_its_end_and_one_past_it_is_taken_over() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let ledger: Arc<dyn Ledger> =
-        Arc::new(SqliteLedger::open(SqliteConfig::in_dir(dir.path())).expect("ledger"));
     let catalog = Catalog::from_toml_str(CATALOG, "wire.toml").expect("valid");
-    let bus: Arc<dyn Bus> =
-        Arc::new(EmbeddedBus::new(EmbeddedConfig::default()).expect("embedded bus"));
-    let ctx = Context {
-        ledger: Arc::clone(&ledger),
-        bus,
-        catalog: Arc::new(catalog),
-        connector: Arc::new(sluice_connector::HttpConnector::new().expect("connector")),
-        clock: Arc::new(SystemClock),
-        metrics: Arc::new(Metrics::new()),
-        flow: sluice_runtime::flow::Flow::new(),
-        copies: None,
-    };
+    let ctx = common::context(dir.path(), catalog);
+    let ledger = Arc::clone(&ctx.ledger);
     let now = SystemClock.now();
     let pending_stale_ms = ctx.catalog.tools()[0].rules().pending_stale_ms;
 

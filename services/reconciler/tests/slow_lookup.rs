@@ -6,21 +6,20 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
 use axum::Router;
 use axum::routing::get;
 use serde_json::json;
-use sluice_bus::{Bus, EmbeddedBus, EmbeddedConfig};
 use sluice_core::catalog::Catalog;
 use sluice_core::command::CommandStatus;
 use sluice_core::machine::{self, DispatchOutcome, Event};
 use sluice_core::policy::PolicyDecision;
 use sluice_core::time::{Clock, SystemClock};
+use sluice_ledger::Transition;
 use sluice_ledger::contract::{command, fresh_run};
-use sluice_ledger::sqlite::{SqliteConfig, SqliteLedger};
-use sluice_ledger::{Ledger, Transition};
 use sluice_reconciler::sweep_once;
 use sluice_runtime::config::ReconcilerConfig;
-use sluice_runtime::{Context, Metrics};
 use tokio::net::TcpListener;
 
 /// The wire's status check takes 1.5 s at most and is asked twice before a person is called.
@@ -59,24 +58,12 @@ async fn slow_bank() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lookup_slower_than_the_sweep_counts_as_inconclusive_and_ends_stuck() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let ledger: Arc<dyn Ledger> =
-        Arc::new(SqliteLedger::open(SqliteConfig::in_dir(dir.path())).expect("ledger"));
     let base = slow_bank().await;
     let catalog =
         Catalog::from_toml_str(&CATALOG.replace("BASE", &base), "slow.toml").expect("valid");
     let rules = catalog.tools()[0].rules();
-    let bus: Arc<dyn Bus> =
-        Arc::new(EmbeddedBus::new(EmbeddedConfig::default()).expect("embedded bus"));
-    let ctx = Context {
-        ledger: Arc::clone(&ledger),
-        bus,
-        catalog: Arc::new(catalog),
-        connector: Arc::new(sluice_connector::HttpConnector::new().expect("connector")),
-        clock: Arc::new(SystemClock),
-        metrics: Arc::new(Metrics::new()),
-        flow: sluice_runtime::flow::Flow::new(),
-        copies: None,
-    };
+    let ctx = common::context(dir.path(), catalog);
+    let ledger = Arc::clone(&ctx.ledger);
 
     // An UNKNOWN wire whose attempt went out a minute ago: its horizon has passed, so its
     // look is due now.
