@@ -11,9 +11,7 @@ use serde_json::json;
 use sluice_core::catalog::Catalog;
 use sluice_core::command::{Command, CommandState, CommandStatus};
 use sluice_core::ids::RunId;
-use sluice_core::machine::{self, Event};
 use sluice_core::time::{Clock, SystemClock, Timestamp};
-use sluice_ledger::Transition;
 use sluice_ledger::contract::{command, fresh_run};
 use sluice_reconciler::sweep_once;
 use sluice_runtime::Context;
@@ -42,29 +40,7 @@ async fn leased_wire(ctx: &Context, run: &RunId, reserved_at: Timestamp) -> Comm
         state: CommandState::reserved(reserved_at, None, rules.pending_stale_ms),
         ..wanted
     };
-    let audit = wanted.reservation_audit("test");
-    let pending = ctx
-        .ledger
-        .reserve(wanted, audit)
-        .await
-        .expect("reserve")
-        .into_command();
-    let lease = machine::apply(
-        &pending.state,
-        &rules,
-        &Event::Lease {
-            owner: "d-1".into(),
-        },
-        reserved_at.plus_millis(1_000),
-    )
-    .expect("leases");
-    ctx.ledger
-        .acquire_lease(Transition::from_step(&pending, &lease, "test"))
-        .await
-        .expect("lease")
-        .applied()
-        .cloned()
-        .expect("uncontended")
+    common::reserve_and_lease(ctx, wanted, &rules, reserved_at.plus_millis(1_000)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

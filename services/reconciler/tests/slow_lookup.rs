@@ -77,28 +77,7 @@ async fn a_lookup_slower_than_the_sweep_counts_as_inconclusive_and_ends_stuck() 
         json!({"account": "a", "amount_minor": 5, "date": "2026-11-27"}),
     )
     .leased_at_reservation(&rules, &PolicyDecision::Allow, then);
-    let audit = pending.reservation_audit("test");
-    let pending = ledger
-        .reserve(pending, audit)
-        .await
-        .expect("reserve")
-        .into_command();
-    let lease = machine::apply(
-        &pending.state,
-        &rules,
-        &Event::Lease {
-            owner: "d-1".into(),
-        },
-        then,
-    )
-    .expect("leases");
-    let leased = ledger
-        .acquire_lease(Transition::from_step(&pending, &lease, "test"))
-        .await
-        .expect("lease")
-        .applied()
-        .cloned()
-        .expect("uncontended");
+    let leased = common::reserve_and_lease(&ctx, pending, &rules, then).await;
     let ambiguous = machine::apply(
         &leased.state,
         &rules,
