@@ -812,15 +812,35 @@ pub async fn due_index_returns_what_is_due_in_time_order(ledger: Arc<dyn Ledger>
     assert!(ours[0].due_at <= ours[1].due_at, "earliest first");
     assert!(both.windows(2).all(|w| w[0].due_at <= w[1].due_at));
 
-    // Leased: due at lease expiry. Confirmed: leaves the index.
+    // Leased by a dispatcher: still due when the reservation was (the lease keeps the earlier
+    // time). Found due under the live lease, it is moved to the lease's end, quietly.
     let leased = lease(&*ledger, &pending, "d")
         .await
         .applied()
         .cloned()
         .expect("lease");
+    assert_eq!(leased.state.due_at, Some(stale_at));
+    let leased_key = ("d-2/email/send/0".to_owned(), CommandStatus::Leased);
+    assert!(mine(ledger.due(stale_at, 10_000).await.expect("due")).contains(&leased_key));
     let expiry = leased.state.lease.expires_at.expect("expiry");
+    let moved = machine::apply(&leased.state, &wire_rules(), &Event::LeaseExpired, stale_at)
+        .expect("moved to the lease's end");
+    assert!(moved.quiet);
+    let leased = ledger
+        .transition(Transition::from_step(&leased, &moved, "sweep"))
+        .await
+        .expect("write")
+        .applied()
+        .cloned()
+        .expect("uncontended");
+    assert_eq!(leased.state.due_at, Some(expiry));
+    assert!(
+        !mine(ledger.due(stale_at, 10_000).await.expect("due")).contains(&leased_key),
+        "no longer due at the reservation's time"
+    );
     let at_expiry = mine(ledger.due(expiry, 100_000).await.expect("due"));
-    assert!(at_expiry.contains(&("d-2/email/send/0".to_owned(), CommandStatus::Leased)));
+    assert!(at_expiry.contains(&leased_key));
+    // Confirmed: leaves the index.
     ledger
         .finalize(step(&leased, committed(leased.epoch(), json!({}))))
         .await
