@@ -500,7 +500,8 @@ pub(super) fn lease_expired(a: &Apply<'_>) -> Result<Step, Refusal> {
     match from {
         S::Leased => {
             if let Some(expires_at) = state.lease.expires_at.filter(|at| *at > now) {
-                if state.due_at.is_some_and(|at| at <= now && at < expires_at) {
+                // Due already (so before the lease's end): only the due time moves.
+                if state.due_at.is_some_and(|at| at <= now) {
                     next.due_at = Some(expires_at);
                     return Ok(a.quiet_step(
                         next,
