@@ -278,3 +278,85 @@ async fn the_schedule_purges_old_finished_runs_once_on_cassandra() {
         .await;
     let _ = sluice_ledger_cql::drop_keyspace(ledger.session(), &config.keyspace).await;
 }
+
+/// The SQLite file's size on disk (its write-ahead log apart: it is checkpointed back into the
+/// file and reused, and its size says how busy the last seconds were, not how much is kept).
+fn size_on_disk(dir: &std::path::Path) -> u64 {
+    std::fs::metadata(dir.join(sluice_ledger::sqlite::LEDGER_FILE))
+        .map(|meta| meta.len())
+        .unwrap_or(0)
+}
+
+/// One long run on a clock the bench advances a day at a time: `RUNS_PER_DAY` finished runs
+/// a day for `DAYS` days, the reconciler's schedule looked at once a day (retention on: the
+/// default 30 days; off: 0), then one sweep pass timed and the ledger's size read. Returns
+/// the (day, size in bytes, sweep ms, purge ms) of every tenth day and the runs purged.
+async fn long_run(retention_days: u32) -> (Vec<(u32, u64, f64, f64)>, u64) {
+    const DAYS: u32 = 120;
+    const RUNS_PER_DAY: u32 = 500;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ledger: Arc<dyn Ledger> = Arc::new(
+        SqliteLedger::open(SqliteConfig {
+            durability: sluice_ledger::sqlite::Durability::Normal,
+            ..SqliteConfig::in_dir(dir.path())
+        })
+        .expect("ledger"),
+    );
+    let start = SystemClock.now();
+    let clock = Arc::new(ManualClock::starting_at(start));
+    let ctx = context(Arc::clone(&ledger), Arc::clone(&clock));
+    let config = ReconcilerConfig {
+        retention_days,
+        ..ReconcilerConfig::default()
+    };
+    let mut figures = Vec::new();
+    for day in 1..=DAYS {
+        let day_start = clock.now();
+        for batch in 0..RUNS_PER_DAY / 10 {
+            let writes = (0..10).map(|n| {
+                let run = fresh_run("bench");
+                let at = day_start.plus_millis(i64::from(batch * 10 + n) * 60_000);
+                let ledger = Arc::clone(&ledger);
+                async move { wire(&*ledger, &run, at, true).await }
+            });
+            futures::future::join_all(writes).await;
+        }
+        clock.set(day_start.plus_millis(86_400_000));
+        let purge_started = std::time::Instant::now();
+        purge_if_due(&ctx, &config, "reconciler-bench")
+            .await
+            .expect("purge");
+        let purge_ms = purge_started.elapsed().as_secs_f64() * 1_000.0;
+        let sweep_started = std::time::Instant::now();
+        sluice_reconciler::sweep_once(&ctx, &config)
+            .await
+            .expect("sweep");
+        let sweep_ms = sweep_started.elapsed().as_secs_f64() * 1_000.0;
+        if day % 10 == 0 {
+            figures.push((day, size_on_disk(dir.path()), sweep_ms, purge_ms));
+        }
+    }
+    (figures, ctx.metrics.purge.runs.get())
+}
+
+/// `cargo test -p sluice-reconciler --test retention -- --ignored --nocapture` prints the
+/// figures quoted in docs/scaling.md, "Retention".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement (about a minute), not a check"]
+async fn ledger_size_and_sweep_time_over_120_days_with_retention_on_and_off() {
+    let (on, purged) = long_run(sluice_core::retention::DEFAULT_RETENTION_DAYS).await;
+    let (off, none) = long_run(0).await;
+    assert_eq!(none, 0, "retention off purges nothing");
+    println!(
+        "day | ledger.db on (MiB) | ledger.db off (MiB) | sweep on (ms) | sweep off (ms) | purge on (ms)"
+    );
+    for ((day, size_on, sweep_on, purge_on), (_, size_off, sweep_off, _)) in on.iter().zip(&off) {
+        let mib = |bytes: &u64| *bytes as f64 / 1_048_576.0;
+        println!(
+            "{day} | {:.1} | {:.1} | {sweep_on:.1} | {sweep_off:.1} | {purge_on:.1}",
+            mib(size_on),
+            mib(size_off)
+        );
+    }
+    println!("runs purged with retention on: {purged} of 60000");
+}
