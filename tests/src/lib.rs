@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sluice::dev::Pipeline;
-use sluice_assemble::{EXAMPLE_CATALOG, EXAMPLE_UPSTREAM, example_catalog_at};
+use sluice_assemble::{EXAMPLE_CATALOG, EXAMPLE_UPSTREAM};
 use sluice_core::audit::{AuditEntry, verify};
 use sluice_core::catalog::Catalog;
 use sluice_core::command::{Command, CommandStatus};
@@ -84,7 +84,7 @@ pub async fn start_upstream(faults: Faults) -> Upstream {
 
 /// The example catalog (deploy/catalog.toml) pointed at a test upstream, with edits.
 ///
-/// Unedited, it builds with `example_catalog_at` itself; edits are made on the parsed TOML
+/// Unedited, it builds as [`example_catalog`]; edits are made on the parsed TOML
 /// document (not by text substitution, which a reformatted catalog would silently defeat) and
 /// the result goes through the same parser and validation as any catalog.
 #[derive(Debug, Clone)]
@@ -92,6 +92,8 @@ pub struct CatalogEdit {
     base_url: String,
     table: toml::Table,
     edited: bool,
+    /// Keep the breaker every upstream has by default ([`CatalogEdit::default_breakers`]).
+    default_breakers: bool,
 }
 
 impl CatalogEdit {
@@ -113,7 +115,19 @@ impl CatalogEdit {
             base_url,
             table,
             edited: false,
+            default_breakers: false,
         }
+    }
+
+    /// Keeps the circuit breaker each upstream has by default. Without this, every tool naming
+    /// no upstream says `breaker = false`: the suites drive one demo upstream (every tool on one
+    /// host, so one breaker) failing on purpose to prove what the pipeline does with each
+    /// failing answer, and a breaker opening after five would hold the calls they watch.
+    /// `tests/default_breaker.rs` proves the default itself.
+    pub fn default_breakers(mut self) -> Self {
+        self.default_breakers = true;
+        self.edited = true;
+        self
     }
 
     /// Sets a top-level key, such as `default_namespace`.
@@ -134,6 +148,10 @@ impl CatalogEdit {
             .filter_map(toml::Value::as_table_mut)
             .find(|t| t.get("name").and_then(toml::Value::as_str) == Some(tool))
             .unwrap_or_else(|| panic!("the example catalog has no tool {tool}"));
+        if key == "upstream" {
+            // The breaker is the named upstream's to turn off.
+            entry.remove("breaker");
+        }
         entry.insert(key.to_owned(), value.into());
         self.edited = true;
         self
@@ -195,7 +213,11 @@ impl CatalogEdit {
 
     /// The catalog text after the edits.
     pub fn text(&self) -> String {
-        toml::to_string(&self.table).expect("a TOML table serializes")
+        let mut table = self.table.clone();
+        if !self.default_breakers {
+            breakers_off(&mut table);
+        }
+        toml::to_string(&table).expect("a TOML table serializes")
     }
 
     /// Parses and validates the edited catalog, as the services would at start.
@@ -205,6 +227,22 @@ impl CatalogEdit {
         }
         Catalog::from_toml_str(&self.text(), "deploy/catalog.toml (edited for a test)")
             .unwrap_or_else(|e| panic!("the edited catalog is valid: {e}"))
+    }
+}
+
+/// `breaker = false` on every tool of `table` that names no upstream ([`CatalogEdit`] says
+/// why).
+fn breakers_off(table: &mut toml::Table) {
+    let tools = table
+        .get_mut("tool")
+        .and_then(toml::Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(toml::Value::as_table_mut);
+    for tool in tools {
+        if !tool.contains_key("upstream") {
+            tool.entry("breaker").or_insert(toml::Value::Boolean(false));
+        }
     }
 }
 
@@ -218,9 +256,15 @@ pub fn short_wire(c: CatalogEdit) -> CatalogEdit {
         .policy("payments/wire", "verify_after_ms", 1_000)
 }
 
-/// The example catalog at `base_url`, unedited.
+/// The example catalog at `base_url`, unedited but for `breaker = false` on its tools
+/// ([`CatalogEdit`] says why).
 pub fn example_catalog(base_url: &str) -> Catalog {
-    example_catalog_at(base_url).expect("the example catalog is valid")
+    let text = EXAMPLE_CATALOG.replace(EXAMPLE_UPSTREAM, base_url.trim_end_matches('/'));
+    let mut table: toml::Table = toml::from_str(&text).expect("the example catalog is valid TOML");
+    breakers_off(&mut table);
+    let text = toml::to_string(&table).expect("a TOML table serializes");
+    Catalog::from_toml_str(&text, "deploy/catalog.toml (built in)")
+        .expect("the example catalog is valid")
 }
 
 /// A test configuration: the ledger in `data_dir`, the producer on a free port, a fast sweep.

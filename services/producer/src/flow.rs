@@ -60,14 +60,22 @@ pub(crate) async fn list(
     let control = |name: &str| controls.iter().find(|c| c.name == name);
     let catalog = &api.ctx.catalog;
     let mut entries = Vec::new();
-    for spec in catalog.upstreams() {
+    // Declared upstreams, then those of hosts tools reach without naming one (the default
+    // breaker, `by_default`).
+    let upstreams = catalog
+        .upstreams()
+        .map(|spec| (spec, false))
+        .chain(catalog.default_upstreams().map(|spec| (spec, true)));
+    for (spec, by_default) in upstreams {
         let tools = catalog
             .tools()
             .iter()
             .filter(|tool| tool.upstream() == spec.name)
             .map(|tool| tool.name().to_string())
             .collect();
-        entries.push(describe(spec, "upstream", tools, control(&spec.name)));
+        let mut entry = describe(spec, "upstream", tools, control(&spec.name));
+        entry["by_default"] = json!(by_default);
+        entries.push(entry);
     }
     for tool in catalog.tools() {
         let name = tool.name().to_string();
@@ -111,7 +119,10 @@ pub(crate) async fn act(
         }
     };
     let catalog = &api.ctx.catalog;
-    let known = catalog.upstreams().any(|spec| spec.name == name)
+    let known = catalog
+        .upstreams()
+        .chain(catalog.default_upstreams())
+        .any(|spec| spec.name == name)
         || catalog
             .tools()
             .iter()
@@ -120,7 +131,7 @@ pub(crate) async fn act(
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_flow",
-            format!("{name} is neither a tool of the catalog nor a declared upstream"),
+            format!("{name} is neither a tool of the catalog nor one of its upstreams"),
         ));
     }
     let body: ActionBody = parse_body(&body, "{\"reason\": \"...\"}")?;

@@ -14,7 +14,11 @@
 //! (`machine::awaited`) republished.
 //! A sweep moves a command's due time forward before republishing it, so two sweeps in a row
 //! do not flood the bus, and a lost message is republished by a later sweep.
+//!
+//! Retention (`retention`): finished runs past `reconciler.retention_days` (30 by default) are
+//! purged on a schedule, by one replica at a time.
 
+pub mod retention;
 pub mod shards;
 pub mod webhooks;
 
@@ -52,11 +56,16 @@ pub async fn run(
         concurrency: config.concurrency,
         lanes: None,
     };
-    let keeper = shards::ShardKeeper::new(
-        config.name.clone().unwrap_or_else(shards::member_name),
-        shards::SWEEP_GROUP,
-        shard_times(&ctx, &config),
-    );
+    let me = config.name.clone().unwrap_or_else(shards::member_name);
+    let keeper =
+        shards::ShardKeeper::new(me.clone(), shards::SWEEP_GROUP, shard_times(&ctx, &config));
+    // Retention: finished runs past it purged on a schedule, one replica at a time.
+    tokio::spawn(retention::purge_loop(
+        ctx.clone(),
+        config.clone(),
+        me,
+        shutdown.clone(),
+    ));
     let sweeper = tokio::spawn(sweep_loop(
         ctx.clone(),
         config.clone(),

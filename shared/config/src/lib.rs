@@ -332,6 +332,33 @@ pub struct ReconcilerConfig {
     pub shard_lease_ms: u64,
     /// This reconciler's name in the shard split; unique per start when unset.
     pub name: Option<String>,
+    /// Finished runs unchanged this many days are purged by the reconciler's schedule (their
+    /// audit checkpoint kept); 0 keeps everything, by choice. Default 30
+    /// (`sluice_core::retention::DEFAULT_RETENTION_DAYS`).
+    pub retention_days: u32,
+    /// Retention in milliseconds instead of days, for tests and benches that compress time;
+    /// unset in production.
+    pub retention_ms: Option<u64>,
+    /// How often a purge is due; one reconciler purges per interval (a lease in the ledger).
+    pub purge_every_ms: u64,
+    /// Runs removed per purge call (each call one ledger operation; on SQLite the writer is
+    /// busy for its length).
+    pub purge_batch: usize,
+}
+
+impl ReconcilerConfig {
+    /// Retention as the core reads it, with the clock-skew bound `skew_ms`.
+    pub fn retention(&self, skew_ms: i64) -> sluice_core::retention::Retention {
+        let keep_ms = match self.retention_ms {
+            Some(ms) => i64::try_from(ms).unwrap_or(i64::MAX),
+            None => i64::from(self.retention_days).saturating_mul(86_400_000),
+        };
+        sluice_core::retention::Retention {
+            keep_ms,
+            every_ms: i64::try_from(self.purge_every_ms).unwrap_or(i64::MAX),
+            skew_ms,
+        }
+    }
 }
 
 impl Default for ReconcilerConfig {
@@ -345,6 +372,10 @@ impl Default for ReconcilerConfig {
             sweep_item_timeout_ms: 15_000,
             shard_lease_ms: 10_000,
             name: None,
+            retention_days: sluice_core::retention::DEFAULT_RETENTION_DAYS,
+            retention_ms: None,
+            purge_every_ms: sluice_core::retention::DEFAULT_PURGE_EVERY_MS,
+            purge_batch: 500,
         }
     }
 }
@@ -587,6 +618,30 @@ impl Config {
         }
         if self.reconciler.sweep_item_timeout_ms == 0 {
             return invalid("reconciler.sweep_item_timeout_ms", "must be at least 1");
+        }
+        if self.reconciler.retention_ms == Some(0) {
+            return invalid(
+                "reconciler.retention_ms",
+                "is 0: leave it out and set reconciler.retention_days = 0 to keep everything",
+            );
+        }
+        if self.reconciler.retention_days > 36_500 {
+            return invalid(
+                "reconciler.retention_days",
+                "is over 100 years: set 0 to keep everything",
+            );
+        }
+        if self.reconciler.purge_every_ms < 1_000 {
+            return invalid(
+                "reconciler.purge_every_ms",
+                "must be at least 1000: each purge reads the runs past the retention",
+            );
+        }
+        if !(1..=10_000).contains(&self.reconciler.purge_batch) {
+            return invalid(
+                "reconciler.purge_batch",
+                "must be 1-10000 runs per purge call",
+            );
         }
         self.auth.validate(self.producer.listen)?;
         self.producer.validate(&self.auth)?;

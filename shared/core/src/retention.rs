@@ -8,10 +8,96 @@
 //! is terminal and at rest ([`CommandState::at_rest`]); a run whose commands are all terminal
 //! but one still owes work is kept, and the purge says which and why.
 
+//!
+//! When a purge runs is decided here too ([`purge_step`]): retention is on by default
+//! ([`DEFAULT_RETENTION_DAYS`]); the reconciler purges on a schedule under a lease, so one
+//! replica purges at a time, and `retention_days = 0` keeps everything.
+
 use serde::{Deserialize, Serialize};
 
 use crate::command::{CommandState, CommandStatus};
 use crate::ids::CommandKey;
+use crate::sweep::ShardLease;
+use crate::time::Timestamp;
+
+/// How long a finished run is kept unless configured: a month covers the questions people ask
+/// of recent work (a dispute, a refund, a month-end reconciliation) while keeping a ledger
+/// taking a steady load bounded at a month of it. Longer history belongs in an archive fed by
+/// the events topic, not in the ledger every LWT and sweep works against.
+pub const DEFAULT_RETENTION_DAYS: u32 = 30;
+/// How often a purge is due unless configured: hourly keeps each purge small (an hour of
+/// finished runs) without the schedule costing anything worth counting.
+pub const DEFAULT_PURGE_EVERY_MS: u64 = 3_600_000;
+/// The sweep group whose shard-0 lease is the purge lease.
+pub const PURGE_GROUP: &str = "sluice-retention";
+/// The one shard of [`PURGE_GROUP`].
+pub const PURGE_SHARD: u32 = 0;
+
+/// Retention as configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// A finished run is purged once unchanged this long; 0 keeps everything.
+    pub keep_ms: i64,
+    /// A purge is due this often; its lease lasts as long.
+    pub every_ms: i64,
+    /// The clock-skew bound: another replica may see the lease lapse this much early.
+    pub skew_ms: i64,
+}
+
+/// What a reconciler does about retention now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurgeStep {
+    /// Retention is off (`retention_days = 0`): nothing is ever purged by schedule.
+    Off,
+    /// This interval's purge is another replica's or done: look again at `until`.
+    Wait { until: Timestamp },
+    /// Take the purge lease (a compare-and-set from `guard`, `None`: never taken) by writing
+    /// `lease`; the one that wins purges the runs finished before `cutoff`, starting no purge
+    /// call after `stop_by` (so it ends before another replica may take the lease).
+    Purge {
+        guard: Option<u64>,
+        lease: ShardLease,
+        cutoff: Timestamp,
+        stop_by: Timestamp,
+    },
+}
+
+/// The step for replica `me` at `now`, given the purge lease as stored. A purge is due when
+/// the last one's lease has lapsed: the lease is held for the whole interval, not given back
+/// after the purge, so it is both the lock and the schedule, and a replica that died
+/// mid-purge leaves the next purge to whoever sees the lease lapse.
+pub fn purge_step(
+    retention: &Retention,
+    me: &str,
+    now: Timestamp,
+    stored: Option<&ShardLease>,
+) -> PurgeStep {
+    if retention.keep_ms <= 0 {
+        return PurgeStep::Off;
+    }
+    if let Some(lease) = stored
+        && lease.live(now)
+    {
+        return PurgeStep::Wait {
+            until: lease.expires_at,
+        };
+    }
+    let every = retention.every_ms.max(1);
+    let expires_at = now.plus_millis(every);
+    // Leave the skew bound, and a tenth of the interval for the last call to finish in.
+    let stop_by = expires_at.plus_millis(-(retention.skew_ms.max(0) + every / 10));
+    PurgeStep::Purge {
+        guard: stored.map(|lease| lease.epoch),
+        lease: ShardLease {
+            shard: PURGE_SHARD,
+            holder: me.to_owned(),
+            epoch: stored.map_or(1, |lease| lease.epoch + 1),
+            expires_at,
+        },
+        cutoff: now.plus_millis(-retention.keep_ms),
+        stop_by,
+    }
+}
 
 /// Work the pipeline still owes a command, whatever its status says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -119,6 +205,62 @@ mod tests {
         state.status = status;
         state.due_at = None;
         state
+    }
+
+    const RETENTION: Retention = Retention {
+        keep_ms: 30 * 86_400_000,
+        every_ms: 3_600_000,
+        skew_ms: 500,
+    };
+
+    fn lease(holder: &str, epoch: u64, expires_at: i64) -> ShardLease {
+        ShardLease {
+            shard: PURGE_SHARD,
+            holder: holder.into(),
+            epoch,
+            expires_at: at(expires_at),
+        }
+    }
+
+    #[test]
+    fn a_purge_is_due_when_the_last_ones_lease_lapsed_and_never_with_retention_off() {
+        let now = at(100 * 86_400_000);
+        let PurgeStep::Purge {
+            guard,
+            lease: taken,
+            cutoff,
+            stop_by,
+        } = purge_step(&RETENTION, "r-1", now, None)
+        else {
+            panic!("due on a fresh ledger");
+        };
+        assert_eq!(guard, None);
+        assert_eq!(taken, lease("r-1", 1, now.as_millis() + 3_600_000));
+        assert_eq!(cutoff, at(70 * 86_400_000));
+        assert!(stop_by < taken.expires_at && stop_by > now, "{stop_by}");
+
+        // Held by anyone, itself included, for the interval: nobody purges again until then.
+        for holder in ["r-1", "r-2"] {
+            let held = lease(holder, 4, now.as_millis() + 10);
+            assert_eq!(
+                purge_step(&RETENTION, "r-1", now, Some(&held)),
+                PurgeStep::Wait {
+                    until: held.expires_at
+                }
+            );
+        }
+        // Lapsed: taken over from its epoch.
+        let lapsed = lease("r-2", 4, now.as_millis());
+        assert!(matches!(
+            purge_step(&RETENTION, "r-1", now, Some(&lapsed)),
+            PurgeStep::Purge { guard: Some(4), lease, .. } if lease.epoch == 5 && lease.holder == "r-1"
+        ));
+        let off = Retention {
+            keep_ms: 0,
+            ..RETENTION
+        };
+        assert_eq!(purge_step(&off, "r-1", now, Some(&lapsed)), PurgeStep::Off);
+        assert_eq!(purge_step(&off, "r-1", now, None), PurgeStep::Off);
     }
 
     #[test]

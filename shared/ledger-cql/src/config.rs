@@ -203,8 +203,10 @@ pub struct CqlConfig {
     /// less than this (or that stalls less than this between computing and writing an entry)
     /// is never missed.
     pub sweep_lag_minutes: i64,
-    /// Retention, in days (what `purge --older-than` is run with); business keys expire a day
-    /// after it. 0 keeps business keys until their run is purged.
+    /// Business keys expire this many days plus one after their claim, a backstop for keys
+    /// a purge did not reach; 0 (the default) keeps them until their run is purged. Not the
+    /// runs' retention: that is `reconciler.retention_days` (30 days by default), carried out
+    /// by the reconciler's scheduled purge, which removes a run's keys with it.
     pub retention_days: u32,
     /// A business key whose holder does not exist (a reservation that died between its claim
     /// and its insert) may be taken over after this long, in milliseconds.

@@ -21,7 +21,7 @@ use crate::config::{Replication, Tablets};
 pub const SCHEMA_VERSION: i64 = 1;
 
 /// Schema files in order; each is applied whole, every statement idempotent.
-const SCHEMA_FILES: [(&str, &str); 7] = [
+const SCHEMA_FILES: [(&str, &str); 8] = [
     (
         "001_schema.cql",
         include_str!("../../../schemas/cql/001_schema.cql"),
@@ -49,6 +49,10 @@ const SCHEMA_FILES: [(&str, &str); 7] = [
     (
         "007_audit_links.cql",
         include_str!("../../../schemas/cql/007_audit_links.cql"),
+    ),
+    (
+        "008_table_options.cql",
+        include_str!("../../../schemas/cql/008_table_options.cql"),
     ),
 ];
 
@@ -293,13 +297,17 @@ mod tests {
                 "webhook_deliveries",
                 "ALTER TABLE sluice_test.commands ADD link_record text",
                 "ALTER TABLE sluice_test.commands ADD link_prev text",
-                "ALTER TABLE sluice_test.commands ADD link_hash text"
+                "ALTER TABLE sluice_test.commands ADD link_hash text",
+                "ALTER TABLE sluice_test.due WITH compaction = {'class': 'LeveledCompactionStrategy', 'sstable_size_in_mb': '64', 'tombstone_threshold': '0.2', 'unchecked_tombstone_compaction': 'true'} AND gc_grace_seconds = 10800",
+                "ALTER TABLE sluice_test.audit WITH compaction = {'class': 'SizeTieredCompactionStrategy', 'tombstone_threshold': '0.2', 'unchecked_tombstone_compaction': 'true'} AND gc_grace_seconds = 864000"
             ]
         );
         assert!(
             statements
                 .iter()
-                .all(|s| !s.contains("--") && !s.contains('{') || s.starts_with("CREATE KEYSPACE"))
+                .all(|s| !s.contains("--") && !s.contains('{')
+                    || s.starts_with("CREATE KEYSPACE")
+                    || s.contains(" WITH compaction = {'class'"))
         );
     }
 }

@@ -212,9 +212,12 @@ impl Flow {
         command: &Command,
         owner: &str,
     ) -> Result<Admission, LedgerError> {
-        // The common case, on every dispatch: a tool with no declared limits and nothing
-        // stored by an operator or a breaker. Nothing to count or look up.
-        if ctx.catalog.declared_upstream(tool).is_none()
+        // The common case, on every dispatch: an upstream with no rate or cap (a breaker at
+        // most) and nothing stored by an operator or a breaker. Nothing to count or look up;
+        // the answer is still counted toward the breaker (`after_call`).
+        let spec = ctx.catalog.upstream_of(tool);
+        if spec.rate.is_none()
+            && spec.max_in_flight.is_none()
             && self.with_state(|state| state.controls.is_empty())
         {
             return Ok(Admission::Go(Permit {
@@ -223,7 +226,7 @@ impl Flow {
                 probe: false,
             }));
         }
-        let spec = ctx.catalog.upstream_of(tool).into_owned();
+        let spec = spec.into_owned();
         let now = ctx.clock.now();
         let (tool_control, upstream_control) = self.with_state(|state| {
             (
@@ -426,10 +429,8 @@ impl Flow {
         probe: bool,
         owner: &str,
     ) -> Result<(), LedgerError> {
-        // Only a declared upstream has a breaker.
-        let Some(spec) = ctx.catalog.declared_upstream(tool) else {
-            return Ok(());
-        };
+        // Every upstream has one unless it says `breaker = false`.
+        let spec = ctx.catalog.upstream_of(tool);
         let Some(breaker) = spec.breaker else {
             return Ok(());
         };

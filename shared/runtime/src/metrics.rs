@@ -28,6 +28,62 @@ const HTTP_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0, 60.0,
 ];
 
+/// Retention's scheduled purges, carried out by the reconciler: `sluice_purged_runs_total`
+/// (finished runs removed), `sluice_purge_kept_runs` (runs past the retention the last
+/// purge kept because a command still owes work) and `sluice_purge_duration_seconds` (one scheduled
+/// purge, all its calls, by `outcome`: `done`, `cut_off` at its lease's end, `failed`).
+#[derive(Debug, Clone)]
+pub struct PurgeMetrics {
+    pub runs: IntCounter,
+    pub kept: IntGauge,
+    pub seconds: HistogramVec,
+}
+
+impl PurgeMetrics {
+    fn register(registry: &Registry) -> Self {
+        let single = |name: &str, help: &str| {
+            let counter =
+                IntCounter::new(name, help).expect("metric definitions are static and valid");
+            registry
+                .register(Box::new(counter.clone()))
+                .expect("each metric is registered once");
+            counter
+        };
+        let seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "purge_duration_seconds",
+                "Time one scheduled purge took, all its calls, by outcome",
+            )
+            .buckets(vec![
+                0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+            ]),
+            &["outcome"],
+        )
+        .expect("metric definitions are static and valid");
+        registry
+            .register(Box::new(seconds.clone()))
+            .expect("each metric is registered once");
+        Self {
+            runs: single(
+                "purged_runs_total",
+                "Finished runs removed by the scheduled purge",
+            ),
+            kept: {
+                let gauge = IntGauge::new(
+                    "purge_kept_runs",
+                    "Runs past the retention the last scheduled purge kept: a command owes work",
+                )
+                .expect("metric definitions are static and valid");
+                registry
+                    .register(Box::new(gauge.clone()))
+                    .expect("each metric is registered once");
+                gauge
+            },
+            seconds,
+        }
+    }
+}
+
 /// The services' metrics, registered in their own registry.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -40,6 +96,8 @@ pub struct Metrics {
     pub escalations: IntCounter,
     /// Flow control's holds, breakers and pauses (`crate::flow`).
     pub flow: crate::flow::FlowMetrics,
+    /// Retention's scheduled purges ([`PurgeMetrics`]).
+    pub purge: PurgeMetrics,
     /// `sluice_dispatch_duration_seconds{tool, outcome}`: upstream calls.
     pub dispatch_seconds: HistogramVec,
     /// `sluice_handle_duration_seconds{topic}`: how long each consumed message held its
@@ -174,6 +232,7 @@ impl Metrics {
         );
         let escalations = single("escalations_total", "Commands escalated to a person");
         let flow = crate::flow::FlowMetrics::register(&registry);
+        let purge = PurgeMetrics::register(&registry);
         let dispatch_seconds = HistogramVec::new(
             HistogramOpts::new("dispatch_duration_seconds", "Upstream dispatch calls").buckets(
                 vec![
@@ -295,6 +354,7 @@ impl Metrics {
             cas_conflicts,
             escalations,
             flow,
+            purge,
             dispatch_seconds,
             handle_seconds,
             dead_letters,

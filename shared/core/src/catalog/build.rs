@@ -349,6 +349,17 @@ pub(super) fn build_tool(
         | EffectSemantics::ObserveOnly => {}
     }
 
+    let (upstream, joins) = super::upstream::joins(
+        raw.upstream,
+        raw.breaker,
+        dispatch.endpoint.url.as_str(),
+        &name_text,
+    )
+    .map_err(|detail| CatalogError::MalformedTool {
+        file: at.file(),
+        tool: at.tool(),
+        detail,
+    })?;
     Ok(Tool {
         name,
         description: raw.description,
@@ -364,7 +375,8 @@ pub(super) fn build_tool(
         compensate_done_status,
         allow_unsafe: raw.allow_unsafe,
         clock_skew_ms: DEFAULT_MAX_CLOCK_SKEW_MS,
-        upstream: raw.upstream.unwrap_or_else(|| name_text.clone()),
+        upstream,
+        joins,
         money,
     })
 }

@@ -18,6 +18,10 @@
 //! semantics = "NON_IDEMPOTENT"      # IDEMPOTENT | NON_IDEMPOTENT | OBSERVE_ONLY
 //! business_key = "{account}:{amount_minor}:{date}"   # optional
 //! allow_unsafe = false              # optional (false)
+//! upstream = "bank"                 # optional: the [upstream.<name>] whose limits and breaker
+//! #                                 # its calls count against (default: its dispatch URL's
+//! #                                 # host's, with the default breaker; `upstream`)
+//! breaker = false                   # optional, only without `upstream`: no circuit breaker
 //! schema = { type = "object", required = ["account"], properties = { account = { type = "string" } } }
 //! # or: schema_file = "schemas/wire.json", relative to the catalog file (Catalog::load only)
 //!
@@ -170,6 +174,7 @@ pub use self::shape::{
 pub use self::template::{
     RenderError, Template, TemplateError, UrlKeys, render_text, render_url, slot_value,
 };
+use self::tool::Joins;
 pub use self::tool::{ApprovalThreshold, Tool, ToolPolicy};
 use self::variables::Variables;
 use crate::ids::{DEFAULT_NAMESPACE, ToolName, check_snake_case};
@@ -210,6 +215,9 @@ pub struct Catalog {
     credentials: BTreeMap<String, Arc<Credential>>,
     /// `[upstream.<name>]`, by name.
     upstreams: BTreeMap<String, crate::flow::UpstreamSpec>,
+    /// The upstreams of tools naming none that the catalog does not declare, by host (or
+    /// tool name): the default breaker, no limit.
+    implicit: BTreeMap<String, crate::flow::UpstreamSpec>,
 }
 
 /// Operator replays allowed over all of a run's commands unless the catalog says otherwise.
@@ -289,6 +297,7 @@ impl Catalog {
         let credentials = build_credentials(raw.credentials, file, dir)?;
         let clock_skew_ms = raw.max_clock_skew_ms.unwrap_or(DEFAULT_MAX_CLOCK_SKEW_MS);
         let upstreams = upstream::build_upstreams(raw.upstream, file)?;
+        let mut implicit = BTreeMap::new();
         let mut tools = Vec::with_capacity(raw.tool.len());
         let mut index = HashMap::with_capacity_and_hasher(raw.tool.len(), Default::default());
         for (position, entry) in raw.tool.into_iter().enumerate() {
@@ -302,15 +311,23 @@ impl Catalog {
                 &variables,
             )?;
             tool.clock_skew_ms = clock_skew_ms;
-            if tool.upstream != tool.name.to_string() && !upstreams.contains_key(&tool.upstream) {
-                return Err(CatalogError::MalformedTool {
-                    file: file.to_owned(),
-                    tool: tool.name.to_string(),
-                    detail: format!(
-                        "upstream {:?} is not declared: add [upstream.{}] or leave the key out",
-                        tool.upstream, tool.upstream
-                    ),
-                });
+            match tool.joins {
+                Joins::Named if !upstreams.contains_key(&tool.upstream) => {
+                    return Err(CatalogError::MalformedTool {
+                        file: file.to_owned(),
+                        tool: tool.name.to_string(),
+                        detail: format!(
+                            "upstream {:?} is not declared: add [upstream.{}] or leave the key out",
+                            tool.upstream, tool.upstream
+                        ),
+                    });
+                }
+                Joins::ByDefault if !upstreams.contains_key(&tool.upstream) => {
+                    implicit
+                        .entry(tool.upstream.clone())
+                        .or_insert_with(|| upstream::by_default(&tool.upstream));
+                }
+                Joins::Named | Joins::ByDefault | Joins::Alone => {}
             }
             check_lease(&tool, file)?;
             if let Some(first) = index.insert(tool.name.clone(), position) {
@@ -334,6 +351,7 @@ impl Catalog {
             index,
             credentials,
             upstreams,
+            implicit,
         })
     }
 
@@ -376,15 +394,20 @@ impl Catalog {
         self.upstreams.values()
     }
 
-    /// What `tool`'s calls are limited by: its declared upstream, or itself with no limit.
-    /// The `[upstream.<name>]` `tool` joins, if the catalog declares it (a tool naming none,
-    /// or an undeclared one, has no limits).
-    pub fn declared_upstream(&self, tool: &Tool) -> Option<&crate::flow::UpstreamSpec> {
-        self.upstreams.get(&tool.upstream)
+    /// The upstreams nobody declared that tools naming none join (by their host), each with
+    /// the default breaker and no limit.
+    pub fn default_upstreams(&self) -> impl Iterator<Item = &crate::flow::UpstreamSpec> {
+        self.implicit.values()
     }
 
+    /// What `tool`'s calls are limited by: the upstream it names, the one of its host (declared
+    /// or by default), or — with `breaker = false` — itself with no limit and no breaker.
     pub fn upstream_of(&self, tool: &Tool) -> std::borrow::Cow<'_, crate::flow::UpstreamSpec> {
-        match self.upstreams.get(&tool.upstream) {
+        match self
+            .upstreams
+            .get(&tool.upstream)
+            .or_else(|| self.implicit.get(&tool.upstream))
+        {
             Some(spec) => std::borrow::Cow::Borrowed(spec),
             None => std::borrow::Cow::Owned(crate::flow::UpstreamSpec::unlimited(&tool.upstream)),
         }

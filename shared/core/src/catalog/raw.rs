@@ -39,6 +39,8 @@ pub(super) struct RawTool {
     pub(super) business_key: Option<String>,
     /// The `[upstream.<name>]` whose limits and breaker the tool's calls count against.
     pub(super) upstream: Option<String>,
+    /// `false`: the tool (naming no upstream) is its own, with no circuit breaker.
+    pub(super) breaker: Option<bool>,
     #[serde(default)]
     pub(super) allow_unsafe: bool,
     pub(super) schema: Option<toml::Table>,

@@ -451,8 +451,8 @@ const SHARED_BANK: &str = r#"
     url = "http://mail/send"
 "#;
 
-/// Tools share a declared upstream's limits and breaker; a tool naming none is its own
-/// upstream with neither.
+/// Tools share a declared upstream's limits and breaker; a tool naming none joins its host's
+/// upstream, with the default breaker and no limit.
 #[test]
 fn tools_share_a_declared_upstreams_limits_and_breaker() {
     let catalog = Catalog::from_toml_str(SHARED_BANK, "bank.toml").expect("valid");
@@ -466,12 +466,95 @@ fn tools_share_a_declared_upstreams_limits_and_breaker() {
     let breaker = bank.breaker.expect("a breaker");
     assert_eq!((breaker.failures, breaker.open_ms), (3, 2_000));
     assert_eq!(breaker.max_open_ms, upstream::DEFAULT_BREAKER_MAX_OPEN_MS);
-    assert_eq!(email.upstream(), "email/send");
+    assert_eq!(email.upstream(), "mail");
     let own = catalog.upstream_of(email);
     assert_eq!(
         (own.rate, own.max_in_flight, own.breaker),
-        (None, None, None)
+        (None, None, Some(upstream::DEFAULT_BREAKER))
     );
+}
+
+/// A catalog that declares nothing still has a breaker per host: tools calling one host share
+/// it, another host has its own, and `breaker = false` turns it off for a tool or an upstream.
+#[test]
+fn an_upstream_nobody_declared_gets_the_default_breaker_by_host() {
+    let tool = |name: &str, url: &str, extra: &str| {
+        format!(
+            "[[tool]]\nname = \"{name}\"\nsemantics = \"IDEMPOTENT\"\nschema = {{ type = \"object\" }}\n{extra}\n[tool.dispatch]\nurl = \"{url}\"\n"
+        )
+    };
+    let text = [
+        tool("payments/wire", "http://127.0.0.1:8787/bank/wires", ""),
+        tool("payments/refund", "http://127.0.0.1:8787/bank/refunds", ""),
+        tool("email/send", "https://Mail.Example.com:443/send", ""),
+        tool(
+            "tickets/open",
+            "http://127.0.0.1:8787/tickets",
+            "breaker = false",
+        ),
+    ]
+    .concat();
+    let catalog = Catalog::from_toml_str(&text, "hosts.toml").expect("valid");
+    let [wire, refund, email, ticket] = catalog.tools() else {
+        panic!("four tools");
+    };
+    assert_eq!(wire.upstream(), "127.0.0.1:8787");
+    assert_eq!(refund.upstream(), wire.upstream());
+    assert_eq!(email.upstream(), "mail.example.com");
+    for joined in [wire, email] {
+        assert_eq!(
+            catalog.upstream_of(joined).breaker,
+            Some(upstream::DEFAULT_BREAKER),
+            "{}",
+            joined.name()
+        );
+    }
+    assert_eq!(ticket.upstream(), "tickets/open");
+    assert_eq!(catalog.upstream_of(ticket).breaker, None);
+    let names: Vec<&str> = catalog
+        .default_upstreams()
+        .map(|spec| spec.name.as_str())
+        .collect();
+    assert_eq!(names, ["127.0.0.1:8787", "mail.example.com"]);
+    assert_eq!(catalog.upstreams().count(), 0);
+
+    // A declared upstream of the host's name is what the host's tools join.
+    let declared = format!("[upstream.\"mail.example.com\"]\nbreaker = false\n{text}");
+    let catalog = Catalog::from_toml_str(&declared, "hosts.toml").expect("valid");
+    let email = catalog.resolve("email/send").expect("declared");
+    assert_eq!(catalog.upstream_of(email).breaker, None);
+    assert_eq!(catalog.default_upstreams().count(), 1);
+    // A declared upstream without a [breaker] table has the default one.
+    let bank = "[upstream.bank]\nrate = \"5/s\"\n";
+    let catalog = Catalog::from_toml_str(bank, "bank.toml").expect("valid");
+    let spec = catalog.upstreams().next().expect("bank");
+    assert_eq!(spec.breaker, Some(upstream::DEFAULT_BREAKER));
+}
+
+#[test]
+fn the_host_of_a_url_is_its_host_and_a_port_other_than_the_schemes() {
+    use upstream::host_of;
+    assert_eq!(
+        host_of("http://127.0.0.1:8787/x").as_deref(),
+        Some("127.0.0.1:8787")
+    );
+    assert_eq!(
+        host_of("https://API.stripe.com/v1").as_deref(),
+        Some("api.stripe.com")
+    );
+    assert_eq!(host_of("http://bank:80?x=1").as_deref(), Some("bank"));
+    assert_eq!(
+        host_of("https://user:secret@bank.example/x").as_deref(),
+        Some("bank.example")
+    );
+    assert_eq!(
+        host_of("http://[::1]:9000/x").as_deref(),
+        Some("[::1]:9000")
+    );
+    assert_eq!(host_of("http://[::1]/x").as_deref(), Some("[::1]"));
+    assert_eq!(host_of("http://{host}/x"), None);
+    assert_eq!(host_of("{base}/x"), None);
+    assert_eq!(host_of("http://bank/{path}").as_deref(), Some("bank"));
 }
 
 /// Each mistake in an upstream is refused naming the upstream and the key.
@@ -508,6 +591,18 @@ fn a_bad_upstream_is_refused_naming_it_and_the_key() {
         (
             SHARED_BANK.replacen("upstream = \"bank\"", "upstream = \"bnak\"", 1),
             "upstream \"bnak\" is not declared",
+        ),
+        (
+            SHARED_BANK.replacen(
+                "upstream = \"bank\"",
+                "upstream = \"bank\"\n    breaker = false",
+                1,
+            ),
+            "set breaker = false in [upstream.bank]",
+        ),
+        (
+            "[upstream.bank]\nbreaker = 3\n".to_owned(),
+            "upstream.bank: breaker is 3",
         ),
     ];
     for (text, expected) in cases {

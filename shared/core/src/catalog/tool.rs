@@ -74,10 +74,24 @@ pub struct Tool {
     /// The catalog's `max_clock_skew_ms`.
     pub(super) clock_skew_ms: u64,
     /// The upstream whose limits, breaker and pause its calls count against: the one it names,
-    /// or its own name.
+    /// its dispatch URL's host, or its own name.
     pub(super) upstream: String,
+    /// How it came to that upstream.
+    pub(super) joins: Joins,
     /// `[tool.money.<field>]`: the money arguments, for display.
     pub(super) money: std::collections::BTreeMap<String, super::money::Money>,
+}
+
+/// How a tool came to its upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Joins {
+    /// It names a declared `[upstream.<name>]`.
+    Named,
+    /// It names none: its dispatch URL's host (or its own name when the host is a
+    /// placeholder), with the default breaker unless the catalog declares that upstream.
+    ByDefault,
+    /// It names none and says `breaker = false`: its own, with no limit and no breaker.
+    Alone,
 }
 
 impl fmt::Debug for Tool {
