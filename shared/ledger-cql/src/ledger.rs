@@ -267,6 +267,8 @@ impl CqlLedger {
                 config.tablets,
             )
             .await?;
+        } else {
+            crate::schema::check(&session, &config.keyspace).await?;
         }
         let due_origin = read_meta(&session, &config.keyspace, "due_origin")
             .await
