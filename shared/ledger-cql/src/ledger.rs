@@ -708,6 +708,10 @@ impl Ledger for CqlLedger {
         self.inner.quarantine.count()
     }
 
+    fn left_for_newer(&self) -> u64 {
+        self.inner.quarantine.newer_count()
+    }
+
     fn round_trips(&self) -> Vec<sluice_ledger::RoundTrips> {
         self.stats()
             .ops

@@ -782,6 +782,10 @@ impl Ledger for SqliteLedger {
         self.inner.quarantine.count()
     }
 
+    fn left_for_newer(&self) -> u64 {
+        self.inner.quarantine.newer_count()
+    }
+
     fn write_latency_ms(&self) -> i64 {
         self.inner.write_latency.millis()
     }

@@ -35,8 +35,8 @@ impl SqliteLedger {
         }
         self.read("due", move |conn| {
             let failed = |e| map_err(e, "due", &path, &config);
-            // Rows stream from the due index in time order; those of other shards and those
-            // quarantined are passed over, so neither takes the place of a command that can
+            // Rows stream from the due index in time order; those of other shards, those
+            // quarantined and those of a newer build's status are passed over, so neither takes the place of a command that can
             // be swept.
             let mut stmt = conn
                 .prepare_cached(
@@ -82,6 +82,10 @@ impl SqliteLedger {
                         status,
                         due_at: Timestamp::from_millis(due_at),
                     }),
+                    // Left in the due index for a newer build, which can read its status.
+                    Err(_) if crate::stored::is_newer_status(&status) => {
+                        quarantine.left_for_newer(&run, &key, &status);
+                    }
                     Err(why) => quarantine.set_aside(&run, &key, &why),
                 }
             }
