@@ -699,40 +699,6 @@ impl sluice_ledger::WebhookStore for CqlLedger {
     }
 }
 
-impl Ledger for CqlLedger {
-    fn write_latency_ms(&self) -> i64 {
-        self.inner.write_latency.millis()
-    }
-
-    fn quarantined(&self) -> u64 {
-        self.inner.quarantine.count()
-    }
-
-    fn left_for_newer(&self) -> u64 {
-        self.inner.quarantine.newer_count()
-    }
-
-    fn round_trips(&self) -> Vec<sluice_ledger::RoundTrips> {
-        self.stats()
-            .ops
-            .into_iter()
-            .flat_map(|(op, counts)| {
-                [
-                    ("lwt", counts.lwt, counts.lwt_us),
-                    ("serial", counts.serial, counts.serial_us),
-                    ("plain", counts.plain, counts.plain_us),
-                ]
-                .map(|(kind, count, waited_us)| sluice_ledger::RoundTrips {
-                    op,
-                    kind,
-                    count,
-                    waited_us,
-                })
-            })
-            .collect()
-    }
-}
-
 impl CqlLedger {
     /// Appends a run-level record; with `close`, the same LWT closes the run, and a run found
     /// closed already is `None`, with nothing written.

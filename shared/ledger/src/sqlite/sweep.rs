@@ -1,6 +1,6 @@
-//! The embedded ledger's sweep reads: commands due in a set of shards (the shard is a filter
-//! on the due query, `sluice_core::sweep::shard_of` of the run id), and a sweep group's shard
-//! leases and members. Writes of leases and members go through the writer
+//! The embedded ledger's [`ShardStore`]: commands due in a set of shards (the shard is a
+//! filter on the due query, `sluice_core::sweep::shard_of` of the run id), and a sweep group's
+//! shard leases and members. Writes of leases and members go through the writer
 //! (`writer/shards.rs`).
 
 use std::sync::Arc;
@@ -11,9 +11,12 @@ use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::sweep::shard_of;
 use sluice_core::time::Timestamp;
 
+use async_trait::async_trait;
+
 use super::schema::map_err;
+use super::writer::{Op, Reply};
 use super::{DUE_SHARDS, SqliteLedger};
-use crate::{DueItem, LedgerError, Member, ShardLease, SweepView};
+use crate::{DueItem, LedgerError, Member, ShardCas, ShardLease, ShardStore, SweepView};
 
 impl SqliteLedger {
     /// [`crate::ShardStore::due_in`]: due commands, earliest first, of runs in `shards`.
@@ -139,5 +142,54 @@ impl SqliteLedger {
             Ok(SweepView { leases, members })
         })
         .await
+    }
+}
+
+#[async_trait]
+impl ShardStore for SqliteLedger {
+    fn due_shards(&self) -> u32 {
+        DUE_SHARDS
+    }
+
+    async fn due_in(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        shards: &[u32],
+    ) -> Result<Vec<DueItem>, LedgerError> {
+        self.due_in_shards(now, limit, shards).await
+    }
+
+    async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError> {
+        self.read_sweep_view(group, shards).await
+    }
+
+    async fn write_shard_lease(
+        &self,
+        group: &str,
+        guard: Option<u64>,
+        next: ShardLease,
+    ) -> Result<ShardCas, LedgerError> {
+        crate::shards::validate(group, guard, &next)?;
+        let op = Op::ShardLease {
+            group: group.to_owned(),
+            guard,
+            next,
+        };
+        match self.submit(op).await?.result? {
+            Reply::Shard(cas) => Ok(cas),
+            _ => Err(LedgerError::Closed),
+        }
+    }
+
+    async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
+        let op = Op::Announce {
+            group: group.to_owned(),
+            member,
+        };
+        match self.submit(op).await?.result? {
+            Reply::Announced => Ok(()),
+            _ => Err(LedgerError::Closed),
+        }
     }
 }
