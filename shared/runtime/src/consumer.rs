@@ -482,121 +482,18 @@ impl One {
             .handle_seconds
             .with_label_values(&[self.topic.suffix()])
             .start_timer();
-        let attempts = self.policy.attempts.max(1);
-        let most_panics = self.policy.panics.max(1);
-        let mut attempt = 0;
-        let mut panics = 0;
         let set_aside = match format_of(&delivery.message.headers) {
             Err(malformed) => Some(malformed.to_string()),
             Ok(format) if format > FORMAT_VERSION => {
                 self.skipped(&topic, &delivery, Skipped::NewerFormat);
                 None
             }
-            Ok(_) => loop {
-                attempt += 1;
-                match self.attempt(&handler, &delivery).await {
-                    Err(panicked) => {
-                        panics += 1;
-                        self.metrics
-                            .handler_panics
-                            .with_label_values(&[&topic])
-                            .inc();
-                        self.metrics
-                            .handler_errors
-                            .with_label_values(&[&topic])
-                            .inc();
-                        let given_up = panics >= most_panics || attempt >= attempts;
-                        tracing::error!(
-                            topic = %topic,
-                            partition = delivery.partition,
-                            offset = delivery.offset,
-                            run_id = delivery.key(),
-                            command_key = command_key_of(delivery.payload()).as_deref().unwrap_or(""),
-                            attempt,
-                            panics,
-                            panic = %panicked,
-                            "handler panicked; {}",
-                            if given_up {
-                                "dead-lettering the message (the sweep takes its command up again when due)"
-                            } else {
-                                "retrying"
-                            }
-                        );
-                        if given_up {
-                            break Some(format!(
-                                "handler panicked {panics} times; last: {panicked}"
-                            ));
-                        }
-                        if !self.pause(self.policy.backoff(attempt)).await {
-                            held.stop_and_discard();
-                            return;
-                        }
-                    }
-                    Ok(Ok(Handled::Done)) => {
-                        self.succeeded();
-                        break None;
-                    }
-                    Ok(Ok(Handled::Reject(reason))) => break Some(reason.to_string()),
-                    Ok(Ok(Handled::Skip(why))) => {
-                        self.skipped(&topic, &delivery, why);
-                        break None;
-                    }
-                    Ok(Err(PipelineError::Ledger(LedgerError::NewerCommand { .. }))) => {
-                        self.skipped(&topic, &delivery, Skipped::NewerCommand);
-                        break None;
-                    }
-                    Ok(Err(PipelineError::Ledger(e @ LedgerError::UndecodableCommand { .. }))) => {
-                        self.metrics
-                            .quarantined_messages
-                            .with_label_values(&[&topic])
-                            .inc();
-                        self.metrics.escalations.inc();
-                        tracing::error!(
-                            topic = %topic,
-                            partition = delivery.partition,
-                            offset = delivery.offset,
-                            error = %e,
-                            "escalated to a person: the message's command cannot be decoded; dead-lettering the message instead of retrying it"
-                        );
-                        break Some(e.to_string());
-                    }
-                    Ok(Err(e)) => {
-                        self.metrics
-                            .handler_errors
-                            .with_label_values(&[&topic])
-                            .inc();
-                        if attempt >= attempts {
-                            tracing::warn!(
-                                topic = %topic,
-                                partition = delivery.partition,
-                                offset = delivery.offset,
-                                attempts,
-                                error = %e,
-                                "handler kept failing; dead-lettering the message (the sweep takes its command up again when due)"
-                            );
-                            break Some(format!("handler failed {attempts} times; last: {e}"));
-                        }
-                        tracing::warn!(
-                            topic = %topic,
-                            partition = delivery.partition,
-                            offset = delivery.offset,
-                            attempt,
-                            error = %e,
-                            "handler failed; retrying"
-                        );
-                        // Past the budget, the retry waits the longest backoff: retries stay a
-                        // share of what succeeds instead of adding to a ledger that is behind.
-                        let pause = if self.retry_in_budget() {
-                            self.policy.backoff(attempt)
-                        } else {
-                            Duration::from_millis(self.policy.max_backoff_ms)
-                        };
-                        if !self.pause(pause).await {
-                            // Shutdown: not acknowledged, so not a hold to count.
-                            held.stop_and_discard();
-                            return;
-                        }
-                    }
+            Ok(_) => match self.attempts(&topic, &handler, &delivery).await {
+                Some(set_aside) => set_aside,
+                None => {
+                    // Shutdown: not acknowledged, so not a hold to count.
+                    held.stop_and_discard();
+                    return;
                 }
             },
         };
@@ -612,6 +509,131 @@ impl One {
             tracing::debug!(error = %e, "acknowledgement refused");
         }
         held.observe_duration();
+    }
+
+    /// Calls the handler until it is done or the message is set aside, retrying failures and
+    /// panics within the policy. `Some(None)`: acknowledge; `Some(Some(reason))`: dead-letter
+    /// with `reason`, then acknowledge; `None`: shutdown came first, leave it unacknowledged.
+    async fn attempts<H, F>(
+        &self,
+        topic: &str,
+        handler: &H,
+        delivery: &Delivery,
+    ) -> Option<Option<String>>
+    where
+        H: Fn(Delivery) -> F,
+        F: Future<Output = Result<Handled, PipelineError>>,
+    {
+        let attempts = self.policy.attempts.max(1);
+        let most_panics = self.policy.panics.max(1);
+        let mut attempt = 0;
+        let mut panics = 0;
+        loop {
+            attempt += 1;
+            match self.attempt(handler, delivery).await {
+                Err(panicked) => {
+                    panics += 1;
+                    self.metrics
+                        .handler_panics
+                        .with_label_values(&[topic])
+                        .inc();
+                    self.metrics
+                        .handler_errors
+                        .with_label_values(&[topic])
+                        .inc();
+                    let given_up = panics >= most_panics || attempt >= attempts;
+                    tracing::error!(
+                        topic = %topic,
+                        partition = delivery.partition,
+                        offset = delivery.offset,
+                        run_id = delivery.key(),
+                        command_key = command_key_of(delivery.payload()).as_deref().unwrap_or(""),
+                        attempt,
+                        panics,
+                        panic = %panicked,
+                        "handler panicked; {}",
+                        if given_up {
+                            "dead-lettering the message (the sweep takes its command up again when due)"
+                        } else {
+                            "retrying"
+                        }
+                    );
+                    if given_up {
+                        return Some(Some(format!(
+                            "handler panicked {panics} times; last: {panicked}"
+                        )));
+                    }
+                    if !self.pause(self.policy.backoff(attempt)).await {
+                        // Shutdown: not acknowledged, so not a hold to count.
+                        return None;
+                    }
+                }
+                Ok(Ok(Handled::Done)) => {
+                    self.succeeded();
+                    return Some(None);
+                }
+                Ok(Ok(Handled::Reject(reason))) => return Some(Some(reason.to_string())),
+                Ok(Ok(Handled::Skip(why))) => {
+                    self.skipped(topic, delivery, why);
+                    return Some(None);
+                }
+                Ok(Err(PipelineError::Ledger(LedgerError::NewerCommand { .. }))) => {
+                    self.skipped(topic, delivery, Skipped::NewerCommand);
+                    return Some(None);
+                }
+                Ok(Err(PipelineError::Ledger(e @ LedgerError::UndecodableCommand { .. }))) => {
+                    self.metrics
+                        .quarantined_messages
+                        .with_label_values(&[topic])
+                        .inc();
+                    self.metrics.escalations.inc();
+                    tracing::error!(
+                        topic = %topic,
+                        partition = delivery.partition,
+                        offset = delivery.offset,
+                        error = %e,
+                        "escalated to a person: the message's command cannot be decoded; dead-lettering the message instead of retrying it"
+                    );
+                    return Some(Some(e.to_string()));
+                }
+                Ok(Err(e)) => {
+                    self.metrics
+                        .handler_errors
+                        .with_label_values(&[topic])
+                        .inc();
+                    if attempt >= attempts {
+                        tracing::warn!(
+                            topic = %topic,
+                            partition = delivery.partition,
+                            offset = delivery.offset,
+                            attempts,
+                            error = %e,
+                            "handler kept failing; dead-lettering the message (the sweep takes its command up again when due)"
+                        );
+                        return Some(Some(format!("handler failed {attempts} times; last: {e}")));
+                    }
+                    tracing::warn!(
+                        topic = %topic,
+                        partition = delivery.partition,
+                        offset = delivery.offset,
+                        attempt,
+                        error = %e,
+                        "handler failed; retrying"
+                    );
+                    // Past the budget, the retry waits the longest backoff: retries stay a
+                    // share of what succeeds instead of adding to a ledger that is behind.
+                    let pause = if self.retry_in_budget() {
+                        self.policy.backoff(attempt)
+                    } else {
+                        Duration::from_millis(self.policy.max_backoff_ms)
+                    };
+                    if !self.pause(pause).await {
+                        // Shutdown: not acknowledged, so not a hold to count.
+                        return None;
+                    }
+                }
+            }
+        }
     }
 
     /// Counts and logs a message of a newer build that is acknowledged unhandled.
