@@ -103,14 +103,13 @@ async fn unusable_messages_are_dead_lettered_with_a_reason_and_do_not_wedge_the_
     let bus = &h.ctx().bus;
     let poison: [(Topic, &[u8]); 3] = [
         (Topic::Requested, b"not json"),
+        // Malformed, not merely newer: a field or a job kind a newer build adds is read past
+        // or skipped (tests/tests/upgrades.rs), a key that is no command key is not.
         (
             Topic::Unknown,
-            br#"{"run_id":"r-poison","command_key":"d-1/payments/wire/0","extra":1}"#,
+            br#"{"run_id":"r-poison","command_key":"wire","extra":1}"#,
         ),
-        (
-            Topic::Compensate,
-            br#"{"run_id":"r-poison","job":{"kind":"explode"}}"#,
-        ),
+        (Topic::Compensate, br#"{"run_id":"r-poison","job":{}}"#),
     ];
     for (topic, payload) in poison {
         bus.publish(topic, run, payload.to_vec(), vec![])

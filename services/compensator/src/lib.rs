@@ -22,7 +22,7 @@ use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{self, CompensationOutcome, Event};
 use sluice_runtime::config::CompensatorConfig;
-use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
+use sluice_runtime::consumer::{ConsumerSpec, Handled, Skipped, consume};
 use sluice_runtime::messages::{Cause, CompensateJob, CompensateRequest, decode};
 use sluice_runtime::{Context, Driven, PipelineError, Shutdown};
 
@@ -53,6 +53,10 @@ pub async fn run(
                 Ok(request) => request,
                 Err(e) => return Ok(Handled::Reject(e)),
             };
+            if request.job == CompensateJob::NewerKind {
+                // A newer build's job: its command's own job comes again from the sweep.
+                return Ok(Handled::Skip(Skipped::UnknownKind));
+            }
             handle(&ctx, request).await?;
             Ok(Handled::Done)
         }
@@ -74,6 +78,8 @@ pub async fn handle(ctx: &Context, request: CompensateRequest) -> Result<(), Pip
             command_key,
             extra_refs,
         } => settle_duplicate(ctx, &request.run_id, &command_key, &extra_refs).await,
+        // Nothing this build can carry out (the consume loop skips it before it gets here).
+        CompensateJob::NewerKind => Ok(()),
     }
 }
 

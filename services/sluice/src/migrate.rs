@@ -7,7 +7,7 @@ use std::sync::Arc;
 use sluice_assemble::{AssembleError, open_bus, open_ledger};
 use sluice_bus::Topic;
 use sluice_core::time::SystemClock;
-use sluice_ledger_cql::{SCHEMA_VERSION, schema_statements};
+use sluice_ledger_cql::{SCHEMA_VERSION, record_statements, schema_statements};
 use sluice_runtime::Config;
 use sluice_runtime::config::{BusKind, LedgerKind};
 
@@ -46,8 +46,12 @@ pub async fn run(mut config: Config) -> Result<Vec<String>, AssembleError> {
     Ok(done)
 }
 
-/// The CQL statements `migrate` applies, for a DBA who applies them by hand.
+/// The CQL statements `migrate` applies, for a DBA who applies them by hand, then those that
+/// record them as applied (the services check the record at start).
 pub fn cql_statements(config: &Config) -> Vec<String> {
     let cql = &config.ledger.cql;
-    schema_statements(&cql.keyspace, &cql.replication, cql.tablets)
+    let mut statements = schema_statements(&cql.keyspace, &cql.replication, cql.tablets);
+    let now = sluice_core::time::Clock::now(&SystemClock).as_millis();
+    statements.extend(record_statements(&cql.keyspace, now));
+    statements
 }

@@ -267,6 +267,8 @@ impl CqlLedger {
                 config.tablets,
             )
             .await?;
+        } else {
+            crate::schema::check(&session, &config.keyspace).await?;
         }
         let due_origin = read_meta(&session, &config.keyspace, "due_origin")
             .await
@@ -694,36 +696,6 @@ impl sluice_ledger::WebhookStore for CqlLedger {
         limit: usize,
     ) -> Result<Vec<sluice_core::webhook::Delivery>, LedgerError> {
         self.read_webhook_list(webhook, limit).await
-    }
-}
-
-impl Ledger for CqlLedger {
-    fn write_latency_ms(&self) -> i64 {
-        self.inner.write_latency.millis()
-    }
-
-    fn quarantined(&self) -> u64 {
-        self.inner.quarantine.count()
-    }
-
-    fn round_trips(&self) -> Vec<sluice_ledger::RoundTrips> {
-        self.stats()
-            .ops
-            .into_iter()
-            .flat_map(|(op, counts)| {
-                [
-                    ("lwt", counts.lwt, counts.lwt_us),
-                    ("serial", counts.serial, counts.serial_us),
-                    ("plain", counts.plain, counts.plain_us),
-                ]
-                .map(|(kind, count, waited_us)| sluice_ledger::RoundTrips {
-                    op,
-                    kind,
-                    count,
-                    waited_us,
-                })
-            })
-            .collect()
     }
 }
 

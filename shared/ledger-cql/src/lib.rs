@@ -30,8 +30,10 @@ pub use config::{Consistency, CqlConfig, CqlTls, Replication, Secret, Serial, Ta
 pub use error::CqlError;
 #[cfg(feature = "driver")]
 pub use ledger::{CqlLedger, connect_session};
-pub use schema::{SCHEMA_VERSION, schema_statements};
+pub use schema::{
+    AppliedFile, SCHEMA_VERSION, file_checksum, record_statements, schema_files, schema_statements,
+};
 #[cfg(feature = "driver")]
-pub use schema::{drop_keyspace, migrate, migrate_with};
+pub use schema::{applied_files, check as check_schema, drop_keyspace, migrate, migrate_with};
 #[cfg(feature = "driver")]
 pub use stats::{CqlStats, Op, OpCounts, StatsSnapshot};

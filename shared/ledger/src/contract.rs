@@ -85,6 +85,7 @@ macro_rules! ledger_contract_tests {
 
 mod closing;
 mod flow;
+mod newer;
 mod purge_preview;
 mod shards;
 mod takeover;
@@ -94,6 +95,7 @@ pub use flow::{
     flow_controls_are_written_under_their_version_and_read_back_whole,
     sixteen_racing_breaker_writers_have_one_winner,
 };
+pub use newer::{NewerWriter, a_command_of_a_newer_status_is_left_to_a_newer_build};
 pub use purge_preview::a_dry_run_purge_reports_what_a_purge_would_remove_and_removes_nothing;
 pub use shards::{
     due_in_returns_only_the_listed_shards,

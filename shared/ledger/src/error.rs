@@ -83,6 +83,19 @@ pub enum LedgerError {
         what: &'static str,
         why: String,
     },
+    /// A stored command is of a status this build does not know: a newer Sluice wrote it
+    /// (during a rolling upgrade, or after a rollback of this service). Not damage: the row is
+    /// left as it is, for a newer service to act on; this build's sweeps pass over it, keeping
+    /// it in the due index, and a message about it is acknowledged without a dead letter
+    /// (see [`crate::stored`]).
+    #[error(
+        "stored command {run_id}/{command_key} has status {status:?}, which this build does not know; a newer Sluice wrote it and a newer service will act on it"
+    )]
+    NewerCommand {
+        run_id: String,
+        command_key: String,
+        status: String,
+    },
     /// A stored value could not be decoded.
     #[error("stored {what} of {run_id} cannot be decoded: {why}")]
     Decode {

@@ -4,6 +4,8 @@
 //! * [`sqlite`] — the embedded implementation (WAL, one writer thread, group commit).
 //! * [`contract`] — the one contract suite every implementation must pass, races included.
 //! * [`quarantine`] — commands that cannot be decoded, set aside so they stop nobody else.
+//! * [`stored`] — how a stored command is read back: what a newer build added is tolerated, a
+//!   status only a newer build knows is left to it.
 //! * [`shards`] — the sweep-shard leases by which reconcilers split the due index.
 //! * [`WebhookStore`] — webhook deliveries waiting for, or answered by, their receivers.
 //!
@@ -40,6 +42,7 @@ pub mod latency;
 pub mod quarantine;
 pub mod shards;
 pub mod sqlite;
+pub mod stored;
 
 pub use error::LedgerError;
 pub use flow::{FlowCas, FlowStore};
@@ -604,6 +607,13 @@ pub trait Ledger: CommandStore + AuditStore + ShardStore + FlowStore + WebhookSt
     /// Commands this handle found it cannot decode and set aside since it opened, each counted
     /// once ([`quarantine`]), for the `sluice_ledger_quarantined_commands_total` metric.
     fn quarantined(&self) -> u64 {
+        0
+    }
+
+    /// Commands of a status only a newer build knows that this handle met and left to it since
+    /// it opened, each counted once ([`stored`]), for the `sluice_ledger_newer_commands_total`
+    /// metric.
+    fn left_for_newer(&self) -> u64 {
         0
     }
 }

@@ -23,25 +23,64 @@ use crate::LedgerError;
 /// Commands held at most; past it a new one is still logged and counted, not held.
 pub const QUARANTINE_CAPACITY: usize = 10_000;
 
-/// The commands one ledger handle has set aside.
+/// The commands one ledger handle has set aside, and those it left to a newer build.
 #[derive(Debug, Default)]
 pub struct Quarantine {
     held: Mutex<HashSet<(String, String)>>,
     count: AtomicU64,
+    /// Commands of a status only a newer build knows ([`crate::stored`]), met so far: not
+    /// held (nothing is wrong with them), only remembered so each is logged and counted once.
+    newer: Mutex<HashSet<(String, String)>>,
+    newer_count: AtomicU64,
 }
 
 impl Quarantine {
-    /// Sets the command aside if `error` says it cannot be decoded. Returns `error`.
+    /// Sets the command aside if `error` says it cannot be decoded, notes it if a newer build
+    /// wrote it. Returns `error`.
     pub fn note(&self, error: LedgerError) -> LedgerError {
-        if let LedgerError::UndecodableCommand {
-            run_id,
-            command_key,
-            ..
-        } = &error
-        {
-            self.set_aside(run_id, command_key, &error.to_string());
+        match &error {
+            LedgerError::UndecodableCommand {
+                run_id,
+                command_key,
+                ..
+            } => self.set_aside(run_id, command_key, &error.to_string()),
+            LedgerError::NewerCommand {
+                run_id,
+                command_key,
+                status,
+            } => self.left_for_newer(run_id, command_key, status),
+            _ => {}
         }
         error
+    }
+
+    /// Notes a command of a status only a newer build knows: logged and counted the first
+    /// time. Not set aside: sweeps pass over it because they cannot read its status, and a
+    /// newer build acts on it.
+    pub fn left_for_newer(&self, run_id: &str, command_key: &str, status: &str) {
+        let Ok(mut met) = self.newer.lock() else {
+            return;
+        };
+        let key = (run_id.to_owned(), command_key.to_owned());
+        if met.contains(&key) {
+            return;
+        }
+        if met.len() < QUARANTINE_CAPACITY {
+            met.insert(key);
+        }
+        drop(met);
+        self.newer_count.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            run_id,
+            command_key,
+            status,
+            "command of a status a newer Sluice wrote: left to a newer service (this build's sweeps pass over it and messages about it are skipped); expected while a rolling upgrade is under way"
+        );
+    }
+
+    /// Commands of a newer build's status met since the ledger opened, each counted once.
+    pub fn newer_count(&self) -> u64 {
+        self.newer_count.load(Ordering::Relaxed)
     }
 
     /// Sets the command aside: logs and counts it the first time.
@@ -110,5 +149,20 @@ mod tests {
         assert_eq!((quarantine.count(), quarantine.len()), (1, 1));
         assert!(quarantine.holds("r-1", "d-1/payments/wire/0"));
         assert!(!quarantine.holds("r-1", "d-2/payments/wire/0"));
+    }
+
+    #[test]
+    fn a_newer_command_is_counted_once_and_never_held() {
+        let quarantine = Quarantine::default();
+        let newer = || LedgerError::NewerCommand {
+            run_id: "r-1".into(),
+            command_key: "d-1/payments/wire/0".into(),
+            status: "HIBERNATING".into(),
+        };
+        quarantine.note(newer());
+        quarantine.note(newer());
+        assert_eq!(quarantine.newer_count(), 1);
+        assert_eq!((quarantine.count(), quarantine.len()), (0, 0));
+        assert!(!quarantine.holds("r-1", "d-1/payments/wire/0"));
     }
 }

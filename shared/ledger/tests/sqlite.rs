@@ -20,6 +20,30 @@ async fn fresh() -> (Arc<dyn Ledger>, tempfile::TempDir) {
 
 sluice_ledger::ledger_contract_tests!(fresh);
 
+/// The contract's check of a row a newer build wrote, the row written in the file directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_of_a_newer_status_is_left_to_a_newer_build() {
+    let (ledger, dir) = fresh().await;
+    let path = SqliteConfig::in_dir(dir.path()).path();
+    let writer: sluice_ledger::contract::NewerWriter = Box::new(move |run, key, status| {
+        let path = path.clone();
+        Box::pin(async move {
+            let conn = rusqlite::Connection::open(&path).expect("the ledger file");
+            let changed = conn
+                .execute(
+                    "UPDATE commands SET status = ?3, \
+                     state = json_set(state, '$.status', ?3, '$.hibernating_until', 99) \
+                     WHERE run_id = ?1 AND command_key = ?2",
+                    rusqlite::params![run.as_str(), key.as_str(), status],
+                )
+                .expect("a newer build's write");
+            assert_eq!(changed, 1);
+        })
+    });
+    sluice_ledger::contract::a_command_of_a_newer_status_is_left_to_a_newer_build(ledger, writer)
+        .await;
+}
+
 /// Set by the parent test when it re-runs this binary as a second process.
 const CHILD_DIR: &str = "SLUICE_TEST_CHILD_LEDGER_DIR";
 

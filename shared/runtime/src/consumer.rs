@@ -11,9 +11,11 @@
 //!
 //! * **A message that cannot be used** (it does not decode: [`Handled::Reject`]) goes to the
 //!   dead-letter topic with the reason and is acknowledged: it would fail forever.
+//! * **A message of a newer build** is skipped: acknowledged, neither handled nor
+//!   dead-lettered, counted (`sluice_messages_skipped_total{topic, reason}`); below, "Messages
+//!   of a newer build".
 //! * **A command the ledger cannot decode** ([`LedgerError::UndecodableCommand`]: a damaged
-//!   row, or one a build stored that this one cannot read) fails the same way every time, so
-//!   its message is dead-lettered at once, counted (`sluice_quarantined_messages_total`) and
+//!   row) fails the same way every time, so its message is dead-lettered at once, counted (`sluice_quarantined_messages_total`) and
 //!   escalated. The ledger itself has set the command aside: its sweeps skip it (see
 //!   `sluice_ledger::quarantine`), so it is not republished every sweep either.
 //! * **A handler that fails** (the ledger is locked or unreachable, the command kept changing,
@@ -42,6 +44,33 @@
 //!
 //! On shutdown a message in retry is left unacknowledged and is delivered again after the
 //! restart.
+//!
+//! # Messages of a newer build
+//!
+//! During a rolling upgrade, pods of two builds share the topics. What an older reader does
+//! with what a newer writer adds:
+//!
+//! * **A field it does not know** is ignored (`crate::messages`: no `deny_unknown_fields`).
+//! * **A cause it does not know** reads as `Cause::Other`: the cause is for logs only, and a
+//!   dispatch request is handled the same whatever its cause.
+//! * **A newer format** ([`crate::messages::FORMAT_HEADER`] above this build's
+//!   [`crate::messages::FORMAT_VERSION`]), **a compensation job of a kind it does not know**
+//!   (`CompensateJob::NewerKind`) and **a command of a status it does not know**
+//!   ([`LedgerError::NewerCommand`]) cannot be acted on. They are skipped: acknowledged
+//!   without a dead letter, counted by reason (`newer_format`, `unknown_kind`,
+//!   `newer_command`) and logged at debug level.
+//!
+//! Why skipped, not left uncommitted for a newer reader: a message this loop does not
+//! acknowledge holds its whole partition (the next message is handed out only after it), so
+//! leaving one for a newer reader would stop every run of the partition on every older pod
+//! until the roll moved the partition to a newer one — and for good if the roll is paused or
+//! rolled back. Skipping costs only the message's fast path, as dropping any message does
+//! (below, "Why acknowledging a message that was not handled loses nothing accepted"): its
+//! command is in the ledger with a due time, and the sweep republishes its request when that
+//! passes. A sweep of an older reconciler passes over a command of a newer status (it cannot
+//! read it; `sluice_ledger::stored`), and a newer reconciler's sweep acts on it. A real
+//! malformation — not JSON, a bad run id or key, a format header that is not a number — is
+//! still dead-lettered.
 //!
 //! # Why acknowledging a message that was not handled loses nothing accepted
 //!
@@ -90,7 +119,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::messages::{DLQ_REASON_HEADER, DLQ_TOPIC_HEADER, MessageError};
+use crate::messages::{
+    DLQ_REASON_HEADER, DLQ_TOPIC_HEADER, FORMAT_VERSION, MessageError, format_of,
+};
 use crate::metrics::Metrics;
 use crate::pipeline::PipelineError;
 
@@ -107,6 +138,31 @@ pub enum Handled {
     Done,
     /// The message is unusable: dead-letter it, then acknowledge.
     Reject(MessageError),
+    /// The message is a newer build's and cannot be acted on here: acknowledge it without a
+    /// dead letter and count it (module doc, "Messages of a newer build").
+    Skip(Skipped),
+}
+
+/// Why a message of a newer build was skipped: the `reason` of
+/// `sluice_messages_skipped_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skipped {
+    /// Its format header is above this build's.
+    NewerFormat,
+    /// It asks for a kind of work this build does not know (a compensation job's kind).
+    UnknownKind,
+    /// Its command has a status this build does not know.
+    NewerCommand,
+}
+
+impl Skipped {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::NewerFormat => "newer_format",
+            Self::UnknownKind => "unknown_kind",
+            Self::NewerCommand => "newer_command",
+        }
+    }
 }
 
 /// Where a consumer reads and how much it does at once.
@@ -426,22 +482,64 @@ impl One {
             .handle_seconds
             .with_label_values(&[self.topic.suffix()])
             .start_timer();
+        let set_aside = match format_of(&delivery.message.headers) {
+            Err(malformed) => Some(malformed.to_string()),
+            Ok(format) if format > FORMAT_VERSION => {
+                self.skipped(&topic, &delivery, Skipped::NewerFormat);
+                None
+            }
+            Ok(_) => match self.attempts(&topic, &handler, &delivery).await {
+                Some(set_aside) => set_aside,
+                None => {
+                    // Shutdown: not acknowledged, so not a hold to count.
+                    held.stop_and_discard();
+                    return;
+                }
+            },
+        };
+        if let Some(reason) = set_aside
+            && !self.dead_letter(&topic, &delivery, &reason).await
+        {
+            held.stop_and_discard();
+            return;
+        }
+        if let Err(e) = delivery.ack().await {
+            // The partition moved to another member, which gets the message again; its
+            // handler finds our ledger write done.
+            tracing::debug!(error = %e, "acknowledgement refused");
+        }
+        held.observe_duration();
+    }
+
+    /// Calls the handler until it is done or the message is set aside, retrying failures and
+    /// panics within the policy. `Some(None)`: acknowledge; `Some(Some(reason))`: dead-letter
+    /// with `reason`, then acknowledge; `None`: shutdown came first, leave it unacknowledged.
+    async fn attempts<H, F>(
+        &self,
+        topic: &str,
+        handler: &H,
+        delivery: &Delivery,
+    ) -> Option<Option<String>>
+    where
+        H: Fn(Delivery) -> F,
+        F: Future<Output = Result<Handled, PipelineError>>,
+    {
         let attempts = self.policy.attempts.max(1);
         let most_panics = self.policy.panics.max(1);
         let mut attempt = 0;
         let mut panics = 0;
-        let set_aside = loop {
+        loop {
             attempt += 1;
-            match self.attempt(&handler, &delivery).await {
+            match self.attempt(handler, delivery).await {
                 Err(panicked) => {
                     panics += 1;
                     self.metrics
                         .handler_panics
-                        .with_label_values(&[&topic])
+                        .with_label_values(&[topic])
                         .inc();
                     self.metrics
                         .handler_errors
-                        .with_label_values(&[&topic])
+                        .with_label_values(&[topic])
                         .inc();
                     let given_up = panics >= most_panics || attempt >= attempts;
                     tracing::error!(
@@ -461,22 +559,32 @@ impl One {
                         }
                     );
                     if given_up {
-                        break Some(format!("handler panicked {panics} times; last: {panicked}"));
+                        return Some(Some(format!(
+                            "handler panicked {panics} times; last: {panicked}"
+                        )));
                     }
                     if !self.pause(self.policy.backoff(attempt)).await {
-                        held.stop_and_discard();
-                        return;
+                        // Shutdown: not acknowledged, so not a hold to count.
+                        return None;
                     }
                 }
                 Ok(Ok(Handled::Done)) => {
                     self.succeeded();
-                    break None;
+                    return Some(None);
                 }
-                Ok(Ok(Handled::Reject(reason))) => break Some(reason.to_string()),
+                Ok(Ok(Handled::Reject(reason))) => return Some(Some(reason.to_string())),
+                Ok(Ok(Handled::Skip(why))) => {
+                    self.skipped(topic, delivery, why);
+                    return Some(None);
+                }
+                Ok(Err(PipelineError::Ledger(LedgerError::NewerCommand { .. }))) => {
+                    self.skipped(topic, delivery, Skipped::NewerCommand);
+                    return Some(None);
+                }
                 Ok(Err(PipelineError::Ledger(e @ LedgerError::UndecodableCommand { .. }))) => {
                     self.metrics
                         .quarantined_messages
-                        .with_label_values(&[&topic])
+                        .with_label_values(&[topic])
                         .inc();
                     self.metrics.escalations.inc();
                     tracing::error!(
@@ -486,12 +594,12 @@ impl One {
                         error = %e,
                         "escalated to a person: the message's command cannot be decoded; dead-lettering the message instead of retrying it"
                     );
-                    break Some(e.to_string());
+                    return Some(Some(e.to_string()));
                 }
                 Ok(Err(e)) => {
                     self.metrics
                         .handler_errors
-                        .with_label_values(&[&topic])
+                        .with_label_values(&[topic])
                         .inc();
                     if attempt >= attempts {
                         tracing::warn!(
@@ -502,7 +610,7 @@ impl One {
                             error = %e,
                             "handler kept failing; dead-lettering the message (the sweep takes its command up again when due)"
                         );
-                        break Some(format!("handler failed {attempts} times; last: {e}"));
+                        return Some(Some(format!("handler failed {attempts} times; last: {e}")));
                     }
                     tracing::warn!(
                         topic = %topic,
@@ -521,24 +629,27 @@ impl One {
                     };
                     if !self.pause(pause).await {
                         // Shutdown: not acknowledged, so not a hold to count.
-                        held.stop_and_discard();
-                        return;
+                        return None;
                     }
                 }
             }
-        };
-        if let Some(reason) = set_aside
-            && !self.dead_letter(&topic, &delivery, &reason).await
-        {
-            held.stop_and_discard();
-            return;
         }
-        if let Err(e) = delivery.ack().await {
-            // The partition moved to another member, which gets the message again; its
-            // handler finds our ledger write done.
-            tracing::debug!(error = %e, "acknowledgement refused");
-        }
-        held.observe_duration();
+    }
+
+    /// Counts and logs a message of a newer build that is acknowledged unhandled.
+    fn skipped(&self, topic: &str, delivery: &Delivery, why: Skipped) {
+        self.metrics
+            .messages_skipped
+            .with_label_values(&[topic, why.reason()])
+            .inc();
+        tracing::debug!(
+            topic,
+            partition = delivery.partition,
+            offset = delivery.offset,
+            run_id = delivery.key(),
+            reason = why.reason(),
+            "message of a newer build skipped; its command's due time brings it back to a build that can act on it"
+        );
     }
 
     /// One call of the handler, with a panic in it caught: `Err` carries the panic's message.

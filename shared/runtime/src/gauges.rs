@@ -656,6 +656,10 @@ impl Ledger for GaugedLedger {
     fn quarantined(&self) -> u64 {
         self.inner.quarantined()
     }
+
+    fn left_for_newer(&self) -> u64 {
+        self.inner.left_for_newer()
+    }
 }
 
 #[cfg(test)]

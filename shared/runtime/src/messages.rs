@@ -7,6 +7,14 @@
 //! Lifecycle events follow CloudEvents 1.0 in binary mode: the attributes travel as `ce_`
 //! headers and the payload is the command as JSON.
 //!
+//! Every message carries the format it is written in ([`FORMAT_HEADER`], [`FORMAT_VERSION`]),
+//! and readers are tolerant, so services of two builds share the bus during a rolling upgrade:
+//! a field a reader does not know is ignored (no `deny_unknown_fields` here, unlike the
+//! configuration), a [`Cause`] it does not know reads as [`Cause::Other`], and a message of a
+//! newer format or a compensation job of a kind it does not know
+//! ([`CompensateJob::NewerKind`]) is skipped by the consume loop, not dead-lettered
+//! (`crate::consumer`, "Messages of a newer build").
+//!
 //! Every message carries the effect's trace context: requests in the W3C headers
 //! `traceparent` and `tracestate` (as Kafka headers on Kafka), lifecycle events in the
 //! CloudEvents distributed-tracing extension (`ce_traceparent`, `ce_tracestate`). The builders
@@ -27,6 +35,42 @@ use sluice_core::trace::TraceContext;
 /// Largest message accepted from the bus.
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 
+/// The header naming the format a message is written in: [`FORMAT_VERSION`] as decimal text.
+/// A message without it was written before the header existed, in format 1.
+pub const FORMAT_HEADER: &str = "sluice-format";
+
+/// The message format this build writes and reads. Raised only for a change an older reader
+/// cannot survive by ignoring what it does not know (a field whose absence would make it act
+/// wrongly, a meaning changed): such a message is skipped by older readers and left to the
+/// ledger's sweep. Added fields, causes and job kinds do not raise it.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The format a message was written in ([`FORMAT_HEADER`]; 1 without it). A header that is
+/// not a number is a malformed message.
+pub fn format_of(headers: &[(String, Vec<u8>)]) -> Result<u32, MessageError> {
+    let Some((_, value)) = headers.iter().rev().find(|(key, _)| key == FORMAT_HEADER) else {
+        return Ok(1);
+    };
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .ok_or_else(|| MessageError::Invalid {
+            what: "message format header",
+            reason: format!(
+                "{FORMAT_HEADER} is {:?}, not a format number",
+                String::from_utf8_lossy(&value[..value.len().min(32)])
+            ),
+        })
+}
+
+/// The format header of everything this build writes.
+fn format_header() -> (String, Vec<u8>) {
+    (
+        FORMAT_HEADER.to_owned(),
+        FORMAT_VERSION.to_string().into_bytes(),
+    )
+}
+
 /// Why a dispatch was requested (for logs and metrics; handlers do not depend on it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -38,11 +82,14 @@ pub enum Cause {
     Retry,
     Approved,
     Replayed,
+    /// A cause a newer build added: the request is handled like any other (the dispatcher
+    /// re-reads the command and acts on what the ledger holds), the cause only logged as this.
+    #[serde(other)]
+    Other,
 }
 
 /// `requested`: lease this command and call its tool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct DispatchRequest {
     pub run_id: RunId,
     pub command_key: CommandKey,
@@ -51,7 +98,6 @@ pub struct DispatchRequest {
 
 /// `unknown`: resolve this command's ambiguous outcome from evidence.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ReconcileRequest {
     pub run_id: RunId,
     pub command_key: CommandKey,
@@ -59,14 +105,13 @@ pub struct ReconcileRequest {
 
 /// `compensate`: undo effects.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct CompensateRequest {
     pub run_id: RunId,
     pub job: CompensateJob,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum CompensateJob {
     /// Roll the whole run back: its CONFIRMED commands, last first.
     Rollback { actor: String, reason: String },
@@ -77,6 +122,11 @@ pub enum CompensateJob {
         command_key: CommandKey,
         extra_refs: Vec<String>,
     },
+    /// A kind a newer build added, which this build cannot carry out: the compensator skips
+    /// the message (counted, not dead-lettered) and the command's own job comes again from
+    /// the sweep of a build that knows it. Read, never written.
+    #[serde(other, skip_serializing)]
+    NewerKind,
 }
 
 /// A request ready for the bus: its payload and its headers.
@@ -135,9 +185,14 @@ pub const TENANT_HEADER: &str = "sluice-tenant";
 
 /// A request about `command`, with the trace headers it is sent under.
 fn request_for<T: Serialize>(command: &Command, request: &T) -> Outgoing {
+    let mut headers = vec![format_header()];
+    headers.extend(trace_headers(
+        "",
+        sluice_trace::outgoing(command.trace.as_ref()).as_ref(),
+    ));
     Outgoing {
         payload: encode(request),
-        headers: trace_headers("", sluice_trace::outgoing(command.trace.as_ref()).as_ref()),
+        headers,
     }
 }
 
@@ -193,7 +248,9 @@ pub fn run_compensate_request(run_id: &RunId, job: CompensateJob) -> Outgoing {
             run_id: run_id.clone(),
             job,
         }),
-        headers: trace_headers("", sluice_trace::current().as_ref()),
+        headers: std::iter::once(format_header())
+            .chain(trace_headers("", sluice_trace::current().as_ref()))
+            .collect(),
     }
 }
 
@@ -267,6 +324,7 @@ impl LifecycleEvent {
             ("ce_subject".to_owned(), subject),
             ("ce_time".to_owned(), at.to_string().into_bytes()),
             ("content-type".to_owned(), b"application/json".to_vec()),
+            format_header(),
         ];
         // CloudEvents distributed-tracing extension.
         headers.extend(trace_headers(
@@ -357,7 +415,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn requests_round_trip_and_refuse_unknown_fields() {
+    fn requests_round_trip_and_ignore_what_a_newer_build_adds() {
         let request = DispatchRequest {
             run_id: RunId::parse("r-1").expect("valid"),
             command_key: CommandKey::parse("d-1/payments/wire/0").expect("valid"),
@@ -369,8 +427,17 @@ mod tests {
             request
         );
         let extra = br#"{"run_id":"r-1","command_key":"d-1/payments/wire/0","cause":"due","x":1}"#;
-        let err = decode::<DispatchRequest>("dispatch request", extra).expect_err("refused");
-        assert!(err.to_string().contains("unknown field"), "{err}");
+        let read = decode::<DispatchRequest>("dispatch request", extra).expect("tolerated");
+        assert_eq!(read.cause, Cause::Due);
+        let newer_cause =
+            br#"{"run_id":"r-1","command_key":"d-1/payments/wire/0","cause":"autoscaled"}"#;
+        let read = decode::<DispatchRequest>("dispatch request", newer_cause).expect("tolerated");
+        assert_eq!(
+            (read.cause, read.command_key.as_str()),
+            (Cause::Other, "d-1/payments/wire/0")
+        );
+        let not_json = decode::<DispatchRequest>("dispatch request", b"{");
+        assert!(not_json.is_err());
         let bad_key = br#"{"run_id":"r-1","command_key":"wire","cause":"due"}"#;
         assert!(decode::<DispatchRequest>("dispatch request", bad_key).is_err());
         let huge = vec![b' '; MAX_MESSAGE_BYTES + 1];
@@ -395,6 +462,35 @@ mod tests {
             decode::<CompensateRequest>("compensate request", text.as_bytes()).expect("ok"),
             job
         );
+        // A newer build's kind, with fields of its own; and a known kind with a field added.
+        let newer = br#"{"run_id":"r-1","job":{"kind":"partial_refund","command_key":"d-1/payments/wire/0","amount":5},"hint":1}"#;
+        assert_eq!(
+            decode::<CompensateRequest>("compensate request", newer)
+                .expect("read")
+                .job,
+            CompensateJob::NewerKind
+        );
+        let added = br#"{"run_id":"r-1","job":{"kind":"command","command_key":"d-1/payments/wire/0","priority":2}}"#;
+        assert!(matches!(
+            decode::<CompensateRequest>("compensate request", added)
+                .expect("read")
+                .job,
+            CompensateJob::Command { .. }
+        ));
+        // No kind at all is no job: malformed.
+        assert!(
+            decode::<CompensateRequest>("compensate request", br#"{"run_id":"r-1","job":{}}"#)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn the_format_header_reads_as_a_number_and_defaults_to_one() {
+        assert_eq!(format_of(&[]).expect("absent"), 1);
+        let with = |v: &[u8]| vec![(FORMAT_HEADER.to_owned(), v.to_vec())];
+        assert_eq!(format_of(&with(b"2")).expect("two"), 2);
+        assert!(format_of(&with(b"two")).is_err());
+        assert!(format_of(&with(&[0xff])).is_err());
     }
 
     #[test]
@@ -448,8 +544,11 @@ mod tests {
         let untraced = command.clone().traced(None);
         assert_eq!(
             dispatch_request(&untraced, Cause::Due, None).headers,
-            [(TENANT_HEADER.to_owned(), b"anonymous".to_vec())],
-            "a dispatch request names its tenant, and nothing else without a context"
+            [
+                (FORMAT_HEADER.to_owned(), b"1".to_vec()),
+                (TENANT_HEADER.to_owned(), b"anonymous".to_vec())
+            ],
+            "a dispatch request names its format and tenant, and nothing else without a context"
         );
         let named = untraced.clone().for_tenant("acme");
         assert_eq!(
@@ -459,7 +558,31 @@ mod tests {
             ),
             Some("acme")
         );
-        assert!(reconcile_request(&untraced).headers.is_empty());
+        assert_eq!(
+            reconcile_request(&untraced).headers,
+            [(FORMAT_HEADER.to_owned(), b"1".to_vec())]
+        );
+        assert_eq!(
+            header(
+                &LifecycleEvent::new("x", &untraced, Timestamp::from_millis(2)).headers,
+                FORMAT_HEADER
+            ),
+            Some("1")
+        );
+        assert_eq!(
+            format_of(
+                &run_compensate_request(
+                    &untraced.run_id,
+                    CompensateJob::Rollback {
+                        actor: "a".into(),
+                        reason: "b".into(),
+                    },
+                )
+                .headers,
+            )
+            .expect("a format"),
+            FORMAT_VERSION
+        );
         assert_eq!(
             LifecycleEvent::new("x", &untraced, Timestamp::from_millis(2)).header("ce_traceparent"),
             None
@@ -576,6 +699,7 @@ impl FlowChange {
             ("ce_subject".to_owned(), control.name.clone().into_bytes()),
             ("ce_time".to_owned(), at.to_string().into_bytes()),
             ("content-type".to_owned(), b"application/json".to_vec()),
+            format_header(),
         ];
         LifecycleEvent {
             headers,

@@ -115,6 +115,11 @@ pub struct Metrics {
     /// `sluice_quarantined_messages_total{topic}`: messages about a command the ledger cannot
     /// decode, dead-lettered at once and escalated.
     pub quarantined_messages: IntCounterVec,
+    /// `sluice_messages_skipped_total{topic, reason}`: messages of a newer build acknowledged
+    /// without being handled or dead-lettered (`crate::consumer`, "Messages of a newer build"):
+    /// `newer_format`, `unknown_kind`, `newer_command`. Expected during a rolling upgrade;
+    /// outside one, a newer build is writing to this install's topics.
+    pub messages_skipped: IntCounterVec,
     /// `sluice_dead_letters_unpublished_total{topic}`: messages acknowledged without a dead
     /// letter because the dead-letter topic kept refusing them (their payload is logged).
     pub dead_letters_unpublished: IntCounterVec,
@@ -190,6 +195,11 @@ impl Metrics {
             "quarantined_messages_total",
             "Messages about a command the ledger cannot decode, dead-lettered at once",
             &["topic"],
+        );
+        let messages_skipped = counter(
+            "messages_skipped_total",
+            "Messages of a newer build skipped, neither handled nor dead-lettered (the ledger's sweep covers their commands), by topic and reason",
+            &["topic", "reason"],
         );
         let dead_letters_unpublished = counter(
             "dead_letters_unpublished_total",
@@ -361,6 +371,7 @@ impl Metrics {
             handler_errors,
             handler_panics,
             quarantined_messages,
+            messages_skipped,
             dead_letters_unpublished,
             sweep_items,
             http_requests,
@@ -501,7 +512,7 @@ struct LedgerRoundTrips {
 }
 
 impl LedgerRoundTrips {
-    fn counters() -> (IntCounterVec, CounterVec, IntCounter) {
+    fn counters() -> (IntCounterVec, CounterVec, IntCounter, IntCounter) {
         let counter = IntCounterVec::new(
             Opts::new(
                 "ledger_round_trips_total",
@@ -524,14 +535,20 @@ impl LedgerRoundTrips {
             "Commands the ledger found it cannot decode and set aside (sweeps skip them)",
         ))
         .expect("metric definitions are static and valid");
-        (counter, waited, quarantined)
+        let newer = IntCounter::with_opts(Opts::new(
+            "ledger_newer_commands_total",
+            "Commands of a status only a newer build knows, left to it (sweeps pass over them, not quarantined)",
+        ))
+        .expect("metric definitions are static and valid");
+        (counter, waited, quarantined, newer)
     }
 
     fn new(ledger: Arc<dyn Ledger>) -> Self {
-        let (counter, waited, quarantined) = Self::counters();
+        let (counter, waited, quarantined, newer) = Self::counters();
         let mut descs: Vec<Desc> = counter.desc().into_iter().cloned().collect();
         descs.extend(waited.desc().into_iter().cloned());
         descs.extend(quarantined.desc().into_iter().cloned());
+        descs.extend(newer.desc().into_iter().cloned());
         Self { ledger, descs }
     }
 }
@@ -542,7 +559,7 @@ impl Collector for LedgerRoundTrips {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let (counter, waited, quarantined) = Self::counters();
+        let (counter, waited, quarantined, newer) = Self::counters();
         for trips in self.ledger.round_trips() {
             let labels = [trips.op, trips.kind];
             counter.with_label_values(&labels).inc_by(trips.count);
@@ -551,9 +568,11 @@ impl Collector for LedgerRoundTrips {
                 .inc_by(trips.waited_us as f64 / 1e6);
         }
         quarantined.inc_by(self.ledger.quarantined());
+        newer.inc_by(self.ledger.left_for_newer());
         let mut families = counter.collect();
         families.extend(waited.collect());
         families.extend(quarantined.collect());
+        families.extend(newer.collect());
         families
     }
 }

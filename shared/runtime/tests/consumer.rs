@@ -30,7 +30,7 @@ use sluice_runtime::consumer::{
     ConsumerSpec, DLQ_TRUNCATED_HEADER, Handled, RetryPolicy, consume_with,
 };
 use sluice_runtime::messages::{
-    Cause, DLQ_REASON_HEADER, DispatchRequest, LifecycleEvent, decode, encode,
+    Cause, DLQ_REASON_HEADER, DispatchRequest, FORMAT_HEADER, LifecycleEvent, decode, encode,
 };
 use sluice_runtime::pipeline::PipelineError;
 use tokio::sync::mpsc;
@@ -253,10 +253,12 @@ async fn a_handler_that_keeps_failing_gives_its_partition_back() {
     );
 }
 
-/// A command row that cannot be decoded — damaged JSON, or a status this build does not know
-/// — fails every read of it the same way. Its message is dead-lettered at once (no retries,
-/// even under a policy that would retry for minutes), counted and escalated, with a reason
-/// naming the command; the ledger's `due` skips it and still returns the others.
+/// A command row that cannot be decoded (damaged JSON) fails every read of it the same way.
+/// Its message is dead-lettered at once (no retries, even under a policy that would retry for
+/// minutes), counted and escalated, with a reason naming the command; the ledger's `due` skips
+/// it and still returns the others. A row of a status this build does not know (a newer build
+/// wrote it) is skipped by `due` too, but not quarantined: it is counted as left for a newer
+/// build.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_command_row_is_quarantined_not_retried() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -362,8 +364,12 @@ async fn a_damaged_command_row_is_quarantined_not_retried() {
     assert_eq!(metrics.escalations.get(), 1);
     let scraped = metrics.render();
     assert!(
-        scraped.contains("sluice_ledger_quarantined_commands_total 2"),
-        "both damaged commands are counted once: {scraped}"
+        scraped.contains("sluice_ledger_quarantined_commands_total 1"),
+        "the damaged command is counted once: {scraped}"
+    );
+    assert!(
+        scraped.contains("sluice_ledger_newer_commands_total 1"),
+        "the newer build's command is counted once, apart: {scraped}"
     );
 
     // From now on the sweep skips the damaged command too, and still finds the good one.
@@ -377,6 +383,122 @@ async fn a_damaged_command_row_is_quarantined_not_retried() {
     ));
     shutdown.cancel();
     consumer.await.expect("join").expect("consumer");
+}
+
+/// Messages of a newer build (docs/operations.md, "Upgrading Sluice") are acknowledged
+/// without a dead letter and counted by reason, and hold nothing behind them: a request of a
+/// higher format never reaches the handler; one about a command of a status this build does not
+/// know is skipped (not quarantined, not escalated). A format header that is not a number is
+/// malformed and still dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_of_a_newer_build_are_skipped_not_dead_lettered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ledger = open_ledger(dir.path());
+    let later = reserve(
+        &*ledger,
+        command(&fresh_run("format"), 0, "email/send", 0, json!({})),
+    )
+    .await;
+    let newer = reserve(
+        &*ledger,
+        command(&fresh_run("newer"), 0, "email/send", 0, json!({})),
+    )
+    .await;
+    let good = reserve(
+        &*ledger,
+        command(&fresh_run("good"), 0, "email/send", 0, json!({})),
+    )
+    .await;
+    let conn = rusqlite::Connection::open(SqliteConfig::in_dir(dir.path()).path()).expect("db");
+    let changed = conn
+        .execute(
+            "UPDATE commands SET status = 'HIBERNATING', \
+             state = json_set(state, '$.status', 'HIBERNATING') \
+             WHERE run_id = ?1 AND command_key = ?2",
+            rusqlite::params![newer.run_id.as_str(), newer.command_key.as_str()],
+        )
+        .expect("a newer build's write");
+    assert_eq!(changed, 1);
+    drop(conn);
+    let ledger: Arc<dyn Ledger> = ledger;
+
+    let bus = Arc::new(bus(EmbeddedConfig::default().max_message_bytes));
+    let metrics = Arc::new(Metrics::new());
+    let mut dlq = bus
+        .subscribe(Topic::Dlq, "test-dlq", "test")
+        .await
+        .expect("dlq");
+    let request_of = |command: &Command| {
+        encode(&DispatchRequest {
+            run_id: command.run_id.clone(),
+            command_key: command.command_key.clone(),
+            cause: Cause::Reserved,
+        })
+    };
+    let format = |value: &str| vec![(FORMAT_HEADER.to_owned(), value.as_bytes().to_vec())];
+    for (command, headers) in [
+        (&later, format("2")),
+        (&newer, format("1")),
+        (&good, format("one")),
+        (&good, format("1")),
+    ] {
+        bus.publish(
+            Topic::Requested,
+            command.run_id.as_str(),
+            request_of(command),
+            headers,
+        )
+        .await
+        .expect("publish");
+    }
+    let (handled_tx, mut handled) = mpsc::unbounded_channel();
+    let handler = reading_handler(Arc::clone(&ledger), handled_tx, |_| async { Ok(()) });
+    let shutdown = CancellationToken::new();
+    let consumer = tokio::spawn(consume_with(
+        bus.clone(),
+        Arc::clone(&metrics),
+        spec(),
+        quick_policy(),
+        shutdown.clone(),
+        handler,
+    ));
+    expect_handled(&mut handled, &good.run_id).await;
+    let dead = next_dead_letter(&mut dlq).await;
+    assert!(
+        header(&dead, DLQ_REASON_HEADER).contains(FORMAT_HEADER),
+        "{}",
+        header(&dead, DLQ_REASON_HEADER)
+    );
+    shutdown.cancel();
+    consumer.await.expect("join").expect("consumer");
+    // The handler saw only the good run: the newer format never reached it, and the newer
+    // command's read failed before it reported.
+    while let Ok(run) = handled.try_recv() {
+        assert_eq!(run, good.run_id);
+    }
+    let topic = "sluice.requested";
+    let skipped = |reason: &str| {
+        metrics
+            .messages_skipped
+            .with_label_values(&[topic, reason])
+            .get()
+    };
+    assert_eq!((skipped("newer_format"), skipped("newer_command")), (1, 1));
+    assert_eq!(metrics.dead_letters.with_label_values(&[topic]).get(), 1);
+    assert_eq!(
+        metrics
+            .quarantined_messages
+            .with_label_values(&[topic])
+            .get(),
+        0
+    );
+    assert_eq!(metrics.handler_errors.with_label_values(&[topic]).get(), 0);
+    assert_eq!(metrics.escalations.get(), 0);
+    assert_eq!((ledger.quarantined(), ledger.left_for_newer()), (0, 1));
+    assert!(matches!(
+        ledger.get(&newer.run_id, &newer.command_key).await,
+        Err(LedgerError::NewerCommand { status, .. }) if status == "HIBERNATING"
+    ));
 }
 
 /// A message that fits the bus but whose dead letter does not (the reason and topic headers

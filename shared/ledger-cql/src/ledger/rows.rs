@@ -171,7 +171,8 @@ impl CqlLedger {
     }
 
     /// The command in `fields`, if it holds one. One that does not decode is
-    /// [`LedgerError::UndecodableCommand`] and is quarantined.
+    /// [`LedgerError::UndecodableCommand`] and is quarantined; one of a newer build's status
+    /// is [`LedgerError::NewerCommand`] (`sluice_ledger::stored`).
     pub(super) fn stored_row(
         &self,
         run: &str,
@@ -182,19 +183,11 @@ impl CqlLedger {
             // that holds only claim fences.
             return Ok(None);
         };
-        let undecodable = |what: &'static str, e: serde_json::Error| {
-            self.inner.quarantine.note(LedgerError::UndecodableCommand {
-                run_id: run.to_owned(),
-                command_key: fields.text("command_key").unwrap_or_default().to_owned(),
-                what,
-                why: e.to_string(),
-            })
-        };
+        let key = fields.text("command_key").unwrap_or_default();
+        let noted = |e| self.inner.quarantine.note(e);
         Ok(Some(StoredRow {
-            identity: Arc::new(
-                serde_json::from_str(identity).map_err(|e| undecodable("command", e))?,
-            ),
-            state: serde_json::from_str(state).map_err(|e| undecodable("command state", e))?,
+            state: sluice_ledger::stored::state(run, key, state).map_err(noted)?,
+            identity: Arc::new(sluice_ledger::stored::identity(run, key, identity).map_err(noted)?),
             due_at: fields.bigint("due_at"),
             args_hash: fields.text("args_hash").unwrap_or_default().to_owned(),
             write_id: fields.uuid("write_id"),

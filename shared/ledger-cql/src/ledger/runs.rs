@@ -210,7 +210,8 @@ impl CqlLedger {
         }
         let mut open = 0u64;
         for row in &rows {
-            // A status this build cannot read (a quarantined command) counts as open.
+            // A status this build cannot read (a quarantined command, or a newer build's)
+            // counts as open.
             if let Some(status) = row.text("status")
                 && !matches!(parse_status(run, status), Ok(status) if status.is_terminal())
             {
@@ -273,8 +274,11 @@ impl CqlLedger {
             match self.stored_row(run, fields) {
                 Ok(Some(row)) => commands.push(row),
                 Ok(None) => {}
-                // Quarantined: a run with a command no one can read is not finished.
-                Err(LedgerError::UndecodableCommand { .. }) => return Ok(false),
+                // Quarantined, or a newer build's: a run with a command this build cannot
+                // read is not finished.
+                Err(LedgerError::UndecodableCommand { .. } | LedgerError::NewerCommand { .. }) => {
+                    return Ok(false);
+                }
                 Err(e) => return Err(e),
             }
         }

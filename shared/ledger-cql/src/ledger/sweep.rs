@@ -177,7 +177,8 @@ impl CqlLedger {
 
     /// Whether the entry still stands for the command: the command is due at exactly its
     /// time. A command this ledger cannot decode (quarantined before, or with a status, run id
-    /// or key it cannot parse now) is quarantined, never an error of the sweep.
+    /// or key it cannot parse now) is quarantined, never an error of the sweep; one of a
+    /// status only a newer build knows is kept the same way, but not quarantined.
     async fn check_due(
         &self,
         op: Op,
@@ -226,6 +227,11 @@ impl CqlLedger {
                 status,
                 due_at: Timestamp::from_millis(due_at),
             }),
+            // Kept in the due index, like a quarantined entry, for a newer build to act on.
+            Err(_) if sluice_ledger::stored::is_newer_status(status) => {
+                self.inner.quarantine.left_for_newer(run, key, status);
+                quarantined()
+            }
             Err(why) => {
                 self.inner.quarantine.set_aside(run, key, &why);
                 quarantined()

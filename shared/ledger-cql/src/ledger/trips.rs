@@ -1,5 +1,7 @@
 //! Round trips to the cluster, each counted with its wait (`stats`): a plain request, a paged
 //! read, and an LWT whose timeout is reported as an unknown outcome, never as not applied.
+//! Also what the handle reports of itself through the [`Ledger`] port for the metrics: its
+//! round trips, its write latency, the commands it quarantined or left to a newer build.
 
 use super::*;
 
@@ -201,5 +203,39 @@ impl CqlLedger {
             }
             Err(e) => Err(storage(what, e)),
         }
+    }
+}
+
+impl Ledger for CqlLedger {
+    fn write_latency_ms(&self) -> i64 {
+        self.inner.write_latency.millis()
+    }
+
+    fn quarantined(&self) -> u64 {
+        self.inner.quarantine.count()
+    }
+
+    fn left_for_newer(&self) -> u64 {
+        self.inner.quarantine.newer_count()
+    }
+
+    fn round_trips(&self) -> Vec<sluice_ledger::RoundTrips> {
+        self.stats()
+            .ops
+            .into_iter()
+            .flat_map(|(op, counts)| {
+                [
+                    ("lwt", counts.lwt, counts.lwt_us),
+                    ("serial", counts.serial, counts.serial_us),
+                    ("plain", counts.plain, counts.plain_us),
+                ]
+                .map(|(kind, count, waited_us)| sluice_ledger::RoundTrips {
+                    op,
+                    kind,
+                    count,
+                    waited_us,
+                })
+            })
+            .collect()
     }
 }

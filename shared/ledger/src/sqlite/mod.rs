@@ -27,7 +27,7 @@ mod waiting;
 mod webhooks;
 mod writer;
 
-use crate::{AuditStore, CommandStore, ShardStore};
+use crate::{AuditStore, CommandStore};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -46,8 +46,8 @@ use sluice_core::time::{Clock, SystemClock, Timestamp};
 use crate::identity::Identity;
 use crate::quarantine::Quarantine;
 use crate::{
-    AuditTrail, Cas, Claim, Closing, DueItem, Ledger, LedgerError, Member, PurgeReport, Reserved,
-    RunCursor, RunSummary, SYSTEM_RUN, ShardCas, ShardLease, SweepView, Transition, cap_result,
+    AuditTrail, Cas, Claim, Closing, Ledger, LedgerError, PurgeReport, Reserved, RunCursor,
+    RunSummary, SYSTEM_RUN, Transition, cap_result,
 };
 
 use self::schema::{
@@ -728,58 +728,13 @@ impl AuditStore for SqliteLedger {
     }
 }
 
-#[async_trait]
-impl ShardStore for SqliteLedger {
-    fn due_shards(&self) -> u32 {
-        DUE_SHARDS
-    }
-
-    async fn due_in(
-        &self,
-        now: Timestamp,
-        limit: usize,
-        shards: &[u32],
-    ) -> Result<Vec<DueItem>, LedgerError> {
-        self.due_in_shards(now, limit, shards).await
-    }
-
-    async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError> {
-        self.read_sweep_view(group, shards).await
-    }
-
-    async fn write_shard_lease(
-        &self,
-        group: &str,
-        guard: Option<u64>,
-        next: ShardLease,
-    ) -> Result<ShardCas, LedgerError> {
-        crate::shards::validate(group, guard, &next)?;
-        let op = Op::ShardLease {
-            group: group.to_owned(),
-            guard,
-            next,
-        };
-        match self.submit(op).await?.result? {
-            Reply::Shard(cas) => Ok(cas),
-            _ => Err(LedgerError::Closed),
-        }
-    }
-
-    async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
-        let op = Op::Announce {
-            group: group.to_owned(),
-            member,
-        };
-        match self.submit(op).await?.result? {
-            Reply::Announced => Ok(()),
-            _ => Err(LedgerError::Closed),
-        }
-    }
-}
-
 impl Ledger for SqliteLedger {
     fn quarantined(&self) -> u64 {
         self.inner.quarantine.count()
+    }
+
+    fn left_for_newer(&self) -> u64 {
+        self.inner.quarantine.newer_count()
     }
 
     fn write_latency_ms(&self) -> i64 {

@@ -8,11 +8,10 @@ use std::time::Duration;
 use rusqlite::{Connection, ErrorCode};
 use serde::{Deserialize, Serialize};
 
-use sluice_core::command::{Command, CommandState, CommandStatus};
+use sluice_core::command::{Command, CommandStatus};
 
 use super::SqliteConfig;
 use crate::LedgerError;
-use crate::identity::Identity;
 
 /// `PRAGMA application_id` of a Sluice ledger: "SLCE".
 const APPLICATION_ID: i64 = 0x534C_4345;
@@ -278,22 +277,14 @@ pub(super) fn encode<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_default()
 }
 
-/// A stored command; one that does not decode is [`LedgerError::UndecodableCommand`].
+/// A stored command ([`crate::stored::command`]): one that does not decode is
+/// [`LedgerError::UndecodableCommand`], one of a newer build's status
+/// [`LedgerError::NewerCommand`].
 pub(super) fn row_command(
     run_id: &str,
     command_key: &str,
     identity: &str,
     state: &str,
 ) -> Result<Command, LedgerError> {
-    let undecodable = |what: &'static str, e: serde_json::Error| LedgerError::UndecodableCommand {
-        run_id: run_id.to_owned(),
-        command_key: command_key.to_owned(),
-        what,
-        why: e.to_string(),
-    };
-    let identity: Identity =
-        serde_json::from_str(identity).map_err(|e| undecodable("command", e))?;
-    let state: CommandState =
-        serde_json::from_str(state).map_err(|e| undecodable("command state", e))?;
-    Ok(identity.with_state(state))
+    crate::stored::command(run_id, command_key, identity, state)
 }

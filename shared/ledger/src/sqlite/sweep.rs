@@ -1,6 +1,6 @@
-//! The embedded ledger's sweep reads: commands due in a set of shards (the shard is a filter
-//! on the due query, `sluice_core::sweep::shard_of` of the run id), and a sweep group's shard
-//! leases and members. Writes of leases and members go through the writer
+//! The embedded ledger's [`ShardStore`]: commands due in a set of shards (the shard is a
+//! filter on the due query, `sluice_core::sweep::shard_of` of the run id), and a sweep group's
+//! shard leases and members. Writes of leases and members go through the writer
 //! (`writer/shards.rs`).
 
 use std::sync::Arc;
@@ -11,9 +11,12 @@ use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::sweep::shard_of;
 use sluice_core::time::Timestamp;
 
+use async_trait::async_trait;
+
 use super::schema::map_err;
+use super::writer::{Op, Reply};
 use super::{DUE_SHARDS, SqliteLedger};
-use crate::{DueItem, LedgerError, Member, ShardLease, SweepView};
+use crate::{DueItem, LedgerError, Member, ShardCas, ShardLease, ShardStore, SweepView};
 
 impl SqliteLedger {
     /// [`crate::ShardStore::due_in`]: due commands, earliest first, of runs in `shards`.
@@ -35,8 +38,8 @@ impl SqliteLedger {
         }
         self.read("due", move |conn| {
             let failed = |e| map_err(e, "due", &path, &config);
-            // Rows stream from the due index in time order; those of other shards and those
-            // quarantined are passed over, so neither takes the place of a command that can
+            // Rows stream from the due index in time order; those of other shards, those
+            // quarantined and those of a newer build's status are passed over, so neither takes the place of a command that can
             // be swept.
             let mut stmt = conn
                 .prepare_cached(
@@ -82,6 +85,10 @@ impl SqliteLedger {
                         status,
                         due_at: Timestamp::from_millis(due_at),
                     }),
+                    // Left in the due index for a newer build, which can read its status.
+                    Err(_) if crate::stored::is_newer_status(&status) => {
+                        quarantine.left_for_newer(&run, &key, &status);
+                    }
                     Err(why) => quarantine.set_aside(&run, &key, &why),
                 }
             }
@@ -135,5 +142,54 @@ impl SqliteLedger {
             Ok(SweepView { leases, members })
         })
         .await
+    }
+}
+
+#[async_trait]
+impl ShardStore for SqliteLedger {
+    fn due_shards(&self) -> u32 {
+        DUE_SHARDS
+    }
+
+    async fn due_in(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        shards: &[u32],
+    ) -> Result<Vec<DueItem>, LedgerError> {
+        self.due_in_shards(now, limit, shards).await
+    }
+
+    async fn sweep_view(&self, group: &str, shards: u32) -> Result<SweepView, LedgerError> {
+        self.read_sweep_view(group, shards).await
+    }
+
+    async fn write_shard_lease(
+        &self,
+        group: &str,
+        guard: Option<u64>,
+        next: ShardLease,
+    ) -> Result<ShardCas, LedgerError> {
+        crate::shards::validate(group, guard, &next)?;
+        let op = Op::ShardLease {
+            group: group.to_owned(),
+            guard,
+            next,
+        };
+        match self.submit(op).await?.result? {
+            Reply::Shard(cas) => Ok(cas),
+            _ => Err(LedgerError::Closed),
+        }
+    }
+
+    async fn announce(&self, group: &str, member: Member) -> Result<(), LedgerError> {
+        let op = Op::Announce {
+            group: group.to_owned(),
+            member,
+        };
+        match self.submit(op).await?.result? {
+            Reply::Announced => Ok(()),
+            _ => Err(LedgerError::Closed),
+        }
     }
 }
