@@ -224,9 +224,10 @@ pub struct KafkaSettings {
     /// are revoked), `eager` (every partition of every member, as before) or `consumer`
     /// (KIP-848, Kafka 4.0 or later).
     pub group_protocol: GroupProtocol,
-    /// Static group membership: a stable name of this process (the pod name, set by the
-    /// manifests). A consumer that restarts within `session.timeout.ms` keeps its partitions
-    /// without a rebalance. Unset: dynamic membership. Never the same in two live processes.
+    /// Static group membership: a stable name of this process (the pod name, as
+    /// k8s/static-membership sets it). A consumer that restarts within `session.timeout.ms`
+    /// under it keeps its partitions without a rebalance; one that stops for good holds them
+    /// until then. Unset: dynamic membership. Never the same in two live processes.
     pub instance_id: Option<String>,
 }
 
@@ -763,7 +764,7 @@ mod tests {
         );
         assert_eq!(defaults.bus.kafka_config().instance_id, None);
 
-        // What the manifests set from the pod name (the downward API's metadata.name).
+        // What k8s/static-membership sets from the pod name (the downward API's metadata.name).
         let pod = Config::load(
             None,
             env(&[
