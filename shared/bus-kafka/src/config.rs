@@ -343,6 +343,11 @@ impl KafkaConfig {
         for (name, value) in membership::protocol_properties(self.group_protocol) {
             config.set(*name, *value);
         }
+        if self.group_protocol != GroupProtocol::Consumer
+            && !self.extra.contains_key("heartbeat.interval.ms")
+        {
+            config.set("heartbeat.interval.ms", membership::DEFAULT_HEARTBEAT_MS);
+        }
         if let Some(instance) = instance {
             config.set("group.instance.id", instance);
         }

@@ -115,6 +115,13 @@ pub(crate) fn validate(config: &KafkaConfig) -> Result<(), BusError> {
     Ok(())
 }
 
+/// The classic protocol's heartbeat unless `extra` sets one. A member learns that its group
+/// is rebalancing from a heartbeat's answer, and a cooperative rebalance takes two rounds, so a
+/// partition that moves waits up to two heartbeat intervals: with librdkafka's 3 s, the slowest
+/// effect while a dispatcher joined took 3.7 s, with 1 s 0.9 s (docs/scaling.md,
+/// "Rebalances"). It costs one small request per member and second.
+pub const DEFAULT_HEARTBEAT_MS: &str = "1000";
+
 /// The consumer properties for `config.group_protocol`.
 #[cfg(feature = "librdkafka")]
 pub(crate) fn protocol_properties(
@@ -258,10 +265,25 @@ mod tests {
         );
         assert_eq!(consumer.get("group.protocol"), Some("classic"));
         assert_eq!(consumer.get("group.instance.id"), Some("pod-0.g"));
+        assert_eq!(
+            consumer.get("heartbeat.interval.ms"),
+            Some(DEFAULT_HEARTBEAT_MS)
+        );
+        let tuned = with(None, GroupProtocol::Cooperative, &["heartbeat.interval.ms"]);
+        assert_eq!(
+            tuned.consumer("g", "m", None).get("heartbeat.interval.ms"),
+            Some("1"),
+            "extra's heartbeat wins"
+        );
         let kip848 = with(None, GroupProtocol::Consumer, &[]).consumer("g", "m", None);
         assert_eq!(kip848.get("group.protocol"), Some("consumer"));
         assert_eq!(kip848.get("partition.assignment.strategy"), None);
         assert_eq!(kip848.get("group.instance.id"), None);
+        assert_eq!(
+            kip848.get("heartbeat.interval.ms"),
+            None,
+            "the broker's, under KIP-848"
+        );
         let eager = with(None, GroupProtocol::Eager, &[]).consumer("g", "m", None);
         assert_eq!(
             eager.get("partition.assignment.strategy"),
