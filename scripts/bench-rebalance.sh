@@ -212,4 +212,7 @@ if [ "$protocol" != eager ] && [ "$static" = 1 ]; then
 fi
 python3 scripts/bench-rebalance-report.py "$out" \
   "group protocol $protocol ($membership${heartbeat:+, heartbeat.interval.ms $heartbeat}), $rate effects/s"
+# The run's topics go; its keyspace is dropped by the next Cassandra suite run (its prefix).
+scripts/engines/kafka-tool.sh topics --bootstrap-server "$brokers" --delete \
+  --topic "${prefix//./\\.}.*" >/dev/null 2>&1 || echo "could not delete the topics ${prefix}*" >&2
 echo "(logs, marks and events in $out)"
