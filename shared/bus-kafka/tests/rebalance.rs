@@ -339,3 +339,67 @@ async fn two_consumers_of_a_process_get_distinct_instance_ids() {
     }
     assert_eq!(got.len(), 2, "both partitions were consumed: {got:?}");
 }
+
+/// A roll from eager to cooperative members (the upgrade to this build): the two share no
+/// assignor, so while an eager member is in the group the cooperative one gets nothing and the
+/// eager one keeps everything; once the eager one is gone the cooperative one takes over. Slow,
+/// not lossy: what docs/operations.md, "Rebalances", tells an operator to expect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eager_and_cooperative_members_take_turns_during_a_roll() {
+    const PARTITIONS: u32 = 2;
+    let prefix = fresh_prefix();
+    let old = connect(with_protocol(
+        prefix.clone(),
+        PARTITIONS,
+        GroupProtocol::Eager,
+    ))
+    .await;
+    let _topics = Topics(old.clone());
+    let new = connect(with_protocol(
+        prefix,
+        PARTITIONS,
+        GroupProtocol::Cooperative,
+    ))
+    .await;
+    let group = fresh_group("roll");
+    let mut a = old
+        .subscribe(Topic::Compensate, &group, "m-old")
+        .await
+        .expect("subscribe");
+    let owned_a = settle(&[&a], PARTITIONS).await.swap_remove(0);
+    one_per_partition(&old, Topic::Compensate, PARTITIONS, "roll").await;
+    let held = hold_one_each(&mut a, &owned_a).await;
+
+    let b = new
+        .subscribe(Topic::Compensate, &group, "m-new")
+        .await
+        .expect("subscribing is local; joining is what the broker may refuse");
+    // Several heartbeats: time for the broker to take the new member in, were it able to.
+    sleep(Duration::from_secs(3)).await;
+    assert!(
+        owned(&b).is_empty(),
+        "the cooperative member got {:?} beside an eager one",
+        owned(&b)
+    );
+    assert_eq!(owned(&a), owned_a, "the eager member keeps everything");
+    assert!(
+        revoked(held).await.is_empty(),
+        "the eager member's work was not disturbed"
+    );
+
+    drop(a);
+    old.close().await;
+    let mut b = b;
+    settle(&[&b], PARTITIONS).await;
+    one_per_partition(&new, Topic::Compensate, PARTITIONS, "rolled").await;
+    for _ in 0..PARTITIONS {
+        let next = next_within(&mut b, "a message after the roll").await;
+        assert!(
+            String::from_utf8_lossy(next.payload()).starts_with("r-rolled-"),
+            "what the eager member acknowledged came back"
+        );
+        next.ack()
+            .await
+            .expect("the cooperative member owns it now");
+    }
+}
