@@ -1,6 +1,7 @@
 //! Rebalances on a real broker (`SLUICE_TEST_KAFKA_BROKERS`, default `127.0.0.1:19092`): what
 //! a member keeps across a join (cooperative rebalancing, on the classic protocol and on
-//! KIP-848's), and a static member's restart (`instance_id`), which moves nothing.
+//! KIP-848's), a static member's restart (`instance_id`), which moves nothing, and a roll from
+//! eager to cooperative members.
 //!
 //! A rebalance that takes a partition away, even for a moment, gives it a new generation in
 //! the member (`src/consumer.rs`), so a delivery handed out before it can no longer be
