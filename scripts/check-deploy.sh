@@ -28,7 +28,8 @@
 #   * promtool: `check config`, `check rules`, `test rules` (deploy/prometheus/alerts.test.yml),
 #     and every dashboard query parses as PromQL;
 #   * yamllint: no duplicate keys (PyYAML keeps the last one silently);
-#   * kubectl: `kubectl kustomize k8s/` renders;
+#   * kubectl: `kubectl kustomize k8s/` renders, and so do its KEDA and static-membership
+#     components;
 #   * kubernetes-validate (PyPI): strict schema validation of the rendered manifests;
 #   * compose-check (scripts/compose-check, built with Go when Go is installed; compose-go is
 #     the loader of `docker compose` v2), else docker-compose v1 (Debian): the compose file loads.
@@ -607,6 +608,29 @@ if kubectl:
                 ok("with the KEDA component: ScaledObjects for the consumers, the producer's CPU HPA alone")
             else:
                 fail("k8s/keda/kustomization.yaml", f"renders autoscalers {kinds}, expected {want}")
+    finally:
+        shutil.rmtree(overlay)
+    # The static-membership option: each consumer's instance id from its pod name, and only theirs.
+    overlay = Path(tempfile.mkdtemp(prefix=".static-overlay-", dir="."))
+    try:
+        (overlay / "kustomization.yaml").write_text(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+            "resources: [../k8s]\ncomponents: [../k8s/static-membership]\n")
+        r = run([kubectl, "kustomize", str(overlay)],
+                "kubectl kustomize renders k8s/ with the static-membership component",
+                "k8s/static-membership/kustomization.yaml")
+        if r:
+            static = sorted(
+                d["metadata"]["name"] for d in yaml.safe_load_all(r.stdout)
+                if d and d["kind"] == "Deployment"
+                and any(e.get("name") == "SLUICE_BUS__KAFKA__INSTANCE_ID"
+                        and e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name"
+                        for c in d["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])))
+            want = sorted(CONSUMERS.values())
+            if static == want:
+                ok("with the static-membership component: the consumers' instance ids from their pod names")
+            else:
+                fail("k8s/static-membership/kustomization.yaml", f"sets instance ids on {static}, expected {want}")
     finally:
         shutil.rmtree(overlay)
 else:

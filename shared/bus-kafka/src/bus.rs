@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::config::KafkaConfig;
-use crate::consumer::{KafkaConsumer, KafkaSource, Member, MemberContext, drive};
+use crate::consumer::{InstanceIds, KafkaConsumer, KafkaSource, Member, MemberContext, drive};
 use crate::lag::LagReaders;
 
 /// How long a publish may wait for room in librdkafka's local queue before it fails; the
@@ -53,6 +53,8 @@ struct Inner {
     lag: LagReaders,
     /// Messages published and fetched through this handle, for [`Bus::traffic`].
     traffic: Arc<sluice_bus::Traffic>,
+    /// The `group.instance.id`s of this handle's live members (static membership).
+    instances: Arc<InstanceIds>,
 }
 
 impl fmt::Debug for KafkaBus {
@@ -116,6 +118,7 @@ impl KafkaBus {
                 admin,
                 closed,
                 drivers: Mutex::new(Vec::new()),
+                instances: Arc::default(),
                 lag: LagReaders::default(),
                 traffic: Arc::default(),
             }),
@@ -408,10 +411,16 @@ impl Bus for KafkaBus {
             member,
             Arc::clone(&self.inner.traffic),
         ));
+        let instance = self
+            .inner
+            .config
+            .instance_id
+            .as_deref()
+            .map(|base| InstanceIds::take(&self.inner.instances, base, group));
         let consumer: KafkaConsumer = self
             .inner
             .config
-            .consumer(group, member)
+            .consumer(group, member, instance.as_ref().map(|i| i.id.as_str()))
             .create_with_context(MemberContext {
                 member: Arc::clone(&shared),
             })
@@ -426,7 +435,14 @@ impl Bus for KafkaBus {
             consumer: Arc::downgrade(&consumer),
             _leave: leave,
         };
-        let driver = tokio::spawn(drive(consumer, shared, left, self.inner.closed.subscribe()));
+        let instance_id = instance.as_ref().map(|i| i.id.clone());
+        let driver = tokio::spawn(drive(
+            consumer,
+            shared,
+            left,
+            self.inner.closed.subscribe(),
+            instance,
+        ));
         {
             let mut drivers = self
                 .inner
@@ -436,7 +452,7 @@ impl Bus for KafkaBus {
             drivers.retain(|driver| !driver.is_finished());
             drivers.push(driver);
         }
-        tracing::debug!(topic = %name, group, member, "joined the group");
+        tracing::debug!(topic = %name, group, member, instance = ?instance_id, "joined the group");
         Ok(Subscription::new(topic, group, member, Box::new(source)))
     }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 use sluice_bus::{BusError, DEFAULT_PREFIX, validate_prefix};
 
+use crate::membership::{self, GroupProtocol};
 use crate::security::{KafkaSecurity, OWNED_PROPERTIES};
 
 /// Brokers used unless configured otherwise.
@@ -104,6 +105,12 @@ pub struct KafkaConfig {
     /// the other with a warning in the log. Those the contract depends on, and those
     /// `security` sets, are refused.
     pub extra: BTreeMap<String, String>,
+    /// How consumers rebalance (`crate::membership`): cooperative by default.
+    pub group_protocol: GroupProtocol,
+    /// Static membership: each consumer's `group.instance.id` is derived from this (a pod
+    /// name), so a restart within the session timeout keeps its partitions without a
+    /// rebalance. `None`: dynamic members.
+    pub instance_id: Option<String>,
 }
 
 impl std::fmt::Debug for KafkaConfig {
@@ -118,6 +125,8 @@ impl std::fmt::Debug for KafkaConfig {
             .field("start_timeout", &self.start_timeout)
             .field("security", &self.security)
             .field("extra", &self.extra.keys().collect::<Vec<_>>())
+            .field("group_protocol", &self.group_protocol)
+            .field("instance_id", &self.instance_id)
             .finish()
     }
 }
@@ -135,6 +144,8 @@ impl Default for KafkaConfig {
             start_timeout: Duration::from_secs(30),
             security: KafkaSecurity::default(),
             extra: BTreeMap::new(),
+            group_protocol: GroupProtocol::default(),
+            instance_id: None,
         }
     }
 }
@@ -234,6 +245,7 @@ impl KafkaConfig {
             if let Some((_, why)) = RESERVED
                 .iter()
                 .chain(OWNED_PROPERTIES)
+                .chain(membership::OWNED_PROPERTIES)
                 .find(|(reserved, _)| reserved == name)
             {
                 return Err(invalid(
@@ -248,6 +260,7 @@ impl KafkaConfig {
                 ));
             }
         }
+        membership::validate(self)?;
         self.security.validate()
     }
 
@@ -300,7 +313,14 @@ impl KafkaConfig {
     /// five: the committed offsets are what a producer's admission reads as the group's queue
     /// (`lag.rs`), and each second between commits counts a second of finished work as waiting.
     /// It costs one offset commit per member and second.
-    pub(crate) fn consumer(&self, group: &str, member: &str) -> ClientConfig {
+    ///
+    /// `instance` is the member's `group.instance.id` (static membership), if any.
+    pub(crate) fn consumer(
+        &self,
+        group: &str,
+        member: &str,
+        instance: Option<&str>,
+    ) -> ClientConfig {
         let member: String = member
             .chars()
             .map(|c| {
@@ -320,6 +340,17 @@ impl KafkaConfig {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false");
+        for (name, value) in membership::protocol_properties(self.group_protocol) {
+            config.set(*name, *value);
+        }
+        if self.group_protocol != GroupProtocol::Consumer
+            && !self.extra.contains_key("heartbeat.interval.ms")
+        {
+            config.set("heartbeat.interval.ms", membership::DEFAULT_HEARTBEAT_MS);
+        }
+        if let Some(instance) = instance {
+            config.set("group.instance.id", instance);
+        }
         config
     }
 }
@@ -517,7 +548,7 @@ mod tests {
         assert_eq!(producer.get("enable.idempotence"), Some("true"));
         assert_eq!(producer.get("acks"), Some("all"));
         assert_eq!(producer.get("linger.ms"), Some("1"));
-        let consumer = config.consumer("g", "m 1/x");
+        let consumer = config.consumer("g", "m 1/x", None);
         assert_eq!(consumer.get("enable.auto.offset.store"), Some("false"));
         assert_eq!(consumer.get("auto.offset.reset"), Some("earliest"));
         assert_eq!(consumer.get("group.id"), Some("g"));

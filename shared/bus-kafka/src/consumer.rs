@@ -22,6 +22,15 @@
 //!
 //! # Rebalances
 //!
+//! Rebalancing is cooperative by default (`crate::membership`): librdkafka calls the
+//! rebalance callback with *incremental* lists — only the partitions that leave this member on
+//! revoke, only those that join it on assign — and rdkafka's default `rebalance` answers with
+//! `incremental_unassign`/`incremental_assign` (with eager assignment, the revoke list is the
+//! whole assignment and the answer is a full `assign`). Everything below works per partition in
+//! the lists, so it holds for both: a partition the member keeps across a rebalance is in
+//! neither list, keeps its queue, its in-flight delivery and its generation, and goes on
+//! flowing while the group moves the others.
+//!
 //! Every assignment of a partition to this member gets a fresh *generation*. A delivery
 //! carries the generation it was handed out under, and its acknowledgement is refused with
 //! [`BusError::Revoked`] unless the partition is still assigned under that generation: after a
@@ -29,7 +38,7 @@
 //! the contract says.
 //!
 //! On **revoke** (run by librdkafka from the driver's poll, before the partitions are
-//! unassigned): under the state lock, the revoked partitions are forgotten — queue, in-flight
+//! unassigned): under the state lock, the revoked partitions (and only they) are forgotten — queue, in-flight
 //! mark and all — and their acknowledged offsets collected; then, outside the lock, those
 //! offsets are committed synchronously, so the next owner starts right after the last
 //! acknowledged message. An acknowledgement that took the lock first was stored and is in that
@@ -43,10 +52,10 @@
 //! each one switched off); the bus's own is there so that the guarantee does not rest on a
 //! librdkafka detail, and so that it is logged.
 //!
-//! On **assign** (after librdkafka took the partitions): each gets an empty queue under a new
-//! generation and is resumed, because librdkafka keeps an application pause across an
-//! unassign and would otherwise never fetch a partition that was paused when it was revoked
-//! and then assigned back. Fetching starts at the group's committed offset (or the oldest
+//! On **assign** (after librdkafka took the partitions): each newly assigned partition gets
+//! an empty queue under a new generation and is resumed, because librdkafka keeps an
+//! application pause across an unassign and would otherwise never fetch a partition that was
+//! paused when it was revoked and then assigned back. Fetching starts at the group's committed offset (or the oldest
 //! message for a new group).
 //!
 //! # Leaving
@@ -58,7 +67,7 @@
 //! a blocking thread. If the runtime is torn down before the driver gets to that, dropping the
 //! consumer still closes it, and the revoke callback commits what was acknowledged.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -440,6 +449,47 @@ impl ConsumerContext for MemberContext {
     }
 }
 
+/// The `group.instance.id`s of one bus handle's live members. A member keeps its id until its
+/// consumer is closed, so a member that replaces it in the same process (a re-subscription)
+/// does not fence it, and gets the same id back.
+#[derive(Debug, Default)]
+pub(crate) struct InstanceIds {
+    live: Mutex<BTreeSet<String>>,
+}
+
+/// A live member's `group.instance.id`, given back when dropped.
+#[derive(Debug)]
+pub(crate) struct InstanceId {
+    pub(crate) id: String,
+    ids: Arc<InstanceIds>,
+}
+
+impl InstanceIds {
+    /// The first id derived from `base` that no live member of this handle uses in `group`.
+    pub(crate) fn take(ids: &Arc<Self>, base: &str, group: &str) -> InstanceId {
+        let mut live = ids.live.lock().unwrap_or_else(PoisonError::into_inner);
+        let id = (1..)
+            .map(|nth| crate::membership::instance_id(base, group, nth))
+            .find(|id| !live.contains(id))
+            .unwrap_or_else(|| crate::membership::instance_id(base, group, u32::MAX));
+        live.insert(id.clone());
+        InstanceId {
+            id,
+            ids: Arc::clone(ids),
+        }
+    }
+}
+
+impl Drop for InstanceId {
+    fn drop(&mut self) {
+        self.ids
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}
+
 /// Runs the member: polls the consumer (messages and rebalance callbacks) until the
 /// subscription is dropped (`left` completes) or the bus is closed, then leaves the group.
 pub(crate) async fn drive(
@@ -447,6 +497,7 @@ pub(crate) async fn drive(
     member: Arc<Member>,
     mut left: oneshot::Receiver<()>,
     mut bus_closed: watch::Receiver<bool>,
+    instance: Option<InstanceId>,
 ) {
     loop {
         tokio::select! {
@@ -455,6 +506,20 @@ pub(crate) async fn drive(
             () = closed(&mut bus_closed) => break,
             received = consumer.recv() => match received {
                 Ok(message) => member.received(&consumer, &message),
+                Err(KafkaError::MessageConsumptionFatal(code)) => {
+                    // With static membership: another consumer joined with this member's
+                    // group.instance.id and fenced it. The consumer is unusable; the
+                    // subscription ends (`next` returns `None`) and the service stops on it.
+                    tracing::error!(
+                        topic = %member.topic_name,
+                        group = %member.group,
+                        member = %member.name,
+                        instance = ?instance.as_ref().map(|i| &i.id),
+                        error = %code,
+                        "the consumer failed for good (fenced by another member with the same group.instance.id? give every process its own bus.kafka.instance_id); leaving"
+                    );
+                    break;
+                }
                 Err(error) => {
                     // Transient by nature (a broker went away, a topic is not there yet):
                     // librdkafka keeps retrying on its own. The pause keeps an error that
@@ -478,8 +543,11 @@ pub(crate) async fn drive(
         if offsets.count() > 0 {
             leaving.commit(&*consumer, offsets, "close");
         }
-        // The last reference: dropping it closes the consumer, which leaves the group.
+        // The last reference: dropping it closes the consumer, which leaves the group (a
+        // static member does not leave: it keeps its partitions for the session timeout).
         drop(consumer);
+        // Only now may another member of this process take the same group.instance.id.
+        drop(instance);
     })
     .await;
     if let Err(error) = left {

@@ -5,6 +5,8 @@
 //! * [`config`] — [`KafkaConfig`], validated once, and the librdkafka properties it sets.
 //! * [`security`] — [`KafkaSecurity`]: TLS and SASL (PLAIN, SCRAM) of every client.
 //! * `probe` — the first contact, which reports an authentication or TLS failure by name.
+//! * [`membership`] — [`GroupProtocol`] (cooperative rebalancing by default) and static
+//!   membership from [`KafkaConfig::instance_id`].
 //! * `bus` — [`KafkaBus`]: topics created at start, the producer, subscriptions.
 //! * [`consumer`] — one group member: its driver task, the per-partition hand-out and the
 //!   rebalance and shutdown handling. Its module documentation explains the hard cases.
@@ -39,6 +41,7 @@ pub mod config;
 pub mod consumer;
 #[cfg(feature = "librdkafka")]
 mod lag;
+pub mod membership;
 #[cfg(feature = "librdkafka")]
 mod probe;
 pub mod security;
@@ -48,4 +51,5 @@ mod watch;
 #[cfg(feature = "librdkafka")]
 pub use bus::KafkaBus;
 pub use config::KafkaConfig;
+pub use membership::GroupProtocol;
 pub use security::{KafkaSasl, KafkaSecurity, KafkaTls, SaslMechanism, SecurityProtocol};

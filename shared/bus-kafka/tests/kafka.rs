@@ -13,7 +13,7 @@
 
 #![cfg(not(sluice_skip_kafka))]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,81 +22,8 @@ use sluice_bus::{Bus, BusError, Delivery, QueueDepth, Subscription, Topic, parti
 use sluice_bus_kafka::{KafkaBus, KafkaConfig};
 use tokio::time::{Instant, sleep, timeout};
 
-const BROKERS_VAR: &str = "SLUICE_TEST_KAFKA_BROKERS";
-const SKIP_VAR: &str = "SLUICE_SKIP_KAFKA";
-const DEFAULT_BROKERS: &str = "127.0.0.1:19092";
-
-fn brokers() -> String {
-    std::env::var(BROKERS_VAR).unwrap_or_else(|_| DEFAULT_BROKERS.to_owned())
-}
-
-/// A single-broker test configuration under `prefix`.
-fn config(prefix: String, partitions: u32) -> KafkaConfig {
-    KafkaConfig {
-        brokers: brokers(),
-        prefix,
-        partitions,
-        replication_factor: Some(1),
-        client_id: "sluice-test".to_owned(),
-        start_timeout: Duration::from_secs(20),
-        extra: BTreeMap::from(
-            [
-                // The broker's minimum session; heartbeats often, so that a member learns of a
-                // rebalance within half a second.
-                ("session.timeout.ms", "6000"),
-                ("heartbeat.interval.ms", "500"),
-                ("auto.commit.interval.ms", "1000"),
-                ("fetch.wait.max.ms", "100"),
-                ("linger.ms", "1"),
-            ]
-            .map(|(k, v)| (k.to_owned(), v.to_owned())),
-        ),
-        ..KafkaConfig::default()
-    }
-}
-
-async fn connect(config: KafkaConfig) -> KafkaBus {
-    let brokers = config.brokers.clone();
-    KafkaBus::connect(config).await.unwrap_or_else(|e| {
-        panic!(
-            "no Kafka broker answers at {brokers} ({:#}); start one with \
-             `scripts/engines/install.sh kafka && scripts/engines/start.sh kafka`, \
-             point {BROKERS_VAR} at another, or set {SKIP_VAR}=1 to skip these tests",
-            anyhow::Error::from(e)
-        )
-    })
-}
-
-/// Deletes a test's topics when the test ends, passed or failed.
-struct Topics(KafkaBus);
-
-impl Drop for Topics {
-    fn drop(&mut self) {
-        let bus = self.0.clone();
-        // Drop cannot await, and the test's runtime may be the one blocked here: delete from a
-        // runtime of its own. Best effort: a leftover topic costs only disk on the test broker.
-        let deleted = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            runtime.block_on(async {
-                match timeout(Duration::from_secs(10), bus.delete_topics()).await {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => Err(format!("{:#}", anyhow::Error::from(e))),
-                    Err(_) => Err("timed out".to_owned()),
-                }
-            })
-        })
-        .join();
-        if let Ok(Err(e)) = deleted {
-            eprintln!(
-                "could not delete the test topics of {}: {e}",
-                self.0.prefix()
-            );
-        }
-    }
-}
+mod common;
+use common::{Topics, brokers, config, connect};
 
 /// The maker for the contract suite: 4 partitions (some checks need at least two).
 async fn kafka_bus(prefix: String) -> (Arc<dyn Bus>, Topics) {
@@ -278,35 +205,53 @@ async fn settle(a: &Subscription, b: &Subscription, partitions: u32) {
 }
 
 /// A message handed out before a rebalance and acknowledged after it is refused with
-/// `Revoked` — every rebalance here (eager assignment) takes the partitions away, even those
-/// that come back — and the message is delivered again, to whoever owns its partition now,
-/// where the acknowledgement is taken.
+/// `Revoked` when its partition moved — and delivered again to the partition's new owner, where
+/// the acknowledgement is taken — while a message of a partition the member kept (cooperative
+/// rebalancing moves only what changes owner) is acknowledged as if nothing happened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_ack_after_a_rebalance_is_refused_and_the_message_redelivered() {
     let bus = connect(config(fresh_prefix(), 2)).await;
     let _topics = Topics(bus.clone());
     let group = fresh_group("stale");
-    let key = format!("r-stale-{}", uuid::Uuid::new_v4().simple());
     let mut a = bus
         .subscribe(Topic::Unknown, &group, "m-a")
         .await
         .expect("subscribe");
-    bus.publish(Topic::Unknown, &key, b"held".to_vec(), Vec::new())
-        .await
-        .expect("publish");
-    let held = next_within(&mut a, "the message before the rebalance").await;
+    for key in keys_by_partition(&format!("r-stale-{}", uuid::Uuid::new_v4().simple()), 2) {
+        bus.publish(Topic::Unknown, &key, b"held".to_vec(), Vec::new())
+            .await
+            .expect("publish");
+    }
+    let held = [
+        next_within(&mut a, "the messages before the rebalance").await,
+        next_within(&mut a, "the messages before the rebalance").await,
+    ];
 
     let mut b = bus
         .subscribe(Topic::Unknown, &group, "m-b")
         .await
         .expect("subscribe");
     settle(&a, &b, 2).await;
-    match held.ack().await {
-        Err(BusError::Revoked {
-            partition, offset, ..
-        }) => assert_eq!((partition, offset), (held.partition, held.offset)),
-        other => panic!("expected Revoked, got {other:?}"),
+    let moved = b.assignment();
+    assert_eq!(moved.len(), 1, "one of the two partitions moves to b");
+    let mut revoked = None;
+    for delivery in held {
+        if moved.contains(&delivery.partition) {
+            match delivery.ack().await {
+                Err(BusError::Revoked {
+                    partition, offset, ..
+                }) => assert_eq!((partition, offset), (delivery.partition, delivery.offset)),
+                other => panic!("expected Revoked, got {other:?}"),
+            }
+            revoked = Some(delivery);
+        } else {
+            delivery
+                .ack()
+                .await
+                .expect("a partition a keeps is not revoked (cooperative rebalancing)");
+        }
     }
+    let held = revoked.expect("the moved partition's message was held");
 
     let deadline = Instant::now() + WAIT;
     let again = loop {
@@ -475,27 +420,36 @@ async fn a_backlog_pauses_and_resumes_without_gaps_or_repeats() {
 
 /// A partition paused (its queue full behind an unacknowledged message) when a rebalance takes
 /// it away is fetched again by whoever gets it — librdkafka keeps an application pause across
-/// a reassignment, so the bus resumes what it is assigned.
+/// a reassignment, so the bus resumes what it is assigned. Both partitions have a backlog, so
+/// whichever moves was paused; the one that stays keeps its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partition_paused_at_a_rebalance_is_fetched_after_it() {
     const MESSAGES: usize = 2_000;
     let bus = connect(config(fresh_prefix(), 2)).await;
     let _topics = Topics(bus.clone());
-    let key = keys_by_partition("r-paused", 2).swap_remove(0);
-    let published = publish_backlog(&bus, Topic::Events, &key, MESSAGES).await;
+    let mut published = BTreeSet::new();
+    for key in keys_by_partition("r-paused", 2) {
+        let partition = partition_for(key.as_bytes(), 2);
+        for offset in publish_backlog(&bus, Topic::Events, &key, MESSAGES).await {
+            published.insert((partition, offset));
+        }
+    }
 
     let group = fresh_group("paused");
     let mut a = bus
         .subscribe(Topic::Events, &group, "m-a")
         .await
         .expect("subscribe");
-    let held = next_within(&mut a, "the first message").await;
-    // Nothing else of the partition may come while it is in flight; meanwhile the member
-    // fetches past its queue limit and pauses the partition.
+    let held = [
+        next_within(&mut a, "the first messages").await,
+        next_within(&mut a, "the first messages").await,
+    ];
+    // Nothing else of either partition may come while they are in flight; meanwhile the
+    // member fetches past its queue limit and pauses both.
     if let Ok(extra) = timeout(Duration::from_millis(750), a.next()).await {
         panic!(
             "{:?} was handed out with its partition busy",
-            extra.map(|d| d.offset)
+            extra.map(|d| (d.partition, d.offset))
         );
     }
     let mut b = bus
@@ -503,24 +457,35 @@ async fn a_partition_paused_at_a_rebalance_is_fetched_after_it() {
         .await
         .expect("subscribe");
     settle(&a, &b, 2).await;
-    assert!(matches!(held.ack().await, Err(BusError::Revoked { .. })));
-
+    let moved = b.assignment();
     let mut seen = BTreeSet::new();
+    for delivery in held {
+        if moved.contains(&delivery.partition) {
+            assert!(matches!(
+                delivery.ack().await,
+                Err(BusError::Revoked { .. })
+            ));
+        } else {
+            delivery.ack().await.expect("the partition a kept");
+            seen.insert((delivery.partition, delivery.offset));
+        }
+    }
+
     let deadline = Instant::now() + WAIT;
-    while seen.len() < MESSAGES {
+    while seen.len() < published.len() {
         let remaining = deadline.saturating_duration_since(Instant::now());
         let delivery = tokio::select! {
             d = a.next() => d,
             d = b.next() => d,
             () = sleep(remaining) => panic!(
-                "only {} of {MESSAGES} messages after the rebalance", seen.len()
+                "only {} of {} messages after the rebalance", seen.len(), published.len()
             ),
         }
         .expect("the bus stays open");
-        seen.insert(delivery.offset);
+        seen.insert((delivery.partition, delivery.offset));
         delivery.ack().await.expect("ack");
     }
-    assert_eq!(seen, published.into_iter().collect::<BTreeSet<_>>());
+    assert_eq!(seen, published);
 }
 
 /// What a member acknowledged before a rebalance is committed by the time the partition has a
@@ -534,25 +499,27 @@ async fn acknowledged_offsets_are_committed_on_revoke() {
         .insert("auto.commit.interval.ms".to_owned(), "600000".to_owned());
     let bus = connect(config).await;
     let _topics = Topics(bus.clone());
-    let key = keys_by_partition("r-revoke", 2).swap_remove(0);
+    // A key on each partition: whichever partition moves was acknowledged up to m4.
+    let keys = keys_by_partition("r-revoke", 2);
     let group = fresh_group("revoke");
     let mut a = bus
         .subscribe(Topic::Requested, &group, "m-a")
         .await
         .expect("subscribe");
     for i in 0..5 {
-        bus.publish(
-            Topic::Requested,
-            &key,
-            format!("m{i}").into_bytes(),
-            Vec::new(),
-        )
-        .await
-        .expect("publish");
+        for key in &keys {
+            bus.publish(
+                Topic::Requested,
+                key,
+                format!("m{i}").into_bytes(),
+                Vec::new(),
+            )
+            .await
+            .expect("publish");
+        }
     }
-    for i in 0..5 {
+    for _ in 0..10 {
         let delivery = next_within(&mut a, "the messages before the rebalance").await;
-        assert_eq!(text(&delivery), format!("m{i}"));
         delivery.ack().await.expect("ack");
     }
     let mut b = bus
@@ -560,17 +527,26 @@ async fn acknowledged_offsets_are_committed_on_revoke() {
         .await
         .expect("subscribe");
     settle(&a, &b, 2).await;
-    bus.publish(Topic::Requested, &key, b"m5".to_vec(), Vec::new())
-        .await
-        .expect("publish");
-    let first = tokio::select! {
-        d = a.next() => d,
-        d = b.next() => d,
-        () = sleep(WAIT) => panic!("m5 did not arrive"),
+    for key in &keys {
+        bus.publish(Topic::Requested, key, b"m5".to_vec(), Vec::new())
+            .await
+            .expect("publish");
     }
-    .expect("the bus stays open");
-    assert_eq!(text(&first), "m5", "an acknowledged message came back");
-    first.ack().await.expect("ack");
+    for _ in &keys {
+        let next = tokio::select! {
+            d = a.next() => d,
+            d = b.next() => d,
+            () = sleep(WAIT) => panic!("m5 did not arrive"),
+        }
+        .expect("the bus stays open");
+        assert_eq!(
+            text(&next),
+            "m5",
+            "an acknowledged message of partition {} came back",
+            next.partition
+        );
+        next.ack().await.expect("ack");
+    }
 }
 
 /// The consumer groups the broker knows.

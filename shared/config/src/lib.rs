@@ -7,7 +7,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sluice_bus_kafka::{KafkaConfig, KafkaSasl, KafkaSecurity, KafkaTls, SecurityProtocol};
+use sluice_bus_kafka::{
+    GroupProtocol, KafkaConfig, KafkaSasl, KafkaSecurity, KafkaTls, SecurityProtocol,
+};
 use sluice_ledger::sqlite::Durability;
 use sluice_ledger_cql::CqlConfig;
 use thiserror::Error;
@@ -218,6 +220,15 @@ pub struct KafkaSettings {
     /// Further librdkafka properties (`linger.ms`, `session.timeout.ms`, …). Values are never
     /// logged: they may hold secrets.
     pub extra: BTreeMap<String, String>,
+    /// How consumer groups rebalance: `cooperative` (default: only the partitions that move
+    /// are revoked), `eager` (every partition of every member, as before) or `consumer`
+    /// (KIP-848, Kafka 4.0 or later).
+    pub group_protocol: GroupProtocol,
+    /// Static group membership: a stable name of this process (the pod name, as
+    /// k8s/static-membership sets it). A consumer that restarts within `session.timeout.ms`
+    /// under it keeps its partitions without a rebalance; one that stops for good holds them
+    /// until then. Unset: dynamic membership. Never the same in two live processes.
+    pub instance_id: Option<String>,
 }
 
 impl Default for KafkaSettings {
@@ -234,6 +245,8 @@ impl Default for KafkaSettings {
             sasl: kafka.security.sasl,
             tls: kafka.security.tls,
             extra: kafka.extra,
+            group_protocol: kafka.group_protocol,
+            instance_id: kafka.instance_id,
         }
     }
 }
@@ -253,6 +266,8 @@ impl std::fmt::Debug for KafkaSettings {
             .field("sasl", &self.sasl)
             .field("tls", &self.tls)
             .field("extra", &self.extra.keys().collect::<Vec<_>>())
+            .field("group_protocol", &self.group_protocol)
+            .field("instance_id", &self.instance_id)
             .finish()
     }
 }
@@ -275,6 +290,8 @@ impl BusConfig {
                 tls: self.kafka.tls.clone(),
             },
             extra: self.kafka.extra.clone(),
+            group_protocol: self.kafka.group_protocol,
+            instance_id: self.kafka.instance_id.clone(),
         }
     }
 }
@@ -791,6 +808,55 @@ mod tests {
             load("[bus]\nkind = \"kafka\"\npartitions = 12\n[dispatcher]\nconcurrency = 5\n");
         assert_eq!(chosen.bus.partitions, 12);
         assert_eq!(chosen.dispatcher.concurrency, 5);
+    }
+
+    #[test]
+    fn group_membership_comes_from_the_file_and_the_pod_name() {
+        let defaults = Config::load(None, env(&[("SLUICE_BUS__KIND", "kafka")])).expect("valid");
+        assert_eq!(
+            defaults.bus.kafka.group_protocol,
+            GroupProtocol::Cooperative
+        );
+        assert_eq!(defaults.bus.kafka_config().instance_id, None);
+
+        // What k8s/static-membership sets from the pod name (the downward API's metadata.name).
+        let pod = Config::load(
+            None,
+            env(&[
+                ("SLUICE_BUS__KIND", "kafka"),
+                (
+                    "SLUICE_BUS__KAFKA__INSTANCE_ID",
+                    "sluice-dispatcher-7c9d8-x2x4z",
+                ),
+                ("SLUICE_BUS__KAFKA__GROUP_PROTOCOL", "consumer"),
+            ]),
+        )
+        .expect("valid");
+        let kafka = pod.bus.kafka_config();
+        assert_eq!(
+            kafka.instance_id.as_deref(),
+            Some("sluice-dispatcher-7c9d8-x2x4z")
+        );
+        assert_eq!(kafka.group_protocol, GroupProtocol::Consumer);
+
+        let bad = Config::load(
+            None,
+            env(&[
+                ("SLUICE_BUS__KIND", "kafka"),
+                ("SLUICE_BUS__KAFKA__INSTANCE_ID", "pod name"),
+            ]),
+        )
+        .expect_err("a space is not in a pod name");
+        assert!(bad.to_string().contains("bus.kafka.instance_id"), "{bad}");
+        let unknown = Config::load(
+            None,
+            env(&[
+                ("SLUICE_BUS__KIND", "kafka"),
+                ("SLUICE_BUS__KAFKA__GROUP_PROTOCOL", "sticky"),
+            ]),
+        )
+        .expect_err("not a protocol");
+        assert!(unknown.to_string().contains("group_protocol"), "{unknown}");
     }
 
     #[test]
