@@ -5,15 +5,20 @@
 //! * [`config`] — [`KafkaConfig`], validated once, and the librdkafka properties it sets.
 //! * [`security`] — [`KafkaSecurity`]: TLS and SASL (PLAIN, SCRAM) of every client.
 //! * `probe` — the first contact, which reports an authentication or TLS failure by name.
-//! * `bus` — [`KafkaBus`]: topics created at start, the producer, subscriptions.
+//! * `bus` — [`KafkaBus`]: the producer, subscriptions.
+//! * `topics` — the topics at start, as [`KafkaConfig::create_topics`] says.
 //! * [`consumer`] — one group member: its driver task, the per-partition hand-out and the
 //!   rebalance and shutdown handling. Its module documentation explains the hard cases.
 //!
 //! # Guarantees and how they are kept
 //!
-//! * **Topics** `<prefix>requested|unknown|compensate|events|dlq` are created through the
-//!   admin API at start when absent (an existing one is kept as it is), with the configured
-//!   partition count and replication factor.
+//! * **Topics** `<prefix>requested|unknown|compensate|events|dlq` are looked up at start and,
+//!   as [`KafkaConfig::create_topics`] says, created through the admin API when absent (an
+//!   existing one is kept as it is) with the configured partition count and replication
+//!   factor, or required to exist. With the topics present no CreateTopics is sent, so a user
+//!   holding only READ, WRITE and DESCRIBE can run the services.
+//! * **Consumer groups** are named `<group prefix><role>` ([`sluice_bus::Group`]); the group
+//!   prefix is derived from the topic prefix unless configured.
 //! * **Partitioning** is librdkafka's `murmur2_random`: a keyed message goes to
 //!   [`partition_for`](sluice_bus::partition_for)`(key, partitions)`, the partition the Java
 //!   client picks.
@@ -33,6 +38,8 @@
 //! [`Bus::publish`]: sluice_bus::Bus::publish
 
 #[cfg(feature = "librdkafka")]
+mod access;
+#[cfg(feature = "librdkafka")]
 mod bus;
 pub mod config;
 #[cfg(feature = "librdkafka")]
@@ -43,9 +50,11 @@ mod lag;
 mod probe;
 pub mod security;
 #[cfg(feature = "librdkafka")]
+mod topics;
+#[cfg(feature = "librdkafka")]
 mod watch;
 
 #[cfg(feature = "librdkafka")]
 pub use bus::KafkaBus;
-pub use config::KafkaConfig;
+pub use config::{CreateTopics, KafkaConfig};
 pub use security::{KafkaSasl, KafkaSecurity, KafkaTls, SaslMechanism, SecurityProtocol};

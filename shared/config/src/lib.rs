@@ -7,7 +7,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sluice_bus_kafka::{KafkaConfig, KafkaSasl, KafkaSecurity, KafkaTls, SecurityProtocol};
+pub use sluice_bus_kafka::{CreateTopics, KafkaSasl, KafkaTls, SaslMechanism, SecurityProtocol};
+use sluice_bus_kafka::{KafkaConfig, KafkaSecurity};
 use sluice_ledger::sqlite::Durability;
 use sluice_ledger_cql::CqlConfig;
 use thiserror::Error;
@@ -203,6 +204,16 @@ pub struct KafkaSettings {
     /// publish waits for); unset takes the broker's default.
     pub min_insync_replicas: Option<u16>,
     pub client_id: String,
+    /// Whether a service creates topics at start: `if_missing` (default: reads the metadata
+    /// and creates only missing topics, so a user without `CREATE` can run the services once
+    /// the topics exist), `always` (asks at every start; needs `CREATE`), `never` (a missing
+    /// topic or another partition count stops the service). `sluice migrate` creates missing
+    /// topics whatever this says.
+    pub create_topics: CreateTopics,
+    /// Prefix of the consumer group ids (`<prefix>dispatcher`, `<prefix>reconciler`,
+    /// `<prefix>compensator`, `<prefix>webhooks`). Unset: the topic prefix with its trailing
+    /// `.`, `_` or `-` turned into `-` (`sluice.` gives `sluice-`).
+    pub group_prefix: Option<String>,
     /// Largest message accepted, in bytes.
     pub max_message_bytes: usize,
     /// How long a service waits at start for the brokers and its topics.
@@ -228,6 +239,8 @@ impl Default for KafkaSettings {
             replication_factor: kafka.replication_factor,
             min_insync_replicas: kafka.min_insync_replicas,
             client_id: kafka.client_id,
+            create_topics: kafka.create_topics,
+            group_prefix: kafka.group_prefix,
             max_message_bytes: kafka.max_message_bytes,
             start_timeout_ms: u64::try_from(kafka.start_timeout.as_millis()).unwrap_or(u64::MAX),
             security_protocol: kafka.security.protocol,
@@ -247,6 +260,8 @@ impl std::fmt::Debug for KafkaSettings {
             .field("replication_factor", &self.replication_factor)
             .field("min_insync_replicas", &self.min_insync_replicas)
             .field("client_id", &self.client_id)
+            .field("create_topics", &self.create_topics)
+            .field("group_prefix", &self.group_prefix)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("start_timeout_ms", &self.start_timeout_ms)
             .field("security_protocol", &self.security_protocol)
@@ -267,6 +282,8 @@ impl BusConfig {
             replication_factor: self.kafka.replication_factor,
             min_insync_replicas: self.kafka.min_insync_replicas,
             client_id: self.kafka.client_id.clone(),
+            create_topics: self.kafka.create_topics,
+            group_prefix: self.kafka.group_prefix.clone(),
             max_message_bytes: self.kafka.max_message_bytes,
             start_timeout: std::time::Duration::from_millis(self.kafka.start_timeout_ms),
             security: KafkaSecurity {
@@ -853,6 +870,59 @@ mod tests {
             err.to_string().contains("listen") || err.to_string().contains("address"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn kafka_topic_creation_and_group_prefix_are_read_and_checked() {
+        let kafka = Config::load(None, env(&[("SLUICE_BUS__KIND", "kafka")]))
+            .expect("the defaults")
+            .bus
+            .kafka_config();
+        assert_eq!(kafka.create_topics, CreateTopics::IfMissing);
+        assert_eq!(kafka.group_prefix(), "sluice-");
+        let staging = Config::load(
+            None,
+            env(&[
+                ("SLUICE_BUS__KIND", "kafka"),
+                ("SLUICE_BUS__TOPIC_PREFIX", "staging."),
+                ("SLUICE_BUS__KAFKA__CREATE_TOPICS", "never"),
+            ]),
+        )
+        .expect("valid")
+        .bus
+        .kafka_config();
+        assert_eq!(staging.create_topics, CreateTopics::Never);
+        assert_eq!(staging.group_prefix(), "staging-");
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("sluice.toml");
+        std::fs::write(
+            &path,
+            "[bus]\nkind = \"kafka\"\n[bus.kafka]\ncreate_topics = \"always\"\n\
+             group_prefix = \"team-a.sluice-\"\n",
+        )
+        .expect("write");
+        let file = Config::load(Some(&path), env(&[]))
+            .expect("valid")
+            .bus
+            .kafka_config();
+        assert_eq!(file.create_topics, CreateTopics::Always);
+        assert_eq!(file.group_prefix(), "team-a.sluice-");
+        for (var, value, key) in [
+            (
+                "SLUICE_BUS__KAFKA__CREATE_TOPICS",
+                "sometimes",
+                "create_topics",
+            ),
+            (
+                "SLUICE_BUS__KAFKA__GROUP_PREFIX",
+                "a b",
+                "bus.kafka.group_prefix",
+            ),
+        ] {
+            let err = Config::load(None, env(&[("SLUICE_BUS__KIND", "kafka"), (var, value)]))
+                .expect_err(value);
+            assert!(err.to_string().contains(key), "{err}");
+        }
     }
 
     #[test]
