@@ -3,7 +3,8 @@
 //! the bus contract suite against a real broker.
 //!
 //! * [`config`] — [`KafkaConfig`], validated once, and the librdkafka properties it sets.
-//! * [`security`] — [`KafkaSecurity`]: TLS and SASL (PLAIN, SCRAM) of every client.
+//! * [`security`] — [`KafkaSecurity`]: TLS and SASL (PLAIN, SCRAM, OAUTHBEARER with OIDC
+//!   client credentials) of every client.
 //! * `probe` — the first contact, which reports an authentication or TLS failure by name.
 //! * `bus` — [`KafkaBus`]: the producer, subscriptions.
 //! * `topics` — the topics at start, as [`KafkaConfig::create_topics`] says.
@@ -57,4 +58,6 @@ mod watch;
 #[cfg(feature = "librdkafka")]
 pub use bus::KafkaBus;
 pub use config::{CreateTopics, KafkaConfig};
-pub use security::{KafkaSasl, KafkaSecurity, KafkaTls, SaslMechanism, SecurityProtocol};
+pub use security::{
+    KafkaOauth, KafkaSasl, KafkaSecurity, KafkaTls, SaslMechanism, SecurityProtocol,
+};

@@ -7,7 +7,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-pub use sluice_bus_kafka::{CreateTopics, KafkaSasl, KafkaTls, SaslMechanism, SecurityProtocol};
+pub use sluice_bus_kafka::{
+    CreateTopics, KafkaOauth, KafkaSasl, KafkaTls, SaslMechanism, SecurityProtocol,
+};
 use sluice_bus_kafka::{KafkaConfig, KafkaSecurity};
 use sluice_ledger::sqlite::Durability;
 use sluice_ledger_cql::CqlConfig;
@@ -223,6 +225,10 @@ pub struct KafkaSettings {
     /// `[bus.kafka.sasl]`: mechanism (`plain`, `scram_sha_256`, `scram_sha_512`), username,
     /// password. Required by the `sasl_*` protocols.
     pub sasl: Option<KafkaSasl>,
+    /// `[bus.kafka.oauthbearer]`: SASL/OAUTHBEARER with OIDC client credentials
+    /// (`token_endpoint_url`, `client_id`, `client_secret` by reference, `scope`,
+    /// `extensions`), instead of `[bus.kafka.sasl]`.
+    pub oauthbearer: Option<KafkaOauth>,
     /// `[bus.kafka.tls]`: `ca_file`, `cert_file`/`key_file`, `key_password`,
     /// `verify_hostname`. Used by `ssl` and `sasl_ssl`.
     pub tls: KafkaTls,
@@ -245,6 +251,7 @@ impl Default for KafkaSettings {
             start_timeout_ms: u64::try_from(kafka.start_timeout.as_millis()).unwrap_or(u64::MAX),
             security_protocol: kafka.security.protocol,
             sasl: kafka.security.sasl,
+            oauthbearer: kafka.security.oauthbearer,
             tls: kafka.security.tls,
             extra: kafka.extra,
         }
@@ -266,6 +273,7 @@ impl std::fmt::Debug for KafkaSettings {
             .field("start_timeout_ms", &self.start_timeout_ms)
             .field("security_protocol", &self.security_protocol)
             .field("sasl", &self.sasl)
+            .field("oauthbearer", &self.oauthbearer)
             .field("tls", &self.tls)
             .field("extra", &self.extra.keys().collect::<Vec<_>>())
             .finish()
@@ -290,6 +298,7 @@ impl BusConfig {
                 protocol: self.kafka.security_protocol,
                 sasl: self.kafka.sasl.clone(),
                 tls: self.kafka.tls.clone(),
+                oauthbearer: self.kafka.oauthbearer.clone(),
             },
             extra: self.kafka.extra.clone(),
         }
@@ -907,6 +916,21 @@ mod tests {
             .kafka_config();
         assert_eq!(file.create_topics, CreateTopics::Always);
         assert_eq!(file.group_prefix(), "team-a.sluice-");
+        std::fs::write(
+            &path,
+            "[bus]\nkind = \"kafka\"\n[bus.kafka]\nsecurity_protocol = \"sasl_ssl\"\n\
+             [bus.kafka.oauthbearer]\ntoken_endpoint_url = \"https://idp.example.com/token\"\n\
+             client_id = \"sluice\"\nclient_secret = { env = \"OIDC_SECRET\" }\n",
+        )
+        .expect("write");
+        let oauth = Config::load_with(Some(&path), env(&[]), &|var| {
+            (var == "OIDC_SECRET").then(|| "oidc-s3cret".to_owned())
+        })
+        .expect("valid");
+        let kafka = oauth.bus.kafka_config();
+        let token = kafka.security.oauthbearer.as_ref().expect("oauthbearer");
+        assert_eq!(token.client_secret.expose(), "oidc-s3cret");
+        assert!(!format!("{oauth:?}").contains("oidc-s3cret"));
         for (var, value, key) in [
             (
                 "SLUICE_BUS__KAFKA__CREATE_TOPICS",
@@ -933,7 +957,7 @@ mod tests {
             &path,
             "[ledger]\nkind = \"cql\"\n[ledger.cql]\nnodes = [\"10.0.0.1:9042\"]\nkeyspace = \"prod\"\n\
              [bus]\nkind = \"kafka\"\npartitions = 12\n[bus.kafka]\nbrokers = \"k1:9092,k2:9092\"\n\
-             [bus.kafka.extra]\n\"sasl.oauthbearer.client.secret\" = \"hunter2\"\n",
+             [bus.kafka.extra]\n\"ssl.keystore.password\" = \"hunter2\"\n",
         )
         .expect("write");
         let config = Config::load(Some(&path), env(&[])).expect("valid");
@@ -943,7 +967,7 @@ mod tests {
         assert_eq!(kafka.brokers, "k1:9092,k2:9092");
         assert_eq!(kafka.partitions, 12);
         let shown = format!("{config:?}");
-        assert!(shown.contains("sasl.oauthbearer.client.secret"), "{shown}");
+        assert!(shown.contains("ssl.keystore.password"), "{shown}");
         assert!(
             !shown.contains("hunter2"),
             "a secret reached Debug: {shown}"
