@@ -1,7 +1,8 @@
 //! How the bus's clients authenticate to Kafka and encrypt their connections
 //! ([`KafkaSecurity`]): librdkafka's `security.protocol`, SASL (PLAIN, SCRAM-SHA-256,
-//! SCRAM-SHA-512) and TLS (a CA file or the system's roots, an optional client certificate),
-//! validated once with the key that is wrong named, and turned into librdkafka properties.
+//! SCRAM-SHA-512, or OAUTHBEARER with OIDC client credentials) and TLS (a CA file or the
+//! system's roots, an optional client certificate), validated once with the key that is wrong
+//! named, and turned into librdkafka properties.
 //!
 //! librdkafka is built with a vendored, statically linked OpenSSL (the `ssl-vendored` feature):
 //! with no `ca_file` it probes the usual system CA bundle paths itself. Passwords are
