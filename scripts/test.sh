@@ -26,6 +26,7 @@ cleanup() {
   if [ "$emulators_started" = 1 ]; then scripts/emulators/stop.sh >/dev/null 2>&1 || true; fi
   if [ "${SLUICE_SKIP_ENGINES:-0}" != 1 ]; then
     scripts/engines/stop.sh $engines >/dev/null 2>&1 || true
+    scripts/engines/kafka-secure.sh stop >/dev/null 2>&1 || true
   fi
   rm -f "$log"
 }
@@ -36,6 +37,9 @@ else
   echo "== engines: $engines"
   scripts/engines/install.sh $engines
   scripts/engines/start.sh $engines
+  # The authorizing broker of the access tests (tests/tests/kafka_access.rs, which would start
+  # it too): StandardAuthorizer, SASL users, an OAUTHBEARER listener; ports 29092-29094.
+  scripts/engines/kafka-secure.sh start
 fi
 # shellcheck source=engines/env.sh
 . scripts/engines/env.sh
@@ -124,6 +128,7 @@ if [ "${SLUICE_SKIP_CLUSTER:-0}" != 1 ]; then
   echo "== cluster test (scripts/engines/cluster.sh, tests/tests/cluster.rs)"
   cluster_began=$SECONDS
   scripts/engines/stop.sh $engines
+  scripts/engines/kafka-secure.sh stop
   cluster_started=1
   set +e
   cluster_env="$(scripts/engines/cluster.sh start)"

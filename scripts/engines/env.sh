@@ -64,6 +64,15 @@ export SLUICE_TEST_KAFKA_SASL_BROKERS="127.0.0.1:${SLUICE_KAFKA_SASL_PORT}"
 export SLUICE_TEST_CQL_TLS_NODES="127.0.0.1:${SLUICE_CQL_TLS_PORT}"
 export SLUICE_TEST_TLS_DIR="$SLUICE_ENGINES_PKI"
 
+# The authorizing broker of kafka-secure.sh (StandardAuthorizer, SASL PLAIN users and an
+# OAUTHBEARER listener), for the access tests: ports, run dir and pid file of its own.
+export SLUICE_KAFKA_SECURE_RUN="${SLUICE_KAFKA_SECURE_RUN:-$SLUICE_ENGINES_RUN/kafka-secure}"
+export SLUICE_KAFKA_SECURE_PORT="${SLUICE_KAFKA_SECURE_PORT:-29092}"
+export SLUICE_KAFKA_SECURE_CONTROLLER_PORT="${SLUICE_KAFKA_SECURE_CONTROLLER_PORT:-29093}"
+export SLUICE_KAFKA_SECURE_OAUTH_PORT="${SLUICE_KAFKA_SECURE_OAUTH_PORT:-29094}"
+export SLUICE_TEST_KAFKA_SECURE_BROKERS="127.0.0.1:${SLUICE_KAFKA_SECURE_PORT}"
+export SLUICE_TEST_KAFKA_SECURE_OAUTH_BROKERS="127.0.0.1:${SLUICE_KAFKA_SECURE_OAUTH_PORT}"
+
 # The clusters of cluster.sh: 3 Cassandra nodes on 127.0.0.1, .2 and .3 (the
 # same CQL and storage ports on each address, a JMX port each, since JMX binds
 # 127.0.0.1 only), and 3 Kafka brokers in KRaft combined mode on 127.0.0.1,

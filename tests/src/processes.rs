@@ -1,8 +1,11 @@
 //! What the tests that run the services as processes of their own share: a free loopback port,
 //! and the configuration of services on CQL and Kafka (`tests/tests/distributed.rs` on the
-//! single-node engines, `tests/tests/cluster.rs` on the 3-node clusters).
+//! single-node engines, `tests/tests/cluster.rs` on the 3-node clusters, and
+//! `tests/tests/kafka_access.rs` on the authorizing broker), and a service binary run as a
+//! child process.
 
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command as Process, Stdio};
 
 use sluice_ledger_cql::CqlConfig;
 use sluice_runtime::Config;
@@ -89,4 +92,112 @@ pub fn add_copy_key(dir: &Path, path: &Path) {
         key.display().to_string()
     ));
     std::fs::write(path, text).expect("the configuration with its copy key");
+}
+
+/// `target/<profile>/`, where this build put the service binaries.
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary knows its path");
+    // target/<profile>/deps/<test binary>
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test binary lives in target/<profile>/deps")
+        .to_owned()
+}
+
+/// The path of the service binary `name` of this build; fails the test if it was not built.
+pub fn binary(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the service binaries first with `cargo build --workspace --bins` \
+         (scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// One service process; killed when dropped, so a failing test leaves none behind.
+#[derive(Debug)]
+pub struct Service {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Service {
+    pub fn start(name: &'static str, config: &Path, dir: &Path, generation: u32) -> Self {
+        Self::start_with(name, config, dir, generation, &[])
+    }
+
+    pub fn start_with(
+        name: &'static str,
+        config: &Path,
+        dir: &Path,
+        generation: u32,
+        env: &[(&str, String)],
+    ) -> Self {
+        let log = dir.join(format!("{name}-{generation}.log"));
+        let out = std::fs::File::create(&log).expect("a log file");
+        let err = out.try_clone().expect("a second handle on the log file");
+        let child = Process::new(binary(name))
+            .arg("--config")
+            .arg(config)
+            .env_remove("SLUICE_CONFIG")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .env("SLUICE_TELEMETRY__LOG_LEVEL", "info")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Self { name, child, log }
+    }
+
+    /// SIGKILL: no shutdown hook runs, leases stay held, offsets stay uncommitted.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits up to `timeout` for the process to end on its own: its exit status and log, or
+    /// `None` if it still runs.
+    pub fn exit_within(
+        &mut self,
+        timeout: std::time::Duration,
+    ) -> Option<(std::process::ExitStatus, String)> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some((
+                    status,
+                    std::fs::read_to_string(&self.log).unwrap_or_default(),
+                ));
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
+    /// What the process wrote so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "{} exited with {status}:\n{}",
+                self.name,
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }

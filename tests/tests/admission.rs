@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use sluice_assemble::assemble;
-use sluice_bus::{DISPATCHERS, Topic};
+use sluice_bus::{Group, Topic};
 use sluice_core::load::QUEUE_FLOOR;
 use sluice_runtime::Shutdown;
 use sluice_runtime::config::BusKind;
@@ -142,7 +142,11 @@ async fn a_producer_refuses_work_its_dispatchers_cannot_reach_and_takes_it_again
 
     // A dispatcher of the group takes the queue on: admission opens again.
     let mut dispatcher = bus
-        .subscribe(Topic::Requested, DISPATCHERS, "test-dispatcher")
+        .subscribe(
+            Topic::Requested,
+            &bus.group_id(Group::Dispatchers),
+            "test-dispatcher",
+        )
         .await
         .expect("subscribe");
     let drained = tokio::spawn(async move {

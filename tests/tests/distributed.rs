@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command as Process, Stdio};
+use std::process::Command as Process;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +24,7 @@ use sluice_core::command::CommandStatus::{self, *};
 use sluice_ledger::Ledger;
 use sluice_ledger_cql::{CqlConfig, CqlLedger, connect_session};
 use sluice_runtime::{Config, Shutdown};
+use sluice_tests::processes::{Service, binary};
 use sluice_tests::*;
 use sluice_upstream::{Family, FaultKind, FaultRates, Faults};
 
@@ -49,86 +50,6 @@ fn engines_or_skip() -> Option<(String, Vec<String>)> {
         .map(|s| s.trim().to_owned())
         .collect();
     Some((brokers, nodes))
-}
-
-/// `target/<profile>/`, where this build put the service binaries.
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary knows its path");
-    // target/<profile>/deps/<test binary>
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("the test binary lives in target/<profile>/deps")
-        .to_owned()
-}
-
-fn binary(name: &str) -> PathBuf {
-    let path = bin_dir().join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: build the service binaries first with `cargo build --workspace --bins` \
-         (scripts/test.sh does)",
-        path.display()
-    );
-    path
-}
-
-/// One service process; killed when dropped, so a failing test leaves none behind.
-struct Service {
-    name: &'static str,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Service {
-    fn start(name: &'static str, config: &Path, dir: &Path, generation: u32) -> Self {
-        Self::start_with(name, config, dir, generation, &[])
-    }
-
-    fn start_with(
-        name: &'static str,
-        config: &Path,
-        dir: &Path,
-        generation: u32,
-        env: &[(&str, String)],
-    ) -> Self {
-        let log = dir.join(format!("{name}-{generation}.log"));
-        let out = std::fs::File::create(&log).expect("a log file");
-        let err = out.try_clone().expect("a second handle on the log file");
-        let child = Process::new(binary(name))
-            .arg("--config")
-            .arg(config)
-            .env_remove("SLUICE_CONFIG")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .env("SLUICE_TELEMETRY__LOG_LEVEL", "info")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        Self { name, child, log }
-    }
-
-    /// SIGKILL: no shutdown hook runs, leases stay held, offsets stay uncommitted.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn assert_running(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!(
-                "{} exited with {status}:\n{}",
-                self.name,
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-        }
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }
 
 fn distributed_config(

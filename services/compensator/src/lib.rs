@@ -16,7 +16,7 @@
 //! transiently leaves its command COMPENSATING with a due time; the sweep brings it back, and
 //! it still waits for every later command of the run to be undone first.
 
-use sluice_bus::{BusError, Delivery, Topic};
+use sluice_bus::{BusError, Delivery, Group, Topic};
 use sluice_connector::CompensationTarget;
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
@@ -28,8 +28,6 @@ use sluice_runtime::{Context, Driven, PipelineError, Shutdown};
 
 /// The actor named in the audit chain for compensation steps.
 pub const ACTOR: &str = "compensator";
-/// The consumer group of all compensators.
-pub const GROUP: &str = "sluice-compensator";
 
 /// Consumes compensation requests until `shutdown`.
 pub async fn run(
@@ -39,7 +37,7 @@ pub async fn run(
 ) -> Result<(), BusError> {
     let spec = ConsumerSpec {
         topic: Topic::Compensate,
-        group: GROUP.into(),
+        group: ctx.bus.group_id(Group::Compensators),
         member: format!("{ACTOR}-{}", std::process::id()),
         concurrency: config.concurrency,
         lanes: None,

@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use sluice_bus::{BusError, Delivery, Topic};
+use sluice_bus::{BusError, Delivery, Group, Topic};
 use sluice_core::catalog::{Catalog, Tool};
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::flow::Held;
@@ -26,8 +26,6 @@ use sluice_runtime::{Context, Current, Driven, PipelineError, Shutdown};
 
 /// The actor named in the audit chain for the dispatcher's transitions.
 pub const ACTOR: &str = "dispatcher";
-/// The consumer group of all dispatchers.
-pub const GROUP: &str = sluice_bus::DISPATCHERS;
 
 /// The name a dispatcher leases under unless configured: host and process id.
 pub fn default_owner() -> String {
@@ -44,7 +42,7 @@ pub async fn run(
     let owner = config.owner.clone().unwrap_or_else(default_owner);
     let spec = ConsumerSpec {
         topic: Topic::Requested,
-        group: GROUP.into(),
+        group: ctx.bus.group_id(Group::Dispatchers),
         member: owner.clone(),
         concurrency: config.concurrency,
         // Fair dispatch between tenants: requests read ahead into a lane each.

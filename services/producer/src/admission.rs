@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use sluice_bus::{Admission, DISPATCHERS, QueueDepth, Topic};
+use sluice_bus::{Admission, Group, QueueDepth, Topic};
 use sluice_core::load::{self, DrainRate};
 use sluice_core::time::Timestamp;
 use sluice_runtime::Shutdown;
@@ -303,6 +303,7 @@ async fn read_dispatch_queue(api: Api, shutdown: Shutdown) {
         return;
     }
     let queue = Arc::clone(&api.dispatch_queue);
+    let dispatchers = api.ctx.bus.group_id(Group::Dispatchers);
     // Since when readings have failed, if the last one did.
     let mut failing: Option<std::time::Instant> = None;
     loop {
@@ -311,7 +312,7 @@ async fn read_dispatch_queue(api: Api, shutdown: Shutdown) {
         // A reading of a broker that is down can take seconds: shutdown does not wait for it.
         let reading = tokio::select! {
             () = shutdown.cancelled() => return,
-            reading = api.ctx.bus.queue_depth(Topic::Requested, DISPATCHERS) => reading,
+            reading = api.ctx.bus.queue_depth(Topic::Requested, &dispatchers) => reading,
         };
         match reading {
             Ok(None) => {

@@ -25,7 +25,7 @@ pub mod webhooks;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use sluice_bus::{BusError, Delivery, Topic};
+use sluice_bus::{BusError, Delivery, Group, Topic};
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{self, Event, Look, SweepWork};
@@ -38,8 +38,6 @@ use sluice_runtime::{Context, Driven, PipelineError, Shutdown};
 
 /// The actor named in the audit chain for the reconciler's transitions.
 pub const ACTOR: &str = "reconciler";
-/// The consumer group of all reconcilers.
-pub const GROUP: &str = "sluice-reconciler";
 /// The actor of sweep transitions.
 pub const SWEEP_ACTOR: &str = "sweep";
 
@@ -51,7 +49,7 @@ pub async fn run(
 ) -> Result<(), BusError> {
     let spec = ConsumerSpec {
         topic: Topic::Unknown,
-        group: GROUP.into(),
+        group: ctx.bus.group_id(Group::Reconcilers),
         member: format!("{ACTOR}-{}", std::process::id()),
         concurrency: config.concurrency,
         lanes: None,

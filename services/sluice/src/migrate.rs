@@ -9,7 +9,7 @@ use sluice_bus::Topic;
 use sluice_core::time::SystemClock;
 use sluice_ledger_cql::{SCHEMA_VERSION, record_statements, schema_statements};
 use sluice_runtime::Config;
-use sluice_runtime::config::{BusKind, LedgerKind};
+use sluice_runtime::config::{BusKind, CreateTopics, LedgerKind};
 
 /// What `migrate` did, one line per part.
 pub async fn run(mut config: Config) -> Result<Vec<String>, AssembleError> {
@@ -35,6 +35,11 @@ pub async fn run(mut config: Config) -> Result<Vec<String>, AssembleError> {
     match config.bus.kind {
         BusKind::Embedded => done.push("bus: embedded, nothing to create".into()),
         BusKind::Kafka => {
+            // The one place that creates topics whatever the services are told: `never` is
+            // for the services, and `always` stays as it is (it creates the missing ones too).
+            if config.bus.kafka.create_topics == CreateTopics::Never {
+                config.bus.kafka.create_topics = CreateTopics::IfMissing;
+            }
             let bus = open_bus(&config).await?;
             let partitions = bus.partitions(Topic::Requested).await?;
             done.push(format!(

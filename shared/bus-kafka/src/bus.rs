@@ -1,4 +1,4 @@
-//! [`KafkaBus`]: the topics (created at start), the producer, and one consumer per
+//! [`KafkaBus`]: the topics (made ready at start, see [`crate::topics`]), the producer, and one consumer per
 //! subscription (see [`crate::consumer`] for how a member hands out and acknowledges).
 
 use std::fmt;
@@ -6,12 +6,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
-use rdkafka::metadata::Metadata;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use sluice_bus::{
     Bus, BusError, Header, Published, QueueDepth, Subscription, Topic, validate_group,
@@ -29,8 +28,6 @@ use crate::lag::LagReaders;
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long [`KafkaBus::close`] waits for unsent messages.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
-/// Between two looks at the metadata while topics are being created.
-const METADATA_RETRY: Duration = Duration::from_millis(200);
 
 /// The bus on Kafka. Cheap to clone; clones share the producer and the topics.
 #[derive(Clone)]
@@ -76,12 +73,15 @@ fn backend(op: &'static str, topic: &str, error: KafkaError) -> BusError {
 }
 
 impl KafkaBus {
-    /// Validates `config`, checks that a broker answers, creates the topics that do not exist
-    /// yet and waits until every topic has a leader for each partition.
+    /// Validates `config`, checks that a broker answers, creates the topics as
+    /// `config.create_topics` says and waits until every topic has a leader for each
+    /// partition.
     ///
     /// Fails with [`BusError::InvalidConfig`] naming the key for a bad value (a replication
-    /// factor larger than the cluster included), or [`BusError::Backend`] if no broker
-    /// answered or the topics did not become ready within `config.start_timeout`.
+    /// factor larger than the cluster, or with `create_topics = never` a missing or differently
+    /// partitioned topic), [`BusError::Forbidden`] naming the permission the user lacks, or
+    /// [`BusError::Backend`] if no broker answered or the topics did not become ready within
+    /// `config.start_timeout`.
     pub async fn connect(config: KafkaConfig) -> Result<Self, BusError> {
         config.validate()?;
         let deadline = Instant::now() + config.start_timeout;
@@ -100,8 +100,7 @@ impl KafkaBus {
         let timeout = deadline.saturating_duration_since(Instant::now());
         crate::probe::brokers_answer(&config, timeout).await?;
 
-        create_topics(&admin, &config, &names, deadline).await?;
-        let partitions = wait_for_topics(&producer, &config, &names, deadline).await?;
+        let partitions = crate::topics::prepare(&admin, &config, &names, deadline).await?;
         tracing::info!(
             brokers = %config.brokers,
             prefix = %config.prefix,
@@ -190,125 +189,6 @@ async fn blocking<T: Send + 'static>(
         .unwrap_or(Err(KafkaError::Canceled))
 }
 
-/// Creates the topics; one that exists already is fine (another service created it first).
-async fn create_topics(
-    admin: &AdminClient<DefaultClientContext>,
-    config: &KafkaConfig,
-    names: &[String; 5],
-    deadline: Instant,
-) -> Result<(), BusError> {
-    // -1 asks for the broker's `default.replication.factor`.
-    let replication = config.replication_factor.map_or(-1, i32::from);
-    let partitions = i32::try_from(config.partitions).unwrap_or(i32::MAX);
-    let max_bytes = config.wire_max_message_bytes().to_string();
-    let min_insync = config.min_insync_replicas.map(|n| n.to_string());
-    let topics: Vec<NewTopic<'_>> = names
-        .iter()
-        .map(|name| {
-            let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(replication))
-                .set("max.message.bytes", &max_bytes);
-            match &min_insync {
-                Some(n) => topic.set("min.insync.replicas", n),
-                None => topic,
-            }
-        })
-        .collect();
-    let timeout = deadline.saturating_duration_since(Instant::now());
-    let options = AdminOptions::new()
-        .request_timeout(Some(timeout))
-        .operation_timeout(Some(timeout));
-    let results = admin
-        .create_topics(&topics, &options)
-        .await
-        .map_err(|e| backend("create topics", &config.prefix, e))?;
-    for result in results {
-        match result {
-            Ok(topic) => tracing::info!(topic, partitions, "topic created"),
-            Err((topic, RDKafkaErrorCode::TopicAlreadyExists)) => {
-                tracing::debug!(topic, "topic exists");
-            }
-            Err((topic, RDKafkaErrorCode::InvalidReplicationFactor)) => {
-                return Err(BusError::InvalidConfig {
-                    key: "replication_factor",
-                    why: format!(
-                        "{:?} cannot be met by the cluster for topic {topic}",
-                        config.replication_factor
-                    ),
-                });
-            }
-            Err((topic, RDKafkaErrorCode::InvalidPartitions)) => {
-                return Err(BusError::InvalidConfig {
-                    key: "partitions",
-                    why: format!(
-                        "the cluster refused {} partitions for topic {topic}",
-                        config.partitions
-                    ),
-                });
-            }
-            Err((topic, code)) => {
-                return Err(backend("create topic", &topic, KafkaError::AdminOp(code)));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Waits until the metadata shows every topic with a leader for each partition, and returns
-/// the partition counts. A freshly created topic takes a moment to get its leaders; until then
-/// a publish would wait and a consumer would see no partitions.
-async fn wait_for_topics(
-    producer: &FutureProducer,
-    config: &KafkaConfig,
-    names: &[String; 5],
-    deadline: Instant,
-) -> Result<[u32; 5], BusError> {
-    let mut partitions = [0u32; 5];
-    for (index, name) in names.iter().enumerate() {
-        loop {
-            let client = producer.clone();
-            let topic = name.clone();
-            let timeout = deadline.saturating_duration_since(Instant::now());
-            let metadata: Metadata =
-                blocking(move || client.client().fetch_metadata(Some(&topic), timeout))
-                    .await
-                    .map_err(|e| backend("connect", name, e))?;
-            let ready = metadata
-                .topics()
-                .iter()
-                .find(|t| t.name() == name)
-                .and_then(|t| {
-                    let all_led = t.error().is_none()
-                        && !t.partitions().is_empty()
-                        && t.partitions()
-                            .iter()
-                            .all(|p| p.error().is_none() && p.leader() >= 0);
-                    all_led.then(|| u32::try_from(t.partitions().len()).unwrap_or(u32::MAX))
-                });
-            if let Some(count) = ready {
-                if count != config.partitions {
-                    tracing::warn!(
-                        topic = %name,
-                        count,
-                        configured = config.partitions,
-                        "the topic existed with another partition count; keeping its own"
-                    );
-                }
-                partitions[index] = count;
-                break;
-            }
-            if Instant::now() >= deadline {
-                return Err(backend(
-                    "connect",
-                    name,
-                    KafkaError::MetadataFetch(RDKafkaErrorCode::LeaderNotAvailable),
-                ));
-            }
-            tokio::time::sleep(METADATA_RETRY).await;
-        }
-    }
-    Ok(partitions)
-}
-
 fn message_bytes(key: &str, payload: &[u8], headers: &[Header]) -> usize {
     key.len()
         + payload.len()
@@ -326,6 +206,10 @@ impl Bus for KafkaBus {
 
     fn topic_name(&self, topic: Topic) -> String {
         self.inner.names[topic.index()].clone()
+    }
+
+    fn group_prefix(&self) -> String {
+        self.inner.config.group_prefix()
     }
 
     async fn partitions(&self, topic: Topic) -> Result<u32, BusError> {
@@ -404,6 +288,13 @@ impl Bus for KafkaBus {
             return Err(BusError::Closed);
         }
         let name = self.inner.names[topic.index()].clone();
+        crate::access::check_group(
+            &self.inner.config,
+            &name,
+            self.inner.partitions[topic.index()],
+            group,
+        )
+        .await?;
         let shared = Arc::new(Member::new(
             topic,
             name.clone(),

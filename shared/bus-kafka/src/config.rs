@@ -7,7 +7,10 @@ use std::time::Duration;
 
 #[cfg(feature = "librdkafka")]
 use rdkafka::ClientConfig;
-use sluice_bus::{BusError, DEFAULT_PREFIX, validate_prefix};
+use serde::{Deserialize, Serialize};
+use sluice_bus::{
+    BusError, DEFAULT_PREFIX, default_group_prefix, validate_group_prefix, validate_prefix,
+};
 
 use crate::membership::{self, GroupProtocol};
 use crate::security::{KafkaSecurity, OWNED_PROPERTIES};
@@ -70,6 +73,39 @@ const RESERVED: &[(&str, &str)] = &[
     ),
 ];
 
+/// Whether a service creates the bus's topics at start (`bus.kafka.create_topics`).
+///
+/// A broker with an authorizer answers CreateTopics from a user without the `CREATE`
+/// permission with `TOPIC_AUTHORIZATION_FAILED` even when the topic exists, so only `always`
+/// needs that permission when the topics are there; `sluice migrate` creates missing topics
+/// whatever this says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CreateTopics {
+    /// Ask the broker to create every topic at each start (an existing one is kept): the
+    /// user needs `CREATE` on the topics.
+    Always,
+    /// Read the metadata first and create only the topics that are missing: with the topics
+    /// present, the user needs no `CREATE`.
+    #[default]
+    IfMissing,
+    /// Never create: a missing topic, or one whose partition count differs from
+    /// `bus.partitions`, stops the service with an error naming the topic. For platforms that
+    /// create topics with their own tooling (Strimzi `KafkaTopic`, Terraform).
+    Never,
+}
+
+impl CreateTopics {
+    /// The value as written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Always => "always",
+            Self::IfMissing => "if_missing",
+            Self::Never => "never",
+        }
+    }
+}
+
 /// How to reach Kafka and lay out the topics.
 ///
 /// Every field is checked by [`KafkaConfig::validate`], which names the offending key. `Debug`
@@ -92,6 +128,11 @@ pub struct KafkaConfig {
     pub min_insync_replicas: Option<u16>,
     /// Client id reported to the brokers; consumers add their member name to it.
     pub client_id: String,
+    /// Whether [`KafkaBus::connect`](crate::KafkaBus::connect) creates topics.
+    pub create_topics: CreateTopics,
+    /// Prefix of the pipeline's consumer group ids (`<prefix>dispatcher`, …); `None` derives
+    /// it from the topic prefix ([`default_group_prefix`]).
+    pub group_prefix: Option<String>,
     /// Largest message accepted, counting key, payload, header names and values; a larger one
     /// is refused with [`BusError::MessageTooLarge`] before anything is sent.
     pub max_message_bytes: usize,
@@ -121,6 +162,8 @@ impl std::fmt::Debug for KafkaConfig {
             .field("partitions", &self.partitions)
             .field("replication_factor", &self.replication_factor)
             .field("client_id", &self.client_id)
+            .field("create_topics", &self.create_topics)
+            .field("group_prefix", &self.group_prefix)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("start_timeout", &self.start_timeout)
             .field("security", &self.security)
@@ -140,6 +183,8 @@ impl Default for KafkaConfig {
             replication_factor: None,
             min_insync_replicas: None,
             client_id: "sluice".to_owned(),
+            create_topics: CreateTopics::default(),
+            group_prefix: None,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             start_timeout: Duration::from_secs(30),
             security: KafkaSecurity::default(),
@@ -158,6 +203,14 @@ fn invalid(key: &'static str, why: impl Into<String>) -> BusError {
 }
 
 impl KafkaConfig {
+    /// The prefix of the pipeline's consumer group ids: the configured one, or the one derived
+    /// from the topic prefix.
+    pub fn group_prefix(&self) -> String {
+        self.group_prefix
+            .clone()
+            .unwrap_or_else(|| default_group_prefix(&self.prefix))
+    }
+
     /// Checks every field; the error names the key and says what is expected.
     pub fn validate(&self) -> Result<(), BusError> {
         let brokers: Vec<&str> = self.brokers.split(',').map(str::trim).collect();
@@ -180,6 +233,9 @@ impl KafkaConfig {
             ));
         }
         validate_prefix(&self.prefix)?;
+        if let Some(prefix) = &self.group_prefix {
+            validate_group_prefix(prefix)?;
+        }
         if self.partitions == 0 || self.partitions > MAX_PARTITIONS {
             return Err(invalid(
                 "partitions",
@@ -307,6 +363,16 @@ impl KafkaConfig {
     }
 
     #[cfg(feature = "librdkafka")]
+    /// The client that reads the topics' metadata at start: it never asks the broker to
+    /// create a topic it names (librdkafka's producers do by default, which on a broker with
+    /// `auto.create.topics.enable` would make a missing topic with the broker's defaults).
+    pub(crate) fn metadata_reader(&self) -> ClientConfig {
+        let mut config = self.base(&format!("{}-admin", self.client_id));
+        config.set("allow.auto.create.topics", "false");
+        config
+    }
+
+    #[cfg(feature = "librdkafka")]
     /// A consumer in `group`: offsets are stored by the bus when a delivery is acknowledged,
     /// and librdkafka commits what was stored (every second, and on revoke and close); the bus
     /// also commits synchronously on revoke and close. Every second rather than librdkafka's
@@ -372,12 +438,13 @@ impl KafkaConfig {
     /// A watcher ([`sluice_bus::Bus::watch`]): assigned partitions, never a group member.
     /// librdkafka wants a `group.id` to `assign()`, so it gets one that no member ever joins
     /// and no offset is ever committed for (`enable.auto.commit` off): the broker never
-    /// records it as a group.
+    /// records it as a group. It is named under the group prefix, so the ACLs on the install's
+    /// groups cover it and two installs never share it.
     pub(crate) fn watcher(&self, member: &str) -> ClientConfig {
         let _ = member;
         let mut config = self.base(&format!("{}-watch", self.client_id));
         config
-            .set("group.id", format!("{}-watch-unjoined", self.client_id))
+            .set("group.id", format!("{}watch-unjoined", self.group_prefix()))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "latest")
@@ -478,6 +545,20 @@ mod tests {
                     ..d()
                 },
                 "client_id",
+            ),
+            (
+                KafkaConfig {
+                    group_prefix: Some(String::new()),
+                    ..d()
+                },
+                "group_prefix",
+            ),
+            (
+                KafkaConfig {
+                    group_prefix: Some("a b".into()),
+                    ..d()
+                },
+                "group_prefix",
             ),
             (
                 KafkaConfig {

@@ -3,19 +3,25 @@
 //! the bus contract suite against a real broker.
 //!
 //! * [`config`] — [`KafkaConfig`], validated once, and the librdkafka properties it sets.
-//! * [`security`] — [`KafkaSecurity`]: TLS and SASL (PLAIN, SCRAM) of every client.
+//! * [`security`] — [`KafkaSecurity`]: TLS and SASL (PLAIN, SCRAM, OAUTHBEARER with OIDC
+//!   client credentials) of every client.
 //! * `probe` — the first contact, which reports an authentication or TLS failure by name.
 //! * [`membership`] — [`GroupProtocol`] (cooperative rebalancing by default) and static
 //!   membership from [`KafkaConfig::instance_id`].
-//! * `bus` — [`KafkaBus`]: topics created at start, the producer, subscriptions.
+//! * `bus` — [`KafkaBus`]: the producer, subscriptions.
+//! * `topics` — the topics at start, as [`KafkaConfig::create_topics`] says.
 //! * [`consumer`] — one group member: its driver task, the per-partition hand-out and the
 //!   rebalance and shutdown handling. Its module documentation explains the hard cases.
 //!
 //! # Guarantees and how they are kept
 //!
-//! * **Topics** `<prefix>requested|unknown|compensate|events|dlq` are created through the
-//!   admin API at start when absent (an existing one is kept as it is), with the configured
-//!   partition count and replication factor.
+//! * **Topics** `<prefix>requested|unknown|compensate|events|dlq` are looked up at start and,
+//!   as [`KafkaConfig::create_topics`] says, created through the admin API when absent (an
+//!   existing one is kept as it is) with the configured partition count and replication
+//!   factor, or required to exist. With the topics present no CreateTopics is sent, so a user
+//!   holding only READ, WRITE and DESCRIBE can run the services.
+//! * **Consumer groups** are named `<group prefix><role>` ([`sluice_bus::Group`]); the group
+//!   prefix is derived from the topic prefix unless configured.
 //! * **Partitioning** is librdkafka's `murmur2_random`: a keyed message goes to
 //!   [`partition_for`](sluice_bus::partition_for)`(key, partitions)`, the partition the Java
 //!   client picks.
@@ -35,6 +41,8 @@
 //! [`Bus::publish`]: sluice_bus::Bus::publish
 
 #[cfg(feature = "librdkafka")]
+mod access;
+#[cfg(feature = "librdkafka")]
 mod bus;
 pub mod config;
 #[cfg(feature = "librdkafka")]
@@ -46,10 +54,14 @@ pub mod membership;
 mod probe;
 pub mod security;
 #[cfg(feature = "librdkafka")]
+mod topics;
+#[cfg(feature = "librdkafka")]
 mod watch;
 
 #[cfg(feature = "librdkafka")]
 pub use bus::KafkaBus;
-pub use config::KafkaConfig;
+pub use config::{CreateTopics, KafkaConfig};
 pub use membership::GroupProtocol;
-pub use security::{KafkaSasl, KafkaSecurity, KafkaTls, SaslMechanism, SecurityProtocol};
+pub use security::{
+    KafkaOauth, KafkaSasl, KafkaSecurity, KafkaTls, SaslMechanism, SecurityProtocol,
+};

@@ -1,12 +1,14 @@
 //! How the bus's clients authenticate to Kafka and encrypt their connections
 //! ([`KafkaSecurity`]): librdkafka's `security.protocol`, SASL (PLAIN, SCRAM-SHA-256,
-//! SCRAM-SHA-512) and TLS (a CA file or the system's roots, an optional client certificate),
-//! validated once with the key that is wrong named, and turned into librdkafka properties.
+//! SCRAM-SHA-512, or OAUTHBEARER with OIDC client credentials) and TLS (a CA file or the
+//! system's roots, an optional client certificate), validated once with the key that is wrong
+//! named, and turned into librdkafka properties.
 //!
 //! librdkafka is built with a vendored, statically linked OpenSSL (the `ssl-vendored` feature):
 //! with no `ca_file` it probes the usual system CA bundle paths itself. Passwords are
 //! [`Secret`]s: the configuration's `Debug` never shows them.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 #[cfg(feature = "librdkafka")]
@@ -80,6 +82,81 @@ pub struct KafkaSasl {
     pub password: Secret,
 }
 
+/// `[bus.kafka.oauthbearer]`: SASL/OAUTHBEARER with OIDC client credentials (what Confluent
+/// Cloud, Aiven, Redpanda and Strimzi with Keycloak use). librdkafka asks the token endpoint
+/// for a token with the client's id and secret (`grant_type=client_credentials`), sends it to
+/// the brokers, and fetches a new one before it expires.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaOauth {
+    /// The identity provider's token endpoint, e.g.
+    /// `https://idp.example.com/realms/kafka/protocol/openid-connect/token`.
+    pub token_endpoint_url: String,
+    pub client_id: String,
+    /// Given by reference in the configuration (`{ file = … }`, `{ env = … }`).
+    pub client_secret: Secret,
+    /// Scopes asked for, separated by spaces; unset: the provider's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// SASL extensions sent with the token (Confluent Cloud's `logicalCluster` and
+    /// `identityPoolId`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extensions: BTreeMap<String, String>,
+}
+
+impl KafkaOauth {
+    fn validate(&self) -> Result<(), BusError> {
+        let url = &self.token_endpoint_url;
+        if !(url.starts_with("https://") || url.starts_with("http://"))
+            || url.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(invalid(
+                "oauthbearer.token_endpoint_url",
+                format!("{url:?} must be the identity provider's https:// token endpoint URL"),
+            ));
+        }
+        if self.client_id.is_empty() || self.client_id.chars().any(char::is_control) {
+            return Err(invalid(
+                "oauthbearer.client_id",
+                "must be non-empty, without control characters",
+            ));
+        }
+        if self.client_secret.is_empty()
+            || self.client_secret.expose().chars().any(char::is_control)
+        {
+            return Err(invalid(
+                "oauthbearer.client_secret",
+                "must be non-empty, without control characters (give it by reference: \
+                 { file = … } or { env = … })",
+            ));
+        }
+        if self
+            .scope
+            .as_ref()
+            .is_some_and(|scope| scope.is_empty() || scope.chars().any(char::is_control))
+        {
+            return Err(invalid(
+                "oauthbearer.scope",
+                "must be scopes separated by spaces (or unset for the provider's default)",
+            ));
+        }
+        for (key, value) in &self.extensions {
+            let bad = |s: &str| {
+                s.is_empty() || s.chars().any(|c| matches!(c, ',' | '=') || c.is_control())
+            };
+            if bad(key) || bad(value) {
+                return Err(invalid(
+                    "oauthbearer.extensions",
+                    format!(
+                        "{key:?} = {value:?}: keys and values must be non-empty, without , or ="
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `[bus.kafka.tls]`: how the brokers' certificates are checked, and the client's own.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -112,8 +189,11 @@ impl Default for KafkaTls {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct KafkaSecurity {
     pub protocol: SecurityProtocol,
-    /// Required by, and only allowed with, `sasl_plaintext` and `sasl_ssl`.
+    /// A user and password (PLAIN, SCRAM). With `sasl_plaintext` and `sasl_ssl`, this or
+    /// `oauthbearer` is required; neither is allowed with the other protocols.
     pub sasl: Option<KafkaSasl>,
+    /// OAUTHBEARER with OIDC client credentials, instead of `sasl`.
+    pub oauthbearer: Option<KafkaOauth>,
     /// Used by `ssl` and `sasl_ssl`; must be left at its defaults otherwise.
     pub tls: KafkaTls,
 }
@@ -137,6 +217,31 @@ pub(crate) const OWNED_PROPERTIES: &[(&str, &str)] = &[
         "enable.ssl.certificate.verification",
         "a broker's certificate is always checked against a CA",
     ),
+    (
+        "sasl.oauthbearer.method",
+        "set [bus.kafka.oauthbearer] instead",
+    ),
+    (
+        "sasl.oauthbearer.client.id",
+        "set `oauthbearer.client_id` instead",
+    ),
+    (
+        "sasl.oauthbearer.client.secret",
+        "set `oauthbearer.client_secret` instead",
+    ),
+    (
+        "sasl.oauthbearer.token.endpoint.url",
+        "set `oauthbearer.token_endpoint_url` instead",
+    ),
+    ("sasl.oauthbearer.scope", "set `oauthbearer.scope` instead"),
+    (
+        "sasl.oauthbearer.extensions",
+        "set `oauthbearer.extensions` instead",
+    ),
+    (
+        "sasl.oauthbearer.config",
+        "unsecured tokens are for tests; set [bus.kafka.oauthbearer]",
+    ),
 ];
 
 fn invalid(key: &'static str, why: impl Into<String>) -> BusError {
@@ -155,13 +260,33 @@ fn readable(key: &'static str, path: &Path) -> Result<(), BusError> {
 impl KafkaSecurity {
     /// Checks that the protocol, SASL and TLS settings agree and that every file can be read.
     pub fn validate(&self) -> Result<(), BusError> {
+        if self.sasl.is_some() && self.oauthbearer.is_some() {
+            return Err(invalid(
+                "oauthbearer",
+                "is set together with [bus.kafka.sasl]: a client authenticates one way, keep one",
+            ));
+        }
+        if let Some(oauth) = &self.oauthbearer {
+            if !self.protocol.uses_sasl() {
+                return Err(invalid(
+                    "security_protocol",
+                    format!(
+                        "is \"{}\", which sends no SASL token, yet [bus.kafka.oauthbearer] is \
+                         set: use sasl_ssl (or sasl_plaintext)",
+                        self.protocol.as_librdkafka()
+                    ),
+                ));
+            }
+            oauth.validate()?;
+            return self.validate_tls();
+        }
         match (&self.sasl, self.protocol.uses_sasl()) {
             (None, true) => {
                 return Err(invalid(
                     "sasl",
                     format!(
                         "security_protocol = \"{}\" needs [bus.kafka.sasl] with mechanism, \
-                         username and password",
+                         username and password (or [bus.kafka.oauthbearer])",
                         self.protocol.as_librdkafka()
                     ),
                 ));
@@ -192,6 +317,10 @@ impl KafkaSecurity {
                 ));
             }
         }
+        self.validate_tls()
+    }
+
+    fn validate_tls(&self) -> Result<(), BusError> {
         let tls = &self.tls;
         if !self.protocol.uses_tls() && *tls != KafkaTls::default() {
             return Err(invalid(
@@ -244,6 +373,31 @@ impl KafkaSecurity {
                 .set("sasl.mechanism", sasl.mechanism.as_librdkafka())
                 .set("sasl.username", &sasl.username)
                 .set("sasl.password", sasl.password.expose());
+        }
+        if let Some(oauth) = &self.oauthbearer {
+            config
+                .set("sasl.mechanism", "OAUTHBEARER")
+                .set("sasl.oauthbearer.method", "oidc")
+                .set("sasl.oauthbearer.client.id", &oauth.client_id)
+                .set(
+                    "sasl.oauthbearer.client.secret",
+                    oauth.client_secret.expose(),
+                )
+                .set(
+                    "sasl.oauthbearer.token.endpoint.url",
+                    &oauth.token_endpoint_url,
+                );
+            if let Some(scope) = &oauth.scope {
+                config.set("sasl.oauthbearer.scope", scope);
+            }
+            if !oauth.extensions.is_empty() {
+                let extensions: Vec<String> = oauth
+                    .extensions
+                    .iter()
+                    .map(|(key, value)| format!("{key}={value}"))
+                    .collect();
+                config.set("sasl.oauthbearer.extensions", extensions.join(","));
+            }
         }
         if !self.protocol.uses_tls() {
             return;
@@ -345,6 +499,7 @@ mod tests {
                 verify_hostname: false,
                 ..KafkaTls::default()
             },
+            oauthbearer: None,
         };
         security.validate().expect("valid");
         let mut config = ClientConfig::new();
@@ -363,5 +518,92 @@ mod tests {
             !shown.contains("hunter2") && shown.contains("sluice"),
             "{shown}"
         );
+    }
+
+    fn oauth() -> KafkaOauth {
+        KafkaOauth {
+            token_endpoint_url: "https://idp.example.com/token".into(),
+            client_id: "sluice".into(),
+            client_secret: Secret::new("oidc-s3cret"),
+            scope: Some("kafka".into()),
+            extensions: BTreeMap::from([("logicalCluster".into(), "lkc-1".into())]),
+        }
+    }
+
+    #[test]
+    fn oauthbearer_is_checked_and_becomes_oidc_client_credentials() {
+        let security = KafkaSecurity {
+            protocol: SecurityProtocol::SaslSsl,
+            oauthbearer: Some(oauth()),
+            ..KafkaSecurity::default()
+        };
+        security.validate().expect("valid");
+        let mut config = ClientConfig::new();
+        security.apply(&mut config);
+        assert_eq!(config.get("sasl.mechanism"), Some("OAUTHBEARER"));
+        assert_eq!(config.get("sasl.oauthbearer.method"), Some("oidc"));
+        assert_eq!(config.get("sasl.oauthbearer.client.id"), Some("sluice"));
+        assert_eq!(
+            config.get("sasl.oauthbearer.client.secret"),
+            Some("oidc-s3cret")
+        );
+        assert_eq!(
+            config.get("sasl.oauthbearer.token.endpoint.url"),
+            Some("https://idp.example.com/token")
+        );
+        assert_eq!(config.get("sasl.oauthbearer.scope"), Some("kafka"));
+        assert_eq!(
+            config.get("sasl.oauthbearer.extensions"),
+            Some("logicalCluster=lkc-1")
+        );
+        assert_eq!(config.get("sasl.username"), None);
+        assert!(!format!("{security:?}").contains("oidc-s3cret"));
+
+        let both = KafkaSecurity {
+            sasl: sasl(),
+            ..security.clone()
+        };
+        assert_eq!(key_of(&both), "oauthbearer");
+        let no_sasl_protocol = KafkaSecurity {
+            protocol: SecurityProtocol::Ssl,
+            ..security.clone()
+        };
+        assert_eq!(key_of(&no_sasl_protocol), "security_protocol");
+        for (bad, key) in [
+            (
+                KafkaOauth {
+                    token_endpoint_url: "idp.example.com/token".into(),
+                    ..oauth()
+                },
+                "oauthbearer.token_endpoint_url",
+            ),
+            (
+                KafkaOauth {
+                    client_id: String::new(),
+                    ..oauth()
+                },
+                "oauthbearer.client_id",
+            ),
+            (
+                KafkaOauth {
+                    client_secret: Secret::new(""),
+                    ..oauth()
+                },
+                "oauthbearer.client_secret",
+            ),
+            (
+                KafkaOauth {
+                    extensions: BTreeMap::from([("a=b".into(), "c".into())]),
+                    ..oauth()
+                },
+                "oauthbearer.extensions",
+            ),
+        ] {
+            let security = KafkaSecurity {
+                oauthbearer: Some(bad),
+                ..security.clone()
+            };
+            assert_eq!(key_of(&security), key);
+        }
     }
 }

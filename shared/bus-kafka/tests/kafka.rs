@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use sluice_bus::contract::{WAIT, fresh_group, fresh_prefix, keys_by_partition, next_within};
 use sluice_bus::{Bus, BusError, Delivery, QueueDepth, Subscription, Topic, partition_for};
-use sluice_bus_kafka::{KafkaBus, KafkaConfig};
+use sluice_bus_kafka::{CreateTopics, KafkaBus, KafkaConfig};
 use tokio::time::{Instant, sleep, timeout};
 
 mod common;
@@ -158,6 +158,79 @@ async fn an_impossible_replication_factor_names_the_key() {
         }) => {}
         other => panic!("expected an invalid replication_factor, got {other:?}"),
     }
+}
+
+/// `create_topics = "never"`: a missing topic, and one with another partition count, stop the
+/// start with an error naming the topic and the setting; `if_missing` creates them once and
+/// then finds them; topics as configured start fine. The broker of `scripts/engines` creates
+/// topics on metadata requests (`auto.create.topics.enable=true`): none appears here unasked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_refuses_missing_or_different_topics_and_if_missing_creates_once() {
+    let prefix = fresh_prefix();
+    let never = |partitions| KafkaConfig {
+        create_topics: CreateTopics::Never,
+        ..config(prefix.clone(), partitions)
+    };
+    match KafkaBus::connect(never(2)).await {
+        Err(BusError::InvalidConfig {
+            key: "create_topics",
+            why,
+        }) => assert!(
+            why.contains(&format!("topic {prefix}requested does not exist"))
+                && why.contains("sluice migrate")
+                && why.contains("2 partitions"),
+            "{why}"
+        ),
+        other => panic!("expected a missing topic to stop the start, got {other:?}"),
+    }
+    // Still missing: the look at the metadata did not have it created.
+    match KafkaBus::connect(never(2)).await {
+        Err(BusError::InvalidConfig {
+            key: "create_topics",
+            ..
+        }) => {}
+        other => panic!("the topic appeared without being created: {other:?}"),
+    }
+    let created = connect(KafkaConfig {
+        create_topics: CreateTopics::IfMissing,
+        ..config(prefix.clone(), 2)
+    })
+    .await;
+    let _topics = Topics(created.clone());
+    assert_eq!(
+        created.partitions(Topic::Requested).await.expect("count"),
+        2
+    );
+    match KafkaBus::connect(never(3)).await {
+        Err(BusError::InvalidConfig {
+            key: "create_topics",
+            why,
+        }) => assert!(
+            why.contains(&format!("topic {prefix}requested has 2 partitions"))
+                && why.contains("bus.partitions"),
+            "{why}"
+        ),
+        other => panic!("expected another partition count to stop the start, got {other:?}"),
+    }
+    let found = connect(never(2)).await;
+    assert_eq!(found.partitions(Topic::Dlq).await.expect("count"), 2);
+    found.close().await;
+}
+
+/// Consumer groups follow the group prefix: derived from the topic prefix unless configured.
+#[test]
+fn group_ids_follow_the_group_prefix() {
+    let derived = config("staging.".to_owned(), 1);
+    assert_eq!(derived.group_prefix(), "staging-");
+    let set = KafkaConfig {
+        group_prefix: Some("team-a.".to_owned()),
+        ..derived
+    };
+    assert_eq!(set.group_prefix(), "team-a.");
+    assert_eq!(
+        sluice_bus::Group::Dispatchers.id(&set.group_prefix()),
+        "team-a.dispatcher"
+    );
 }
 
 /// Nothing listening at the brokers: `connect` fails within its timeout, naming the brokers.

@@ -52,6 +52,7 @@ fn security(mechanism: SaslMechanism, password: &str, ca_file: PathBuf) -> Kafka
             ca_file: Some(ca_file),
             ..KafkaTls::default()
         },
+        oauthbearer: None,
     }
 }
 

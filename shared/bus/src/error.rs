@@ -49,6 +49,14 @@ pub enum BusError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The broker refused the bus's user a permission it needs (an ACL is missing): what to
+    /// grant, on which resource, and what it is needed for.
+    #[error("the bus user lacks the {operation} permission on {resource}: {why}")]
+    Forbidden {
+        operation: &'static str,
+        resource: String,
+        why: String,
+    },
     /// The bus was closed (shutdown).
     #[error("the bus is closed")]
     Closed,

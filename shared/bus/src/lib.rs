@@ -374,7 +374,100 @@ impl Subscription {
     }
 }
 
-/// The consumer group of all dispatchers: the one whose queue a producer reads for admission.
+/// The consumer groups of the pipeline. On a bus each is named `<group prefix><role>`
+/// ([`Bus::group_id`]): a second install on the same cluster, with another prefix, never joins
+/// or reads the first one's groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Group {
+    /// All dispatchers, on `requested`: the group whose queue a producer reads for admission.
+    Dispatchers,
+    /// All reconcilers, on `unknown`.
+    Reconcilers,
+    /// All compensators, on `compensate`.
+    Compensators,
+    /// The reconcilers' webhook intake, on `events`.
+    Webhooks,
+}
+
+impl Group {
+    /// Every group, in a fixed order.
+    pub const ALL: [Self; 4] = [
+        Self::Dispatchers,
+        Self::Reconcilers,
+        Self::Compensators,
+        Self::Webhooks,
+    ];
+
+    /// The name after the group prefix.
+    pub fn role(self) -> &'static str {
+        match self {
+            Self::Dispatchers => "dispatcher",
+            Self::Reconcilers => "reconciler",
+            Self::Compensators => "compensator",
+            Self::Webhooks => "webhooks",
+        }
+    }
+
+    /// The group id under `group_prefix`, e.g. `sluice-dispatcher`.
+    pub fn id(self, group_prefix: &str) -> String {
+        format!("{group_prefix}{}", self.role())
+    }
+}
+
+/// The group prefix of an install whose topics are named under `topic_prefix`, unless one is
+/// configured: the topic prefix with a trailing `.`, `_` or `-` turned into `-` (one is added
+/// when it ends in neither), so `sluice.` keeps the groups of earlier releases
+/// (`sluice-dispatcher`, …) and `staging.` gives `staging-dispatcher`, …; an empty topic prefix
+/// gives `sluice-`.
+pub fn default_group_prefix(topic_prefix: &str) -> String {
+    let stem = topic_prefix
+        .strip_suffix(['.', '_', '-'])
+        .unwrap_or(topic_prefix);
+    if stem.is_empty() {
+        "sluice-".to_owned()
+    } else {
+        format!("{stem}-")
+    }
+}
+
+/// Checks a group prefix: the group ids it makes must be valid ([`validate_group`]) and, so
+/// that ACLs on the prefix work, use only letters, digits and `. _ -`.
+pub fn validate_group_prefix(prefix: &str) -> Result<(), BusError> {
+    let invalid = |why: String| BusError::InvalidConfig {
+        key: "group_prefix",
+        why,
+    };
+    if prefix.is_empty() {
+        return Err(invalid(
+            "must not be empty: the groups of two installs on one cluster would be the same \
+             (leave it unset to derive it from the topic prefix)"
+                .to_owned(),
+        ));
+    }
+    if !prefix
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(invalid(format!(
+            "{prefix:?} may contain only letters, digits and . _ -"
+        )));
+    }
+    let longest = Group::ALL
+        .iter()
+        .map(|group| group.role().len())
+        .max()
+        .unwrap_or_default();
+    if prefix.len() + longest > 255 {
+        return Err(invalid(format!(
+            "{prefix:?} makes group ids longer than 255 bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// The dispatchers' group id under the default prefix `sluice.` (`sluice-dispatcher`). The
+/// services ask the bus for the id instead ([`Bus::group_id`]), which follows the configured
+/// prefixes.
 pub const DISPATCHERS: &str = "sluice-dispatcher";
 
 /// How much of a topic a consumer group has yet to take on, as the bus last read it.
@@ -397,6 +490,17 @@ pub trait Bus: Send + Sync + fmt::Debug + 'static {
     /// The full name of `topic` on this bus.
     fn topic_name(&self, topic: Topic) -> String {
         topic.name(self.prefix())
+    }
+
+    /// The prefix of the pipeline's consumer group ids; unless the bus is configured with
+    /// one, [`default_group_prefix`] of the topic prefix.
+    fn group_prefix(&self) -> String {
+        default_group_prefix(self.prefix())
+    }
+
+    /// The id of `group` on this bus: the group prefix and the group's role.
+    fn group_id(&self, group: Group) -> String {
+        group.id(&self.group_prefix())
     }
 
     /// The number of partitions of `topic`.
@@ -562,6 +666,46 @@ mod tests {
         assert!(validate_group("").is_err());
         assert!(validate_group("a\nb").is_err());
         assert!(validate_group(&"g".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn group_ids_follow_the_topic_prefix_unless_configured() {
+        assert_eq!(
+            Group::Dispatchers.id(&default_group_prefix("sluice.")),
+            DISPATCHERS
+        );
+        let ids = |topic_prefix: &str| -> Vec<String> {
+            Group::ALL
+                .iter()
+                .map(|group| group.id(&default_group_prefix(topic_prefix)))
+                .collect()
+        };
+        assert_eq!(
+            ids("sluice."),
+            [
+                "sluice-dispatcher",
+                "sluice-reconciler",
+                "sluice-compensator",
+                "sluice-webhooks"
+            ]
+        );
+        assert_eq!(ids("staging.")[0], "staging-dispatcher");
+        assert_eq!(ids("team-a_")[1], "team-a-reconciler");
+        assert_eq!(ids("acme")[2], "acme-compensator");
+        assert_eq!(ids("")[0], "sluice-dispatcher");
+        assert!(validate_group_prefix("staging-").is_ok());
+        for bad in ["", "a b-", "x/", &"g".repeat(250)] {
+            assert!(
+                matches!(
+                    validate_group_prefix(bad),
+                    Err(BusError::InvalidConfig {
+                        key: "group_prefix",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -7,9 +7,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sluice_bus_kafka::{
-    GroupProtocol, KafkaConfig, KafkaSasl, KafkaSecurity, KafkaTls, SecurityProtocol,
+pub use sluice_bus_kafka::{
+    CreateTopics, KafkaOauth, KafkaSasl, KafkaTls, SaslMechanism, SecurityProtocol,
 };
+use sluice_bus_kafka::{GroupProtocol, KafkaConfig, KafkaSecurity};
 use sluice_ledger::sqlite::Durability;
 use sluice_ledger_cql::CqlConfig;
 use thiserror::Error;
@@ -205,6 +206,16 @@ pub struct KafkaSettings {
     /// publish waits for); unset takes the broker's default.
     pub min_insync_replicas: Option<u16>,
     pub client_id: String,
+    /// Whether a service creates topics at start: `if_missing` (default: reads the metadata
+    /// and creates only missing topics, so a user without `CREATE` can run the services once
+    /// the topics exist), `always` (asks at every start; needs `CREATE`), `never` (a missing
+    /// topic or another partition count stops the service). `sluice migrate` creates missing
+    /// topics whatever this says.
+    pub create_topics: CreateTopics,
+    /// Prefix of the consumer group ids (`<prefix>dispatcher`, `<prefix>reconciler`,
+    /// `<prefix>compensator`, `<prefix>webhooks`). Unset: the topic prefix with its trailing
+    /// `.`, `_` or `-` turned into `-` (`sluice.` gives `sluice-`).
+    pub group_prefix: Option<String>,
     /// Largest message accepted, in bytes.
     pub max_message_bytes: usize,
     /// How long a service waits at start for the brokers and its topics.
@@ -214,6 +225,10 @@ pub struct KafkaSettings {
     /// `[bus.kafka.sasl]`: mechanism (`plain`, `scram_sha_256`, `scram_sha_512`), username,
     /// password. Required by the `sasl_*` protocols.
     pub sasl: Option<KafkaSasl>,
+    /// `[bus.kafka.oauthbearer]`: SASL/OAUTHBEARER with OIDC client credentials
+    /// (`token_endpoint_url`, `client_id`, `client_secret` by reference, `scope`,
+    /// `extensions`), instead of `[bus.kafka.sasl]`.
+    pub oauthbearer: Option<KafkaOauth>,
     /// `[bus.kafka.tls]`: `ca_file`, `cert_file`/`key_file`, `key_password`,
     /// `verify_hostname`. Used by `ssl` and `sasl_ssl`.
     pub tls: KafkaTls,
@@ -239,10 +254,13 @@ impl Default for KafkaSettings {
             replication_factor: kafka.replication_factor,
             min_insync_replicas: kafka.min_insync_replicas,
             client_id: kafka.client_id,
+            create_topics: kafka.create_topics,
+            group_prefix: kafka.group_prefix,
             max_message_bytes: kafka.max_message_bytes,
             start_timeout_ms: u64::try_from(kafka.start_timeout.as_millis()).unwrap_or(u64::MAX),
             security_protocol: kafka.security.protocol,
             sasl: kafka.security.sasl,
+            oauthbearer: kafka.security.oauthbearer,
             tls: kafka.security.tls,
             extra: kafka.extra,
             group_protocol: kafka.group_protocol,
@@ -260,10 +278,13 @@ impl std::fmt::Debug for KafkaSettings {
             .field("replication_factor", &self.replication_factor)
             .field("min_insync_replicas", &self.min_insync_replicas)
             .field("client_id", &self.client_id)
+            .field("create_topics", &self.create_topics)
+            .field("group_prefix", &self.group_prefix)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("start_timeout_ms", &self.start_timeout_ms)
             .field("security_protocol", &self.security_protocol)
             .field("sasl", &self.sasl)
+            .field("oauthbearer", &self.oauthbearer)
             .field("tls", &self.tls)
             .field("extra", &self.extra.keys().collect::<Vec<_>>())
             .field("group_protocol", &self.group_protocol)
@@ -282,12 +303,15 @@ impl BusConfig {
             replication_factor: self.kafka.replication_factor,
             min_insync_replicas: self.kafka.min_insync_replicas,
             client_id: self.kafka.client_id.clone(),
+            create_topics: self.kafka.create_topics,
+            group_prefix: self.kafka.group_prefix.clone(),
             max_message_bytes: self.kafka.max_message_bytes,
             start_timeout: std::time::Duration::from_millis(self.kafka.start_timeout_ms),
             security: KafkaSecurity {
                 protocol: self.kafka.security_protocol,
                 sasl: self.kafka.sasl.clone(),
                 tls: self.kafka.tls.clone(),
+                oauthbearer: self.kafka.oauthbearer.clone(),
             },
             extra: self.kafka.extra.clone(),
             group_protocol: self.kafka.group_protocol,
@@ -977,6 +1001,74 @@ mod tests {
     }
 
     #[test]
+    fn kafka_topic_creation_and_group_prefix_are_read_and_checked() {
+        let kafka = Config::load(None, env(&[("SLUICE_BUS__KIND", "kafka")]))
+            .expect("the defaults")
+            .bus
+            .kafka_config();
+        assert_eq!(kafka.create_topics, CreateTopics::IfMissing);
+        assert_eq!(kafka.group_prefix(), "sluice-");
+        let staging = Config::load(
+            None,
+            env(&[
+                ("SLUICE_BUS__KIND", "kafka"),
+                ("SLUICE_BUS__TOPIC_PREFIX", "staging."),
+                ("SLUICE_BUS__KAFKA__CREATE_TOPICS", "never"),
+            ]),
+        )
+        .expect("valid")
+        .bus
+        .kafka_config();
+        assert_eq!(staging.create_topics, CreateTopics::Never);
+        assert_eq!(staging.group_prefix(), "staging-");
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("sluice.toml");
+        std::fs::write(
+            &path,
+            "[bus]\nkind = \"kafka\"\n[bus.kafka]\ncreate_topics = \"always\"\n\
+             group_prefix = \"team-a.sluice-\"\n",
+        )
+        .expect("write");
+        let file = Config::load(Some(&path), env(&[]))
+            .expect("valid")
+            .bus
+            .kafka_config();
+        assert_eq!(file.create_topics, CreateTopics::Always);
+        assert_eq!(file.group_prefix(), "team-a.sluice-");
+        std::fs::write(
+            &path,
+            "[bus]\nkind = \"kafka\"\n[bus.kafka]\nsecurity_protocol = \"sasl_ssl\"\n\
+             [bus.kafka.oauthbearer]\ntoken_endpoint_url = \"https://idp.example.com/token\"\n\
+             client_id = \"sluice\"\nclient_secret = { env = \"OIDC_SECRET\" }\n",
+        )
+        .expect("write");
+        let oauth = Config::load_with(Some(&path), env(&[]), &|var| {
+            (var == "OIDC_SECRET").then(|| "oidc-s3cret".to_owned())
+        })
+        .expect("valid");
+        let kafka = oauth.bus.kafka_config();
+        let token = kafka.security.oauthbearer.as_ref().expect("oauthbearer");
+        assert_eq!(token.client_secret.expose(), "oidc-s3cret");
+        assert!(!format!("{oauth:?}").contains("oidc-s3cret"));
+        for (var, value, key) in [
+            (
+                "SLUICE_BUS__KAFKA__CREATE_TOPICS",
+                "sometimes",
+                "create_topics",
+            ),
+            (
+                "SLUICE_BUS__KAFKA__GROUP_PREFIX",
+                "a b",
+                "bus.kafka.group_prefix",
+            ),
+        ] {
+            let err = Config::load(None, env(&[("SLUICE_BUS__KIND", "kafka"), (var, value)]))
+                .expect_err(value);
+            assert!(err.to_string().contains(key), "{err}");
+        }
+    }
+
+    #[test]
     fn distributed_kinds_read_their_sections_and_hide_secrets() {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("sluice.toml");
@@ -984,7 +1076,7 @@ mod tests {
             &path,
             "[ledger]\nkind = \"cql\"\n[ledger.cql]\nnodes = [\"10.0.0.1:9042\"]\nkeyspace = \"prod\"\n\
              [bus]\nkind = \"kafka\"\npartitions = 12\n[bus.kafka]\nbrokers = \"k1:9092,k2:9092\"\n\
-             [bus.kafka.extra]\n\"sasl.oauthbearer.client.secret\" = \"hunter2\"\n",
+             [bus.kafka.extra]\n\"ssl.keystore.password\" = \"hunter2\"\n",
         )
         .expect("write");
         let config = Config::load(Some(&path), env(&[])).expect("valid");
@@ -994,7 +1086,7 @@ mod tests {
         assert_eq!(kafka.brokers, "k1:9092,k2:9092");
         assert_eq!(kafka.partitions, 12);
         let shown = format!("{config:?}");
-        assert!(shown.contains("sasl.oauthbearer.client.secret"), "{shown}");
+        assert!(shown.contains("ssl.keystore.password"), "{shown}");
         assert!(
             !shown.contains("hunter2"),
             "a secret reached Debug: {shown}"

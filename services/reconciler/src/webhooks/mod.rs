@@ -1,8 +1,8 @@
 //! The webhook deliverer (docs/decisions.md, "Webhooks"): pushes the events a person must act
 //! on to the receivers of `[[webhooks]]`.
 //!
-//! Two loops. The *intake* consumes `events` as the consumer group [`GROUP`] and, for each
-//! subscription whose `types` take the event's `ce_type`, stores a delivery in the ledger
+//! Two loops. The *intake* consumes `events` as the consumer group [`Group::Webhooks`] and,
+//! for each subscription whose `types` take the event's `ce_type`, stores a delivery in the ledger
 //! (`WebhookStore::webhook_enqueue`, once per event id) before the message is acknowledged:
 //! from then on the delivery survives a crash of this process or of the receiver. The
 //! *sender* reads each subscription's due deliveries, claims one (a compare-and-set on its
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::{Client, Url};
-use sluice_bus::{BusError, Delivery as BusDelivery, Subscription, Topic};
+use sluice_bus::{BusError, Delivery as BusDelivery, Group, Subscription, Topic};
 use sluice_core::time::Timestamp;
 use sluice_core::webhook::{Delivery, DeliveryStatus, RetryRules, WebhookEvent, matches};
 use sluice_runtime::config::WebhookConfig;
@@ -26,9 +26,6 @@ use sluice_runtime::consumer::{ConsumerSpec, Handled, RetryPolicy, consume_subsc
 use sluice_runtime::messages::header;
 use sluice_runtime::{Context, PipelineError, Shutdown};
 use tokio::sync::Notify;
-
-/// The consumer group of the webhook intake, in every process that runs it.
-pub const GROUP: &str = "sluice-webhooks";
 
 /// How often the sender looks for due deliveries when nothing woke it.
 const POLL: Duration = Duration::from_millis(500);
@@ -148,7 +145,8 @@ impl Deliverer {
         let subscription = if hooks.is_empty() {
             None
         } else {
-            Some(ctx.bus.subscribe(Topic::Events, GROUP, &member()).await?)
+            let group = ctx.bus.group_id(Group::Webhooks);
+            Some(ctx.bus.subscribe(Topic::Events, &group, &member()).await?)
         };
         Ok(Self {
             ctx,
@@ -181,7 +179,7 @@ impl Deliverer {
         ));
         let spec = ConsumerSpec {
             topic: Topic::Events,
-            group: GROUP.into(),
+            group: subscription.group().to_owned(),
             member: member(),
             concurrency: 4,
             lanes: None,

@@ -94,8 +94,8 @@ impl BenchTool {
         }
     }
 }
-/// The consumer group the bench reads lifecycle events as.
-const EVENTS_GROUP: &str = "sluice-bench";
+/// The consumer group the bench reads lifecycle events as, after the bus's group prefix.
+const EVENTS_GROUP: &str = "bench";
 /// A pass gives up when no effect settled for this long.
 const STALL: Duration = Duration::from_secs(30);
 /// Client tasks of a pass unless `--concurrency` says otherwise.

@@ -197,7 +197,11 @@ pub(super) async fn run_pass(
         let events = pipeline
             .ctx
             .bus
-            .subscribe(Topic::Events, EVENTS_GROUP, "bench")
+            .subscribe(
+                Topic::Events,
+                &format!("{}{EVENTS_GROUP}", pipeline.ctx.bus.group_prefix()),
+                "bench",
+            )
             .await?;
         let workload = Arc::new(Workload::new(
             submission.slug(),
