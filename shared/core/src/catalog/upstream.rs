@@ -73,33 +73,16 @@ pub const DEFAULT_BREAKER: BreakerSpec = BreakerSpec {
 /// `None` when the URL names no host (the catalog refuses a placeholder there); such a tool is
 /// its own upstream, with the default breaker.
 pub fn host_of(url: &str) -> Option<String> {
-    let (scheme, rest) = url.split_once("://")?;
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..end];
-    if scheme.contains(['{', '}']) || authority.contains(['{', '}']) {
-        return None;
-    }
-    // Credentials in the URL are not part of the host (and never part of a name shown).
-    let authority = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, host)| host);
-    let (host, port) = match authority.rsplit_once(':') {
-        // An IPv6 literal's colons are inside its brackets.
-        Some((host, port)) if !port.contains(']') => (host, Some(port)),
-        _ => (authority, None),
-    };
-    if host.is_empty() {
-        return None;
-    }
-    let default_port = match scheme.to_ascii_lowercase().as_str() {
-        "http" => Some("80"),
-        "https" => Some("443"),
-        _ => None,
-    };
-    let host = host.to_ascii_lowercase();
-    Some(match port {
-        Some(port) if !port.is_empty() && Some(port) != default_port => format!("{host}:{port}"),
-        _ => host,
+    // The WHATWG parser (the `url` crate) lowercases the host, drops credentials and reports
+    // no port when it is the scheme's own. A placeholder in the host (`http://{host}/x`) names
+    // no host yet, whatever the parser makes of its braces.
+    let parsed = url::Url::parse(url).ok()?;
+    let host = parsed
+        .host_str()
+        .filter(|h| !h.is_empty() && !h.contains(['{', '}']))?;
+    Some(match parsed.port() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_owned(),
     })
 }
 
