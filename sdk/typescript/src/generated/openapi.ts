@@ -663,8 +663,10 @@ export interface components {
             name: string;
             /** @enum {unknown} */
             kind: "upstream" | "tool";
-            /** @description For a tool: the upstream its calls count against (its own name when it names none) */
+            /** @description For a tool: the upstream its calls count against (its dispatch URL's host when it names none; its own name with breaker = false) */
             upstream?: string;
+            /** @description For an upstream: true when no catalog entry declares it, the host of tools naming none, with the default breaker */
+            by_default?: boolean;
             tools: string[];
             /** @description Calls per period over every dispatcher, such as 50/s */
             rate: string | null;
