@@ -73,10 +73,16 @@ async fn a_rate_limiting_upstream_fails_nothing_and_commits_each_effect_once() {
         h.agent.batch_created(batch).await;
     }
 
-    // Every effect settles, then rests: the wires' last looks (rate limited too) are done.
+    // Every effect settles, then rests: the wires' last looks (rate limited too) are done. A
+    // wire held by 429s on its call and on its lookups waits 25 s or more of Retry-After by
+    // design (the figures below), past the harness's usual deadline: give each a minute.
     let mut settled: Vec<Command> = Vec::new();
     for (run, key) in &effects {
-        settled.push(h.agent.wait_settled(run, key).await);
+        settled.push(
+            h.agent
+                .wait_settled_within(run, key, Duration::from_secs(60))
+                .await,
+        );
     }
     let settled_after = started.elapsed();
     let rested: Vec<Command> = eventually("every effect at rest", Duration::from_secs(60), || {
