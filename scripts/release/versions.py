@@ -70,6 +70,7 @@ COPIES = [
     ("sdk/typescript/package.json", "version", _json("sdk/typescript/package.json", "version")),
     ("sdk/typescript/package-lock.json", "version", _json("sdk/typescript/package-lock.json", "version")),
     ("sdk/typescript/package-lock.json", 'packages[""].version', _json("sdk/typescript/package-lock.json", "packages", "", "version")),
+    ("deploy/Dockerfile", "ARG SLUICE_VERSION", _regex("deploy/Dockerfile", r"^ARG SLUICE_VERSION=(\S+)")),
     ("k8s/kustomization.yaml", "images[sluice].newTag", _regex("k8s/kustomization.yaml", r"^  - name: sluice\n    newTag: (\S+)")),
 ]
 # Optional copies: checked when the file exists (the Helm chart's appVersion).
