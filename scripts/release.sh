@@ -80,8 +80,10 @@ if [ -z "${SLUICE_GIT_REVISION:-}" ] && git rev-parse --git-dir >/dev/null 2>&1;
 else
   revision="${SLUICE_GIT_REVISION:-unknown}"
 fi
-# Reproducible archives: every file's time is the commit's.
-export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}"
+# Reproducible archives and SBOM: every time in them is the commit's. Not exported: the `cc`
+# crate's build scripts rerun when SOURCE_DATE_EPOCH changes, so cargo would rebuild every C
+# dependency and all above them (the whole workspace) instead of reusing the build.
+epoch="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}"
 echo "revision $revision, profile $profile, into $dist"
 
 # ------------------------------------------------------------------------------------------
@@ -172,7 +174,7 @@ pack() { # pack NAME FILE... — DIR/NAME.tar.gz holding NAME/<each file's base 
   mkdir "$stage/$name"
   cp -p "$@" "$stage/$name/"
   chmod 0644 "$stage/$name"/*.md "$stage/$name/LICENSE" 2>/dev/null || true
-  tar -C "$stage" --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$SOURCE_DATE_EPOCH" \
+  tar -C "$stage" --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" \
     -cf - "$name" | gzip -n -6 >"$dist/$name.tar.gz"
   rm -rf "$stage"
 }
@@ -194,10 +196,10 @@ sbom_tmp="$(mktemp -d)"
 # files (as they are in the work tree), not in the clone.
 git ls-files -z --cached --others --exclude-standard \
   | tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -C "$sbom_tmp" -xf -
-(cd "$sbom_tmp" && "$cyclonedx" cyclonedx --quiet --format json --spec-version 1.5 \
+(cd "$sbom_tmp" && SOURCE_DATE_EPOCH="$epoch" "$cyclonedx" cyclonedx --quiet --format json --spec-version 1.5 \
   --describe binaries --target "$target")
 mapfile -t boms < <(for b in "${bins[@]}"; do find "$sbom_tmp" -name "${b}_bin.cdx.json"; done)
-"$venv/bin/python" scripts/release/sbom.py --version "$version" --revision "$revision" --source-root "$sbom_tmp" \
+SOURCE_DATE_EPOCH="$epoch" "$venv/bin/python" scripts/release/sbom.py --version "$version" --revision "$revision" --source-root "$sbom_tmp" \
   --out "$dist/sluice-$version-$target.cdx.json" "${boms[@]}"
 rm -rf "$sbom_tmp"
 
