@@ -4,9 +4,9 @@
 # so a machine pays the Go builds once:
 #   1. helm, built from the Go module proxy (helm.sh/helm/v4/cmd/helm@$SLUICE_HELM_VERSION);
 #   2. kubeconform, built from the Go module proxy (github.com/yannh/kubeconform);
-#   3. the Kubernetes JSON schemas, from PyPI's kubernetes-validate (the package ships them in
-#      kubeconform's layout, <version>-standalone-strict/<kind>-<group>-<version>.json), in a
-#      virtualenv of its own;
+#   3. the Kubernetes JSON schemas, from PyPI's kubernetes-validate (the package ships them as
+#      v<version>-local-strict/<kind>-<group>-<version>.json, kubeconform's naming), installed in
+#      a virtualenv of its own and copied for the versions in $SLUICE_K8S_VERSIONS;
 #   4. the CRD schemas of the custom resources the chart renders (ServiceMonitor, PrometheusRule,
 #      ScaledObject, ExternalSecret), taken from the CRD YAMLs inside the operators' own Go
 #      modules (`go mod download`) and converted to JSON Schema by crd2jsonschema.py.
@@ -20,6 +20,9 @@ cache="${SLUICE_TOOLS_CACHE:-$HOME/.cache/sluice/tools}"
 helm_version="${SLUICE_HELM_VERSION:-v4.3.2}"
 kubeconform_version="${SLUICE_KUBECONFORM_VERSION:-v0.8.0}"
 k8s_validate_version="${SLUICE_KUBERNETES_VALIDATE_VERSION:-1.37.0}"
+# The Kubernetes versions the chart is validated against: the oldest it supports (Chart.yaml's
+# kubeVersion) and the newest kubernetes-validate knows.
+k8s_versions="${SLUICE_K8S_VERSIONS:-1.29.0 1.37.0}"
 # The operators whose CRDs the chart's custom resources must satisfy: module@version and the
 # CRD files inside it. KEDA v2.21.1 needs Go 1.27; v2.21.0 is the newest this Go builds with.
 crd_modules=(
@@ -56,8 +59,30 @@ if [ ! -x "$venv/bin/kubernetes-validate" ]; then
   python3 -m venv "$venv" >&2
   "$venv/bin/pip" install --quiet --disable-pip-version-check "kubernetes-validate==$k8s_validate_version" >&2
 fi
-k8s_schemas="$("$venv/bin/python" -c 'import kubernetes_validate, os; print(os.path.join(os.path.dirname(kubernetes_validate.__file__), "kubernetes-json-schema"))')"
-[ -d "$k8s_schemas" ] || { echo "install.sh: kubernetes-validate has no schema directory at $k8s_schemas" >&2; exit 1; }
+# Its schemas carry $ids under https://kubernetes.io/api/ and refer to their shared definitions
+# as /api/_definitions.json (it serves them from a registry of its own); kubeconform resolves
+# references against the file, so the versions the suite validates against are copied without
+# the $ids and with those references relative to the file.
+k8s_schemas="$cache/k8s-schemas/$k8s_validate_version"
+if [ ! -f "$k8s_schemas/.done" ]; then
+  rm -rf "$k8s_schemas"
+  "$venv/bin/python" - "$k8s_schemas" $k8s_versions <<'PYEOF'
+import json, os, sys, kubernetes_validate
+src = os.path.join(os.path.dirname(kubernetes_validate.__file__), "kubernetes-json-schema")
+out, versions = sys.argv[1], sys.argv[2:]
+for v in versions:
+    d = f"v{v}-local-strict"
+    if not os.path.isdir(os.path.join(src, d)):
+        sys.exit(f"install.sh: kubernetes-validate has no schemas for Kubernetes {v} ({d})")
+    os.makedirs(os.path.join(out, d))
+    for name in os.listdir(os.path.join(src, d)):
+        schema = json.load(open(os.path.join(src, d, name)))
+        schema.pop("$id", None)  # https://kubernetes.io/api/…: the base the references resolve on
+        text = json.dumps(schema).replace('"/api/_definitions.json#', '"_definitions.json#')
+        open(os.path.join(out, d, name), "w").write(text)
+PYEOF
+  touch "$k8s_schemas/.done"
+fi
 
 # CRD schemas, one directory per set of module versions (and converter).
 crd_sum="$( { printf '%s\n' "${crd_modules[@]}"; cat "$HERE/crd2jsonschema.py"; } | sha256sum | cut -c1-16)"
