@@ -156,6 +156,27 @@ result(not d, f"the chart's sluice.toml has the keys and values of k8s/config/sl
 result(cm["data"]["catalog.toml"] == k8s_cm["data"]["catalog.toml"],
        "the chart's default catalog is the kustomize ConfigMap's (the example catalog)")
 
+# The chart's own TOML writer (Helm's toToml writes integers as floats): arrays of tables,
+# secret references, quotes and backslashes in strings, keys that need quoting, big integers.
+values = tmp / "toml-values.yaml"
+values.write_text(yaml.safe_dump({"config": {
+    "bus": {"copy_keys": [{"id": "2026-11", "secret": {"env": "SLUICE_COPY_KEY"}}],
+            "kafka": {"extra": {"fetch.max.bytes": "52428800"}}},
+    "reconciler": {"purge_every_ms": 86400000000, "purge_batch": 500},
+    "telemetry": {"log_level": 'sluice=debug,info "quoted" \\ back'},
+    "producer": {"allowed_origins": ["https://ops.example.com", "https://b.example.com"]},
+    "x": {"ratio": 0.25, "flag": True, "empty": []}}}))
+text, err = render("-f", str(values), "--show-only", "templates/configmap.yaml")
+got = tomllib.loads(yaml.safe_load(text)["data"]["sluice.toml"]) if text else {}
+want = {"copy_keys": [{"id": "2026-11", "secret": {"env": "SLUICE_COPY_KEY"}}], "purge_every_ms": 86400000000,
+        "log_level": 'sluice=debug,info "quoted" \\ back', "extra": "52428800", "ratio": 0.25, "flag": True, "empty": []}
+have = {"copy_keys": got.get("bus", {}).get("copy_keys"), "purge_every_ms": got.get("reconciler", {}).get("purge_every_ms"),
+        "log_level": got.get("telemetry", {}).get("log_level"),
+        "extra": got.get("bus", {}).get("kafka", {}).get("extra", {}).get("fetch.max.bytes"),
+        "ratio": got.get("x", {}).get("ratio"), "flag": got.get("x", {}).get("flag"), "empty": got.get("x", {}).get("empty")}
+result(have == want and type(have["purge_every_ms"]) is int,
+       "the chart's TOML writer keeps integers integers, arrays of tables, quoted keys and escaped strings", err or f"{have}\n!= {want}")
+
 for svc in SERVICES:
     name = f"sluice-{svc}"
     dep, kdep = one(default, "Deployment", name), one(base, "Deployment", name)
