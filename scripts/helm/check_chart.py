@@ -4,6 +4,7 @@ SLUICE_HELM, SLUICE_KUBECONFORM, SLUICE_K8S_SCHEMAS and SLUICE_CRD_SCHEMAS). Pri
 check and ends with `N passed, N failed, N skipped`."""
 
 import copy
+import shutil
 import glob
 import json
 import os
@@ -552,9 +553,9 @@ if not sluice or not os.access(sluice, os.X_OK):
 else:
     for name, ds in (("default values", default), ("ci/all-features-values.yaml", full), ("ci/oauth-fixed-values.yaml", fixed)):
         cmap = one(ds, "ConfigMap", "sluice-config")
-        work = Path(tempfile.mkdtemp(prefix="sluice-helm-config-"))
+        work = tmp / f"config-{re.sub(r'[^a-z0-9]+', '-', name)}"
+        work.mkdir()
         (work / "sluice.toml").write_text(cmap["data"]["sluice.toml"])
-        catalog = cmap["data"].get("catalog.toml") or (work / "missing").name
         (work / "catalog.toml").write_text(cmap["data"].get("catalog.toml", open("deploy/catalog.toml").read()))
         # Each service's environment as its pod gets it; Secret values and pod fields stand in.
         for c in SERVICES:
@@ -583,5 +584,6 @@ else:
                                capture_output=True, text=True, env=dict(os.environ, SLUICE_UPSTREAM_URL="http://sluice-upstream:8787"))
             result(r.returncode == 0, f"sluice catalog check accepts the rendered catalog ({name})", r.stderr or r.stdout)
 
+shutil.rmtree(tmp, ignore_errors=True)
 print(f"{passed} passed, {failed} failed, {skipped} skipped")
 sys.exit(1 if failed else 0)

@@ -32,6 +32,7 @@ if ! tools="$(scripts/helm/install.sh 2>/tmp/sluice-helm-install.$$ | tail -n 1)
   echo "0 passed, 1 failed, 0 skipped"
   exit 1
 fi
+grep -E '^(built|installing|building)' /tmp/sluice-helm-install.$$ || true
 rm -f /tmp/sluice-helm-install.$$
 echo "tools ready in $((SECONDS - began)) s"
 eval "$tools"
