@@ -127,7 +127,8 @@ if not default:
 # -- the same as the kustomize base -------------------------------------------------------------
 base = k8s_docs()
 chart_version = yaml.safe_load(open(f"{CHART}/Chart.yaml"))["appVersion"]
-workspace_version = tomllib.load(open("Cargo.toml", "rb"))["workspace"]["package"]["version"]
+workspace = tomllib.load(open("Cargo.toml", "rb"))["workspace"]["package"]
+workspace_version, repository = workspace["version"], workspace["repository"]
 result(chart_version == workspace_version,
        f"Chart.yaml appVersion {chart_version} is the workspace version {workspace_version}")
 
@@ -371,7 +372,7 @@ else:
                 continue
             url = got["annotations"].pop("runbook_url", "")
             want_url = r["annotations"]["runbook_url"].replace(
-                "https://example.invalid/sluice/blob/main/docs/", "https://docs.internal.example.com/sluice/")
+                f"{repository}/blob/main/docs/", "https://docs.internal.example.com/sluice/")
             if url != want_url:
                 problems.append(f"{r['alert']}: runbook_url {url}, expected {want_url}")
             expected = copy.deepcopy(r)
