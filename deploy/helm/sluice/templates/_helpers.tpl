@@ -346,7 +346,7 @@ The migration Job uses it with component "migrate".
 {{- end -}}
 
 {{- define "sluice.envFrom" -}}
-{{- if .Values.existingSecret }}
+{{- if .Values.existingSecret -}}
 envFrom:
   - secretRef:
       name: {{ .Values.existingSecret }}
