@@ -21,8 +21,8 @@ use thiserror::Error;
 use tracing::Instrument;
 
 use crate::messages::{
-    Cause, CompensateJob, LifecycleEvent, Outgoing, compensate_request, dispatch_request,
-    reconcile_request,
+    Cause, CompensateJob, EventOrigin, LifecycleEvent, Outgoing, compensate_request,
+    dispatch_request, reconcile_request,
 };
 use crate::metrics::Metrics;
 
@@ -411,7 +411,12 @@ impl Context {
                     }
                 }
                 Action::Publish { status } => {
-                    let event = LifecycleEvent::new(service, command, self.clock.now());
+                    let event = LifecycleEvent::new(
+                        service,
+                        command,
+                        self.event_origin(command, step),
+                        self.clock.now(),
+                    );
                     debug_assert_eq!(*status, command.status());
                     let event = Outgoing {
                         payload: event.payload,
@@ -428,8 +433,13 @@ impl Context {
                         reason = %reason,
                         "escalated to a person"
                     );
-                    let event =
-                        LifecycleEvent::escalated(service, command, self.clock.now(), reason);
+                    let event = LifecycleEvent::escalated(
+                        service,
+                        command,
+                        self.event_origin(command, step),
+                        self.clock.now(),
+                        reason,
+                    );
                     let event = Outgoing {
                         payload: event.payload,
                         headers: event.headers,
@@ -440,6 +450,17 @@ impl Context {
             }
         }
         Ok(())
+    }
+
+    /// What the lifecycle events of `step` are built from besides the command: the status it
+    /// left and the arguments the command's tool publishes (none when it left the catalog).
+    pub fn event_origin<'c>(&'c self, command: &Command, step: &Step) -> EventOrigin<'c> {
+        EventOrigin {
+            from: Some(step.from),
+            include_args: tool_of(&self.catalog, command)
+                .map(Tool::event_args)
+                .unwrap_or_default(),
+        }
     }
 
     async fn publish(
