@@ -177,7 +177,8 @@ pub use self::shape::{
     BodyTemplate, ContentType, DEFAULT_IDEMPOTENCY_HEADER, RequestShape, form_pairs, render_value,
 };
 pub use self::template::{
-    RenderError, Template, TemplateError, UrlKeys, render_text, render_url, slot_value,
+    REDACTED, RenderError, Template, TemplateError, UrlKeys, render_text, render_url,
+    render_url_redacted, slot_value,
 };
 use self::tool::Joins;
 pub use self::tool::{ApprovalThreshold, Tool, ToolPolicy};
