@@ -8,8 +8,9 @@ edit this file and run it, do not edit the JSON by hand:
     python3 scripts/gen-grafana-dashboard.py            # write the dashboard
     python3 scripts/gen-grafana-dashboard.py --check    # exit 1 if the JSON is out of date
 
-Labels it relies on: job="sluice" with `service` on the Sluice targets, and the Kafka
-exporter's kafka_consumergroup_lag{consumergroup, topic, partition}.
+Labels it relies on: job="sluice" with `service` on the Sluice targets, Sluice's own
+sluice_consumer_lag{group, topic, partition}, and the Kafka exporter's
+kafka_consumergroup_lag{consumergroup, topic, partition}.
 """
 
 import json
@@ -262,6 +263,17 @@ panel("Consumer lag by topic and partition",
         "{{consumergroup}} {{topic}}/{{partition}}")],
       unit="short", w=12,
       description="A single hot partition means one run (or a few) carries most of the load.")
+panel("Consumer lag by group (Sluice)",
+      [(f'sum by (group) (max by (group, topic, partition) (sluice_consumer_lag{{{S}}}))', "{{group}}")],
+      unit="short", w=12, thresholds=[(1000, "red")],
+      description="Sluice's own reading (sluice_consumer_lag, every 5 s by each consuming service; "
+                  "the max over its replicas), with or without the Kafka exporter: the embedded bus too.")
+panel("Consumer lag by partition (Sluice)",
+      [(f'max by (group, topic, partition) (sluice_consumer_lag{{{S}}})',
+        "{{group}} {{topic}}/{{partition}}")],
+      unit="short", w=12, thresholds=[(500, "red")],
+      description="One partition behind alone: a message held by its retries, or the member "
+                  "holding the partition. Alert (SluicePartitionLagHigh) above 500 for 10 minutes.")
 
 dashboard = {
     "uid": "sluice-overview",

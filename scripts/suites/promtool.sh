@@ -94,6 +94,36 @@ missing = [a for a in state if a not in tested]
 result(not missing, f"the state alerts have unit tests ({', '.join(state)})",
        f"no test for {', '.join(missing)}" if missing else "")
 
+# -- Every alert links to its runbook: a section of docs/operations.md ----------------------
+# runbook_url = <Cargo.toml's workspace repository>/blob/main/docs/<doc>#<anchor>, and the doc
+# has a heading whose GitHub anchor is <anchor> (lower case, spaces to '-', punctuation dropped).
+import tomllib
+repository = tomllib.load(open("Cargo.toml", "rb"))["workspace"]["package"]["repository"]
+base = f"{repository}/blob/main/docs/"
+
+
+def anchors(doc):
+    out = set()
+    for heading in re.findall(r"(?m)^#+ (.*)$", open(doc).read()):
+        out.add(re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-"))
+    return out
+
+
+problems = []
+for r in rules:
+    url = r.get("annotations", {}).get("runbook_url", "")
+    if not url.startswith(base) or "#" not in url:
+        problems.append(f"{r['alert']}: runbook_url {url!r} is not {base}<doc>#<section>")
+        continue
+    doc, _, anchor = url[len(base):].partition("#")
+    if not os.path.exists(f"docs/{doc}"):
+        problems.append(f"{r['alert']}: runbook_url names docs/{doc}, which does not exist")
+    elif anchor not in anchors(f"docs/{doc}"):
+        problems.append(f"{r['alert']}: docs/{doc} has no section #{anchor}")
+result(not problems, f"every alert's runbook_url names a section of the docs ({len(rules)} rules)", "\n".join(problems))
+untested = sorted({r["alert"] for r in rules} - tested)
+print(f"note: alerts without a unit test: {', '.join(untested) or 'none'}")
+
 # -- The dashboard's JSON model ------------------------------------------------------------
 r = subprocess.run(["python3", "scripts/gen-grafana-dashboard.py", "--check"], capture_output=True, text=True)
 result(r.returncode == 0, f"{dash_path} is what scripts/gen-grafana-dashboard.py writes", r.stderr)

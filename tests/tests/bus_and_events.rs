@@ -6,7 +6,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sluice_bus::Topic;
-use sluice_core::command::{Command, CommandStatus};
+use sluice_core::command::CommandStatus;
 use sluice_runtime::messages::{DLQ_REASON_HEADER, DLQ_TOPIC_HEADER, header};
 use sluice_tests::*;
 use sluice_upstream::{Family, FaultKind, FaultRates, Faults};
@@ -69,7 +69,8 @@ async fn lifecycle_events_are_cloudevents_and_wake_long_polls_at_once() {
         "the long poll returned {late} ms after the confirmation: not woken by the event"
     );
 
-    // The event an outside consumer reads: CloudEvents 1.0 in binary mode, the command as data.
+    // The event an outside consumer reads: CloudEvents 1.0 in binary mode, the public
+    // projection of the command as data (docs/events.md).
     let delivery = tokio::time::timeout(DEADLINE, events.next())
         .await
         .expect("a lifecycle event within the deadline")
@@ -79,7 +80,11 @@ async fn lifecycle_events_are_cloudevents_and_wake_long_polls_at_once() {
     assert_eq!(header(headers, "ce_specversion"), Some("1.0"));
     assert_eq!(
         header(headers, "ce_type"),
-        Some("dev.sluice.effect.confirmed")
+        Some("dev.sluice.effect.confirmed.v1")
+    );
+    assert_eq!(
+        header(headers, "ce_dataschema"),
+        Some("https://sluice.dev/schemas/events/dev.sluice.effect.confirmed.v1.json")
     );
     assert_eq!(
         header(headers, "ce_subject"),
@@ -89,9 +94,17 @@ async fn lifecycle_events_are_cloudevents_and_wake_long_polls_at_once() {
     assert!(header(headers, "ce_id").is_some_and(|id| !id.is_empty()));
     assert!(header(headers, "ce_time").is_some());
     assert_eq!(header(headers, "content-type"), Some("application/json"));
-    let data: Command = serde_json::from_slice(delivery.payload()).expect("the command as data");
-    assert_eq!(data.state.external_ref.as_deref(), Some("w-1"));
-    assert_eq!(data.status(), CommandStatus::Confirmed);
+    let data: serde_json::Value =
+        serde_json::from_slice(delivery.payload()).expect("the projection as data");
+    assert_eq!(data["external_ref"], "w-1");
+    assert_eq!(data["status"], "CONFIRMED");
+    assert_eq!(data["outcome"]["decided_by"], "call");
+    for internal in ["lease", "args", "args_hash", "result", "policy_version"] {
+        assert!(
+            data.get(internal).is_none(),
+            "{internal} is not published: {data}"
+        );
+    }
     delivery.ack().await.expect("acknowledged");
     h.stop().await;
 }

@@ -1,5 +1,8 @@
 //! Traces end to end: one effect submitted with a W3C `traceparent` is one trace, exported over
-//! OTLP to a real OpenTelemetry Collector and read back from the collector's file exporter.
+//! OTLP to a real OpenTelemetry Collector and read back from the collector's file exporter;
+//! its spans carry OpenTelemetry's semantic-convention attributes (HTTP server and client,
+//! messaging, database, the GenAI `execute_tool` span), and the services' JSON log lines carry
+//! the trace and span ids the collector got (docs/operations.md, "Telemetry").
 //!
 //! The collector is the one `scripts/otelcol/install.sh` builds from the Go module proxy (an
 //! OTLP receiver and the file exporter); its path is `SLUICE_OTELCOL_BIN`, else the cache's.
@@ -19,7 +22,7 @@ use std::time::{Duration, Instant};
 use axum::Json;
 use axum::extract::{Request, State};
 use serde_json::{Value, json};
-use sluice_runtime::config::TelemetryConfig;
+use sluice_runtime::config::{LogFormat, TelemetryConfig};
 use sluice_tests::processes::free_port;
 use sluice_tests::*;
 
@@ -180,6 +183,37 @@ impl Span {
     }
 }
 
+/// The log lines the services wrote (JSON, one per line), kept for the test to read.
+#[derive(Debug, Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn lines(&self) -> Vec<Value> {
+        let bytes = self.0.lock().expect("not poisoned").clone();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .map(|line| {
+                serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line}"))
+            })
+            .collect()
+    }
+}
+
 /// One request the upstream saw: its method, path and `traceparent`.
 type SeenRequest = (String, String, Option<String>);
 
@@ -224,12 +258,21 @@ async fn one_effect_is_one_trace_from_the_agents_call_to_the_upstream_and_back()
     };
     let dir = tempfile::tempdir().expect("a temporary directory");
     let collector = Collector::start(&bin, dir.path());
-    sluice_runtime::telemetry::init(&TelemetryConfig {
-        log_level: std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn".into()),
-        otlp_endpoint: Some(collector.endpoint.clone()),
-        service_name: Some("sluice-trace-test".into()),
-        ..TelemetryConfig::default()
-    });
+    // The services' JSON logs, Sluice's debug lines included, captured.
+    let logs = Captured::default();
+    sluice_runtime::telemetry::init_writing_to(
+        &TelemetryConfig {
+            log_level: "warn,sluice=debug".into(),
+            log_format: LogFormat::Json,
+            otlp_endpoint: Some(collector.endpoint.clone()),
+            service_name: Some("sluice-trace-test".into()),
+            ..TelemetryConfig::default()
+        },
+        {
+            let logs = logs.clone();
+            move || logs.clone()
+        },
+    );
 
     let (seen, upstream) = start_recorder().await;
     // A NON_IDEMPOTENT wire, so the dispatcher takes a lease of its own, with its last look
@@ -270,6 +313,31 @@ async fn one_effect_is_one_trace_from_the_agents_call_to_the_upstream_and_back()
         assert!(Instant::now() < deadline, "the last look never came");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The consumer lag of each group and partition, on the metrics endpoint (the embedded
+    // bus's offsets, read every few seconds): nothing is left behind once the effect settled.
+    let lag =
+        r#"sluice_consumer_lag{group="sluice-dispatcher",partition="0",topic="sluice.requested"}"#;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = reqwest::get(format!("{}/metrics", pipeline.url()))
+            .await
+            .expect("the producer answers /metrics")
+            .text()
+            .await
+            .expect("a text body");
+        if text.lines().any(|line| line == format!("{lag} 0")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {lag} 0 on /metrics:\n{}",
+            text.lines()
+                .filter(|l| l.contains("consumer_lag"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     pipeline.stop().await.expect("the pipeline stops");
     sluice_runtime::telemetry::shutdown();
 
@@ -300,11 +368,13 @@ async fn one_effect_is_one_trace_from_the_agents_call_to_the_upstream_and_back()
     let wanted = [
         "POST /v1/effects",
         "reserve",
-        "dispatch",
-        "lease",
-        "upstream.dispatch",
-        "finalize",
-        "upstream.status_check",
+        "send sluice.requested",
+        "process sluice.requested",
+        "lease commands",
+        "execute_tool payments/wire",
+        "POST",
+        "finalize commands",
+        "GET",
     ];
     let trace = loop {
         let trace: Vec<Span> = collector
@@ -329,7 +399,7 @@ async fn one_effect_is_one_trace_from_the_agents_call_to_the_upstream_and_back()
     let one = |name: &str| {
         trace
             .iter()
-            .find(|s| s.name == name && (name != "dispatch" || s.kind == 5))
+            .find(|s| s.name == name)
             .unwrap_or_else(|| panic!("no {name} span"))
             .clone()
     };
@@ -347,46 +417,158 @@ async fn one_effect_is_one_trace_from_the_agents_call_to_the_upstream_and_back()
         }
         false
     };
+    let has = |span: &Span, attributes: &[(&str, &str)]| {
+        for (key, value) in attributes {
+            assert_eq!(
+                span.attribute(key).as_deref(),
+                Some(*value),
+                "{} {key}: {}",
+                span.name,
+                span.attributes
+            );
+        }
+    };
     // Producer: the API's server span is the child of the agent's span.
     let request = one("POST /v1/effects");
     assert_eq!(request.parent, AGENT_SPAN);
     assert_eq!(request.kind, 2, "a server span");
+    has(
+        &request,
+        &[
+            ("http.request.method", "POST"),
+            ("http.route", "/v1/effects"),
+            ("http.response.status_code", "201"),
+        ],
+    );
     let reserve = one("reserve");
     assert_eq!(reserve.parent, request.span_id);
-    assert_eq!(reserve.attribute("run_id").as_deref(), Some("r-traced"));
-    assert_eq!(
-        reserve.attribute("command_key").as_deref(),
-        Some("d-1/payments/wire/0")
+    has(
+        &reserve,
+        &[
+            ("run_id", "r-traced"),
+            ("command_key", "d-1/payments/wire/0"),
+            ("tool", "payments/wire"),
+        ],
     );
-    assert_eq!(reserve.attribute("tool").as_deref(), Some("payments/wire"));
+    // The dispatch request's publish: a producer span, the full topic name.
+    let send = one("send sluice.requested");
+    assert_eq!(send.kind, 4, "a producer span");
+    assert_eq!(send.parent, reserve.span_id);
+    has(
+        &send,
+        &[
+            ("messaging.system", "sluice_embedded"),
+            ("messaging.operation.type", "send"),
+            ("messaging.destination.name", "sluice.requested"),
+            ("messaging.kafka.message.key", "r-traced"),
+        ],
+    );
+    assert!(
+        send.attribute("messaging.destination.partition.id")
+            .is_some(),
+        "{send:?}"
+    );
     // Dispatcher: its consumer span is the child of the producer's span through the message.
-    let dispatch_span = one("dispatch");
-    assert_eq!(dispatch_span.kind, 5, "a consumer span");
-    assert_eq!(dispatch_span.parent, reserve.span_id);
-    assert_eq!(
-        dispatch_span.attribute("outcome").as_deref(),
-        Some("CONFIRMED")
+    let process = one("process sluice.requested");
+    assert_eq!(process.kind, 5, "a consumer span");
+    assert_eq!(process.parent, reserve.span_id);
+    has(
+        &process,
+        &[
+            ("messaging.system", "sluice_embedded"),
+            ("messaging.operation.type", "process"),
+            ("messaging.destination.name", "sluice.requested"),
+            (
+                "messaging.destination.partition.id",
+                &send
+                    .attribute("messaging.destination.partition.id")
+                    .expect("checked"),
+            ),
+            ("messaging.kafka.message.key", "r-traced"),
+            ("messaging.consumer.group.name", "sluice-dispatcher"),
+            ("sluice.work", "dispatch"),
+            ("outcome", "CONFIRMED"),
+        ],
     );
-    let lease = one("lease");
-    assert!(descends(&lease, &dispatch_span), "{lease:?}");
-    assert_eq!(lease.attribute("outcome").as_deref(), Some("LEASED"));
-    // The upstream call: a client span whose id the request carried.
-    let call = one("upstream.dispatch");
+    // The ledger's writes: database client spans.
+    let lease = one("lease commands");
+    assert_eq!(lease.kind, 3, "a client span");
+    assert!(descends(&lease, &process), "{lease:?}");
+    let ledger = [
+        ("db.system.name", "sqlite"),
+        ("db.namespace", "main"),
+        ("db.collection.name", "commands"),
+    ];
+    has(&lease, &ledger);
+    has(
+        &lease,
+        &[("db.operation.name", "lease"), ("outcome", "LEASED")],
+    );
+    // The tool call: GenAI's execute_tool span around the HTTP request's client span, whose
+    // id the request carried.
+    let tool_call = one("execute_tool payments/wire");
+    assert!(descends(&tool_call, &process), "{tool_call:?}");
+    has(
+        &tool_call,
+        &[
+            ("gen_ai.operation.name", "execute_tool"),
+            ("gen_ai.tool.name", "payments/wire"),
+            ("gen_ai.tool.call.id", "r-traced/d-1/payments/wire/0"),
+            ("outcome", "committed"),
+        ],
+    );
+    let call = one("POST");
     assert_eq!(call.kind, 3, "a client span");
-    assert!(descends(&call, &dispatch_span), "{call:?}");
+    assert_eq!(call.parent, tool_call.span_id);
     assert_eq!(
         call.span_id,
         dispatch.2.as_deref().expect("checked")[36..52]
     );
-    assert_eq!(call.attribute("outcome").as_deref(), Some("committed"));
-    let finalize = one("finalize");
-    assert!(descends(&finalize, &dispatch_span), "{finalize:?}");
-    assert_eq!(finalize.attribute("outcome").as_deref(), Some("CONFIRMED"));
+    has(
+        &call,
+        &[
+            ("http.request.method", "POST"),
+            ("http.response.status_code", "200"),
+            ("server.address", "127.0.0.1"),
+            ("server.port", &upstream.port().to_string()),
+            ("url.full", &format!("http://{upstream}/bank/wires")),
+            ("sluice.call", "dispatch"),
+            ("outcome", "committed"),
+        ],
+    );
+    let finalize = one("finalize commands");
+    assert!(descends(&finalize, &process), "{finalize:?}");
+    has(&finalize, &ledger);
+    has(
+        &finalize,
+        &[("db.operation.name", "finalize"), ("outcome", "CONFIRMED")],
+    );
     // The reconciler's last look, started by a sweep with no message: parented on the context
     // stored with the command (the reservation's span), in the same trace.
-    let check = one("upstream.status_check");
+    let check = trace
+        .iter()
+        .find(|s| s.attribute("sluice.call").as_deref() == Some("status_check"))
+        .expect("a status check's span")
+        .clone();
+    assert_eq!(check.name, "GET");
+    assert_eq!(check.kind, 3, "a client span");
     assert_eq!(check.span_id, lookup.2.as_deref().expect("checked")[36..52]);
-    assert_eq!(check.attribute("outcome").as_deref(), Some("present"));
+    has(
+        &check,
+        &[
+            ("http.request.method", "GET"),
+            ("http.response.status_code", "200"),
+            ("outcome", "present"),
+        ],
+    );
+    // The lookup's path is the business key, made of the arguments: left out.
+    has(
+        &check,
+        &[(
+            "url.full",
+            &format!("http://{upstream}/bank/wires/by-key/REDACTED"),
+        )],
+    );
     assert!(descends(&check, &reserve), "{check:?}");
     // Only Sluice's spans, and never the arguments.
     for span in &trace {
@@ -397,6 +579,32 @@ async fn one_effect_is_one_trace_from_the_agents_call_to_the_upstream_and_back()
             "{} carries arguments: {text}",
             span.name
         );
+    }
+
+    // The logs join the trace: a line written in a span carries the ids the collector has it
+    // under — the dispatch's outcome, logged in the tool call's span, names that span.
+    let lines = logs.lines();
+    let committed = lines
+        .iter()
+        .find(|line| line["fields"]["message"] == "dispatch committed")
+        .unwrap_or_else(|| panic!("no `dispatch committed` line in {} lines", lines.len()));
+    assert_eq!(committed["trace_id"], TRACE_ID, "{committed}");
+    assert_eq!(
+        committed["span_id"],
+        tool_call.span_id.as_str(),
+        "{committed}"
+    );
+    // Every line of the effect's trace names a span the collector got.
+    let ours: Vec<&Value> = lines
+        .iter()
+        .filter(|line| line["trace_id"] == TRACE_ID)
+        .collect();
+    assert!(ours.len() > 1, "{ours:?}");
+    for line in ours {
+        let span = line["span_id"]
+            .as_str()
+            .expect("a span id beside the trace id");
+        assert!(by_id(span).is_some(), "{line} names a span not exported");
     }
     drop(collector);
 }

@@ -44,6 +44,7 @@ struct Received {
     ce_subject: String,
     ce_specversion: String,
     ce_reason: Option<String>,
+    ce_dataschema: String,
     body: Value,
 }
 
@@ -114,6 +115,7 @@ async fn receive(
                 .get("ce-reason")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned),
+            ce_dataschema: text("ce-dataschema"),
             body: serde_json::from_slice(&body).unwrap_or(Value::Null),
         });
     }
@@ -241,11 +243,12 @@ async fn a_stuck_wire_pushes_one_signed_cloud_event_and_its_escalation() {
     let (stuck_url, escalated_url) = (receiver.url("stuck"), receiver.url("escalated"));
     let h = Harness::start_with(stuck_bank(), stuck_wires, |config| {
         config.webhooks = vec![
+            // Named without a version, as before types had one: takes version 1.
             subscription("on-call", stuck_url, &["dev.sluice.effect.stuck"]),
             subscription(
                 "escalations",
                 escalated_url,
-                &["dev.sluice.effect.escalated"],
+                &["dev.sluice.effect.escalated.v1"],
             ),
         ];
     })
@@ -269,15 +272,31 @@ async fn a_stuck_wire_pushes_one_signed_cloud_event_and_its_escalation() {
     })
     .await;
     let event = &pushed[0];
-    assert_eq!(event.ce_type, "dev.sluice.effect.stuck");
+    assert_eq!(event.ce_type, "dev.sluice.effect.stuck.v1");
     assert_eq!(event.ce_specversion, "1.0");
     assert_eq!(event.ce_subject, format!("{run}/{key}"));
-    assert_eq!(event.body["status"], "STUCK", "the command as data");
+    assert_eq!(
+        event.ce_dataschema,
+        "https://sluice.dev/schemas/events/dev.sluice.effect.stuck.v1.json"
+    );
+    assert_eq!(event.body["status"], "STUCK", "the projection as data");
+    assert_eq!(event.body["run_id"], run);
+    assert!(
+        event.body.get("args").is_none() && event.body.get("lease").is_none(),
+        "no arguments, no lease: {}",
+        event.body
+    );
     let escalation = eventually("the escalation reaches the receiver", DEADLINE, || async {
         receiver.got_at("/escalated").into_iter().next()
     })
     .await;
     assert_eq!(escalation.ce_subject, format!("{run}/{key}"));
+    assert_eq!(escalation.ce_type, "dev.sluice.effect.escalated.v1");
+    assert_eq!(
+        escalation.body["escalation_reason"].as_str(),
+        escalation.ce_reason.as_deref(),
+        "the reason is in the data too"
+    );
     assert!(
         escalation
             .ce_reason
@@ -385,7 +404,7 @@ async fn a_webhook_is_delivered_once_after_its_receiver_restarts() {
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     let got = receiver.got();
     assert_eq!(got.len(), 1, "{got:?}");
-    assert_eq!(got[0].ce_type, "dev.sluice.effect.confirmed");
+    assert_eq!(got[0].ce_type, "dev.sluice.effect.confirmed.v1");
     assert_eq!(got[0].webhook_id, delivered.id());
     assert!(delivered.attempts > waiting.attempts, "{delivered:?}");
     assert_eq!(delivered.last_error, None);
@@ -529,7 +548,7 @@ async fn a_stuck_wire_never_pushed_is_pushed_when_the_deliverer_starts_and_only_
         receiver.got().into_iter().next()
     })
     .await;
-    assert_eq!(pushed.ce_type, "dev.sluice.effect.stuck");
+    assert_eq!(pushed.ce_type, "dev.sluice.effect.stuck.v1");
     assert_eq!(pushed.ce_subject, format!("{run}/{key}"));
     assert_eq!(pushed.body["status"], "STUCK");
     second.stop().await.expect("every service stops cleanly");

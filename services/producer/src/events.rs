@@ -9,8 +9,9 @@
 //! is bounded (`producer.max_event_streams`, past it 503 `too_many_streams`), and every stream
 //! ends when the producer stops reading events (shutdown), so graceful shutdown is not held up.
 //!
-//! Each event is `event: effect` with the command as it was written (the same JSON as
-//! `GET …/effects/{key}`); the stream opens with `event: ready` and says `event: lagged` when it
+//! Each event is `event: effect` with the lifecycle event's payload: the public projection of
+//! the command (docs/events.md: run, key, tool, status, outcome, times — not the arguments or
+//! the result, which `GET …/effects/{key}` gives a caller that may read them); the stream opens with `event: ready` and says `event: lagged` when it
 //! fell behind and missed events (the client then re-reads what it shows). With `summary=true`
 //! it sends instead at most one `event: changed` a second (how many changes, in which runs):
 //! what a view of many runs needs to re-read, without every command of a busy system crossing
@@ -29,7 +30,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 use sluice_runtime::config::Role;
-use sluice_runtime::messages::event_command;
+use sluice_runtime::messages::decode;
 use tokio::sync::{broadcast, watch};
 
 use crate::auth::{Caller, Need};
@@ -40,7 +41,7 @@ const BUFFER: usize = 1_024;
 /// How often an idle stream sends a comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
-/// One lifecycle event: its subject (`<run_id>/<command_key>`) and payload (the command).
+/// One lifecycle event: its subject (`<run_id>/<command_key>`) and payload (the projection).
 #[derive(Debug, Clone)]
 struct Item {
     subject: Arc<str>,
@@ -134,7 +135,9 @@ impl Filter {
         }
         match &self.submitter {
             None => true,
-            Some(agent) => event_command(&item.payload)
+            // `submitted_by` has its name in the projection and in the stored command a build
+            // before it published.
+            Some(agent) => decode::<Submitter>("lifecycle event", &item.payload)
                 .is_ok_and(|c| c.submitted_by.as_deref() == Some(agent.as_str())),
         }
     }
@@ -144,11 +147,18 @@ impl Filter {
         if !self.passes(item) {
             return None;
         }
-        // The command as written: the payload is compact JSON (no line breaks), passed on
+        // The projection as published: the payload is compact JSON (no line breaks), passed on
         // without decoding and encoding it again per stream.
         let text = std::str::from_utf8(&item.payload).ok()?;
         Some(Event::default().event("effect").data(text))
     }
+}
+
+/// Who submitted an event's command: all an agent's stream reads of the payload.
+#[derive(Deserialize)]
+struct Submitter {
+    #[serde(default)]
+    submitted_by: Option<String>,
 }
 
 /// What the feed gave a stream.

@@ -60,7 +60,11 @@ pub async fn request(request: Request, next: Next) -> Response {
         .scope(incoming, next.run(request))
         .instrument(span.clone())
         .await;
-    span.record("http.response.status_code", response.status().as_u16());
+    // As an integer attribute: `tracing-opentelemetry` exports unsigned fields as strings.
+    span.record(
+        "http.response.status_code",
+        i64::from(response.status().as_u16()),
+    );
     response
 }
 

@@ -5,10 +5,13 @@
 //! Waiters are woken by the lifecycle events this producer reads from the bus
 //! ([`watch_events`]). Each waiter registers the command it waits for in [`Waiters`]: an event
 //! wakes only the waiters of its own command (a map lookup), so a thousand waiters cost nothing
-//! per event but their own. The event hands each waiter the command as it was written (its
-//! payload), so a woken waiter answers without reading the ledger again. A waiter registers
-//! *before* it reads the ledger, so an event after the read is not lost; it re-reads the ledger
-//! every second all the same, for an event that never comes (the bus down).
+//! per event but their own. The event's payload is the public projection of the command
+//! (docs/events.md), not the stored record: a woken waiter reads the status and time from it,
+//! and reads the command from the ledger (one read by primary key) only when that status ends
+//! its wait. An event of a build before the projection (the stored command) has the same two
+//! fields and is read the same way. A waiter registers *before* it reads the ledger, so an
+//! event after the read is not lost; it re-reads the ledger every second all the same, for an
+//! event that never comes (the bus down).
 //!
 //! A held request costs a connection and a task, so they are bounded ([`WaitSlots`]): at most
 //! `producer.max_waits` at once and `producer.max_waits_per_principal` per caller; past either
@@ -25,7 +28,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use sluice_bus::Topic;
-use sluice_core::command::{Command, CommandState, CommandStatus};
+use sluice_core::command::{Command, CommandStatus};
+use sluice_core::events::{EFFECT_PREFIX, EventState, status_of_type};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::time::Timestamp;
 use sluice_runtime::Shutdown;
@@ -40,8 +44,8 @@ use crate::http::{ApiError, Q};
 /// How often a waiter re-reads the ledger when no event woke it.
 const REREAD: Duration = Duration::from_secs(1);
 
-/// The commands waited for, each with one channel its waiters share, holding the command as
-/// the latest lifecycle event carried it.
+/// The commands waited for, each with one channel its waiters share, holding the latest
+/// lifecycle event's payload.
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
     watched: Mutex<HashMap<String, Watched>>,
@@ -151,7 +155,7 @@ impl Api {
     }
 }
 
-/// A lifecycle event's payload: the command as it was written.
+/// A lifecycle event's payload: the projection of the command as it was written.
 type Payload = Option<Arc<[u8]>>;
 
 #[derive(Debug)]
@@ -178,42 +182,11 @@ impl Watch {
         self.events.changed().await.is_ok()
     }
 
-    /// What the latest event says of the command, if it decodes: its state, and who it is.
-    ///
-    /// Only the state is decoded, not the whole command: a command's identity never changes
-    /// (docs/decisions.md, "Ledger"), so the waiter keeps the one it holds. Decoding the whole
-    /// command went through serde's `flatten` (the state is flattened into the command), which
-    /// buffers every field, the arguments included, before it builds anything: 31k
-    /// instructions per settled effect in `sluice bench --mode agents`, a sixteenth of all.
-    fn latest(&mut self) -> Option<Latest> {
+    /// Where the latest event says the command stands, if it decodes: its status and when it
+    /// got there (`EventState`: only those two fields are decoded, not the payload).
+    fn latest(&mut self) -> Option<EventState> {
         let payload = self.events.borrow_and_update().clone()?;
-        let state = decode::<CommandState>("lifecycle event", &payload).ok()?;
-        let who = decode::<Who>("lifecycle event", &payload).ok()?;
-        Some(Latest { state, who })
-    }
-}
-
-/// An event's command as a waiter reads it: [`Watch::latest`].
-struct Latest {
-    state: CommandState,
-    who: Who,
-}
-
-/// Which command an event is of, beyond its subject: a command of the same run and key made
-/// again after a purge has another creation time, and maybe another submitter.
-#[derive(Debug, Deserialize, PartialEq, Eq)]
-struct Who {
-    created_at: Timestamp,
-    #[serde(default)]
-    submitted_by: Option<Arc<str>>,
-}
-
-impl Who {
-    fn of(command: &Command) -> Self {
-        Self {
-            created_at: command.created_at,
-            submitted_by: command.submitted_by.clone(),
-        }
+        decode::<EventState>("lifecycle event", &payload).ok()
     }
 }
 
@@ -348,16 +321,16 @@ pub(crate) async fn until_settled(
         let woken = tokio::time::timeout_at(deadline.min(Instant::now() + REREAD), watch.changed())
             .await
             .unwrap_or(false);
-        // The event carries the command as it was written: no read needed, unless it is older
-        // than what this waiter already saw (events of a command arrive in order, but one
-        // published before the read may arrive after it).
-        // The event's state goes with the identity this waiter holds (whose owner was checked
-        // when it was read or reserved) only if it is of the same command; else, as when it
-        // does not decode, the ledger is read (and its owner checked) again.
+        // The event says where the command stands, not all of it: the ledger is read (one read
+        // by primary key, its owner checked again) when the event's status ends the wait, and
+        // not for an event older than what this waiter already saw (events of a command arrive
+        // in order, but one published before the read may arrive after it) or one that ends
+        // nothing. No event (the re-read tick) or one that does not decode: read.
         match watch.latest().filter(|_| woken) {
-            Some(latest) if latest.who != Who::of(&command) => command = read().await?,
-            Some(latest) if latest.state.updated_at >= command.state.updated_at => {
-                command.state = latest.state;
+            Some(latest)
+                if latest.status.is_settled() && latest.updated_at >= command.state.updated_at =>
+            {
+                command = read().await?;
             }
             Some(_) => {}
             None => command = read().await?,
@@ -470,7 +443,7 @@ async fn read_events(api: &Api, shutdown: Shutdown) {
             };
             // A command's events only: flow control's (`dev.sluice.flow.*`) carry no command.
             let effect = header(&delivery.message.headers, "ce_type")
-                .is_some_and(|kind| kind.starts_with("dev.sluice.effect."));
+                .is_some_and(|kind| kind.starts_with(EFFECT_PREFIX));
             if let Some(subject) = header(&delivery.message.headers, "ce_subject")
                 && effect
             {
@@ -487,12 +460,10 @@ async fn read_events(api: &Api, shutdown: Shutdown) {
 }
 
 /// When a lifecycle event's command reached a final status (its `ce_time`), if its type
-/// (`dev.sluice.effect.<status>`) is one.
+/// (`dev.sluice.effect.<status>.v1`, or without the version from a build before versions) is
+/// one.
 fn final_at(headers: &[(String, Vec<u8>)]) -> Option<Timestamp> {
-    let status: CommandStatus = header(headers, "ce_type")?
-        .strip_prefix("dev.sluice.effect.")?
-        .parse()
-        .ok()?;
+    let status = status_of_type(header(headers, "ce_type")?)?;
     if !status.is_terminal() {
         return None;
     }
@@ -518,20 +489,26 @@ mod tests {
             ]
         };
         assert_eq!(
-            final_at(&event("dev.sluice.effect.confirmed")),
+            final_at(&event("dev.sluice.effect.confirmed.v1")),
             Timestamp::parse_rfc3339("2026-11-27T10:00:00.250Z").ok()
         );
-        assert!(final_at(&event("dev.sluice.effect.compensation_failed")).is_some());
+        assert!(final_at(&event("dev.sluice.effect.compensation_failed.v1")).is_some());
+        assert!(
+            final_at(&event("dev.sluice.effect.confirmed")).is_some(),
+            "a build before versioned types"
+        );
         for kind in [
+            "dev.sluice.effect.stuck.v1",
             "dev.sluice.effect.stuck",
-            "dev.sluice.effect.pending",
-            "dev.sluice.effect.done",
+            "dev.sluice.effect.pending.v1",
+            "dev.sluice.effect.done.v1",
+            "dev.sluice.effect.escalated.v1",
             "other.confirmed",
         ] {
             assert_eq!(final_at(&event(kind)), None, "{kind}");
         }
         assert_eq!(
-            final_at(&event("dev.sluice.effect.failed")[..1]),
+            final_at(&event("dev.sluice.effect.failed.v1")[..1]),
             None,
             "no time"
         );
@@ -621,22 +598,33 @@ mod tests {
         };
         let mut command = Command::from_intent(intent, Timestamp::from_millis(1_000), 5_000);
         command.state.status = CommandStatus::Confirmed;
-        let payload = serde_json::to_vec(&command).expect("a command serializes");
-        // Sent before the waiters wait: a registered waiter still sees it.
-        waiters.wake("r/a", &payload);
-        for waiter in [&mut mine, &mut also_mine] {
-            assert!(
-                tokio::time::timeout(Duration::from_secs(1), waiter.changed())
-                    .await
-                    .expect("the waiter of r/a is woken")
-            );
-            let latest = waiter.latest().expect("the event's command");
-            assert_eq!(latest.state.status, CommandStatus::Confirmed);
-            assert_eq!(
-                latest.state, command.state,
-                "the whole state, from the event"
-            );
-            assert_eq!(latest.who, Who::of(&command), "the same command");
+        command.state.updated_at = Timestamp::from_millis(2_000);
+        let event = sluice_runtime::messages::LifecycleEvent::new(
+            "test",
+            &command,
+            sluice_runtime::messages::EventOrigin::default(),
+            Timestamp::from_millis(2_000),
+        );
+        // The payload of a build before the projection: the stored command.
+        let stored = serde_json::to_vec(&command).expect("a command serializes");
+        for payload in [&event.payload, &stored] {
+            // Sent before the waiters wait: a registered waiter still sees it.
+            waiters.wake("r/a", payload);
+            for waiter in [&mut mine, &mut also_mine] {
+                assert!(
+                    tokio::time::timeout(Duration::from_secs(1), waiter.changed())
+                        .await
+                        .expect("the waiter of r/a is woken")
+                );
+                let latest = waiter.latest().expect("the event's status");
+                assert_eq!(
+                    latest,
+                    EventState {
+                        status: CommandStatus::Confirmed,
+                        updated_at: Timestamp::from_millis(2_000),
+                    }
+                );
+            }
         }
         assert!(
             tokio::time::timeout(Duration::from_millis(50), other.changed())

@@ -204,6 +204,10 @@ impl Bus for KafkaBus {
         &self.inner.config.prefix
     }
 
+    fn messaging_system(&self) -> &'static str {
+        "kafka"
+    }
+
     fn topic_name(&self, topic: Topic) -> String {
         self.inner.names[topic.index()].clone()
     }
@@ -370,6 +374,28 @@ impl Bus for KafkaBus {
             )
             .await
             .map(Some)
+    }
+
+    async fn lag_by_partition(
+        &self,
+        topic: Topic,
+        group: &str,
+    ) -> Result<Option<Vec<u64>>, BusError> {
+        validate_group(group)?;
+        if self.is_closed() {
+            return Err(BusError::Closed);
+        }
+        let each = self
+            .inner
+            .lag
+            .by_partition(
+                &self.inner.config,
+                &self.inner.names[topic.index()],
+                self.inner.partitions[topic.index()],
+                group,
+            )
+            .await?;
+        Ok(Some(each.into_iter().map(|p| p.waiting).collect()))
     }
 
     async fn watch(&self, topic: Topic, member: &str) -> Result<Subscription, BusError> {

@@ -46,6 +46,21 @@ impl LagReaders {
         partitions: u32,
         group: &str,
     ) -> Result<QueueDepth, BusError> {
+        let each = self.by_partition(config, name, partitions, group).await?;
+        Ok(QueueDepth {
+            waiting: each.iter().map(|p| p.waiting).sum(),
+            taken: each.iter().map(|p| p.taken).sum(),
+        })
+    }
+
+    /// [`LagReaders::depth`] partition by partition (index: the partition).
+    pub(crate) async fn by_partition(
+        &self,
+        config: &KafkaConfig,
+        name: &str,
+        partitions: u32,
+        group: &str,
+    ) -> Result<Vec<QueueDepth>, BusError> {
         let reader = self.reader(config, group)?;
         let (name, group) = (name.to_owned(), group.to_owned());
         tokio::task::spawn_blocking(move || read(&reader, &name, partitions, &group))
@@ -63,7 +78,7 @@ fn read(
     name: &str,
     partitions: u32,
     group: &str,
-) -> Result<QueueDepth, BusError> {
+) -> Result<Vec<QueueDepth>, BusError> {
     let mut wanted = TopicPartitionList::new();
     for partition in 0..partitions {
         wanted.add_partition(name, partition_index(partition));
@@ -71,7 +86,7 @@ fn read(
     let committed = reader
         .committed_offsets(wanted, READ_TIMEOUT)
         .map_err(|e| read_failed(group, e))?;
-    let (mut waiting, mut taken) = (0u64, 0u64);
+    let mut each = Vec::with_capacity(usize::try_from(partitions).unwrap_or_default());
     for partition in 0..partitions {
         let index = partition_index(partition);
         let (low, high) = reader
@@ -81,10 +96,12 @@ fn read(
             Some(Offset::Offset(offset)) => offset.clamp(low, high),
             _ => low,
         };
-        waiting += u64::try_from(high - done).unwrap_or(0);
-        taken += u64::try_from(done).unwrap_or(0);
+        each.push(QueueDepth {
+            waiting: u64::try_from(high - done).unwrap_or(0),
+            taken: u64::try_from(done).unwrap_or(0),
+        });
     }
-    Ok(QueueDepth { waiting, taken })
+    Ok(each)
 }
 
 fn partition_index(partition: u32) -> i32 {

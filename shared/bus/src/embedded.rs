@@ -408,6 +408,12 @@ impl EmbeddedBus {
     /// Messages of `topic` that `group` has not acknowledged yet (its consumer lag), or `None`
     /// if the group never subscribed.
     pub fn lag(&self, topic: Topic, group: &str) -> Option<u64> {
+        self.partition_lags(topic, group)
+            .map(|lags| lags.into_iter().sum())
+    }
+
+    /// [`EmbeddedBus::lag`] per partition.
+    fn partition_lags(&self, topic: Topic, group: &str) -> Option<Vec<u64>> {
         let state = self.shared.lock();
         let topic = &state.topics[topic.index()];
         let group = topic.groups.get(group)?;
@@ -417,7 +423,7 @@ impl EmbeddedBus {
                 .iter()
                 .zip(&group.partitions)
                 .map(|(log, partition)| log.end() - partition.committed)
-                .sum(),
+                .collect(),
         )
     }
 }
@@ -430,6 +436,19 @@ impl Bus for EmbeddedBus {
 
     fn prefix(&self) -> &str {
         &self.shared.prefix
+    }
+
+    fn messaging_system(&self) -> &'static str {
+        "sluice_embedded"
+    }
+
+    /// A group that never subscribed has no partitions to be behind on yet: empty.
+    async fn lag_by_partition(
+        &self,
+        topic: Topic,
+        group: &str,
+    ) -> Result<Option<Vec<u64>>, BusError> {
+        Ok(Some(self.partition_lags(topic, group).unwrap_or_default()))
     }
 
     async fn partitions(&self, _topic: Topic) -> Result<u32, BusError> {

@@ -487,6 +487,12 @@ pub trait Bus: Send + Sync + fmt::Debug + 'static {
     /// The prefix of every topic name, e.g. `sluice.`.
     fn prefix(&self) -> &str;
 
+    /// The bus as trace spans name it, OpenTelemetry's `messaging.system`: `kafka`, or
+    /// `sluice_embedded` for the in-process bus.
+    fn messaging_system(&self) -> &'static str {
+        "other"
+    }
+
     /// The full name of `topic` on this bus.
     fn topic_name(&self, topic: Topic) -> String {
         topic.name(self.prefix())
@@ -572,6 +578,17 @@ pub trait Bus: Send + Sync + fmt::Debug + 'static {
         _topic: Topic,
         _group: &str,
     ) -> Result<Option<QueueDepth>, BusError> {
+        Ok(None)
+    }
+
+    /// `group`'s lag on each partition of `topic` (index: the partition), read from the bus
+    /// itself: messages published and not yet committed by the group. For the
+    /// `sluice_consumer_lag` metric; `None` for a bus that has no such figure.
+    async fn lag_by_partition(
+        &self,
+        _topic: Topic,
+        _group: &str,
+    ) -> Result<Option<Vec<u64>>, BusError> {
         Ok(None)
     }
 

@@ -6,7 +6,7 @@
 //! name = "on-call"                        # letters, digits, '.', '_', '-'
 //! url = "https://hooks.example.com/sluice"
 //! secret = { env = "SLUICE_WEBHOOK_ON_CALL" }   # whsec_<base64>, or a file; never logged
-//! types = ["dev.sluice.effect.stuck", "dev.sluice.effect.blocked", "dev.sluice.tool.*"]
+//! types = ["dev.sluice.effect.stuck.v1", "dev.sluice.effect.blocked.v1", "dev.sluice.flow.*"]
 //! # timeout_ms = 10000, max_attempts = 20, first_backoff_ms = 1000, max_backoff_ms = 600000
 //! ```
 
@@ -27,7 +27,8 @@ pub struct WebhookConfig {
     /// The Standard Webhooks signing key, `whsec_<base64>` (at least 24 bytes).
     pub secret: Secret,
     /// The CloudEvents `type`s it takes: exact, or ending in `*` for every type that starts
-    /// with what precedes it (`"dev.sluice.effect.*"`); `"*"` takes everything.
+    /// with what precedes it (`"dev.sluice.effect.*"`); `"*"` takes everything. A type named
+    /// without its version (`"dev.sluice.effect.stuck"`) takes version 1 (docs/events.md).
     pub types: Vec<String>,
     /// How long one attempt may take, connection and answer included.
     #[serde(default = "default_timeout_ms")]

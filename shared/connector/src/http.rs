@@ -307,55 +307,95 @@ fn with_request(mut report: StatusReport, request: Value) -> StatusReport {
     report
 }
 
-/// The span of one upstream call, in the command's trace (`sluice_trace::adopt`): a client
-/// span whose id the request carries in its `traceparent`. Attributes: run id, command key,
-/// tool, the HTTP status and the outcome; never arguments, URLs or header values.
-macro_rules! call_span {
-    ($name:literal, $otel_name:literal, $tool:expr, $command:expr) => {{
-        let span = tracing::info_span!(
+/// The span of one upstream HTTP request: a client span after OpenTelemetry's HTTP
+/// conventions, whose id the request carries in its `traceparent`. Named by the method once
+/// the request is built ([`describe`]: `http.request.method`, `server.address`, `server.port`,
+/// `url.full` without arguments or query values), then `http.response.status_code` and, for
+/// an error status, `error.type`. Sluice's own attributes: `sluice.call` (`dispatch`,
+/// `status_check`, `compensate`), run id, command key, tool and the outcome; never arguments
+/// or header values.
+macro_rules! http_span {
+    ($name:literal, $call:literal, $tool:expr, $command:expr) => {{
+        tracing::info_span!(
             $name,
-            otel.name = $otel_name,
+            otel.name = "HTTP",
             otel.kind = "client",
+            http.request.method = field::Empty,
+            http.response.status_code = field::Empty,
+            server.address = field::Empty,
+            server.port = field::Empty,
+            url.full = field::Empty,
+            error.type = field::Empty,
+            sluice.call = $call,
             run_id = %$command.run_id,
             command_key = %$command.command_key,
             tool = %$tool.name(),
             target = field::Empty,
-            http_status = field::Empty,
             outcome = field::Empty,
-        );
-        sluice_trace::adopt(&span, $command.trace.as_ref());
-        span
+        )
     }};
+}
+
+/// Records what `call` is on its span ([`http_span`]), if the span is enabled. Before the span
+/// is first entered: `tracing-opentelemetry` takes a span's name only until it starts.
+fn describe(span: &Span, call: &Call) {
+    if span.is_disabled() {
+        return;
+    }
+    span.record("otel.name", call.method.as_str());
+    span.record("http.request.method", call.method.as_str());
+    if let Some(host) = call.url.host_str() {
+        span.record("server.address", host);
+    }
+    if let Some(port) = call.url.port_or_known_default() {
+        span.record("server.port", i64::from(port));
+    }
+    span.record("url.full", call.shown_url());
+}
+
+/// Records the answer's status on the request's span.
+fn answered(span: &Span, status: reqwest::StatusCode) {
+    // As an integer attribute: `tracing-opentelemetry` exports unsigned fields as strings.
+    span.record("http.response.status_code", i64::from(status.as_u16()));
+    if status.is_client_error() || status.is_server_error() {
+        span.record("error.type", status.as_str());
+    }
 }
 
 #[async_trait]
 impl Connector for HttpConnector {
+    /// The tool call: an `execute_tool <tool>` span after OpenTelemetry's GenAI conventions
+    /// (`gen_ai.operation.name` = `execute_tool`, `gen_ai.tool.name`, `gen_ai.tool.call.id` =
+    /// the effect's idempotency key), in the command's trace, around the HTTP request's span.
     async fn dispatch(&self, tool: &Tool, command: &Command) -> DispatchOutcome {
-        let span = call_span!("connector.dispatch", "upstream.dispatch", tool, command);
+        let span = tracing::info_span!(
+            "connector.execute_tool",
+            otel.name = %format_args!("execute_tool {}", tool.name()),
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = %tool.name(),
+            gen_ai.tool.call.id = %command.idempotency_key,
+            run_id = %command.run_id,
+            command_key = %command.command_key,
+            tool = %tool.name(),
+            outcome = field::Empty,
+        );
+        sluice_trace::adopt(&span, command.trace.as_ref());
         self.dispatch_in(tool, command).instrument(span).await
     }
 
+    /// A status check's request span ([`http_span`]), in the command's trace.
     async fn status_check(&self, tool: &Tool, command: &Command) -> StatusReport {
-        let span = call_span!(
-            "connector.status_check",
-            "upstream.status_check",
-            tool,
-            command
-        );
-        self.status_check_in(tool, command).instrument(span).await
+        self.status_check_in(tool, command).await
     }
 
+    /// A compensation's request span ([`http_span`]), in the command's trace.
     async fn compensate(
         &self,
         tool: &Tool,
         command: &Command,
         target: CompensationTarget,
     ) -> CompensationOutcome {
-        let span = call_span!("connector.compensate", "upstream.compensate", tool, command);
-        span.record("target", field::debug(&target));
-        self.compensate_in(tool, command, target)
-            .instrument(span)
-            .await
+        self.compensate_in(tool, command, target).await
     }
 }
 
@@ -399,24 +439,35 @@ fn compensation_kind(outcome: &CompensationOutcome) -> &'static str {
 
 impl HttpConnector {
     async fn dispatch_in(&self, tool: &Tool, command: &Command) -> DispatchOutcome {
+        // The request's own span, the child of the tool call's.
+        let http = http_span!("connector.dispatch", "dispatch", tool, command);
         let call = match request::dispatch(tool, command) {
-            Ok(call) => traced(call, command),
+            Ok(call) => {
+                describe(&http, &call);
+                http.in_scope(|| traced(call, command))
+            }
             Err(error) => {
                 let reason = format!("not sent: {}", chain(&error));
                 warn!(outcome = "not_sent", %reason, "dispatch could not be sent");
                 return DispatchOutcome::NotSent { reason };
             }
         };
-        sluice_faults::point!("connector.dispatch.pre");
-        let sent = self.send(call).await;
-        sluice_faults::point!("connector.dispatch.post");
-        let outcome = match self.read(sent).await {
-            Ok(answer) => {
-                Span::current().record("http_status", answer.status.as_u16());
-                classify::dispatch(&answer, tool.dispatch(), self.options.excerpt_bytes)
-            }
-            Err(no_answer) => classify::dispatch_without_answer(no_answer),
-        };
+        let outcome = async {
+            sluice_faults::point!("connector.dispatch.pre");
+            let sent = self.send(call).await;
+            sluice_faults::point!("connector.dispatch.post");
+            let outcome = match self.read(sent).await {
+                Ok(answer) => {
+                    answered(&Span::current(), answer.status);
+                    classify::dispatch(&answer, tool.dispatch(), self.options.excerpt_bytes)
+                }
+                Err(no_answer) => classify::dispatch_without_answer(no_answer),
+            };
+            Span::current().record("outcome", dispatch_kind(&outcome));
+            outcome
+        }
+        .instrument(http)
+        .await;
         Span::current().record("outcome", dispatch_kind(&outcome));
         match &outcome {
             DispatchOutcome::Committed { external_ref, .. } => {
@@ -448,26 +499,51 @@ impl HttpConnector {
                 "tool {} declares no status_check, so the effect cannot be observed",
                 tool.name()
             );
-            warn!(observation = "inconclusive", %error, "no status check");
+            warn!(
+                run_id = %command.run_id,
+                command_key = %command.command_key,
+                observation = "inconclusive",
+                %error,
+                "no status check"
+            );
             return StatusReport::inconclusive(json!({ "error": error }));
         };
         let built = request::status_check(tool, endpoint, command)
             .and_then(|call| Ok((call, request::match_filter(tool, command)?)));
+        let span = http_span!("connector.status_check", "status_check", tool, command);
+        sluice_trace::adopt(&span, command.trace.as_ref());
         let (call, filter) = match built {
-            Ok((call, filter)) => (traced(call, command), filter),
+            Ok((call, filter)) => {
+                describe(&span, &call);
+                (span.in_scope(|| traced(call, command)), filter)
+            }
             Err(error) => {
                 let error = chain(&error);
-                warn!(observation = "inconclusive", %error, "status check could not be sent");
+                span.in_scope(|| {
+                    warn!(observation = "inconclusive", %error, "status check could not be sent");
+                });
                 return StatusReport::inconclusive(json!({ "error": error }));
             }
         };
+        self.status_check_sent(tool, call, filter)
+            .instrument(span)
+            .await
+    }
+
+    /// The status check `call`, sent in its span.
+    async fn status_check_sent(
+        &self,
+        tool: &Tool,
+        call: Call,
+        filter: Vec<(String, String)>,
+    ) -> StatusReport {
         let request = request_evidence(&call);
         sluice_faults::point!("connector.status_check.pre");
         let sent = self.send(call).await;
         sluice_faults::point!("connector.status_check.post");
         let report = match self.read(sent).await {
             Ok(answer) => {
-                Span::current().record("http_status", answer.status.as_u16());
+                answered(&Span::current(), answer.status);
                 classify::status_check(
                     &answer,
                     &tool.dispatch().reference,
@@ -498,26 +574,45 @@ impl HttpConnector {
                 "tool {} declares no compensate, so the commit cannot be undone automatically",
                 tool.name()
             );
-            warn!(outcome = "impossible", %reason, "no compensate");
+            warn!(
+                run_id = %command.run_id,
+                command_key = %command.command_key,
+                outcome = "impossible",
+                %reason,
+                "no compensate"
+            );
             return CompensationOutcome::Impossible { reason };
         };
+        let span = http_span!("connector.compensate", "compensate", tool, command);
+        sluice_trace::adopt(&span, command.trace.as_ref());
+        span.record("target", field::debug(&target));
         // A call that cannot be built now never can (the URL needs a reference the command
         // lacks, or a value that cannot be sent): a person must act, so it is not retried.
         let call = match request::compensate(tool, endpoint, command, target.external_ref(command))
         {
-            Ok(call) => traced(call, command),
+            Ok(call) => {
+                describe(&span, &call);
+                span.in_scope(|| traced(call, command))
+            }
             Err(error) => {
                 let reason = format!("cannot call compensate: {}", chain(&error));
-                warn!(outcome = "impossible", %reason, "compensate could not be sent");
+                span.in_scope(|| {
+                    warn!(outcome = "impossible", %reason, "compensate could not be sent");
+                });
                 return CompensationOutcome::Impossible { reason };
             }
         };
+        self.compensate_sent(tool, call).instrument(span).await
+    }
+
+    /// The compensate `call`, sent in its span.
+    async fn compensate_sent(&self, tool: &Tool, call: Call) -> CompensationOutcome {
         sluice_faults::point!("connector.compensate.pre");
         let sent = self.send(call).await;
         sluice_faults::point!("connector.compensate.post");
         let outcome = match self.read(sent).await {
             Ok(answer) => {
-                Span::current().record("http_status", answer.status.as_u16());
+                answered(&Span::current(), answer.status);
                 classify::compensation(
                     &answer,
                     &tool.dispatch().reference,

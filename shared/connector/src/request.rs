@@ -15,8 +15,9 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, Url};
 use serde_json::{Value, json};
 use sluice_core::catalog::{
-    ContentType, Credential, HttpEndpoint, HttpMethod, MatchList, RenderError, RequestShape, Tool,
-    UrlKeys, form_pairs, render_text, render_url, render_value,
+    ContentType, Credential, HttpEndpoint, HttpMethod, MatchList, REDACTED, RenderError,
+    RequestShape, Tool, UrlKeys, form_pairs, render_text, render_url, render_url_redacted,
+    render_value,
 };
 use sluice_core::command::Command;
 use sluice_core::ids::{CommandKey, ToolName};
@@ -62,6 +63,11 @@ pub struct Call {
     pub operation: Operation,
     pub method: Method,
     pub url: Url,
+    /// The URL as telemetry shows it when the tool's URL template names an argument: rendered
+    /// with each argument [`sluice_core::catalog::REDACTED`] (`catalog::render_url_redacted`);
+    /// `None` when `url` itself holds no argument. Its query is the real one's, values left out
+    /// ([`Call::shown_url`]).
+    pub redacted_url: Option<String>,
     /// The contract's headers and the endpoint's declared ones: no credentials, so the map may
     /// be shown (a dry run) and logged by name.
     pub headers: HeaderMap,
@@ -72,6 +78,32 @@ pub struct Call {
     pub timeout: Duration,
     /// Applied by the connector as the request is sent (`crate::credentials`), signers last.
     pub credentials: Vec<Arc<Credential>>,
+}
+
+impl Call {
+    /// The URL for a span's `url.full`: without user name, password or fragment, each query
+    /// value [`REDACTED`] (a query may carry arguments, or a signature), and the path with its
+    /// arguments left out ([`Call::redacted_url`]).
+    pub fn shown_url(&self) -> String {
+        let mut shown = match &self.redacted_url {
+            Some(text) => match Url::parse(text) {
+                Ok(url) => url,
+                Err(_) => return REDACTED.to_owned(),
+            },
+            None => self.url.clone(),
+        };
+        let _ = shown.set_username("");
+        let _ = shown.set_password(None);
+        shown.set_fragment(None);
+        shown.set_query(None);
+        if self.url.query().is_some_and(|query| !query.is_empty()) {
+            let mut pairs = shown.query_pairs_mut();
+            for (name, _) in self.url.query_pairs() {
+                pairs.append_pair(&name, REDACTED);
+            }
+        }
+        shown.into()
+    }
 }
 
 /// A request body.
@@ -345,6 +377,7 @@ fn build(
     Ok(Call {
         operation,
         method: method(endpoint.method),
+        redacted_url: render_url_redacted(&endpoint.url, &keys),
         url,
         headers,
         body,
@@ -512,6 +545,24 @@ mod tests {
         }
         let held = PARSED.lock().expect("cache").len();
         assert!(held <= MAX_PARSED, "{held} URLs held");
+    }
+
+    #[test]
+    fn the_url_telemetry_shows_leaves_out_arguments_query_values_and_credentials() {
+        let mut call = dispatch(&tool(), &command("acc 1:5")).expect("renders");
+        assert_eq!(call.url.as_str(), "http://bank.test/accounts/acc%201/wires");
+        assert_eq!(
+            call.shown_url(),
+            "http://bank.test/accounts/REDACTED/wires",
+            "the path's argument is left out"
+        );
+        call.url =
+            Url::parse("https://u:p@bank.test:8443/wires?sig=abc&to=acc#frag").expect("valid");
+        call.redacted_url = None;
+        assert_eq!(
+            call.shown_url(),
+            "https://bank.test:8443/wires?sig=REDACTED&to=REDACTED"
+        );
     }
 
     #[test]

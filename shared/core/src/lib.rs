@@ -2,6 +2,7 @@
 //!
 //! * [`ids`] — validated identifiers: run id, command key, idempotency key, tool name, epoch.
 //! * [`command`] — the command record, its semantics and statuses.
+//! * [`events`] — the public event contract: versioned types and the payload projection.
 //! * [`machine`] — the state machine: `(state, event) -> step | refusal`, pure and total.
 //! * [`canonical`] — canonical JSON and the argument hash that detects drift.
 //! * [`catalog`] — the tool catalog, loaded from TOML and validated once at start.
@@ -23,6 +24,7 @@ pub mod canonical;
 pub mod catalog;
 pub mod command;
 pub mod error;
+pub mod events;
 pub mod flow;
 pub mod ids;
 pub mod journal;

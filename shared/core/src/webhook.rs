@@ -76,12 +76,13 @@ pub fn event_id(
 
 /// Whether a subscription's `types` take the event type `kind`: a type matches itself, a type
 /// ending in `*` matches every type that starts with what precedes it (`dev.sluice.effect.*`),
-/// and `*` alone matches everything.
+/// `*` alone matches everything, and a type named without a version
+/// (`dev.sluice.effect.stuck`, as subscriptions were written before types had one) takes its
+/// version 1 (`crate::events::type_matches`).
 pub fn matches(types: &[String], kind: &str) -> bool {
-    types.iter().any(|pattern| match pattern.strip_suffix('*') {
-        Some(prefix) => kind.starts_with(prefix),
-        None => pattern == kind,
-    })
+    types
+        .iter()
+        .any(|pattern| crate::events::type_matches(pattern, kind))
 }
 
 /// Why a subscription's type pattern is unusable, or `None`: a pattern is non-empty printable
@@ -338,6 +339,11 @@ mod tests {
             "dev.sluice.tool.*".into(),
         ];
         assert!(matches(&types, "dev.sluice.effect.stuck"));
+        assert!(
+            matches(&types, "dev.sluice.effect.stuck.v1"),
+            "unversioned: v1"
+        );
+        assert!(!matches(&types, "dev.sluice.effect.stuck.v2"));
         assert!(matches(&types, "dev.sluice.tool.breaker_opened"));
         assert!(!matches(&types, "dev.sluice.effect.stuck_again"));
         assert!(!matches(&types, "dev.sluice.effect.confirmed"));

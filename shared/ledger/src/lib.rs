@@ -616,7 +616,27 @@ pub trait Ledger: CommandStore + AuditStore + ShardStore + FlowStore + WebhookSt
     fn left_for_newer(&self) -> u64 {
         0
     }
+
+    /// The store as trace spans name it: OpenTelemetry's `db.system.name` (`sqlite`,
+    /// `cassandra`) and `db.namespace` (the SQLite schema, the CQL keyspace), set on the spans
+    /// of the pipeline's ledger writes.
+    fn db_identity(&self) -> DbIdentity<'_> {
+        DbIdentity {
+            system: "other_sql",
+            namespace: "",
+        }
+    }
 }
+
+/// What [`Ledger::db_identity`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DbIdentity<'a> {
+    pub system: &'static str,
+    pub namespace: &'a str,
+}
+
+/// The table a command's writes go to, in both ledgers: the spans' `db.collection.name`.
+pub const COMMANDS_TABLE: &str = "commands";
 
 /// How many round trips of one kind one ledger operation has made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

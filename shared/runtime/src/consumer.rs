@@ -289,6 +289,8 @@ where
     H: Fn(Delivery) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Handled, PipelineError>> + Send + 'static,
 {
+    // The group's lag on the topic as a metric, read beside the loop until it ends.
+    let _lag = crate::lag::Watch::spawn(&bus, &metrics, spec.topic, &spec.group, &shutdown);
     if let Some(capacity) = spec.lanes {
         return crate::lanes::consume(
             bus,
@@ -304,6 +306,7 @@ where
     }
     let permits = Arc::new(Semaphore::new(spec.concurrency.max(1)));
     let budget = One::new_budget();
+    let destination = crate::spans::Destination::of(&*bus, &spec);
     let mut tasks = JoinSet::new();
     loop {
         let permit = tokio::select! {
@@ -321,7 +324,7 @@ where
             },
         };
         let handler = handler.clone();
-        let one = One::new(&bus, &metrics, spec.topic, policy, &shutdown, &budget);
+        let one = One::new(&bus, &metrics, &destination, policy, &shutdown, &budget);
         tasks.spawn(async move {
             one.handle_spanned(delivery, handler).await;
             drop(permit);
@@ -358,43 +361,10 @@ pub(crate) fn task_ended(
 }
 
 tokio::task_local! {
-    /// The span of the delivery being handled ([`delivery_span`]), for `Context::drive` to
+    /// The span of the delivery being handled ([`crate::spans::delivery`]), for `Context::drive` to
     /// record the command key, tool and outcome on, however deep in the handler's own spans
     /// it writes.
     pub(crate) static WORK_SPAN: tracing::Span;
-}
-
-/// The span of handling one delivery, named for the work (`dispatch`, `reconcile`,
-/// `compensate`) and the child of the span that published the message (its `traceparent`
-/// header), so the effect's trace crosses the bus. The handler records the command key, tool
-/// and outcome on it as it writes (`Context::drive`). Debug level: disabled, and nearly free,
-/// unless traces are exported.
-fn delivery_span(topic: Topic, delivery: &Delivery) -> tracing::Span {
-    let name = match topic {
-        Topic::Requested => "dispatch",
-        Topic::Unknown => "reconcile",
-        Topic::Compensate => "compensate",
-        Topic::Events => "event",
-        Topic::Dlq => "dead_letter",
-    };
-    let span = tracing::debug_span!(
-        "consume",
-        otel.name = name,
-        otel.kind = "consumer",
-        messaging.destination.name = topic.suffix(),
-        messaging.kafka.partition = delivery.partition,
-        messaging.kafka.offset = delivery.offset,
-        run_id = delivery.key(),
-        command_key = tracing::field::Empty,
-        tool = tracing::field::Empty,
-        outcome = tracing::field::Empty,
-    );
-    if !span.is_disabled()
-        && let Some(parent) = crate::messages::trace_of(&delivery.message.headers)
-    {
-        sluice_trace::set_parent(&span, &parent);
-    }
-    span
 }
 
 /// What handling one delivery needs.
@@ -403,6 +373,7 @@ pub(crate) struct One {
     bus: Arc<dyn Bus>,
     metrics: Arc<Metrics>,
     topic: Topic,
+    destination: Arc<crate::spans::Destination>,
     policy: RetryPolicy,
     shutdown: CancellationToken,
     /// The loop's retries, shared by its handlers (`sluice_core::load::RetryBudget`).
@@ -419,7 +390,7 @@ impl One {
     pub(crate) fn new(
         bus: &Arc<dyn Bus>,
         metrics: &Arc<Metrics>,
-        topic: Topic,
+        destination: &Arc<crate::spans::Destination>,
         policy: RetryPolicy,
         shutdown: &CancellationToken,
         budget: &Arc<std::sync::Mutex<RetryBudget>>,
@@ -427,7 +398,8 @@ impl One {
         Self {
             bus: Arc::clone(bus),
             metrics: Arc::clone(metrics),
-            topic,
+            topic: destination.topic,
+            destination: Arc::clone(destination),
             policy,
             shutdown: shutdown.clone(),
             budget: Arc::clone(budget),
@@ -442,13 +414,13 @@ impl One {
         )))
     }
 
-    /// [`One::handle`] in the delivery's span ([`delivery_span`], also [`WORK_SPAN`]).
+    /// [`One::handle`] in the delivery's span ([`crate::spans::delivery`], also [`WORK_SPAN`]).
     pub(crate) async fn handle_spanned<H, F>(self, delivery: Delivery, handler: H)
     where
         H: Fn(Delivery) -> F,
         F: Future<Output = Result<Handled, PipelineError>>,
     {
-        let span = delivery_span(self.topic, &delivery);
+        let span = crate::spans::delivery(&self.destination, &delivery);
         WORK_SPAN
             .scope(
                 span.clone(),

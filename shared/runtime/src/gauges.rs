@@ -660,6 +660,10 @@ impl Ledger for GaugedLedger {
     fn left_for_newer(&self) -> u64 {
         self.inner.left_for_newer()
     }
+
+    fn db_identity(&self) -> sluice_ledger::DbIdentity<'_> {
+        self.inner.db_identity()
+    }
 }
 
 #[cfg(test)]

@@ -142,12 +142,13 @@ where
         metrics: Arc::clone(&metrics),
     });
     let budget = One::new_budget();
+    let destination = crate::spans::Destination::of(&*bus, &spec);
     // The workers stop at `stop`: the reader's end plus the drain.
     let stop = CancellationToken::new();
     let reading_done = CancellationToken::new();
     let mut workers = JoinSet::new();
     for _ in 0..spec.concurrency.max(1) {
-        let one = One::new(&bus, &metrics, spec.topic, policy, &shutdown, &budget);
+        let one = One::new(&bus, &metrics, &destination, policy, &shutdown, &budget);
         let (shared, handler, stop, reading_done) = (
             Arc::clone(&shared),
             handler.clone(),

@@ -11,11 +11,13 @@ pub mod consumer;
 pub mod copies;
 pub mod flow;
 pub mod gauges;
+pub mod lag;
 pub mod lanes;
 pub mod messages;
 pub mod metrics;
 pub mod ops;
 pub mod pipeline;
+pub mod spans;
 pub mod telemetry;
 
 pub use config::Config;

@@ -5,7 +5,10 @@
 //! keyed by its run id. Their JSON Schemas are in `schemas/messages/`.
 //!
 //! Lifecycle events follow CloudEvents 1.0 in binary mode: the attributes travel as `ce_`
-//! headers and the payload is the command as JSON.
+//! headers and the payload is the public projection of the command
+//! (`sluice_core::events::EffectEvent`, docs/events.md): the topic is the public contract, so
+//! its payload is never the stored record. Their schemas are in `schemas/events/`; the
+//! requests' (internal) ones in `schemas/messages/`.
 //!
 //! Every message carries the format it is written in ([`FORMAT_HEADER`], [`FORMAT_VERSION`]),
 //! and readers are tolerant, so services of two builds share the bus during a rolling upgrade:
@@ -15,9 +18,10 @@
 //! ([`CompensateJob::NewerKind`]) is skipped by the consume loop, not dead-lettered
 //! (`crate::consumer`, "Messages of a newer build").
 //!
-//! Every message carries the effect's trace context: requests in the W3C headers
-//! `traceparent` and `tracestate` (as Kafka headers on Kafka), lifecycle events in the
-//! CloudEvents distributed-tracing extension (`ce_traceparent`, `ce_tracestate`). The builders
+//! Every message carries the effect's trace context in the W3C headers `traceparent` and
+//! `tracestate` (as Kafka headers on Kafka, where OpenTelemetry's Kafka instrumentations read
+//! them); lifecycle events carry it in the CloudEvents distributed-tracing extension
+//! (`ce_traceparent`, `ce_tracestate`) as well. The builders
 //! here ([`dispatch_request`], [`reconcile_request`], [`compensate_request`],
 //! [`LifecycleEvent::new`]) are the only places a message is put together, so none goes out
 //! without it; the context is the sending span's when it is in the command's trace, else the
@@ -28,6 +32,7 @@ use serde_json::Value;
 use thiserror::Error;
 
 use sluice_core::command::{Command, CommandStatus};
+use sluice_core::events::{EffectEvent, FlowEvent};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::time::Timestamp;
 use sluice_core::trace::TraceContext;
@@ -285,24 +290,107 @@ pub fn encode<T: Serialize>(message: &T) -> Vec<u8> {
     serde_json::to_vec(message).unwrap_or_default()
 }
 
-/// The CloudEvents `type` of a command reaching `status`.
+/// The CloudEvents `type` of a command reaching `status`: `dev.sluice.effect.<status>.v1`.
 pub fn event_type(status: CommandStatus) -> String {
-    const PREFIX: &str = "dev.sluice.effect.";
-    let mut kind = String::with_capacity(PREFIX.len() + status.as_str().len());
-    kind.push_str(PREFIX);
-    kind.extend(status.as_str().chars().map(|c| c.to_ascii_lowercase()));
-    kind
+    sluice_core::events::effect_type(status)
 }
 
-/// A lifecycle event in CloudEvents binary mode: `ce_` headers and the command as payload.
+/// A lifecycle event in CloudEvents binary mode: `ce_` headers and the public projection of
+/// the command as payload.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LifecycleEvent {
     pub headers: Vec<(String, Vec<u8>)>,
     pub payload: Vec<u8>,
 }
 
+/// The headers every event has: the CloudEvents attributes (`ce_type` with its `ce_dataschema`),
+/// the content type and the format.
+fn cloudevent_headers(
+    id: String,
+    source: &str,
+    kind: &str,
+    subject: Vec<u8>,
+    at: Timestamp,
+) -> Vec<(String, Vec<u8>)> {
+    vec![
+        ("ce_specversion".to_owned(), b"1.0".to_vec()),
+        ("ce_id".to_owned(), id.into_bytes()),
+        (
+            "ce_source".to_owned(),
+            [b"/sluice/", source.as_bytes()].concat(),
+        ),
+        ("ce_type".to_owned(), kind.as_bytes().to_vec()),
+        (
+            "ce_dataschema".to_owned(),
+            sluice_core::events::dataschema(kind).into_bytes(),
+        ),
+        ("ce_subject".to_owned(), subject),
+        ("ce_time".to_owned(), at.to_string().into_bytes()),
+        ("content-type".to_owned(), b"application/json".to_vec()),
+        format_header(),
+    ]
+}
+
+/// What a lifecycle event is built from besides the command: the status the transition left
+/// (`None` when rebuilt from the ledger without it) and the arguments the tool publishes
+/// (`Tool::event_args`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EventOrigin<'a> {
+    pub from: Option<CommandStatus>,
+    pub include_args: &'a [String],
+}
+
 impl LifecycleEvent {
-    pub fn new(source: &str, command: &Command, at: Timestamp) -> Self {
+    /// The event of `command` reaching its status (`dev.sluice.effect.<status>.v1`).
+    pub fn new(
+        source: &str,
+        command: &Command,
+        transition: EventOrigin<'_>,
+        at: Timestamp,
+    ) -> Self {
+        Self::build(
+            source,
+            command,
+            transition,
+            at,
+            &event_type(command.status()),
+            None,
+        )
+    }
+
+    /// The event of a command handed to a person ([`ESCALATED_TYPE`]), with the reason in the
+    /// payload's `escalation_reason` and the `ce_reason` extension: beside the status's own
+    /// event, so a subscription can take every escalation — an extra commit left standing on
+    /// a CONFIRMED command included — by one type.
+    pub fn escalated(
+        source: &str,
+        command: &Command,
+        transition: EventOrigin<'_>,
+        at: Timestamp,
+        reason: &str,
+    ) -> Self {
+        let mut event = Self::build(
+            source,
+            command,
+            transition,
+            at,
+            ESCALATED_TYPE,
+            Some(reason),
+        );
+        event
+            .headers
+            .push(("ce_reason".to_owned(), reason.as_bytes().to_vec()));
+        event
+    }
+
+    fn build(
+        source: &str,
+        command: &Command,
+        transition: EventOrigin<'_>,
+        at: Timestamp,
+        kind: &str,
+        escalation: Option<&str>,
+    ) -> Self {
         // Values are written straight into their bytes: one event per transition, and the
         // `format!`s and `to_string`s they replaced showed in profiles.
         let run_id = command.run_id.as_str();
@@ -311,49 +399,21 @@ impl LifecycleEvent {
         subject.extend_from_slice(run_id.as_bytes());
         subject.push(b'/');
         subject.extend_from_slice(key.as_bytes());
-        let kind = event_type(command.status());
-        let id = event_id_of(command, &kind);
-        let mut headers = vec![
-            ("ce_specversion".to_owned(), b"1.0".to_vec()),
-            ("ce_id".to_owned(), id.as_bytes().to_vec()),
-            (
-                "ce_source".to_owned(),
-                [b"/sluice/", source.as_bytes()].concat(),
-            ),
-            ("ce_type".to_owned(), kind.into_bytes()),
-            ("ce_subject".to_owned(), subject),
-            ("ce_time".to_owned(), at.to_string().into_bytes()),
-            ("content-type".to_owned(), b"application/json".to_vec()),
-            format_header(),
-        ];
-        // CloudEvents distributed-tracing extension.
-        headers.extend(trace_headers(
-            "ce_",
-            sluice_trace::outgoing(command.trace.as_ref()).as_ref(),
-        ));
-        Self {
-            headers,
-            payload: serde_json::to_vec(command).unwrap_or_default(),
-        }
-    }
-
-    /// The event of a command handed to a person ([`ESCALATED_TYPE`]), with the reason in the
-    /// `ce_reason` extension: beside the status's own event, so a subscription can take every
-    /// escalation — an extra commit left standing on a CONFIRMED command included — by one type.
-    pub fn escalated(source: &str, command: &Command, at: Timestamp, reason: &str) -> Self {
-        let mut event = Self::new(source, command, at);
-        let id = event_id_of(command, ESCALATED_TYPE);
-        for (name, value) in &mut event.headers {
-            if name == "ce_type" {
-                *value = ESCALATED_TYPE.as_bytes().to_vec();
-            } else if name == "ce_id" {
-                *value = id.as_bytes().to_vec();
-            }
-        }
-        event
-            .headers
-            .push(("ce_reason".to_owned(), reason.as_bytes().to_vec()));
-        event
+        let id = event_id_of(command, kind);
+        let mut headers = cloudevent_headers(id, source, kind, subject, at);
+        // The W3C headers OpenTelemetry's Kafka instrumentations read, and the CloudEvents
+        // distributed-tracing extension.
+        let trace = sluice_trace::outgoing(command.trace.as_ref());
+        headers.extend(trace_headers("", trace.as_ref()));
+        headers.extend(trace_headers("ce_", trace.as_ref()));
+        let payload = EffectEvent::project(
+            command,
+            transition.from,
+            transition.include_args,
+            escalation,
+        )
+        .to_json();
+        Self { headers, payload }
     }
 
     /// The value of a header, as text.
@@ -364,19 +424,21 @@ impl LifecycleEvent {
 
 /// The `ce_id` of the event of type `kind` about `command` as it stands: the same for the same
 /// transition (`sluice_core::webhook::event_id`), so webhooks deliver it once however often it
-/// is published or rebuilt.
+/// is published or rebuilt. Derived from the type's name without its version: the id a build
+/// before versioned types gave the same transition, so an upgrade delivers nothing twice, and
+/// one occurrence published in two versions has one id.
 fn event_id_of(command: &Command, kind: &str) -> String {
     sluice_core::webhook::event_id(
         command.run_id.as_str(),
         command.command_key.as_str(),
-        kind,
+        sluice_core::events::split_version(kind).0,
         command.state.updated_at,
         command.epoch().get(),
     )
 }
 
 /// The CloudEvents `type` of an escalation ([`LifecycleEvent::escalated`]).
-pub const ESCALATED_TYPE: &str = "dev.sluice.effect.escalated";
+pub const ESCALATED_TYPE: &str = sluice_core::events::ESCALATED_TYPE;
 
 /// The value of a header, as text.
 pub fn header<'a>(headers: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a str> {
@@ -390,11 +452,6 @@ pub fn header<'a>(headers: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a st
 pub const DLQ_REASON_HEADER: &str = "sluice-dlq-reason";
 /// The header naming the topic a dead-lettered message came from.
 pub const DLQ_TOPIC_HEADER: &str = "sluice-dlq-topic";
-
-/// A structured view of an event payload, for consumers that want the command back.
-pub fn event_command(payload: &[u8]) -> Result<Command, MessageError> {
-    decode("lifecycle event", payload)
-}
 
 /// Evidence attached to an event or audit record, capped to keep records small.
 pub fn cap_evidence(value: Value) -> Value {
@@ -532,13 +589,28 @@ mod tests {
             assert_eq!(header(&outgoing.headers, "tracestate"), Some("vendor=x"));
             assert_eq!(trace_of(&outgoing.headers), trace);
         }
-        let event = LifecycleEvent::new("dispatcher", &command, Timestamp::from_millis(2));
-        assert_eq!(
-            event.header("ce_traceparent"),
-            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        let event = LifecycleEvent::new(
+            "dispatcher",
+            &command,
+            EventOrigin::default(),
+            Timestamp::from_millis(2),
         );
-        assert_eq!(event.header("ce_tracestate"), Some("vendor=x"));
-        assert_eq!(event.header("traceparent"), None);
+        // Both: the W3C headers OpenTelemetry's Kafka instrumentations read, and the
+        // CloudEvents extension.
+        for (name, value) in [
+            (
+                "ce_traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+            ("ce_tracestate", "vendor=x"),
+            ("tracestate", "vendor=x"),
+        ] {
+            assert_eq!(event.header(name), Some(value), "{name}");
+        }
         assert_eq!(trace_of(&event.headers), trace);
         // No context, no headers: a command submitted without one and no span to send from.
         let untraced = command.clone().traced(None);
@@ -564,7 +636,13 @@ mod tests {
         );
         assert_eq!(
             header(
-                &LifecycleEvent::new("x", &untraced, Timestamp::from_millis(2)).headers,
+                &LifecycleEvent::new(
+                    "x",
+                    &untraced,
+                    EventOrigin::default(),
+                    Timestamp::from_millis(2)
+                )
+                .headers,
                 FORMAT_HEADER
             ),
             Some("1")
@@ -583,22 +661,76 @@ mod tests {
             .expect("a format"),
             FORMAT_VERSION
         );
+        let untraced_event = LifecycleEvent::new(
+            "x",
+            &untraced,
+            EventOrigin::default(),
+            Timestamp::from_millis(2),
+        );
+        assert_eq!(untraced_event.header("ce_traceparent"), None);
+        assert_eq!(untraced_event.header("traceparent"), None);
+    }
+
+    #[test]
+    fn event_types_name_the_state_and_version() {
         assert_eq!(
-            LifecycleEvent::new("x", &untraced, Timestamp::from_millis(2)).header("ce_traceparent"),
-            None
+            event_type(CommandStatus::NoCompensation),
+            "dev.sluice.effect.no_compensation.v1"
+        );
+        assert_eq!(
+            event_type(CommandStatus::Confirmed),
+            "dev.sluice.effect.confirmed.v1"
         );
     }
 
     #[test]
-    fn event_types_name_the_state() {
-        assert_eq!(
-            event_type(CommandStatus::NoCompensation),
-            "dev.sluice.effect.no_compensation"
+    fn an_events_id_is_the_one_a_build_before_versions_gave_it() {
+        use sluice_core::command::{EffectSemantics, Intent};
+        let command = Command::from_intent(
+            Intent {
+                run_id: RunId::parse("r-1").expect("valid"),
+                command_key: CommandKey::parse("d-1/email/send/0").expect("valid"),
+                semantics: EffectSemantics::Idempotent,
+                args: serde_json::json!({}),
+                business_key: None,
+                policy_version: "v1".into(),
+                max_attempts: 3,
+                not_before: None,
+            },
+            Timestamp::from_millis(1),
+            1_000,
         );
-        assert_eq!(
-            event_type(CommandStatus::Confirmed),
-            "dev.sluice.effect.confirmed"
+        let event = LifecycleEvent::new(
+            "x",
+            &command,
+            EventOrigin::default(),
+            Timestamp::from_millis(2),
         );
+        let unversioned = sluice_core::webhook::event_id(
+            "r-1",
+            "d-1/email/send/0",
+            "dev.sluice.effect.pending",
+            command.state.updated_at,
+            command.epoch().get(),
+        );
+        assert_eq!(event.header("ce_id"), Some(unversioned.as_str()));
+        assert_eq!(
+            event.header("ce_dataschema"),
+            Some("https://sluice.dev/schemas/events/dev.sluice.effect.pending.v1.json")
+        );
+        let escalated = LifecycleEvent::escalated(
+            "x",
+            &command,
+            EventOrigin::default(),
+            Timestamp::from_millis(2),
+            "why",
+        );
+        assert_ne!(escalated.header("ce_id"), event.header("ce_id"));
+        assert_eq!(escalated.header("ce_type"), Some(ESCALATED_TYPE));
+        assert_eq!(escalated.header("ce_reason"), Some("why"));
+        let payload: Value = serde_json::from_slice(&escalated.payload).expect("json");
+        assert_eq!(payload["escalation_reason"], "why");
+        assert!(payload.get("args").is_none() && payload.get("lease").is_none());
     }
 }
 
@@ -658,9 +790,9 @@ impl FlowChange {
         }
     }
 
-    /// The CloudEvents `type`: `dev.sluice.flow.<kind>`.
+    /// The CloudEvents `type`: `dev.sluice.flow.<kind>.v1`.
     pub fn event_type(self) -> String {
-        format!("dev.sluice.flow.{}", self.kind())
+        sluice_core::events::flow_type(self.kind())
     }
 
     /// One line for the audit record and the log.
@@ -680,7 +812,9 @@ impl FlowChange {
         }
     }
 
-    /// The event: CloudEvents binary mode, the control as its JSON payload.
+    /// The event: CloudEvents binary mode, the public projection of the control after the
+    /// change (`sluice_core::events::FlowEvent`) as its JSON payload, sent under the current
+    /// span's trace context.
     pub fn event(
         self,
         control: &sluice_core::flow::FlowControl,
@@ -688,22 +822,15 @@ impl FlowChange {
         at: Timestamp,
     ) -> LifecycleEvent {
         let id = uuid::Uuid::new_v4().to_string();
-        let headers = vec![
-            ("ce_specversion".to_owned(), b"1.0".to_vec()),
-            ("ce_id".to_owned(), id.into_bytes()),
-            (
-                "ce_source".to_owned(),
-                format!("/sluice/{actor}").into_bytes(),
-            ),
-            ("ce_type".to_owned(), self.event_type().into_bytes()),
-            ("ce_subject".to_owned(), control.name.clone().into_bytes()),
-            ("ce_time".to_owned(), at.to_string().into_bytes()),
-            ("content-type".to_owned(), b"application/json".to_vec()),
-            format_header(),
-        ];
+        let kind = self.event_type();
+        let mut headers =
+            cloudevent_headers(id, actor, &kind, control.name.clone().into_bytes(), at);
+        let trace = sluice_trace::current();
+        headers.extend(trace_headers("", trace.as_ref()));
+        headers.extend(trace_headers("ce_", trace.as_ref()));
         LifecycleEvent {
             headers,
-            payload: serde_json::to_vec(control).unwrap_or_default(),
+            payload: encode(&FlowEvent::project(control, self.kind())),
         }
     }
 }

@@ -157,6 +157,10 @@ pub struct Metrics {
     pub webhook_pending: IntGaugeVec,
     /// `sluice_webhook_oldest_pending_seconds{webhook}`: the age of the oldest of those.
     pub webhook_oldest_pending: GaugeVec,
+    /// `sluice_consumer_lag{group, topic, partition}`: messages of the topic's partition the
+    /// group has not committed yet, as this process last read them from the bus
+    /// (`crate::lag`).
+    pub consumer_lag: IntGaugeVec,
 }
 
 impl Metrics {
@@ -332,6 +336,17 @@ impl Metrics {
         registry
             .register(Box::new(webhook_oldest_pending.clone()))
             .expect("each metric is registered once");
+        let consumer_lag = IntGaugeVec::new(
+            Opts::new(
+                "consumer_lag",
+                "Messages of a topic's partition a consumer group has not committed yet, as last read from the bus",
+            ),
+            &["group", "topic", "partition"],
+        )
+        .expect("metric definitions are static and valid");
+        registry
+            .register(Box::new(consumer_lag.clone()))
+            .expect("each metric is registered once");
         let build_info = IntGaugeVec::new(
             Opts::new(
                 "build_info",
@@ -382,6 +397,7 @@ impl Metrics {
             webhook_deliveries,
             webhook_pending,
             webhook_oldest_pending,
+            consumer_lag,
         }
     }
 

@@ -21,8 +21,8 @@ use thiserror::Error;
 use tracing::Instrument;
 
 use crate::messages::{
-    Cause, CompensateJob, LifecycleEvent, Outgoing, compensate_request, dispatch_request,
-    reconcile_request,
+    Cause, CompensateJob, EventOrigin, LifecycleEvent, Outgoing, compensate_request,
+    dispatch_request, reconcile_request,
 };
 use crate::metrics::Metrics;
 
@@ -113,13 +113,27 @@ impl RollbackBegun {
     }
 }
 
-/// The span of one guarded write: `lease` (taking a lease), `finalize` (a call's outcome), or
-/// the event's name, in the command's trace (`sluice_trace::adopt`). Attributes: run id,
-/// command key, tool, the event, the status it leads to, and (recorded after the write) the
-/// outcome: the status stored, or `conflict` for a lost compare-and-set. Never arguments.
-fn write_span(command: &Command, event: &Event, to: CommandStatus) -> tracing::Span {
+/// The span of one guarded write, in the command's trace (`sluice_trace::adopt`): a database
+/// client span after OpenTelemetry's conventions, named `<operation> commands` — the ledger's
+/// operation (`lease` takes a lease, `finalize` stores a call's outcome, `transition` any other
+/// step; the `op` of `sluice_ledger_round_trips_total`) and the table — with `db.system.name`,
+/// `db.namespace`, `db.collection.name` and `db.operation.name`. Sluice's own attributes: run
+/// id, command key, tool, the event (`sluice.event`), the status it leads to, and (recorded
+/// after the write) the outcome: the status stored, or `conflict` for a lost compare-and-set.
+/// Never arguments.
+fn write_span(
+    ledger: &dyn sluice_ledger::Ledger,
+    command: &Command,
+    event: &Event,
+    to: CommandStatus,
+) -> tracing::Span {
     use machine::EventKind;
-    let name = match event.kind() {
+    let operation = match event.kind() {
+        EventKind::Lease => "lease",
+        EventKind::Dispatched => "finalize",
+        _ => "transition",
+    };
+    let event_name = match event.kind() {
         EventKind::Lease => "lease",
         EventKind::Dispatched => "finalize",
         EventKind::Release => "release",
@@ -144,9 +158,16 @@ fn write_span(command: &Command, event: &Event, to: CommandStatus) -> tracing::S
     };
     // Debug level: without the exporter (whose filter takes Sluice's debug spans) and at the
     // default log level, the span is disabled and costs next to nothing per write.
+    let db = ledger.db_identity();
     let span = tracing::debug_span!(
         "ledger.write",
-        otel.name = name,
+        otel.name = %format_args!("{operation} {}", sluice_ledger::COMMANDS_TABLE),
+        otel.kind = "client",
+        db.system.name = db.system,
+        db.namespace = db.namespace,
+        db.collection.name = sluice_ledger::COMMANDS_TABLE,
+        db.operation.name = operation,
+        sluice.event = event_name,
         run_id = %command.run_id,
         command_key = %command.command_key,
         tool = %command.tool,
@@ -321,7 +342,7 @@ impl Context {
             };
             round += 1;
             let write = Transition::from_step(&command, &step, actor);
-            let span = write_span(&command, &event, step.to());
+            let span = write_span(&*self.ledger, &command, &event, step.to());
             let cas = async {
                 match &event {
                     Event::Lease { .. } => self.ledger.acquire_lease(write).await,
@@ -411,7 +432,12 @@ impl Context {
                     }
                 }
                 Action::Publish { status } => {
-                    let event = LifecycleEvent::new(service, command, self.clock.now());
+                    let event = LifecycleEvent::new(
+                        service,
+                        command,
+                        self.event_origin(command, step),
+                        self.clock.now(),
+                    );
                     debug_assert_eq!(*status, command.status());
                     let event = Outgoing {
                         payload: event.payload,
@@ -428,8 +454,13 @@ impl Context {
                         reason = %reason,
                         "escalated to a person"
                     );
-                    let event =
-                        LifecycleEvent::escalated(service, command, self.clock.now(), reason);
+                    let event = LifecycleEvent::escalated(
+                        service,
+                        command,
+                        self.event_origin(command, step),
+                        self.clock.now(),
+                        reason,
+                    );
                     let event = Outgoing {
                         payload: event.payload,
                         headers: event.headers,
@@ -442,20 +473,35 @@ impl Context {
         Ok(())
     }
 
+    /// What the lifecycle events of `step` are built from besides the command: the status it
+    /// left and the arguments the command's tool publishes (none when it left the catalog).
+    pub fn event_origin<'c>(&'c self, command: &Command, step: &Step) -> EventOrigin<'c> {
+        EventOrigin {
+            from: Some(step.from),
+            include_args: tool_of(&self.catalog, command)
+                .map(Tool::event_args)
+                .unwrap_or_default(),
+        }
+    }
+
     async fn publish(
         &self,
         topic: Topic,
         command: &Command,
         message: Outgoing,
     ) -> Result<(), BusError> {
-        self.bus
+        let span = crate::spans::send(&*self.bus, topic, command.run_id.as_str());
+        let published = self
+            .bus
             .publish(
                 topic,
                 command.run_id.as_str(),
                 message.payload,
                 message.headers,
             )
+            .instrument(span.clone())
             .await?;
+        crate::spans::sent(&span, &published);
         Ok(())
     }
 

@@ -30,7 +30,8 @@ use sluice_runtime::consumer::{
     ConsumerSpec, DLQ_TRUNCATED_HEADER, Handled, RetryPolicy, consume_with,
 };
 use sluice_runtime::messages::{
-    Cause, DLQ_REASON_HEADER, DispatchRequest, FORMAT_HEADER, LifecycleEvent, decode, encode,
+    Cause, DLQ_REASON_HEADER, DispatchRequest, EventOrigin, FORMAT_HEADER, LifecycleEvent, decode,
+    encode,
 };
 use sluice_runtime::pipeline::PipelineError;
 use tokio::sync::mpsc;
@@ -158,7 +159,8 @@ fn open_ledger(dir: &std::path::Path) -> Arc<SqliteLedger> {
 }
 
 /// A handler that fails on one command every time — here the lifecycle event it publishes
-/// is larger than the bus takes, as a command with large arguments makes it — is retried a
+/// is larger than the bus takes, as a tool that publishes a large argument with its events
+/// (`[tool.events] include_args`) makes it — is retried a
 /// bounded number of times, then its message is dead-lettered with the last error and
 /// acknowledged; the message behind it on the partition is handled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,7 +204,12 @@ async fn a_handler_that_keeps_failing_gives_its_partition_back() {
     let handler = reading_handler(ledger.clone(), handled_tx, move |command: Command| {
         let bus = Arc::clone(&events_bus);
         async move {
-            let event = LifecycleEvent::new("test", &command, SystemClock.now());
+            let published = ["body".to_owned()];
+            let origin = EventOrigin {
+                from: None,
+                include_args: &published,
+            };
+            let event = LifecycleEvent::new("test", &command, origin, SystemClock.now());
             bus.publish(
                 Topic::Events,
                 command.run_id.as_str(),

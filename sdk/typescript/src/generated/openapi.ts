@@ -413,8 +413,9 @@ export interface paths {
         /**
          * Lifecycle events as they happen, as server-sent events (its agent's runs, operator, admin)
          * @description A `text/event-stream` of the lifecycle events this producer reads: `event: effect` with
-         *     the command as it was written (the same JSON as `GET …/effects/{command_key}`) each time
-         *     one moves or settles. The stream opens with `event: ready` (`{run_id, as, role}`) and
+         *     the event's data — the public projection of the command (docs/events.md: run, key, tool,
+         *     status, outcome, times; not the arguments or the result, which `GET
+         *     …/effects/{command_key}` gives) — each time one settles or waits for a person. The stream opens with `event: ready` (`{run_id, as, role}`) and
          *     says `event: lagged` (`{missed}`) when it fell behind and dropped events: re-read what
          *     you show. With `summary=true` it sends instead at most one `event: changed` a second
          *     (`{events, missed, runs}`: how many changes, and up to 50 of the runs they were in), for

@@ -408,7 +408,14 @@ impl Api {
                         None => (Admission::unbounded(), None),
                     };
                     sluice_faults::point!("producer.publish.pre");
-                    if let Err(e) = self
+                    let send = span.in_scope(|| {
+                        sluice_runtime::spans::send(
+                            &*self.ctx.bus,
+                            Topic::Requested,
+                            command.run_id.as_str(),
+                        )
+                    });
+                    let published = self
                         .ctx
                         .bus
                         .publish_admitted(
@@ -418,8 +425,12 @@ impl Api {
                             request.payload,
                             request.headers,
                         )
-                        .await
-                    {
+                        .instrument(send.clone())
+                        .await;
+                    if let Ok(published) = &published {
+                        sluice_runtime::spans::sent(&send, published);
+                    }
+                    if let Err(e) = published {
                         // Recorded all the same: the stale-PENDING sweep republishes it, or
                         // the lease-expiry sweep reconciles one leased at reservation.
                         tracing::warn!(

@@ -6,7 +6,8 @@ import { authHeaders, paths } from './api.js';
 
 /**
  * Opens the event stream of `run` (or of every run the caller may read when `run` is empty).
- * `onEvent(command)` gets each settled or moved command; `onEvent(null)` means something
+ * `onEvent(event)` gets each lifecycle event's data (the public projection of the command:
+ * `run_id`, `command_key`, `status`, … — docs/events.md); `onEvent(null)` means something
  * changed or events were missed, and the view should re-read. Without a run the stream is a
  * summary (at most one change notice a second), so a busy system's every command does not
  * cross the network. `onState` gets 'live', 'reconnecting' or 'off'. Returns a function that

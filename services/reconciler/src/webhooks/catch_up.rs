@@ -13,7 +13,8 @@ use std::sync::Arc;
 use sluice_core::command::CommandStatus;
 use sluice_core::webhook::{Delivery, matches};
 use sluice_ledger::{LedgerError, RunCursor, WEBHOOK_RETENTION_MS};
-use sluice_runtime::messages::{LifecycleEvent, event_type};
+use sluice_runtime::messages::{EventOrigin, LifecycleEvent, event_type};
+use sluice_runtime::pipeline::tool_of;
 use sluice_runtime::{Context, Shutdown};
 use tokio::sync::Notify;
 
@@ -82,7 +83,21 @@ async fn catch_up(
                 if !wanted.contains(&command.status()) || command.state.updated_at < since {
                     continue;
                 }
-                let event = LifecycleEvent::new("reconciler", &command, command.state.updated_at);
+                // Rebuilt without its transition (the status it left is not stored): a STUCK or
+                // BLOCKED event's payload does not depend on it (`outcome.decided_by` is only
+                // given for final statuses).
+                let transition = EventOrigin {
+                    from: None,
+                    include_args: tool_of(&ctx.catalog, &command)
+                        .map(|tool| tool.event_args())
+                        .unwrap_or_default(),
+                };
+                let event = LifecycleEvent::new(
+                    "reconciler",
+                    &command,
+                    transition,
+                    command.state.updated_at,
+                );
                 let Some(event) = event_from(&event.headers, &event.payload) else {
                     continue;
                 };

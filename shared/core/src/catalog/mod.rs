@@ -103,6 +103,9 @@
 //! match_where = { "/metadata/sluice_key" = "{idempotency_key}" }
 //! [tool.compensate]
 //! done_status = [404]               # 4xx answers meaning "already undone"
+//! [tool.events]
+//! include_args = ["currency"]       # top-level arguments its lifecycle events publish (none by
+//! #                                 # default; never one the schema marks writeOnly/password)
 //! ```
 //!
 //! Templates (`business_key`, connector URLs, bodies, headers, query values) are literal text
@@ -129,6 +132,7 @@
 //! * `endpoint` — the dispatch, status check and compensate endpoints and how answers are read.
 //! * `shape` — a request's body, headers, query and idempotency header.
 //! * `args` — argument checks against the schema.
+//! * `events` — `[tool.events]`: the arguments a tool publishes with its events.
 //! * `raw` — the TOML as written.
 //! * `build` — the rules a tool must satisfy to load.
 //! * `tool` — a validated [`Tool`] and its state machine [`Rules`].
@@ -140,6 +144,7 @@ mod build;
 mod credential;
 mod endpoint;
 mod error;
+mod events;
 mod money;
 mod raw;
 mod shape;
@@ -172,7 +177,8 @@ pub use self::shape::{
     BodyTemplate, ContentType, DEFAULT_IDEMPOTENCY_HEADER, RequestShape, form_pairs, render_value,
 };
 pub use self::template::{
-    RenderError, Template, TemplateError, UrlKeys, render_text, render_url, slot_value,
+    REDACTED, RenderError, Template, TemplateError, UrlKeys, render_text, render_url,
+    render_url_redacted, slot_value,
 };
 use self::tool::Joins;
 pub use self::tool::{ApprovalThreshold, Tool, ToolPolicy};

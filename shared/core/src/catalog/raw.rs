@@ -54,6 +54,9 @@ pub(super) struct RawTool {
     /// `[tool.money.<field>]`: how a money argument is shown to people.
     #[serde(default)]
     pub(super) money: BTreeMap<String, super::money::Money>,
+    /// `[tool.events]`: what its lifecycle events publish beyond the fixed projection.
+    #[serde(default)]
+    pub(super) events: super::events::RawEvents,
 }
 
 #[derive(Default, Deserialize)]

@@ -264,6 +264,32 @@ pub fn render_url(
     })
 }
 
+/// What stands for a value left out of a URL shown in telemetry ([`render_url_redacted`]).
+pub const REDACTED: &str = "REDACTED";
+
+/// A connector URL as telemetry may show it (a span's `url.full`): rendered as
+/// [`render_url`] does, but each argument placeholder becomes [`REDACTED`] — a path may carry
+/// an argument, and arguments are often personal data — and so does the business key, which
+/// is made of arguments. The other keys (run id, command key, idempotency key and its digest,
+/// compensation key, external reference) are rendered: they are the effect's identity, in its
+/// spans already. `None` when the template names neither: the rendered URL can be shown.
+pub fn render_url_redacted(template: &Template, keys: &UrlKeys<'_>) -> Option<String> {
+    let hidden = |name: &str| matches!(Slot::of(name), Slot::Arg(_) | Slot::Key("business_key"));
+    if !template.placeholders().any(hidden) {
+        return None;
+    }
+    template
+        .render::<std::convert::Infallible>(|name, out| {
+            // An argument has no value here (no arguments are passed): only keys render.
+            match slot_text(name, &Value::Null, keys) {
+                Ok(text) if !hidden(name) => push_path_segment(out, &text),
+                _ => out.push_str(REDACTED),
+            }
+            Ok(())
+        })
+        .ok()
+}
+
 /// The text of a scalar argument: strings as-is, numbers and booleans as their JSON text.
 pub(super) fn scalar_text(value: &Value) -> Result<String, &'static str> {
     match value {

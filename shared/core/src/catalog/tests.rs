@@ -612,3 +612,54 @@ fn a_bad_upstream_is_refused_naming_it_and_the_key() {
         assert!(error.contains(expected), "{expected}: {error}");
     }
 }
+
+#[test]
+fn event_arguments_are_opted_in_per_tool_and_checked_at_load() {
+    let with_events = |section: &str, schema_extra: &str| {
+        let text = WIRE
+            .replace("[tool.policy]", &format!("{section}\n[tool.policy]"))
+            .replace(
+                "date = { type = \"string\", format = \"date\" } }",
+                &format!("date = {{ type = \"string\", format = \"date\" }}{schema_extra} }}"),
+            );
+        Catalog::from_toml_str(&text, "wire.toml")
+    };
+    assert!(wire().event_args().is_empty(), "none unless opted in");
+    let catalog = with_events(
+        "[tool.events]\ninclude_args = [\"amount_minor\", \"date\"]",
+        "",
+    )
+    .expect("declared arguments load");
+    assert_eq!(catalog.tools()[0].event_args(), ["amount_minor", "date"]);
+
+    let secret = ", pin = { type = \"string\", writeOnly = true }, passphrase = { type = \"string\", format = \"password\" }";
+    for (section, extra, names) in [
+        (
+            "[tool.events]\ninclude_args = [\"iban\"]",
+            "",
+            "wire.toml: tool payments/wire: events.include_args: \"iban\" is not an argument",
+        ),
+        (
+            "[tool.events]\ninclude_args = [\"pin\"]",
+            secret,
+            "events.include_args: argument \"pin\" is marked secret",
+        ),
+        (
+            "[tool.events]\ninclude_args = [\"passphrase\"]",
+            secret,
+            "events.include_args: argument \"passphrase\" is marked secret",
+        ),
+        (
+            "[tool.events]\ninclude_args = [\"date\", \"date\"]",
+            "",
+            "events.include_args: \"date\" is listed twice",
+        ),
+    ] {
+        let error = with_events(section, extra).expect_err(section).to_string();
+        assert!(error.contains(names), "{section}: {error}");
+    }
+    let unknown = with_events("[tool.events]\ninclude = [\"date\"]", "")
+        .expect_err("unknown key")
+        .to_string();
+    assert!(unknown.contains("include"), "{unknown}");
+}

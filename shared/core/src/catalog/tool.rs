@@ -80,6 +80,8 @@ pub struct Tool {
     pub(super) joins: Joins,
     /// `[tool.money.<field>]`: the money arguments, for display.
     pub(super) money: std::collections::BTreeMap<String, super::money::Money>,
+    /// `[tool.events] include_args`: the top-level arguments its events publish.
+    pub(super) event_args: Arc<[String]>,
 }
 
 /// How a tool came to its upstream.
@@ -143,6 +145,12 @@ impl Tool {
 
     pub fn policy(&self) -> &ToolPolicy {
         &self.policy
+    }
+
+    /// The top-level arguments its lifecycle events publish (`[tool.events] include_args`,
+    /// checked at load: declared in the schema, not marked secret); empty by default.
+    pub fn event_args(&self) -> &[String] {
+        &self.event_args
     }
 
     /// The money arguments by field name (`[tool.money.<field>]`), for showing amounts.

@@ -211,6 +211,13 @@ impl Ledger for CqlLedger {
         self.inner.write_latency.millis()
     }
 
+    fn db_identity(&self) -> sluice_ledger::DbIdentity<'_> {
+        sluice_ledger::DbIdentity {
+            system: "cassandra",
+            namespace: &self.inner.config.keyspace,
+        }
+    }
+
     fn quarantined(&self) -> u64 {
         self.inner.quarantine.count()
     }

@@ -740,6 +740,14 @@ impl Ledger for SqliteLedger {
     fn write_latency_ms(&self) -> i64 {
         self.inner.write_latency.millis()
     }
+
+    /// SQLite's name for the file's own schema.
+    fn db_identity(&self) -> crate::DbIdentity<'_> {
+        crate::DbIdentity {
+            system: "sqlite",
+            namespace: "main",
+        }
+    }
 }
 
 impl SqliteLedger {
