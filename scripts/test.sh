@@ -100,7 +100,15 @@ fi
 # runs after cargo's, against the binaries just built (SLUICE_BIN), and ends its output with
 # one "N passed, N failed, N skipped" line, summed into the closing line below.
 export SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice"
+# The SDKs' release files (the Python wheel and sdist, the npm tarball), built once here: the
+# SDK suites install them, and the release suite packages these same files with the binaries
+# (scripts/release.sh --keep-sdks; docs/release.md). A failure here shows in those suites,
+# which try again and fail saying why.
+export SLUICE_DIST="$PWD/dist"
+echo "== the SDKs' release files (scripts/release.sh --sdks-only)"
 suites="$(mktemp -t sluice-suites.XXXXXX)"
+scripts/release.sh --sdks-only --dist "$SLUICE_DIST" >"$suites.one" 2>&1 \
+  && echo "built and checked: $(ls "$SLUICE_DIST" | tr "\n" " ")" || { cat "$suites.one"; echo "scripts/release.sh --sdks-only failed"; }
 for suite in scripts/suites/*.sh; do
   [ -e "$suite" ] || continue
   echo "== $suite"

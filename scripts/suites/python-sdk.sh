@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The Python SDK's suite (sdk/python): a virtualenv under ~/.cache/sluice/ with the package and
-# its test extra installed from PyPI, then pytest against the real binaries (`sluice dev` from
-# $SLUICE_BIN, tool upstreams served by uvicorn). Needs only python3 (3.11+) and PyPI.
+# The Python SDK's suite (sdk/python): a virtualenv under ~/.cache/sluice/ with the SDK installed
+# from the wheel scripts/release.sh builds (the file a user installs, not the source directory;
+# scripts/test.sh builds it once before the suites, into $SLUICE_DIST, else this suite does) and
+# its test extra from PyPI, then pytest on sdk/python/tests against the real binaries
+# (`sluice dev` from $SLUICE_BIN, tool upstreams served by uvicorn). Needs only python3 (3.11+)
+# and PyPI.
 # Ends with one line "N passed, N failed, N skipped" (from pytest's JUnit XML).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 venv="${SLUICE_PYTHON_SDK_VENV:-$HOME/.cache/sluice/venv-python-sdk}"
 report="$(mktemp -t sluice-python-sdk.XXXXXX.xml)"
-trap 'rm -f "$report"' EXIT
+trap 'rm -f "$report" "$report.release"' EXIT
 
 fail_setup() {
   echo "python-sdk: $1"
@@ -30,12 +33,24 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip \
   || fail_setup "could not upgrade pip in $venv"
-# Not editable: the tests import the package as built from pyproject.toml, py.typed included.
+# The wheel of the release (made here if scripts/test.sh has not made it from these sources).
+dist="${SLUICE_DIST:-$root/dist}"
+"$root/scripts/release.sh" --sdks-only --keep-sdks --dist "$dist" >"$report.release" 2>&1 \
+  || { cat "$report.release"; fail_setup "scripts/release.sh --sdks-only failed"; }
+wheels=("$dist"/sluice_sdk-*-py3-none-any.whl)
+[ -f "${wheels[0]}" ] || fail_setup "no wheel in $dist"
+echo "installing ${wheels[0]##*/}"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
-  "$root/sdk/python" && "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-  "$root/sdk/python[test]" || fail_setup "could not install sdk/python[test] from PyPI"
+  "${wheels[0]}" && "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+  "${wheels[0]}[test]" || fail_setup "could not install ${wheels[0]##*/}[test] (its dependencies from PyPI)"
 
 cd "$root/sdk/python" || fail_setup "no sdk/python"
+# The tests must import the installed wheel, never src/ beside them.
+where="$("$venv/bin/python" -c 'import sluice; print(sluice.__file__)')"
+case "$where" in
+  "$venv"/*) echo "the tests import $where" ;;
+  *) fail_setup "the tests would import sluice from $where, not from the installed wheel" ;;
+esac
 "$venv/bin/python" -m pytest -p no:cacheprovider -q --junitxml="$report" tests
 status=$?
 

@@ -2,8 +2,12 @@
 # The TypeScript SDK (sdk/typescript, @sluice/client): installs its pinned dependencies with
 # `npm ci` from the committed package-lock.json (npm's cache in ~/.cache/sluice/npm), type-checks
 # and builds it with tsc, checks that the types generated from schemas/openapi.yaml are current,
-# and runs its tests with node's test runner against the real `sluice dev` ($SLUICE_BIN) and
-# tool servers on loopback. Needs Node 20+ and npm. Ends with "N passed, N failed, N skipped".
+# then installs the npm tarball scripts/release.sh packs (scripts/test.sh makes it once before
+# the suites, into $SLUICE_DIST, else this suite does) into build-test/ as a consumer project
+# would, and runs the tests there with node's test runner: they import `@sluice/client` by name,
+# so they run against the tarball's files (the unexported signature module's unit tests,
+# test/internal/, against the source). Against the real `sluice dev` ($SLUICE_BIN) and tool
+# servers on loopback. Needs Node 20+ and npm. Ends with "N passed, N failed, N skipped".
 set -uo pipefail
 cd "$(dirname "$0")/../../sdk/typescript"
 
@@ -29,10 +33,32 @@ npm run --silent build || summary_fail "tsc could not build the package"
 npm run --silent build-tests || summary_fail "the tests do not type-check"
 echo "== generated types are current"
 npm run --silent check-generated || summary_fail "src/generated/openapi.ts is stale"
-echo "== node --test"
 log="$(mktemp -t sluice-ts-test.XXXXXX)"
 trap 'rm -f "$log"' EXIT
-node --test --test-reporter=spec build-test/test/*.test.js 2>&1 | tee "$log"
+echo "== the npm tarball of the release, installed into build-test/ as a consumer installs it"
+dist="${SLUICE_DIST:-$(cd ../.. && pwd)/dist}"
+../../scripts/release.sh --sdks-only --keep-sdks --dist "$dist" >"$log" 2>&1 \
+  || { cat "$log"; summary_fail "scripts/release.sh --sdks-only failed"; }
+tarballs=("$dist"/sluice-client-*.tgz)
+[ -f "${tarballs[0]}" ] || summary_fail "no npm tarball in $dist"
+cat >build-test/package.json <<EOF
+{
+  "name": "sluice-client-tests",
+  "private": true,
+  "type": "module",
+  "dependencies": { "@sluice/client": "file:${tarballs[0]}" }
+}
+EOF
+(cd build-test && npm install --no-audit --no-fund --no-package-lock --silent) \
+  || summary_fail "npm install ${tarballs[0]##*/} failed"
+resolved="$(cd build-test/test && node --input-type=module -e 'console.log(import.meta.resolve("@sluice/client"))')"
+case "$resolved" in
+  */sdk/typescript/build-test/node_modules/@sluice/client/dist/index.js) echo "the tests import $resolved" ;;
+  *) summary_fail "the tests would import @sluice/client from $resolved, not from the installed tarball" ;;
+esac
+export SLUICE_SDK_FROM_TARBALL=1
+echo "== node --test"
+node --test --test-reporter=spec build-test/test/*.test.js build-test/test/internal/*.test.js 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 
 # The spec reporter's totals: "ℹ pass N", "ℹ fail N", "ℹ cancelled N", "ℹ skipped N", "ℹ todo N".

@@ -868,14 +868,12 @@ async fn a_request_for_a_name_that_is_not_the_servers_is_refused() {
 async fn the_deployments_names_are_answered() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let read = |path: &str| std::fs::read_to_string(root.join(path)).expect(path);
-    let producer: Vec<serde_yaml::Value> =
-        serde_yaml::Deserializer::from_str(&read("k8s/producer.yaml"))
-            .map(|doc| serde::Deserialize::deserialize(doc).expect("YAML"))
-            .collect();
+    let producer: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&read("k8s/producer.yaml")).expect("YAML");
     let env = producer
         .iter()
         .find(|doc| doc["kind"] == "Deployment")
-        .and_then(|doc| doc["spec"]["template"]["spec"]["containers"][0]["env"].as_sequence())
+        .and_then(|doc| doc["spec"]["template"]["spec"]["containers"][0]["env"].as_array())
         .expect("the producer's environment");
     let k8s_hosts = env
         .iter()
@@ -892,8 +890,8 @@ async fn the_deployments_names_are_answered() {
         ],
     )
     .expect("the Kubernetes configuration with the producer's environment");
-    let compose: serde_yaml::Value =
-        serde_yaml::from_str(&read("deploy/compose.yaml")).expect("YAML");
+    let compose: serde_json::Value =
+        serde_saphyr::from_str(&read("deploy/compose.yaml")).expect("YAML");
     let compose_hosts: Vec<String> = toml::from_str::<toml::Table>(&format!(
         "v = {}",
         compose["services"]["producer"]["environment"]["SLUICE_PRODUCER__ALLOWED_HOSTS"]

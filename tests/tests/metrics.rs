@@ -149,8 +149,8 @@ async fn build_process_answer_times_and_horizons_are_exported() {
 
     let build = format!(
         r#"sluice_build_info{{revision="{}",version="{}"}}"#,
-        option_env!("SLUICE_GIT_REVISION").unwrap_or("unknown"),
-        env!("CARGO_PKG_VERSION")
+        sluice_runtime::build_info::REVISION,
+        sluice_runtime::build_info::VERSION
     );
     assert_eq!(sample(&text, &build), Some(1.0), "{build}\n{text}");
     // Whole seconds of CPU: a young test process may well show 0.

@@ -57,7 +57,7 @@ struct Spec {
 impl Spec {
     fn load() -> Self {
         let text = std::fs::read_to_string(DOCUMENT).expect("schemas/openapi.yaml is readable");
-        let doc: Value = serde_yaml::from_str(&text).expect("the OpenAPI document is YAML");
+        let doc: Value = serde_saphyr::from_str(&text).expect("the OpenAPI document is YAML");
         assert_eq!(doc["openapi"], json!("3.1.0"));
         Self {
             doc,

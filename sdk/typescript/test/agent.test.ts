@@ -19,7 +19,7 @@ import {
   SluiceClient,
   SluiceError,
   UnauthenticatedError,
-} from "../src/index.js";
+} from "@sluice/client";
 import { asAdmin, CATALOG_HEADER, eventually, listen, type SluiceProcess, startSluice, TOKENS } from "./harness.js";
 import { tools, World } from "./world.js";
 

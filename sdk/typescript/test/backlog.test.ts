@@ -4,8 +4,8 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
-import { SluiceClient, UnavailableError } from "../src/index.js";
-import { ToolServer } from "../src/tool-server/index.js";
+import { SluiceClient, UnavailableError } from "@sluice/client";
+import { ToolServer } from "@sluice/client/tool-server";
 import { CATALOG_HEADER, listen, SIGNING_KEY, type SluiceProcess, startSluice, TOKENS } from "./harness.js";
 
 let upstream: Awaited<ReturnType<typeof listen>>;

@@ -17,7 +17,7 @@ import { fileURLToPath } from "node:url";
 
 import { Webhook } from "standardwebhooks";
 
-import { newSigningKey, SIGNING_KEYS_ENV } from "../src/tool-server/index.js";
+import { newSigningKey, SIGNING_KEYS_ENV } from "@sluice/client/tool-server";
 
 /** The repository's root (the package is sdk/typescript; tests run from build-test/test). */
 export const REPO = fileURLToPath(new URL("../../../../", import.meta.url));

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import { Journal } from "../src/journal.js";
+import { Journal } from "@sluice/client";
 import {
   commandKey,
   commandKeyPathSegment,
@@ -11,7 +11,7 @@ import {
   isRunId,
   isToolName,
   parseCommandKey,
-} from "../src/keys.js";
+} from "@sluice/client";
 import { vectors } from "./harness.js";
 
 const shared = vectors();

@@ -2,16 +2,23 @@
 // against `sluice dev` with the example catalog and the demo upstream it calls.
 import assert from "node:assert/strict";
 import { execFile, spawn } from "node:child_process";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { after, before, test } from "node:test";
 
 import { REPO, SLUICE_BIN, type SluiceProcess, startSluice, TOKENS } from "./harness.js";
 
 const PACKAGE = join(REPO, "sdk/typescript");
+/**
+ * The package the quickstart imports: the npm tarball installed into build-test/ (what
+ * scripts/suites/typescript-sdk.sh does, and then sets SLUICE_SDK_FROM_TARBALL), else this
+ * directory as built (`npm test`).
+ */
+const INSTALLED = fileURLToPath(new URL("../node_modules/@sluice/client", import.meta.url));
 let upstream: { url: string; stop(): void };
 let server: SluiceProcess;
 let dir: string;
@@ -40,7 +47,9 @@ before(async () => {
   // The package as an agent project installs it: node_modules/@sluice/client.
   dir = mkdtempSync(join(tmpdir(), "sluice-quickstart-"));
   mkdirSync(join(dir, "node_modules/@sluice"), { recursive: true });
-  symlinkSync(PACKAGE, join(dir, "node_modules/@sluice/client"), "dir");
+  const installed = process.env["SLUICE_SDK_FROM_TARBALL"] ? INSTALLED : PACKAGE;
+  assert.ok(existsSync(join(installed, "package.json")), `no package at ${installed}`);
+  symlinkSync(installed, join(dir, "node_modules/@sluice/client"), "dir");
   writeFileSync(join(dir, "quickstart.mjs"), quickstart());
 });
 

@@ -8,8 +8,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 
-import { EffectError, Sluice, SluiceError } from "../src/index.js";
-import { SignatureVerifier, parseSigningKeys, RequestRejected } from "../src/tool-server/signing.js";
+import { EffectError, Sluice, SluiceError } from "@sluice/client";
 import {
   newSigningKey,
   SIGNING_KEYS_ENV,
@@ -17,7 +16,7 @@ import {
   SigningKeyError,
   type ToolServerOptions,
   ToolServer,
-} from "../src/tool-server/index.js";
+} from "@sluice/client/tool-server";
 import { CATALOG_HEADER, listen, REPO, SIGNING_KEY, signed, type SluiceProcess, startSluice, TOKENS } from "./harness.js";
 
 const OLD = newSigningKey();
@@ -187,18 +186,6 @@ describe("verification", () => {
   test("a timestamp that is not whole seconds is refused", async () => {
     refused(await send("/pay/out", body(10), { ...signed(body(10), [NEW]), "webhook-timestamp": "1e9" }), "must be whole unix seconds");
   });
-
-  test("the replay cache is bounded", () => {
-    const verifier = new SignatureVerifier(parseSigningKeys([NEW], "test"), { maxRemembered: 2 });
-    const headers = [0, 1, 2].map((n) => signed("{}", [NEW], { id: `id-${n}` }));
-    for (const h of headers) {
-      verifier.verify(h, Buffer.from("{}"));
-    }
-    assert.throws(() => verifier.verify(headers[2] ?? {}, Buffer.from("{}")), (e: unknown) => e instanceof RequestRejected && /already accepted/.test(e.message));
-    // The oldest was forgotten to make room: the price of the bound. Only a holder of a key can
-    // fill the cache (ids are remembered once their signature verified).
-    assert.doesNotThrow(() => verifier.verify(headers[0] ?? {}, Buffer.from("{}")));
-  });
 });
 
 describe("configuration", () => {
@@ -264,18 +251,6 @@ describe("configuration", () => {
       );
     });
   }
-
-  test("each malformation is named", () => {
-    const short = `whsec_${Buffer.from(Array.from({ length: 16 }, (_, i) => i)).toString("base64")}`;
-    const cases: [string, RegExp][] = [
-      ["MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", /does not start with whsec_/],
-      ["whsec_MfKQ9r8GKYqr*wjUPD8ILPZIo2LaLaSw", /is not valid base64/],
-      [short, /decodes to 16 bytes; a key needs at least 24/],
-    ];
-    for (const [key, named] of cases) {
-      assert.throws(() => parseSigningKeys([key], "test"), named);
-    }
-  });
 });
 
 describe("the shared vectors", () => {
@@ -285,7 +260,6 @@ describe("the shared vectors", () => {
       const at = { id: vector.webhook_id, timestamp: vector.webhook_timestamp };
       assert.equal(signed(vector.body, vector.keys, at)["webhook-signature"], vector.webhook_signature);
       assert.equal(signatureHeader(vector.keys, vector.webhook_id, vector.webhook_timestamp, vector.body), vector.webhook_signature);
-      assert.equal(parseSigningKeys(vector.keys, "vectors").length, vector.webhook_signature.split(" ").length);
     });
   }
 });

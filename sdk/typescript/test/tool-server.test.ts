@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
-import { DefinitionError, ToolRefusal, ToolServer } from "../src/tool-server/index.js";
+import { DefinitionError, ToolRefusal, ToolServer } from "@sluice/client/tool-server";
 import { listen, SIGNING_KEY, signed } from "./harness.js";
 
 interface Order {

@@ -4,7 +4,7 @@
  * tests can check what happened upstream, not only what the ledger says.
  */
 
-import { ToolRefusal, ToolServer } from "../src/tool-server/index.js";
+import { ToolRefusal, ToolServer } from "@sluice/client/tool-server";
 import { SIGNING_KEY } from "./harness.js";
 
 export interface Wire {

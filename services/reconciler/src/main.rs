@@ -11,7 +11,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[derive(Debug, Parser)]
 #[command(
     name = "sluice-reconciler",
-    version,
+    version = sluice_runtime::build_info::LONG_VERSION,
     about = "The Sluice reconciler service"
 )]
 struct Args {

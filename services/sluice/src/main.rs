@@ -12,7 +12,10 @@ use sluice_runtime::config::{Role, TokenConfig};
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Debug, Parser)]
-#[command(name = "sluice", version, about = "Safe side effects for AI agents")]
+#[command(
+    name = "sluice",
+    version = sluice_runtime::build_info::LONG_VERSION,
+    about = "Safe side effects for AI agents")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -71,6 +74,9 @@ enum Command {
     /// For operators of [[webhooks]]: send a signed test event, list deliveries, retry those
     /// given up.
     Webhooks(sluice::webhooks_cmd::WebhooksArgs),
+    /// For container healthchecks (the image has no shell or curl): GET a URL, exit 0 when it
+    /// answers 2xx, else exit 1 saying what it answered.
+    Health(sluice::health::HealthArgs),
     #[command(flatten)]
     Console(ConsoleCommand),
 }
@@ -208,6 +214,18 @@ async fn run() -> anyhow::Result<ExitCode> {
             return Ok(match sluice::webhooks_cmd::run(args).await {
                 Ok(out) => {
                     println!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(message) => {
+                    eprintln!("error: {message}");
+                    ExitCode::FAILURE
+                }
+            });
+        }
+        Command::Health(args) => {
+            return Ok(match sluice::health::check(&args).await {
+                Ok(line) => {
+                    println!("{line}");
                     ExitCode::SUCCESS
                 }
                 Err(message) => {

@@ -11,7 +11,7 @@ use tracing_subscriber::EnvFilter;
 /// The Sluice demo upstream: an in-memory bank, mail, ticket and search service that injects
 /// faults. Rate flags set that fault for every endpoint family it applies to, over the preset.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(version = sluice_build_info::LONG_VERSION)]
 struct Args {
     /// Address to listen on (port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:8787")]

@@ -3,6 +3,8 @@
 //! concrete ledger or bus: `sluice-assemble` builds a [`Context`] from the configuration
 //! (`sluice-config`, re-exported here as [`config`]).
 
+/// The build's version and revision (`--version`, `sluice_build_info`).
+pub use sluice_build_info as build_info;
 pub mod cli;
 pub use sluice_config as config;
 pub mod consumer;

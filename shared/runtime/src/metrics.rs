@@ -356,10 +356,7 @@ impl Metrics {
         )
         .expect("metric definitions are static and valid");
         build_info
-            .with_label_values(&[
-                env!("CARGO_PKG_VERSION"),
-                option_env!("SLUICE_GIT_REVISION").unwrap_or("unknown"),
-            ])
+            .with_label_values(&[sluice_build_info::VERSION, sluice_build_info::REVISION])
             .set(1);
         registry
             .register(Box::new(build_info))
