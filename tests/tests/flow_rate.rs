@@ -41,6 +41,7 @@ async fn send_at_a_limited_rate(effects: usize, rate: u32, burst: u32) -> Figure
     let ctx = sluice_runtime::Context {
         flow: sluice_runtime::flow::Flow::new(),
         copies: None,
+        local_events: Default::default(),
         ..h.ctx().clone()
     };
     let replica = tokio::spawn(sluice_dispatcher::run(ctx, config, second.clone()));

@@ -73,6 +73,7 @@ async fn a_second_compensator_does_not_repeat_a_job_still_calling() {
         metrics: Arc::new(Metrics::new()),
         flow: sluice_runtime::flow::Flow::new(),
         copies: None,
+        local_events: Default::default(),
     };
 
     // A CONFIRMED wire with three extra commits still owed, then rolled back: its job is four

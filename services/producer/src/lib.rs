@@ -519,6 +519,12 @@ pub async fn serve(
             return Err(std::io::Error::other(format!("configuration key {e}")));
         }
     };
+    // The commands this process's own pipeline settles come to the waiters whole (in one
+    // process with the dispatcher: no ledger read to answer a wait).
+    let waiters = Arc::clone(&api.waiters);
+    api.ctx
+        .local_events
+        .deliver_to(Arc::new(move |command| waiters.settled(command)));
     if api.auth.is_open() {
         tracing::warn!(
             "producer.open: the API has no tokens and is open to anyone who can reach this \

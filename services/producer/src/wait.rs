@@ -155,8 +155,27 @@ impl Api {
     }
 }
 
-/// A lifecycle event's payload: the projection of the command as it was written.
-type Payload = Option<Arc<[u8]>>;
+/// What was last seen of a watched command: nothing trusted (`None`: read the ledger), or
+/// what [`Seen`] holds.
+type Payload = Option<Seen>;
+
+/// A lifecycle event's payload (the projection of the command as it was written: its status
+/// only is read), or the whole command as this process's pipeline stored it
+/// (`sluice_runtime::local_events`: no ledger read needed).
+#[derive(Debug, Clone)]
+enum Seen {
+    Event(Arc<[u8]>),
+    Command(Arc<Command>),
+}
+
+/// What a waiter reads of [`Seen`].
+#[derive(Debug, PartialEq)]
+enum Latest {
+    /// Where an event says the command stands.
+    Event(EventState),
+    /// The command as stored.
+    Command(Arc<Command>),
+}
 
 #[derive(Debug)]
 struct Watched {
@@ -182,11 +201,16 @@ impl Watch {
         self.events.changed().await.is_ok()
     }
 
-    /// Where the latest event says the command stands, if it decodes: its status and when it
-    /// got there (`EventState`: only those two fields are decoded, not the payload).
-    fn latest(&mut self) -> Option<EventState> {
-        let payload = self.events.borrow_and_update().clone()?;
-        decode::<EventState>("lifecycle event", &payload).ok()
+    /// What was last seen of the command: the command itself when this process stored it,
+    /// else where its latest event says it stands, if that decodes (`EventState`: only its
+    /// status and when it got there are decoded, not the payload).
+    fn latest(&mut self) -> Option<Latest> {
+        match self.events.borrow_and_update().clone()? {
+            Seen::Command(command) => Some(Latest::Command(command)),
+            Seen::Event(payload) => decode::<EventState>("lifecycle event", &payload)
+                .ok()
+                .map(Latest::Event),
+        }
     }
 }
 
@@ -212,7 +236,30 @@ impl Waiters {
     pub(crate) fn wake(&self, subject: &str, payload: &[u8]) {
         self.streams.publish(subject, payload);
         if let Some(watched) = self.lock().get(subject) {
-            watched.latest.send_replace(Some(Arc::from(payload)));
+            // The command this process stored, handed over just before its event
+            // (`settled`), is kept when the event is of it or older: the waiter may not have
+            // taken it yet, and the event alone would make it read the ledger.
+            watched.latest.send_if_modified(|seen| {
+                if let Some(Seen::Command(held)) = seen
+                    && decode::<EventState>("lifecycle event", payload)
+                        .is_ok_and(|event| event.updated_at <= held.state.updated_at)
+                {
+                    return false;
+                }
+                *seen = Some(Seen::Event(Arc::from(payload)));
+                true
+            });
+        }
+    }
+
+    /// Hands `command`, as this process's pipeline stored it while publishing its event, to
+    /// its waiters (`sluice_runtime::local_events`); nobody waiting costs one map lookup.
+    pub(crate) fn settled(&self, command: &Command) {
+        let subject = subject(&command.run_id, &command.command_key);
+        if let Some(watched) = self.lock().get(&subject) {
+            watched
+                .latest
+                .send_replace(Some(Seen::Command(Arc::new(command.clone()))));
         }
     }
 
@@ -326,13 +373,23 @@ pub(crate) async fn until_settled(
         // not for an event older than what this waiter already saw (events of a command arrive
         // in order, but one published before the read may arrive after it) or one that ends
         // nothing. No event (the re-read tick) or one that does not decode: read.
+        // The command as this process stored it is taken as read when it is the same command
+        // (not one made again after a purge) and not older than the one held.
         match watch.latest().filter(|_| woken) {
-            Some(latest)
+            Some(Latest::Command(stored))
+                if stored.created_at == command.created_at
+                    && stored.submitted_by == command.submitted_by
+                    && stored.state.updated_at >= command.state.updated_at =>
+            {
+                command = Arc::unwrap_or_clone(stored);
+            }
+            Some(Latest::Command(_)) => command = read().await?,
+            Some(Latest::Event(latest))
                 if latest.status.is_settled() && latest.updated_at >= command.state.updated_at =>
             {
                 command = read().await?;
             }
-            Some(_) => {}
+            Some(Latest::Event(_)) => {}
             None => command = read().await?,
         }
     }
@@ -579,6 +636,74 @@ mod tests {
         }
     }
 
+    /// A command this process's pipeline stored reaches its waiters whole: their answer
+    /// needs no ledger read.
+    #[tokio::test]
+    async fn a_command_settled_here_reaches_its_waiters_whole() {
+        let waiters = Arc::new(Waiters::default());
+        let mut mine = waiters.watch("r/d-1/email/send/0".into());
+        let mut other = waiters.watch("r/d-2/email/send/0".into());
+        let intent = sluice_core::command::Intent {
+            run_id: RunId::parse("r").expect("a run id"),
+            command_key: CommandKey::parse("d-1/email/send/0").expect("a command key"),
+            semantics: sluice_core::command::EffectSemantics::Idempotent,
+            args: serde_json::json!({"to": "ops@example.com"}),
+            business_key: None,
+            policy_version: "p-1".into(),
+            max_attempts: 3,
+            not_before: None,
+        };
+        let mut command = Command::from_intent(intent, Timestamp::from_millis(1_000), 5_000);
+        command.state.status = CommandStatus::Confirmed;
+        command.state.result = Some(Arc::new(serde_json::json!({"id": "m-1"})));
+        waiters.settled(&command);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), mine.changed())
+                .await
+                .expect("the waiter of the command is woken")
+        );
+        assert_eq!(
+            mine.latest(),
+            Some(Latest::Command(Arc::new(command.clone()))),
+            "the whole command, its result included"
+        );
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), other.changed())
+                .await
+                .is_err(),
+            "another command's waiter is not woken"
+        );
+        // Its event, delivered by the bus after the hand-over and before the waiter looked,
+        // leaves the whole command in place; a later event replaces it.
+        let mut late = waiters.watch("r/d-1/email/send/0".into());
+        let mut stored = command.clone();
+        stored.state.updated_at = Timestamp::from_millis(3_000);
+        waiters.settled(&stored);
+        let event = |at: i64| {
+            let mut moved = stored.clone();
+            moved.state.updated_at = Timestamp::from_millis(at);
+            sluice_runtime::messages::LifecycleEvent::new(
+                "test",
+                &moved,
+                sluice_runtime::messages::EventOrigin::default(),
+                Timestamp::from_millis(at),
+            )
+            .payload
+        };
+        waiters.wake("r/d-1/email/send/0", &event(3_000));
+        assert!(late.changed().await, "woken once, by the hand-over");
+        assert_eq!(
+            late.latest(),
+            Some(Latest::Command(Arc::new(stored.clone())))
+        );
+        waiters.wake("r/d-1/email/send/0", &event(4_000));
+        assert!(late.changed().await);
+        assert!(matches!(
+            late.latest(),
+            Some(Latest::Event(EventState { updated_at, .. })) if updated_at == Timestamp::from_millis(4_000)
+        ));
+    }
+
     #[tokio::test]
     async fn a_wake_hands_the_event_to_the_waiters_of_its_command_only() {
         let waiters = Arc::new(Waiters::default());
@@ -619,10 +744,10 @@ mod tests {
                 let latest = waiter.latest().expect("the event's status");
                 assert_eq!(
                     latest,
-                    EventState {
+                    Latest::Event(EventState {
                         status: CommandStatus::Confirmed,
                         updated_at: Timestamp::from_millis(2_000),
-                    }
+                    })
                 );
             }
         }

@@ -53,6 +53,7 @@ fn context(ledger: Arc<dyn Ledger>, clock: Arc<ManualClock>) -> Context {
         metrics: Arc::new(Metrics::new()),
         flow: sluice_runtime::flow::Flow::new(),
         copies: None,
+        local_events: Default::default(),
     }
 }
 

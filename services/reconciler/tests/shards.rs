@@ -52,6 +52,7 @@ fn context(ledger: Arc<dyn Ledger>) -> Context {
         metrics: Arc::new(Metrics::new()),
         flow: sluice_runtime::flow::Flow::new(),
         copies: None,
+        local_events: Default::default(),
     }
 }
 

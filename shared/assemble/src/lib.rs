@@ -273,6 +273,7 @@ pub async fn assemble_with_clock(
             .then(|| sluice_runtime::copies::Copies::new(&config.bus.copy_keys))
             .flatten()
             .map(Arc::new),
+        local_events: Default::default(),
     })
 }
 

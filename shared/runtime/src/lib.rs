@@ -13,6 +13,7 @@ pub mod flow;
 pub mod gauges;
 pub mod lag;
 pub mod lanes;
+pub mod local_events;
 pub mod messages;
 pub mod metrics;
 pub mod ops;

@@ -44,6 +44,9 @@ pub struct Context {
     /// The keys that sign a command's copy in its dispatch requests, and verify it at the
     /// dispatcher (`crate::copies`); `None`: requests carry no copy and are read.
     pub copies: Option<Arc<crate::copies::Copies>>,
+    /// The commands of this process's lifecycle events, handed to the waiters of a producer
+    /// in the same process with the whole command (`crate::local_events`).
+    pub local_events: Arc<crate::local_events::LocalEvents>,
 }
 
 /// A failure that stops a handler; the message is not acknowledged and comes back.
@@ -443,6 +446,9 @@ impl Context {
                         payload: event.payload,
                         headers: event.headers,
                     };
+                    // Before the bus delivers the event: a waiter here takes the command
+                    // without reading the ledger.
+                    self.local_events.published(command);
                     self.publish(Topic::Events, command, event).await?;
                 }
                 Action::Escalate { reason } => {

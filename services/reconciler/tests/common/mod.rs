@@ -28,6 +28,7 @@ pub fn context(dir: &Path, catalog: Catalog) -> Context {
         metrics: Arc::new(Metrics::new()),
         flow: sluice_runtime::flow::Flow::new(),
         copies: None,
+        local_events: Default::default(),
     }
 }
 
