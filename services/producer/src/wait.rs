@@ -636,13 +636,8 @@ mod tests {
         }
     }
 
-    /// A command this process's pipeline stored reaches its waiters whole: their answer
-    /// needs no ledger read.
-    #[tokio::test]
-    async fn a_command_settled_here_reaches_its_waiters_whole() {
-        let waiters = Arc::new(Waiters::default());
-        let mut mine = waiters.watch("r/d-1/email/send/0".into());
-        let mut other = waiters.watch("r/d-2/email/send/0".into());
+    /// A CONFIRMED email of run `r`, made at 1 s (`d-1/email/send/0`).
+    fn confirmed_email() -> Command {
         let intent = sluice_core::command::Intent {
             run_id: RunId::parse("r").expect("a run id"),
             command_key: CommandKey::parse("d-1/email/send/0").expect("a command key"),
@@ -655,6 +650,17 @@ mod tests {
         };
         let mut command = Command::from_intent(intent, Timestamp::from_millis(1_000), 5_000);
         command.state.status = CommandStatus::Confirmed;
+        command
+    }
+
+    /// A command this process's pipeline stored reaches its waiters whole: their answer
+    /// needs no ledger read.
+    #[tokio::test]
+    async fn a_command_settled_here_reaches_its_waiters_whole() {
+        let waiters = Arc::new(Waiters::default());
+        let mut mine = waiters.watch("r/d-1/email/send/0".into());
+        let mut other = waiters.watch("r/d-2/email/send/0".into());
+        let mut command = confirmed_email();
         command.state.result = Some(Arc::new(serde_json::json!({"id": "m-1"})));
         waiters.settled(&command);
         assert!(
@@ -711,18 +717,7 @@ mod tests {
         let mut also_mine = waiters.watch("r/a".into());
         let mut other = waiters.watch("r/b".into());
         assert_eq!(waiters.watched(), 2);
-        let intent = sluice_core::command::Intent {
-            run_id: RunId::parse("r").expect("a run id"),
-            command_key: CommandKey::parse("d-1/email/send/0").expect("a command key"),
-            semantics: sluice_core::command::EffectSemantics::Idempotent,
-            args: serde_json::json!({"to": "ops@example.com"}),
-            business_key: None,
-            policy_version: "p-1".into(),
-            max_attempts: 3,
-            not_before: None,
-        };
-        let mut command = Command::from_intent(intent, Timestamp::from_millis(1_000), 5_000);
-        command.state.status = CommandStatus::Confirmed;
+        let mut command = confirmed_email();
         command.state.updated_at = Timestamp::from_millis(2_000);
         let event = sluice_runtime::messages::LifecycleEvent::new(
             "test",
