@@ -550,14 +550,10 @@ mod tests {
         assert!(format_of(&with(&[0xff])).is_err());
     }
 
-    #[test]
-    fn every_message_carries_the_commands_trace_context() {
+    /// An email of run `r-1` made at 1 ms (`d-1/email/send/0`).
+    fn email_command() -> Command {
         use sluice_core::command::{EffectSemantics, Intent};
-        let trace = TraceContext::parse(
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            Some("vendor=x"),
-        );
-        let command = Command::from_intent(
+        Command::from_intent(
             Intent {
                 run_id: RunId::parse("r-1").expect("valid"),
                 command_key: CommandKey::parse("d-1/email/send/0").expect("valid"),
@@ -571,7 +567,15 @@ mod tests {
             Timestamp::from_millis(1),
             1_000,
         )
-        .traced(trace.clone());
+    }
+
+    #[test]
+    fn every_message_carries_the_commands_trace_context() {
+        let trace = TraceContext::parse(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            Some("vendor=x"),
+        );
+        let command = email_command().traced(trace.clone());
         for outgoing in [
             dispatch_request(&command, Cause::Reserved, None),
             reconcile_request(&command),
@@ -685,21 +689,7 @@ mod tests {
 
     #[test]
     fn an_events_id_is_the_one_a_build_before_versions_gave_it() {
-        use sluice_core::command::{EffectSemantics, Intent};
-        let command = Command::from_intent(
-            Intent {
-                run_id: RunId::parse("r-1").expect("valid"),
-                command_key: CommandKey::parse("d-1/email/send/0").expect("valid"),
-                semantics: EffectSemantics::Idempotent,
-                args: serde_json::json!({}),
-                business_key: None,
-                policy_version: "v1".into(),
-                max_attempts: 3,
-                not_before: None,
-            },
-            Timestamp::from_millis(1),
-            1_000,
-        );
+        let command = email_command();
         let event = LifecycleEvent::new(
             "x",
             &command,
