@@ -67,8 +67,10 @@ url = "{stall}/slow"
 reference_pointer = "/id"
 """
 
-# What the slow upstream was asked, per room: how many calls reached it.
+# What the slow upstream was asked, per room: how many calls reached it, and the W3C
+# `traceparent` each carried.
 SLOW_CALLS: dict[str, int] = {}
+SLOW_TRACES: dict[str, list[str]] = {}
 SLOW_S = 1.5
 
 
@@ -83,6 +85,7 @@ class _Stall(http.server.BaseHTTPRequestHandler):
         if self.path == "/slow":
             room = json.loads(self.rfile.read(int(self.headers["content-length"])))["room"]
             SLOW_CALLS[room] = SLOW_CALLS.get(room, 0) + 1
+            SLOW_TRACES.setdefault(room, []).append(self.headers.get("traceparent", ""))
             time.sleep(SLOW_S)
             body = json.dumps({"id": f"room-{room}-{SLOW_CALLS[room]}"}).encode()
             self.send_response(201)

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
-    CreateTaskResult, GetTaskParams, GetTaskResult, Implementation, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, TaskStatus, Tool,
-    ToolAnnotations,
+    CreateTaskResult, DiscoverResult, GetTaskParams, GetTaskResult, Implementation,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+    TaskStatus, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -289,6 +289,24 @@ impl ServerHandler for SluiceMcp {
             .map_err(|e| unusable_token(&e, self.transport, self.bridge.url()))?;
         context.peer.set_peer_info(request.clone());
         self.negotiate_initialize(&request)
+    }
+
+    /// `server/discover` (MCP 2026-07-28) checks the caller's token as `initialize` does, so
+    /// a client without a handshake learns of a wrong token when it connects.
+    async fn discover(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, ErrorData> {
+        let (bearer, _) = http_caller(&context);
+        let token = credential(self.transport, bearer, self.own_token.as_ref())?;
+        self.bridge
+            .check_token(token.as_deref())
+            .await
+            .map_err(|e| unusable_token(&e, self.transport, self.bridge.url()))?;
+        Ok(DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            self.get_info(),
+        ))
     }
 
     async fn list_tools(
