@@ -403,7 +403,7 @@ impl ServerHandler for SluiceMcp {
         if with_task && !outcome.retry_same && tasks::task_status(status) == TaskStatus::Working {
             // The outcome's own run and key: a business key may have found another command.
             let (run, key) = outcome_command(&outcome).unwrap_or((run, key));
-            let now = chrono_now();
+            let now = now_rfc3339();
             let task = rmcp::model::Task::new(
                 tasks::task_id(&run, &key),
                 TaskStatus::Working,
@@ -492,7 +492,7 @@ fn outcome_command(outcome: &Outcome) -> Option<(RunId, CommandKey)> {
 }
 
 /// Now, as RFC 3339 (a new task's creation: the API's command is not at hand).
-fn chrono_now() -> String {
+fn now_rfc3339() -> String {
     use sluice_core::Clock;
     sluice_core::SystemClock.now().to_string()
 }

@@ -14,16 +14,29 @@
 //! `sluice mcp --transport http` started where `SLUICE_TOKEN` holds an admin token would
 //! otherwise make every local process an admin.
 //!
+//! **Protocol versions.** Every version `rmcp` knows, over both transports: the handshake
+//! versions (2024-11-05 … 2025-11-25), where `initialize` opens a session, and 2026-07-28,
+//! which over HTTP has none (`server/discover`, then self-contained requests: rmcp serves each
+//! with a fresh [`SluiceMcp`] and cancels it when the client drops its stream).
+//!
 //! **Runs and journal positions.** The run is the MCP session: one per `sluice mcp` process
 //! over stdio, one per `Mcp-Session-Id` over HTTP (`mcp-<session id>`), or the run a client
 //! names in a call's `_meta` (`dev.sluice/run_id`), which a re-driven HTTP client must do (its
-//! new session is a new default run). The journal position is kept per run *and conversation* (the process over stdio, the session
-//! over HTTP), so a new conversation naming a run re-drives it from the start: the same calls
-//! in the same order get the same keys and the stored results, over either transport. A
+//! new session is a new default run) and a client without a session always does. The journal
+//! position is kept per run *and conversation*: the process over stdio, the session over HTTP,
+//! or the conversation a call names (`dev.sluice/conversation`, [`conversations`]), which a
+//! client without a session keeps instead. So a new conversation naming a run re-drives it from
+//! the start: the same calls in the same order get the same keys and the stored results. A
 //! retry does not advance the journal: a call the client cancelled (its own timeout), or that
 //! Sluice could not answer, leaves its position to the same call again; and a client may name
-//! every position itself (`dev.sluice/call`, with `dev.sluice/decision`). The rule, and what
-//! two conversations sharing a run get, is in [`position`].
+//! every position itself (`dev.sluice/call`, with `dev.sluice/decision`), the same key on any
+//! replica. The rule, and what two conversations sharing a run get, is in [`position`]; where a
+//! call's position comes from, in [`handler`].
+//!
+//! **Tasks and traces.** A client that declares the MCP Tasks extension gets a task for a call
+//! that waits ([`tasks`]: the task is the command, read and cancelled through the API with the
+//! caller's token). A call's `_meta.traceparent` and `tracestate` go to the API as the W3C
+//! headers, so the effect joins the caller's trace.
 
 mod bridge;
 mod conversations;
