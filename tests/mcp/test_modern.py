@@ -17,12 +17,21 @@ from urllib.parse import quote
 import anyio
 import mcp_types as types
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from conftest import ADMIN_TOKEN, AGENT_TOKEN, OTHER_AGENT_TOKEN, SLOW_CALLS, SLOW_TRACES, Sluice, api
+from conftest import (
+    ADMIN_TOKEN,
+    AGENT_TOKEN,
+    OTHER_AGENT_TOKEN,
+    SLOW_CALLS,
+    SLOW_TRACES,
+    SLUICE,
+    Sluice,
+    api,
+)
 from test_mcp import EMAIL, effects_of, facts, http_server, is_error
 
 pytestmark = pytest.mark.anyio
@@ -266,6 +275,48 @@ async def test_a_task_id_is_no_authorisation(sluice: Sluice) -> None:
     assert "refused" in str(not_theirs.value), not_theirs.value
     assert cancelled.status == "cancelled", cancelled
     assert [e["status"] for e in effects_of(sluice, run_id)] == ["CANCELLED"]
+
+
+async def test_an_outcome_nobody_knows_yet_is_a_task_that_says_so(sluice: Sluice) -> None:
+    """A call whose upstream hangs and cannot be asked (UNKNOWN, then STUCK for a person) is a
+    task that keeps working, its status message saying a person must settle it."""
+    run_id = new_run()
+    with http_server(sluice) as url:
+        async with modern(url, AGENT_TOKEN, tasks=True) as client:
+            handle = await client.session.call_tool(
+                "lab__stall", {"slot": f"s-{run_id}"}, meta=at(run_id, call=0),
+                allow_claimed=True)
+            assert isinstance(handle, TaskHandle), handle
+            end = time.monotonic() + 30
+            while True:
+                state = await get_task(client, handle.task_id)
+                assert state.status == "working", state
+                if "person must settle" in (state.status_message or ""):
+                    break
+                assert time.monotonic() < end, state
+                await anyio.sleep(0.3)
+    assert [e["status"] for e in effects_of(sluice, run_id)] == ["STUCK"]
+
+
+async def test_the_modern_client_over_stdio_is_one_conversation(sluice: Sluice) -> None:
+    """Over stdio the SDK's default client negotiates 2026-07-28 too; the process is the
+    conversation, and a new process re-drives the run."""
+    run_id = new_run()
+    params = StdioServerParameters(
+        command=SLUICE,
+        args=["mcp", "--url", sluice.url, "--run-id", run_id, "--max-wait-s", "20"],
+        env={"SLUICE_TOKEN": AGENT_TOKEN, "RUST_LOG": "warn"},
+    )
+    answers = []
+    for _ in range(2):
+        async with Client(params) as client:
+            assert client.protocol_version == "2026-07-28", client.protocol_version
+            first = facts(await client.call_tool("email__send", EMAIL))
+            second = facts(await client.call_tool("email__send", EMAIL))
+            answers.append((first["command_key"], second["command_key"], first["external_ref"]))
+    assert [a[:2] for a in answers] == [("d-1/email/send/0", "d-1/email/send/1")] * 2, answers
+    assert answers[0][2] == answers[1][2], "the re-drive got the stored result"
+    assert len(effects_of(sluice, run_id)) == 2
 
 
 async def test_a_client_without_tasks_is_answered_as_before(sluice: Sluice) -> None:
