@@ -16,9 +16,11 @@
 //! ledger would need the ledger to know conversations, which it does not: a re-drive *is* a new
 //! conversation over the same commands.
 //!
-//! Idle conversations are forgotten after [`IDLE`], and past [`MAX`] the least recently used
-//! goes first: a forgotten conversation's next call starts its journal again, which Sluice's
-//! same-arguments check guards (other arguments at a used position are refused as drift).
+//! Idle conversations are forgotten after [`IDLE`] (a forgotten conversation's next call starts
+//! its journal again, which Sluice's same-arguments check guards: other arguments at a used
+//! position are refused as drift). A new conversation is kept only for a token Sluice knows
+//! (checked first), and when [`MAX`] are in use a new one is refused, never one in use
+//! forgotten to make room.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -35,11 +37,25 @@ pub const MAX: usize = 10_000;
 pub const MAX_ID_LEN: usize = 128;
 
 /// The named conversations of this process.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Conversations {
     by_name: Mutex<HashMap<(u64, String), Entry>>,
     hasher: std::collections::hash_map::RandomState,
+    max: usize,
 }
+
+impl Default for Conversations {
+    fn default() -> Self {
+        Self::with_max(MAX)
+    }
+}
+
+/// No new conversation can be kept: [`MAX`] are in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "sluice mcp keeps {MAX} conversations, all in use in the last hour: name this call's position (dev.sluice/call) instead, or start the conversation later"
+)]
+pub struct Full;
 
 #[derive(Debug)]
 struct Entry {
@@ -59,34 +75,62 @@ pub fn check_id(id: &str) -> Result<(), String> {
 }
 
 impl Conversations {
-    /// The conversation `id` of the caller holding `token` (new if unknown), as of `now`.
-    pub fn get(&self, token: Option<&str>, id: &str, now: Instant) -> Arc<Mutex<Conversation>> {
-        let caller = self.hasher.hash_one(token.unwrap_or_default());
+    /// The conversation `id` of the caller holding `token`, if this process knows it (as of
+    /// `now`, which keeps it from going idle).
+    pub fn find(
+        &self,
+        token: Option<&str>,
+        id: &str,
+        now: Instant,
+    ) -> Option<Arc<Mutex<Conversation>>> {
+        let name = (self.caller(token), id.to_owned());
         let mut by_name = self.by_name.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(entry) = by_name.get_mut(&(caller, id.to_owned())) {
+        let entry = by_name.get_mut(&name)?;
+        entry.used = now;
+        Some(entry.conversation.clone())
+    }
+
+    /// The conversation `id` of the caller holding `token`, new if unknown — once the caller's
+    /// token is known to Sluice (the server checks it first, so a stranger cannot fill the
+    /// table). Idle conversations are forgotten first; a full table refuses a new one rather
+    /// than forget one in use (its next call would start its journal again).
+    pub fn open(
+        &self,
+        token: Option<&str>,
+        id: &str,
+        now: Instant,
+    ) -> Result<Arc<Mutex<Conversation>>, Full> {
+        let name = (self.caller(token), id.to_owned());
+        let mut by_name = self.by_name.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = by_name.get_mut(&name) {
             entry.used = now;
-            return entry.conversation.clone();
+            return Ok(entry.conversation.clone());
         }
         by_name.retain(|_, entry| now.saturating_duration_since(entry.used) < IDLE);
-        while by_name.len() >= MAX {
-            let Some(oldest) = by_name
-                .iter()
-                .min_by_key(|(_, entry)| entry.used)
-                .map(|(name, _)| name.clone())
-            else {
-                break;
-            };
-            by_name.remove(&oldest);
+        if by_name.len() >= self.max {
+            return Err(Full);
         }
         let conversation = Arc::<Mutex<Conversation>>::default();
         by_name.insert(
-            (caller, id.to_owned()),
+            name,
             Entry {
                 conversation: conversation.clone(),
                 used: now,
             },
         );
-        conversation
+        Ok(conversation)
+    }
+
+    fn caller(&self, token: Option<&str>) -> u64 {
+        self.hasher.hash_one(token.unwrap_or_default())
+    }
+
+    fn with_max(max: usize) -> Self {
+        Self {
+            by_name: Mutex::default(),
+            hasher: std::collections::hash_map::RandomState::new(),
+            max,
+        }
     }
 
     #[cfg(test)]
@@ -102,34 +146,57 @@ impl Conversations {
 mod tests {
     use super::*;
 
+    fn open(
+        conversations: &Conversations,
+        token: &str,
+        id: &str,
+        now: Instant,
+    ) -> Arc<Mutex<Conversation>> {
+        conversations.open(Some(token), id, now).expect("room")
+    }
+
     #[test]
     fn one_id_is_one_conversation_per_caller() {
         let conversations = Conversations::default();
         let now = Instant::now();
-        let mine = conversations.get(Some("token-a"), "c-1", now);
+        assert!(conversations.find(Some("token-a"), "c-1", now).is_none());
+        let mine = open(&conversations, "token-a", "c-1", now);
+        let found = conversations
+            .find(Some("token-a"), "c-1", now)
+            .expect("kept");
+        assert!(Arc::ptr_eq(&mine, &found));
         assert!(Arc::ptr_eq(
             &mine,
-            &conversations.get(Some("token-a"), "c-1", now)
+            &open(&conversations, "token-a", "c-1", now)
+        ));
+        assert!(conversations.find(Some("token-b"), "c-1", now).is_none());
+        assert!(!Arc::ptr_eq(
+            &mine,
+            &open(&conversations, "token-b", "c-1", now)
         ));
         assert!(!Arc::ptr_eq(
             &mine,
-            &conversations.get(Some("token-b"), "c-1", now)
-        ));
-        assert!(!Arc::ptr_eq(
-            &mine,
-            &conversations.get(Some("token-a"), "c-2", now)
+            &open(&conversations, "token-a", "c-2", now)
         ));
     }
 
     #[test]
-    fn idle_conversations_are_forgotten() {
-        let conversations = Conversations::default();
+    fn idle_conversations_are_forgotten_and_busy_ones_never() {
+        let conversations = Conversations::with_max(2);
         let then = Instant::now();
-        let old = conversations.get(None, "c-1", then);
+        let old = open(&conversations, "t", "c-1", then);
+        open(&conversations, "t", "c-2", then);
+        assert_eq!(
+            conversations
+                .open(Some("t"), "c-3", then + Duration::from_secs(60))
+                .err(),
+            Some(Full),
+            "full of conversations in use: a new one is refused"
+        );
         let later = then + IDLE + Duration::from_secs(1);
-        conversations.get(None, "c-2", later);
-        assert_eq!(conversations.len(), 1);
-        assert!(!Arc::ptr_eq(&old, &conversations.get(None, "c-1", later)));
+        open(&conversations, "t", "c-3", later);
+        assert_eq!(conversations.len(), 1, "the idle ones went");
+        assert!(!Arc::ptr_eq(&old, &open(&conversations, "t", "c-1", later)));
     }
 
     #[test]

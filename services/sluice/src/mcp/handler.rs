@@ -148,32 +148,44 @@ fn describe(tool: &ListedTool) -> Tool {
 }
 
 impl SluiceMcp {
-    /// The conversation a call is counted in: the one it names, else its session's or
-    /// process's; and whether it has an order at all.
-    fn conversation_of(
+    /// The conversation a call is counted in: the one it names (a new one once Sluice knows
+    /// the caller's token), else its session's or process's; and whether it has an order at
+    /// all.
+    async fn conversation_of(
         &self,
         request: &CallToolRequestParams,
         context: &RequestContext<RoleServer>,
         token: Option<&str>,
         session: Option<&str>,
     ) -> Result<(Arc<Mutex<Conversation>>, bool), ErrorData> {
-        match meta_field(request, context, META_CONVERSATION) {
-            Some(raw) => {
-                let id = raw.as_str().unwrap_or_default();
-                conversations::check_id(id).map_err(|why| {
-                    ErrorData::invalid_params(
-                        format!("_meta {META_CONVERSATION}: a conversation id {why}"),
-                        None,
-                    )
-                })?;
-                Ok((self.conversations.get(token, id, Instant::now()), true))
-            }
-            None => Ok((
+        let Some(raw) = meta_field(request, context, META_CONVERSATION) else {
+            return Ok((
                 self.conversation.clone(),
                 // Over HTTP a request outside any session has no order to count by.
                 self.transport == Transport::Stdio || session.is_some(),
-            )),
+            ));
+        };
+        let id = raw.as_str().unwrap_or_default();
+        conversations::check_id(id).map_err(|why| {
+            ErrorData::invalid_params(
+                format!("_meta {META_CONVERSATION}: a conversation id {why}"),
+                None,
+            )
+        })?;
+        if let Some(known) = self.conversations.find(token, id, Instant::now()) {
+            return Ok((known, true));
         }
+        self.bridge
+            .check_token(token)
+            .await
+            .map_err(|e| unusable_token(&e, self.transport, self.bridge.url()))?;
+        let opened = self
+            .conversations
+            .open(token, id, Instant::now())
+            .map_err(|full| {
+                ErrorData::new(rmcp::model::ErrorCode(-32001), full.to_string(), None)
+            })?;
+        Ok((opened, true))
     }
 
     /// The run of a call: the one it names, else `--run-id`, else its session's.
@@ -349,8 +361,9 @@ impl ServerHandler for SluiceMcp {
         let run = self.run_of(&request, &context, session.as_deref())?;
         let decision = meta_index(&request, &context, META_DECISION)?;
         let index = meta_index(&request, &context, META_CALL)?;
-        let (conversation, ordered) =
-            self.conversation_of(&request, &context, token.as_deref(), session.as_deref())?;
+        let (conversation, ordered) = self
+            .conversation_of(&request, &context, token.as_deref(), session.as_deref())
+            .await?;
         let trace = trace_of(&request, &context);
         let with_task = takes_tasks(&context);
         let when = when_of(&request, &context);
