@@ -327,6 +327,23 @@ async def test_a_client_without_tasks_is_answered_as_before(sluice: Sluice) -> N
     assert facts(blocked)["status"] == "BLOCKED", blocked
 
 
+async def test_calls_that_do_not_wait_are_answered_at_once_to_a_tasks_client(
+        sluice: Sluice) -> None:
+    """A task is for a command still to finish: a call that settles within the wait, and a
+    call Sluice refuses (nothing recorded), are answered as to any client."""
+    run_id = new_run()
+    with http_server(sluice) as url:
+        async with modern(url, AGENT_TOKEN, tasks=True) as client:
+            done = await client.session.call_tool(
+                "email__send", EMAIL, meta=at(run_id, call=0), allow_claimed=True)
+            refused = await client.session.call_tool(
+                "email__send", {"to": "not an address"}, meta=at(run_id, call=1),
+                allow_claimed=True)
+    assert isinstance(done, types.CallToolResult) and facts(done)["status"] == "CONFIRMED", done
+    assert isinstance(refused, types.CallToolResult) and is_error(refused), refused
+    assert facts(refused)["status"] == "REFUSED", refused
+
+
 @pytest.mark.parametrize("era", ["modern", "handshake"])
 async def test_the_caller_s_traceparent_reaches_the_upstream(sluice: Sluice, era: str) -> None:
     """`_meta.traceparent` is the caller's trace: the command keeps it, and the upstream's

@@ -413,7 +413,7 @@ impl ServerHandler for SluiceMcp {
         };
         finish(!outcome.retry_same);
         let status = outcome.details["status"].as_str().unwrap_or_default();
-        if with_task && !outcome.retry_same && tasks::task_status(status) == TaskStatus::Working {
+        if with_task && !outcome.retry_same && tasks::waits(status) {
             // The outcome's own run and key: a business key may have found another command.
             let (run, key) = outcome_command(&outcome).unwrap_or((run, key));
             let now = now_rfc3339();

@@ -35,6 +35,15 @@ pub fn task_status(status: &str) -> TaskStatus {
     }
 }
 
+/// Whether a call whose outcome says `status` is answered with a task (for a client that takes
+/// them): a command that is still to finish. What the bridge says of a call that made no
+/// command, or whose command it could not read (`REFUSED`, `NOT_RECORDED`, `UNANSWERED`), is
+/// never a task: it is answered at once, as to any client.
+pub fn waits(status: &str) -> bool {
+    serde_json::from_value(Value::String(status.to_owned()))
+        .is_ok_and(|status| task_status_of(status) == TaskStatus::Working)
+}
+
 /// The task state of a command status; exhaustive, so a new status must be placed here.
 fn task_status_of(status: CommandStatus) -> TaskStatus {
     match status {
@@ -135,6 +144,31 @@ mod tests {
             "COMPENSATING",
         ] {
             assert_eq!(task_status(status), TaskStatus::Working, "{status}");
+        }
+    }
+
+    #[test]
+    fn only_commands_still_to_finish_are_tasks() {
+        for status in [
+            "BLOCKED",
+            "SCHEDULED",
+            "UNKNOWN",
+            "STUCK",
+            "LEASED",
+            "PENDING",
+        ] {
+            assert!(waits(status), "{status}");
+        }
+        for status in [
+            "CONFIRMED",
+            "FAILED",
+            "CANCELLED",
+            "REFUSED",
+            "NOT_RECORDED",
+            "UNANSWERED",
+            "",
+        ] {
+            assert!(!waits(status), "{status}");
         }
     }
 
