@@ -508,9 +508,7 @@ async fn replay(
     };
     let tool = catalog.get(&command.tool);
     let check = replay::check(
-        &command.state,
-        &command.args,
-        &command.tool,
+        &command,
         tool,
         &rules,
         RunReplays {

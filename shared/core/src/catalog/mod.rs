@@ -106,6 +106,10 @@
 //! [tool.events]
 //! include_args = ["currency"]       # top-level arguments its lifecycle events publish (none by
 //! #                                 # default; never one the schema marks writeOnly/password)
+//! [[tool.rule]]                     # policy rules in CEL (`rules`); `[[rule]]` at the top
+//! name = "large-eur"                # level for the catalog, with `tools = ["payments/*"]`
+//! when = "args.currency == 'EUR' && args.amount_minor > 100000"
+//! then = "require_approval"         # allow | require_approval | deny
 //! ```
 //!
 //! Templates (`business_key`, connector URLs, bodies, headers, query values) are literal text
@@ -133,6 +137,7 @@
 //! * `shape` — a request's body, headers, query and idempotency header.
 //! * `args` — argument checks against the schema.
 //! * `events` — `[tool.events]`: the arguments a tool publishes with its events.
+//! * `rules` — `[[rule]]` and `[[tool.rule]]`: CEL conditions, compiled and checked at load.
 //! * `raw` — the TOML as written.
 //! * `build` — the rules a tool must satisfy to load.
 //! * `tool` — a validated [`Tool`] and its state machine [`Rules`].
@@ -147,6 +152,7 @@ mod error;
 mod events;
 mod money;
 mod raw;
+mod rules;
 mod shape;
 mod template;
 mod tool;
@@ -173,6 +179,7 @@ pub use self::endpoint::{
 pub use self::error::CatalogError;
 pub use self::money::{MAX_MINOR_UNITS, Money};
 use self::raw::{RawCatalog, describe};
+pub use self::rules::{MAX_RULE_SOURCE, RULE_VARIABLES, Rule, RuleEffect, RuleScope};
 pub use self::shape::{
     BodyTemplate, ContentType, DEFAULT_IDEMPOTENCY_HEADER, RequestShape, form_pairs, render_value,
 };
@@ -303,6 +310,7 @@ impl Catalog {
         let credentials = build_credentials(raw.credentials, file, dir)?;
         let clock_skew_ms = raw.max_clock_skew_ms.unwrap_or(DEFAULT_MAX_CLOCK_SKEW_MS);
         let upstreams = upstream::build_upstreams(raw.upstream, file)?;
+        let catalog_rules = rules::build_catalog_rules(raw.rule, file)?;
         let mut implicit = BTreeMap::new();
         let mut tools = Vec::with_capacity(raw.tool.len());
         let mut index = HashMap::with_capacity_and_hasher(raw.tool.len(), Default::default());
@@ -336,6 +344,8 @@ impl Catalog {
                 Joins::Named | Joins::ByDefault | Joins::Alone => {}
             }
             check_lease(&tool, file)?;
+            tool.rules =
+                rules::attach(&tool.rules, &catalog_rules, file, &tool.name, &tool.schema)?;
             if let Some(first) = index.insert(tool.name.clone(), position) {
                 return Err(CatalogError::DuplicateTool {
                     file: file.to_owned(),

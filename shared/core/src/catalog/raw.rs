@@ -27,6 +27,9 @@ pub(super) struct RawCatalog {
     /// Kept as tables so each entry is deserialized on its own and its errors name the tool.
     #[serde(default)]
     pub(super) tool: Vec<toml::Table>,
+    /// `[[rule]]`: catalog-wide policy rules, each read on its own so its errors name it.
+    #[serde(default)]
+    pub(super) rule: Vec<toml::Table>,
 }
 
 #[derive(Deserialize)]
@@ -57,6 +60,9 @@ pub(super) struct RawTool {
     /// `[tool.events]`: what its lifecycle events publish beyond the fixed projection.
     #[serde(default)]
     pub(super) events: super::events::RawEvents,
+    /// `[[tool.rule]]`: the tool's own policy rules.
+    #[serde(default)]
+    pub(super) rule: Vec<toml::Table>,
 }
 
 #[derive(Default, Deserialize)]

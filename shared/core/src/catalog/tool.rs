@@ -82,6 +82,8 @@ pub struct Tool {
     pub(super) money: std::collections::BTreeMap<String, super::money::Money>,
     /// `[tool.events] include_args`: the top-level arguments its events publish.
     pub(super) event_args: Arc<[String]>,
+    /// Its policy rules: its own `[[tool.rule]]`s, then the `[[rule]]`s that cover it.
+    pub(super) rules: Arc<[Arc<super::rules::Rule>]>,
 }
 
 /// How a tool came to its upstream.
@@ -131,6 +133,11 @@ impl Tool {
     /// The JSON Schema of the arguments, as declared.
     pub fn schema(&self) -> &Value {
         &self.schema
+    }
+
+    /// Its policy rules, its own first (`crate::policy` combines them).
+    pub fn policy_rules(&self) -> &[Arc<super::rules::Rule>] {
+        &self.rules
     }
 
     pub fn business_key_template(&self) -> Option<&Template> {
