@@ -16,11 +16,11 @@ agents = pytest.importorskip("agents")
 
 from agents import Agent, Runner, ToolCallOutputItem, set_tracing_disabled  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+from test_people import console_line  # noqa: E402
 
 from sluice.adapters.openai_agents import SluiceTools  # noqa: E402
 
 from servers import SluiceDev  # noqa: E402
-from test_people import console_line  # noqa: E402
 from toolbox import World  # noqa: E402
 
 # No traces leave the test (the SDK would export them to OpenAI's API).
@@ -46,12 +46,14 @@ def outputs(result: Any) -> list[Any]:
 async def agent_run(
     server: SluiceDev, run_id: str, model: ScriptedModel, *names: str
 ) -> tuple[Any, list[sluice.Effect]]:
-    async with sluice.AsyncClient(server.url, server.agent_token, wait=30) as client:
-        async with client.run(run_id) as run:
-            tools = SluiceTools(run)
-            agent = Agent(name="shop", model=model, tools=await tools.get(*names))
-            result = await Runner.run(agent, "notify the customer, then search")
-            return result, await run.effects()
+    async with (
+        sluice.AsyncClient(server.url, server.agent_token, wait=30) as client,
+        client.run(run_id) as run,
+    ):
+        tools = SluiceTools(run)
+        agent = Agent(name="shop", model=model, tools=await tools.get(*names))
+        result = await Runner.run(agent, "notify the customer, then search")
+        return result, await run.effects()
 
 
 def test_a_re_run_agent_gets_the_same_keys_and_the_stored_results(
@@ -63,14 +65,16 @@ def test_a_re_run_agent_gets_the_same_keys_and_the_stored_results(
         ("shop__notify", {"to": "bob@example.com", "text": "yours too"}),
     )
     before = world.calls["shop/notify"]
-    first, effects = asyncio.run(agent_run(server, run_id, scripted(*calls), "shop/notify", "shop/search"))
+    first, effects = asyncio.run(
+        agent_run(server, run_id, scripted(*calls), "shop/notify", "shop/search")
+    )
     again, effects_again = asyncio.run(
         agent_run(server, run_id, scripted(*calls), "shop/notify", "shop/search")
     )
-    assert [e.command_key for e in effects] == [
+    assert sorted(e.command_key for e in effects) == [
         "d-1/shop/notify/0",
-        "d-1/shop/search/0",
         "d-1/shop/notify/1",
+        "d-1/shop/search/0",
     ]
     assert [e.idempotency_key for e in effects_again] == [e.idempotency_key for e in effects]
     assert all(e.status == "CONFIRMED" for e in effects)
@@ -88,29 +92,31 @@ def test_a_call_sluice_holds_for_approval_is_the_sdks_interruption_until_a_perso
     before = world.calls["shop/refund"]
 
     async def scenario() -> tuple[Any, Any]:
-        async with sluice.AsyncClient(server.url, server.agent_token, wait=30) as client:
-            async with client.run(run_id) as run:
-                tools = SluiceTools(run)
-                model = scripted(("shop__refund", {"order": "o-7", "amount_minor": 900}))
-                agent = Agent(name="shop", model=model, tools=await tools.get("shop/refund"))
-                result = await Runner.run(agent, "refund order o-7")
-                # The SDK's own human-in-the-loop stop, not an error; nothing ran upstream.
-                assert [i.tool_name for i in result.interruptions] == ["shop__refund"]
-                assert world.calls["shop/refund"] == before
-                pending = tools.pending(result.interruptions[0])
-                assert pending is not None
-                assert (pending.status, pending.command_key) == ("BLOCKED", "d-1/shop/refund/0")
-                state = result.to_state()
-                # Nobody decided yet: it stays pending, the SDK's state untouched.
-                assert [p.command_key for p in await tools.settle(state, timeout=0.5)] == [
-                    "d-1/shop/refund/0"
-                ]
-                # A person with an approver's token approves in Sluice, as the remedy says.
-                done = server.console(*console_line(pending.remedy, "sluice approve"))
-                assert done.returncode == 0, done.stderr
-                assert await tools.settle(state, timeout=20) == []
-                resumed = await Runner.run(agent, state)
-                return resumed, await run.effects()
+        async with (
+            sluice.AsyncClient(server.url, server.agent_token, wait=30) as client,
+            client.run(run_id) as run,
+        ):
+            tools = SluiceTools(run)
+            model = scripted(("shop__refund", {"order": "o-7", "amount_minor": 900}))
+            agent = Agent(name="shop", model=model, tools=await tools.get("shop/refund"))
+            result = await Runner.run(agent, "refund order o-7")
+            # The SDK's own human-in-the-loop stop, not an error; nothing ran upstream.
+            assert [i.tool_name for i in result.interruptions] == ["shop__refund"]
+            assert world.calls["shop/refund"] == before
+            pending = tools.pending(result.interruptions[0])
+            assert pending is not None
+            assert (pending.status, pending.command_key) == ("BLOCKED", "d-1/shop/refund/0")
+            state = result.to_state()
+            # Nobody decided yet: it stays pending, the SDK's state untouched.
+            assert [p.command_key for p in await tools.settle(state, timeout=0.5)] == [
+                "d-1/shop/refund/0"
+            ]
+            # A person with an approver's token approves in Sluice, as the remedy says.
+            done = server.console(*console_line(pending.remedy, "sluice approve"))
+            assert done.returncode == 0, done.stderr
+            assert await tools.settle(state, timeout=20) == []
+            resumed = await Runner.run(agent, state)
+            return resumed, await run.effects()
 
     resumed, effects = asyncio.run(scenario())
     [refund] = outputs(resumed)
@@ -126,31 +132,33 @@ def test_rejected_in_the_sdk_or_in_sluice_nothing_runs(
     before = world.calls["shop/refund"]
 
     async def scenario() -> tuple[list[Any], list[sluice.Effect]]:
-        async with sluice.AsyncClient(server.url, server.agent_token, wait=30) as client:
-            async with client.run(run_id) as run:
-                tools = SluiceTools(run)
-                model = scripted(
-                    ("shop__refund", {"order": "o-8", "amount_minor": 100}),
-                    ("shop__refund", {"order": "o-9", "amount_minor": 200}),
-                )
-                agent = Agent(name="shop", model=model, tools=await tools.get("shop/refund"))
-                seen: list[Any] = []
-                result = await Runner.run(agent, "refund two orders")
-                # The application's person says no: rejected in the SDK, removed from Sluice.
-                state = result.to_state()
-                await tools.reject(state, result.interruptions[0], "not a refundable order")
-                result = await Runner.run(agent, state)
-                seen += outputs(result)
-                # The second is rejected in Sluice by a person; settle mirrors it.
-                pending = tools.pending(result.interruptions[0])
-                assert pending is not None
-                done = server.console(*console_line(pending.remedy, "sluice reject"))
-                assert done.returncode == 0, done.stderr
-                state = result.to_state()
-                assert await tools.settle(state, timeout=20) == []
-                result = await Runner.run(agent, state)
-                seen += outputs(result)
-                return seen, await run.effects()
+        async with (
+            sluice.AsyncClient(server.url, server.agent_token, wait=30) as client,
+            client.run(run_id) as run,
+        ):
+            tools = SluiceTools(run)
+            model = scripted(
+                ("shop__refund", {"order": "o-8", "amount_minor": 100}),
+                ("shop__refund", {"order": "o-9", "amount_minor": 200}),
+            )
+            agent = Agent(name="shop", model=model, tools=await tools.get("shop/refund"))
+            seen: list[Any] = []
+            result = await Runner.run(agent, "refund two orders")
+            # The application's person says no: rejected in the SDK, removed from Sluice.
+            state = result.to_state()
+            await tools.reject(state, result.interruptions[0], "not a refundable order")
+            result = await Runner.run(agent, state)
+            seen += outputs(result)
+            # The second is rejected in Sluice by a person; settle mirrors it.
+            pending = tools.pending(result.interruptions[0])
+            assert pending is not None
+            done = server.console(*console_line(pending.remedy, "sluice reject"))
+            assert done.returncode == 0, done.stderr
+            state = result.to_state()
+            assert await tools.settle(state, timeout=20) == []
+            result = await Runner.run(agent, state)
+            seen += outputs(result)
+            return seen, await run.effects()
 
     seen, effects = asyncio.run(scenario())
     assert [(e.command_key, e.status) for e in effects] == [

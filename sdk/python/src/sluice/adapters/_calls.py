@@ -113,7 +113,9 @@ class _Positions:
         self._keys: dict[str, CommandKey] = {}
         self._lock = threading.Lock()
 
-    def take(self, run: Run | AsyncRun, catalog: Catalog, tool: str, call_id: str | None) -> CommandKey:
+    def take(
+        self, run: Run | AsyncRun, catalog: Catalog, tool: str, call_id: str | None
+    ) -> CommandKey:
         core = run._core
         if call_id is None:
             return core.position(catalog, tool)
@@ -179,7 +181,9 @@ class AsyncCalls:
         return await self.run.remove_scheduled_effect(effect.command_key, reason)
 
 
-def _through_people(run: Run | AsyncRun, effect: Effect, timeout: float) -> proto.Conversation[Effect]:
+def _through_people(
+    run: Run | AsyncRun, effect: Effect, timeout: float
+) -> proto.Conversation[Effect]:
     import time
 
     return proto.poll(

@@ -10,11 +10,11 @@ SDK's ``FunctionTool``\\ s, each invocation a Sluice effect at its journal posit
     async with sluice.AsyncClient() as client:
         async with client.run("order-42") as run:
             tools = SluiceTools(run)
-            agent = Agent(name="support", tools=await tools.all())      # or tools.get("shop/refund")
+            agent = Agent(name="support", tools=await tools.all())  # or tools.get("shop/refund")
             result = await Runner.run(agent, "refund order 42")
-            while result.interruptions:                                 # Sluice holds a call for approval
+            while result.interruptions:  # Sluice holds a call for a person's approval
                 state = result.to_state()
-                await tools.settle(state, timeout=600)                  # a person decides in Sluice
+                await tools.settle(state, timeout=600)  # the person decides in Sluice
                 result = await Runner.run(agent, state)
 
 A call the catalog's policy may hold for approval (``requires_approval``, ``approve_above``) is
@@ -104,7 +104,9 @@ class SluiceTools:
             needs_approval=needs_approval if may_need_approval(tool) else False,
         )
 
-    async def _needs_approval(self, tool: ToolDescription, args: dict[str, Any], call_id: str) -> bool:
+    async def _needs_approval(
+        self, tool: ToolDescription, args: dict[str, Any], call_id: str
+    ) -> bool:
         # The SDK asks before it invokes: the effect is recorded now, and Sluice's policy says
         # whether it waits for a person. A refusal is kept for the invocation to raise (the SDK
         # would take an exception here for "needs approval").
@@ -164,9 +166,7 @@ class SluiceTools:
                 state.approve(item)
         return waiting
 
-    async def reject(
-        self, state: RunState[Any, Any], item: ToolApprovalItem, reason: str
-    ) -> None:
+    async def reject(self, state: RunState[Any, Any], item: ToolApprovalItem, reason: str) -> None:
         """Rejects an interruption in the SDK and removes its BLOCKED effect from Sluice (an
         agent may cancel its own effect that has not run; ``reason`` goes to the audit chain)."""
         effect = self._effects.get(_call_id(item))
