@@ -3,9 +3,10 @@
 # from the wheel scripts/release.sh builds (the file a user installs, not the source directory;
 # scripts/test.sh builds it once before the suites, into $SLUICE_DIST, else this suite does) and
 # its test extra from PyPI, and the agent frameworks its adapters are tested with
-# (sdk/python/tests/frameworks.txt: the OpenAI Agents SDK, LangGraph), then pytest on sdk/python/tests against the real binaries
-# (`sluice dev` from $SLUICE_BIN, tool upstreams served by uvicorn). Needs only python3 (3.11+)
-# and PyPI.
+# (sdk/python/tests/frameworks.txt: the OpenAI Agents SDK, LangGraph), then pytest on
+# sdk/python/tests against the real binaries (`sluice dev` from $SLUICE_BIN, tool upstreams
+# served by uvicorn; the adapters' examples in examples/agents run there too). Needs only
+# python3 (3.11+) and PyPI.
 # Ends with one line "N passed, N failed, N skipped" (from pytest's JUnit XML).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
