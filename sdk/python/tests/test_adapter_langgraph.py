@@ -123,3 +123,31 @@ def test_approval_is_langgraphs_interrupt_and_sluices_approval_runs_it(
     assert effects == [("d-1/shop/refund/0", "CONFIRMED"), ("d-1/shop/refund/1", "CANCELLED")]
     assert world.calls["shop/refund"] == before + 1
     assert "__interrupt__" not in state and state["messages"][-1].content == "done"
+
+
+def test_resumed_before_sluices_decision_the_graph_is_interrupted_again(
+    server: SluiceDev, client: sluice.Client, run_id: str, world: World
+) -> None:
+    before = world.calls["shop/refund"]
+    config = {"configurable": {"thread_id": run_id}}
+    with client.run(run_id) as run:
+        toolkit = SluiceToolkit(run, approval_wait=0.3)
+        graph = agent_graph(
+            scripted(("shop__refund", {"order": "o-3", "amount_minor": 300})),
+            toolkit.get("shop/refund"),
+        )
+        state = graph.invoke({"messages": [("user", "refund o-3")]}, config)
+        [paused] = state["__interrupt__"]
+        # The application says yes, but nobody decided in Sluice: the graph stops again.
+        state = graph.invoke(Command(resume={"approved": True}), config)
+        [again] = state["__interrupt__"]
+        assert again.value["sluice"]["command_key"] == paused.value["sluice"]["command_key"]
+        assert world.calls["shop/refund"] == before
+        done = server.console(*console_line(again.value["sluice"]["remedy"], "sluice approve"))
+        assert done.returncode == 0, done.stderr
+        state = graph.invoke(Command(resume={"approved": True}), config)
+        effects = [(e.command_key, e.status) for e in run.effects()]
+    [refund] = tool_outputs(state)
+    assert refund["order"] == "o-3"
+    assert effects == [("d-1/shop/refund/0", "CONFIRMED")]
+    assert world.calls["shop/refund"] == before + 1

@@ -168,3 +168,30 @@ def test_rejected_in_the_sdk_or_in_sluice_nothing_runs(
     assert any("not a refundable order" in str(output) for output in seen)
     assert any("CANCELLED in Sluice" in str(output) for output in seen)
     assert world.calls["shop/refund"] == before
+
+
+def test_approved_only_in_the_sdk_the_call_still_waits_for_sluice_and_the_model_is_told(
+    server: SluiceDev, run_id: str, world: World
+) -> None:
+    before = world.calls["shop/refund"]
+
+    async def scenario() -> tuple[list[Any], list[sluice.Effect]]:
+        async with (
+            sluice.AsyncClient(server.url, server.agent_token, wait=30) as client,
+            client.run(run_id) as run,
+        ):
+            tools = SluiceTools(run, approval_wait=0.3)
+            model = scripted(("shop__refund", {"order": "o-5", "amount_minor": 50}))
+            agent = Agent(name="shop", model=model, tools=await tools.get("shop/refund"))
+            result = await Runner.run(agent, "refund o-5")
+            state = result.to_state()
+            state.approve(result.interruptions[0])  # the application's "yes", not Sluice's
+            result = await Runner.run(agent, state)
+            return outputs(result), await run.effects()
+
+    seen, effects = asyncio.run(scenario())
+    [told] = seen
+    assert told["status"] == "BLOCKED" and told["command_key"] == "d-1/shop/refund/0"
+    assert "sluice approve" in told["remedy"]
+    assert [(e.command_key, e.status) for e in effects] == [("d-1/shop/refund/0", "BLOCKED")]
+    assert world.calls["shop/refund"] == before
