@@ -30,7 +30,7 @@ import { jsonSchema, type Tool, type ToolApprovalResponse, type ToolApprovalStat
 
 import type { Run } from "../run.js";
 import type { Sluice } from "../sluice.js";
-import type { ToolDescription } from "../types.js";
+import { isSettled, type ToolDescription } from "../types.js";
 import {
   type AdapterOptions,
   describeTool,
@@ -86,6 +86,9 @@ export class SluiceAiTools {
         if (command.status === "BLOCKED") {
           // The application approved the call: Sluice's approval is still what runs it.
           command = await this.calls.waitForPeople(toolCallId, command, this.calls.options.approvalWaitMs ?? 0);
+        } else if (!isSettled(command.status)) {
+          // Approved in Sluice and now running: waited for as any call is.
+          command = await this.calls.waitForPeople(toolCallId, command, 0);
         }
         return modelOutput(command);
       },
@@ -134,7 +137,9 @@ export class SluiceAiTools {
         waiting.push(pendingOf(command));
         continue;
       }
-      const approved = command.status !== "CANCELLED" && command.status !== "FAILED";
+      // CANCELLED: rejected by a person, or its approval expired; it never ran. Anything else
+      // was approved, and the execution returns its outcome.
+      const approved = command.status !== "CANCELLED";
       responses.push({
         type: "tool-approval-response",
         approvalId: request.approvalId,

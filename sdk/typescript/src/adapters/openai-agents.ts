@@ -34,7 +34,7 @@ import { type FunctionTool, type RunContext, type RunState, type RunToolApproval
 
 import type { Run } from "../run.js";
 import type { Sluice } from "../sluice.js";
-import type { Command, ToolDescription } from "../types.js";
+import { type Command, isSettled, type ToolDescription } from "../types.js";
 import {
   type AdapterOptions,
   describeTool,
@@ -110,7 +110,8 @@ export class SluiceAgentTools {
     if (command.status === "BLOCKED") {
       // The application let the call go on: Sluice's approval is still what runs it.
       command = await this.calls.waitForPeople(callId, command, this.calls.options.approvalWaitMs ?? 0);
-    } else if (!isFinal(command)) {
+    } else if (!isSettled(command.status)) {
+      // Approved in Sluice and now running: waited for as any call is.
       command = await this.calls.waitForPeople(callId, command, 0);
     }
     return modelOutput(command);
@@ -124,8 +125,9 @@ export class SluiceAgentTools {
 
   /**
    * Waits up to `timeoutMs` for Sluice's decision on each of `state`'s interruptions made by
-   * these tools and mirrors it: approved in Sluice → `state.approve`; rejected, cancelled or
-   * expired → `state.reject` with what Sluice recorded. Returns those still waiting.
+   * these tools and mirrors it: rejected, cancelled or expired in Sluice (CANCELLED) →
+   * `state.reject` with what Sluice recorded; approved → `state.approve` (the execution then
+   * returns the effect's outcome). Returns those still waiting.
    */
   async settle(state: AnyRunState, { timeoutMs = 0 }: { timeoutMs?: number } = {}): Promise<Pending[]> {
     const waiting: Pending[] = [];
@@ -138,7 +140,8 @@ export class SluiceAgentTools {
       const command = await this.calls.waitForPeople(callId, known, timeoutMs);
       if (command.status === "BLOCKED") {
         waiting.push(pendingOf(command));
-      } else if (command.status === "CANCELLED" || command.status === "FAILED") {
+      } else if (command.status === "CANCELLED") {
+        // Rejected by a person, or its approval expired: it never ran.
         state.reject(item, { message: refusal(command) });
       } else {
         state.approve(item);
@@ -172,12 +175,6 @@ function argsOf(input: unknown): Record<string, unknown> {
 function callIdOf(item: RunToolApprovalItem): string {
   const raw = item.rawItem as { callId?: string; id?: string };
   return String(raw.callId ?? raw.id);
-}
-
-function isFinal(command: Command): boolean {
-  return ["CONFIRMED", "FAILED", "CANCELLED", "COMPENSATED", "COMPENSATION_FAILED", "NO_COMPENSATION", "STUCK"].includes(
-    command.status,
-  );
 }
 
 function refusal(command: Command): string {

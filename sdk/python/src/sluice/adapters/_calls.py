@@ -12,6 +12,7 @@ results, whatever ids the framework gives the calls this time.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -184,8 +185,6 @@ class AsyncCalls:
 def _through_people(
     run: Run | AsyncRun, effect: Effect, timeout: float
 ) -> proto.Conversation[Effect]:
-    import time
-
     return proto.poll(
         effect,
         deadline=time.monotonic() + timeout,

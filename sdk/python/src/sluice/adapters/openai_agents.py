@@ -147,9 +147,10 @@ class SluiceTools:
 
     async def settle(self, state: RunState[Any, Any], *, timeout: float = 0.0) -> list[Pending]:
         """Waits up to ``timeout`` s for Sluice's decision on each of ``state``'s interruptions
-        made by these tools and mirrors it: approved in Sluice → ``state.approve``; rejected,
-        cancelled or expired → ``state.reject`` with what Sluice recorded. Returns those still
-        waiting for a person."""
+        made by these tools and mirrors it: rejected, cancelled or expired in Sluice (CANCELLED)
+        → ``state.reject`` with what Sluice recorded; approved → ``state.approve`` (the
+        invocation then returns the effect's outcome). Returns those still waiting for a
+        person."""
         waiting: list[Pending] = []
         for item in state.get_interruptions():
             call_id = _call_id(item)
@@ -160,7 +161,8 @@ class SluiceTools:
             self._effects[call_id] = effect
             if effect.status == "BLOCKED":
                 waiting.append(Pending.of(effect))
-            elif effect.status in ("CANCELLED", "FAILED"):
+            elif effect.status == "CANCELLED":
+                # Rejected by a person, or its approval expired: it never ran.
                 state.reject(item, rejection_message=_refusal(effect))
             else:
                 state.approve(item)
