@@ -195,3 +195,34 @@ def test_approved_only_in_the_sdk_the_call_still_waits_for_sluice_and_the_model_
     assert "sluice approve" in told["remedy"]
     assert [(e.command_key, e.status) for e in effects] == [("d-1/shop/refund/0", "BLOCKED")]
     assert world.calls["shop/refund"] == before
+
+
+def test_calls_of_one_turn_take_positions_in_the_models_order(
+    server: SluiceDev, run_id: str, world: World
+) -> None:
+    # The SDK runs a turn's tool calls concurrently: each takes its position as it starts, in
+    # the order the model gave them, so a re-run gets the same key for the same call.
+    notes = [("ann@example.com", "one"), ("bob@example.com", "two"), ("cy@example.com", "three")]
+    turn = [
+        function_call("shop__notify", {"to": to, "text": text}, call_id=f"call-{i}")
+        for i, (to, text) in enumerate(notes)
+    ]
+
+    async def drive() -> list[sluice.Effect]:
+        async with (
+            sluice.AsyncClient(server.url, server.agent_token, wait=30) as client,
+            client.run(run_id) as run,
+        ):
+            tools = SluiceTools(run)
+            model = ScriptedModel([turn, [assistant_message("done")]])
+            agent = Agent(name="shop", model=model, tools=await tools.get("shop/notify"))
+            await Runner.run(agent, "notify three people")
+            return await run.effects()
+
+    before = world.calls["shop/notify"]
+    for _ in range(2):
+        effects = sorted(asyncio.run(drive()), key=lambda e: e.command_key)
+        assert [(e.command_key, e.args["to"], e.status) for e in effects] == [
+            (f"d-1/shop/notify/{i}", to, "CONFIRMED") for i, (to, _) in enumerate(notes)
+        ]
+    assert world.calls["shop/notify"] == before + 3

@@ -114,16 +114,16 @@ class _Positions:
         self._keys: dict[str, CommandKey] = {}
         self._lock = threading.Lock()
 
-    def take(
-        self, run: Run | AsyncRun, catalog: Catalog, tool: str, call_id: str | None
-    ) -> CommandKey:
+    def take(self, run: Run | AsyncRun, tool: str, call_id: str | None) -> CommandKey:
+        # ``tool`` is the catalog's qualified name: no catalog lookup, nothing awaited, so calls
+        # started in the model's order take their positions in that order.
         core = run._core
         if call_id is None:
-            return core.position(catalog, tool)
+            return core.position(None, tool)
         with self._lock:
             key = self._keys.get(call_id)
             if key is None:
-                key = core.position(catalog, tool)
+                key = core.position(None, tool)
                 self._keys[call_id] = key
             return key
 
@@ -145,7 +145,7 @@ class Calls:
     def submit(self, tool: str, args: Mapping[str, Any], call_id: str | None) -> Effect:
         """Records the call's effect at its position and waits for it to settle (BLOCKED is
         settled: returned as it is). Refusals raise their ApiError."""
-        key = self._positions.take(self.run, self.catalog(), tool, call_id)
+        key = self._positions.take(self.run, tool, call_id)
         return self.run.client.drive(self.run._core.submit(key, args, self.wait))
 
     def wait_for_people(self, effect: Effect, timeout: float) -> Effect:
@@ -172,7 +172,7 @@ class AsyncCalls:
         return self.run._core.config.wait if self.wait is None else self.wait
 
     async def submit(self, tool: str, args: Mapping[str, Any], call_id: str | None) -> Effect:
-        key = self._positions.take(self.run, await self.catalog(), tool, call_id)
+        key = self._positions.take(self.run, tool, call_id)
         return await self.run.client.drive(self.run._core.submit(key, args, self.wait))
 
     async def wait_for_people(self, effect: Effect, timeout: float) -> Effect:
