@@ -466,7 +466,15 @@ pub(super) fn settled(run: &RunId, key: &CommandKey, command: &Value) -> Outcome
         ),
         "CANCELLED" => (
             true,
-            format!("it was cancelled and did not happen ({person})"),
+            match (
+                command["rejection"]["by"].as_str(),
+                command["rejection"]["reason"].as_str(),
+            ) {
+                (Some(by), Some(why)) => format!(
+                    "{by} rejected it and it did not happen ({person}): {why}. Do not call it again as it was: change what they objected to, or go on without it"
+                ),
+                _ => format!("it was cancelled and did not happen ({person})"),
+            },
         ),
         "COMPENSATING" | "COMPENSATED" | "NO_COMPENSATION" | "COMPENSATION_FAILED" => {
             (true, format!("it was rolled back ({status}, {person})"))
@@ -616,6 +624,29 @@ mod tests {
         for status in ["FAILED", "CANCELLED", "COMPENSATED"] {
             assert!(settled(&run, &key, &json!({"status": status})).is_error);
         }
+    }
+
+    #[test]
+    fn a_rejection_tells_the_model_who_refused_and_why() {
+        let (run, key) = key();
+        let rejected = settled(
+            &run,
+            &key,
+            &json!({"status": "CANCELLED", "rejection": {"by": "alice", "reason": "wrong beneficiary", "at": "2026-12-07T10:00:00Z"}}),
+        );
+        assert!(rejected.is_error);
+        assert!(
+            rejected
+                .message
+                .contains("alice rejected it and it did not happen"),
+            "{}",
+            rejected.message
+        );
+        assert!(
+            rejected.message.contains(": wrong beneficiary."),
+            "{}",
+            rejected.message
+        );
     }
 
     #[test]
