@@ -166,9 +166,10 @@ def verify_sdks(dist, version):
                   f"{wheel.name}: METADATA Name {fields.get('Name')!r} Version {fields.get('Version')!r}")
             check(fields.get("License-Expression") == "Apache-2.0" or fields.get("License") == "Apache-2.0",
                   f"{wheel.name}: licence Apache-2.0", f"{wheel.name}: licence fields {fields.get('License-Expression')!r}")
-            want = {"sluice/__init__.py", "sluice/py.typed"}
+            want = {"sluice/__init__.py", "sluice/py.typed", "sluice/adapters/openai_agents.py",
+                    "sluice/adapters/langgraph.py"}
             check(want <= set(names) and not any(n.startswith("tests/") for n in names),
-                  f"{wheel.name}: the package with py.typed, no tests ({len(names)} files)",
+                  f"{wheel.name}: the package with py.typed and the framework adapters, no tests ({len(names)} files)",
                   f"{wheel.name}: lacks {sorted(want - set(names))} or carries tests: {names}")
     sdist = dist / f"sluice_sdk-{pyv}.tar.gz"
     if check(sdist.is_file(), f"{sdist.name} is there", f"no {sdist.name}"):
@@ -188,11 +189,12 @@ def verify_sdks(dist, version):
             check(pkg.get("name") == "@sluice/client" and pkg.get("version") == version,
                   f"{npm.name}: package.json names @sluice/client {version}",
                   f"{npm.name}: package.json {pkg.get('name')} {pkg.get('version')}")
-            want = {"package/dist/index.js", "package/dist/index.d.ts", "package/dist/tool-server/index.js",
-                    "package/dist/tool-server/index.d.ts", "package/README.md"}
+            entries = ["index", "tool-server/index", "adapters/openai-agents", "adapters/ai-sdk"]
+            want = {f"package/dist/{entry}{ext}" for entry in entries for ext in (".js", ".d.ts")}
+            want.add("package/README.md")
             stray = sorted(n for n in names if n.startswith(("package/src/", "package/test/", "package/node_modules/")))
             check(want <= names and not stray,
-                  f"{npm.name}: dist/ (JavaScript and types of both entry points) and the README, no sources or tests",
+                  f"{npm.name}: dist/ (JavaScript and types of every entry point) and the README, no sources or tests",
                   f"{npm.name}: lacks {sorted(want - names)}, carries {stray[:10]}")
 
 

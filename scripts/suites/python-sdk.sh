@@ -2,9 +2,11 @@
 # The Python SDK's suite (sdk/python): a virtualenv under ~/.cache/sluice/ with the SDK installed
 # from the wheel scripts/release.sh builds (the file a user installs, not the source directory;
 # scripts/test.sh builds it once before the suites, into $SLUICE_DIST, else this suite does) and
-# its test extra from PyPI, then pytest on sdk/python/tests against the real binaries
-# (`sluice dev` from $SLUICE_BIN, tool upstreams served by uvicorn). Needs only python3 (3.11+)
-# and PyPI.
+# its test extra from PyPI, and the agent frameworks its adapters are tested with
+# (sdk/python/tests/frameworks.txt: the OpenAI Agents SDK, LangGraph), then pytest on
+# sdk/python/tests against the real binaries (`sluice dev` from $SLUICE_BIN, tool upstreams
+# served by uvicorn; the adapters' examples in examples/agents run there too). Needs only
+# python3 (3.11+) and PyPI.
 # Ends with one line "N passed, N failed, N skipped" (from pytest's JUnit XML).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -43,6 +45,10 @@ echo "installing ${wheels[0]##*/}"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
   "${wheels[0]}" && "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
   "${wheels[0]}[test]" || fail_setup "could not install ${wheels[0]##*/}[test] (its dependencies from PyPI)"
+# The agent frameworks the adapters (sluice.adapters.*) are tested with, at the pinned versions.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+  -r "$root/sdk/python/tests/frameworks.txt" \
+  || fail_setup "could not install the agent frameworks of sdk/python/tests/frameworks.txt"
 
 cd "$root/sdk/python" || fail_setup "no sdk/python"
 # The tests must import the installed wheel, never src/ beside them.

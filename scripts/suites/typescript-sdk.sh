@@ -6,8 +6,9 @@
 # the suites, into $SLUICE_DIST, else this suite does) into build-test/ as a consumer project
 # would, and runs the tests there with node's test runner: they import `@sluice/client` by name,
 # so they run against the tarball's files (the unexported signature module's unit tests,
-# test/internal/, against the source). Against the real `sluice dev` ($SLUICE_BIN) and tool
-# servers on loopback. Needs Node 20+ and npm. Ends with "N passed, N failed, N skipped".
+# test/internal/, against the source), with the agent frameworks of the adapters' tests (the
+# OpenAI Agents SDK, the Vercel AI SDK) installed beside it. Against the real `sluice dev`
+# ($SLUICE_BIN) and tool servers on loopback. Needs Node 20+ and npm. Ends with "N passed, N failed, N skipped".
 set -uo pipefail
 cd "$(dirname "$0")/../../sdk/typescript"
 
@@ -41,12 +42,16 @@ dist="${SLUICE_DIST:-$(cd ../.. && pwd)/dist}"
   || { cat "$log"; summary_fail "scripts/release.sh --sdks-only failed"; }
 tarballs=("$dist"/sluice-client-*.tgz)
 [ -f "${tarballs[0]}" ] || summary_fail "no npm tarball in $dist"
+# The agent frameworks the adapters' tests drive (@sluice/client/openai-agents, /ai-sdk) are
+# the package's optional peers: a consumer installs them beside it, at the versions pinned in
+# the package's devDependencies.
+peers="$(node -p 'const d = require("./package.json").devDependencies; ["@openai/agents", "ai", "zod"].map((n) => `"${n}": "${d[n]}"`).join(", ")')"
 cat >build-test/package.json <<EOF
 {
   "name": "sluice-client-tests",
   "private": true,
   "type": "module",
-  "dependencies": { "@sluice/client": "file:${tarballs[0]}" }
+  "dependencies": { "@sluice/client": "file:${tarballs[0]}", ${peers} }
 }
 EOF
 (cd build-test && npm install --no-audit --no-fund --no-package-lock --silent) \

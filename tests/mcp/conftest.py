@@ -5,6 +5,7 @@ loopback with agent and admin tokens and a catalog pointing at both."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -67,8 +68,10 @@ url = "{stall}/slow"
 reference_pointer = "/id"
 """
 
-# What the slow upstream was asked, per room: how many calls reached it.
+# What the slow upstream was asked, per room: how many calls reached it, and the W3C
+# `traceparent` each carried.
 SLOW_CALLS: dict[str, int] = {}
+SLOW_TRACES: dict[str, list[str]] = {}
 SLOW_S = 1.5
 
 
@@ -83,6 +86,7 @@ class _Stall(http.server.BaseHTTPRequestHandler):
         if self.path == "/slow":
             room = json.loads(self.rfile.read(int(self.headers["content-length"])))["room"]
             SLOW_CALLS[room] = SLOW_CALLS.get(room, 0) + 1
+            SLOW_TRACES.setdefault(room, []).append(self.headers.get("traceparent", ""))
             time.sleep(SLOW_S)
             body = json.dumps({"id": f"room-{room}-{SLOW_CALLS[room]}"}).encode()
             self.send_response(201)
@@ -107,6 +111,7 @@ class _Stall(http.server.BaseHTTPRequestHandler):
 class Sluice:
     url: str
     upstream: str
+    catalog: pathlib.Path | None = None
 
 
 def _wait_ready(url: str, process: subprocess.Popen[bytes], log: pathlib.Path) -> None:
@@ -152,13 +157,30 @@ def sluice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sluice]:
     catalog = catalog.replace("http://127.0.0.1:8787", upstream_url)
     catalog += STALL_TOOL.replace("{stall}", stall_url)
     (root / "catalog.toml").write_text(catalog)
+    try:
+        with dev_server(root, root / "catalog.toml") as url:
+            yield Sluice(url=url, upstream=upstream_url, catalog=root / "catalog.toml")
+    finally:
+        upstream.terminate()
+        try:
+            upstream.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            upstream.kill()
+        stall.shutdown()
+
+
+@contextlib.contextmanager
+def dev_server(root: pathlib.Path, catalog: pathlib.Path,
+               env: dict[str, str] | None = None) -> Iterator[str]:
+    """`sluice dev` with its ledger under `root`, the tests' tokens and `catalog`, with `env`
+    added to its environment: its URL."""
     port = free_port()
     config = f"""
 [ledger]
 data_dir = "{root / 'ledger'}"
 durability = "normal"
 [catalog]
-path = "{root / 'catalog.toml'}"
+path = "{catalog}"
 [producer]
 listen = "127.0.0.1:{port}"
 [reconciler]
@@ -183,20 +205,18 @@ token = "{ADMIN_TOKEN}"
             [SLUICE, "dev", "--config", str(root / "sluice.toml"), "--log-level", "warn"],
             stdout=sink,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "RUST_BACKTRACE": "0"},
+            env={**os.environ, "RUST_BACKTRACE": "0", **(env or {})},
         )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, dev, log)
-        yield Sluice(url=url, upstream=upstream_url)
+        yield url
     finally:
-        for process in (dev, upstream):
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        stall.shutdown()
+        dev.terminate()
+        try:
+            dev.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            dev.kill()
 
 
 def api(sluice: Sluice, method: str, path: str, token: str, body: object | None = None) -> dict:

@@ -170,6 +170,32 @@ impl CatalogEdit {
         self
     }
 
+    /// Adds a policy rule from TOML text (`name`, `when`, `then`, …): the tool's own
+    /// `[[tool.rule]]` when `tool` names one, else a catalog-wide `[[rule]]`.
+    pub fn rule(mut self, tool: Option<&str>, toml_text: &str) -> Self {
+        let rule: toml::Table = toml::from_str(toml_text).expect("the rule's TOML parses");
+        let owner = match tool {
+            None => &mut self.table,
+            Some(tool) => self
+                .table
+                .get_mut("tool")
+                .and_then(toml::Value::as_array_mut)
+                .expect("the example catalog has [[tool]] entries")
+                .iter_mut()
+                .filter_map(toml::Value::as_table_mut)
+                .find(|t| t.get("name").and_then(toml::Value::as_str) == Some(tool))
+                .unwrap_or_else(|| panic!("the example catalog has no tool {tool}")),
+        };
+        owner
+            .entry("rule".to_owned())
+            .or_insert_with(|| toml::Value::Array(Vec::new()))
+            .as_array_mut()
+            .expect("rule is an array of tables")
+            .push(toml::Value::Table(rule));
+        self.edited = true;
+        self
+    }
+
     /// Sets `[tool.policy] key = value` of the tool named `tool`.
     pub fn policy(self, tool: &str, key: &str, value: impl Into<toml::Value>) -> Self {
         self.section(tool, "policy", key, value.into())

@@ -288,7 +288,16 @@ async fn approval_dispatches_and_rejection_cancels_with_approver_and_reason() {
         .act(run, no, "reject", &json!({"reason": "beneficiary unknown"}))
         .await;
     assert_eq!(rejected.status, StatusCode::OK, "{}", rejected.text);
-    assert_eq!(agent.get(run, no).await.status(), Cancelled);
+    let cancelled = agent.get(run, no).await;
+    assert_eq!(cancelled.status(), Cancelled);
+    // The agent reads who rejected it and why, as the person wrote it.
+    let rejection = cancelled
+        .state
+        .rejection
+        .as_deref()
+        .expect("the rejection is kept");
+    assert_eq!(rejection.by, "admin-1");
+    assert_eq!(rejection.reason, "beneficiary unknown");
     // Approving it now is refused and says why.
     let late = admin
         .act(run, no, "approve", &json!({"reason": "changed my mind"}))
@@ -304,7 +313,7 @@ async fn approval_dispatches_and_rejection_cancels_with_approver_and_reason() {
     assert_eq!(record.record.reason, "invoice 42 checked with finance");
     let record = trail.find(no, Blocked, Cancelled);
     assert_eq!(record.record.actor, "admin-1");
-    assert!(record.record.reason.contains("beneficiary unknown"));
+    assert_eq!(record.record.reason, "rejected: beneficiary unknown");
     h.stop().await;
 }
 

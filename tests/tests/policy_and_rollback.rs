@@ -1,6 +1,7 @@
 //! Policy and rollback end to end: a wire above the approval threshold is BLOCKED and never
 //! reaches the bank; a run rollback compensates the run's confirmed effects one at a time in
-//! reverse journal order, escalates what cannot be undone and leaves reads alone.
+//! reverse journal order, escalates what cannot be undone and leaves reads alone; policy rules
+//! deny or block what their conditions name, with the rule as the reason.
 
 use reqwest::StatusCode;
 use sluice_core::command::CommandStatus::*;
@@ -81,6 +82,75 @@ async fn a_wire_above_the_approval_threshold_is_blocked_and_never_sent() {
         block.record.reason.contains("blocked by policy"),
         "{}",
         block.record.reason
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_rules_deny_and_block_what_they_name_and_the_rest_goes_through() {
+    let h = Harness::start(Faults::none(), |c| {
+        c.rule(
+            None,
+            r#"
+name = "sanctioned"
+tools = ["payments/*"]
+when = "args.account.startsWith('acc-sanctioned')"
+then = "deny"
+reason = "the account is on the sanctions list"
+"#,
+        )
+        .rule(
+            Some("payments/wire"),
+            r#"
+name = "mid-size"
+when = "args.amount_minor > 500000"
+then = "require_approval"
+"#,
+        )
+    })
+    .await;
+    let run = "r-rules";
+    let wires = [
+        ("acc-sanctioned-1", 100, "d-1/payments/wire/0"),
+        ("acc-mid", 600_000, "d-2/payments/wire/0"),
+        ("acc-small", 100, "d-3/payments/wire/0"),
+    ];
+    for (decision, (account, amount, _)) in (1..).zip(wires) {
+        h.agent
+            .submit_created(&effect(
+                run,
+                decision,
+                "payments/wire",
+                0,
+                wire_args(account, amount),
+            ))
+            .await;
+    }
+    let denied = h.agent.wait_settled(run, wires[0].2).await;
+    let blocked = h.agent.wait_settled(run, wires[1].2).await;
+    let sent = h.agent.wait_settled(run, wires[2].2).await;
+    assert_eq!(sent.status(), Confirmed, "{sent:?}");
+    assert_eq!(blocked.status(), Blocked, "{blocked:?}");
+    assert_ne!(denied.status(), Confirmed, "{denied:?}");
+    assert_eq!(denied.state.attempts, 0, "a denied wire is never sent");
+
+    let trail = h.audit(run).await;
+    let denied_reasons = trail.describe(wires[0].2).join("\n");
+    assert!(
+        denied_reasons.contains("rule sanctioned: the account is on the sanctions list"),
+        "{denied_reasons}"
+    );
+    let block = trail.find(wires[1].2, Pending, Blocked);
+    assert!(
+        block.record.reason.contains("rule mid-size"),
+        "{}",
+        block.record.reason
+    );
+
+    let stats = h.upstream.stats();
+    assert_eq!(
+        stats.wires, 1,
+        "only the small wire reached the bank: {stats:?}"
     );
     h.stop().await;
 }

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +14,7 @@ import pytest
 import sluice
 
 import toolbox
-from servers import AppServer, SluiceDev
+from servers import AppServer, SluiceDev, sluice_bin
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +53,23 @@ def repo() -> Path:
     from servers import REPO
 
     return REPO
+
+
+@pytest.fixture
+def demo_upstream() -> Iterator[str]:
+    """The demo upstream without faults (`sluice bench-upstream`, from the same binary)."""
+    process = subprocess.Popen(
+        [sluice_bin(), "bench-upstream", "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        url = re.search(r"http://\S+", line)
+        assert url, f"the demo upstream did not say where it listens: {line!r}"
+        yield url.group(0)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

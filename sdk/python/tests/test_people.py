@@ -65,6 +65,12 @@ def test_waiting_for_an_approval_in_the_same_run(
         with pytest.raises(sluice.EffectCancelled) as rejected:
             run.wait(blocked.value.command_key, timeout=10)
     assert rejected.value.status == "CANCELLED"
+    # Who rejected it and why reach the agent, in the exception and its message.
+    rejection = rejected.value.rejection
+    assert rejection is not None
+    assert rejection.reason == "checked by the test"
+    assert rejection.by == "test-admin"
+    assert "rejected it: checked by the test" in str(rejected.value)
 
 
 def test_a_stuck_effect_surfaces_with_the_resolve_command(

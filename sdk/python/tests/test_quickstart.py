@@ -7,13 +7,11 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
-from servers import REPO, SluiceDev, sluice_bin
+from servers import REPO, SluiceDev
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 # The repository's README shows the same block; both are held to running as written.
@@ -25,31 +23,13 @@ def quickstart() -> str:
     block = re.search(MARKED, README.read_text(), re.S)
     assert block, "README.md has no quickstart:python block"
     shown = re.search(MARKED, ROOT_README.read_text(), re.S)
-    assert shown and shown.group(1) == block.group(1), "the repository README shows the same quickstart"
+    assert shown and shown.group(1) == block.group(1), (
+        "the repository README shows the same quickstart"
+    )
     assert len(block.group(1).splitlines()) <= 15, "the quickstart must stay within 15 lines"
     code = re.fullmatch(r"```python\n(.*)```\n", block.group(1), re.S)
     assert code, "the quickstart block is one ```python fence"
     return code.group(1)
-
-
-@pytest.fixture
-def demo_upstream() -> Iterator[str]:
-    """The demo upstream without faults (`sluice bench-upstream`, from the same binary)."""
-    process = subprocess.Popen(
-        [sluice_bin(), "bench-upstream", "--listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        url = re.search(r"http://\S+", line)
-        assert url, f"the demo upstream did not say where it listens: {line!r}"
-        yield url.group(0)
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def test_the_quickstart_runs_as_written(demo_upstream: str, tmp_path: Path) -> None:

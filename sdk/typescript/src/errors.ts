@@ -247,15 +247,25 @@ export class ApprovalRequiredError extends EffectError {
   }
 }
 
-/** CANCELLED: rejected, removed before it ran, or never approved in time. It will not run. */
+/**
+ * CANCELLED: rejected, removed before it ran, or never approved in time. It will not run.
+ * `rejection` says who rejected it and why, when a person did.
+ */
 export class EffectCancelledError extends EffectError {
   override name = "EffectCancelledError";
+  readonly rejection: Command["rejection"];
   constructor(command: Command) {
+    const rejection = command.rejection;
     super(
       command,
-      command.last_error ?? "it was cancelled before it ran",
-      "It will not run. If it is still wanted, ask for it again in a new decision (run.decide())",
+      rejection
+        ? `${rejection.by} rejected it: ${rejection.reason}`
+        : (command.last_error ?? "it was cancelled before it ran"),
+      rejection
+        ? "It will not run. Change what the person objected to and ask again in a new decision (run.decide()), or leave it"
+        : "It will not run. If it is still wanted, ask for it again in a new decision (run.decide())",
     );
+    this.rejection = rejection;
   }
 }
 

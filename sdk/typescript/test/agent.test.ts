@@ -149,6 +149,9 @@ describe("outcomes", () => {
     assert.ok(cancelled instanceof EffectCancelledError, String(cancelled));
     assert.equal(cancelled.status, "CANCELLED");
     assert.match(cancelled.remedy, /run\.decide\(\)/);
+    // Who rejected it and why reach the agent.
+    assert.equal(cancelled.rejection?.reason, "not this vendor");
+    assert.match(cancelled.message, /rejected it: not this vendor/);
   });
 
   test("a read runs through a guard that says it has no side effect", async () => {

@@ -18,6 +18,7 @@ use sluice_core::flow::Held;
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{self, DispatchOutcome, DispatchPlan, Event, Refusal};
 use sluice_core::policy::{self, PolicyDecision};
+use sluice_core::time::Timestamp;
 use sluice_runtime::config::DispatcherConfig;
 use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
 use sluice_runtime::flow::{Admission, Permit};
@@ -330,24 +331,25 @@ fn plan(
     held: Option<&Held>,
     owner: &std::sync::Arc<str>,
 ) -> DispatchPlan {
+    let now = ctx.clock.now();
     let policy = catalog
         .get(&command.tool)
-        .map(|tool| policy_of(catalog, tool, command));
+        .map(|tool| policy_of(catalog, tool, command, now));
     machine::plan_dispatch(
         command,
         &ctx.rules_of(command),
         policy.as_ref(),
         held,
         owner,
-        ctx.clock.now(),
+        now,
     )
 }
 
-/// `tool`'s policy for `command` as it is stored.
-fn policy_of(catalog: &Catalog, tool: &Tool, command: &Command) -> PolicyDecision {
+/// `tool`'s policy for `command` as it is stored, at `now`.
+fn policy_of(catalog: &Catalog, tool: &Tool, command: &Command, now: Timestamp) -> PolicyDecision {
     policy::evaluate(
         tool,
-        &command.args,
+        &policy::RuleInput::of(command, now),
         command.state.approval.as_deref(),
         catalog.policy_version(),
     )

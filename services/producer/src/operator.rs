@@ -319,10 +319,12 @@ async fn act(
         "reject" => {
             let body: ReasonBody = parse_body(&body, "{\"reason\": \"...\"}")?;
             let reason = check_reason(&body.reason)?;
+            // The reason as written: the machine keeps it for the agent (`Rejection`) and
+            // records "rejected: …" in the audit chain.
             let event = Event::Reject {
                 operator: Operator {
                     actor: actor.clone(),
-                    reason: format!("rejected: {reason}"),
+                    reason: reason.to_owned(),
                 },
             };
             let (command, step) =
@@ -508,9 +510,7 @@ async fn replay(
     };
     let tool = catalog.get(&command.tool);
     let check = replay::check(
-        &command.state,
-        &command.args,
-        &command.tool,
+        &command,
         tool,
         &rules,
         RunReplays {

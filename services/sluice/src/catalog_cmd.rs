@@ -1,6 +1,7 @@
 //! `sluice catalog`: for catalog authors. `check` loads a catalog and reads every secret its
 //! credentials reference, as the services do at start; `requests` prints, for given arguments,
-//! the exact request each of a tool's endpoints would send, secrets masked, sending nothing.
+//! the exact request each of a tool's endpoints would send, secrets masked, sending nothing;
+//! `explain` shows, for given arguments, what each policy rule made of them and what decided.
 
 use std::path::PathBuf;
 
@@ -11,7 +12,8 @@ use sluice_connector::{McpConnector, preview};
 use sluice_core::catalog::Catalog;
 use sluice_core::command::{Command, Intent};
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::time::{Clock, SystemClock};
+use sluice_core::policy::{self, PolicyDecision, RuleInput, RuleVerdict};
+use sluice_core::time::{Clock, SystemClock, Timestamp};
 
 #[derive(Debug, Args)]
 pub struct CatalogArgs {
@@ -52,6 +54,34 @@ pub enum CatalogCommand {
         #[arg(long, default_value = "<external_ref>")]
         external_ref: String,
     },
+    /// Show what each policy rule of a tool makes of the given arguments and who, and what
+    /// decides: a rule, or the tool's `requires_approval` / `approve_above`. Nothing is sent.
+    Explain {
+        /// The catalog file.
+        #[arg(long)]
+        catalog: PathBuf,
+        /// The tool (namespace/name, or a bare name in the default namespace).
+        #[arg(long)]
+        tool: String,
+        /// The arguments, as JSON.
+        #[arg(long, default_value = "{}")]
+        args: String,
+        /// The run the command would belong to.
+        #[arg(long, default_value = "r-dry-run")]
+        run_id: String,
+        /// The tenant it would count against.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// The principal (token name) submitting it.
+        #[arg(long)]
+        submitter: Option<String>,
+        /// The time to evaluate at (RFC 3339); now by default.
+        #[arg(long)]
+        at: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs the subcommand; the text to print, or what was wrong.
@@ -78,7 +108,97 @@ pub async fn run(args: CatalogArgs) -> Result<String, String> {
             )
             .await
         }
+        CatalogCommand::Explain {
+            catalog,
+            tool,
+            args,
+            run_id,
+            tenant,
+            submitter,
+            at,
+            json,
+        } => {
+            explain(
+                &catalog,
+                &Who {
+                    tool: &tool,
+                    args: &args,
+                    run_id: &run_id,
+                    tenant: tenant.as_deref(),
+                    submitter: submitter.as_deref(),
+                    at: at.as_deref(),
+                },
+                json,
+            )
+            .await
+        }
     }
+}
+
+/// What `explain` evaluates: the command as it would be submitted.
+struct Who<'a> {
+    tool: &'a str,
+    args: &'a str,
+    run_id: &'a str,
+    tenant: Option<&'a str>,
+    submitter: Option<&'a str>,
+    at: Option<&'a str>,
+}
+
+async fn explain(path: &std::path::Path, who: &Who<'_>, json: bool) -> Result<String, String> {
+    let catalog = load(path).await?;
+    let tool = catalog.resolve(who.tool).map_err(|e| e.to_string())?;
+    let args: Value =
+        serde_json::from_str(who.args).map_err(|e| format!("--args is not valid JSON: {e}"))?;
+    tool.validate_args(&args)
+        .map_err(|e| format!("--args do not fit tool {}: {e}", tool.name()))?;
+    let run_id = RunId::parse(who.run_id).map_err(|e| format!("--run-id: {e}"))?;
+    let now = match who.at {
+        Some(at) => Timestamp::parse_rfc3339(at).map_err(|e| format!("--at: {e}"))?,
+        None => SystemClock.now(),
+    };
+    let input = RuleInput {
+        args: &args,
+        tool: tool.name(),
+        run: run_id.as_str(),
+        tenant: who.tenant,
+        submitter: who.submitter,
+        now,
+    };
+    let explained = policy::explain(tool, &input, None, catalog.policy_version());
+    if json {
+        return serde_json::to_string_pretty(&explained).map_err(|e| e.to_string());
+    }
+    let mut out = format!(
+        "{} under policy version {}\n",
+        tool.name(),
+        catalog.policy_version()
+    );
+    if explained.rules.is_empty() {
+        out.push_str("no rule covers this tool\n");
+    }
+    for rule in &explained.rules {
+        let verdict = match &rule.verdict {
+            RuleVerdict::Holds => "holds".to_owned(),
+            RuleVerdict::DoesNotHold => "does not hold".to_owned(),
+            RuleVerdict::Error { error } => format!("cannot be evaluated: {error}"),
+        };
+        out.push_str(&format!(
+            "  {} rule {} ({} when {}): {verdict}\n",
+            rule.scope, rule.rule, rule.then, rule.when
+        ));
+    }
+    let decided = match &explained.decided_by {
+        Some(rule) => format!("rule {rule}"),
+        None => "the tool's [tool.policy] (requires_approval, approve_above)".to_owned(),
+    };
+    let decision = match &explained.decision {
+        PolicyDecision::Allow => "allow".to_owned(),
+        PolicyDecision::RequireApproval { reason } => format!("require approval: {reason}"),
+        PolicyDecision::Deny { reason } => format!("deny: {reason}"),
+    };
+    out.push_str(&format!("decided by {decided}: {decision}"));
+    Ok(out)
 }
 
 /// Loads the catalog and, when it declares MCP servers, connects to each, lists its tools and
@@ -273,6 +393,66 @@ method = "DELETE"
         let path = dir.path().join("catalog.toml");
         std::fs::write(&path, CATALOG).expect("written");
         (dir, path)
+    }
+
+    #[tokio::test]
+    async fn explain_shows_each_rule_and_what_decided() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("catalog.toml");
+        let text = format!(
+            "{CATALOG}\n[[tool.rule]]\nname = \"urgent\"\nwhen = \"args.title.startsWith('URGENT')\"\nthen = \"require_approval\"\n\n[[rule]]\nname = \"trial\"\nwhen = \"tenant == 'trial'\"\nthen = \"deny\"\n"
+        );
+        std::fs::write(&path, text).expect("written");
+        let who = |args: &'static str, tenant: Option<&'static str>| Who {
+            tool: "tickets/create",
+            args,
+            run_id: "r-1",
+            tenant,
+            submitter: None,
+            at: Some("2026-12-07T10:00:00Z"),
+        };
+        let out = explain(&path, &who(r#"{"title": "URGENT: disk"}"#, None), false)
+            .await
+            .expect("explained");
+        assert!(
+            out.contains(
+                "tool rule urgent (require_approval when args.title.startsWith('URGENT')): holds"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("catalog rule trial (deny when tenant == 'trial'): does not hold"),
+            "{out}"
+        );
+        assert!(
+            out.ends_with("decided by rule urgent: require approval: rule urgent"),
+            "{out}"
+        );
+
+        let out = explain(&path, &who(r#"{"title": "disk"}"#, Some("trial")), true)
+            .await
+            .expect("explained");
+        let parsed: Value = serde_json::from_str(&out).expect("JSON");
+        assert_eq!(parsed["decided_by"], "trial");
+        assert_eq!(parsed["decision"]["decision"], "deny");
+
+        let out = explain(&path, &who(r#"{"title": "disk"}"#, None), false)
+            .await
+            .expect("explained");
+        assert!(
+            out.ends_with(
+                "decided by the tool's [tool.policy] (requires_approval, approve_above): allow"
+            ),
+            "{out}"
+        );
+
+        let err = explain(&path, &who(r#"{"title": 5}"#, None), false)
+            .await
+            .expect_err("bad args");
+        assert!(
+            err.starts_with("--args do not fit tool tickets/create"),
+            "{err}"
+        );
     }
 
     #[tokio::test]

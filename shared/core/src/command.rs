@@ -212,6 +212,17 @@ pub struct Approval {
     pub policy_version: String,
 }
 
+/// A person's refusal of a BLOCKED command: what the agent is told when its effect ends
+/// CANCELLED this way (the `Prefer: wait` answer, the SDKs' exceptions, the MCP result).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rejection {
+    /// Who rejected it (their token's name).
+    pub by: String,
+    /// Why, as they wrote it.
+    pub reason: String,
+    pub at: Timestamp,
+}
+
 /// Progress of a compensation (run rollback or clean-up of a duplicate commit).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompensationInfo {
@@ -276,6 +287,9 @@ pub struct CommandState {
     // made up a third of its size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Box<Approval>>,
+    /// Set when a person rejected the command (it is then CANCELLED).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejection: Option<Box<Rejection>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compensation: Option<Box<CompensationInfo>>,
     /// Extra commits of this command that a status check found and that are still to be
@@ -366,6 +380,7 @@ impl CommandState {
             last_error: None,
             escalated: false,
             approval: None,
+            rejection: None,
             compensation: None,
             owed_duplicates: Vec::new(),
             verify_pending: false,

@@ -3,10 +3,8 @@
 //! catalog, the stored arguments against today's schema, today's policy), typed, so the API
 //! reports them without reading its own JSON back.
 
-use serde_json::Value;
-
 use crate::catalog::{ArgsError, Tool};
-use crate::command::CommandState;
+use crate::command::Command;
 use crate::ids::ToolName;
 use crate::machine::{self, Event, Refusal, Rules, Step};
 use crate::policy::{self, PolicyDecision};
@@ -92,13 +90,10 @@ pub struct RunReplays {
     pub limit: u32,
 }
 
-/// Checks a replay of `state` (a command of `tool`, which may be gone, with `args` stored)
+/// Checks a replay of `command` (of `tool`, which may be gone, with its arguments as stored)
 /// under `event` (an `Event::Replay`).
-#[allow(clippy::too_many_arguments)]
 pub fn check(
-    state: &CommandState,
-    args: &Value,
-    tool_name: &ToolName,
+    command: &Command,
     tool: Option<&Tool>,
     rules: &Rules,
     run: RunReplays,
@@ -106,6 +101,7 @@ pub fn check(
     event: &Event,
     now: Timestamp,
 ) -> ReplayCheck {
+    let (state, args) = (&command.state, &*command.args);
     let mut problems = Vec::new();
     if run.replays >= run.limit {
         problems.push(ReplayProblem::RunLimit {
@@ -116,7 +112,7 @@ pub fn check(
     let decision = match tool {
         None => {
             problems.push(ReplayProblem::ToolRemoved {
-                tool: tool_name.clone(),
+                tool: command.tool.clone(),
             });
             None
         }
@@ -127,7 +123,12 @@ pub fn check(
                     error,
                 });
             }
-            let decision = policy::evaluate(tool, args, state.approval.as_deref(), policy_version);
+            let decision = policy::evaluate(
+                tool,
+                &policy::RuleInput::of(command, now),
+                state.approval.as_deref(),
+                policy_version,
+            );
             if let PolicyDecision::Deny { reason } = &decision {
                 problems.push(ReplayProblem::PolicyDenied {
                     reason: reason.clone(),

@@ -7,7 +7,7 @@ use sluice_core::catalog::{
     Catalog, CatalogError, HttpMethod, ReferenceSource, UrlKeys, render_url,
 };
 use sluice_core::machine::OnAbsent;
-use sluice_core::policy::{PolicyDecision, evaluate};
+use sluice_core::policy::{PolicyDecision, RuleInput, evaluate};
 use sluice_core::{BusinessKey, EffectSemantics, IdempotencyKey, ToolName};
 
 const DEPLOY_CATALOG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/catalog.toml");
@@ -122,19 +122,31 @@ fn deploy_wire_is_non_idempotent_with_every_resolution_strategy() {
     );
 }
 
+/// The policy input of a command of `tool` with `args`, in a run of no tenant, at time 0.
+fn at<'a>(tool: &'a sluice_core::catalog::Tool, args: &'a serde_json::Value) -> RuleInput<'a> {
+    RuleInput {
+        args,
+        tool: tool.name(),
+        run: "run-1",
+        tenant: None,
+        submitter: None,
+        now: sluice_core::time::Timestamp::from_millis(0),
+    }
+}
+
 #[test]
 fn deploy_wire_needs_approval_above_ten_thousand() {
     let catalog = deploy();
     let wire = catalog.get(&name("payments/wire")).expect("declared");
     let version = catalog.policy_version();
     assert_eq!(
-        evaluate(wire, &wire_args(), None, version),
+        evaluate(wire, &at(wire, &wire_args()), None, version),
         PolicyDecision::Allow
     );
     let mut big = wire_args();
     big["amount_minor"] = json!(1_000_001);
     assert!(matches!(
-        evaluate(wire, &big, None, version),
+        evaluate(wire, &at(wire, &big), None, version),
         PolicyDecision::RequireApproval { .. }
     ));
 }

@@ -45,7 +45,7 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .models import Effect, RollbackProgress, RollbackStep
+from .models import Effect, Rejection, RollbackProgress, RollbackStep
 
 __all__ = [
     "IDEMPOTENT",
@@ -77,6 +77,7 @@ __all__ = [
     "NoActiveRun",
     "NotFound",
     "OverQuota",
+    "Rejection",
     "Retries",
     "RollbackProgress",
     "RollbackStep",

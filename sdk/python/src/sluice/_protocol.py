@@ -281,6 +281,14 @@ def effect_error(effect: Effect) -> EffectError | None:
             f'`sluice approve {run} {key} --reason "..."` (or `sluice reject {run} {key} '
             '--reason "..."`), then re-drive the agent, or wait for it with run.wait(...).',
         )
+    if status == "CANCELLED" and effect.rejection is not None:
+        rejection = effect.rejection
+        return EffectCancelled(
+            effect,
+            f"{what}: {rejection.by} rejected it: {rejection.reason}",
+            "It will not run. Change what the person objected to and ask again at a new "
+            "journal position, or leave it.",
+        )
     if status == "CANCELLED":
         return EffectCancelled(
             effect,

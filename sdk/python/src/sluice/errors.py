@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .models import Effect
+    from .models import Effect, Rejection
 
 
 class SluiceError(Exception):
@@ -84,7 +84,15 @@ class AwaitingApproval(EffectError):
 
 
 class EffectCancelled(EffectError):
-    """CANCELLED: the effect was cancelled, rejected or removed before it ran."""
+    """CANCELLED: the effect was cancelled, rejected or removed before it ran.
+
+    ``rejection`` is set when a person rejected it while it waited for approval: who, and the
+    reason they gave, which the message repeats for the model.
+    """
+
+    @property
+    def rejection(self) -> Rejection | None:
+        return self.effect.rejection
 
 
 class EffectRolledBack(EffectError):

@@ -16,6 +16,19 @@ ROLLED_BACK = frozenset({"COMPENSATING", "COMPENSATED", "COMPENSATION_FAILED", "
 
 
 @dataclass(frozen=True)
+class Rejection:
+    """Who rejected an effect that waited for approval, and why (it is then CANCELLED)."""
+
+    by: str
+    reason: str
+    at: str
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Rejection:
+        return cls(by=body["by"], reason=body["reason"], at=body["at"])
+
+
+@dataclass(frozen=True)
 class Effect:
     """One command as the ledger holds it (``Command`` in schemas/openapi.yaml).
 
@@ -44,6 +57,8 @@ class Effect:
     existing: str | None = None
     #: The tenant the effect counts against (its submitter, or the tenant its run named).
     tenant: str | None = None
+    #: Set when a person rejected the effect while it waited for approval.
+    rejection: Rejection | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -62,6 +77,7 @@ class Effect:
             not_before=body.get("not_before"),
             existing=body.get("existing"),
             tenant=body.get("tenant"),
+            rejection=Rejection.from_json(body["rejection"]) if body.get("rejection") else None,
             raw=body,
         )
 

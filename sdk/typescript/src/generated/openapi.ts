@@ -830,6 +830,12 @@ export interface components {
                 at: components["schemas"]["Timestamp"];
                 policy_version: string;
             };
+            /** @description Who rejected the command while it waited for approval, and why (it is then CANCELLED); what the agent is told. */
+            rejection?: {
+                by: string;
+                reason: string;
+                at: components["schemas"]["Timestamp"];
+            };
             compensation?: components["schemas"]["Compensation"];
             owed_duplicates?: string[];
             /** @description The command is to be looked up once more when due (a duplicate, or a commit of a command decided FAILED or CANCELLED on absence). */

@@ -286,15 +286,20 @@ impl Api {
             now,
             rules.pending_stale_ms,
         );
-        // A tool that may be called twice with one key is leased in its reservation's own
-        // write: its dispatch then costs no lease write (machine::lease_at_reservation).
-        let policy = policy::evaluate(tool, &command.args, None, catalog.policy_version());
-        let command = command.leased_at_reservation(&rules, &policy, now);
         let command = match principal.submitter() {
             Some(name) => command.submitted_by(name),
             None => command,
         }
         .for_tenant(tenant);
+        // A tool that may be called twice with one key is leased in its reservation's own
+        // write: its dispatch then costs no lease write (machine::lease_at_reservation).
+        let policy = policy::evaluate(
+            tool,
+            &policy::RuleInput::of(&command, now),
+            None,
+            catalog.policy_version(),
+        );
+        let command = command.leased_at_reservation(&rules, &policy, now);
         // The submission's span: the child of the request's, holding the reservation; the
         // command is stored with its context, the parent of every later step of the effect.
         let span = tracing::debug_span!(

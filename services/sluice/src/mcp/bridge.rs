@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use sluice_core::trace::TraceContext;
 use sluice_core::{CommandKey, RunId, ToolName};
 
 use crate::console::segment;
@@ -101,6 +102,19 @@ pub enum BridgeError {
     },
 }
 
+/// How one call is submitted, besides its keys and arguments.
+#[derive(Debug, Clone)]
+pub struct Calling<'a> {
+    /// The caller's trace: sent as the W3C `traceparent` and `tracestate` headers, which the
+    /// command keeps (its events and upstream calls carry it).
+    pub trace: Option<&'a TraceContext>,
+    /// The longest the call waits for its effect to settle.
+    pub wait: Duration,
+    /// When it runs: `delay_ms` or `not_before`, as the client named them (the API checks
+    /// them); empty for now.
+    pub when: serde_json::Map<String, Value>,
+}
+
 /// The producer's API, as `sluice mcp` uses it.
 #[derive(Debug)]
 pub struct Bridge {
@@ -125,7 +139,7 @@ impl Bridge {
     /// The catalog's tools, from `GET /v1/tools`, with `token`.
     pub async fn tools(&self, token: Option<&str>) -> Result<Vec<ListedTool>, BridgeError> {
         let (status, body) = self
-            .call(Method::GET, "/v1/tools", None, token, None)
+            .call(Method::GET, "/v1/tools", None, token, None, None)
             .await?;
         if status != StatusCode::OK {
             return Err(refused(status, "GET /v1/tools", &body));
@@ -164,7 +178,7 @@ impl Bridge {
     /// client is told it is connected.
     pub async fn check_token(&self, token: Option<&str>) -> Result<(), BridgeError> {
         let (status, body) = self
-            .call(Method::GET, "/v1/whoami", None, token, None)
+            .call(Method::GET, "/v1/whoami", None, token, None, None)
             .await?;
         if status == StatusCode::OK {
             return Ok(());
@@ -177,22 +191,34 @@ impl Bridge {
         &self.base
     }
 
-    /// Submits the call as an effect and follows it until it settles or `max_wait` passes.
+    /// The longest one call waits for its effect to settle (`--max-wait-s`).
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+
+    /// Submits the call as an effect ([`Calling`] says how) and follows it until it settles or
+    /// the call's wait passes.
     pub async fn run_call(
         &self,
         run: &RunId,
         key: &CommandKey,
         args: Value,
         token: Option<&str>,
+        calling: &Calling<'_>,
     ) -> Outcome {
-        let submission = json!({
+        let mut submission = json!({
             "run_id": run,
             "decision": key.decision(),
             "tool": key.tool().to_string(),
             "call_idx": key.call_idx(),
             "args": args,
         });
-        let wait = WAIT_PER_REQUEST_S.min(self.max_wait.as_secs().max(1));
+        if let Value::Object(fields) = &mut submission {
+            fields.extend(calling.when.clone());
+        }
+        let trace = calling.trace;
+        let max_wait = calling.wait;
+        let wait = WAIT_PER_REQUEST_S.min(max_wait.as_secs().max(1));
         let prefer = format!("wait={wait}");
         let mut backoff = self.backoff;
         let mut tries = 0;
@@ -204,6 +230,7 @@ impl Bridge {
                     Some(&submission),
                     token,
                     Some(&prefer),
+                    trace,
                 )
                 .await;
             if matches!(&answer, Ok((StatusCode::SERVICE_UNAVAILABLE, _)))
@@ -223,7 +250,7 @@ impl Bridge {
                 let held = held_by_business_key(&body);
                 let (run, key) = held.as_ref().map_or((run, key), |(run, key)| (run, key));
                 let outcome = if status == StatusCode::ACCEPTED {
-                    self.follow(run, key, &body, token).await
+                    self.follow(run, key, &body, token, max_wait).await
                 } else {
                     settled(run, key, &body)
                 };
@@ -254,8 +281,9 @@ impl Bridge {
         key: &CommandKey,
         known: &Value,
         token: Option<&str>,
+        max_wait: Duration,
     ) -> Outcome {
-        let deadline = tokio::time::Instant::now() + self.max_wait;
+        let deadline = tokio::time::Instant::now() + max_wait;
         let mut known = known.clone();
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -294,7 +322,7 @@ impl Bridge {
     }
 
     /// `GET` one command, holding the answer up to `wait` seconds for it to settle.
-    async fn command(
+    pub async fn command(
         &self,
         run: &RunId,
         key: &CommandKey,
@@ -305,7 +333,26 @@ impl Bridge {
         if let Some(wait) = wait {
             path.push_str(&format!("?wait={wait}s"));
         }
-        self.call(Method::GET, &path, None, token, None).await
+        self.call(Method::GET, &path, None, token, None, None).await
+    }
+
+    /// Cancels one command (`POST …:cancel`, the API's cancel, which says whether it may), for
+    /// `reason`.
+    pub async fn cancel(
+        &self,
+        run: &RunId,
+        key: &CommandKey,
+        token: Option<&str>,
+        reason: &str,
+    ) -> Result<(StatusCode, Value), BridgeError> {
+        let path = format!(
+            "/v1/runs/{}/effects/{}:cancel",
+            segment(run.as_str()),
+            segment(key.as_str())
+        );
+        let body = json!({ "reason": reason });
+        self.call(Method::POST, &path, Some(&body), token, None, None)
+            .await
     }
 
     async fn call(
@@ -315,10 +362,17 @@ impl Bridge {
         body: Option<&Value>,
         token: Option<&str>,
         prefer: Option<&str>,
+        trace: Option<&TraceContext>,
     ) -> Result<(StatusCode, Value), BridgeError> {
         let mut request = self.http.request(method, format!("{}{path}", self.base));
         if let Some(token) = token {
             request = request.bearer_auth(token);
+        }
+        if let Some(trace) = trace {
+            request = request.header("traceparent", &trace.traceparent);
+            if let Some(tracestate) = &trace.tracestate {
+                request = request.header("tracestate", tracestate);
+            }
         }
         if let Some(prefer) = prefer {
             request = request.header("prefer", prefer);
@@ -378,7 +432,7 @@ fn found_by_business_key(mut outcome: Outcome, run: &RunId, key: &CommandKey) ->
 }
 
 /// The outcome of a command as it stands.
-fn settled(run: &RunId, key: &CommandKey, command: &Value) -> Outcome {
+pub(super) fn settled(run: &RunId, key: &CommandKey, command: &Value) -> Outcome {
     let status = command["status"].as_str().unwrap_or("UNKNOWN");
     let details = json!({
         "status": status,
@@ -412,7 +466,15 @@ fn settled(run: &RunId, key: &CommandKey, command: &Value) -> Outcome {
         ),
         "CANCELLED" => (
             true,
-            format!("it was cancelled and did not happen ({person})"),
+            match (
+                command["rejection"]["by"].as_str(),
+                command["rejection"]["reason"].as_str(),
+            ) {
+                (Some(by), Some(why)) => format!(
+                    "{by} rejected it and it did not happen ({person}): {why}. Do not call it again as it was: change what they objected to, or go on without it"
+                ),
+                _ => format!("it was cancelled and did not happen ({person})"),
+            },
         ),
         "COMPENSATING" | "COMPENSATED" | "NO_COMPENSATION" | "COMPENSATION_FAILED" => {
             (true, format!("it was rolled back ({status}, {person})"))
@@ -565,6 +627,29 @@ mod tests {
     }
 
     #[test]
+    fn a_rejection_tells_the_model_who_refused_and_why() {
+        let (run, key) = key();
+        let rejected = settled(
+            &run,
+            &key,
+            &json!({"status": "CANCELLED", "rejection": {"by": "alice", "reason": "wrong beneficiary", "at": "2026-12-07T10:00:00Z"}}),
+        );
+        assert!(rejected.is_error);
+        assert!(
+            rejected
+                .message
+                .contains("alice rejected it and it did not happen"),
+            "{}",
+            rejected.message
+        );
+        assert!(
+            rejected.message.contains(": wrong beneficiary."),
+            "{}",
+            rejected.message
+        );
+    }
+
+    #[test]
     fn drift_tells_the_model_what_re_driving_needs() {
         let (run, key) = key();
         let outcome = refusal(
@@ -620,6 +705,15 @@ mod tests {
         assert!(outcome.retry_same, "its position stays open: {outcome:?}");
     }
 
+    /// A call made now, waiting as long as [`quick`] lets it.
+    fn now() -> Calling<'static> {
+        Calling {
+            trace: None,
+            wait: Duration::from_secs(2),
+            when: serde_json::Map::new(),
+        }
+    }
+
     /// A bridge that retries a 503 without waiting long.
     fn quick(url: &str) -> Bridge {
         Bridge {
@@ -636,7 +730,9 @@ mod tests {
             json!({"error": {"code": "unknown_command", "message": "no command"}}),
         );
         let url = producer(unavailable(), not_found).await;
-        let outcome = quick(&url).run_call(&run, &key, json!({}), Some("t")).await;
+        let outcome = quick(&url)
+            .run_call(&run, &key, json!({}), Some("t"), &now())
+            .await;
         assert_eq!(
             outcome.details["status"],
             json!("NOT_RECORDED"),
@@ -655,7 +751,9 @@ mod tests {
             .expect("a port");
         let url = format!("http://{}", listener.local_addr().expect("an address"));
         drop(listener);
-        let outcome = quick(&url).run_call(&run, &key, json!({}), Some("t")).await;
+        let outcome = quick(&url)
+            .run_call(&run, &key, json!({}), Some("t"), &now())
+            .await;
         assert_eq!(
             outcome.details["status"],
             json!("UNANSWERED"),
@@ -670,7 +768,9 @@ mod tests {
         let (run, key) = key();
         let done = json!({"status": "CONFIRMED", "external_ref": "w-1", "result": {"id": "w-1"}});
         let url = producer(unavailable(), (axum::http::StatusCode::OK, done)).await;
-        let outcome = quick(&url).run_call(&run, &key, json!({}), Some("t")).await;
+        let outcome = quick(&url)
+            .run_call(&run, &key, json!({}), Some("t"), &now())
+            .await;
         assert_eq!(outcome.details["external_ref"], json!("w-1"), "{outcome:?}");
         assert!(!outcome.is_error && !outcome.retry_same, "{outcome:?}");
     }
@@ -683,7 +783,9 @@ mod tests {
             json!({"error": {"code": "argument_drift", "message": "m"}}),
         );
         let url = producer(drift, (axum::http::StatusCode::OK, leased())).await;
-        let outcome = quick(&url).run_call(&run, &key, json!({}), Some("t")).await;
+        let outcome = quick(&url)
+            .run_call(&run, &key, json!({}), Some("t"), &now())
+            .await;
         assert_eq!(outcome.details["status"], json!("REFUSED"), "{outcome:?}");
         assert!(outcome.is_error && !outcome.retry_same, "{outcome:?}");
     }
@@ -692,7 +794,9 @@ mod tests {
     async fn a_503_after_the_call_was_recorded_says_it_runs() {
         let (run, key) = key();
         let url = producer(unavailable(), (axum::http::StatusCode::OK, leased())).await;
-        let outcome = quick(&url).run_call(&run, &key, json!({}), Some("t")).await;
+        let outcome = quick(&url)
+            .run_call(&run, &key, json!({}), Some("t"), &now())
+            .await;
         says_recorded_and_running(&outcome);
     }
 
@@ -745,7 +849,9 @@ mod tests {
                 .expect("a port");
             let url = format!("http://{}", listener.local_addr().expect("an address"));
             tokio::spawn(async move { axum::serve(listener, app).await });
-            let outcome = quick(&url).run_call(&run, &key, json!({}), Some("t")).await;
+            let outcome = quick(&url)
+                .run_call(&run, &key, json!({}), Some("t"), &now())
+                .await;
             assert_eq!(outcome.details["status"], json!("CONFIRMED"), "{outcome:?}");
             assert_eq!(outcome.details["run_id"], json!("r-abc"), "{outcome:?}");
             assert_eq!(
@@ -766,7 +872,9 @@ mod tests {
     async fn a_503_while_following_a_recorded_call_says_it_runs() {
         let (run, key) = key();
         let url = producer((axum::http::StatusCode::ACCEPTED, leased()), unavailable()).await;
-        let outcome = quick(&url).run_call(&run, &key, json!({}), Some("t")).await;
+        let outcome = quick(&url)
+            .run_call(&run, &key, json!({}), Some("t"), &now())
+            .await;
         says_recorded_and_running(&outcome);
     }
 }

@@ -14,41 +14,50 @@
 //! `sluice mcp --transport http` started where `SLUICE_TOKEN` holds an admin token would
 //! otherwise make every local process an admin.
 //!
+//! **Protocol versions.** Every version `rmcp` knows, over both transports: the handshake
+//! versions (2024-11-05 … 2025-11-25), where `initialize` opens a session, and 2026-07-28,
+//! which over HTTP has none (`server/discover`, then self-contained requests: rmcp serves each
+//! with a fresh [`SluiceMcp`] and cancels it when the client drops its stream).
+//!
 //! **Runs and journal positions.** The run is the MCP session: one per `sluice mcp` process
 //! over stdio, one per `Mcp-Session-Id` over HTTP (`mcp-<session id>`), or the run a client
 //! names in a call's `_meta` (`dev.sluice/run_id`), which a re-driven HTTP client must do (its
-//! new session is a new default run). The journal position is kept per run *and conversation* (the process over stdio, the session
-//! over HTTP), so a new conversation naming a run re-drives it from the start: the same calls
-//! in the same order get the same keys and the stored results, over either transport. A
+//! new session is a new default run) and a client without a session always does. The journal
+//! position is kept per run *and conversation*: the process over stdio, the session over HTTP,
+//! or the conversation a call names (`dev.sluice/conversation`, [`conversations`]), which a
+//! client without a session keeps instead. So a new conversation naming a run re-drives it from
+//! the start: the same calls in the same order get the same keys and the stored results. A
 //! retry does not advance the journal: a call the client cancelled (its own timeout), or that
 //! Sluice could not answer, leaves its position to the same call again; and a client may name
-//! every position itself (`dev.sluice/call`, with `dev.sluice/decision`). The rule, and what
-//! two conversations sharing a run get, is in [`position`].
+//! every position itself (`dev.sluice/call`, with `dev.sluice/decision`), the same key on any
+//! replica. The rule, and what two conversations sharing a run get, is in [`position`]; where a
+//! call's position comes from, in [`handler`].
+//!
+//! **Tasks and traces.** A client that declares the MCP Tasks extension gets a task for a call
+//! that waits ([`tasks`]: the task is the command, read and cancelled through the API with the
+//! caller's token). A call's `_meta.traceparent` and `tracestate` go to the API as the W3C
+//! headers, so the effect joins the caller's trace.
 
 mod bridge;
+mod conversations;
+mod handler;
 mod position;
+mod tasks;
 
-use std::borrow::Cow;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
-    Tool, ToolAnnotations,
-};
-use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
-use serde_json::{Map, Value};
-use sluice_core::{RunId, ToolName};
+use rmcp::{ErrorData, ServiceExt};
+use sluice_core::RunId;
 use tokio_util::sync::CancellationToken;
 
 pub use bridge::{Bridge, BridgeError, ListedTool, Outcome, mcp_name};
-use position::{Call, Conversation};
+use conversations::Conversations;
+use position::Conversation;
 
 /// The `_meta` key naming the run of a call.
 pub const META_RUN_ID: &str = "dev.sluice/run_id";
@@ -57,6 +66,13 @@ pub const META_DECISION: &str = "dev.sluice/decision";
 /// The `_meta` key naming the call index of a call (its position among the calls of its tool
 /// in its decision).
 pub const META_CALL: &str = "dev.sluice/call";
+/// The `_meta` key naming the conversation a call is counted in, kept by the client: what a
+/// client without a session (MCP 2026-07-28 over HTTP) names instead of each position.
+pub const META_CONVERSATION: &str = "dev.sluice/conversation";
+/// The `_meta` key delaying a call's effect by this many milliseconds (SCHEDULED until then).
+pub const META_DELAY_MS: &str = "dev.sluice/delay_ms";
+/// The `_meta` key naming when a call's effect runs (an RFC 3339 time; SCHEDULED until then).
+pub const META_NOT_BEFORE: &str = "dev.sluice/not_before";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Transport {
@@ -138,6 +154,7 @@ pub async fn run(
         transport: args.transport,
         own_token,
         conversation: Arc::default(),
+        conversations: Arc::default(),
     };
     match args.transport {
         Transport::Stdio => {
@@ -157,7 +174,8 @@ pub async fn run(
                 .with_cancellation_token(shutdown.child_token())
                 .with_allowed_hosts(allowed)
                 .enforce_origin_validation();
-            // One server per session: each session is a conversation with its own journals.
+            // One server per session, each a conversation with its own journals (and one per
+            // request without a session, MCP 2026-07-28, whose calls name their positions).
             let service: StreamableHttpService<SluiceMcp, LocalSessionManager> =
                 StreamableHttpService::new(
                     move || Ok(server.new_conversation()),
@@ -193,6 +211,8 @@ pub struct SluiceMcp {
     own_token: Option<Secret>,
     /// The journal positions of this conversation's runs.
     conversation: Arc<Mutex<Conversation>>,
+    /// The conversations clients name (`dev.sluice/conversation`), shared by all sessions.
+    conversations: Arc<Conversations>,
 }
 
 impl SluiceMcp {
@@ -202,12 +222,6 @@ impl SluiceMcp {
             conversation: Arc::default(),
             ..self.clone()
         }
-    }
-
-    fn conversation(&self) -> std::sync::MutexGuard<'_, Conversation> {
-        self.conversation
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -289,265 +303,9 @@ async fn a_deleted_session_is_204(
     response
 }
 
-/// The error `initialize` answers when Sluice refuses the caller's token (or cannot be
-/// reached): the client shows it at connection, before any tool is listed. Never the token.
-fn unusable_token(error: &BridgeError, transport: Transport, url: &str) -> ErrorData {
-    let message = match error {
-        BridgeError::Refused { status: 401, .. } => match transport {
-            Transport::Stdio => format!(
-                "the token is not recognised by Sluice at {url}: set SLUICE_TOKEN (or --token) to a token of its [[auth.tokens]] (sluice dev prints one)"
-            ),
-            Transport::Http => format!(
-                "the bearer token is not recognised by Sluice at {url}: send a token of its [[auth.tokens]] in Authorization"
-            ),
-        },
-        other => format!("sluice mcp cannot check its token with Sluice: {other}"),
-    };
-    ErrorData::new(rmcp::model::ErrorCode(-32001), message, None)
-}
-
-/// What the HTTP transport knows of the caller: its bearer token and its session.
-fn http_caller(context: &RequestContext<RoleServer>) -> (Option<String>, Option<String>) {
-    let Some(parts) = context.extensions.get::<axum::http::request::Parts>() else {
-        return (None, None);
-    };
-    let session = parts
-        .headers
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    (bearer(&parts.headers), session)
-}
-
-/// A `_meta` field that must be a non-negative 32-bit integer.
-fn meta_index(
-    request: &CallToolRequestParams,
-    context: &RequestContext<RoleServer>,
-    key: &str,
-) -> Result<Option<u32>, ErrorData> {
-    meta_field(request, context, key)
-        .map(|value| {
-            value
-                .as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| {
-                    ErrorData::invalid_params(
-                        format!("_meta {key} must be a non-negative integer"),
-                        None,
-                    )
-                })
-        })
-        .transpose()
-}
-
-/// The run of a session: `mcp-` and the session id's characters a run id allows.
-fn session_run(session: &str) -> Option<RunId> {
-    let kept: String = session
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'))
-        .take(120)
-        .collect();
-    (!kept.is_empty())
-        .then(|| RunId::parse(&format!("mcp-{kept}")).ok())
-        .flatten()
-}
-
-fn meta_field<'m>(
-    request: &'m CallToolRequestParams,
-    context: &'m RequestContext<RoleServer>,
-    key: &str,
-) -> Option<&'m Value> {
-    request
-        .meta
-        .as_ref()
-        .and_then(|m| m.0.0.get(key))
-        .or_else(|| context.meta.0.0.get(key))
-}
-
-fn text_result(outcome: &Outcome) -> CallToolResult {
-    let mut details = outcome.details.clone();
-    if let Value::Object(map) = &mut details {
-        map.insert("message".into(), Value::String(outcome.message.clone()));
-    }
-    let content = vec![ContentBlock::text(details.to_string())];
-    let mut result = if outcome.is_error {
-        CallToolResult::error(content)
-    } else {
-        CallToolResult::success(content)
-    };
-    result.structured_content = Some(details);
-    result
-}
-
-fn describe(tool: &ListedTool) -> Tool {
-    let schema: Map<String, Value> = match &tool.schema {
-        Value::Object(map) => map.clone(),
-        _ => Map::new(),
-    };
-    let read_only = tool.semantics == "OBSERVE_ONLY";
-    let annotations = ToolAnnotations::new()
-        .read_only(read_only)
-        .destructive(!read_only)
-        .idempotent(tool.semantics != "NON_IDEMPOTENT")
-        .open_world(true);
-    Tool::new(
-        tool.mcp_name.clone(),
-        tool.description.clone(),
-        Arc::new(schema),
-    )
-    .with_annotations(annotations)
-}
-
-impl ServerHandler for SluiceMcp {
-    /// Over HTTP, the protocol versions that have sessions (an `initialize` handshake) only: a
-    /// session is the conversation journal positions are counted in, and the stateless
-    /// versions have none. A client that negotiates (the SDKs' default) falls back to one of
-    /// these; a request that comes without a session all the same must name its position.
-    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        match self.transport {
-            Transport::Stdio => Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS),
-            Transport::Http => Cow::Owned(
-                ProtocolVersion::KNOWN_VERSIONS
-                    .iter()
-                    .filter(|version| version.has_initialize())
-                    .cloned()
-                    .collect(),
-            ),
-        }
-    }
-
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("sluice", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "Every tool call is recorded in Sluice's ledger before it runs and is executed \
-                 once. A call that waits for a person (approval, or an outcome nobody can \
-                 determine) says so with its command key: do not repeat it.",
-            )
-    }
-
-    /// Checks the caller's token with Sluice first: a wrong token is refused here, with a
-    /// message the client shows, rather than at the first `tools/list` as an internal error.
-    async fn initialize(
-        &self,
-        request: rmcp::model::InitializeRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<rmcp::model::InitializeResult, ErrorData> {
-        let (bearer, _) = http_caller(&context);
-        let token = credential(self.transport, bearer, self.own_token.as_ref())?;
-        self.bridge
-            .check_token(token.as_deref())
-            .await
-            .map_err(|e| unusable_token(&e, self.transport, self.bridge.url()))?;
-        context.peer.set_peer_info(request.clone());
-        self.negotiate_initialize(&request)
-    }
-
-    async fn list_tools(
-        &self,
-        _request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ListToolsResult, ErrorData> {
-        let (bearer, _) = http_caller(&context);
-        let token = credential(self.transport, bearer, self.own_token.as_ref())?;
-        let tools = self
-            .bridge
-            .tools(token.as_deref())
-            .await
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-        Ok(ListToolsResult::with_all_items(
-            tools.iter().map(describe).collect(),
-        ))
-    }
-
-    async fn call_tool(
-        &self,
-        request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, ErrorData> {
-        let tool = request
-            .name
-            .split_once("__")
-            .and_then(|(namespace, name)| ToolName::from_parts(namespace, name).ok())
-            .ok_or_else(|| {
-                ErrorData::invalid_params(
-                    format!(
-                        "unknown tool {:?}: Sluice's tools are named namespace__name (tools/list)",
-                        request.name
-                    ),
-                    None,
-                )
-            })?;
-        let (bearer, session) = http_caller(&context);
-        let token = credential(self.transport, bearer, self.own_token.as_ref())?;
-        let run = match meta_field(&request, &context, META_RUN_ID) {
-            Some(raw) => {
-                let raw = raw.as_str().unwrap_or_default();
-                RunId::parse(raw).map_err(|e| {
-                    ErrorData::invalid_params(format!("_meta {META_RUN_ID}: {e}"), None)
-                })?
-            }
-            None => match (
-                self.run_id.clone(),
-                session.as_deref().and_then(session_run),
-            ) {
-                (Some(run), _) | (None, Some(run)) => run,
-                (None, None) => {
-                    return Err(ErrorData::invalid_params(
-                        format!(
-                            "no run for this call: name one in _meta[\"{META_RUN_ID}\"] (a sessionless client must), or start sluice mcp with --run-id"
-                        ),
-                        None,
-                    ));
-                }
-            },
-        };
-        let decision = meta_index(&request, &context, META_DECISION)?;
-        let index = meta_index(&request, &context, META_CALL)?;
-        let args = Value::Object(request.arguments.unwrap_or_default());
-        let placed = self
-            .conversation()
-            .place(Call {
-                run: &run,
-                tool: &tool,
-                decision,
-                index,
-                args: &args,
-                // Over HTTP a request outside any session has no order to count by.
-                ordered: self.transport == Transport::Stdio || session.is_some(),
-                abandoned: context.ct.clone(),
-            })
-            .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
-        let key = placed.key.clone();
-        let outcome = tokio::select! {
-            outcome = self.bridge.run_call(&run, &key, args, token.as_deref()) => outcome,
-            () = context.ct.cancelled() => {
-                // The client gave up on this request: nobody reads the answer, and the same
-                // call again is its retry, at this position.
-                self.conversation().finish(&placed, false);
-                tracing::info!(run_id = %run, command_key = %key, "mcp tool call cancelled by the client");
-                return Err(ErrorData::internal_error(
-                    format!("cancelled by the client; the same call again takes the same position ({key})"),
-                    None,
-                ));
-            }
-        };
-        self.conversation().finish(&placed, !outcome.retry_same);
-        tracing::info!(run_id = %run, command_key = %key, is_error = outcome.is_error, "mcp tool call");
-        Ok(text_result(&outcome).into())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_session_names_a_valid_run() {
-        let run = session_run("3f2a/9b+c=").expect("a run");
-        assert_eq!(run.as_str(), "mcp-3f2a9bc");
-        assert!(session_run("///").is_none());
-    }
 
     #[test]
     fn only_stdio_acts_with_the_process_s_token() {
@@ -586,7 +344,7 @@ mod tests {
 
     #[test]
     fn mcp_names_have_no_slash() {
-        let tool = ToolName::parse("payments/wire").expect("tool");
+        let tool = sluice_core::ToolName::parse("payments/wire").expect("tool");
         assert_eq!(mcp_name(&tool), "payments__wire");
     }
 }

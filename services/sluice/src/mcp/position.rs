@@ -21,8 +21,10 @@
 //!    arguments takes that position again instead of a new one. A call that was answered
 //!    (done, failed, refused, waiting for a person, still running) has spent its position;
 //!    the same call again is a new effect, as the model asked.
-//! 5. Without a conversation (a sessionless HTTP request) there is no order to count: the
-//!    call must name its index.
+//! 5. Without a conversation (an HTTP request outside a session, as MCP 2026-07-28 makes them)
+//!    there is no order to count: the call names its index, or the conversation it belongs to
+//!    (`dev.sluice/conversation`, [`super::conversations`]), which the client keeps instead of
+//!    a session.
 //!
 //! Two conversations that name one run (two agents sharing a run by mistake) walk the same
 //! positions: other arguments at a position are refused by Sluice as argument drift (409, the
@@ -65,7 +67,7 @@ pub struct Placed {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Misplaced {
     #[error(
-        "a call without an MCP session has no order to count positions by: name its index in _meta[\"dev.sluice/call\"] (and its run in _meta[\"dev.sluice/run_id\"])"
+        "a call without an MCP session has no order to count positions by: name its index in _meta[\"dev.sluice/call\"], or the conversation it belongs to in _meta[\"dev.sluice/conversation\"] (and its run in _meta[\"dev.sluice/run_id\"])"
     )]
     Unordered,
 }

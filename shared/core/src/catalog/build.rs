@@ -128,6 +128,7 @@ pub(super) fn build_tool(
     let policy = build_policy(&at, raw.policy, raw.semantics, &schema)?;
     let money = super::money::build_money(&at, raw.money, &schema)?;
     let event_args = super::events::build_events(&at, raw.events, &schema)?;
+    let rules = super::rules::build_tool_rules(raw.rule, file, &name, &schema)?;
     if policy.verify_after_refusal && raw.status_check.is_none() {
         return Err(CatalogError::MalformedTool {
             file: at.file(),
@@ -369,6 +370,7 @@ pub(super) fn build_tool(
         money,
         event_args: Arc::from(event_args),
         mcp: None,
+        rules: Arc::from(rules),
     })
 }
 

@@ -37,6 +37,14 @@ pub enum CatalogError {
         value: String,
         why: &'static str,
     },
+    /// A policy rule: `tool` is `None` for a catalog-wide `[[rule]]` refused on its own.
+    #[error("{file}: {}rule {rule}: {detail}", tool.as_ref().map(|tool| format!("tool {tool}: ")).unwrap_or_default())]
+    BadRule {
+        file: String,
+        tool: Option<String>,
+        rule: String,
+        detail: String,
+    },
     #[error("{file}: policy_version must not be empty")]
     EmptyPolicyVersion { file: String },
     #[error("{file}: tool {tool}: name {tool:?} is invalid: {why}")]

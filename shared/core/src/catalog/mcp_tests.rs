@@ -436,3 +436,36 @@ fn templates_index_arrays_the_schema_guarantees_and_rewrites_reach_inside_the_ar
             .is_ok()
     );
 }
+
+#[test]
+fn an_mcp_tool_takes_its_own_rules_and_the_catalog_rules_that_cover_it() {
+    let text = r#"
+        [[rule]]
+        name = "no-git-on-main"
+        tools = ["git/*"]
+        when = "args.repo_path == '/srv/main'"
+        then = "deny"
+        [[rule]]
+        name = "payments-only"
+        tools = ["payments/*"]
+        when = "true"
+        then = "deny"
+        [mcp_servers.git]
+        command = "mcp-server-git"
+        allow = ["git_commit"]
+        [[mcp_servers.git.tools.git_commit.rule]]
+        name = "long-message"
+        when = "args.message.size() > 1000"
+        then = "require_approval"
+    "#;
+    let catalog = Catalog::from_toml_str(text, "mcp.toml")
+        .and_then(|c| c.with_mcp_tools(&git_listing()))
+        .expect("valid");
+    let commit = catalog.resolve("git/git_commit").expect("listed");
+    let names: Vec<&str> = commit
+        .policy_rules()
+        .iter()
+        .map(|rule| rule.name())
+        .collect();
+    assert_eq!(names, ["long-message", "no-git-on-main"]);
+}

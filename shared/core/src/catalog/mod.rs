@@ -106,6 +106,10 @@
 //! [tool.events]
 //! include_args = ["currency"]       # top-level arguments its lifecycle events publish (none by
 //! #                                 # default; never one the schema marks writeOnly/password)
+//! [[tool.rule]]                     # policy rules in CEL (`rules`); `[[rule]]` at the top
+//! name = "large-eur"                # level for the catalog, with `tools = ["payments/*"]`
+//! when = "args.currency == 'EUR' && args.amount_minor > 100000"
+//! then = "require_approval"         # allow | require_approval | deny
 //! ```
 //!
 //! Templates (`business_key`, connector URLs, bodies, headers, query values) are literal text
@@ -139,6 +143,7 @@
 //! * `shape` — a request's body, headers, query and idempotency header.
 //! * `args` — argument checks against the schema.
 //! * `events` — `[tool.events]`: the arguments a tool publishes with its events.
+//! * `rules` — `[[rule]]` and `[[tool.rule]]`: CEL conditions, compiled and checked at load.
 //! * `raw` — the TOML as written.
 //! * `build` — the rules a tool must satisfy to load.
 //! * `tool` — a validated [`Tool`] and its state machine [`Rules`].
@@ -156,6 +161,7 @@ mod events;
 pub mod mcp;
 mod money;
 mod raw;
+mod rules;
 mod shape;
 mod template;
 mod tool;
@@ -188,6 +194,7 @@ pub use self::mcp::{
 };
 pub use self::money::{MAX_MINOR_UNITS, Money};
 use self::raw::{RawCatalog, describe};
+pub use self::rules::{MAX_RULE_SOURCE, RULE_VARIABLES, Rule, RuleEffect, RuleScope};
 pub use self::shape::{
     BodyTemplate, ContentType, DEFAULT_IDEMPOTENCY_HEADER, RequestShape, form_pairs, render_value,
 };
@@ -245,6 +252,8 @@ pub struct Catalog {
     mcp_listed: bool,
     /// `max_clock_skew_ms`, for the tools added later.
     clock_skew_ms: u64,
+    /// `[[rule]]`, attached to the tools added later that they cover.
+    catalog_rules: Vec<Arc<Rule>>,
 }
 
 /// Operator replays allowed over all of a run's commands unless the catalog says otherwise.
@@ -325,6 +334,7 @@ impl Catalog {
         let clock_skew_ms = raw.max_clock_skew_ms.unwrap_or(DEFAULT_MAX_CLOCK_SKEW_MS);
         let upstreams = upstream::build_upstreams(raw.upstream, file)?;
         let mcp_servers = mcp::build_servers(raw.mcp_servers, file, dir, &credentials, &variables)?;
+        let catalog_rules = rules::build_catalog_rules(raw.rule, file)?;
         let mut implicit = BTreeMap::new();
         let mut tools = Vec::with_capacity(raw.tool.len());
         let mut index = HashMap::with_capacity_and_hasher(raw.tool.len(), Default::default());
@@ -358,6 +368,8 @@ impl Catalog {
                 Joins::Named | Joins::ByDefault | Joins::Alone => {}
             }
             check_lease(&tool, file)?;
+            tool.rules =
+                rules::attach(&tool.rules, &catalog_rules, file, &tool.name, &tool.schema)?;
             if let Some(first) = index.insert(tool.name.clone(), position) {
                 return Err(CatalogError::DuplicateTool {
                     file: file.to_owned(),
@@ -383,6 +395,7 @@ impl Catalog {
             mcp_listed: mcp_servers.is_empty(),
             mcp_servers,
             clock_skew_ms,
+            catalog_rules,
         })
     }
 
@@ -431,7 +444,8 @@ impl Catalog {
                         ),
                     });
                 };
-                let tool = mcp::build_mcp_tool(server, listed, &names, &file, self.clock_skew_ms)?;
+                let mut tool =
+                    mcp::build_mcp_tool(server, listed, &names, &file, self.clock_skew_ms)?;
                 match tool.joins {
                     Joins::Named if !self.upstreams.contains_key(&tool.upstream) => {
                         return Err(CatalogError::MalformedTool {
@@ -451,6 +465,13 @@ impl Catalog {
                     Joins::Named | Joins::ByDefault | Joins::Alone => {}
                 }
                 check_lease(&tool, &file)?;
+                tool.rules = rules::attach(
+                    &tool.rules,
+                    &self.catalog_rules,
+                    &file,
+                    &tool.name,
+                    &tool.schema,
+                )?;
                 let position = self.tools.len();
                 if let Some(first) = self.index.insert(tool.name.clone(), position) {
                     return Err(CatalogError::DuplicateTool {

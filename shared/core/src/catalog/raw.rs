@@ -30,6 +30,9 @@ pub(super) struct RawCatalog {
     /// `[mcp_servers.<name>]`, each read on its own so its errors name it.
     #[serde(default)]
     pub(super) mcp_servers: BTreeMap<String, toml::Table>,
+    /// `[[rule]]`: catalog-wide policy rules, each read on its own so its errors name it.
+    #[serde(default)]
+    pub(super) rule: Vec<toml::Table>,
 }
 
 #[derive(Deserialize)]
@@ -60,6 +63,9 @@ pub(super) struct RawTool {
     /// `[tool.events]`: what its lifecycle events publish beyond the fixed projection.
     #[serde(default)]
     pub(super) events: super::events::RawEvents,
+    /// `[[tool.rule]]`: the tool's own policy rules.
+    #[serde(default)]
+    pub(super) rule: Vec<toml::Table>,
 }
 
 #[derive(Default, Deserialize)]

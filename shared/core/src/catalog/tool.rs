@@ -84,6 +84,8 @@ pub struct Tool {
     pub(super) event_args: Arc<[String]>,
     /// An upstream MCP server's tool: how its calls are made. `None` for an HTTP tool.
     pub(super) mcp: Option<Arc<super::mcp::McpBinding>>,
+    /// Its policy rules: its own `[[tool.rule]]`s, then the `[[rule]]`s that cover it.
+    pub(super) rules: Arc<[Arc<super::rules::Rule>]>,
 }
 
 /// How a tool came to its upstream.
@@ -150,6 +152,11 @@ impl Tool {
     /// The JSON Schema of the arguments, as declared.
     pub fn schema(&self) -> &Value {
         &self.schema
+    }
+
+    /// Its policy rules, its own first (`crate::policy` combines them).
+    pub fn policy_rules(&self) -> &[Arc<super::rules::Rule>] {
+        &self.rules
     }
 
     pub fn business_key_template(&self) -> Option<&Template> {

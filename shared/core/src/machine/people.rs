@@ -2,6 +2,7 @@
 //! `Cancel`, `Resolve`, `Replay`.
 
 use super::*;
+use crate::command::Rejection;
 
 /// `Event::Approve`.
 pub(super) fn approve(
@@ -48,6 +49,9 @@ pub(super) fn approve(
     }
 }
 
+/// How the audit chain opens a rejection's reason.
+const REJECTED: &str = "rejected: ";
+
 /// `Event::Reject`.
 pub(super) fn reject(a: &Apply<'_>, operator: &Operator) -> Result<Step, Refusal> {
     use CommandStatus as S;
@@ -56,7 +60,25 @@ pub(super) fn reject(a: &Apply<'_>, operator: &Operator) -> Result<Step, Refusal
     let next = a.next();
     let refuse = || a.refuse();
     match from {
-        S::Blocked => Ok(cancelled(next, from, rules, operator, now)),
+        S::Blocked => {
+            // The reason as the person wrote it; an event from a build before rejections were
+            // kept carries it already prefixed for the audit chain.
+            let written = operator
+                .reason
+                .strip_prefix(REJECTED)
+                .unwrap_or(&operator.reason);
+            let mut next = next;
+            next.rejection = Some(Box::new(Rejection {
+                by: operator.actor.clone(),
+                reason: written.to_owned(),
+                at: now,
+            }));
+            let with_reason = super::Operator {
+                actor: operator.actor.clone(),
+                reason: format!("{REJECTED}{written}"),
+            };
+            Ok(cancelled(next, from, rules, &with_reason, now))
+        }
         S::Scheduled
         | S::Pending
         | S::Approved

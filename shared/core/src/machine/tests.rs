@@ -835,6 +835,46 @@ fn compensation_records_its_end_after_the_handler_and_retries_are_bounded() {
 }
 
 #[test]
+fn a_rejection_keeps_who_and_why_for_the_agent_and_the_audit_says_rejected() {
+    for written in ["wrong beneficiary", "rejected: wrong beneficiary"] {
+        let step = apply(
+            &state_in(S::Blocked),
+            &wire_rules(),
+            &Event::Reject {
+                operator: op(written),
+            },
+            now(),
+        )
+        .expect("a BLOCKED command is rejected");
+        assert_eq!(step.to(), S::Cancelled);
+        let rejection = step.state.rejection.as_deref().expect("kept");
+        assert_eq!(
+            (
+                rejection.by.as_str(),
+                rejection.reason.as_str(),
+                rejection.at
+            ),
+            ("alice", "wrong beneficiary", now()),
+            "an event from an older build carries the audit's prefix: {written}"
+        );
+        assert_eq!(step.reason, "rejected: wrong beneficiary");
+    }
+    let cancelled = apply(
+        &state_in(S::Blocked),
+        &wire_rules(),
+        &Event::Cancel {
+            operator: op("not needed"),
+        },
+        now(),
+    )
+    .expect("cancelled");
+    assert_eq!(
+        cancelled.state.rejection, None,
+        "a cancel is not a rejection"
+    );
+}
+
+#[test]
 fn operator_actions_need_a_reason() {
     for event in [
         Event::Cancel { operator: op(" ") },

@@ -48,6 +48,9 @@ pub(in crate::catalog) struct RawMcpTool {
     events: crate::catalog::events::RawEvents,
     status_check: Option<RawMcpLookup>,
     compensate: Option<RawMcpCall>,
+    /// `[[mcp_servers.<name>.tools.<tool>.rule]]`: its policy rules, as `[[tool.rule]]`.
+    #[serde(default)]
+    rule: Vec<toml::Table>,
 }
 
 #[derive(Deserialize)]
@@ -206,6 +209,7 @@ pub(in crate::catalog) fn build_mcp_tool(
         raw.policy.verify_after_ms = Some(landing);
     }
     let policy = build_policy(&at, raw.policy, semantics, &schema)?;
+    let rules = crate::catalog::rules::build_tool_rules(raw.rule, file, &name, &schema)?;
     let money = crate::catalog::money::build_money(&at, raw.money, &schema)?;
     let event_args = crate::catalog::events::build_events(&at, raw.events, &schema)?;
     for (flag, key) in [
@@ -455,6 +459,7 @@ pub(in crate::catalog) fn build_mcp_tool(
         joins,
         money,
         event_args: Arc::from(event_args),
+        rules: Arc::from(rules),
         mcp: Some(Arc::new(McpBinding {
             server: server.name.clone(),
             tool: tool.name.clone(),
