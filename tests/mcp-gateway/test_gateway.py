@@ -1,0 +1,284 @@
+"""The gateway end to end: effects submitted to a real `sluice dev` whose catalog's
+`[mcp_servers.*]` are real third-party MCP servers (conftest.py), with faults injected between
+them, each outcome checked against the server's own state."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from conftest import ADMIN_TOKEN, AGENT_TOKEN, World, api, new_run, submit
+
+COMMIT_TEXT = re.compile(r"Changes committed successfully with hash ([0-9a-f]{40})")
+
+
+def stage(world: World, name: str) -> None:
+    """A change for git_commit to record (the server refuses to make an empty commit)."""
+    (world.repo / name).write_text(f"{name}\n")
+    world.git("add", name)
+
+
+def commits_with(world: World, text: str) -> list[str]:
+    """Commits whose message holds `text`, from the repository's own log."""
+    log = world.git("log", "--format=%H%x01%B%x00")
+    return [entry.split("\x01", 1)[0].strip() for entry in log.split("\0")
+            if "\x01" in entry and text in entry.split("\x01", 1)[1]]
+
+
+def result_text(command: dict[str, Any]) -> str:
+    return repr(command.get("result"))
+
+
+def key_line(command: dict[str, Any]) -> str:
+    return f"Sluice-Key: {command['idempotency_key']}"
+
+
+# ------------------------------------------------------------------ catalog ---
+
+def test_only_allowed_tools_are_exposed_with_semantics_from_annotations_or_the_catalog(world: World) -> None:
+    status, listing = api(world, "GET", "/v1/tools", AGENT_TOKEN)
+    assert status == 200, listing
+    tools = {tool["name"]: tool for tool in listing["tools"]}
+    mcp = {name for name in tools if name.split("/")[0] in ("git", "files", "memory")}
+    assert mcp == {
+        "git/git_status", "git/git_add", "git/git_log", "git/git_commit", "git/git_create_branch",
+        "git/git_branch", "files/write_file", "files/edit_file", "files/read_text_file",
+        "files/create_directory", "memory/create_entities", "memory/add_observations",
+        "memory/open_nodes", "memory/search_nodes",
+    }, "exactly the allow-lists; git_checkout, move_file, delete_entities… are not exposed"
+    # From the servers' annotations (readOnlyHint → OBSERVE_ONLY, idempotentHint → IDEMPOTENT):
+    assert tools["git/git_log"]["semantics"] == "OBSERVE_ONLY"
+    assert tools["git/git_commit"]["semantics"] == "NON_IDEMPOTENT"
+    assert tools["git/git_add"]["semantics"] == "IDEMPOTENT"
+    assert tools["files/write_file"]["semantics"] == "IDEMPOTENT"
+    assert tools["files/edit_file"]["semantics"] == "NON_IDEMPOTENT"
+    assert tools["memory/create_entities"]["semantics"] == "NON_IDEMPOTENT"
+    # … and the catalog's override over the server's idempotentHint = false:
+    assert tools["memory/add_observations"]["semantics"] == "IDEMPOTENT"
+    assert tools["git/git_commit"]["status_check"] is True
+    assert tools["memory/create_entities"]["status_check"] is False
+    # The server's own input schema is the tool's.
+    assert set(tools["git/git_commit"]["args_schema"]["required"]) == {"repo_path", "message"}
+
+
+def test_a_tool_not_allowed_cannot_be_called(world: World) -> None:
+    head = world.git("rev-parse", "HEAD")
+    status, answer = api(world, "POST", "/v1/effects", AGENT_TOKEN, {
+        "run_id": new_run(), "decision": 1, "tool": "git/git_checkout", "call_idx": 0,
+        "args": {"repo_path": str(world.repo), "branch_name": "main"}})
+    assert status == 404, answer
+    assert world.git("rev-parse", "HEAD") == head
+    assert world.git_faults.calls("git_checkout") == [], "nothing reached the server"
+
+
+def test_arguments_are_checked_against_the_servers_schema(world: World) -> None:
+    status, answer = api(world, "POST", "/v1/effects", AGENT_TOKEN, {
+        "run_id": new_run(), "decision": 1, "tool": "git/git_commit", "call_idx": 0,
+        "args": {"repo_path": str(world.repo)}})
+    assert status == 422, answer
+    assert "message" in repr(answer)
+
+
+# ---------------------------------------------------------------------- git ---
+
+def test_a_commit_carries_its_key_and_a_re_driven_call_gets_the_stored_result(world: World) -> None:
+    stage(world, "once.txt")
+    run = new_run()
+    args = {"repo_path": str(world.repo), "message": "add once.txt"}
+    done = submit(world, run, "git/git_commit", args)
+    assert done["status"] == "CONFIRMED", done
+    (sha,) = commits_with(world, key_line(done))
+    assert sha in result_text(done), "the result is the server's answer"
+    message = world.git("log", "-1", "--format=%B", sha)
+    assert message.startswith("add once.txt\n\nSluice-Key: "), "set_arguments rewrote the message"
+    (call,) = world.git_faults.calls("git_commit", done["idempotency_key"])
+    meta = call["meta"]["_meta"]
+    assert meta["dev.sluice/run_id"] == run
+    assert meta["dev.sluice/command_key"] == done["command_key"]
+
+    # The same run and position again: the stored result, no second call, no second commit.
+    stage(world, "twice.txt")
+    again = submit(world, run, "git/git_commit", args)
+    assert again["command_key"] == done["command_key"] and again["status"] == "CONFIRMED"
+    assert again["result"] == done["result"]
+    assert len(world.git_faults.calls("git_commit", done["idempotency_key"])) == 1
+    assert len(commits_with(world, key_line(done))) == 1
+    assert "twice.txt" in world.git("diff", "--cached", "--name-only"), "still staged, not committed"
+    world.git("reset", "-q")
+    (world.repo / "twice.txt").unlink()
+
+
+def test_a_commit_whose_answer_is_dropped_is_looked_up_and_confirmed_once(world: World) -> None:
+    stage(world, "dropped.txt")
+    (rule,) = world.git_faults.set({"tool": "git_commit", "nth": 1, "action": "drop"})
+    done = submit(world, new_run(), "git/git_commit", {"repo_path": str(world.repo), "message": "dropped answer"})
+    world.git_faults.clear()
+    assert world.git_faults.fired(rule) == ["armed", "dropped"], "the fault happened"
+    assert done["status"] == "CONFIRMED", done
+    assert done.get("ambiguous_before") is True, "it went through UNKNOWN"
+    assert len(commits_with(world, key_line(done))) == 1, "exactly one commit"
+    assert len(world.git_faults.calls("git_commit", done["idempotency_key"])) == 1, "never sent twice"
+    assert world.git_faults.calls("git_log"), "the lookup went through git_log"
+
+
+def test_a_commit_whose_server_is_killed_mid_call_is_confirmed_once(world: World) -> None:
+    stage(world, "killed.txt")
+    (rule,) = world.git_faults.set({"tool": "git_commit", "nth": 1, "action": "kill"})
+    done = submit(world, new_run(), "git/git_commit", {"repo_path": str(world.repo), "message": "killed mid-call"})
+    world.git_faults.clear()
+    assert world.git_faults.fired(rule) == ["armed", "killed"]
+    assert done["status"] == "CONFIRMED", done
+    assert len(commits_with(world, key_line(done))) == 1
+    assert len(world.git_faults.calls("git_commit", done["idempotency_key"])) == 1
+    # The server was started again for the lookup (and runs on).
+    assert sum(1 for e in world.git_faults.events() if e["event"] == "started") >= 2
+
+
+def test_a_server_killed_before_it_acted_is_found_absent_and_called_again(world: World) -> None:
+    stage(world, "early.txt")
+    # Killed the moment the request is written: git_commit cannot have finished by then
+    # (GitPython first reads the index); the lookup finds nothing and the commit is sent again.
+    (rule,) = world.git_faults.set({"tool": "git_commit", "nth": 1, "action": "kill", "when": "request"})
+    done = submit(world, new_run(), "git/git_commit", {"repo_path": str(world.repo), "message": "killed early"})
+    world.git_faults.clear()
+    assert world.git_faults.fired(rule) == ["armed", "killed"]
+    assert done["status"] == "CONFIRMED", done
+    assert len(commits_with(world, key_line(done))) == 1, "exactly one commit, whichever way it went"
+
+
+def test_is_error_reads_as_refused_and_nothing_is_committed(world: World) -> None:
+    head = world.git("rev-parse", "HEAD")
+    assert world.git("diff", "--cached", "--name-only") == ""
+    done = submit(world, new_run(), "git/git_commit", {"repo_path": str(world.repo), "message": "nothing staged"})
+    assert done["status"] == "FAILED", done
+    assert "No changes staged" in repr(done), "the server's message is kept"
+    assert world.git("rev-parse", "HEAD") == head
+
+
+def test_the_models_own_key_argument_is_overwritten_with_the_key(world: World) -> None:
+    done = submit(world, new_run(), "git/git_create_branch",
+                  {"repo_path": str(world.repo), "branch_name": "the-models-own-name"})
+    assert done["status"] == "CONFIRMED", done
+    branches = world.git("branch", "--format=%(refname:short)").split()
+    assert done["idempotency_key"] in branches
+    assert "the-models-own-name" not in branches
+    (call,) = world.git_faults.calls("git_create_branch", done["idempotency_key"])
+    assert call["meta"]["arguments"]["branch_name"] == done["idempotency_key"]
+
+
+# --------------------------------------------------------------- filesystem ---
+
+def test_write_file_whose_answer_is_dropped_is_found_by_its_content(world: World) -> None:
+    path = world.files / "notes.txt"
+    content = f"written once {new_run()}\n"
+    (rule,) = world.fs_faults.set({"tool": "write_file", "nth": 1, "action": "drop"})
+    done = submit(world, new_run(), "files/write_file", {"path": str(path), "content": content})
+    world.fs_faults.clear()
+    assert world.fs_faults.fired(rule) == ["armed", "dropped"]
+    assert done["status"] == "CONFIRMED", done
+    assert path.read_text() == content
+    assert len(world.fs_faults.calls("write_file", done["idempotency_key"])) == 1, "found, not re-sent"
+    assert world.fs_faults.calls("read_text_file"), "looked up through read_text_file"
+
+
+def test_edit_file_with_no_lookup_whose_answer_is_dropped_waits_for_a_person(world: World) -> None:
+    path = world.files / "list.txt"
+    path.write_text("one\nEND\n")
+    (rule,) = world.fs_faults.set({"tool": "edit_file", "nth": 1, "action": "drop"})
+    done = submit(world, new_run(), "files/edit_file",
+                  {"path": str(path), "edits": [{"oldText": "END", "newText": "two\nEND"}]})
+    assert world.fs_faults.fired(rule) == ["armed", "dropped"]
+    assert done["status"] == "STUCK", done
+    # NON_IDEMPOTENT, no lookup: never called blindly again — the edit is in the file once.
+    time.sleep(1)
+    world.fs_faults.clear()
+    assert len(world.fs_faults.calls("edit_file", done["idempotency_key"])) == 1
+    assert path.read_text() == "one\ntwo\nEND\n"
+
+
+def test_a_path_outside_the_allowed_directory_is_refused(world: World) -> None:
+    outside = world.root / "outside.txt"
+    done = submit(world, new_run(), "files/write_file", {"path": str(outside), "content": "no"})
+    assert done["status"] == "FAILED", done
+    assert not outside.exists()
+
+
+# ------------------------------------------------------- memory, over HTTP ---
+
+def entities(world: World) -> list[dict[str, Any]]:
+    return [line for line in world.graph() if line["type"] == "entity"]
+
+
+def test_create_entities_over_http(world: World) -> None:
+    name = f"person-{new_run()}"
+    done = submit(world, new_run(), "memory/create_entities",
+                  {"entities": [{"name": name, "entityType": "person", "observations": ["likes tea"]}]})
+    assert done["status"] == "CONFIRMED", done
+    assert [e["observations"] for e in entities(world) if e["name"] == name] == [["likes tea"]]
+    (call,) = world.memory_faults.calls("create_entities", done["idempotency_key"])
+    assert call["meta"]["_meta"]["dev.sluice/command_key"] == done["command_key"]
+
+
+def test_create_entities_whose_answer_is_dropped_over_http_waits_for_a_person(world: World) -> None:
+    name = f"dropped-{new_run()}"
+    (rule,) = world.memory_faults.set({"tool": "create_entities", "nth": 1, "action": "drop"})
+    done = submit(world, new_run(), "memory/create_entities",
+                  {"entities": [{"name": name, "entityType": "person", "observations": []}]})
+    world.memory_faults.clear()
+    assert world.memory_faults.fired(rule) == ["armed", "dropped"]
+    assert done["status"] == "STUCK", done
+    assert len([e for e in entities(world) if e["name"] == name]) == 1, "the server acted once"
+    assert len(world.memory_faults.calls("create_entities", done["idempotency_key"])) == 1
+
+
+def test_an_observation_declared_idempotent_is_sent_again_after_a_kill_and_kept_once(world: World) -> None:
+    name = f"obs-{new_run()}"
+    assert submit(world, new_run(), "memory/create_entities",
+                  {"entities": [{"name": name, "entityType": "person", "observations": []}]})["status"] == "CONFIRMED"
+    (rule,) = world.memory_faults.set({"tool": "add_observations", "nth": 1, "action": "kill"})
+    done = submit(world, new_run(), "memory/add_observations",
+                  {"observations": [{"entityName": name, "contents": ["met on tuesday"]}]})
+    world.memory_faults.clear()
+    assert world.memory_faults.fired(rule) == ["armed"]
+    assert done["status"] == "CONFIRMED", done
+    assert len(world.memory_faults.calls("add_observations", done["idempotency_key"])) == 2, "sent again"
+    (entity,) = [e for e in entities(world) if e["name"] == name]
+    assert entity["observations"] == ["met on tuesday"], "kept once by the server"
+
+
+# ------------------------------------------------------------- sluice mcp ---
+
+def test_git_through_sluice_mcp(world: World) -> None:
+    """A model's MCP client (the official Python SDK) calling the git server's tools through
+    `sluice mcp`: namespaced as `git__git_commit`, recorded and keyed like any other call."""
+    import anyio
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    from conftest import SLUICE
+
+    stage(world, "via-mcp.txt")
+    run = new_run()
+
+    async def session_calls() -> tuple[set[str], Any]:
+        params = StdioServerParameters(
+            command=SLUICE, args=["mcp", "--url", world.url, "--run-id", run, "--max-wait-s", "30"],
+            env={"SLUICE_TOKEN": AGENT_TOKEN, "RUST_LOG": "warn"})
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                names = {tool.name for tool in (await session.list_tools()).tools}
+                result = await session.call_tool(
+                    "git__git_commit", {"repo_path": str(world.repo), "message": "through sluice mcp"})
+                return names, result
+
+    names, result = anyio.run(session_calls)
+    assert {"git__git_commit", "git__git_log", "memory__create_entities", "files__write_file"} <= names
+    assert "git__git_checkout" not in names
+    assert not (getattr(result, "is_error", None) or getattr(result, "isError", None)), result
+    status, listing = api(world, "GET", f"/v1/runs/{run}/effects", ADMIN_TOKEN)
+    assert status == 200
+    (effect,) = listing["effects"]
+    assert effect["tool"] == "git/git_commit" and effect["status"] == "CONFIRMED"
+    assert len(commits_with(world, key_line(effect))) == 1
