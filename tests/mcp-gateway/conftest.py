@@ -32,6 +32,7 @@ SLUICE = os.environ.get("SLUICE_BIN") or str(REPO / "target" / "debug" / "sluice
 WRAPPER = HERE / "faults" / "wrapper.py"
 PROXY = HERE / "faults" / "proxy.py"
 AGENT_TOKEN = "gw-agent-token-0123456789"
+GIT_SECRET = f"gw-git-secret-{uuid.uuid4().hex}"
 ADMIN_TOKEN = "gw-admin-token-0123456789"
 # How long a test waits for an effect to settle (the suite's whole budget is a few minutes).
 SETTLE_S = 45
@@ -133,18 +134,27 @@ class World:
 
 def catalog(bin_dir: pathlib.Path, repo: pathlib.Path, files: pathlib.Path, memory_url: str,
             git_faults: Faults, fs_faults: Faults) -> str:
-    git_args = [str(WRAPPER), "--control", str(git_faults.path), "--", str(bin_dir / "mcp-server-git"),
+    git_args = [str(WRAPPER), "--control", str(git_faults.path), "--env-digest", "GIT_SERVICE_TOKEN",
+                "--env-digest", "SLUICE_GW_GIT_SECRET", "--",
+                str(bin_dir / "mcp-server-git"),
                 "--repository", str(repo)]
     fs_args = [str(WRAPPER), "--control", str(fs_faults.path), "--", str(bin_dir / "mcp-server-filesystem"),
                str(files)]
     # Quick settling for tests: the reconciler looks an UNKNOWN up at once, a few times.
     quick = "max_attempts = 2, max_checks = 3, settle_ms = 0, timeout_ms = 10000"
     return f"""
+# A secret the git server gets in its environment (mcp-server-git needs none; the wrapper
+# reports its digest, so the test sees it arrive and can look for it where it must not be).
+[credentials.git_service]
+kind = "bearer"
+token = {{ env = "SLUICE_GW_GIT_SECRET" }}
+
 # mcp-server-git (PyPI) over stdio, through the fault wrapper.
 [mcp_servers.git]
 command = {toml_str(sys.executable)}
 args = {toml_list(git_args)}
 env = {{ GIT_AUTHOR_NAME = "Sluice", GIT_AUTHOR_EMAIL = "sluice@example.com", GIT_COMMITTER_NAME = "Sluice", GIT_COMMITTER_EMAIL = "sluice@example.com" }}
+env_credentials = {{ GIT_SERVICE_TOKEN = "git_service" }}
 timeout_ms = 10000
 allow = ["git_status", "git_add", "git_log", "git_commit", "git_create_branch", "git_branch"]
 
@@ -276,7 +286,8 @@ token = "{ADMIN_TOKEN}"
 """)
     log = root / "sluice-dev.log"
     # The servers' programs on PATH too, as an operator's catalog would name them.
-    env = {**os.environ, "RUST_BACKTRACE": "0", "PATH": f"{servers}:{os.environ.get('PATH', '')}"}
+    env = {**os.environ, "RUST_BACKTRACE": "0", "PATH": f"{servers}:{os.environ.get('PATH', '')}",
+           "SLUICE_GW_GIT_SECRET": GIT_SECRET}
     with log.open("wb") as sink:
         dev = subprocess.Popen(
             [SLUICE, "dev", "--config", str(root / "sluice.toml"), "--log-level", "info"],

@@ -4,11 +4,12 @@ them, each outcome checked against the server's own state."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from typing import Any
 
-from conftest import ADMIN_TOKEN, AGENT_TOKEN, World, api, new_run, submit
+from conftest import ADMIN_TOKEN, AGENT_TOKEN, GIT_SECRET, World, api, new_run, submit
 
 COMMIT_TEXT = re.compile(r"Changes committed successfully with hash ([0-9a-f]{40})")
 
@@ -282,3 +283,27 @@ def test_git_through_sluice_mcp(world: World) -> None:
     (effect,) = listing["effects"]
     assert effect["tool"] == "git/git_commit" and effect["status"] == "CONFIRMED"
     assert len(commits_with(world, key_line(effect))) == 1
+
+
+# ---------------------------------------------------------------- secrets ---
+
+def test_a_servers_credential_reaches_it_and_nowhere_else(world: World) -> None:
+    stage(world, "secret.txt")
+    run = new_run()
+    done = submit(world, run, "git/git_commit", {"repo_path": str(world.repo), "message": "with a secret"})
+    assert done["status"] == "CONFIRMED", done
+    digest = hashlib.sha256(GIT_SECRET.encode()).hexdigest()
+    started = [e for e in world.git_faults.events() if e["event"] == "started"]
+    assert started and all(e["env_sha256"].get("GIT_SERVICE_TOKEN") == digest for e in started), \
+        "env_credentials gave the server its secret"
+    assert all("SLUICE_GW_GIT_SECRET" not in e["env_sha256"] for e in started), \
+        "the server is not handed Sluice's own environment, where the secret came from"
+    seen = {
+        "the effect and its evidence": repr(api(world, "GET", f"/v1/runs/{run}/effects")[1]),
+        "the audit chain": repr(api(world, "GET", f"/v1/runs/{run}/audit")[1]),
+        "the tools listing": repr(api(world, "GET", "/v1/tools")[1]),
+        "sluice dev's log": world.log.read_text(errors="replace"),
+        "what the server was sent": repr(world.git_faults.events()),
+    }
+    for where, text in seen.items():
+        assert GIT_SECRET not in text, f"the secret is in {where}"

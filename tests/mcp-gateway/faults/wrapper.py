@@ -2,16 +2,19 @@
 """A stdio fault wrapper: sits between Sluice and a real stdio MCP server and injects the faults
 a test chose in a control file (see rules.py). Usage:
 
-    wrapper.py --control FILE -- COMMAND [ARGS...]
+    wrapper.py --control FILE [--env-digest NAME]... -- COMMAND [ARGS...]
 
 It starts COMMAND, passes every newline-delimited JSON-RPC message through unchanged both ways
 (stderr is the server's own), and only for a `tools/call` a rule fires on does it withhold the
 answer and close the stream, or kill the server. Without --control (or with a control file that
-names no rule for a tool) it is a plain pipe. Standard library only.
+names no rule for a tool) it is a plain pipe. `--env-digest NAME` logs the SHA-256 of the
+environment variable NAME as the server receives it (never the value): how a test sees that a
+credential reached the server without the secret being written anywhere. Standard library only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -27,8 +30,13 @@ from rules import Fault, Rules, call_of, id_key, meta_of
 def main() -> None:
     argv = sys.argv[1:]
     control = None
-    if argv[:1] == ["--control"]:
-        control, argv = argv[1], argv[2:]
+    digests: list[str] = []
+    while argv[:1] in (["--control"], ["--env-digest"]):
+        if argv[0] == "--control":
+            control = argv[1]
+        else:
+            digests.append(argv[1])
+        argv = argv[2:]
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
@@ -36,7 +44,9 @@ def main() -> None:
     rules = Rules(control or os.environ.get("SLUICE_FAULT_CONTROL"))
     server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert server.stdin is not None and server.stdout is not None
-    rules.log("started", server_pid=server.pid, command=argv[0])
+    rules.log("started", server_pid=server.pid, command=argv[0],
+              env_sha256={name: hashlib.sha256(os.environ[name].encode()).hexdigest()
+                          for name in digests if name in os.environ})
     pending: dict[str, Fault] = {}
     lock = threading.Lock()
     out = sys.stdout.buffer
