@@ -105,19 +105,7 @@ pub(super) fn build_tool(
     let name_text = name.to_string();
 
     let (schema, schema_key) = load_schema(&at, raw.schema, raw.schema_file, schemas)?;
-    let validator = jsonschema::options()
-        .should_validate_formats(true)
-        .build(&schema)
-        .map_err(|error| CatalogError::InvalidSchema {
-            file: at.file(),
-            tool: at.tool(),
-            key: schema_key,
-            // The path inside the schema document: `/properties/amount/minimum`.
-            detail: bounded(match error.instance_path().as_str() {
-                "" => error.to_string(),
-                path => format!("{path}: {error}"),
-            }),
-        })?;
+    let validator = compile_schema(&at, &schema, schema_key)?;
     if schema.get("type") != Some(&Value::String("object".into())) {
         return Err(CatalogError::SchemaNotObject {
             file: at.file(),
@@ -380,7 +368,29 @@ pub(super) fn build_tool(
         joins,
         money,
         event_args: Arc::from(event_args),
+        mcp: None,
     })
+}
+
+/// Compiles a tool's argument schema, with `format` assertions on.
+pub(super) fn compile_schema(
+    at: &At<'_>,
+    schema: &Value,
+    key: &'static str,
+) -> Result<jsonschema::Validator, CatalogError> {
+    jsonschema::options()
+        .should_validate_formats(true)
+        .build(schema)
+        .map_err(|error| CatalogError::InvalidSchema {
+            file: at.file(),
+            tool: at.tool(),
+            key,
+            // The path inside the schema document: `/properties/amount/minimum`.
+            detail: bounded(match error.instance_path().as_str() {
+                "" => error.to_string(),
+                path => format!("{path}: {error}"),
+            }),
+        })
 }
 
 pub(super) fn load_schema(
@@ -596,7 +606,7 @@ fn only_in(
 }
 
 /// A JSON pointer: empty (the whole document) or starting with `/`.
-fn check_pointer(at: &At<'_>, key: &str, pointer: &str) -> Result<(), CatalogError> {
+pub(super) fn check_pointer(at: &At<'_>, key: &str, pointer: &str) -> Result<(), CatalogError> {
     if pointer.is_empty() || pointer.starts_with('/') {
         return Ok(());
     }
@@ -616,7 +626,7 @@ fn check_pointer(at: &At<'_>, key: &str, pointer: &str) -> Result<(), CatalogErr
 }
 
 /// How the status check's answers are read: what the tool declares, nothing more.
-fn build_answers(
+pub(super) fn build_answers(
     at: &At<'_>,
     raw: &mut RawEndpoint,
     dispatch_reference: &ReferenceSource,

@@ -270,6 +270,21 @@ pub enum CatalogError {
         key: String,
         detail: String,
     },
+    /// An `[mcp_servers.<name>]` declaration, or what the server listed, cannot be used.
+    #[error("{file}: mcp server {server}: {detail}")]
+    McpServer {
+        file: String,
+        server: String,
+        detail: String,
+    },
+    /// One tool of an MCP server cannot be exposed as declared.
+    #[error("{file}: mcp server {server}: tool {tool}: {detail}")]
+    McpTool {
+        file: String,
+        server: String,
+        tool: String,
+        detail: String,
+    },
     #[error("unknown tool {tool}")]
     UnknownTool { tool: ToolName },
     #[error(transparent)]

@@ -145,6 +145,7 @@ mod credential;
 mod endpoint;
 mod error;
 mod events;
+pub mod mcp;
 mod money;
 mod raw;
 mod shape;
@@ -153,6 +154,8 @@ mod tool;
 pub mod upstream;
 mod variables;
 
+#[cfg(test)]
+mod mcp_tests;
 #[cfg(test)]
 mod tests;
 
@@ -171,6 +174,10 @@ pub use self::endpoint::{
     DispatchConnector, HttpEndpoint, HttpMethod, MatchList, ReferenceSource, StatusAnswers,
 };
 pub use self::error::CatalogError;
+pub use self::mcp::{
+    ListedTool, McpBinding, McpCall, McpLookup, McpServer, McpTransport, OnError, SemanticsSource,
+    StdioCommand, ToolHints, semantics_from_hints,
+};
 pub use self::money::{MAX_MINOR_UNITS, Money};
 use self::raw::{RawCatalog, describe};
 pub use self::shape::{
@@ -224,6 +231,12 @@ pub struct Catalog {
     /// The upstreams of tools naming none that the catalog does not declare, by host (or
     /// tool name): the default breaker, no limit.
     implicit: BTreeMap<String, crate::flow::UpstreamSpec>,
+    /// `[mcp_servers.<name>]`, by name.
+    mcp_servers: Vec<McpServer>,
+    /// Their tools were added ([`Catalog::with_mcp_tools`]).
+    mcp_listed: bool,
+    /// `max_clock_skew_ms`, for the tools added later.
+    clock_skew_ms: u64,
 }
 
 /// Operator replays allowed over all of a run's commands unless the catalog says otherwise.
@@ -303,6 +316,7 @@ impl Catalog {
         let credentials = build_credentials(raw.credentials, file, dir)?;
         let clock_skew_ms = raw.max_clock_skew_ms.unwrap_or(DEFAULT_MAX_CLOCK_SKEW_MS);
         let upstreams = upstream::build_upstreams(raw.upstream, file)?;
+        let mcp_servers = mcp::build_servers(raw.mcp_servers, file, dir, &credentials, &variables)?;
         let mut implicit = BTreeMap::new();
         let mut tools = Vec::with_capacity(raw.tool.len());
         let mut index = HashMap::with_capacity_and_hasher(raw.tool.len(), Default::default());
@@ -358,7 +372,91 @@ impl Catalog {
             credentials,
             upstreams,
             implicit,
+            mcp_listed: mcp_servers.is_empty(),
+            mcp_servers,
+            clock_skew_ms,
         })
+    }
+
+    /// The declared upstream MCP servers (`[mcp_servers.<name>]`).
+    pub fn mcp_servers(&self) -> &[McpServer] {
+        &self.mcp_servers
+    }
+
+    /// Whether every declared MCP server's tools are in the catalog (always, without servers).
+    pub fn mcp_listed(&self) -> bool {
+        self.mcp_listed
+    }
+
+    /// Adds the allowed tools of every declared MCP server, from what each listed
+    /// (`listings`, by server name), after the catalog's own tools. Pure: the listing is the
+    /// connector's IO. An allowed tool a server does not list, a server without a listing, or
+    /// a tool that cannot be built is an error naming the file, the server and the tool; a
+    /// listed tool that is not allowed is left out.
+    pub fn with_mcp_tools(
+        mut self,
+        listings: &BTreeMap<String, Vec<ListedTool>>,
+    ) -> Result<Self, CatalogError> {
+        if self.mcp_listed {
+            return Ok(self);
+        }
+        let file = self.source_name.clone();
+        for server in &self.mcp_servers {
+            let Some(listing) = listings.get(&server.name) else {
+                return Err(CatalogError::McpServer {
+                    file,
+                    server: server.name.clone(),
+                    detail: "its tools were not listed".into(),
+                });
+            };
+            let names: std::collections::BTreeSet<&str> =
+                listing.iter().map(|tool| tool.name.as_str()).collect();
+            for allowed in &server.allow {
+                let Some(listed) = listing.iter().find(|tool| &tool.name == allowed) else {
+                    return Err(CatalogError::McpTool {
+                        file,
+                        server: server.name.clone(),
+                        tool: allowed.clone(),
+                        detail: format!(
+                            "allowed, but the server does not list it (it lists {})",
+                            names.iter().copied().collect::<Vec<_>>().join(", ")
+                        ),
+                    });
+                };
+                let tool = mcp::build_mcp_tool(server, listed, &names, &file, self.clock_skew_ms)?;
+                match tool.joins {
+                    Joins::Named if !self.upstreams.contains_key(&tool.upstream) => {
+                        return Err(CatalogError::MalformedTool {
+                            file,
+                            tool: tool.name.to_string(),
+                            detail: format!(
+                                "upstream {:?} is not declared: add [upstream.{}] or leave the key out",
+                                tool.upstream, tool.upstream
+                            ),
+                        });
+                    }
+                    Joins::ByDefault if !self.upstreams.contains_key(&tool.upstream) => {
+                        self.implicit
+                            .entry(tool.upstream.clone())
+                            .or_insert_with(|| upstream::by_default(&tool.upstream));
+                    }
+                    Joins::Named | Joins::ByDefault | Joins::Alone => {}
+                }
+                check_lease(&tool, &file)?;
+                let position = self.tools.len();
+                if let Some(first) = self.index.insert(tool.name.clone(), position) {
+                    return Err(CatalogError::DuplicateTool {
+                        file,
+                        tool: tool.name.to_string(),
+                        first: first + 1,
+                        second: position + 1,
+                    });
+                }
+                self.tools.push(tool);
+            }
+        }
+        self.mcp_listed = true;
+        Ok(self)
     }
 
     /// The catalog's named credentials.

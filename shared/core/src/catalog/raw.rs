@@ -27,6 +27,9 @@ pub(super) struct RawCatalog {
     /// Kept as tables so each entry is deserialized on its own and its errors name the tool.
     #[serde(default)]
     pub(super) tool: Vec<toml::Table>,
+    /// `[mcp_servers.<name>]`, each read on its own so its errors name it.
+    #[serde(default)]
+    pub(super) mcp_servers: BTreeMap<String, toml::Table>,
 }
 
 #[derive(Deserialize)]

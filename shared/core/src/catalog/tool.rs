@@ -82,6 +82,8 @@ pub struct Tool {
     pub(super) money: std::collections::BTreeMap<String, super::money::Money>,
     /// `[tool.events] include_args`: the top-level arguments its events publish.
     pub(super) event_args: Arc<[String]>,
+    /// An upstream MCP server's tool: how its calls are made. `None` for an HTTP tool.
+    pub(super) mcp: Option<Arc<super::mcp::McpBinding>>,
 }
 
 /// How a tool came to its upstream.
@@ -111,6 +113,7 @@ impl fmt::Debug for Tool {
             .field("status_answers", &self.status_answers)
             .field("compensate", &self.compensate)
             .field("allow_unsafe", &self.allow_unsafe)
+            .field("mcp", &self.mcp)
             .finish_non_exhaustive()
     }
 }
@@ -126,6 +129,22 @@ impl Tool {
 
     pub fn semantics(&self) -> EffectSemantics {
         self.semantics
+    }
+
+    /// Where its semantics came from: the catalog, or an MCP server's annotations.
+    pub fn semantics_source(&self) -> super::mcp::SemanticsSource {
+        self.mcp
+            .as_ref()
+            .map_or(super::mcp::SemanticsSource::Catalog, |binding| {
+                binding.semantics_source
+            })
+    }
+
+    /// How an upstream MCP server's tool is called; `None` for an HTTP tool. An MCP tool's
+    /// endpoints ([`Tool::dispatch`], [`Tool::status_check`], [`Tool::compensate`]) carry its
+    /// timeouts and show an `mcp://<server>/<tool>` address; nothing is sent to them.
+    pub fn mcp(&self) -> Option<&super::mcp::McpBinding> {
+        self.mcp.as_deref()
     }
 
     /// The JSON Schema of the arguments, as declared.
