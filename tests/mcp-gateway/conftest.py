@@ -140,9 +140,13 @@ def catalog(bin_dir: pathlib.Path, repo: pathlib.Path, files: pathlib.Path, memo
                 "--repository", str(repo)]
     fs_args = [str(WRAPPER), "--control", str(fs_faults.path), "--", str(bin_dir / "mcp-server-filesystem"),
                str(files)]
-    # Quick settling for tests: the reconciler looks an UNKNOWN up at once, a few times.
-    quick = "max_attempts = 2, max_checks = 3, settle_ms = 0, timeout_ms = 10000"
+    # Short horizons, as the examples' tests use: a 5 s call, 0.4 s for a late commit, 0.5 s
+    # between two absences, 1 s to the last look, 3 inconclusive lookups before STUCK.
+    quick = ("max_attempts = 2, max_checks = 3, timeout_ms = 5000, late_commit_ms = 400, settle_ms = 500, "
+             "verify_after_ms = 1000")
     return f"""
+max_clock_skew_ms = 100
+
 # A secret the git server gets in its environment (mcp-server-git needs none; the wrapper
 # reports its digest, so the test sees it arrive and can look for it where it must not be).
 [credentials.git_service]
@@ -155,7 +159,7 @@ command = {toml_str(sys.executable)}
 args = {toml_list(git_args)}
 env = {{ GIT_AUTHOR_NAME = "Sluice", GIT_AUTHOR_EMAIL = "sluice@example.com", GIT_COMMITTER_NAME = "Sluice", GIT_COMMITTER_EMAIL = "sluice@example.com" }}
 env_credentials = {{ GIT_SERVICE_TOKEN = "git_service" }}
-timeout_ms = 10000
+timeout_ms = 5000
 allow = ["git_status", "git_add", "git_log", "git_commit", "git_create_branch", "git_branch"]
 
 [mcp_servers.git.tools.git_commit]
@@ -181,7 +185,7 @@ contains = "{{idempotency_key}}"
 [mcp_servers.files]
 command = {toml_str(sys.executable)}
 args = {toml_list(fs_args)}
-timeout_ms = 10000
+timeout_ms = 5000
 allow = ["write_file", "edit_file", "read_text_file", "create_directory"]
 
 [mcp_servers.files.tools.write_file]
@@ -199,7 +203,7 @@ policy = {{ {quick} }}
 # proxy.
 [mcp_servers.memory]
 url = {toml_str(memory_url)}
-timeout_ms = 10000
+timeout_ms = 5000
 allow = ["create_entities", "add_observations", "open_nodes", "search_nodes"]
 
 [mcp_servers.memory.tools.create_entities]

@@ -149,6 +149,7 @@ def test_a_server_killed_before_it_acted_is_found_absent_and_called_again(world:
 
 
 def test_is_error_reads_as_refused_and_nothing_is_committed(world: World) -> None:
+    world.git("reset", "-q")  # nothing staged, whatever a test before left
     head = world.git("rev-parse", "HEAD")
     assert world.git("diff", "--cached", "--name-only") == ""
     done = submit(world, new_run(), "git/git_commit", {"repo_path": str(world.repo), "message": "nothing staged"})
