@@ -104,6 +104,19 @@ def test_the_wrapper_drops_the_answer_after_the_server_acted(tmp_path: pathlib.P
     assert "Changes committed successfully" in dropped["answer"]
 
 
+def test_the_wrapper_loses_a_request_before_the_server_sees_it(tmp_path: pathlib.Path, servers: pathlib.Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    faults = Faults(tmp_path / "faults.json")
+    (rule,) = faults.set({"tool": "git_commit", "nth": 1, "action": "lose"})
+    client = wrapped_git(faults, repo, servers)
+    client.initialize()
+    client.send("tools/call", {"name": "git_commit", "arguments": {"repo_path": str(repo), "message": "lost"}})
+    assert client.answer() is None
+    client.process.wait(timeout=20)
+    assert commits(repo) == ["initial"], "the server never saw it"
+    assert faults.fired(rule) == ["armed", "lost"]
+
+
 @pytest.mark.parametrize("when", ["answer", "request"])
 def test_the_wrapper_kills_the_server_mid_call(tmp_path: pathlib.Path, servers: pathlib.Path, when: str) -> None:
     repo = git_repo(tmp_path / "repo")

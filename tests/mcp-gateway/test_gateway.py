@@ -148,6 +148,25 @@ def test_a_server_killed_before_it_acted_is_found_absent_and_called_again(world:
     assert len(commits_with(world, key_line(done))) == 1, "exactly one commit, whichever way it went"
 
 
+def test_a_lost_request_is_not_taken_for_a_later_call_whose_key_it_prefixes(world: World) -> None:
+    run = new_run()
+    stage(world, "call-10.txt")
+    tenth = submit(world, run, "git/git_commit", {"repo_path": str(world.repo), "message": "call 10"}, call_idx=10)
+    assert tenth["status"] == "CONFIRMED", tenth
+    stage(world, "call-1.txt")
+    # Call 1's request never reaches the server; its key is a prefix of call 10's, already in
+    # the log: the lookup must still find call 1 absent, and call 1 be sent again.
+    (rule,) = world.git_faults.set({"tool": "git_commit", "nth": 1, "action": "lose"})
+    first = submit(world, run, "git/git_commit", {"repo_path": str(world.repo), "message": "call 1"}, call_idx=1)
+    world.git_faults.clear()
+    assert world.git_faults.fired(rule) == ["armed", "lost"]
+    assert tenth["idempotency_key"].startswith(first["idempotency_key"])
+    assert first["status"] == "CONFIRMED", first
+    lines = world.git("log", "--format=%B").splitlines()
+    assert lines.count(key_line(first)) == 1 and lines.count(key_line(tenth)) == 1
+    assert "call-1.txt" in world.git("show", "--name-only", "--format=", "HEAD")
+
+
 def test_is_error_reads_as_refused_and_nothing_is_committed(world: World) -> None:
     world.git("reset", "-q")  # nothing staged, whatever a test before left
     head = world.git("rev-parse", "HEAD")

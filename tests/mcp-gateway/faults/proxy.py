@@ -11,6 +11,7 @@ up. Requests and answers pass through unchanged (answers streamed, so a server-s
 stream flows as it comes); only for a `tools/call` a rule fires on does it:
 - `drop`: forward it, read the server's whole answer (it acted), and close the client's
   connection without writing a byte of it;
+- `lose`: close the client's connection without forwarding it (the server never saw it);
 - `kill`: forward it, SIGKILL the server's process group (the bridge and the server behind it)
   when its answer starts (`when = "answer"`) or `delay_ms` after the request went
   (`when = "request"`), and close the client's connection. The server is started again on the
@@ -117,6 +118,10 @@ def handler(upstream: Upstream, rules: Rules) -> type[http.server.BaseHTTPReques
                     fault = rules.on_call(call[0])
                     if fault is not None:
                         rules.log("armed", rule=fault.rule_id, tool=call[0], id=call[1], action=fault.action)
+            if fault is not None and fault.action == "lose":
+                rules.log("lost", rule=fault.rule_id, id=call[1])
+                self.cut()
+                return
             port = upstream.ensure()
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != "host"}

@@ -14,6 +14,8 @@ A test chooses faults by writing a control file (JSON), read again at every `too
   - `drop`: forward the request, let the server answer (it acted), swallow the answer and close
     the stream (stdio: the wrapper closes its stdout and exits, its server with it; HTTP: the
     proxy closes the client's connection without a byte of the answer).
+  - `lose`: the request never reaches the server: swallowed, and the stream closed as for
+    `drop` (the server certainly did not act, yet the sender cannot know that).
   - `kill`: forward the request, then SIGKILL the server mid-call: `when = "answer"` (default)
     the moment its answer shows up (so it certainly acted and died before anyone heard),
     `when = "request"` `delay_ms` after the request was written (whatever it had done by then).
@@ -36,7 +38,7 @@ from typing import Any
 @dataclass(frozen=True)
 class Fault:
     rule_id: str
-    action: str  # "drop" | "kill"
+    action: str  # "drop" | "kill" | "lose"
     when: str  # "answer" | "request"
     delay_ms: int
 
@@ -86,7 +88,7 @@ class Rules:
                 if fired is None and entry["seen"] >= int(rule.get("nth", 1)):
                     entry["fired"] = True
                     action = rule.get("action", "drop")
-                    if action not in ("drop", "kill"):
+                    if action not in ("drop", "kill", "lose"):
                         raise ValueError(f"fault rule {rule['id']}: unknown action {action!r}")
                     fired = Fault(
                         rule_id=rule["id"],

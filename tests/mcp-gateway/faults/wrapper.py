@@ -60,9 +60,10 @@ def main() -> None:
         os._exit(code)
 
     def kill(fault: Fault, tool_call: Any) -> None:
+        # Logged first: once the server is dead the other thread may end the process.
+        rules.log("killed", rule=fault.rule_id, id=tool_call, server_pid=server.pid)
         server.send_signal(signal.SIGKILL)
         server.wait()
-        rules.log("killed", rule=fault.rule_id, id=tool_call, server_pid=server.pid)
         end(137)
 
     def requests() -> None:
@@ -81,6 +82,10 @@ def main() -> None:
                     with lock:
                         pending[id_key(request_id)] = fault
                     rules.log("armed", rule=fault.rule_id, tool=tool, id=request_id, action=fault.action)
+            if fault is not None and fault.action == "lose":
+                rules.log("lost", rule=fault.rule_id, id=call[1] if call else None)
+                server.send_signal(signal.SIGTERM)
+                end(0)
             try:
                 server.stdin.write(line)
                 server.stdin.flush()
