@@ -23,6 +23,8 @@ pub fn describe(tool: &Tool) -> Value {
         "name": tool.name().to_string(),
         "description": tool.description(),
         "semantics": tool.semantics(),
+        "semantics_source": tool.semantics_source().as_str(),
+        "mcp_server": tool.mcp().map(|binding| binding.server.as_str()),
         "args_schema": tool.schema(),
         "requires_approval": policy.requires_approval,
         "approve_above": policy.approve_above.as_ref().map(|t| json!({

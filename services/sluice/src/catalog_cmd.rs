@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use serde_json::Value;
 use sluice_connector::credentials::Secrets;
-use sluice_connector::preview;
+use sluice_connector::{McpConnector, preview};
 use sluice_core::catalog::Catalog;
 use sluice_core::command::{Command, Intent};
 use sluice_core::ids::{CommandKey, RunId};
@@ -55,9 +55,9 @@ pub enum CatalogCommand {
 }
 
 /// Runs the subcommand; the text to print, or what was wrong.
-pub fn run(args: CatalogArgs) -> Result<String, String> {
+pub async fn run(args: CatalogArgs) -> Result<String, String> {
     match args.command {
-        CatalogCommand::Check { catalog } => check(&catalog),
+        CatalogCommand::Check { catalog } => check(&catalog).await,
         CatalogCommand::Requests {
             catalog,
             tool,
@@ -66,20 +66,47 @@ pub fn run(args: CatalogArgs) -> Result<String, String> {
             decision,
             call,
             external_ref,
-        } => requests(
-            &catalog,
-            &tool,
-            &args,
-            &run_id,
-            decision,
-            call,
-            &external_ref,
-        ),
+        } => {
+            requests(
+                &catalog,
+                &tool,
+                &args,
+                &run_id,
+                decision,
+                call,
+                &external_ref,
+            )
+            .await
+        }
     }
 }
 
-fn check(path: &std::path::Path) -> Result<String, String> {
+/// Loads the catalog and, when it declares MCP servers, connects to each, lists its tools and
+/// adds the allowed ones, as the services do at start (then closes the connections).
+async fn load(path: &std::path::Path) -> Result<Catalog, String> {
     let catalog = Catalog::load(path).map_err(|e| e.to_string())?;
+    if catalog.mcp_servers().is_empty() {
+        return Ok(catalog);
+    }
+    let mcp = McpConnector::new(&catalog, std::sync::Arc::new(Secrets::new()));
+    let listed = sluice_connector::mcp::discover(catalog, &mcp).await;
+    mcp.close().await;
+    listed.map_err(|e| e.to_string())
+}
+
+async fn check(path: &std::path::Path) -> Result<String, String> {
+    let catalog = Catalog::load(path).map_err(|e| e.to_string())?;
+    // Secrets first: a server started with an unreadable one would fail for that reason.
+    if let Err(problems) = Secrets::new().check(&catalog) {
+        let lines: Vec<String> = problems.iter().map(|p| format!("  {p}")).collect();
+        return Err(format!(
+            "{}: {} tool(s) load, but credentials cannot be used:\n{}",
+            catalog.source_name(),
+            catalog.len(),
+            lines.join("\n")
+        ));
+    }
+    let catalog = load(path).await?;
     // The services refuse a status check that cannot fit the sweep's item budget at start;
     // the author hears it here, against the default configuration.
     let item_budget = sluice_runtime::config::ReconcilerConfig::default().sweep_item_timeout_ms;
@@ -103,15 +130,30 @@ fn check(path: &std::path::Path) -> Result<String, String> {
         ));
     }
     let credentials = catalog.credentials().count();
-    Ok(format!(
+    let mut out = format!(
         "{}: {} tool(s), {} credential(s); every referenced secret can be read",
         catalog.source_name(),
         catalog.len(),
         credentials
-    ))
+    );
+    if !catalog.mcp_servers().is_empty() {
+        out.push_str(&format!(
+            "\n{} MCP server(s) reached; their tools, with where their semantics come from:",
+            catalog.mcp_servers().len()
+        ));
+        for tool in catalog.tools().iter().filter(|tool| tool.mcp().is_some()) {
+            out.push_str(&format!(
+                "\n  {}  {} ({})",
+                tool.name(),
+                tool.semantics(),
+                tool.semantics_source().as_str()
+            ));
+        }
+    }
+    Ok(out)
 }
 
-fn requests(
+async fn requests(
     path: &std::path::Path,
     tool: &str,
     args: &str,
@@ -120,7 +162,7 @@ fn requests(
     call: u32,
     external_ref: &str,
 ) -> Result<String, String> {
-    let catalog = Catalog::load(path).map_err(|e| e.to_string())?;
+    let catalog = load(path).await?;
     let tool = catalog.resolve(tool).map_err(|e| e.to_string())?;
     let args: Value =
         serde_json::from_str(args).map_err(|e| format!("--args is not valid JSON: {e}"))?;
@@ -141,6 +183,9 @@ fn requests(
         not_before: None,
     };
     let command = Command::from_intent(intent, SystemClock.now(), 10_000);
+    if let Some(binding) = tool.mcp() {
+        return Ok(mcp_requests(binding, &command, external_ref));
+    }
     let mut out = String::new();
     for (operation, request) in preview::requests(tool, &command, Some(external_ref)) {
         out.push_str(&format!("== {operation}\n"));
@@ -151,6 +196,51 @@ fn requests(
         out.push('\n');
     }
     Ok(out.trim_end().to_owned())
+}
+
+/// The `tools/call`s of an MCP server's tool: the tool called and its arguments.
+fn mcp_requests(
+    binding: &sluice_core::catalog::McpBinding,
+    command: &Command,
+    external_ref: &str,
+) -> String {
+    use sluice_connector::mcp::wire;
+    let shown = |tool: &str, arguments: Result<serde_json::Map<String, Value>, _>| match arguments {
+        Ok(arguments) => format!(
+            "tools/call {}/{tool}\n{}\n",
+            binding.server,
+            serde_json::to_string_pretty(&Value::Object(arguments)).unwrap_or_default()
+        ),
+        Err(why) => format!("cannot be rendered: {why}\n"),
+    };
+    let key = command.idempotency_key.to_string();
+    let mut out = format!(
+        "== dispatch\n{}_meta {}\n",
+        shown(&binding.tool, wire::dispatch_arguments(binding, command)),
+        Value::Object(wire::meta(command, &key, None))
+    );
+    if let Some(lookup) = &binding.status_check {
+        out.push_str("\n== status_check\n");
+        out.push_str(&shown(
+            &lookup.call.tool,
+            wire::call_arguments(&lookup.call, command, None, None),
+        ));
+        if let Some(contains) = &lookup.contains {
+            match wire::needle(contains, command) {
+                Ok(text) => out.push_str(&format!("contains {text:?}\n")),
+                Err(why) => out.push_str(&format!("contains cannot be rendered: {why}\n")),
+            }
+        }
+    }
+    if let Some(undo) = &binding.compensate {
+        let key = sluice_connector::request::compensation_key(command, Some(external_ref));
+        out.push_str("\n== compensate\n");
+        out.push_str(&shown(
+            &undo.tool,
+            wire::call_arguments(undo, command, Some(external_ref), Some(&key)),
+        ));
+    }
+    out.trim_end().to_owned()
 }
 
 #[cfg(test)]
@@ -183,18 +273,18 @@ method = "DELETE"
         (dir, path)
     }
 
-    #[test]
-    fn check_names_every_secret_that_cannot_be_read() {
+    #[tokio::test]
+    async fn check_names_every_secret_that_cannot_be_read() {
         let (_dir, path) = catalog();
-        let err = check(&path).expect_err("the variable is not set");
+        let err = check(&path).await.expect_err("the variable is not set");
         assert!(
             err.contains("credential api: env SLUICE_CATALOG_CMD_TEST_NEVER_SET is not set"),
             "{err}"
         );
     }
 
-    #[test]
-    fn requests_prints_each_endpoint_with_the_secret_masked() {
+    #[tokio::test]
+    async fn requests_prints_each_endpoint_with_the_secret_masked() {
         let (_dir, path) = catalog();
         let out = requests(
             &path,
@@ -205,6 +295,7 @@ method = "DELETE"
             0,
             "PRJ-7",
         )
+        .await
         .expect("renders");
         assert!(
             out.contains("== dispatch\nPOST https://tickets.test/api/issues\n"),
@@ -224,6 +315,7 @@ method = "DELETE"
             "{out}"
         );
         let bad = requests(&path, "tickets/create", r#"{"title": 7}"#, "r-1", 1, 0, "x")
+            .await
             .expect_err("a number is not a title");
         assert!(
             bad.contains("--args do not fit tool tickets/create"),

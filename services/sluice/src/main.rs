@@ -199,7 +199,7 @@ async fn run() -> anyhow::Result<ExitCode> {
             .await?;
         }
         Command::Catalog(args) => {
-            return Ok(match sluice::catalog_cmd::run(args) {
+            return Ok(match sluice::catalog_cmd::run(args).await {
                 Ok(out) => {
                     println!("{out}");
                     ExitCode::SUCCESS

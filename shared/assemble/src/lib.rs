@@ -12,7 +12,7 @@ use std::sync::Arc;
 use sluice_bus::{Bus, BusError, EmbeddedBus, EmbeddedConfig};
 #[cfg(feature = "kafka")]
 use sluice_bus_kafka::KafkaBus;
-use sluice_connector::{ConnectorError, HttpConnector};
+use sluice_connector::{Connector, ConnectorError, HttpConnector, McpConnector, Routed};
 use sluice_core::catalog::{Catalog, CatalogError};
 use sluice_core::time::{Clock, SystemClock};
 use sluice_ledger::LedgerError;
@@ -98,6 +98,25 @@ pub fn load_catalog(config: &CatalogConfig) -> Result<Catalog, CatalogError> {
         Some(path) => Catalog::load(path),
         None => Catalog::from_toml_str(EXAMPLE_CATALOG, "deploy/catalog.toml (built in)"),
     }
+}
+
+/// The connector for `catalog`'s tools, and the catalog with the allowed tools of its MCP
+/// servers added: each declared server is connected and its tools listed (bounded retries,
+/// then an error naming the server and why), and the connections stay open for the calls.
+/// Every secret the catalog references is checked first.
+pub async fn connect_tools(
+    catalog: Catalog,
+) -> Result<(Catalog, Arc<dyn Connector>), AssembleError> {
+    let http = HttpConnector::new()?;
+    http.secrets()
+        .check(&catalog)
+        .map_err(|problems| AssembleError::Credentials { problems })?;
+    if catalog.mcp_servers().is_empty() {
+        return Ok((catalog, Arc::new(http)));
+    }
+    let mcp = McpConnector::new(&catalog, http.shared_secrets());
+    let catalog = sluice_connector::mcp::discover(catalog, &mcp).await?;
+    Ok((catalog, Arc::new(Routed { http, mcp })))
 }
 
 /// Where the example catalog expects its upstream (the demo upstream's default address).
@@ -232,6 +251,11 @@ pub async fn assemble_with_clock(
     clock: Arc<dyn Clock>,
 ) -> Result<Context, AssembleError> {
     check_built(config)?;
+    let (catalog, connector) = connect_tools(catalog).await?;
+    if !catalog.mcp_servers().is_empty() {
+        // The servers' lookups are known only now.
+        check_sweep_budgets(config, &catalog)?;
+    }
     let ledger = open_ledger(config, Arc::clone(&clock)).await?;
     let metrics = Metrics::new();
     metrics.observe_ledger(Arc::clone(&ledger));
@@ -254,16 +278,11 @@ pub async fn assemble_with_clock(
     } else {
         ledger
     };
-    let connector = HttpConnector::new()?;
-    connector
-        .secrets()
-        .check(&catalog)
-        .map_err(|problems| AssembleError::Credentials { problems })?;
     Ok(Context {
         ledger,
         bus: open_bus(config).await?,
         catalog: Arc::new(catalog),
-        connector: Arc::new(connector),
+        connector,
         clock,
         metrics: Arc::new(metrics),
         flow: sluice_runtime::flow::Flow::new(),

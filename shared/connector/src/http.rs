@@ -112,6 +112,11 @@ impl HttpConnector {
         &self.secrets
     }
 
+    /// The secrets reader, to share with another connector (one file cache per process).
+    pub fn shared_secrets(&self) -> Arc<Secrets> {
+        Arc::clone(&self.secrets)
+    }
+
     /// Sends `call` and waits for the answer's status and headers (or the exchange's failure).
     /// Split from [`HttpConnector::read`] so a failpoint can stand between the request having
     /// gone out and its answer being read.

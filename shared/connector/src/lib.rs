@@ -11,8 +11,10 @@
 //!   contract, docs/architecture.md), from a status code, headers and a size-capped body.
 //! * [`retry_after`] — pure: the delay a `Retry-After` header asks for, on the answers that
 //!   mean "later" by it (429, 503, 403).
-//! * [`http`] — [`HttpConnector`], the only code here that does IO: it sends the calls and
-//!   tells "nothing was sent" apart from "the request may have been processed".
+//! * [`http`] — [`HttpConnector`]: it sends the calls and tells "nothing was sent" apart from
+//!   "the request may have been processed".
+//! * [`mcp`] — [`McpConnector`]: the gateway's, for the tools of upstream MCP servers, over an
+//!   MCP client; [`Routed`] sends each tool to its connector.
 //! * [`error`] — [`ConnectorError`], for the one fallible step: building the HTTP client.
 //!
 //! The connector calls never fail: every transport problem is an outcome the state machine
@@ -26,6 +28,7 @@ pub mod classify;
 pub mod credentials;
 pub mod error;
 pub mod http;
+pub mod mcp;
 pub mod port;
 pub mod preview;
 pub mod request;
@@ -33,4 +36,5 @@ pub mod retry_after;
 
 pub use error::ConnectorError;
 pub use http::{HttpConnector, HttpOptions};
+pub use mcp::{McpConnector, Routed};
 pub use port::{CompensationTarget, Connector, StatusReport};

@@ -688,6 +688,13 @@ export interface components {
             description: string;
             /** @enum {unknown} */
             semantics: "IDEMPOTENT" | "NON_IDEMPOTENT" | "OBSERVE_ONLY";
+            /**
+             * @description Where `semantics` came from — the catalog, or (for an upstream MCP server's tool whose catalog entry names none) the server's tool annotations, read as untrusted hints at load
+             * @enum {unknown}
+             */
+            semantics_source: "catalog" | "annotation";
+            /** @description The upstream MCP server (`[mcp_servers.<name>]`) whose tool this is, called through Sluice's MCP client; null for an HTTP tool */
+            mcp_server: null | string;
             /** @description The JSON Schema every submission's args must match */
             args_schema: Record<string, unknown>;
             /** @description Every submission waits BLOCKED for a person */
