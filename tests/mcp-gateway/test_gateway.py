@@ -57,6 +57,10 @@ def test_only_allowed_tools_are_exposed_with_semantics_from_annotations_or_the_c
     assert tools["memory/create_entities"]["semantics"] == "NON_IDEMPOTENT"
     # … and the catalog's override over the server's idempotentHint = false:
     assert tools["memory/add_observations"]["semantics"] == "IDEMPOTENT"
+    assert tools["memory/add_observations"]["semantics_source"] == "catalog"
+    assert tools["memory/create_entities"]["semantics_source"] == "annotation"
+    assert {tools[name]["mcp_server"] for name in mcp} == {"git", "files", "memory"}
+    assert tools["git/git_commit"]["mcp_server"] == "git"
     assert tools["git/git_commit"]["status_check"] is True
     assert tools["memory/create_entities"]["status_check"] is False
     # The server's own input schema is the tool's.
