@@ -108,9 +108,10 @@ async fn run() -> anyhow::Result<ExitCode> {
             let console = *config.producer.console.get_or_insert(true);
             sluice_runtime::telemetry::init(&config.telemetry);
             let catalog = load_catalog(&config.catalog)?;
-            let tools = catalog.len();
             let shutdown = sluice_runtime::shutdown_on_signals();
             let pipeline = sluice::dev::start(&config, catalog, shutdown).await?;
+            // Counted after the start: the tools of MCP servers are listed by it.
+            let tools = pipeline.ctx.catalog.len();
             // On the terminal only, never through the log. A reader that goes away (`| head`)
             // must not take the server with it: a failed write is ignored, not a panic.
             let mut banner = String::new();

@@ -170,6 +170,12 @@ fn the_allowed_tools_become_catalog_tools_namespaced_by_the_server() {
     assert_eq!(lookup.call.tool, "git_log");
     assert!(lookup.contains.is_some());
     assert!(commit.rules().has_status_check);
+    // A lookup fits a reconciler's sweep by default: at most 10 s unless it says otherwise.
+    assert_eq!(
+        commit.status_check().map(|check| check.timeout_ms),
+        Some(10_000)
+    );
+    assert_eq!(commit.dispatch().endpoint.timeout_ms, 20_000);
     assert_eq!(
         commit.dispatch().reference,
         ReferenceSource::JsonPointer("/sha".into())

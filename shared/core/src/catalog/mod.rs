@@ -124,6 +124,11 @@
 //! `allow_unsafe = true`; an OBSERVE_ONLY tool declares no `compensate`; `approve_above`
 //! names a required numeric field.
 //!
+//! Upstream MCP servers are declared as `[mcp_servers.<name>]` (a program on stdio or a
+//! streamable HTTP URL, and an `allow` list): their allowed tools become tools named
+//! `<server>/<tool>` once the servers' listings are added ([`Catalog::with_mcp_tools`]); the
+//! format, with the per-tool overrides, is in the `mcp` module.
+//!
 //! # Modules
 //!
 //! * `error` — [`CatalogError`], naming file, tool and key.
@@ -138,6 +143,8 @@
 //! * `tool` — a validated [`Tool`] and its state machine [`Rules`].
 //! * `variables` — `${name}`s in URLs, bodies, headers and query values, overridable by the
 //!   environment.
+//! * `mcp` — `[mcp_servers.<name>]`, the annotation mapping and the builder of a server's
+//!   tools.
 
 mod args;
 mod build;
