@@ -169,7 +169,7 @@ policy = {{ {quick} }}
 [mcp_servers.git.tools.git_commit.status_check]
 tool = "git_log"
 arguments = {{ repo_path = "{{args.repo_path}}", max_count = 50 }}
-contains = "Sluice-Key: {{idempotency_key}}\n"
+contains = "Sluice-Key: {{idempotency_key}}\\n"
 
 # The branch is named by the key, whatever name the model gave.
 [mcp_servers.git.tools.git_create_branch]

@@ -267,7 +267,8 @@ def test_an_observation_declared_idempotent_is_sent_again_after_a_kill_and_kept_
     world.memory_faults.clear()
     assert world.memory_faults.fired(rule) == ["armed"]
     assert done["status"] == "CONFIRMED", done
-    assert len(world.memory_faults.calls("add_observations", done["idempotency_key"])) == 2, "sent again"
+    # Sent again (more than once if the restarted bridge first refuses the old session):
+    assert len(world.memory_faults.calls("add_observations", done["idempotency_key"])) >= 2, "sent again"
     (entity,) = [e for e in entities(world) if e["name"] == name]
     assert entity["observations"] == ["met on tuesday"], "kept once by the server"
 

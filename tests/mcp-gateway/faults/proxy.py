@@ -136,6 +136,8 @@ def handler(upstream: Upstream, rules: Rules) -> type[http.server.BaseHTTPReques
                     self.cut()
                     return
                 answer = connection.getresponse()
+                if call is not None:
+                    rules.log("answered", tool=call[0], id=call[1], status=answer.status)
                 if fault is not None and fault.action == "kill":
                     upstream.kill()
                     self.cut()
