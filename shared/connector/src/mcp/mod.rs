@@ -245,7 +245,10 @@ impl McpConnector {
             let needle = lookup
                 .contains
                 .as_ref()
-                .map(|contains| wire::needle(contains, command))
+                .map(|contains| {
+                    wire::needle(contains, command)
+                        .map(|text| (text, contains.ends_with_placeholder()))
+                })
                 .transpose()?;
             Ok((args, needle))
         });
@@ -275,7 +278,9 @@ impl McpConnector {
             let report = wire::status_check(
                 tool,
                 &lookup.call.tool,
-                needle.as_deref(),
+                needle
+                    .as_ref()
+                    .map(|(text, bounded)| (text.as_str(), *bounded)),
                 &filter,
                 reply,
                 self.excerpt_bytes,

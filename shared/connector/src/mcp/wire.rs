@@ -225,12 +225,32 @@ pub fn dispatch(
     }
 }
 
+/// How often `needle` occurs in `text`. `bounded` (a `contains` ending with a placeholder):
+/// an occurrence followed by a character that would continue a key or an argument's value
+/// (an ASCII letter or digit, `-`, `_` or `/`) is the start of another value, not this one —
+/// call 1's key is the beginning of call 10's.
+pub fn occurrences(text: &str, needle: &str, bounded: bool) -> usize {
+    if needle.is_empty() {
+        return 0;
+    }
+    text.match_indices(needle)
+        .filter(|(at, _)| {
+            !bounded
+                || text[at + needle.len()..]
+                    .chars()
+                    .next()
+                    .is_none_or(|next| !(next.is_ascii_alphanumeric() || "-_/".contains(next)))
+        })
+        .count()
+}
+
 /// What a lookup's reply says about the command's effect. `needle`: the rendered `contains`
-/// text (a text lookup); `filter`: the rendered `match_where` (a JSON lookup).
+/// text (a text lookup) and whether it ends with a placeholder (see [`occurrences`]);
+/// `filter`: the rendered `match_where` (a JSON lookup).
 pub fn status_check(
     tool: &Tool,
     lookup_tool: &str,
-    needle: Option<&str>,
+    needle: Option<(&str, bool)>,
     filter: &[(String, String)],
     reply: Reply,
     excerpt_bytes: usize,
@@ -265,8 +285,8 @@ pub fn status_check(
     if is_error(&result) {
         return inconclusive(evidence, "the lookup answered isError".into());
     }
-    if let Some(needle) = needle {
-        let found = text.matches(needle).count();
+    if let Some((needle, bounded)) = needle {
+        let found = occurrences(&text, needle, bounded);
         evidence.insert("matches".into(), json!(found));
         let observation = match found {
             0 => Observation::Absent,
@@ -381,6 +401,33 @@ mod tests {
             json_of(&json!({"content": [{"type": "text", "text": "ok"}]})),
             None
         );
+    }
+
+    #[test]
+    fn a_key_at_the_end_of_a_needle_is_not_found_inside_a_longer_key() {
+        let log = "Sluice-Key: r/d-1/git/git_commit/10\nSluice-Key: r/d-1/git/git_commit/1\n";
+        let needle = "Sluice-Key: r/d-1/git/git_commit/1";
+        assert_eq!(occurrences(log, needle, true), 1);
+        assert_eq!(
+            occurrences(log, needle, false),
+            2,
+            "unbounded: a plain substring count"
+        );
+        // Punctuation after the key ends it.
+        assert_eq!(
+            occurrences(
+                "see r/d-1/git/git_commit/1.",
+                "r/d-1/git/git_commit/1",
+                true
+            ),
+            1
+        );
+        assert_eq!(
+            occurrences("x r/d-1/git/git_commit/1", "r/d-1/git/git_commit/1", true),
+            1
+        );
+        assert_eq!(occurrences("[key k-1]", "[key k-1]", true), 1);
+        assert_eq!(occurrences("anything", "", true), 0);
     }
 
     #[test]

@@ -97,6 +97,13 @@ impl Template {
         }
     }
 
+    /// Whether the template ends with a placeholder (`"Sluice-Key: {idempotency_key}"`): its
+    /// rendered text may then be the beginning of a longer value (call 1's key begins call
+    /// 10's), so a search for it must see where the value ends.
+    pub fn ends_with_placeholder(&self) -> bool {
+        matches!(self.parts.last(), Some(Part::Placeholder(_)))
+    }
+
     /// Renders by appending each placeholder's value as `fill` writes it.
     pub(super) fn render<E>(
         &self,
