@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+import uuid
 import time
 from typing import Any
 
-from conftest import ADMIN_TOKEN, AGENT_TOKEN, GIT_SECRET, World, api, new_run, submit
+from conftest import ADMIN_TOKEN, AGENT_TOKEN, GIT_SECRET, World, api, new_run, settle, submit
 
 COMMIT_TEXT = re.compile(r"Changes committed successfully with hash ([0-9a-f]{40})")
 
@@ -112,6 +113,25 @@ def test_a_commit_carries_its_key_and_a_re_driven_call_gets_the_stored_result(wo
     assert "twice.txt" in world.git("diff", "--cached", "--name-only"), "still staged, not committed"
     world.git("reset", "-q")
     (world.repo / "twice.txt").unlink()
+
+
+def test_the_callers_trace_reaches_the_server_in_meta(world: World) -> None:
+    stage(world, "traced.txt")
+    trace_id = uuid.uuid4().hex
+    traceparent = f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"
+    run = new_run()
+    status, command = api(
+        world, "POST", "/v1/effects", AGENT_TOKEN,
+        {"run_id": run, "decision": 1, "tool": "git/git_commit", "call_idx": 0,
+         "args": {"repo_path": str(world.repo), "message": "traced"}},
+        headers={"prefer": "wait=30", "traceparent": traceparent},
+    )
+    assert status in (200, 201, 202), command
+    done = settle(world, command)
+    assert done["status"] == "CONFIRMED", done
+    (call,) = world.git_faults.calls("git_commit", done["idempotency_key"])
+    sent = call["meta"]["_meta"]["traceparent"]
+    assert sent.split("-")[1] == trace_id, "the same trace, continued by Sluice's own span"
 
 
 def test_a_commit_whose_answer_is_dropped_is_looked_up_and_confirmed_once(world: World) -> None:
