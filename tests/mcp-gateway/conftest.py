@@ -196,6 +196,12 @@ tool = "read_text_file"
 arguments = {{ path = "{{args.path}}" }}
 contains = "{{args.content}}"
 
+# Undone by moving the file aside, through a tool the model is not given (move_file is not in
+# allow): a compensation may call any tool the server lists.
+[mcp_servers.files.tools.write_file.compensate]
+tool = "move_file"
+arguments = {{ source = "{{args.path}}", destination = "{{args.path}}.rolled-back" }}
+
 [mcp_servers.files.tools.edit_file]
 policy = {{ {quick} }}
 

@@ -5,7 +5,9 @@ them, each outcome checked against the server's own state."""
 from __future__ import annotations
 
 import hashlib
+import pathlib
 import re
+import urllib.parse
 import uuid
 import time
 from typing import Any
@@ -225,6 +227,26 @@ def test_write_file_whose_answer_is_dropped_is_found_by_its_content(world: World
     assert path.read_text() == content
     assert len(world.fs_faults.calls("write_file", done["idempotency_key"])) == 1, "found, not re-sent"
     assert world.fs_faults.calls("read_text_file"), "looked up through read_text_file"
+
+
+def test_a_rollback_undoes_a_write_through_another_tool_of_the_server(world: World) -> None:
+    path = world.files / f"draft-{uuid.uuid4().hex[:8]}.txt"
+    run = new_run()
+    done = submit(world, run, "files/write_file", {"path": str(path), "content": "a draft\n"})
+    assert done["status"] == "CONFIRMED", done
+    assert path.read_text() == "a draft\n"
+    status, answer = api(world, "POST", f"/v1/runs/{run}/rollback", ADMIN_TOKEN, {"reason": "test"})
+    assert status in (200, 202), answer
+    undone = done
+    end = time.monotonic() + 45
+    while undone["status"] not in ("COMPENSATED", "COMPENSATION_FAILED", "NO_COMPENSATION") and time.monotonic() < end:
+        time.sleep(0.2)
+        undone = api(world, "GET", f"/v1/runs/{run}/effects/{urllib.parse.quote(done['command_key'], safe='')}")[1]
+    assert undone["status"] == "COMPENSATED", undone
+    assert not path.exists()
+    assert pathlib.Path(f"{path}.rolled-back").read_text() == "a draft\n"
+    (call,) = world.fs_faults.calls("move_file")[-1:]
+    assert call["meta"]["arguments"] == {"source": str(path), "destination": f"{path}.rolled-back"}
 
 
 def test_edit_file_with_no_lookup_whose_answer_is_dropped_waits_for_a_person(world: World) -> None:
