@@ -349,7 +349,18 @@ def test_git_through_sluice_mcp(world: World) -> None:
     assert status == 200
     (effect,) = listing["effects"]
     assert effect["tool"] == "git/git_commit" and effect["status"] == "CONFIRMED"
+    (sha,) = commits_with(world, key_line(effect))
+    assert sha in repr(result.content)
+
+    # The agent re-driven from the start (a new conversation naming the run): the same call at
+    # the same position gets the stored answer, and nothing reaches the server.
+    stage(world, "via-mcp-again.txt")
+    _, again = anyio.run(session_calls)
+    assert sha in repr(again.content)
+    assert len(world.git_faults.calls("git_commit", effect["idempotency_key"])) == 1
     assert len(commits_with(world, key_line(effect))) == 1
+    assert "via-mcp-again.txt" in world.git("diff", "--cached", "--name-only"), "still staged, not committed"
+    world.git("reset", "-q")
 
 
 # ---------------------------------------------------------------- secrets ---
