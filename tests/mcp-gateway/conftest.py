@@ -202,7 +202,10 @@ contains = "{{args.content}}"
 tool = "move_file"
 arguments = {{ source = "{{args.path}}", destination = "{{args.path}}.rolled-back" }}
 
+# An author who will not take the server's word that an isError changed nothing: a failed edit
+# is UNKNOWN, and with no lookup, a person's to settle.
 [mcp_servers.files.tools.edit_file]
+on_error = "unknown"
 policy = {{ {quick} }}
 
 # @modelcontextprotocol/server-memory (npm) over streamable HTTP (mcp-proxy), through the fault

@@ -264,6 +264,18 @@ def test_edit_file_with_no_lookup_whose_answer_is_dropped_waits_for_a_person(wor
     assert path.read_text() == "one\ntwo\nEND\n"
 
 
+def test_is_error_reads_as_unknown_where_the_catalog_says_so(world: World) -> None:
+    path = world.files / "unchanged.txt"
+    path.write_text("alpha\n")
+    done = submit(world, new_run(), "files/edit_file",
+                  {"path": str(path), "edits": [{"oldText": "no such text", "newText": "x"}]})
+    assert done["status"] == "STUCK", done
+    entries = api(world, "GET", f"/v1/runs/{done['run_id']}/audit")[1]["entries"]
+    assert [e["to"] for e in entries if e["command_key"] == done["command_key"]][-2:] == ["UNKNOWN", "STUCK"]
+    assert path.read_text() == "alpha\n"
+    assert len(world.fs_faults.calls("edit_file", done["idempotency_key"])) == 1, "never re-sent blindly"
+
+
 def test_a_path_outside_the_allowed_directory_is_refused(world: World) -> None:
     outside = world.root / "outside.txt"
     done = submit(world, new_run(), "files/write_file", {"path": str(outside), "content": "no"})
