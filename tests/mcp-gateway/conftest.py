@@ -118,6 +118,8 @@ class World:
     git_faults: Faults
     fs_faults: Faults
     memory_faults: Faults
+    repo_http: pathlib.Path
+    git_http_faults: Faults
     log: pathlib.Path
 
     def git(self, *args: str) -> str:
@@ -133,7 +135,7 @@ class World:
 
 
 def catalog(bin_dir: pathlib.Path, repo: pathlib.Path, files: pathlib.Path, memory_url: str,
-            git_faults: Faults, fs_faults: Faults) -> str:
+            git_faults: Faults, fs_faults: Faults, git_http_url: str = "http://127.0.0.1:9/mcp") -> str:
     git_args = [str(WRAPPER), "--control", str(git_faults.path), "--env-digest", "GIT_SERVICE_TOKEN",
                 "--env-digest", "SLUICE_GW_GIT_SECRET", "--",
                 str(bin_dir / "mcp-server-git"),
@@ -208,6 +210,22 @@ arguments = {{ source = "{{args.path}}", destination = "{{args.path}}.rolled-bac
 on_error = "unknown"
 policy = {{ {quick} }}
 
+# mcp-server-git again, over streamable HTTP (mcp-proxy) through the fault proxy, on a
+# repository of its own: a lookup over HTTP after the connection is lost.
+[mcp_servers.git_http]
+url = {toml_str(git_http_url)}
+timeout_ms = 5000
+allow = ["git_log", "git_commit"]
+
+[mcp_servers.git_http.tools.git_commit]
+set_arguments = {{ message = "{{args.message}}\\n\\nSluice-Key: {{idempotency_key}}" }}
+policy = {{ {quick} }}
+
+[mcp_servers.git_http.tools.git_commit.status_check]
+tool = "git_log"
+arguments = {{ repo_path = "{{args.repo_path}}", max_count = 50 }}
+contains = "Sluice-Key: {{idempotency_key}}\\n"
+
 # @modelcontextprotocol/server-memory (npm) over streamable HTTP (mcp-proxy), through the fault
 # proxy.
 [mcp_servers.memory]
@@ -254,13 +272,14 @@ def world(tmp_path_factory: pytest.TempPathFactory, servers: pathlib.Path) -> It
     files = root / "files"
     files.mkdir()
     memory_file = root / "memory.jsonl"
-    for args in (["init", "-q", "-b", "main", str(repo)],):
-        subprocess.run(["git", *args], check=True)
-    for key, value in (("user.name", "Test"), ("user.email", "test@example.com")):
-        subprocess.run(["git", "-C", str(repo), "config", key, value], check=True)
-    (repo / "README").write_text("a repository the gateway tests commit to\n")
-    subprocess.run(["git", "-C", str(repo), "add", "README"], check=True)
-    subprocess.run(["git", "-C", str(repo), "commit", "-q", "-m", "initial"], check=True)
+    repo_http = root / "repo-http"
+    for path in (repo, repo_http):
+        subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)
+        for key, value in (("user.name", "Test"), ("user.email", "test@example.com")):
+            subprocess.run(["git", "-C", str(path), "config", key, value], check=True)
+        (path / "README").write_text("a repository the gateway tests commit to\n")
+        subprocess.run(["git", "-C", str(path), "add", "README"], check=True)
+        subprocess.run(["git", "-C", str(path), "commit", "-q", "-m", "initial"], check=True)
 
     git_faults = Faults(root / "faults-git.json")
     fs_faults = Faults(root / "faults-files.json")
@@ -275,8 +294,19 @@ def world(tmp_path_factory: pytest.TempPathFactory, servers: pathlib.Path) -> It
     )
     assert proxy.stdout is not None
     memory_url = proxy.stdout.readline().strip().rsplit(" ", 1)[-1] + "/mcp"
+    git_http_faults = Faults(root / "faults-git-http.json")
+    git_proxy = subprocess.Popen(
+        [sys.executable, str(PROXY), "--control", str(git_http_faults.path), "--",
+         str(servers / "mcp-proxy"), "--port", "{port}", "--log-level", "WARNING", "--",
+         str(servers / "mcp-server-git"), "--repository", str(repo_http)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert git_proxy.stdout is not None
+    git_http_url = git_proxy.stdout.readline().strip().rsplit(" ", 1)[-1] + "/mcp"
 
-    (root / "catalog.toml").write_text(catalog(servers, repo, files, memory_url, git_faults, fs_faults))
+    (root / "catalog.toml").write_text(
+        catalog(servers, repo, files, memory_url, git_faults, fs_faults, git_http_url))
     port = free_port()
     (root / "sluice.toml").write_text(f"""
 [ledger]
@@ -312,9 +342,10 @@ token = "{ADMIN_TOKEN}"
     try:
         _wait_ready(url, dev, log)
         yield World(url=url, bin=servers, root=root, repo=repo, files=files, memory_file=memory_file,
-                    git_faults=git_faults, fs_faults=fs_faults, memory_faults=memory_faults, log=log)
+                    git_faults=git_faults, fs_faults=fs_faults, memory_faults=memory_faults,
+                    repo_http=repo_http, git_http_faults=git_http_faults, log=log)
     finally:
-        for process in (dev, proxy):
+        for process in (dev, proxy, git_proxy):
             process.terminate()
             try:
                 process.wait(timeout=20)

@@ -52,7 +52,8 @@ token = "gw-agent-token-0123456789"
     try:
         _wait_ready(url, dev, log)
         yield World(url=url, bin=servers, root=root, repo=repo, files=root, memory_file=root / "none",
-                    git_faults=None, fs_faults=None, memory_faults=None, log=log)  # type: ignore[arg-type]
+                    git_faults=None, fs_faults=None, memory_faults=None,  # type: ignore[arg-type]
+                    repo_http=root, git_http_faults=None, log=log)  # type: ignore[arg-type]
     finally:
         dev.terminate()
         try:

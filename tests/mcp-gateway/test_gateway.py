@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import pathlib
 import re
+import subprocess
 import urllib.parse
 import uuid
 import time
@@ -44,12 +45,12 @@ def test_only_allowed_tools_are_exposed_with_semantics_from_annotations_or_the_c
     status, listing = api(world, "GET", "/v1/tools", AGENT_TOKEN)
     assert status == 200, listing
     tools = {tool["name"]: tool for tool in listing["tools"]}
-    mcp = {name for name in tools if name.split("/")[0] in ("git", "files", "memory")}
+    mcp = {name for name in tools if name.split("/")[0] in ("git", "git_http", "files", "memory")}
     assert mcp == {
         "git/git_status", "git/git_add", "git/git_log", "git/git_commit", "git/git_create_branch",
         "git/git_branch", "files/write_file", "files/edit_file", "files/read_text_file",
         "files/create_directory", "memory/create_entities", "memory/add_observations",
-        "memory/open_nodes", "memory/search_nodes",
+        "memory/open_nodes", "memory/search_nodes", "git_http/git_log", "git_http/git_commit",
     }, "exactly the allow-lists; git_checkout, move_file, delete_entities… are not exposed"
     # From the servers' annotations (readOnlyHint → OBSERVE_ONLY, idempotentHint → IDEMPOTENT):
     assert tools["git/git_log"]["semantics"] == "OBSERVE_ONLY"
@@ -62,7 +63,7 @@ def test_only_allowed_tools_are_exposed_with_semantics_from_annotations_or_the_c
     assert tools["memory/add_observations"]["semantics"] == "IDEMPOTENT"
     assert tools["memory/add_observations"]["semantics_source"] == "catalog"
     assert tools["memory/create_entities"]["semantics_source"] == "annotation"
-    assert {tools[name]["mcp_server"] for name in mcp} == {"git", "files", "memory"}
+    assert {tools[name]["mcp_server"] for name in mcp} == {"git", "git_http", "files", "memory"}
     assert tools["git/git_commit"]["mcp_server"] == "git"
     assert tools["git/git_commit"]["status_check"] is True
     assert tools["memory/create_entities"]["status_check"] is False
@@ -191,6 +192,36 @@ def test_a_lost_request_is_not_taken_for_a_later_call_whose_key_it_prefixes(worl
     lines = world.git("log", "--format=%B").splitlines()
     assert lines.count(key_line(first)) == 1 and lines.count(key_line(tenth)) == 1
     assert "call-1.txt" in world.git("show", "--name-only", "--format=", "HEAD")
+
+
+def http_commits_with(world: World, text: str) -> int:
+    log = subprocess.run(["git", "-C", str(world.repo_http), "log", "--format=%B%x00"], check=True,
+                         capture_output=True, text=True).stdout
+    return sum(1 for message in log.split("\0") if text in message)
+
+
+def test_over_http_a_lost_answer_and_a_killed_server_are_each_looked_up_and_confirmed_once(world: World) -> None:
+    for action, name in (("drop", "http-dropped.txt"), ("kill", "http-killed.txt")):
+        (world.repo_http / name).write_text(f"{name}\n")
+        subprocess.run(["git", "-C", str(world.repo_http), "add", name], check=True)
+        (rule,) = world.git_http_faults.set({"tool": "git_commit", "nth": 1, "action": action})
+        done = submit(world, new_run(), "git_http/git_commit",
+                      {"repo_path": str(world.repo_http), "message": f"over HTTP, {action}"})
+        world.git_http_faults.clear()
+        events = world.git_http_faults.events()
+        armed = next(i for i, e in enumerate(events) if e.get("rule") == rule)
+        # The proxy logs a drop under the rule; a kill as the bridge's death right after.
+        assert any(e["event"] == ("dropped" if action == "drop" else "killed") for e in events[armed:]), action
+        assert done["status"] == "CONFIRMED", (action, done)
+        assert done.get("ambiguous_before") is True, action
+        assert http_commits_with(world, key_line(done)) == 1, f"{action}: exactly one commit"
+        answered = [e for e in world.git_http_faults.events()
+                    if e["event"] == "answered" and e["tool"] == "git_commit"
+                    and e.get("status") == 200]
+        assert answered, "the commit reached the server over HTTP"
+    kills = [e for e in world.git_http_faults.events() if e["event"] == "killed"]
+    starts = [e for e in world.git_http_faults.events() if e["event"] == "upstream started"]
+    assert len(kills) == 1 and len(starts) == 2, "the bridge was killed once and started again"
 
 
 def test_is_error_reads_as_refused_and_nothing_is_committed(world: World) -> None:
