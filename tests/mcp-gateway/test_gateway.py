@@ -8,12 +8,16 @@ import hashlib
 import pathlib
 import re
 import subprocess
+import time
 import urllib.parse
 import uuid
-import time
 from typing import Any
 
-from conftest import ADMIN_TOKEN, AGENT_TOKEN, GIT_SECRET, World, api, new_run, settle, submit
+import anyio
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from conftest import ADMIN_TOKEN, AGENT_TOKEN, GIT_SECRET, SLUICE, World, api, new_run, settle, submit
 
 COMMIT_TEXT = re.compile(r"Changes committed successfully with hash ([0-9a-f]{40})")
 
@@ -98,7 +102,8 @@ def test_a_commit_carries_its_key_and_a_re_driven_call_gets_the_stored_result(wo
     done = submit(world, run, "git/git_commit", args)
     assert done["status"] == "CONFIRMED", done
     (sha,) = commits_with(world, key_line(done))
-    assert sha in result_text(done), "the result is the server's answer"
+    found = COMMIT_TEXT.search(result_text(done))
+    assert found and found.group(1) == sha, "the result is the server's answer"
     message = world.git("log", "-1", "--format=%B", sha)
     assert message.startswith("add once.txt\n\nSluice-Key: "), "set_arguments rewrote the message"
     (call,) = world.git_faults.calls("git_commit", done["idempotency_key"])
@@ -363,12 +368,6 @@ def test_an_observation_declared_idempotent_is_sent_again_after_a_kill_and_kept_
 def test_git_through_sluice_mcp(world: World) -> None:
     """A model's MCP client (the official Python SDK) calling the git server's tools through
     `sluice mcp`: namespaced as `git__git_commit`, recorded and keyed like any other call."""
-    import anyio
-    from mcp import ClientSession, StdioServerParameters
-    from mcp.client.stdio import stdio_client
-
-    from conftest import SLUICE
-
     stage(world, "via-mcp.txt")
     run = new_run()
 
