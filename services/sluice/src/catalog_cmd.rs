@@ -205,14 +205,15 @@ fn mcp_requests(
     external_ref: &str,
 ) -> String {
     use sluice_connector::mcp::wire;
-    let shown = |tool: &str, arguments: Result<serde_json::Map<String, Value>, _>| match arguments {
-        Ok(arguments) => format!(
-            "tools/call {}/{tool}\n{}\n",
-            binding.server,
-            serde_json::to_string_pretty(&Value::Object(arguments)).unwrap_or_default()
-        ),
-        Err(why) => format!("cannot be rendered: {why}\n"),
-    };
+    let shown =
+        |tool: &str, arguments: Result<serde_json::Map<String, Value>, String>| match arguments {
+            Ok(arguments) => format!(
+                "tools/call {}/{tool}\n{}\n",
+                binding.server,
+                serde_json::to_string_pretty(&Value::Object(arguments)).unwrap_or_default()
+            ),
+            Err(why) => format!("cannot be rendered: {why}\n"),
+        };
     let key = command.idempotency_key.to_string();
     let mut out = format!(
         "== dispatch\n{}_meta {}\n",
@@ -223,7 +224,7 @@ fn mcp_requests(
         out.push_str("\n== status_check\n");
         out.push_str(&shown(
             &lookup.call.tool,
-            wire::call_arguments(&lookup.call, command, None, None),
+            wire::call_arguments(&lookup.call, command, None, None).map_err(|e| e.to_string()),
         ));
         if let Some(contains) = &lookup.contains {
             match wire::needle(contains, command) {
@@ -237,7 +238,8 @@ fn mcp_requests(
         out.push_str("\n== compensate\n");
         out.push_str(&shown(
             &undo.tool,
-            wire::call_arguments(undo, command, Some(external_ref), Some(&key)),
+            wire::call_arguments(undo, command, Some(external_ref), Some(&key))
+                .map_err(|e| e.to_string()),
         ));
     }
     out.trim_end().to_owned()

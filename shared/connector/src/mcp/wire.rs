@@ -48,28 +48,87 @@ fn keys<'a>(
 
 /// The arguments of the dispatch: the command's, with `set_arguments` rendered over them and
 /// the idempotency key written into `key_argument` (replacing whatever the model put there).
+/// A name starting with `/` is a JSON pointer into the arguments; its last token `-` appends to
+/// an array. An error says which rewrite could not be made (nothing is sent).
 pub fn dispatch_arguments(
     binding: &McpBinding,
     command: &Command,
-) -> Result<Map<String, Value>, RenderError> {
+) -> Result<Map<String, Value>, String> {
     let mut arguments = match command.args.as_ref() {
-        Value::Object(members) => members.clone(),
-        _ => Map::new(),
+        Value::Object(members) => Value::Object(members.clone()),
+        _ => Value::Object(Map::new()),
     };
     let keys = keys(command, None, None);
     for (name, template) in &binding.set_arguments {
-        match template.render(&command.args, &keys)? {
-            Some(value) => arguments.insert(name.clone(), value),
-            None => arguments.remove(name),
-        };
+        let value = template
+            .render(&command.args, &keys)
+            .map_err(|e| format!("set_arguments {name}: {e}"))?;
+        place(&mut arguments, name, value).map_err(|e| format!("set_arguments {name}: {e}"))?;
     }
     if let Some(name) = &binding.key_argument {
-        arguments.insert(
-            name.clone(),
-            Value::String(command.idempotency_key.to_string()),
-        );
+        let key = Value::String(command.idempotency_key.to_string());
+        place(&mut arguments, name, Some(key)).map_err(|e| format!("key_argument {name}: {e}"))?;
     }
-    Ok(arguments)
+    match arguments {
+        Value::Object(members) => Ok(members),
+        _ => Ok(Map::new()),
+    }
+}
+
+/// Writes `value` at `name` (a top-level name, or a JSON pointer) in `arguments`; `None`
+/// removes what is there.
+fn place(arguments: &mut Value, name: &str, value: Option<Value>) -> Result<(), String> {
+    let Some(pointer) = name.strip_prefix('/') else {
+        if let Value::Object(members) = arguments {
+            match value {
+                Some(value) => members.insert(name.to_owned(), value),
+                None => members.remove(name),
+            };
+        }
+        return Ok(());
+    };
+    let tokens: Vec<String> = pointer
+        .split('/')
+        .map(|token| token.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    let Some((last, parents)) = tokens.split_last() else {
+        return Err("an empty pointer".into());
+    };
+    let mut target = arguments;
+    for token in parents {
+        target = match target {
+            Value::Object(members) => members.get_mut(token.as_str()),
+            Value::Array(items) => token.parse::<usize>().ok().and_then(|i| items.get_mut(i)),
+            _ => None,
+        }
+        .ok_or_else(|| format!("the arguments have nothing at {token:?}"))?;
+    }
+    match (target, value) {
+        (Value::Object(members), Some(value)) => {
+            members.insert(last.clone(), value);
+        }
+        (Value::Object(members), None) => {
+            members.remove(last.as_str());
+        }
+        (Value::Array(items), Some(value)) if last == "-" => items.push(value),
+        (Value::Array(items), value) => {
+            let index = last
+                .parse::<usize>()
+                .ok()
+                .filter(|index| *index < items.len())
+                .ok_or_else(|| format!("no item {last:?} in the array"))?;
+            match value {
+                Some(value) => items[index] = value,
+                None => {
+                    items.remove(index);
+                }
+            }
+        }
+        (_, _) => {
+            return Err("the pointer leads into a value that is not an object or array".into());
+        }
+    }
+    Ok(())
 }
 
 /// The arguments of a lookup or compensation call, rendered for the command.
@@ -386,6 +445,29 @@ pub fn render_object(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pointer_rewrites_inside_the_arguments_and_appends_to_an_array() {
+        let mut arguments = json!({"entities": [{"name": "a", "observations": ["x"]}]});
+        place(
+            &mut arguments,
+            "/entities/0/observations/-",
+            Some(json!("key k")),
+        )
+        .expect("placed");
+        place(&mut arguments, "/entities/0/name", Some(json!("b"))).expect("placed");
+        place(&mut arguments, "top", Some(json!(1))).expect("placed");
+        assert_eq!(
+            arguments,
+            json!({"entities": [{"name": "b", "observations": ["x", "key k"]}], "top": 1})
+        );
+        let missing = place(
+            &mut arguments,
+            "/entities/3/observations/-",
+            Some(json!("k")),
+        );
+        assert!(missing.is_err(), "{missing:?}");
+    }
 
     #[test]
     fn text_and_json_of_a_result() {

@@ -95,6 +95,19 @@ pub(super) fn check_field(
     check_path(at, key, &[field], schema, usage)
 }
 
+/// The index a path segment names when `level` declares an array.
+fn array_index(level: &Value, segment: &str) -> Option<u64> {
+    let is_array = match level.get("type") {
+        Some(Value::String(one)) => one == "array",
+        Some(Value::Array(many)) => many.iter().any(|ty| ty == "array"),
+        Some(_) | None => false,
+    };
+    if !is_array || segment.is_empty() || !segment.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    segment.parse().ok()
+}
+
 /// [`check_field`] for a nested argument (`args.metadata.order_id` is `["metadata",
 /// "order_id"]`): each level is declared in its parent's properties and, unless the use allows
 /// a missing value, required.
@@ -109,6 +122,32 @@ pub(super) fn check_path(
     let may_be_missing = matches!(usage, FieldUse::Whole | FieldUse::WholeScalar);
     let mut level = schema;
     for field in path {
+        // An index into an array the schema declares with `items` (`args.entities.0.name`):
+        // there when `minItems` says so.
+        if let Some(index) = array_index(level, field) {
+            let Some(items) = level.get("items").filter(|items| items.is_object()) else {
+                return Err(CatalogError::UnknownField {
+                    file: at.file(),
+                    tool: at.tool(),
+                    key,
+                    field: shown,
+                });
+            };
+            let there = level
+                .get("minItems")
+                .and_then(Value::as_u64)
+                .is_some_and(|min| min > index);
+            if !there && !may_be_missing {
+                return Err(CatalogError::OptionalField {
+                    file: at.file(),
+                    tool: at.tool(),
+                    key,
+                    field: shown,
+                });
+            }
+            level = items;
+            continue;
+        }
         let Some(property) = level
             .get("properties")
             .and_then(Value::as_object)

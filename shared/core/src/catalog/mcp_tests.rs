@@ -364,3 +364,75 @@ fn an_http_server_takes_a_header_credential_and_refuses_a_signer() {
     let said = refused(signer, &git_listing());
     assert!(said.contains("bearer, basic or header"), "{said}");
 }
+
+/// The memory server's shape: an array of entities, each with an array of observations.
+fn memory_listing(min_items: Option<u64>) -> BTreeMap<String, Vec<ListedTool>> {
+    let mut entities = json!({
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["name", "observations"],
+            "properties": {
+                "name": {"type": "string"},
+                "observations": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+    });
+    if let Some(min) = min_items {
+        entities["minItems"] = json!(min);
+    }
+    let tool = |name: &str, schema: serde_json::Value| ListedTool {
+        name: name.into(),
+        description: None,
+        input_schema: schema,
+        hints: ToolHints::default(),
+    };
+    BTreeMap::from([(
+        "memory".to_owned(),
+        vec![
+            tool(
+                "create_entities",
+                json!({"type": "object", "required": ["entities"], "properties": {"entities": entities}}),
+            ),
+            tool(
+                "open_nodes",
+                json!({"type": "object", "required": ["names"], "properties": {"names": {"type": "array", "items": {"type": "string"}}}}),
+            ),
+        ],
+    )])
+}
+
+const MEMORY: &str = r#"
+    [mcp_servers.memory]
+    command = "mcp-server-memory"
+    allow = ["create_entities"]
+    [mcp_servers.memory.tools.create_entities]
+    set_arguments = { "/entities/0/observations/-" = "Sluice-Key: {idempotency_key}" }
+    [mcp_servers.memory.tools.create_entities.status_check]
+    tool = "open_nodes"
+    arguments = { names = ["{args.entities.0.name}"] }
+    contains = "Sluice-Key: {idempotency_key}"
+"#;
+
+#[test]
+fn templates_index_arrays_the_schema_guarantees_and_rewrites_reach_inside_the_arguments() {
+    let catalog = Catalog::from_toml_str(MEMORY, "mcp.toml")
+        .and_then(|c| c.with_mcp_tools(&memory_listing(Some(1))))
+        .expect("entity 0 is there by minItems");
+    let create = catalog.resolve("memory/create_entities").expect("listed");
+    let binding = create.mcp().expect("an MCP tool");
+    assert_eq!(binding.set_arguments[0].0, "/entities/0/observations/-");
+    // In text, an item the schema does not promise is refused as an optional field would be.
+    let text = MEMORY.replace(
+        r#"names = ["{args.entities.0.name}"]"#,
+        r#"names = ["entity {args.entities.0.name}"]"#,
+    );
+    let said = refused(&text, &memory_listing(None));
+    assert!(said.contains("entities.0.name"), "{said}");
+    // A whole value may be missing: left out when the arguments lack it.
+    assert!(
+        Catalog::from_toml_str(MEMORY, "mcp.toml")
+            .and_then(|c| c.with_mcp_tools(&memory_listing(None)))
+            .is_ok()
+    );
+}

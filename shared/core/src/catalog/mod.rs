@@ -112,7 +112,8 @@
 //! with `{placeholder}`s; braces cannot be escaped. A `business_key` placeholder names a
 //! top-level argument field. Any other placeholder names either one of the keys in [`URL_KEYS`]
 //! (a key wins over an argument field of the same name), a top-level argument field, or a
-//! nested one as `args.a.b`. Every field a template names must be declared in the schema's
+//! nested one as `args.a.b` (a number indexes an array: `args.entities.0.name`, required in text
+//! only where the schema's `minItems` promises the item). Every field a template names must be declared in the schema's
 //! `properties`, listed in its `required`, and not typed as an object or array, so a command
 //! that passed [`Tool::validate_args`] always renders. `{business_key}` needs a `business_key`
 //! template; `{external_ref}` is only known after a dispatch and `{compensation_key}` is the

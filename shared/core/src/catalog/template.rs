@@ -214,7 +214,15 @@ pub fn slot_value(
         Slot::Arg(path) => {
             let mut value = args;
             for segment in path {
-                match value.get(segment) {
+                // A number indexes an array (`args.entities.0.name`).
+                let inner = match value {
+                    Value::Array(items) => segment
+                        .parse::<usize>()
+                        .ok()
+                        .and_then(|index| items.get(index)),
+                    other => other.get(segment),
+                };
+                match inner {
                     Some(inner) => value = inner,
                     None => return Ok(None),
                 }

@@ -16,6 +16,7 @@
 //! semantics = "NON_IDEMPOTENT"                  # else read from the tool's annotations
 //! key_argument = "idempotency_key"              # the key is written into this argument
 //! set_arguments = { message = "{args.message}\n\nSluice-Key: {idempotency_key}" }
+//! # a key may also be a JSON pointer: { "/entities/0/observations/-" = "Sluice-Key: …" }
 //! on_error = "refused"                          # or "unknown": how isError reads
 //! reference_pointer = "/sha"                    # into structuredContent (or the text as JSON)
 //! [mcp_servers.git.tools.git_commit.status_check]
@@ -186,9 +187,11 @@ pub struct McpBinding {
     pub server: String,
     /// The server's name of the tool.
     pub tool: String,
-    /// The argument the idempotency key is written into (a model's own value is replaced).
+    /// The argument the idempotency key is written into (a model's own value is replaced): a
+    /// top-level name, or a JSON pointer into the arguments.
     pub key_argument: Option<String>,
-    /// Top-level arguments rewritten before the call, by name.
+    /// Arguments rewritten before the call, in order: a top-level name, or a JSON pointer
+    /// (`/entities/0/observations/-` appends to that array).
     pub set_arguments: Vec<(String, BodyTemplate)>,
     pub on_error: OnError,
     pub status_check: Option<McpLookup>,

@@ -236,6 +236,12 @@ pub(in crate::catalog) fn build_mcp_tool(
             key: format!("set_arguments.{argument}"),
             detail,
         };
+        if argument.is_empty() {
+            return Err(bad("names no argument".into()));
+        }
+        if argument.starts_with('/') {
+            check_pointer(&at, "set_arguments", &argument)?;
+        }
         let json = toml_to_json(&value).map_err(bad)?;
         let template = BodyTemplate::parse(&json)
             .map_err(|(pointer, problem)| bad(format!("{problem} in the string at {pointer}")))?;
@@ -263,6 +269,9 @@ pub(in crate::catalog) fn build_mcp_tool(
                 key: "key_argument".into(),
                 detail: "names no argument".into(),
             });
+        }
+        if argument.starts_with('/') {
+            check_pointer(&at, "key_argument", argument)?;
         }
         if set_arguments.iter().any(|(name, _)| name == argument) {
             return Err(CatalogError::BadShape {
