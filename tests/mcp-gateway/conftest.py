@@ -231,9 +231,21 @@ contains = "Sluice-Key: {{idempotency_key}}\\n"
 [mcp_servers.memory]
 url = {toml_str(memory_url)}
 timeout_ms = 5000
-allow = ["create_entities", "add_observations", "open_nodes", "search_nodes"]
+allow = ["create_entities", "create_relations", "add_observations", "open_nodes", "search_nodes"]
 
+# The key goes into the first entity's observations (a JSON pointer; `-` appends), and the lookup
+# opens that entity by name and looks for the key in it.
 [mcp_servers.memory.tools.create_entities]
+set_arguments = {{ "/entities/0/observations/-" = "Sluice-Key: {{idempotency_key}}" }}
+policy = {{ {quick} }}
+
+[mcp_servers.memory.tools.create_entities.status_check]
+tool = "open_nodes"
+arguments = {{ names = ["{{args.entities.0.name}}"] }}
+contains = "Sluice-Key: {{idempotency_key}}"
+
+# No place for a key, no lookup: a lost answer is a person's.
+[mcp_servers.memory.tools.create_relations]
 policy = {{ {quick} }}
 
 # The server keeps an observation once whatever it is sent twice: a re-call is harmless, which

@@ -54,7 +54,8 @@ def test_only_allowed_tools_are_exposed_with_semantics_from_annotations_or_the_c
         "git/git_status", "git/git_add", "git/git_log", "git/git_commit", "git/git_create_branch",
         "git/git_branch", "files/write_file", "files/edit_file", "files/read_text_file",
         "files/create_directory", "memory/create_entities", "memory/add_observations",
-        "memory/open_nodes", "memory/search_nodes", "git_http/git_log", "git_http/git_commit",
+        "memory/create_relations", "memory/open_nodes", "memory/search_nodes", "git_http/git_log",
+        "git_http/git_commit",
     }, "exactly the allow-lists; git_checkout, move_file, delete_entities… are not exposed"
     # From the servers' annotations (readOnlyHint → OBSERVE_ONLY, idempotentHint → IDEMPOTENT):
     assert tools["git/git_log"]["semantics"] == "OBSERVE_ONLY"
@@ -70,7 +71,9 @@ def test_only_allowed_tools_are_exposed_with_semantics_from_annotations_or_the_c
     assert {tools[name]["mcp_server"] for name in mcp} == {"git", "git_http", "files", "memory"}
     assert tools["git/git_commit"]["mcp_server"] == "git"
     assert tools["git/git_commit"]["status_check"] is True
-    assert tools["memory/create_entities"]["status_check"] is False
+    assert tools["memory/create_entities"]["status_check"] is True
+    assert tools["memory/create_relations"]["semantics"] == "NON_IDEMPOTENT"
+    assert tools["memory/create_relations"]["status_check"] is False
     # The server's own input schema is the tool's.
     assert set(tools["git/git_commit"]["args_schema"]["required"]) == {"repo_path", "message"}
 
@@ -325,26 +328,44 @@ def entities(world: World) -> list[dict[str, Any]]:
     return [line for line in world.graph() if line["type"] == "entity"]
 
 
-def test_create_entities_over_http(world: World) -> None:
+def test_create_entities_over_http_carries_the_key_in_an_observation(world: World) -> None:
     name = f"person-{new_run()}"
     done = submit(world, new_run(), "memory/create_entities",
                   {"entities": [{"name": name, "entityType": "person", "observations": ["likes tea"]}]})
     assert done["status"] == "CONFIRMED", done
-    assert [e["observations"] for e in entities(world) if e["name"] == name] == [["likes tea"]]
+    assert [e["observations"] for e in entities(world) if e["name"] == name] == [
+        ["likes tea", f"Sluice-Key: {done['idempotency_key']}"]], "appended by the JSON pointer rewrite"
     (call,) = world.memory_faults.calls("create_entities", done["idempotency_key"])
     assert call["meta"]["_meta"]["dev.sluice/command_key"] == done["command_key"]
 
 
-def test_create_entities_whose_answer_is_dropped_over_http_waits_for_a_person(world: World) -> None:
+def test_create_entities_whose_answer_is_dropped_over_http_is_found_by_its_key(world: World) -> None:
     name = f"dropped-{new_run()}"
     (rule,) = world.memory_faults.set({"tool": "create_entities", "nth": 1, "action": "drop"})
     done = submit(world, new_run(), "memory/create_entities",
                   {"entities": [{"name": name, "entityType": "person", "observations": []}]})
     world.memory_faults.clear()
     assert world.memory_faults.fired(rule) == ["armed", "dropped"]
-    assert done["status"] == "STUCK", done
+    assert done["status"] == "CONFIRMED", done
+    assert done.get("ambiguous_before") is True
     assert len([e for e in entities(world) if e["name"] == name]) == 1, "the server acted once"
-    assert len(world.memory_faults.calls("create_entities", done["idempotency_key"])) == 1
+    assert len(world.memory_faults.calls("create_entities", done["idempotency_key"])) == 1, "never re-sent"
+    assert world.memory_faults.calls("open_nodes", done["idempotency_key"]), "looked up by open_nodes"
+
+
+def test_a_relation_whose_answer_is_dropped_over_http_waits_for_a_person(world: World) -> None:
+    a, b = f"a-{new_run()}", f"b-{new_run()}"
+    (rule,) = world.memory_faults.set({"tool": "create_relations", "nth": 1, "action": "drop"})
+    done = submit(world, new_run(), "memory/create_relations",
+                  {"relations": [{"from": a, "to": b, "relationType": "knows"}]})
+    assert world.memory_faults.fired(rule) == ["armed", "dropped"]
+    assert done["status"] == "STUCK", done
+    # NON_IDEMPOTENT by the server's hints and no lookup: never sent blindly again.
+    time.sleep(1)
+    world.memory_faults.clear()
+    assert len(world.memory_faults.calls("create_relations", done["idempotency_key"])) == 1
+    relations = [line for line in world.graph() if line["type"] == "relation" and line["from"] == a]
+    assert relations == [{"type": "relation", "from": a, "to": b, "relationType": "knows"}]
 
 
 def test_an_observation_declared_idempotent_is_sent_again_after_a_kill_and_kept_once(world: World) -> None:
@@ -360,7 +381,7 @@ def test_an_observation_declared_idempotent_is_sent_again_after_a_kill_and_kept_
     # Sent again (more than once if the restarted bridge first refuses the old session):
     assert len(world.memory_faults.calls("add_observations", done["idempotency_key"])) >= 2, "sent again"
     (entity,) = [e for e in entities(world) if e["name"] == name]
-    assert entity["observations"] == ["met on tuesday"], "kept once by the server"
+    assert entity["observations"].count("met on tuesday") == 1, "kept once by the server"
 
 
 # ------------------------------------------------------------- sluice mcp ---
