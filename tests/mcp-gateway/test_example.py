@@ -1,6 +1,7 @@
 """examples/mcp-git as its README runs it: the committed catalog as is, `mcp-server-git` found on
 PATH, the repository named by SLUICE_EXAMPLE_GIT_REPO, a commit through the API, and the
-repository's own log."""
+repository's own log. And what `sluice catalog check` says of catalogs the real server cannot
+satisfy."""
 
 from __future__ import annotations
 
@@ -80,3 +81,37 @@ def test_the_example_catalog_commits_once_with_its_key(example: World) -> None:
     again = submit(example, run, "git/git_commit", args)
     assert again["result"] == done["result"]
     assert example.git("rev-list", "--count", "HEAD").strip() == "1", "no second commit"
+
+
+def catalog_check(path: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SLUICE, "catalog", "check", "--catalog", str(path)], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_an_allowed_tool_the_server_does_not_list_is_a_load_error_naming_it(
+        tmp_path: pathlib.Path, servers: pathlib.Path) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(f"""
+[mcp_servers.git]
+command = {toml_str(servers / 'mcp-server-git')}
+args = ["--repository", {toml_str(tmp_path / 'repo')}]
+allow = ["git_status", "git_push"]
+""")
+    checked = catalog_check(catalog)
+    assert checked.returncode != 0
+    assert str(catalog) in checked.stderr or "catalog.toml" in checked.stderr
+    assert "mcp server git" in checked.stderr and "git_push" in checked.stderr
+    assert "git_commit" in checked.stderr, "it says what the server does list"
+
+
+def test_a_server_that_cannot_start_is_a_load_error_naming_it(tmp_path: pathlib.Path) -> None:
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text("""
+[mcp_servers.missing]
+command = "/nonexistent/mcp-server"
+allow = ["anything"]
+""")
+    checked = catalog_check(catalog)
+    assert checked.returncode != 0
+    assert "mcp server missing" in checked.stderr and "/nonexistent/mcp-server" in checked.stderr
