@@ -268,6 +268,24 @@ def test_write_file_whose_answer_is_dropped_is_found_by_its_content(world: World
     assert world.fs_faults.calls("read_text_file"), "looked up through read_text_file"
 
 
+def test_concurrent_calls_share_one_server_process(world: World) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    run = new_run()
+    paths = [world.files / f"many-{run}-{i}.txt" for i in range(8)]
+    started_before = sum(1 for e in world.fs_faults.events() if e["event"] == "started")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        done = list(pool.map(
+            lambda i: submit(world, run, "files/write_file", {"path": str(paths[i]), "content": f"file {i}\n"},
+                             call_idx=i),
+            range(8)))
+    assert [d["status"] for d in done] == ["CONFIRMED"] * 8, done
+    assert [p.read_text() for p in paths] == [f"file {i}\n" for i in range(8)]
+    assert len({d["idempotency_key"] for d in done}) == 8
+    started_after = sum(1 for e in world.fs_faults.events() if e["event"] == "started")
+    assert started_after == started_before, "no new server process: one connection carried them all"
+
+
 def test_a_rollback_undoes_a_write_through_another_tool_of_the_server(world: World) -> None:
     path = world.files / f"draft-{uuid.uuid4().hex[:8]}.txt"
     run = new_run()
