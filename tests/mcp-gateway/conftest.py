@@ -33,6 +33,7 @@ WRAPPER = HERE / "faults" / "wrapper.py"
 PROXY = HERE / "faults" / "proxy.py"
 AGENT_TOKEN = "gw-agent-token-0123456789"
 GIT_SECRET = f"gw-git-secret-{uuid.uuid4().hex}"
+MEMORY_TOKEN = f"gw-memory-token-{uuid.uuid4().hex}"
 ADMIN_TOKEN = "gw-admin-token-0123456789"
 # How long a test waits for an effect to settle (the suite's whole budget is a few minutes).
 SETTLE_S = 45
@@ -155,6 +156,12 @@ max_clock_skew_ms = 100
 kind = "bearer"
 token = {{ env = "SLUICE_GW_GIT_SECRET" }}
 
+# The bearer token every request to the memory server over HTTP carries (mcp-proxy asks for
+# none; the fault proxy reports its digest).
+[credentials.memory_api]
+kind = "bearer"
+token = {{ env = "SLUICE_GW_MEMORY_TOKEN" }}
+
 # mcp-server-git (PyPI) over stdio, through the fault wrapper.
 [mcp_servers.git]
 command = {toml_str(sys.executable)}
@@ -230,6 +237,7 @@ contains = "Sluice-Key: {{idempotency_key}}\\n"
 # proxy.
 [mcp_servers.memory]
 url = {toml_str(memory_url)}
+credential = "memory_api"
 timeout_ms = 5000
 allow = ["create_entities", "create_relations", "add_observations", "open_nodes", "search_nodes"]
 
@@ -298,7 +306,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, servers: pathlib.Path) -> It
     memory_faults = Faults(root / "faults-memory.json")
 
     proxy = subprocess.Popen(
-        [sys.executable, str(PROXY), "--control", str(memory_faults.path), "--",
+        [sys.executable, str(PROXY), "--control", str(memory_faults.path), "--header-digest", "Authorization", "--",
          str(servers / "mcp-proxy"), "--port", "{port}", "--log-level", "WARNING",
          "-e", "MEMORY_FILE_PATH", str(memory_file), "--", str(servers / "mcp-server-memory")],
         stdout=subprocess.PIPE,
@@ -342,7 +350,7 @@ token = "{ADMIN_TOKEN}"
     log = root / "sluice-dev.log"
     # The servers' programs on PATH too, as an operator's catalog would name them.
     env = {**os.environ, "RUST_BACKTRACE": "0", "PATH": f"{servers}:{os.environ.get('PATH', '')}",
-           "SLUICE_GW_GIT_SECRET": GIT_SECRET}
+           "SLUICE_GW_GIT_SECRET": GIT_SECRET, "SLUICE_GW_MEMORY_TOKEN": MEMORY_TOKEN}
     with log.open("wb") as sink:
         dev = subprocess.Popen(
             [SLUICE, "dev", "--config", str(root / "sluice.toml"), "--log-level", "info"],

@@ -17,7 +17,7 @@ import anyio
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from conftest import ADMIN_TOKEN, AGENT_TOKEN, GIT_SECRET, SLUICE, World, api, new_run, settle, submit
+from conftest import ADMIN_TOKEN, AGENT_TOKEN, GIT_SECRET, MEMORY_TOKEN, SLUICE, World, api, new_run, settle, submit
 
 COMMIT_TEXT = re.compile(r"Changes committed successfully with hash ([0-9a-f]{40})")
 
@@ -466,3 +466,22 @@ def test_a_servers_credential_reaches_it_and_nowhere_else(world: World) -> None:
     }
     for where, text in seen.items():
         assert GIT_SECRET not in text, f"the secret is in {where}"
+
+
+def test_an_http_servers_credential_is_sent_with_every_call_and_kept_out_of_sight(world: World) -> None:
+    run = new_run()
+    done = submit(world, run, "memory/create_entities",
+                  {"entities": [{"name": f"cred-{run}", "entityType": "t", "observations": []}]})
+    assert done["status"] == "CONFIRMED", done
+    digest = hashlib.sha256(f"Bearer {MEMORY_TOKEN}".encode()).hexdigest()
+    calls = world.memory_faults.calls("create_entities")
+    assert calls and all(c["header_sha256"].get("Authorization") == digest for c in calls), \
+        "every call carried the credential"
+    seen = {
+        "the effect and its evidence": repr(api(world, "GET", f"/v1/runs/{run}/effects")[1]),
+        "the audit chain": repr(api(world, "GET", f"/v1/runs/{run}/audit")[1]),
+        "the tools listing": repr(api(world, "GET", "/v1/tools")[1]),
+        "sluice dev's log": world.log.read_text(errors="replace"),
+    }
+    for where, text in seen.items():
+        assert MEMORY_TOKEN not in text, f"the token is in {where}"

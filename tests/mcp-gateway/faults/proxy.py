@@ -2,7 +2,7 @@
 """An HTTP fault proxy: sits between Sluice and a real MCP server reached over streamable HTTP and
 injects the faults a test chose in a control file (see rules.py). Usage:
 
-    proxy.py --control FILE [--listen 127.0.0.1:0] -- COMMAND [ARGS...]
+    proxy.py --control FILE [--listen 127.0.0.1:0] [--header-digest NAME]... -- COMMAND [ARGS...]
 
 COMMAND is the HTTP server (here mcp-proxy serving a stdio server over streamable HTTP); every
 `{port}` in its arguments is replaced by a free loopback port, and the proxy forwards
@@ -16,11 +16,14 @@ stream flows as it comes); only for a `tools/call` a rule fires on does it:
   when its answer starts (`when = "answer"`) or `delay_ms` after the request went
   (`when = "request"`), and close the client's connection. The server is started again on the
   next request, as an operator's supervisor would.
-Standard library only.
+`--header-digest NAME` logs, with each `tools/call`, the SHA-256 of request header NAME (never
+its value): how a test sees a credential arrive without writing it anywhere. Standard library
+only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import http.server
 import json
@@ -89,7 +92,7 @@ class Upstream:
                     os.killpg(self.process.pid, signal.SIGKILL)
 
 
-def handler(upstream: Upstream, rules: Rules) -> type[http.server.BaseHTTPRequestHandler]:
+def handler(upstream: Upstream, rules: Rules, digests: list[str]) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -129,7 +132,9 @@ def handler(upstream: Upstream, rules: Rules) -> type[http.server.BaseHTTPReques
             try:
                 connection.request(self.command, self.path, body=body if body else None, headers=headers)
                 if call is not None:
-                    rules.log("forwarded", tool=call[0], id=call[1], meta=meta_of(body))
+                    rules.log("forwarded", tool=call[0], id=call[1], meta=meta_of(body),
+                              header_sha256={name: hashlib.sha256(self.headers[name].encode()).hexdigest()
+                                             for name in digests if self.headers.get(name) is not None})
                 if fault is not None and fault.action == "kill" and fault.when == "request":
                     time.sleep(fault.delay_ms / 1000)
                     upstream.kill()
@@ -182,9 +187,13 @@ def main() -> None:
     argv = sys.argv[1:]
     control = None
     listen = "127.0.0.1:0"
+    digests: list[str] = []
     while argv and argv[0] != "--":
         if argv[0] == "--control":
             control, argv = argv[1], argv[2:]
+        elif argv[0] == "--header-digest":
+            digests.append(argv[1])
+            argv = argv[2:]
         elif argv[0] == "--listen":
             listen, argv = argv[1], argv[2:]
         else:
@@ -196,7 +205,7 @@ def main() -> None:
     upstream = Upstream(argv, rules)
     upstream.ensure()
     host, port = listen.rsplit(":", 1)
-    server = http.server.ThreadingHTTPServer((host, int(port)), handler(upstream, rules))
+    server = http.server.ThreadingHTTPServer((host, int(port)), handler(upstream, rules, digests))
     server.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda *_: (upstream.stop(), os._exit(0)))
     print(f"listening on http://{host}:{server.server_address[1]}", flush=True)
