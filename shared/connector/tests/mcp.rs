@@ -91,10 +91,15 @@ async fn over_http(notebook: &Notebook) -> (Catalog, McpConnector) {
 
 /// The stdio notebook: the fixture binary with its state in `dir`.
 async fn over_stdio(dir: &Path) -> (Catalog, McpConnector) {
+    // The token's secret is a variable cargo sets for this test process (its package name).
     let text = format!(
-        r#"[mcp_servers.notebook]
+        r#"[credentials.token]
+kind = "bearer"
+token = {{ env = "CARGO_PKG_NAME" }}
+[mcp_servers.notebook]
 command = "{}"
 env = {{ FIXTURE_STATE = "{}", FIXTURE_PID = "{}" }}
+env_credentials = {{ FIXTURE_TOKEN = "token" }}
 timeout_ms = 5000
 {ALLOW}
 {}"#,
@@ -430,4 +435,108 @@ async fn a_server_that_cannot_be_started_is_a_load_error_naming_it_and_a_call_is
         "{outcome:?}"
     );
     assert!(notebook.notes().is_empty());
+}
+
+#[tokio::test]
+async fn a_stdio_server_gets_its_env_and_credentials_and_none_of_sluices_environment() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (catalog, connector) = over_stdio(dir.path()).await;
+    let append = tool(&catalog, "notebook/append");
+    let outcome = connector
+        .dispatch(append, &command_for(append, 0, json!({"text": "env"})))
+        .await;
+    assert!(
+        matches!(outcome, DispatchOutcome::Committed { .. }),
+        "{outcome:?}"
+    );
+    let notes = stored_notes(dir.path());
+    let note = &notes[0];
+    assert_eq!(
+        note.token.as_deref(),
+        Some(env!("CARGO_PKG_NAME")),
+        "env_credentials"
+    );
+    assert!(
+        note.env.iter().any(|name| name == "FIXTURE_STATE"),
+        "env: {:?}",
+        note.env
+    );
+    assert!(note.env.iter().any(|name| name == "PATH"), "{:?}", note.env);
+    // Cargo sets these for this test process; the server must not inherit them.
+    for name in ["CARGO_PKG_NAME", "CARGO_MANIFEST_DIR"] {
+        assert!(std::env::var_os(name).is_some(), "{name} is set here");
+        assert!(
+            !note.env.iter().any(|seen| seen == name),
+            "{name} leaked: {:?}",
+            note.env
+        );
+    }
+    connector.close().await;
+}
+
+#[tokio::test]
+async fn an_http_server_gets_the_credential_on_every_request() {
+    let notebook = Notebook::in_memory();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Option<String>>::new()));
+    let config = StreamableHttpServerConfig::default();
+    let served = notebook.clone();
+    let service: StreamableHttpService<Notebook, LocalSessionManager> =
+        StreamableHttpService::new(move || Ok(served.clone()), Default::default(), config);
+    let recorder = std::sync::Arc::clone(&seen);
+    let router =
+        axum::Router::new()
+            .nest_service("/mcp", service)
+            .layer(axum::middleware::from_fn(
+                move |request: axum::extract::Request, next: axum::middleware::Next| {
+                    let recorder = std::sync::Arc::clone(&recorder);
+                    async move {
+                        let header = request
+                            .headers()
+                            .get("authorization")
+                            .and_then(|value| value.to_str().ok())
+                            .map(str::to_owned);
+                        recorder.lock().expect("not poisoned").push(header);
+                        next.run(request).await
+                    }
+                },
+            ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let address = listener.local_addr().expect("bound");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    let text = format!(
+        r#"[credentials.vendor]
+kind = "bearer"
+token = {{ env = "CARGO_PKG_NAME" }}
+[mcp_servers.notebook]
+url = "http://{address}/mcp"
+credential = "vendor"
+timeout_ms = 5000
+{ALLOW}
+{}"#,
+        overrides("notebook")
+    );
+    let (catalog, connector) = loaded(&text).await;
+    let append = tool(&catalog, "notebook/append");
+    let outcome = connector
+        .dispatch(
+            append,
+            &command_for(append, 0, json!({"text": "with a token"})),
+        )
+        .await;
+    assert!(
+        matches!(outcome, DispatchOutcome::Committed { .. }),
+        "{outcome:?}"
+    );
+    let seen = seen.lock().expect("not poisoned").clone();
+    let expected = format!("Bearer {}", env!("CARGO_PKG_NAME"));
+    assert!(seen.len() >= 3, "handshake, list and call: {seen:?}");
+    assert!(
+        seen.iter()
+            .all(|header| header.as_deref() == Some(expected.as_str())),
+        "{seen:?}"
+    );
 }

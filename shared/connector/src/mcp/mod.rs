@@ -147,14 +147,18 @@ pub async fn discover(catalog: Catalog, connector: &McpConnector) -> Result<Cata
     catalog.with_mcp_tools(&listings)
 }
 
+/// The span of one `tools/call`, named and attributed by OpenTelemetry's MCP conventions
+/// (`tools/call <tool>`, `mcp.method.name`, `gen_ai.tool.name`), with Sluice's own fields.
 macro_rules! mcp_span {
-    ($name:literal, $tool:expr, $command:expr, $binding:expr, $called:expr) => {
+    ($name:literal, $call:literal, $tool:expr, $command:expr, $binding:expr, $called:expr) => {
         info_span!(
             $name,
+            otel.name = %format_args!("tools/call {}", $called),
             otel.kind = "client",
-            rpc.system = "mcp",
-            mcp.server = %$binding.server,
-            mcp.tool = %$called,
+            mcp.method.name = "tools/call",
+            gen_ai.tool.name = %$called,
+            sluice.mcp_server = %$binding.server,
+            sluice.call = $call,
             run_id = %$command.run_id,
             command_key = %$command.command_key,
             tool = %$tool.name(),
@@ -179,6 +183,7 @@ impl McpConnector {
         };
         let span = mcp_span!(
             "connector.mcp.dispatch",
+            "dispatch",
             tool,
             command,
             binding,
@@ -235,6 +240,7 @@ impl McpConnector {
         };
         let span = mcp_span!(
             "connector.mcp.status_check",
+            "status_check",
             tool,
             command,
             binding,
@@ -312,6 +318,7 @@ impl McpConnector {
         };
         let span = mcp_span!(
             "connector.mcp.compensate",
+            "compensate",
             tool,
             command,
             binding,

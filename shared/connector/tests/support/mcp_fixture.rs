@@ -32,6 +32,12 @@ pub struct Note {
     pub key_argument: Option<String>,
     /// The call's `_meta`, as received.
     pub meta: Value,
+    /// The names of the server's environment variables, and `FIXTURE_TOKEN`'s value: what a
+    /// stdio server was given.
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default)]
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -96,6 +102,10 @@ impl Notebook {
                 .and_then(Value::as_str)
                 .map(str::to_owned),
             meta,
+            env: std::env::vars_os()
+                .filter_map(|(name, _)| name.into_string().ok())
+                .collect(),
+            token: std::env::var("FIXTURE_TOKEN").ok(),
         };
         notes.push(note.clone());
         self.save(&notes);
