@@ -540,3 +540,47 @@ timeout_ms = 5000
         "{seen:?}"
     );
 }
+
+#[tokio::test]
+async fn a_call_to_an_http_server_that_went_away_is_not_sent() {
+    let notebook = Notebook::in_memory();
+    let stop = tokio_util::sync::CancellationToken::new();
+    // The server's own streams end with it, so the graceful shutdown does not wait on them.
+    let config = StreamableHttpServerConfig::default().with_cancellation_token(stop.child_token());
+    let served = notebook.clone();
+    let service: StreamableHttpService<Notebook, LocalSessionManager> =
+        StreamableHttpService::new(move || Ok(served.clone()), Default::default(), config);
+    let router = axum::Router::new().nest_service("/mcp", service);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let address = listener.local_addr().expect("bound");
+    let stopped = stop.clone();
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, router)
+            .with_graceful_shutdown(async move { stopped.cancelled().await })
+            .await;
+    });
+    let text = format!(
+        "[mcp_servers.notebook]\nurl = \"http://{address}/mcp\"\ntimeout_ms = 2000\n{ALLOW}\n{}",
+        overrides("notebook")
+    );
+    let (catalog, connector) = loaded(&text).await;
+    let append = tool(&catalog, "notebook/append");
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the server stops")
+        .expect("the server task ends");
+    let outcome = connector
+        .dispatch(
+            append,
+            &command_for(append, 0, json!({"text": "nobody home"})),
+        )
+        .await;
+    assert!(
+        matches!(outcome, DispatchOutcome::NotSent { .. }),
+        "{outcome:?}"
+    );
+    assert!(notebook.notes().is_empty());
+}

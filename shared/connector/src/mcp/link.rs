@@ -11,7 +11,9 @@ use reqwest::header::HeaderMap;
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, RequestMetaObject};
 use rmcp::service::{Peer, RoleClient, RunningService, ServiceError};
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransportConfig, StreamableHttpError,
+};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::{Map, Value};
 use sluice_core::catalog::{McpServer, McpTransport, StdioCommand};
@@ -193,6 +195,9 @@ impl Link {
                 code: error.code.0,
                 message: error.message.into_owned(),
             },
+            Ok(Err(ServiceError::TransportSend(error))) if never_left(&error) => Reply::NotSent(
+                format!("MCP tool {tool}: no connection to the server: {error}"),
+            ),
             Ok(Err(other)) => Reply::Lost(format!("MCP tool {tool}: {}", describe(&other))),
         }
     }
@@ -210,6 +215,27 @@ impl Link {
             )),
         }
     }
+}
+
+/// Whether a send failed before the request could reach the server: the HTTP connection was
+/// refused or could not be made (a server that went away since the last call). Anything
+/// else — a connection that broke, a timeout, a status — may have been after the server read
+/// the request.
+fn never_left(error: &rmcp::transport::DynamicTransportError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error.error.as_ref());
+    while let Some(current) = source {
+        // rmcp's HTTP error holds reqwest's without naming it as its source.
+        if let Some(StreamableHttpError::Client(http)) =
+            current.downcast_ref::<StreamableHttpError<reqwest::Error>>()
+        {
+            return http.is_connect();
+        }
+        if let Some(http) = current.downcast_ref::<reqwest::Error>() {
+            return http.is_connect();
+        }
+        source = current.source();
+    }
+    false
 }
 
 fn describe(error: &ServiceError) -> String {

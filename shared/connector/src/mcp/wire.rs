@@ -3,7 +3,7 @@
 //!
 //! | answer                                                        | dispatch            |
 //! |---------------------------------------------------------------|---------------------|
-//! | no connection (spawn, connect, handshake failed)               | not sent            |
+//! | no connection (spawn, connect, handshake, HTTP connect refused) | not sent            |
 //! | a result                                                       | committed           |
 //! | a result with `isError: true`                                  | as `on_error` says  |
 //! | JSON-RPC -32700, -32600, -32601, -32602 (nothing ran)          | refused             |
