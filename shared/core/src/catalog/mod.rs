@@ -138,6 +138,8 @@
 //! * `args` — argument checks against the schema.
 //! * `events` — `[tool.events]`: the arguments a tool publishes with its events.
 //! * `rules` — `[[rule]]` and `[[tool.rule]]`: CEL conditions, compiled and checked at load.
+//! * `budgets` — `[budgets.<name>]`: spend budgets over a `[tool.money]` field (format there;
+//!   what they decide in `crate::budget`).
 //! * `raw` — the TOML as written.
 //! * `build` — the rules a tool must satisfy to load.
 //! * `tool` — a validated [`Tool`] and its state machine [`Rules`].
@@ -145,6 +147,7 @@
 //!   environment.
 
 mod args;
+mod budgets;
 mod build;
 mod credential;
 mod endpoint;
@@ -231,6 +234,8 @@ pub struct Catalog {
     /// The upstreams of tools naming none that the catalog does not declare, by host (or
     /// tool name): the default breaker, no limit.
     implicit: BTreeMap<String, crate::flow::UpstreamSpec>,
+    /// `[budgets.<name>]`, by name.
+    budgets: Vec<crate::budget::Budget>,
 }
 
 /// Operator replays allowed over all of a run's commands unless the catalog says otherwise.
@@ -356,6 +361,7 @@ impl Catalog {
             }
             tools.push(tool);
         }
+        let budgets = budgets::build_budgets(raw.budgets, file, &tools)?;
         Ok(Self {
             source_name: file.to_owned(),
             default_namespace,
@@ -368,7 +374,13 @@ impl Catalog {
             credentials,
             upstreams,
             implicit,
+            budgets,
         })
+    }
+
+    /// The spend budgets (`[budgets.<name>]`), by name.
+    pub fn budgets(&self) -> &[crate::budget::Budget] {
+        &self.budgets
     }
 
     /// The catalog's named credentials.
