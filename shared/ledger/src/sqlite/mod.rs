@@ -20,6 +20,7 @@
 //! writer. A checkpointer thread copies the WAL into the database file beside the writer, so no
 //! commit waits for a checkpoint (see `Checkpointer`).
 
+mod budgets;
 mod flow;
 mod schema;
 mod sweep;

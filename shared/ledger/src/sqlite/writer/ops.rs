@@ -110,6 +110,27 @@ impl Writer {
             Op::WebhookUpdate { next, expected } => {
                 Ok(Reply::Webhook(self.webhook_update(next, *expected)?))
             }
+            Op::BudgetHold {
+                run_id,
+                command_key,
+                tag,
+                lines,
+                mode,
+            } => Ok(Reply::Budget(Some(self.budget_hold(
+                run_id,
+                command_key,
+                tag,
+                lines,
+                *mode,
+            )?))),
+            Op::BudgetUnhold {
+                run_id,
+                command_key,
+                tag,
+            } => {
+                self.budget_unhold(run_id, command_key, tag)?;
+                Ok(Reply::Budget(None))
+            }
         })
     }
 
@@ -449,6 +470,8 @@ impl Writer {
         if let Some(audit) = audit {
             self.append(audit)?;
         }
+        // The command's budget holds follow its status in this same transaction.
+        self.budget_follow(run, key, transition.guard.status, next.status)?;
         Ok(Ok(CasReply::Applied { identity }))
     }
 
