@@ -291,6 +291,24 @@ impl Api {
             None => command,
         }
         .for_tenant(tenant);
+        let tool_label = tool.name().to_string();
+        // Room in the tenant's quota, before anything is recorded: over it, 429 and nothing
+        // written. Held until the reservation is counted.
+        let quota = self.take_quota(&command).await.inspect_err(|e| {
+            if e.status() == StatusCode::TOO_MANY_REQUESTS {
+                self.count(&tool_label, "over_quota");
+            }
+        })?;
+        // Room in every spend budget covering it, held before anything is recorded (over a
+        // budget: 409 and nothing written, or BLOCKED for a person; `crate::budgets`).
+        let (command, budgeted) =
+            self.hold_budgets(command, &rules, now)
+                .await
+                .inspect_err(|e| {
+                    if e.code() == "budget_exceeded" {
+                        self.count(&tool_label, "over_budget");
+                    }
+                })?;
         // A tool that may be called twice with one key is leased in its reservation's own
         // write: its dispatch then costs no lease write (machine::lease_at_reservation).
         let policy = policy::evaluate(
@@ -310,15 +328,10 @@ impl Api {
             outcome = tracing::field::Empty,
         );
         let command = command.traced(span.in_scope(crate::trace::for_command));
-        let tool_label = tool.name().to_string();
-        let audit = command.reservation_audit(ACTOR);
-        // Room in the tenant's quota, before anything is recorded: over it, 429 and nothing
-        // written. Held until the reservation is counted.
-        let quota = self.take_quota(&command).await.inspect_err(|e| {
-            if e.status() == StatusCode::TOO_MANY_REQUESTS {
-                self.count(&tool_label, "over_quota");
-            }
-        })?;
+        let mut audit = command.reservation_audit(ACTOR);
+        if let Some(reason) = &budgeted.blocked {
+            audit.reason = format!("reserved and {reason}");
+        }
         // Room in the dispatch backlog, taken before the reservation: a burst waits here
         // instead of piling up behind the dispatcher (`bus.admission`).
         let admission = if matches!(
@@ -332,6 +345,7 @@ impl Api {
         // An agent adds to its own runs only.
         let confined = self.must_confine(principal, &command.run_id);
         let run_id = command.run_id.clone();
+        let command_key = command.command_key.clone();
         sluice_faults::point!("producer.reserve.pre");
         let reserved = if confined {
             self.ctx
@@ -347,6 +361,8 @@ impl Api {
                 .await
         };
         sluice_faults::point!("producer.reserve.post");
+        self.unhold_refused((&run_id, &command_key), &budgeted, &reserved)
+            .await;
         drop(quota);
         span.record(
             "outcome",
