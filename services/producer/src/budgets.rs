@@ -12,7 +12,7 @@
 //! submission's own hold at once.
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -25,7 +25,7 @@ use sluice_core::time::Timestamp;
 use sluice_ledger::{Held, HoldMode, LedgerError, Reserved, submission_tag};
 
 use crate::auth::{Caller, Need};
-use crate::{Api, ApiError};
+use crate::{Api, ApiError, Q};
 
 /// What admission did with a submission's budgets.
 #[derive(Debug, Default)]
@@ -206,7 +206,7 @@ pub(crate) struct BudgetQuery {
 pub(crate) async fn list(
     State(api): State<Api>,
     Caller(principal): Caller,
-    Query(query): Query<BudgetQuery>,
+    Q(query): Q<BudgetQuery>,
 ) -> Result<Response, ApiError> {
     principal.require(Need::ReadAll)?;
     let at = match query.at.as_deref() {
