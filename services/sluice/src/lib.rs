@@ -3,7 +3,6 @@
 //! image's healthcheck) and the operator console.
 
 pub mod bench;
-pub mod budgets_cmd;
 pub mod catalog_cmd;
 pub mod console;
 pub mod demo;

@@ -74,9 +74,6 @@ enum Command {
     /// For operators of [[webhooks]]: send a signed test event, list deliveries, retry those
     /// given up.
     Webhooks(sluice::webhooks_cmd::WebhooksArgs),
-    /// For operators: every spend budget of the catalog and what its counters hold in the
-    /// current window (or the one holding --at).
-    Budgets(sluice::budgets_cmd::BudgetsArgs),
     /// For container healthchecks (the image has no shell or curl): GET a URL, exit 0 when it
     /// answers 2xx, else exit 1 saying what it answered.
     Health(sluice::health::HealthArgs),
@@ -203,18 +200,6 @@ async fn run() -> anyhow::Result<ExitCode> {
         }
         Command::Catalog(args) => {
             return Ok(match sluice::catalog_cmd::run(args) {
-                Ok(out) => {
-                    println!("{out}");
-                    ExitCode::SUCCESS
-                }
-                Err(message) => {
-                    eprintln!("error: {message}");
-                    ExitCode::FAILURE
-                }
-            });
-        }
-        Command::Budgets(args) => {
-            return Ok(match sluice::budgets_cmd::run(args).await {
                 Ok(out) => {
                     println!("{out}");
                     ExitCode::SUCCESS
