@@ -6,7 +6,9 @@
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use sluice_bus::Topic;
 use sluice_core::command::CommandStatus::*;
+use sluice_runtime::messages::header;
 use sluice_tests::*;
 use sluice_upstream::Faults;
 
@@ -197,6 +199,12 @@ on_exceed = "require_approval"
         )
     })
     .await;
+    let mut events = h
+        .ctx()
+        .bus
+        .subscribe(Topic::Events, "e2e-budget-events", "e2e-budget-events-1")
+        .await
+        .expect("an outside consumer subscribes to the events");
     let run = "r-budget-approval";
     let first = h
         .agent
@@ -217,6 +225,30 @@ on_exceed = "require_approval"
     assert_eq!(over.status(), Blocked, "{over:?}");
     let key = over.command_key.to_string();
     assert_eq!(counter(&h, "per_run", run).await, (400_000, 1));
+    // Approvers hear of it as of any blocked command: a `blocked` event from the producer.
+    let blocked = loop {
+        let delivery = tokio::time::timeout(DEADLINE, events.next())
+            .await
+            .expect("a lifecycle event within the deadline")
+            .expect("the bus is open");
+        let headers = &delivery.message.headers;
+        let kind = (
+            header(headers, "ce_type").map(str::to_owned),
+            header(headers, "ce_source").map(str::to_owned),
+        );
+        let ours = header(headers, "ce_subject") == Some(format!("{run}/{key}").as_str());
+        delivery.ack().await.expect("acknowledged");
+        if ours {
+            break kind;
+        }
+    };
+    assert_eq!(
+        blocked,
+        (
+            Some("dev.sluice.effect.blocked.v1".to_owned()),
+            Some("/sluice/producer".to_owned())
+        )
+    );
     let trail = h.audit(run).await;
     assert_eq!(trail.path(&key), vec![(None, Some(Blocked))]);
     let reason = &trail.of(&key)[0].record.reason;

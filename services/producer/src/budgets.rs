@@ -36,6 +36,8 @@ pub(crate) struct Admitted {
     pub tag: String,
     /// Why the command is recorded BLOCKED: a `require_approval` budget it would pass.
     pub blocked: Option<String>,
+    /// The step that blocked it: its lifecycle event is published once the command is recorded.
+    pub block: Option<Box<machine::Step>>,
 }
 
 fn exceeded(line: &BudgetLine, used: i64) -> Value {
@@ -73,6 +75,7 @@ impl Api {
         let mut admitted = Admitted {
             fresh: false,
             blocked: None,
+            block: None,
             tag: submission_tag(command.args_hash.as_str(), command.submitted_by.as_deref()),
         };
         if lines.is_empty() {
@@ -159,8 +162,9 @@ impl Api {
             )
         })?;
         let mut command = command;
-        command.state = step.state;
-        admitted.blocked = Some(step.reason);
+        command.state = step.state.clone();
+        admitted.blocked = Some(step.reason.clone());
+        admitted.block = Some(Box::new(step));
         Ok((command, admitted))
     }
 

@@ -414,6 +414,20 @@ impl Api {
         match reserved {
             Reserved::Created(command) => {
                 self.count(&tool_label, "created");
+                // Recorded BLOCKED past a budget: approvers hear of it as of any other block.
+                if let Some(block) = &budgeted.block
+                    && let Err(e) = self
+                        .ctx
+                        .carry_out(ACTOR, &command, block, Cause::Reserved)
+                        .await
+                {
+                    tracing::warn!(
+                        run_id = %command.run_id,
+                        command_key = %command.command_key,
+                        error = %e,
+                        "the BLOCKED event of a command over its budget was not published"
+                    );
+                }
                 if matches!(
                     command.status(),
                     CommandStatus::Pending | CommandStatus::Leased
