@@ -599,6 +599,22 @@ impl sluice_ledger::BudgetStore for Unreachable {
         self.0.budget_unhold(run_id, command_key, tag).await
     }
 
+    async fn reserve_held(
+        &self,
+        command: Command,
+        audit: AuditDraft,
+        confined: bool,
+        tag: &str,
+        lines: &[sluice_core::budget::BudgetLine],
+        mode: sluice_ledger::HoldMode,
+    ) -> Result<sluice_ledger::Budgeted, LedgerError> {
+        let budgeted = self
+            .0
+            .reserve_held(command, audit, confined, tag, lines, mode)
+            .await?;
+        Ok(budgeted)
+    }
+
     async fn budget_counters(
         &self,
         budget: &str,

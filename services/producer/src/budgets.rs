@@ -5,11 +5,12 @@
 //!
 //! Over a limit, `on_exceed = "deny"` refuses the submission (409 `budget_exceeded`, nothing
 //! recorded) and `"require_approval"` records the command BLOCKED with a deferred hold that
-//! counts once a person approves it. The hold is taken before the reservation: a crash in
-//! between leaves it held under the command's key, which the retried admission finds (more
-//! counted than spent until then, never less). A reservation the ledger refuses (argument
-//! drift, another agent's run, a closed run, a business key held elsewhere) gives back this
-//! submission's own hold at once.
+//! counts once a person approves it. The holds and the reservation are one ledger call
+//! (`BudgetStore::reserve_held`): one write transaction on SQLite; on CQL the holds first, so a
+//! crash in between leaves them under the command's key, which the retried admission takes
+//! over (more counted than spent until then, never less). A reservation the ledger refuses
+//! (argument drift, another agent's run, a closed run, a business key held elsewhere) gives
+//! back this submission's own holds.
 
 use axum::Json;
 use axum::extract::State;
@@ -22,22 +23,20 @@ use sluice_core::budget::{BudgetLine, OnExceed, lines};
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::machine::{self, Event};
 use sluice_core::time::Timestamp;
-use sluice_ledger::{Held, HoldMode, LedgerError, Reserved, submission_tag};
+use sluice_ledger::{Budgeted, Held, HoldMode, LedgerError, Reserved, submission_tag};
 
 use crate::auth::{Caller, Need};
 use crate::{Api, ApiError, Q};
 
-/// What admission did with a submission's budgets.
+/// The budgets covering a submission: the lines it counts against and its tag.
 #[derive(Debug, Default)]
-pub(crate) struct Admitted {
-    /// This submission took holds now: given back if the ledger refuses its reservation.
-    pub fresh: bool,
+pub(crate) struct Budgets {
+    pub lines: Vec<BudgetLine>,
+    /// The command's state before any lease its reservation would take: what is blocked when
+    /// a `require_approval` budget would be passed.
+    pub unleased: Option<sluice_core::command::CommandState>,
     /// The submission's tag (`sluice_ledger::submission_tag`).
     pub tag: String,
-    /// Why the command is recorded BLOCKED: a `require_approval` budget it would pass.
-    pub blocked: Option<String>,
-    /// The step that blocked it: its lifecycle event is published once the command is recorded.
-    pub block: Option<Box<machine::Step>>,
 }
 
 fn exceeded(line: &BudgetLine, used: i64) -> Value {
@@ -56,59 +55,115 @@ fn exceeded(line: &BudgetLine, used: i64) -> Value {
 }
 
 impl Api {
-    /// Holds `command`'s amount against every budget covering it. Returns the command to
-    /// record: as given, or BLOCKED when a `require_approval` budget would be passed.
-    pub(crate) async fn hold_budgets(
+    /// The budget lines of `command` at `now` (422 for an amount that cannot be counted).
+    pub(crate) fn budgets_of(
         &self,
-        command: Command,
-        rules: &sluice_core::machine::Rules,
+        command: &Command,
         now: Timestamp,
-    ) -> Result<(Command, Admitted), ApiError> {
-        let catalog = &self.ctx.catalog;
-        let lines = lines(catalog.budgets(), &command, now).map_err(|e| {
+    ) -> Result<Budgets, ApiError> {
+        let lines = lines(self.ctx.catalog.budgets(), command, now).map_err(|e| {
             ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid_arguments",
                 e.to_string(),
             )
         })?;
-        let mut admitted = Admitted {
-            fresh: false,
-            blocked: None,
-            block: None,
+        Ok(Budgets {
+            lines,
+            unleased: Some(command.state.clone()),
             tag: submission_tag(command.args_hash.as_str(), command.submitted_by.as_deref()),
-        };
-        if lines.is_empty() {
-            return Ok((command, admitted));
+        })
+    }
+
+    fn count_budget(&self, budget: &str, outcome: &str) {
+        self.ctx
+            .metrics
+            .budget_admissions
+            .with_label_values(&[budget, outcome])
+            .inc();
+    }
+
+    /// Reserves a submission: with its budget holds when budgets cover it, else as before
+    /// (`reserve_own` for an agent confined to its own runs).
+    pub(crate) async fn reserve_submission(
+        &self,
+        command: Command,
+        audit: sluice_core::audit::AuditDraft,
+        confined: bool,
+        budgets: &Budgets,
+        rules: &sluice_core::machine::Rules,
+        now: Timestamp,
+    ) -> Result<(Result<Reserved, LedgerError>, Option<machine::Step>), ApiError> {
+        if !budgets.lines.is_empty() {
+            return self
+                .reserve_within_budgets(command, audit, confined, budgets, rules, now)
+                .await;
         }
         let ledger = &self.ctx.ledger;
-        let held = ledger
-            .budget_hold(
-                &command.run_id,
-                &command.command_key,
-                &admitted.tag,
-                &lines,
+        let reserved = if confined {
+            ledger.reserve_own(command, audit).await
+        } else {
+            ledger.reserve(command, audit).await
+        };
+        Ok((reserved, None))
+    }
+
+    /// Publishes the BLOCKED event of a command recorded blocked past a budget.
+    pub(crate) async fn announce_blocked(&self, command: &Command, block: &machine::Step) {
+        let carried = self
+            .ctx
+            .carry_out(
+                crate::ACTOR,
+                command,
+                block,
+                sluice_runtime::messages::Cause::Reserved,
+            )
+            .await;
+        if let Err(e) = carried {
+            tracing::warn!(
+                run_id = %command.run_id,
+                command_key = %command.command_key,
+                error = %e,
+                "the BLOCKED event of a command over its budget was not published"
+            );
+        }
+    }
+
+    /// Reserves `command` with its budget holds (`BudgetStore::reserve_held`). Past a
+    /// `require_approval` budget it is recorded BLOCKED instead, from `budgets.unleased` (its
+    /// state before any lease its reservation would have taken), with a deferred hold; the step that
+    /// blocked it comes back so that its event is published. Past a `deny` budget: 409.
+    pub(crate) async fn reserve_within_budgets(
+        &self,
+        command: Command,
+        audit: sluice_core::audit::AuditDraft,
+        confined: bool,
+        budgets: &Budgets,
+        rules: &sluice_core::machine::Rules,
+        now: Timestamp,
+    ) -> Result<(Result<Reserved, LedgerError>, Option<machine::Step>), ApiError> {
+        let ledger = &self.ctx.ledger;
+        let first = ledger
+            .reserve_held(
+                command.clone(),
+                audit,
+                confined,
+                &budgets.tag,
+                &budgets.lines,
                 HoldMode::Enforce,
             )
-            .await
-            .map_err(|e| ApiError::unavailable(&e))?;
-        let count = |budget: &str, outcome: &str| {
-            self.ctx
-                .metrics
-                .budget_admissions
-                .with_label_values(&[budget, outcome])
-                .inc();
-        };
-        let (line, used) = match held {
-            Held::Fresh => {
-                for line in &lines {
-                    count(&line.budget, "held");
+            .await;
+        let (line, used) = match first {
+            Err(e) => return Ok((Err(e), None)),
+            Ok(Budgeted::Recorded { reserved, held }) => {
+                if held == Held::Fresh {
+                    for line in &budgets.lines {
+                        self.count_budget(&line.budget, "held");
+                    }
                 }
-                admitted.fresh = true;
-                return Ok((command, admitted));
+                return Ok((Ok(*reserved), None));
             }
-            Held::Already => return Ok((command, admitted)),
-            Held::Exceeded { line, used } => (line, used),
+            Ok(Budgeted::Exceeded { line, used }) => (line, used),
         };
         let reason = format!(
             "budget {} would pass its limit: {} {} held of {} in this {} window, and this is {}",
@@ -119,31 +174,21 @@ impl Api {
             line.window.as_str(),
             line.amount
         );
+        let over = |why: String| {
+            ApiError::new(StatusCode::CONFLICT, "budget_exceeded", why)
+                .with_details(exceeded(&line, used))
+        };
         // Pending only: a command scheduled for later cannot wait for a person now.
-        let blockable = command.status() == CommandStatus::Pending;
-        if line.on_exceed == OnExceed::Deny || !blockable {
-            count(&line.budget, "denied");
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "budget_exceeded",
-                format!("{reason}; nothing was recorded"),
-            )
-            .with_details(exceeded(&line, used)));
-        }
-        count(&line.budget, "deferred");
-        let deferred = ledger
-            .budget_hold(
-                &command.run_id,
-                &command.command_key,
-                &admitted.tag,
-                &lines,
-                HoldMode::Defer,
-            )
-            .await
-            .map_err(|e| ApiError::unavailable(&e))?;
-        admitted.fresh = deferred == Held::Fresh;
+        let unleased = budgets
+            .unleased
+            .as_ref()
+            .filter(|state| state.status == CommandStatus::Pending);
+        let (OnExceed::RequireApproval, Some(unleased)) = (line.on_exceed, unleased) else {
+            self.count_budget(&line.budget, "denied");
+            return Err(over(format!("{reason}; nothing was recorded")));
+        };
         let step = machine::apply(
-            &command.state,
+            unleased,
             rules,
             &Event::Block {
                 reason,
@@ -152,47 +197,31 @@ impl Api {
             now,
         )
         .map_err(|refusal| {
-            ApiError::new(
-                StatusCode::CONFLICT,
-                "budget_exceeded",
-                format!(
-                    "over budget {} and cannot wait for approval: {refusal}",
-                    line.budget
-                ),
-            )
+            over(format!(
+                "over budget {} and cannot wait for approval: {refusal}",
+                line.budget
+            ))
         })?;
-        let mut command = command;
-        command.state = step.state.clone();
-        admitted.blocked = Some(step.reason.clone());
-        admitted.block = Some(Box::new(step));
-        Ok((command, admitted))
-    }
-
-    /// Gives back a submission's fresh holds when the ledger refused to record its command.
-    pub(crate) async fn unhold_refused(
-        &self,
-        command: (&sluice_core::ids::RunId, &sluice_core::ids::CommandKey),
-        admitted: &Admitted,
-        reserved: &Result<Reserved, LedgerError>,
-    ) {
-        let refused = matches!(
-            reserved,
-            Ok(Reserved::BusinessKeyHeld(_))
-                | Err(LedgerError::ArgumentDrift { .. }
-                    | LedgerError::ForeignRun { .. }
-                    | LedgerError::RunClosed { .. })
-        );
-        if !admitted.fresh || !refused {
-            return;
-        }
-        if let Err(e) = self
-            .ctx
-            .ledger
-            .budget_unhold(command.0, command.1, &admitted.tag)
-            .await
-        {
-            // Held all the same: more counted than spent, never less.
-            tracing::warn!(run_id = %command.0, command_key = %command.1, error = %e, "budget hold of a refused submission not given back");
+        let mut blocked = command;
+        blocked.state = step.state.clone();
+        let mut audit = blocked.reservation_audit(crate::ACTOR);
+        audit.reason = format!("reserved and {}", step.reason);
+        self.count_budget(&line.budget, "deferred");
+        let second = ledger
+            .reserve_held(
+                blocked,
+                audit,
+                confined,
+                &budgets.tag,
+                &budgets.lines,
+                HoldMode::Defer,
+            )
+            .await;
+        match second {
+            Err(e) => Ok((Err(e), None)),
+            Ok(Budgeted::Recorded { reserved, .. }) => Ok((Ok(*reserved), Some(step))),
+            // A deferred hold is never over a limit.
+            Ok(Budgeted::Exceeded { .. }) => Err(over("over budget".into())),
         }
     }
 }

@@ -687,38 +687,6 @@ impl sluice_ledger::FlowStore for CqlLedger {
 }
 
 #[async_trait]
-impl sluice_ledger::BudgetStore for CqlLedger {
-    async fn budget_hold(
-        &self,
-        run_id: &RunId,
-        command_key: &CommandKey,
-        tag: &str,
-        lines: &[sluice_core::budget::BudgetLine],
-        mode: sluice_ledger::HoldMode,
-    ) -> Result<sluice_ledger::Held, LedgerError> {
-        self.hold_budget(run_id, command_key, tag, lines, mode)
-            .await
-    }
-
-    async fn budget_unhold(
-        &self,
-        run_id: &RunId,
-        command_key: &CommandKey,
-        tag: &str,
-    ) -> Result<(), LedgerError> {
-        self.unhold_budget(run_id, command_key, tag).await
-    }
-
-    async fn budget_counters(
-        &self,
-        budget: &str,
-        window_start: i64,
-    ) -> Result<Vec<sluice_core::budget::BudgetCounter>, LedgerError> {
-        self.read_budget_counters(budget, window_start).await
-    }
-}
-
-#[async_trait]
 impl sluice_ledger::WebhookStore for CqlLedger {
     async fn webhook_enqueue(
         &self,

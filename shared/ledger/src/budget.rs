@@ -12,10 +12,12 @@
 use async_trait::async_trait;
 use serde::Serialize;
 
+use sluice_core::audit::AuditDraft;
 use sluice_core::budget::{BudgetCounter, BudgetLine};
+use sluice_core::command::Command;
 use sluice_core::ids::{CommandKey, RunId};
 
-use crate::LedgerError;
+use crate::{LedgerError, Reserved};
 
 /// The tag of one submission of a command: its argument hash and submitter. Holds are keyed by
 /// the command and this tag, so a submission refused by the ledger (argument drift, another
@@ -46,6 +48,28 @@ pub enum Held {
     Exceeded { line: Box<BudgetLine>, used: i64 },
 }
 
+/// What [`BudgetStore::reserve_held`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Budgeted {
+    /// The lines were held (or already were) and the reservation answered.
+    Recorded { reserved: Box<Reserved>, held: Held },
+    /// A line would pass its limit: nothing was held or recorded.
+    Exceeded { line: Box<BudgetLine>, used: i64 },
+}
+
+/// Whether a reservation's answer means nothing was recorded under the key for this submission
+/// (so its own fresh holds are given back): argument drift, another agent's run, a closed run,
+/// a business key held by another command.
+pub fn refused(reserved: &Result<Reserved, LedgerError>) -> bool {
+    matches!(
+        reserved,
+        Ok(Reserved::BusinessKeyHeld(_))
+            | Err(LedgerError::ArgumentDrift { .. }
+                | LedgerError::ForeignRun { .. }
+                | LedgerError::RunClosed { .. })
+    )
+}
+
 /// The holds of commands against spend budgets.
 #[async_trait]
 pub trait BudgetStore: Send + Sync + std::fmt::Debug + 'static {
@@ -71,6 +95,22 @@ pub trait BudgetStore: Send + Sync + std::fmt::Debug + 'static {
         command_key: &CommandKey,
         tag: &str,
     ) -> Result<(), LedgerError>;
+
+    /// Holds `lines` ([`BudgetStore::budget_hold`]) and, if they fit (or `mode` defers them),
+    /// reserves `command` ([`crate::CommandStore::reserve`], or `reserve_own` when `confined`);
+    /// a reservation [`refused`] gives back this submission's fresh holds. SQLite does it all in
+    /// one write transaction, so a crash leaves both or neither; CQL in two steps, hold first
+    /// (a crash in between leaves the hold keyed for the retried admission to take over).
+    #[allow(clippy::too_many_arguments)]
+    async fn reserve_held(
+        &self,
+        command: Command,
+        audit: AuditDraft,
+        confined: bool,
+        tag: &str,
+        lines: &[BudgetLine],
+        mode: HoldMode,
+    ) -> Result<Budgeted, LedgerError>;
 
     /// The counters of `budget` in the window starting at `window_start`.
     async fn budget_counters(

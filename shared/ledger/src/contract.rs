@@ -72,7 +72,8 @@ macro_rules! ledger_contract_tests {
             sixteen_racing_webhook_claims_have_one_winner,
             budget_holds_fit_up_to_the_limit_once_per_command,
             thirty_two_racing_holds_never_pass_the_limit,
-            budget_holds_follow_the_command_status
+            budget_holds_follow_the_command_status,
+            a_reservation_and_its_holds_are_one_step
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
@@ -95,8 +96,8 @@ mod shards;
 mod takeover;
 mod webhooks;
 pub use budgets::{
-    budget_holds_fit_up_to_the_limit_once_per_command, budget_holds_follow_the_command_status,
-    thirty_two_racing_holds_never_pass_the_limit,
+    a_reservation_and_its_holds_are_one_step, budget_holds_fit_up_to_the_limit_once_per_command,
+    budget_holds_follow_the_command_status, thirty_two_racing_holds_never_pass_the_limit,
 };
 pub use closing::eight_rollbacks_at_once_close_a_run_once;
 pub use flow::{

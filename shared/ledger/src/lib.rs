@@ -47,7 +47,7 @@ pub mod shards;
 pub mod sqlite;
 pub mod stored;
 
-pub use budget::{BudgetStore, Held, HoldMode, submission_tag};
+pub use budget::{BudgetStore, Budgeted, Held, HoldMode, submission_tag};
 pub use error::LedgerError;
 pub use flow::{FlowCas, FlowStore};
 pub use shards::{Member, ShardCas, ShardLease, SweepView};

@@ -668,6 +668,25 @@ impl sluice_ledger::BudgetStore for GaugedLedger {
         self.inner.budget_unhold(run_id, command_key, tag).await
     }
 
+    async fn reserve_held(
+        &self,
+        command: Command,
+        audit: AuditDraft,
+        confined: bool,
+        tag: &str,
+        lines: &[sluice_core::budget::BudgetLine],
+        mode: sluice_ledger::HoldMode,
+    ) -> Result<sluice_ledger::Budgeted, LedgerError> {
+        let budgeted = self
+            .inner
+            .reserve_held(command, audit, confined, tag, lines, mode)
+            .await?;
+        if let sluice_ledger::Budgeted::Recorded { reserved, .. } = &budgeted {
+            self.reserved(reserved);
+        }
+        Ok(budgeted)
+    }
+
     async fn budget_counters(
         &self,
         budget: &str,

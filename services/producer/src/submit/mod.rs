@@ -299,16 +299,8 @@ impl Api {
                 self.count(&tool_label, "over_quota");
             }
         })?;
-        // Room in every spend budget covering it, held before anything is recorded (over a
-        // budget: 409 and nothing written, or BLOCKED for a person; `crate::budgets`).
-        let (command, budgeted) =
-            self.hold_budgets(command, &rules, now)
-                .await
-                .inspect_err(|e| {
-                    if e.code() == "budget_exceeded" {
-                        self.count(&tool_label, "over_budget");
-                    }
-                })?;
+        // The spend budgets covering it, held with its reservation below (`crate::budgets`).
+        let budgets = self.budgets_of(&command, now)?;
         // A tool that may be called twice with one key is leased in its reservation's own
         // write: its dispatch then costs no lease write (machine::lease_at_reservation).
         let policy = policy::evaluate(
@@ -328,10 +320,7 @@ impl Api {
             outcome = tracing::field::Empty,
         );
         let command = command.traced(span.in_scope(crate::trace::for_command));
-        let mut audit = command.reservation_audit(ACTOR);
-        if let Some(reason) = &budgeted.blocked {
-            audit.reason = format!("reserved and {reason}");
-        }
+        let audit = command.reservation_audit(ACTOR);
         // Room in the dispatch backlog, taken before the reservation: a burst waits here
         // instead of piling up behind the dispatcher (`bus.admission`).
         let admission = if matches!(
@@ -345,24 +334,17 @@ impl Api {
         // An agent adds to its own runs only.
         let confined = self.must_confine(principal, &command.run_id);
         let run_id = command.run_id.clone();
-        let command_key = command.command_key.clone();
         sluice_faults::point!("producer.reserve.pre");
-        let reserved = if confined {
-            self.ctx
-                .ledger
-                .reserve_own(command, audit)
-                .instrument(span.clone())
-                .await
-        } else {
-            self.ctx
-                .ledger
-                .reserve(command, audit)
-                .instrument(span.clone())
-                .await
-        };
+        let (reserved, blocked_by_budget) = self
+            .reserve_submission(command, audit, confined, &budgets, &rules, now)
+            .instrument(span.clone())
+            .await
+            .inspect_err(|e| {
+                if e.code() == "budget_exceeded" {
+                    self.count(&tool_label, "over_budget");
+                }
+            })?;
         sluice_faults::point!("producer.reserve.post");
-        self.unhold_refused((&run_id, &command_key), &budgeted, &reserved)
-            .await;
         drop(quota);
         span.record(
             "outcome",
@@ -415,18 +397,8 @@ impl Api {
             Reserved::Created(command) => {
                 self.count(&tool_label, "created");
                 // Recorded BLOCKED past a budget: approvers hear of it as of any other block.
-                if let Some(block) = &budgeted.block
-                    && let Err(e) = self
-                        .ctx
-                        .carry_out(ACTOR, &command, block, Cause::Reserved)
-                        .await
-                {
-                    tracing::warn!(
-                        run_id = %command.run_id,
-                        command_key = %command.command_key,
-                        error = %e,
-                        "the BLOCKED event of a command over its budget was not published"
-                    );
+                if let Some(block) = &blocked_by_budget {
+                    self.announce_blocked(&command, block).await;
                 }
                 if matches!(
                     command.status(),

@@ -15,9 +15,11 @@ use std::collections::BTreeMap;
 
 use uuid::Uuid;
 
+use sluice_core::audit::AuditDraft;
 use sluice_core::budget::{BudgetCounter, BudgetLine, HoldChange, HoldState, apply_change, fits};
+use sluice_core::command::Command;
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_ledger::{Held, HoldMode, LedgerError};
+use sluice_ledger::{Budgeted, Held, HoldMode, LedgerError};
 
 use super::trips::back_off;
 use super::{CqlLedger, Lwt};
@@ -255,6 +257,39 @@ impl CqlLedger {
         })
     }
 
+    /// [`sluice_ledger::BudgetStore::reserve_held`]: the holds, then the reservation — two
+    /// partitions, so two steps; a refused reservation gives back this submission's fresh
+    /// holds, and a crash in between leaves them for the retried admission to take over.
+    pub(super) async fn reserve_budgeted(
+        &self,
+        command: Command,
+        audit: AuditDraft,
+        confined: bool,
+        tag: &str,
+        lines: &[BudgetLine],
+        mode: HoldMode,
+    ) -> Result<Budgeted, LedgerError> {
+        let (run_id, command_key) = (command.run_id.clone(), command.command_key.clone());
+        let held = self
+            .hold_budget(&run_id, &command_key, tag, lines, mode)
+            .await?;
+        if let Held::Exceeded { line, used } = held {
+            return Ok(Budgeted::Exceeded { line, used });
+        }
+        let reserved = self.reserve_as(command, audit, confined).await;
+        if held == Held::Fresh
+            && sluice_ledger::budget::refused(&reserved)
+            && let Err(e) = self.unhold_budget(&run_id, &command_key, tag).await
+        {
+            // Held all the same: more counted than spent, never less.
+            tracing::warn!(run_id = %run_id, command_key = %command_key, error = %e, "the budget hold of a refused reservation was not given back");
+        }
+        Ok(Budgeted::Recorded {
+            reserved: Box::new(reserved?),
+            held,
+        })
+    }
+
     /// [`sluice_ledger::BudgetStore::budget_unhold`].
     pub(super) async fn unhold_budget(
         &self,
@@ -351,5 +386,50 @@ impl CqlLedger {
         }
         out.sort_by(|a, b| (&a.scope_value, &a.currency).cmp(&(&b.scope_value, &b.currency)));
         Ok(out)
+    }
+}
+
+#[async_trait::async_trait]
+impl sluice_ledger::BudgetStore for CqlLedger {
+    async fn budget_hold(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        tag: &str,
+        lines: &[sluice_core::budget::BudgetLine],
+        mode: sluice_ledger::HoldMode,
+    ) -> Result<sluice_ledger::Held, LedgerError> {
+        self.hold_budget(run_id, command_key, tag, lines, mode)
+            .await
+    }
+
+    async fn budget_unhold(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        tag: &str,
+    ) -> Result<(), LedgerError> {
+        self.unhold_budget(run_id, command_key, tag).await
+    }
+
+    async fn budget_counters(
+        &self,
+        budget: &str,
+        window_start: i64,
+    ) -> Result<Vec<sluice_core::budget::BudgetCounter>, LedgerError> {
+        self.read_budget_counters(budget, window_start).await
+    }
+
+    async fn reserve_held(
+        &self,
+        command: Command,
+        audit: AuditDraft,
+        confined: bool,
+        tag: &str,
+        lines: &[sluice_core::budget::BudgetLine],
+        mode: sluice_ledger::HoldMode,
+    ) -> Result<sluice_ledger::Budgeted, LedgerError> {
+        self.reserve_budgeted(command, audit, confined, tag, lines, mode)
+            .await
     }
 }

@@ -275,3 +275,62 @@ pub async fn budget_holds_follow_the_command_status(ledger: Arc<dyn Ledger>) {
         "released on CANCELLED"
     );
 }
+
+pub async fn a_reservation_and_its_holds_are_one_step(ledger: Arc<dyn Ledger>) {
+    use crate::{Budgeted, LedgerError, Reserved};
+    let budget = fresh_budget("budget-reserve");
+    let run = fresh_run("budget-reserve");
+    let reserve = |i: u32, amount: i64, tag: &'static str| {
+        let ledger = ledger.clone();
+        let budget = budget.clone();
+        let command = command(&run, i, "payments/wire", 0, json!({"amount_minor": amount}));
+        async move {
+            let audit = command.reservation_audit("contract");
+            ledger
+                .reserve_held(
+                    command,
+                    audit,
+                    false,
+                    tag,
+                    &[line(&budget, amount, 1000)],
+                    HoldMode::Enforce,
+                )
+                .await
+        }
+    };
+    let Ok(Budgeted::Recorded {
+        reserved,
+        held: Held::Fresh,
+    }) = reserve(1, 700, TAG).await
+    else {
+        panic!("the first reservation holds and records");
+    };
+    let Reserved::Created(first) = *reserved else {
+        panic!("a new command: {reserved:?}");
+    };
+    assert_eq!(used(&*ledger, &budget).await, (700, 1));
+    // The same submission again: the stored command, held once.
+    let again = reserve(1, 700, TAG).await.expect("replay");
+    assert!(
+        matches!(&again, Budgeted::Recorded { reserved, held: Held::Already } if matches!(&**reserved, Reserved::Existing(c) if c.command_key == first.command_key)),
+        "{again:?}"
+    );
+    assert_eq!(used(&*ledger, &budget).await, (700, 1));
+    // Over the limit: neither a hold nor a command.
+    let over = reserve(2, 400, TAG).await.expect("answered");
+    assert!(
+        matches!(over, Budgeted::Exceeded { used: 700, .. }),
+        "{over:?}"
+    );
+    let missing = ledger.get(&run, &key(2)).await.expect("read");
+    assert!(missing.is_none(), "nothing recorded: {missing:?}");
+    assert_eq!(used(&*ledger, &budget).await, (700, 1));
+    // The same key with other arguments (and so another tag): refused as drift, its hold given
+    // back, the recorded command's kept.
+    let drift = reserve(1, 200, "other-hash:agent").await;
+    assert!(
+        matches!(drift, Err(LedgerError::ArgumentDrift { .. })),
+        "{drift:?}"
+    );
+    assert_eq!(used(&*ledger, &budget).await, (700, 1));
+}

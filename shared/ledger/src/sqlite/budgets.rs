@@ -4,13 +4,15 @@
 use async_trait::async_trait;
 use rusqlite::params;
 
+use sluice_core::audit::AuditDraft;
 use sluice_core::budget::{BudgetCounter, BudgetLine};
+use sluice_core::command::Command;
 use sluice_core::ids::{CommandKey, RunId};
 
 use super::SqliteLedger;
 use super::schema::map_err;
-use super::writer::{Op, Reply};
-use crate::{BudgetStore, Held, HoldMode, LedgerError};
+use super::writer::{BudgetHoldOp, Op, Reply};
+use crate::{BudgetStore, Budgeted, Held, HoldMode, LedgerError, Reserved};
 
 #[async_trait]
 impl BudgetStore for SqliteLedger {
@@ -52,6 +54,41 @@ impl BudgetStore for SqliteLedger {
         match self.submit(op).await?.result? {
             Reply::Budget(None) => Ok(()),
             _ => Err(LedgerError::Closed),
+        }
+    }
+
+    async fn reserve_held(
+        &self,
+        command: Command,
+        audit: AuditDraft,
+        confined: bool,
+        tag: &str,
+        lines: &[BudgetLine],
+        mode: HoldMode,
+    ) -> Result<Budgeted, LedgerError> {
+        let budget = (!lines.is_empty()).then(|| {
+            Box::new(BudgetHoldOp {
+                tag: tag.to_owned(),
+                lines: lines.to_vec(),
+                mode,
+            })
+        });
+        let held_any = budget.is_some();
+        match self.reserve_with(command, audit, confined, budget).await? {
+            Ok(reserved) => {
+                // One transaction: the holds are fresh exactly when the command is new.
+                let held = if held_any && matches!(reserved, Reserved::Created(_)) {
+                    Held::Fresh
+                } else {
+                    Held::Already
+                };
+                Ok(Budgeted::Recorded {
+                    reserved: Box::new(reserved),
+                    held,
+                })
+            }
+            Err(Held::Exceeded { line, used }) => Ok(Budgeted::Exceeded { line, used }),
+            Err(_) => Err(LedgerError::Closed),
         }
     }
 

@@ -61,6 +61,8 @@ pub(super) enum Op {
         state: String,
         /// Refuse if the run holds another submitter's command (`CommandStore::reserve_own`).
         confined: bool,
+        /// Budget holds taken in the same transaction first (`BudgetStore::reserve_held`).
+        budget: Option<Box<BudgetHoldOp>>,
     },
     Transition {
         transition: Box<Transition>,
@@ -122,6 +124,13 @@ pub(super) enum Op {
         command_key: String,
         tag: String,
     },
+}
+
+/// The holds a reservation takes with it.
+pub(super) struct BudgetHoldOp {
+    pub(super) tag: String,
+    pub(super) lines: Vec<sluice_core::budget::BudgetLine>,
+    pub(super) mode: crate::HoldMode,
 }
 
 pub(super) enum ReserveReply {

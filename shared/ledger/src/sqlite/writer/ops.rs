@@ -28,13 +28,42 @@ impl Writer {
                 identity,
                 state,
                 confined,
+                budget,
             } => {
-                if *confined && let Some(refused) = self.foreign(command)? {
+                // The budget holds first, in this same transaction: over a limit nothing is
+                // recorded; a refused reservation gives back what this submission took.
+                let held = match budget {
+                    Some(budget) => Some(self.budget_hold(
+                        command.run_id.as_str(),
+                        key,
+                        &budget.tag,
+                        &budget.lines,
+                        budget.mode,
+                    )?),
+                    None => None,
+                };
+                if let Some(held @ crate::Held::Exceeded { .. }) = held {
+                    return Ok(Ok(Reply::Budget(Some(held))));
+                }
+                let reserved = if *confined && let Some(refused) = self.foreign(command)? {
                     Err(refused)
                 } else {
                     self.reserve(command, key, audit, identity, state)?
-                        .map(Reply::Reserved)
+                };
+                let refused = matches!(
+                    &reserved,
+                    Ok(ReserveReply::Held(..))
+                        | Err(LedgerError::ArgumentDrift { .. }
+                            | LedgerError::ForeignRun { .. }
+                            | LedgerError::RunClosed { .. })
+                );
+                if refused
+                    && held == Some(crate::Held::Fresh)
+                    && let Some(budget) = budget
+                {
+                    self.budget_unhold(command.run_id.as_str(), key, &budget.tag)?;
                 }
+                reserved.map(Reply::Reserved)
             }
             Op::Transition {
                 transition,
