@@ -170,6 +170,19 @@ impl CatalogEdit {
         self
     }
 
+    /// Declares `[budgets.<name>]` from TOML text (`tools`, `scope`, `window`, `limits`, …).
+    pub fn budget(mut self, name: &str, toml_text: &str) -> Self {
+        let table: toml::Table = toml::from_str(toml_text).expect("the budget's TOML parses");
+        self.table
+            .entry("budgets".to_owned())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .expect("budgets is a table")
+            .insert(name.to_owned(), toml::Value::Table(table));
+        self.edited = true;
+        self
+    }
+
     /// Adds a policy rule from TOML text (`name`, `when`, `then`, …): the tool's own
     /// `[[tool.rule]]` when `tool` names one, else a catalog-wide `[[rule]]`.
     pub fn rule(mut self, tool: Option<&str>, toml_text: &str) -> Self {

@@ -38,6 +38,7 @@ const SERVED: &[(&str, &str)] = &[
     ("GET", "/v1/events/stream"),
     ("GET", "/v1/overview"),
     ("GET", "/v1/flow"),
+    ("GET", "/v1/budgets"),
     ("POST", "/v1/flow/{name}:pause"),
     ("POST", "/v1/flow/{name}:resume"),
     ("GET", "/ui"),
@@ -194,6 +195,11 @@ async fn the_server_answers_as_the_openapi_document_says() {
                 .policy("payments/wire", "lease_ttl_ms", 2_000)
                 .policy("payments/wire", "settle_ms", 300)
                 .policy("payments/wire", "on_absent", "fail")
+                .budget(
+                    "all_wires",
+                    "tools = [\"payments/wire\"]\nscope = \"tenant\"\nwindow = \"day\"\n\
+                     limits = { EUR = 1000000000000 }\non_exceed = \"deny\"\n",
+                )
         },
         |config| {
             tokens::install(config);
@@ -764,6 +770,36 @@ async fn the_server_answers_as_the_openapi_document_says() {
     );
     spec.call(&agent, "GET", OVERVIEW, OVERVIEW, None, 403)
         .await;
+    // Spend budgets: an operator's (the counters name tenants), not an agent's.
+    const BUDGETS: &str = "/v1/budgets";
+    let budgets = spec
+        .call(&operator, "GET", BUDGETS, BUDGETS, None, 200)
+        .await;
+    assert_eq!(
+        budgets.body["budgets"][0]["name"],
+        json!("all_wires"),
+        "{}",
+        budgets.text
+    );
+    spec.call(
+        &operator,
+        "GET",
+        BUDGETS,
+        "/v1/budgets?at=2026-12-07T10:00:00Z",
+        None,
+        200,
+    )
+    .await;
+    spec.call(
+        &operator,
+        "GET",
+        BUDGETS,
+        "/v1/budgets?at=yesterday",
+        None,
+        422,
+    )
+    .await;
+    spec.call(&agent, "GET", BUDGETS, BUDGETS, None, 403).await;
     // Flow control: the listing is an operator's, a pause and a resume an admin's.
     const FLOW: &str = "/v1/flow";
     const PAUSE: &str = "/v1/flow/{name}:pause";

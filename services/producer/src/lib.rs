@@ -27,6 +27,7 @@
 mod admission;
 pub mod audit;
 pub mod auth;
+pub mod budgets;
 pub mod events;
 pub mod flow;
 mod guard;
@@ -222,6 +223,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/events/stream", get(events::stream))
         .route("/v1/overview", get(overview::overview))
         .route("/v1/flow", get(flow::list))
+        .route("/v1/budgets", get(budgets::list))
         .route("/v1/flow/{*action}", post(flow::act))
         .merge(ui::routes(api.config.console_enabled(false)))
         .route("/healthz", get(|| async { "ok" }))

@@ -183,6 +183,13 @@ pub enum ConsoleCommand {
     /// Flow control: list upstreams and tools, pause or resume one.
     #[command(subcommand)]
     Flow(FlowCommand),
+    /// Spend budgets: each budget's counters (held, limit, left) in the current window, or the
+    /// one holding --at (operator, admin).
+    Budgets {
+        /// Any time in the window to show (RFC 3339).
+        #[arg(long)]
+        at: Option<String>,
+    },
     /// Remove finished runs untouched for a while, leaving their audit checkpoints, and list
     /// them; `--dry-run` lists what would be removed and kept, removing nothing.
     Purge {
@@ -500,6 +507,14 @@ pub async fn run(args: ConsoleArgs, command: ConsoleCommand) -> Result<String, F
             None,
         ),
         ConsoleCommand::Flow(FlowCommand::List) => (Method::GET, "/v1/flow".to_owned(), None),
+        ConsoleCommand::Budgets { at } => (
+            Method::GET,
+            match at {
+                Some(at) => format!("/v1/budgets?at={}", segment(at)),
+                None => "/v1/budgets".to_owned(),
+            },
+            None,
+        ),
         ConsoleCommand::Flow(FlowCommand::Pause { name, reason }) => (
             Method::POST,
             format!("/v1/flow/{}:pause", segment(name)),

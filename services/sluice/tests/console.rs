@@ -287,6 +287,11 @@ struct Pipeline {
 
 impl Pipeline {
     async fn start() -> Self {
+        Self::start_with_catalog("").await
+    }
+
+    /// With `extra` TOML (such as `[budgets.<name>]`) after the example catalog.
+    async fn start_with_catalog(extra: &str) -> Self {
         let upstream = sluice_upstream::Upstream::start(
             "127.0.0.1:0".parse().expect("an address"),
             sluice_upstream::Faults::none(),
@@ -313,7 +318,15 @@ impl Pipeline {
             });
         }
         config.validate().expect("valid");
-        let catalog = sluice_assemble::example_catalog_at(&upstream.base_url()).expect("catalog");
+        let text = sluice_assemble::EXAMPLE_CATALOG.replace(
+            sluice_assemble::EXAMPLE_UPSTREAM,
+            upstream.base_url().trim_end_matches('/'),
+        );
+        let catalog = sluice_core::catalog::Catalog::from_toml_str(
+            &format!("{text}\n{extra}"),
+            "deploy/catalog.toml (with the test's additions)",
+        )
+        .expect("catalog");
         let pipeline = sluice::dev::start(&config, catalog, sluice_runtime::Shutdown::new())
             .await
             .expect("the pipeline starts");
@@ -658,6 +671,59 @@ async fn a_paused_tool_waits_without_spending_attempts_until_it_is_resumed() {
         out.contains("payments/wire paused") && out.contains("payments/wire resumed"),
         "{out}"
     );
+    p.stop().await;
+}
+
+/// `sluice budgets`: each budget's counters as a table (an operator's), its JSON with
+/// `--json`, another window with `--at`, and an agent refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budgets_shows_what_each_counter_holds() {
+    let p = Pipeline::start_with_catalog(
+        "[budgets.daily_wires]\ntools = [\"payments/wire\"]\nscope = \"tenant\"\n\
+         window = \"day\"\nlimits = { EUR = 3000000 }\non_exceed = \"deny\"\n",
+    )
+    .await;
+    let url = p.url.clone();
+    let (code, out, err) = console(&url, Some(OPERATOR), &["budgets"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("budget daily_wires: per tenant, day window"),
+        "{out}"
+    );
+    assert!(out.contains("nothing held in this window"), "{out}");
+    submit(
+        &url,
+        AGENT,
+        json!({"run_id": "r-budget-cli", "decision": 1, "tool": "payments/wire", "call_idx": 0,
+               "args": {"account": "acc-1", "amount_minor": 125000, "beneficiary": "b-1",
+                        "date": "2026-11-22"}}),
+    )
+    .await;
+    let (code, out, err) = console(&url, Some(OPERATOR), &["budgets"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let row = out
+        .lines()
+        .find(|line| line.contains("agent-1"))
+        .unwrap_or_else(|| panic!("a row for the agent's tenant: {out}"));
+    for cell in ["EUR", "125000", "3000000", "2875000"] {
+        assert!(row.contains(cell), "{cell} in {row}");
+    }
+    let (code, out, _) = console(&url, Some(OPERATOR), &["budgets", "--json"]).await;
+    assert_eq!(code, 0);
+    let body: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(body["budgets"][0]["counters"][0]["used"], json!(125000));
+    let (code, out, _) = console(
+        &url,
+        Some(OPERATOR),
+        &["budgets", "--at", "2020-01-01T10:00:00+00:00"],
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(out.contains("2020-01-01T00:00:00"), "{out}");
+    assert!(out.contains("nothing held in this window"), "{out}");
+    let (code, _, err) = console(&url, Some(AGENT), &["budgets"]).await;
+    assert_ne!(code, 0, "an agent may not read budgets");
+    assert!(err.contains("forbidden") || err.contains("role"), "{err}");
     p.stop().await;
 }
 

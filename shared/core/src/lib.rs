@@ -9,6 +9,7 @@
 //! * [`load`] — bounds on the work per effect when the ledger or the bus falls behind.
 //! * [`policy`] — deterministic policy checks against a command's stored arguments.
 //! * [`audit`] — the per-run audit hash chain and its verification.
+//! * [`budget`] — spend budgets: which cover a command, whether it fits, what a status change releases.
 //! * [`browser`] — which requests the API serves, judged by what a browser could have made of them.
 //! * [`retention`] — which runs a purge may remove, and what keeps the others.
 //! * [`sweep`] — due-index shards and the plan by which reconcilers split them.
@@ -20,6 +21,7 @@
 
 pub mod audit;
 pub mod browser;
+pub mod budget;
 pub mod canonical;
 pub mod catalog;
 pub mod command;

@@ -36,6 +36,7 @@
 //! own rows, `sweep` the due index walk, `runs` the runs index and the purge, `claims` the
 //! business keys and their fenced takeovers, `shards` the sweep-shard leases.
 
+mod budgets;
 mod claims;
 mod flow;
 mod known;
@@ -402,8 +403,29 @@ impl CommandStore for CqlLedger {
         let op = classify(&transition);
         self.inner.stats.call(op);
         sluice_faults::point!("ledger.transition.pre");
+        // A budget hold that starts counting moves before the write, one that stops after it:
+        // a crash in between leaves more counted, never less (`budgets`).
+        let change =
+            sluice_core::budget::hold_change(transition.guard.status, transition.next.status);
+        let (run, key) = (transition.run_id.clone(), transition.command_key.clone());
+        let counts_more = matches!(
+            change,
+            sluice_core::budget::HoldChange::Activate | sluice_core::budget::HoldChange::Reclaim
+        );
+        if counts_more {
+            self.follow_budget(run.as_str(), key.as_str(), change)
+                .await?;
+        }
         let cas = self.write(op, transition).await;
         sluice_faults::point!("ledger.transition.post");
+        if !counts_more
+            && matches!(&cas, Ok(cas) if cas.is_applied())
+            && let Err(e) = self.follow_budget(run.as_str(), key.as_str(), change).await
+        {
+            // The hold stays counted: more than was spent, never less, until the command's
+            // next release finds it.
+            tracing::warn!(run_id = %run, command_key = %key, error = %e, "budget hold not released");
+        }
         cas
     }
 

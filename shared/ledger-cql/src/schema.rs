@@ -41,7 +41,7 @@ const APPLIED_BY: &str = concat!("sluice ", env!("CARGO_PKG_VERSION"));
 const RECORD_TABLE: &str = "schema_migrations";
 
 /// Schema files in order; each is applied whole, every statement idempotent.
-const SCHEMA_FILES: [(&str, &str); 8] = [
+const SCHEMA_FILES: [(&str, &str); 9] = [
     (
         "001_schema.cql",
         include_str!("../../../schemas/cql/001_schema.cql"),
@@ -73,6 +73,10 @@ const SCHEMA_FILES: [(&str, &str); 8] = [
     (
         "008_table_options.cql",
         include_str!("../../../schemas/cql/008_table_options.cql"),
+    ),
+    (
+        "009_budgets.cql",
+        include_str!("../../../schemas/cql/009_budgets.cql"),
     ),
 ];
 
@@ -648,7 +652,10 @@ mod tests {
                 "ALTER TABLE sluice_test.commands ADD link_prev text",
                 "ALTER TABLE sluice_test.commands ADD link_hash text",
                 "ALTER TABLE sluice_test.due WITH compaction = {'class': 'LeveledCompactionStrategy', 'sstable_size_in_mb': '64', 'tombstone_threshold': '0.2', 'unchecked_tombstone_compaction': 'true'} AND gc_grace_seconds = 10800",
-                "ALTER TABLE sluice_test.audit WITH compaction = {'class': 'SizeTieredCompactionStrategy', 'tombstone_threshold': '0.2', 'unchecked_tombstone_compaction': 'true'} AND gc_grace_seconds = 864000"
+                "ALTER TABLE sluice_test.audit WITH compaction = {'class': 'SizeTieredCompactionStrategy', 'tombstone_threshold': '0.2', 'unchecked_tombstone_compaction': 'true'} AND gc_grace_seconds = 864000",
+                "budget_counters",
+                "budget_windows",
+                "budget_command_holds"
             ]
         );
         assert!(

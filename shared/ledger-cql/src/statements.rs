@@ -86,6 +86,14 @@ pub(crate) struct Statements {
     pub read_flow_serial: PreparedStatement,
     pub create_flow: PreparedStatement,
     pub write_flow: PreparedStatement,
+    pub read_budget_serial: PreparedStatement,
+    pub create_budget: PreparedStatement,
+    pub write_budget: PreparedStatement,
+    pub index_budget_window: PreparedStatement,
+    pub index_budget_command: PreparedStatement,
+    pub read_budget_window: PreparedStatement,
+    pub read_budget_counter: PreparedStatement,
+    pub read_budget_command: PreparedStatement,
     // Webhook deliveries (`ledger/webhooks.rs`).
     pub enqueue_webhook: PreparedStatement,
     pub update_webhook: PreparedStatement,
@@ -515,6 +523,70 @@ impl Statements {
                      WHERE scope = ? AND name = ? IF version = ?"
                 ),
                 Lwt,
+            )
+            .await?,
+            read_budget_serial: prepare(
+                format!(
+                    "SELECT used, holds, version, write_id FROM {ks}.budget_counters \
+                     WHERE counter = ?"
+                ),
+                SerialRead,
+            )
+            .await?,
+            create_budget: prepare(
+                format!(
+                    "INSERT INTO {ks}.budget_counters (counter, budget, scope_value, \
+                     window_start, currency, used, holds, version, write_id) \
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"
+                ),
+                Lwt,
+            )
+            .await?,
+            write_budget: prepare(
+                format!(
+                    "UPDATE {ks}.budget_counters SET used = ?, holds = ?, version = ?, \
+                     write_id = ? WHERE counter = ? IF version = ?"
+                ),
+                Lwt,
+            )
+            .await?,
+            index_budget_window: prepare(
+                format!(
+                    "INSERT INTO {ks}.budget_windows (budget, window_start, counter) \
+                     VALUES (?, ?, ?)"
+                ),
+                Write,
+            )
+            .await?,
+            index_budget_command: prepare(
+                format!(
+                    "INSERT INTO {ks}.budget_command_holds (run_id, command_key, counter) \
+                     VALUES (?, ?, ?)"
+                ),
+                Write,
+            )
+            .await?,
+            read_budget_window: prepare(
+                format!(
+                    "SELECT counter FROM {ks}.budget_windows WHERE budget = ? AND window_start = ?"
+                ),
+                Read,
+            )
+            .await?,
+            read_budget_counter: prepare(
+                format!(
+                    "SELECT scope_value, currency, used, holds FROM {ks}.budget_counters \
+                     WHERE counter = ?"
+                ),
+                Read,
+            )
+            .await?,
+            read_budget_command: prepare(
+                format!(
+                    "SELECT counter FROM {ks}.budget_command_holds \
+                     WHERE run_id = ? AND command_key = ?"
+                ),
+                Read,
             )
             .await?,
             due_webhooks: prepare(

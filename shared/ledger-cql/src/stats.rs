@@ -38,10 +38,12 @@ pub enum Op {
     Flow,
     /// Webhook deliveries.
     Webhook,
+    /// Spend budgets' counters and holds.
+    Budget,
 }
 
 impl Op {
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 17] = [
         Self::Reserve,
         Self::ClaimBusinessKey,
         Self::Lease,
@@ -58,6 +60,7 @@ impl Op {
         Self::Sweep,
         Self::Flow,
         Self::Webhook,
+        Self::Budget,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -78,6 +81,7 @@ impl Op {
             Self::Sweep => "sweep_shards",
             Self::Flow => "flow_controls",
             Self::Webhook => "webhooks",
+            Self::Budget => "budgets",
         }
     }
 

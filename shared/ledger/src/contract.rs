@@ -69,7 +69,11 @@ macro_rules! ledger_contract_tests {
             flow_controls_are_written_under_their_version_and_read_back_whole,
             sixteen_racing_breaker_writers_have_one_winner,
             webhook_deliveries_are_stored_once_and_come_back_when_due,
-            sixteen_racing_webhook_claims_have_one_winner
+            sixteen_racing_webhook_claims_have_one_winner,
+            budget_holds_fit_up_to_the_limit_once_per_command,
+            thirty_two_racing_holds_never_pass_the_limit,
+            budget_holds_follow_the_command_status,
+            a_reservation_and_its_holds_are_one_step
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
@@ -83,6 +87,7 @@ macro_rules! ledger_contract_tests {
     };
 }
 
+mod budgets;
 mod closing;
 mod flow;
 mod newer;
@@ -90,6 +95,10 @@ mod purge_preview;
 mod shards;
 mod takeover;
 mod webhooks;
+pub use budgets::{
+    a_reservation_and_its_holds_are_one_step, budget_holds_fit_up_to_the_limit_once_per_command,
+    budget_holds_follow_the_command_status, thirty_two_racing_holds_never_pass_the_limit,
+};
 pub use closing::eight_rollbacks_at_once_close_a_run_once;
 pub use flow::{
     flow_controls_are_written_under_their_version_and_read_back_whole,

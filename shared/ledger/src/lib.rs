@@ -7,6 +7,8 @@
 //! * [`stored`] — how a stored command is read back: what a newer build added is tolerated, a
 //!   status only a newer build knows is left to it.
 //! * [`shards`] — the sweep-shard leases by which reconcilers split the due index.
+//! * [`budget`] — spend budgets' holds, checked and written atomically, released with the
+//!   command's status.
 //! * [`WebhookStore`] — webhook deliveries waiting for, or answered by, their receivers.
 //!
 //! # The contract
@@ -34,6 +36,7 @@ use sluice_core::retention::Owed;
 use sluice_core::time::Timestamp;
 use sluice_core::webhook::Delivery;
 
+pub mod budget;
 pub mod contract;
 mod error;
 pub mod flow;
@@ -44,6 +47,7 @@ pub mod shards;
 pub mod sqlite;
 pub mod stored;
 
+pub use budget::{BudgetStore, Budgeted, Held, HoldMode, submission_tag};
 pub use error::LedgerError;
 pub use flow::{FlowCas, FlowStore};
 pub use shards::{Member, ShardCas, ShardLease, SweepView};
@@ -589,7 +593,9 @@ pub const WEBHOOK_RETENTION_MS: i64 = 7 * 24 * 3_600_000;
 ///
 /// A service holds an `Arc<dyn Ledger>`; code that needs only one store takes it by its trait
 /// (`&dyn AuditStore`, …), so what each part of the pipeline may touch is in its signature.
-pub trait Ledger: CommandStore + AuditStore + ShardStore + FlowStore + WebhookStore {
+pub trait Ledger:
+    CommandStore + AuditStore + ShardStore + FlowStore + WebhookStore + BudgetStore
+{
     /// Round trips to the store so far, by operation and kind, for the
     /// `sluice_ledger_round_trips_total` metric. Empty for a ledger that does not count them
     /// (the embedded ledger has no network round trips to count).

@@ -644,6 +644,58 @@ impl sluice_ledger::WebhookStore for GaugedLedger {
     }
 }
 
+#[async_trait]
+impl sluice_ledger::BudgetStore for GaugedLedger {
+    async fn budget_hold(
+        &self,
+        run_id: &RunId,
+        command_key: &sluice_core::ids::CommandKey,
+        tag: &str,
+        lines: &[sluice_core::budget::BudgetLine],
+        mode: sluice_ledger::HoldMode,
+    ) -> Result<sluice_ledger::Held, LedgerError> {
+        self.inner
+            .budget_hold(run_id, command_key, tag, lines, mode)
+            .await
+    }
+
+    async fn budget_unhold(
+        &self,
+        run_id: &RunId,
+        command_key: &sluice_core::ids::CommandKey,
+        tag: &str,
+    ) -> Result<(), LedgerError> {
+        self.inner.budget_unhold(run_id, command_key, tag).await
+    }
+
+    async fn reserve_held(
+        &self,
+        command: Command,
+        audit: AuditDraft,
+        confined: bool,
+        tag: &str,
+        lines: &[sluice_core::budget::BudgetLine],
+        mode: sluice_ledger::HoldMode,
+    ) -> Result<sluice_ledger::Budgeted, LedgerError> {
+        let budgeted = self
+            .inner
+            .reserve_held(command, audit, confined, tag, lines, mode)
+            .await?;
+        if let sluice_ledger::Budgeted::Recorded { reserved, .. } = &budgeted {
+            self.reserved(reserved);
+        }
+        Ok(budgeted)
+    }
+
+    async fn budget_counters(
+        &self,
+        budget: &str,
+        window_start: i64,
+    ) -> Result<Vec<sluice_core::budget::BudgetCounter>, LedgerError> {
+        self.inner.budget_counters(budget, window_start).await
+    }
+}
+
 impl Ledger for GaugedLedger {
     fn round_trips(&self) -> Vec<RoundTrips> {
         self.inner.round_trips()

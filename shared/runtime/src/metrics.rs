@@ -138,6 +138,13 @@ pub struct Metrics {
     /// `sluice_tenant_submissions_refused_total{tenant}`: submissions refused because their
     /// tenant held its whole quota in flight (429, nothing recorded).
     pub tenant_refused: IntCounterVec,
+    /// `sluice_budget_admissions_total{budget, outcome}`: admissions a spend budget decided —
+    /// `held` (the amount reserved), `denied` (over it, refused) and `deferred` (over it, sent
+    /// for approval). Labelled by budget name only: the catalog's, never a run or tenant.
+    pub budget_admissions: IntCounterVec,
+    /// `sluice_budget_held_minor{budget, currency}`: minor units held in the current window,
+    /// summed over the budget's scopes, as last read by `GET /v1/budgets` or an admission.
+    pub budget_held: prometheus::IntGaugeVec,
     /// `sluice_dispatch_copies_total{outcome}`: dispatch requests by what became of their signed
     /// copy of the command (`used`; else read: `absent`, `stale`, `unknown_key`,
     /// `bad_signature`, `malformed`, `mismatch`). Counted only where copy keys are configured.
@@ -227,6 +234,22 @@ impl Metrics {
         );
         // Labelled by tenant: principals and the tenants they may name, all in the
         // configuration, so the series are as few as its tokens and tenants.
+        let budget_admissions = counter(
+            "budget_admissions_total",
+            "Admissions a spend budget decided, by budget and outcome (held, denied, deferred)",
+            &["budget", "outcome"],
+        );
+        let budget_held = prometheus::IntGaugeVec::new(
+            prometheus::Opts::new(
+                "budget_held_minor",
+                "Minor units held by a spend budget in its current window, over all its scopes",
+            ),
+            &["budget", "currency"],
+        )
+        .expect("a valid metric");
+        registry
+            .register(Box::new(budget_held.clone()))
+            .expect("registered once");
         let tenant_refused = counter(
             "tenant_submissions_refused_total",
             "Submissions refused because their tenant held its whole quota of effects in flight",
@@ -391,6 +414,8 @@ impl Metrics {
             http_seconds,
             waiting_requests,
             tenant_refused,
+            budget_admissions,
+            budget_held,
             dispatch_copies,
             dispatch_queued,
             commands: CommandGauges::default(),

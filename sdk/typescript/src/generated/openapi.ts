@@ -49,7 +49,11 @@ export interface paths {
          *     and is the one answered, under its own `run_id` and `command_key`), also in the
          *     `Sluice-Existing` header. 409 `argument_drift` for the same key with other
          *     arguments; 409 `run_rolled_back` for a new effect in a run that was rolled back (its
-         *     existing effects still answer 200). 403 for an agent in a run holding another
+         *     existing effects still answer 200); 409 `budget_exceeded` when the effect's amount
+         *     would pass a spend budget declared `on_exceed = "deny"` (`details` names the budget,
+         *     its scope and window, the limit, what is held and the amount; nothing was recorded). Past
+         *     a budget declared `on_exceed = "require_approval"` the command is recorded BLOCKED
+         *     (201) and counts against the budget once approved. 403 for an agent in a run holding another
          *     submitter's command. 503 `dispatch_backlog_full` when the embedded pipeline's dispatch
          *     backlog (`bus.admission`) stayed full for `producer.admission_wait_ms`, 503
          *     `ledger_behind` when the ledger's measured write latency is past
@@ -488,6 +492,31 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/budgets": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Every spend budget and what its counters hold in the current window (operator, admin)
+         * @description Each `[budgets.<name>]` of the catalog, as declared, with one counter per scope value
+         *     (run, tenant or tool) and currency in the window holding `at` (now by default):
+         *     `used` is the minor units held by commands that have not ended without spending
+         *     (FAILED, CANCELLED and COMPENSATED give theirs back), `holds` how many commands hold
+         *     them. Counters name runs and tenants, so agents are refused (403).
+         *     docs/operations.md, "Spend budgets".
+         */
+        get: operations["listBudgets"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/flow/{name}:pause": {
         parameters: {
             query?: never;
@@ -659,6 +688,37 @@ export interface components {
             probe_by?: string;
             opened?: number;
             reason?: string;
+        };
+        Budget: {
+            name: string;
+            tools: string[];
+            /** @enum {unknown} */
+            scope: "run" | "tenant" | "tool";
+            /** @enum {unknown} */
+            window: "hour" | "day" | "total";
+            /** Format: date-time */
+            window_start: string;
+            /**
+             * Format: date-time
+             * @description null for a total window
+             */
+            window_end: string | null;
+            /** @description Minor units per ISO 4217 currency */
+            limits: {
+                [key: string]: number;
+            };
+            /** @enum {unknown} */
+            on_exceed: "deny" | "require_approval";
+            counters: {
+                /** @description the run id, tenant or tool name */
+                scope_value: string;
+                currency: string;
+                /** @description minor units held */
+                used: number;
+                limit: number | null;
+                remaining: number | null;
+                holds: number;
+            }[];
         };
         FlowEntry: {
             name: string;
@@ -2113,6 +2173,40 @@ export interface operations {
             };
             401: components["responses"]["Unauthenticated"];
             403: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    listBudgets: {
+        parameters: {
+            query?: {
+                /** @description Any time in the window to show (RFC 3339) */
+                at?: string;
+            };
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The budgets, in name order */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        budgets: components["schemas"]["Budget"][];
+                    };
+                };
+            };
+            401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["Error"];
+            422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
     };

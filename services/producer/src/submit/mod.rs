@@ -291,6 +291,16 @@ impl Api {
             None => command,
         }
         .for_tenant(tenant);
+        let tool_label = tool.name().to_string();
+        // Room in the tenant's quota, before anything is recorded: over it, 429 and nothing
+        // written. Held until the reservation is counted.
+        let quota = self.take_quota(&command).await.inspect_err(|e| {
+            if e.status() == StatusCode::TOO_MANY_REQUESTS {
+                self.count(&tool_label, "over_quota");
+            }
+        })?;
+        // The spend budgets covering it, held with its reservation below (`crate::budgets`).
+        let budgets = self.budgets_of(&command, now)?;
         // A tool that may be called twice with one key is leased in its reservation's own
         // write: its dispatch then costs no lease write (machine::lease_at_reservation).
         let policy = policy::evaluate(
@@ -310,15 +320,7 @@ impl Api {
             outcome = tracing::field::Empty,
         );
         let command = command.traced(span.in_scope(crate::trace::for_command));
-        let tool_label = tool.name().to_string();
         let audit = command.reservation_audit(ACTOR);
-        // Room in the tenant's quota, before anything is recorded: over it, 429 and nothing
-        // written. Held until the reservation is counted.
-        let quota = self.take_quota(&command).await.inspect_err(|e| {
-            if e.status() == StatusCode::TOO_MANY_REQUESTS {
-                self.count(&tool_label, "over_quota");
-            }
-        })?;
         // Room in the dispatch backlog, taken before the reservation: a burst waits here
         // instead of piling up behind the dispatcher (`bus.admission`).
         let admission = if matches!(
@@ -333,19 +335,15 @@ impl Api {
         let confined = self.must_confine(principal, &command.run_id);
         let run_id = command.run_id.clone();
         sluice_faults::point!("producer.reserve.pre");
-        let reserved = if confined {
-            self.ctx
-                .ledger
-                .reserve_own(command, audit)
-                .instrument(span.clone())
-                .await
-        } else {
-            self.ctx
-                .ledger
-                .reserve(command, audit)
-                .instrument(span.clone())
-                .await
-        };
+        let (reserved, blocked_by_budget) = self
+            .reserve_submission(command, audit, confined, &budgets, &rules, now)
+            .instrument(span.clone())
+            .await
+            .inspect_err(|e| {
+                if e.code() == "budget_exceeded" {
+                    self.count(&tool_label, "over_budget");
+                }
+            })?;
         sluice_faults::point!("producer.reserve.post");
         drop(quota);
         span.record(
@@ -398,6 +396,10 @@ impl Api {
         match reserved {
             Reserved::Created(command) => {
                 self.count(&tool_label, "created");
+                // Recorded BLOCKED past a budget: approvers hear of it as of any other block.
+                if let Some(block) = &blocked_by_budget {
+                    self.announce_blocked(&command, block).await;
+                }
                 if matches!(
                     command.status(),
                     CommandStatus::Pending | CommandStatus::Leased

@@ -259,6 +259,7 @@ pub(super) fn render(command: &ConsoleCommand, body: &Value) -> String {
         }
         ConsoleCommand::Purge { .. } => render_purge(&body["report"]),
         ConsoleCommand::Flow(FlowCommand::List) => flow_table(body),
+        ConsoleCommand::Budgets { .. } => budgets_table(body),
         ConsoleCommand::Flow(_) => {
             let outcome = text(&body["outcome"]);
             let pause = &body["paused"];
@@ -319,6 +320,56 @@ pub(super) fn flow_table(body: &Value) -> String {
         ]);
     }
     t.to_string()
+}
+
+/// Each budget as a heading, then its counters in the window shown, one row each.
+pub(super) fn budgets_table(body: &Value) -> String {
+    let budgets = body["budgets"].as_array().cloned().unwrap_or_default();
+    if budgets.is_empty() {
+        return "the catalog declares no [budgets.<name>]".to_owned();
+    }
+    let mut out = Vec::new();
+    for b in &budgets {
+        let limits: Vec<String> = b["limits"]
+            .as_object()
+            .map(|limits| limits.iter().map(|(c, l)| format!("{c} {l}")).collect())
+            .unwrap_or_default();
+        let mut heading = format!(
+            "budget {}: per {}, {} window from {}, limits {} (minor units), over it: {}",
+            text(&b["name"]),
+            text(&b["scope"]),
+            text(&b["window"]),
+            text(&b["window_start"]),
+            limits.join(", "),
+            text(&b["on_exceed"])
+        );
+        let counters = b["counters"].as_array().cloned().unwrap_or_default();
+        if counters.is_empty() {
+            heading.push_str("\n  nothing held in this window");
+            out.push(heading);
+            continue;
+        }
+        let mut t = table(&[
+            &text(&b["scope"]).to_uppercase(),
+            "CURRENCY",
+            "HELD",
+            "LIMIT",
+            "LEFT",
+            "HOLDS",
+        ]);
+        for c in &counters {
+            t.add_row(vec![
+                text(&c["scope_value"]),
+                text(&c["currency"]),
+                text(&c["used"]),
+                text(&c["limit"]),
+                text(&c["remaining"]),
+                text(&c["holds"]),
+            ]);
+        }
+        out.push(format!("{heading}\n{t}"));
+    }
+    out.join("\n\n")
 }
 
 /// How many removed runs a purge's report names; the rest are counted.

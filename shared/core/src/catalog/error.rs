@@ -45,6 +45,14 @@ pub enum CatalogError {
         rule: String,
         detail: String,
     },
+    /// A `[budgets.<name>]` entry: `key` names the key at fault.
+    #[error("{file}: budgets.{budget}: {key}: {detail}")]
+    BadBudget {
+        file: String,
+        budget: String,
+        key: String,
+        detail: String,
+    },
     #[error("{file}: policy_version must not be empty")]
     EmptyPolicyVersion { file: String },
     #[error("{file}: tool {tool}: name {tool:?} is invalid: {why}")]

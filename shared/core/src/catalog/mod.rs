@@ -144,6 +144,8 @@
 //! * `args` — argument checks against the schema.
 //! * `events` — `[tool.events]`: the arguments a tool publishes with its events.
 //! * `rules` — `[[rule]]` and `[[tool.rule]]`: CEL conditions, compiled and checked at load.
+//! * `budgets` — `[budgets.<name>]`: spend budgets over a `[tool.money]` field (format there;
+//!   what they decide in `crate::budget`).
 //! * `raw` — the TOML as written.
 //! * `build` — the rules a tool must satisfy to load.
 //! * `tool` — a validated [`Tool`] and its state machine [`Rules`].
@@ -153,6 +155,7 @@
 //!   tools.
 
 mod args;
+mod budgets;
 mod build;
 mod credential;
 mod endpoint;
@@ -254,6 +257,8 @@ pub struct Catalog {
     clock_skew_ms: u64,
     /// `[[rule]]`, attached to the tools added later that they cover.
     catalog_rules: Vec<Arc<Rule>>,
+    /// `[budgets.<name>]`, by name.
+    budgets: Vec<crate::budget::Budget>,
 }
 
 /// Operator replays allowed over all of a run's commands unless the catalog says otherwise.
@@ -380,6 +385,7 @@ impl Catalog {
             }
             tools.push(tool);
         }
+        let budgets = budgets::build_budgets(raw.budgets, file, &tools, !mcp_servers.is_empty())?;
         Ok(Self {
             source_name: file.to_owned(),
             default_namespace,
@@ -396,6 +402,7 @@ impl Catalog {
             mcp_servers,
             clock_skew_ms,
             catalog_rules,
+            budgets,
         })
     }
 
@@ -481,11 +488,18 @@ impl Catalog {
                         second: position + 1,
                     });
                 }
+                budgets::cover_added(&mut self.budgets, &tool, &file)?;
                 self.tools.push(tool);
             }
         }
+        budgets::check_covered(&self.budgets, &file)?;
         self.mcp_listed = true;
         Ok(self)
+    }
+
+    /// The spend budgets (`[budgets.<name>]`), by name.
+    pub fn budgets(&self) -> &[crate::budget::Budget] {
+        &self.budgets
     }
 
     /// The catalog's named credentials.

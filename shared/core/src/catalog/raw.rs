@@ -33,6 +33,9 @@ pub(super) struct RawCatalog {
     /// `[[rule]]`: catalog-wide policy rules, each read on its own so its errors name it.
     #[serde(default)]
     pub(super) rule: Vec<toml::Table>,
+    /// `[budgets.<name>]`: spend budgets, each read on its own so its errors name it.
+    #[serde(default)]
+    pub(super) budgets: BTreeMap<String, toml::Table>,
 }
 
 #[derive(Deserialize)]

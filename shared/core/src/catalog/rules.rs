@@ -339,7 +339,7 @@ fn build_rule(
     })
 }
 
-fn check_pattern(pattern: &str) -> Result<(), String> {
+pub(super) fn check_pattern(pattern: &str) -> Result<(), String> {
     if pattern == "*" {
         return Ok(());
     }

@@ -20,6 +20,7 @@
 //! writer. A checkpointer thread copies the WAL into the database file beside the writer, so no
 //! commit waits for a checkpoint (see `Checkpointer`).
 
+mod budgets;
 mod flow;
 mod schema;
 mod sweep;
@@ -286,10 +287,25 @@ impl SqliteLedger {
     /// Reserves `command`; `confined` refuses a run holding another submitter's command.
     async fn reserve_as(
         &self,
-        mut command: Command,
+        command: Command,
         audit: AuditDraft,
         confined: bool,
     ) -> Result<Reserved, LedgerError> {
+        match self.reserve_with(command, audit, confined, None).await? {
+            Ok(reserved) => Ok(reserved),
+            Err(_) => Err(LedgerError::Closed),
+        }
+    }
+
+    /// Reserves `command`, taking `budget`'s holds in the same write transaction first:
+    /// `Err(held)` when a line would pass its limit (nothing written).
+    async fn reserve_with(
+        &self,
+        mut command: Command,
+        audit: AuditDraft,
+        confined: bool,
+        budget: Option<Box<writer::BudgetHoldOp>>,
+    ) -> Result<Result<Reserved, crate::Held>, LedgerError> {
         command.state.result = cap_result(command.state.result.take());
         let identity = encode(&Identity::of(&command));
         let state = encode(&command.state);
@@ -301,6 +317,7 @@ impl SqliteLedger {
             identity,
             state,
             confined,
+            budget,
         };
         sluice_faults::point!("ledger.reserve.pre");
         let answer = self.submit(op).await?;
@@ -319,19 +336,20 @@ impl SqliteLedger {
         match result? {
             Reply::Reserved(ReserveReply::Created) => {
                 self.note_stored(&command, Some(&identity));
-                Ok(Reserved::Created(*command))
+                Ok(Ok(Reserved::Created(*command)))
             }
             Reply::Reserved(ReserveReply::Existing((identity, state))) => {
                 let key = command.command_key.as_str();
                 row_command(run, key, &identity, &state)
-                    .map(Reserved::Existing)
+                    .map(|command| Ok(Reserved::Existing(command)))
                     .map_err(|e| self.inner.quarantine.note(e))
             }
             Reply::Reserved(ReserveReply::Held(run, key, (identity, state))) => {
                 row_command(&run, &key, &identity, &state)
-                    .map(Reserved::BusinessKeyHeld)
+                    .map(|command| Ok(Reserved::BusinessKeyHeld(command)))
                     .map_err(|e| self.inner.quarantine.note(e))
             }
+            Reply::Budget(Some(held)) => Ok(Err(held)),
             _ => Err(LedgerError::Closed),
         }
     }

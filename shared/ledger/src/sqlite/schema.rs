@@ -49,6 +49,31 @@ CREATE TABLE IF NOT EXISTS flow_controls (
 ) WITHOUT ROWID;
 ";
 
+/// Spend budgets' counters and holds (`crate::BudgetStore`), created on every open like the
+/// sweep tables. A counter's `used` is the sum of its `held` holds' amounts, kept in the same
+/// write transaction as every change of a hold.
+const BUDGET_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS budget_counters (
+    counter      TEXT    NOT NULL PRIMARY KEY,
+    budget       TEXT    NOT NULL,
+    scope_value  TEXT    NOT NULL,
+    window_start INTEGER NOT NULL,
+    currency     TEXT    NOT NULL,
+    used         INTEGER NOT NULL,
+    holds        INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS budget_counters_window ON budget_counters (budget, window_start);
+CREATE TABLE IF NOT EXISTS budget_holds (
+    run_id      TEXT    NOT NULL,
+    command_key TEXT    NOT NULL,
+    tag         TEXT    NOT NULL,
+    counter     TEXT    NOT NULL,
+    amount      INTEGER NOT NULL,
+    state       TEXT    NOT NULL,
+    PRIMARY KEY (run_id, command_key, tag, counter)
+) WITHOUT ROWID;
+";
+
 /// Webhook deliveries (`crate::WebhookStore`), created on every open like the sweep tables.
 /// `record` is the delivery as JSON; the other columns are what the writes and reads select on.
 const WEBHOOK_SCHEMA: &str = "
@@ -220,6 +245,7 @@ pub(super) fn prepare_schema(conn: &Connection, path: &Path) -> Result<(), Ledge
     conn.execute_batch(SWEEP_SCHEMA).map_err(not_a_ledger)?;
     conn.execute_batch(FLOW_SCHEMA).map_err(not_a_ledger)?;
     conn.execute_batch(WEBHOOK_SCHEMA).map_err(not_a_ledger)?;
+    conn.execute_batch(BUDGET_SCHEMA).map_err(not_a_ledger)?;
     Ok(())
 }
 

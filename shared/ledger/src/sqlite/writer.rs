@@ -3,6 +3,7 @@
 //! A caller hears "applied" only once its batch committed; a batch that fails to write is rolled
 //! back and its requests retried one by one, so none is half-applied.
 
+mod budgets;
 mod flow;
 mod ops;
 mod shards;
@@ -60,6 +61,8 @@ pub(super) enum Op {
         state: String,
         /// Refuse if the run holds another submitter's command (`CommandStore::reserve_own`).
         confined: bool,
+        /// Budget holds taken in the same transaction first (`BudgetStore::reserve_held`).
+        budget: Option<Box<BudgetHoldOp>>,
     },
     Transition {
         transition: Box<Transition>,
@@ -107,6 +110,27 @@ pub(super) enum Op {
         next: Box<sluice_core::webhook::Delivery>,
         expected: u64,
     },
+    /// A command's budget holds (`BudgetStore::budget_hold`).
+    BudgetHold {
+        run_id: String,
+        command_key: String,
+        tag: String,
+        lines: Vec<sluice_core::budget::BudgetLine>,
+        mode: crate::HoldMode,
+    },
+    /// A command's budget holds removed (`BudgetStore::budget_unhold`).
+    BudgetUnhold {
+        run_id: String,
+        command_key: String,
+        tag: String,
+    },
+}
+
+/// The holds a reservation takes with it.
+pub(super) struct BudgetHoldOp {
+    pub(super) tag: String,
+    pub(super) lines: Vec<sluice_core::budget::BudgetLine>,
+    pub(super) mode: crate::HoldMode,
 }
 
 pub(super) enum ReserveReply {
@@ -134,6 +158,8 @@ pub(super) enum Reply {
     Flow(crate::FlowCas),
     /// Whether a webhook write applied.
     Webhook(bool),
+    /// What a budget hold did (`None`: an unhold).
+    Budget(Option<crate::Held>),
 }
 
 pub(super) struct Job {

@@ -28,13 +28,42 @@ impl Writer {
                 identity,
                 state,
                 confined,
+                budget,
             } => {
-                if *confined && let Some(refused) = self.foreign(command)? {
+                // The budget holds first, in this same transaction: over a limit nothing is
+                // recorded; a refused reservation gives back what this submission took.
+                let held = match budget {
+                    Some(budget) => Some(self.budget_hold(
+                        command.run_id.as_str(),
+                        key,
+                        &budget.tag,
+                        &budget.lines,
+                        budget.mode,
+                    )?),
+                    None => None,
+                };
+                if let Some(held @ crate::Held::Exceeded { .. }) = held {
+                    return Ok(Ok(Reply::Budget(Some(held))));
+                }
+                let reserved = if *confined && let Some(refused) = self.foreign(command)? {
                     Err(refused)
                 } else {
                     self.reserve(command, key, audit, identity, state)?
-                        .map(Reply::Reserved)
+                };
+                let refused = matches!(
+                    &reserved,
+                    Ok(ReserveReply::Held(..))
+                        | Err(LedgerError::ArgumentDrift { .. }
+                            | LedgerError::ForeignRun { .. }
+                            | LedgerError::RunClosed { .. })
+                );
+                if refused
+                    && held == Some(crate::Held::Fresh)
+                    && let Some(budget) = budget
+                {
+                    self.budget_unhold(command.run_id.as_str(), key, &budget.tag)?;
                 }
+                reserved.map(Reply::Reserved)
             }
             Op::Transition {
                 transition,
@@ -109,6 +138,27 @@ impl Writer {
             Op::WebhookEnqueue(delivery) => Ok(Reply::Webhook(self.webhook_enqueue(delivery)?)),
             Op::WebhookUpdate { next, expected } => {
                 Ok(Reply::Webhook(self.webhook_update(next, *expected)?))
+            }
+            Op::BudgetHold {
+                run_id,
+                command_key,
+                tag,
+                lines,
+                mode,
+            } => Ok(Reply::Budget(Some(self.budget_hold(
+                run_id,
+                command_key,
+                tag,
+                lines,
+                *mode,
+            )?))),
+            Op::BudgetUnhold {
+                run_id,
+                command_key,
+                tag,
+            } => {
+                self.budget_unhold(run_id, command_key, tag)?;
+                Ok(Reply::Budget(None))
             }
         })
     }
@@ -449,6 +499,8 @@ impl Writer {
         if let Some(audit) = audit {
             self.append(audit)?;
         }
+        // The command's budget holds follow its status in this same transaction.
+        self.budget_follow(run, key, transition.guard.status, next.status)?;
         Ok(Ok(CasReply::Applied { identity }))
     }
 

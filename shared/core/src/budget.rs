@@ -1,0 +1,326 @@
+//! Spend budgets: which budgets cover a command, the counter (budget, scope, window, currency)
+//! it counts against, whether it fits, and what a status change does to its hold. Pure; the
+//! ledgers carry it out atomically (`sluice_ledger::BudgetStore`).
+//!
+//! # How a command is counted
+//!
+//! At admission every budget covering the command's tool (`[budgets.<name>]`, see
+//! `catalog::budgets`) gives a [`BudgetLine`]: the amount of the tool's money field, in the
+//! field's currency, against the counter of the budget's scope (the run, the tenant or the
+//! tool) in the current UTC window. A currency the budget sets no limit for gives no line.
+//!
+//! * It **fits** when the counter's spend plus the amount stays at or under the limit: the
+//!   amount is *held* (reserved) in the same atomic write that checks it.
+//! * It **exceeds**: with `on_exceed = "deny"` nothing is recorded and the submission is refused;
+//!   with `"require_approval"` the command is recorded BLOCKED with a *deferred* hold that
+//!   counts nothing until a person approves it — then it counts, past the limit, because a
+//!   person decided so.
+//!
+//! A hold is keyed by the command (run id and command key), so a retried admission, a
+//! replayed write or two producers admitting the same command hold it once; a release is
+//! idempotent. [`hold_change`] says what each status change does: ending FAILED, CANCELLED or
+//! COMPENSATED releases the hold (nothing was spent, or it was given back); an operator's
+//! replay out of those statuses takes it again. A command that ends STUCK, UNKNOWN,
+//! COMPENSATION_FAILED or NO_COMPENSATION keeps its hold: it may have committed, so the money
+//! stays counted until a person resolves it (resolving it FAILED releases it).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::command::{Command, CommandStatus};
+use crate::ids::ToolName;
+use crate::time::Timestamp;
+
+/// Whose spend a budget sums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Each run on its own.
+    Run,
+    /// Each tenant (a command recorded without one counts as `-`; the producer always
+    /// records one, `anonymous` without authentication).
+    Tenant,
+    /// Each tool, across runs and tenants.
+    Tool,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Run => "run",
+            Self::Tenant => "tenant",
+            Self::Tool => "tool",
+        }
+    }
+}
+
+/// The span of time a budget's spend is summed over, aligned to UTC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Window {
+    Hour,
+    Day,
+    /// For ever: the window starts at the epoch.
+    Total,
+}
+
+impl Window {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hour => "hour",
+            Self::Day => "day",
+            Self::Total => "total",
+        }
+    }
+
+    /// The start of the window holding `at`, in milliseconds since the epoch.
+    pub fn start(self, at: Timestamp) -> i64 {
+        let span: i64 = match self {
+            Self::Hour => 3_600_000,
+            Self::Day => 86_400_000,
+            Self::Total => return 0,
+        };
+        at.as_millis().div_euclid(span) * span
+    }
+
+    /// When the window starting at `start` ends (`None`: never).
+    pub fn end(self, start: i64) -> Option<i64> {
+        match self {
+            Self::Hour => Some(start + 3_600_000),
+            Self::Day => Some(start + 86_400_000),
+            Self::Total => None,
+        }
+    }
+}
+
+/// What a command that would exceed a budget gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExceed {
+    Deny,
+    RequireApproval,
+}
+
+impl OnExceed {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Deny => "deny",
+            Self::RequireApproval => "require_approval",
+        }
+    }
+}
+
+/// A validated `[budgets.<name>]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Budget {
+    pub name: String,
+    /// Tool patterns: `*`, `namespace/*` or a tool name.
+    pub tools: Vec<String>,
+    /// For each covered tool (by name): the money field counted and its currency.
+    pub fields: BTreeMap<String, (String, String)>,
+    /// `field` as declared: the money field of every covered tool, when it names one.
+    pub field: Option<String>,
+    pub scope: Scope,
+    pub window: Window,
+    /// Minor units per currency.
+    pub limits: BTreeMap<String, i64>,
+    pub on_exceed: OnExceed,
+}
+
+impl Budget {
+    /// Whether the budget's patterns cover `tool`.
+    pub fn covers(&self, tool: &ToolName) -> bool {
+        self.tools.iter().any(|pattern| {
+            pattern == "*"
+                || match pattern.strip_suffix("/*") {
+                    Some(namespace) => namespace == tool.namespace(),
+                    None => *pattern == tool.to_string(),
+                }
+        })
+    }
+
+    /// The counter's scope value for `command`: its run, tenant (`-` for none) or tool.
+    pub fn scope_value(&self, command: &Command) -> String {
+        match self.scope {
+            Scope::Run => command.run_id.to_string(),
+            Scope::Tenant => command.tenant.as_deref().unwrap_or("-").to_owned(),
+            Scope::Tool => command.tool.to_string(),
+        }
+    }
+}
+
+/// One budget's claim on one command: an amount against one counter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetLine {
+    pub budget: String,
+    /// The counter's key: budget, scope value, window start and currency, stable across
+    /// replicas and restarts (see [`counter_key`]).
+    pub counter: String,
+    pub scope: Scope,
+    pub scope_value: String,
+    pub window: Window,
+    pub window_start: i64,
+    pub currency: String,
+    /// Minor units, never negative.
+    pub amount: i64,
+    pub limit: i64,
+    pub on_exceed: OnExceed,
+}
+
+/// The key of the counter of `budget` for `scope_value`, the window starting at `window_start`
+/// and `currency`. Fields are separated by a control character no name or id may hold.
+pub fn counter_key(budget: &str, scope_value: &str, window_start: i64, currency: &str) -> String {
+    format!("{budget}\u{1f}{scope_value}\u{1f}{window_start}\u{1f}{currency}")
+}
+
+/// Why a command's amount could not be counted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BudgetError {
+    #[error(
+        "budget {budget}: argument {field:?} must be a whole, non-negative number of minor units"
+    )]
+    BadAmount { budget: String, field: String },
+}
+
+/// The lines of every budget covering `command` at `now` (its admission), in budget name
+/// order. A budget without a limit for the field's currency gives none.
+pub fn lines(
+    budgets: &[Budget],
+    command: &Command,
+    now: Timestamp,
+) -> Result<Vec<BudgetLine>, BudgetError> {
+    let tool = command.tool.to_string();
+    let mut lines = Vec::new();
+    for budget in budgets {
+        let Some((field, currency)) = budget.fields.get(&tool) else {
+            continue;
+        };
+        let Some(&limit) = budget.limits.get(currency) else {
+            continue;
+        };
+        let amount = match command.args.get(field) {
+            Some(Value::Number(number)) => number.as_i64().filter(|amount| *amount >= 0),
+            // A nullable field left null spends nothing.
+            Some(Value::Null) | None => Some(0),
+            Some(_) => None,
+        }
+        .ok_or_else(|| BudgetError::BadAmount {
+            budget: budget.name.clone(),
+            field: field.clone(),
+        })?;
+        let scope_value = budget.scope_value(command);
+        let window_start = budget.window.start(now);
+        lines.push(BudgetLine {
+            budget: budget.name.clone(),
+            counter: counter_key(&budget.name, &scope_value, window_start, currency),
+            scope: budget.scope,
+            scope_value,
+            window: budget.window,
+            window_start,
+            currency: currency.clone(),
+            amount,
+            limit,
+            on_exceed: budget.on_exceed,
+        });
+    }
+    lines.sort_by(|a, b| a.counter.cmp(&b.counter));
+    Ok(lines)
+}
+
+/// Whether `amount` fits a counter that has `used` of `limit` spent.
+pub fn fits(used: i64, amount: i64, limit: i64) -> bool {
+    used.checked_add(amount).is_some_and(|total| total <= limit)
+}
+
+/// How a command is held against its counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldState {
+    /// Counted.
+    Held,
+    /// Recorded past the limit, waiting for a person: not counted until approved.
+    Deferred,
+    /// No longer counted: the command ended without spending.
+    Released,
+}
+
+impl HoldState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Held => "held",
+            Self::Deferred => "deferred",
+            Self::Released => "released",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "held" => Some(Self::Held),
+            "deferred" => Some(Self::Deferred),
+            "released" => Some(Self::Released),
+            _ => None,
+        }
+    }
+}
+
+/// What a status change does to a command's holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldChange {
+    Keep,
+    /// Approved: a deferred hold now counts (past the limit: a person decided).
+    Activate,
+    /// Ended without spending: held and deferred holds are released.
+    Release,
+    /// Brought back from such an end (an operator's replay): released holds count again.
+    Reclaim,
+}
+
+/// The statuses in which a command has spent nothing: FAILED (refused, denied, or found
+/// absent), CANCELLED (never sent, or rejected) and COMPENSATED (undone).
+pub fn spends_nothing(status: CommandStatus) -> bool {
+    matches!(
+        status,
+        CommandStatus::Failed | CommandStatus::Cancelled | CommandStatus::Compensated
+    )
+}
+
+/// What the change of a command's status from `from` to `to` does to its holds.
+pub fn hold_change(from: CommandStatus, to: CommandStatus) -> HoldChange {
+    if from == to {
+        HoldChange::Keep
+    } else if spends_nothing(to) && !spends_nothing(from) {
+        HoldChange::Release
+    } else if spends_nothing(from) && !spends_nothing(to) {
+        HoldChange::Reclaim
+    } else if to == CommandStatus::Approved {
+        HoldChange::Activate
+    } else {
+        HoldChange::Keep
+    }
+}
+
+/// What one hold becomes under `change`, and how much the counter's spend moves by.
+pub fn apply_change(state: HoldState, amount: i64, change: HoldChange) -> (HoldState, i64) {
+    match (change, state) {
+        (HoldChange::Activate, HoldState::Deferred) => (HoldState::Held, amount),
+        (HoldChange::Release, HoldState::Held) => (HoldState::Released, -amount),
+        (HoldChange::Release, HoldState::Deferred) => (HoldState::Released, 0),
+        (HoldChange::Reclaim, HoldState::Released) => (HoldState::Held, amount),
+        (_, state) => (state, 0),
+    }
+}
+
+/// One counter as the API and the CLI show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetCounter {
+    pub budget: String,
+    pub scope_value: String,
+    pub window_start: i64,
+    pub currency: String,
+    /// Minor units held now.
+    pub used: i64,
+    /// Commands holding an amount now.
+    pub holds: u64,
+}
