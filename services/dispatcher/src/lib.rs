@@ -180,7 +180,7 @@ pub async fn dispatch_from(
             drop(permit);
             ctx.metrics
                 .dispatch_seconds
-                .with_label_values(&[&leased.tool.to_string(), outcome_label(&outcome)])
+                .with_label_values(&[&leased.tool.to_string(), outcome.label()])
                 .observe(started.elapsed().as_secs_f64());
             outcome
         }
@@ -215,7 +215,7 @@ pub async fn dispatch_from(
         Driven::Refused(command, refusal @ Refusal::StaleEpoch { .. }) => {
             tracing::warn!(
                 %refusal,
-                outcome = outcome_label(&outcome),
+                outcome = outcome.label(),
                 "lease lost before the outcome was written; the reconciler resolves it from evidence"
             );
             Ok(Some(command))
@@ -353,16 +353,6 @@ fn policy_of(catalog: &Catalog, tool: &Tool, command: &Command, now: Timestamp) 
         command.state.approval.as_deref(),
         catalog.policy_version(),
     )
-}
-
-fn outcome_label(outcome: &DispatchOutcome) -> &'static str {
-    match outcome {
-        DispatchOutcome::Committed { .. } => "committed",
-        DispatchOutcome::Refused { .. } => "refused",
-        DispatchOutcome::Ambiguous { .. } => "ambiguous",
-        DispatchOutcome::NotSent { .. } => "not_sent",
-        DispatchOutcome::RateLimited { .. } => "rate_limited",
-    }
 }
 
 /// Extends the lease first when the outcome's write, at the ledger's pace now, could outlive

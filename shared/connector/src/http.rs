@@ -424,16 +424,6 @@ fn traced(mut call: Call, command: &Command) -> Call {
     call
 }
 
-fn dispatch_kind(outcome: &DispatchOutcome) -> &'static str {
-    match outcome {
-        DispatchOutcome::Committed { .. } => "committed",
-        DispatchOutcome::Refused { .. } => "refused",
-        DispatchOutcome::Ambiguous { .. } => "ambiguous",
-        DispatchOutcome::NotSent { .. } => "not_sent",
-        DispatchOutcome::RateLimited { .. } => "rate_limited",
-    }
-}
-
 fn compensation_kind(outcome: &CompensationOutcome) -> &'static str {
     match outcome {
         CompensationOutcome::Done { .. } => "done",
@@ -468,12 +458,12 @@ impl HttpConnector {
                 }
                 Err(no_answer) => classify::dispatch_without_answer(no_answer),
             };
-            Span::current().record("outcome", dispatch_kind(&outcome));
+            Span::current().record("outcome", outcome.label());
             outcome
         }
         .instrument(http)
         .await;
-        Span::current().record("outcome", dispatch_kind(&outcome));
+        Span::current().record("outcome", outcome.label());
         match &outcome {
             DispatchOutcome::Committed { external_ref, .. } => {
                 debug!(outcome = "committed", external_ref = ?external_ref, "dispatch committed");

@@ -215,7 +215,7 @@ impl McpConnector {
                 self.max_result_bytes,
                 self.excerpt_bytes,
             );
-            tracing::Span::current().record("outcome", outcome_kind(&outcome));
+            tracing::Span::current().record("outcome", outcome.label());
             outcome
         }
         .instrument(span)
@@ -224,7 +224,7 @@ impl McpConnector {
             DispatchOutcome::Ambiguous { reason } | DispatchOutcome::NotSent { reason } => {
                 warn!(tool = %tool.name(), %reason, "MCP dispatch without a verdict");
             }
-            other => debug!(tool = %tool.name(), outcome = outcome_kind(other), "MCP dispatch"),
+            other => debug!(tool = %tool.name(), outcome = other.label(), "MCP dispatch"),
         }
         outcome
     }
@@ -357,16 +357,6 @@ impl McpConnector {
         }
         .instrument(span)
         .await
-    }
-}
-
-fn outcome_kind(outcome: &DispatchOutcome) -> &'static str {
-    match outcome {
-        DispatchOutcome::Committed { .. } => "committed",
-        DispatchOutcome::Refused { .. } => "refused",
-        DispatchOutcome::Ambiguous { .. } => "ambiguous",
-        DispatchOutcome::NotSent { .. } => "not_sent",
-        DispatchOutcome::RateLimited { .. } => "rate_limited",
     }
 }
 

@@ -114,16 +114,7 @@ pub(super) fn build_tool(
         });
     }
 
-    let business_key = match raw.business_key {
-        Some(text) => {
-            let template = parse_template(&at, "business_key", &text)?;
-            for field in template.placeholders() {
-                check_field(&at, "business_key", field, &schema, FieldUse::Text)?;
-            }
-            Some(template)
-        }
-        None => None,
-    };
+    let business_key = build_business_key(&at, raw.business_key, &schema)?;
 
     let policy = build_policy(&at, raw.policy, raw.semantics, &schema)?;
     let money = super::money::build_money(&at, raw.money, &schema)?;
@@ -465,6 +456,22 @@ pub(super) fn toml_to_json(value: &toml::Value) -> Result<Value, String> {
                 .collect::<Result<Map<_, _>, String>>()?,
         ),
     })
+}
+
+/// A tool's `business_key` template, every field it names a required text field of `schema`.
+pub(super) fn build_business_key(
+    at: &At<'_>,
+    text: Option<String>,
+    schema: &Value,
+) -> Result<Option<Template>, CatalogError> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let template = parse_template(at, "business_key", &text)?;
+    for field in template.placeholders() {
+        check_field(at, "business_key", field, schema, FieldUse::Text)?;
+    }
+    Ok(Some(template))
 }
 
 pub(super) fn parse_template(

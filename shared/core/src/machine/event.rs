@@ -41,6 +41,18 @@ pub enum DispatchOutcome {
 }
 
 impl DispatchOutcome {
+    /// Its name, for metrics' labels and spans: `committed`, `refused`, `ambiguous`,
+    /// `not_sent` or `rate_limited`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Committed { .. } => "committed",
+            Self::Refused { .. } => "refused",
+            Self::Ambiguous { .. } => "ambiguous",
+            Self::NotSent { .. } => "not_sent",
+            Self::RateLimited { .. } => "rate_limited",
+        }
+    }
+
     /// The outcome a `RateLimited` answer counts as once the ceiling is spent (or where it is
     /// not waited on); any other outcome as it is.
     pub fn without_retry_after(&self) -> DispatchOutcome {

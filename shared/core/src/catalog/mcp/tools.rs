@@ -14,7 +14,8 @@ use super::{
 use crate::catalog::DEFAULT_REFERENCE_POINTER;
 use crate::catalog::args::{FieldUse, check_field};
 use crate::catalog::build::{
-    At, build_answers, build_policy, check_pointer, compile_schema, parse_template, toml_to_json,
+    At, build_answers, build_business_key, build_policy, check_pointer, compile_schema,
+    parse_template, toml_to_json,
 };
 use crate::catalog::endpoint::{
     DispatchConnector, EndpointContext, HttpEndpoint, HttpMethod, ReferenceSource, Section,
@@ -176,16 +177,7 @@ pub(in crate::catalog) fn build_mcp_tool(
             SemanticsSource::Annotation,
         ),
     };
-    let business_key = match raw.business_key.take() {
-        Some(text) => {
-            let template = parse_template(&at, "business_key", &text)?;
-            for field in template.placeholders() {
-                check_field(&at, "business_key", field, &schema, FieldUse::Text)?;
-            }
-            Some(template)
-        }
-        None => None,
-    };
+    let business_key = build_business_key(&at, raw.business_key.take(), &schema)?;
     // The server's timeout is the call's unless the tool's policy names one.
     let timeout_ms = raw.policy.timeout_ms.unwrap_or(server.timeout_ms);
     raw.policy.timeout_ms = Some(timeout_ms);
