@@ -181,13 +181,17 @@ pub(super) fn cover_added(
     tool: &Tool,
     file: &str,
 ) -> Result<(), CatalogError> {
-    for budget in budgets.iter_mut().filter(|budget| budget.covers(tool.name())) {
-        let counted = counted_field(budget, tool).map_err(|(key, detail)| CatalogError::BadBudget {
-            file: file.to_owned(),
-            budget: budget.name.clone(),
-            key: key.to_owned(),
-            detail,
-        })?;
+    for budget in budgets
+        .iter_mut()
+        .filter(|budget| budget.covers(tool.name()))
+    {
+        let counted =
+            counted_field(budget, tool).map_err(|(key, detail)| CatalogError::BadBudget {
+                file: file.to_owned(),
+                budget: budget.name.clone(),
+                key: key.to_owned(),
+                detail,
+            })?;
         budget.fields.insert(tool.name().to_string(), counted);
     }
     Ok(())
