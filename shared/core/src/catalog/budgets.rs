@@ -106,7 +106,11 @@ pub(super) fn build_budgets(
             on_exceed: raw.on_exceed,
             field: raw.field,
         };
-        for tool in tools.iter().filter(|tool| budget.covers(tool.name())) {
+        let covered: Vec<&Tool> = tools
+            .iter()
+            .filter(|tool| budget.covers(tool.name()))
+            .collect();
+        for tool in covered {
             let counted = counted_field(&budget, tool).map_err(|(key, detail)| bad(key, detail))?;
             budget.fields.insert(tool.name().to_string(), counted);
         }

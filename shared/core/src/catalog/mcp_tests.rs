@@ -469,3 +469,44 @@ fn an_mcp_tool_takes_its_own_rules_and_the_catalog_rules_that_cover_it() {
         .collect();
     assert_eq!(names, ["long-message", "no-git-on-main"]);
 }
+
+#[test]
+fn a_budget_counts_an_mcp_tool_once_its_server_is_listed() {
+    let budget = r#"
+    [budgets.daily]
+    tools = ["pay/*"]
+    scope = "tenant"
+    window = "day"
+    limits = { EUR = 10000 }
+    on_exceed = "deny"
+    "#;
+    let server = r#"
+    [mcp_servers.pay]
+    command = "pay-server"
+    allow = ["charge"]
+    "#;
+    let money = "\n    [mcp_servers.pay.tools.charge.money.amount]\n    currency = \"EUR\"\n    minor_units = 2\n";
+    let mut charge = listed("charge", ToolHints::default());
+    charge.input_schema = json!({
+        "type": "object",
+        "required": ["amount"],
+        "properties": {"amount": {"type": "integer"}},
+    });
+    let listing = BTreeMap::from([("pay".to_owned(), vec![charge])]);
+
+    let catalog = Catalog::from_toml_str(&format!("{server}{money}{budget}"), "mcp.toml")
+        .expect("a budget over tools still to be listed loads")
+        .with_mcp_tools(&listing)
+        .expect("valid once listed");
+    assert_eq!(
+        catalog.budgets()[0].fields.get("pay/charge"),
+        Some(&("amount".to_owned(), "EUR".to_owned()))
+    );
+
+    let refusal = refused(&format!("{server}{budget}"), &listing);
+    assert!(refusal.contains("daily"), "{refusal}");
+    assert!(
+        refusal.contains("declares no [tool.money] field"),
+        "{refusal}"
+    );
+}

@@ -12,7 +12,7 @@ use super::{
     semantics_from_hints,
 };
 use crate::catalog::DEFAULT_REFERENCE_POINTER;
-use crate::catalog::args::{FieldUse, check_field};
+use crate::catalog::args::FieldUse;
 use crate::catalog::build::{
     At, build_answers, build_business_key, build_policy, check_pointer, compile_schema,
     parse_template, toml_to_json,
