@@ -116,11 +116,18 @@ pub fn explain(
     approval: Option<&Approval>,
     current_policy_version: &str,
 ) -> Explanation {
+    // The variables are made once for all of the tool's rules: the arguments' conversion is the
+    // costly part of an evaluation.
+    let context = context_of(input);
     let rules: Vec<(&Rule, RuleVerdict)> = tool
         .policy_rules()
         .iter()
         .map(|rule| {
-            let verdict = match holds(rule, input) {
+            let verdict = match context
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(|context| holds(rule, context))
+            {
                 Ok(true) => RuleVerdict::Holds,
                 Ok(false) => RuleVerdict::DoesNotHold,
                 Err(error) => RuleVerdict::Error { error },
@@ -179,8 +186,8 @@ pub fn explain(
     }
 }
 
-/// Whether `rule`'s condition holds for `input`; why not, when it cannot be evaluated.
-pub(crate) fn holds(rule: &Rule, input: &RuleInput<'_>) -> Result<bool, String> {
+/// The variables a condition sees for `input`; why not, when they cannot be made.
+pub(crate) fn context_of(input: &RuleInput<'_>) -> Result<cel::Context<'static>, String> {
     let mut context = cel::Context::default();
     let args =
         cel::to_value(AsCel(input.args)).map_err(|error| format!("the arguments: {error}"))?;
@@ -194,7 +201,13 @@ pub(crate) fn holds(rule: &Rule, input: &RuleInput<'_>) -> Result<bool, String> 
     let now = chrono::DateTime::from_timestamp_millis(input.now.as_millis())
         .ok_or_else(|| format!("the time {} is out of range", input.now.as_millis()))?;
     context.add_variable_from_value("now", cel::Value::Timestamp(now.fixed_offset()));
-    match rule.program().execute(&context) {
+    Ok(context)
+}
+
+/// Whether `rule`'s condition holds in `context` ([`context_of`]); why not, when it cannot be
+/// evaluated.
+pub(crate) fn holds(rule: &Rule, context: &cel::Context<'_>) -> Result<bool, String> {
+    match rule.program().execute(context) {
         Ok(cel::Value::Bool(holds)) => Ok(holds),
         Ok(other) => Err(format!(
             "the condition gives {}, not true or false",

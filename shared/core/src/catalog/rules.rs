@@ -394,7 +394,9 @@ fn check_against(
             submitter: Some("agent-example"),
             now: crate::time::Timestamp::from_millis(1_767_225_600_000),
         };
-        match crate::policy::holds(rule, &input) {
+        match crate::policy::context_of(&input)
+            .and_then(|context| crate::policy::holds(rule, &context))
+        {
             Ok(_) => {}
             Err(why) => {
                 return Err(place.error(&rule.name, format!("with arguments like {args}: {why}")));
