@@ -622,6 +622,17 @@ impl sluice_ledger::BudgetStore for Unreachable {
     ) -> Result<Vec<sluice_core::budget::BudgetCounter>, LedgerError> {
         self.0.budget_counters(budget, window_start).await
     }
+
+    async fn budget_used_by_others(
+        &self,
+        run_id: &RunId,
+        command_key: &sluice_core::ids::CommandKey,
+        counters: &[String],
+    ) -> Result<Vec<i64>, LedgerError> {
+        self.0
+            .budget_used_by_others(run_id, command_key, counters)
+            .await
+    }
 }
 
 impl Ledger for Unreachable {}

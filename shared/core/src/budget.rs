@@ -229,6 +229,76 @@ pub fn lines(
     Ok(lines)
 }
 
+/// What a policy rule sees of one budget covering a command: `budgets.<name>` in CEL
+/// (`crate::catalog::rules`), with `used`, `limit`, `remaining`, `amount`, `currency` and
+/// `window`. `used` is what *other* commands hold in the counter the command counts against
+/// (its run's, tenant's or tool's, in the window of its admission): the same number at
+/// submission, before the command holds anything, and at dispatch, when its own hold is
+/// already counted — so a rule reads alike at both.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BudgetView {
+    pub budget: String,
+    pub currency: String,
+    pub window: Window,
+    pub limit: i64,
+    /// Minor units held by other commands in the counter.
+    pub used: i64,
+    /// This command's amount.
+    pub amount: i64,
+}
+
+impl BudgetView {
+    /// The view of `line` when other commands hold `used_by_others` of its counter.
+    pub fn of(line: &BudgetLine, used_by_others: i64) -> Self {
+        Self {
+            budget: line.budget.clone(),
+            currency: line.currency.clone(),
+            window: line.window,
+            limit: line.limit,
+            used: used_by_others,
+            amount: line.amount,
+        }
+    }
+
+    /// What the limit leaves to others' spend (negative when a person approved past it).
+    pub fn remaining(&self) -> i64 {
+        self.limit.saturating_sub(self.used)
+    }
+
+    /// The views a rule of `tool` is checked against when the catalog loads: every budget
+    /// that would give the tool a line, with nothing (`full = false`) or all (`full = true`)
+    /// of its limit used.
+    pub fn examples(budgets: &[Budget], tool: &ToolName, full: bool) -> Vec<Self> {
+        let name = tool.to_string();
+        budgets
+            .iter()
+            .filter_map(|budget| {
+                let (_, currency) = budget.fields.get(&name)?;
+                let limit = *budget.limits.get(currency)?;
+                Some(Self {
+                    budget: budget.name.clone(),
+                    currency: currency.clone(),
+                    window: budget.window,
+                    limit,
+                    used: if full { limit } else { 0 },
+                    amount: 0,
+                })
+            })
+            .collect()
+    }
+}
+
+/// What other commands hold of a counter that holds `used` in all, `own` being this command's
+/// holds on it (amount and state; one per submission that held it).
+pub fn used_by_others(used: i64, own: impl IntoIterator<Item = (i64, HoldState)>) -> i64 {
+    let mine: i64 = own
+        .into_iter()
+        .filter(|(_, state)| *state == HoldState::Held)
+        .map(|(amount, _)| amount)
+        .sum();
+    used.saturating_sub(mine).max(0)
+}
+
 /// Whether `amount` fits a counter that has `used` of `limit` spent.
 pub fn fits(used: i64, amount: i64, limit: i64) -> bool {
     used.checked_add(amount).is_some_and(|total| total <= limit)

@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Number, Value};
 
+use crate::budget::BudgetView;
 use crate::catalog::{Rule, RuleEffect, RuleScope, Tool};
 use crate::command::{Approval, Command};
 use crate::ids::ToolName;
@@ -38,6 +39,9 @@ pub struct RuleInput<'a> {
     pub submitter: Option<&'a str>,
     /// The evaluating component's clock.
     pub now: Timestamp,
+    /// The budgets covering the command as the evaluating component read them
+    /// ([`RuleInput::with_budgets`]); empty unless one of the tool's rules names `budgets`.
+    pub budgets: &'a [BudgetView],
 }
 
 impl<'a> RuleInput<'a> {
@@ -50,7 +54,13 @@ impl<'a> RuleInput<'a> {
             tenant: command.tenant.as_deref(),
             submitter: command.submitted_by.as_deref(),
             now,
+            budgets: &[],
         }
+    }
+
+    /// The same input, with the budgets covering the command as they stand.
+    pub fn with_budgets(self, budgets: &'a [BudgetView]) -> Self {
+        Self { budgets, ..self }
     }
 }
 
@@ -201,6 +211,24 @@ pub(crate) fn context_of(input: &RuleInput<'_>) -> Result<cel::Context<'static>,
     let now = chrono::DateTime::from_timestamp_millis(input.now.as_millis())
         .ok_or_else(|| format!("the time {} is out of range", input.now.as_millis()))?;
     context.add_variable_from_value("now", cel::Value::Timestamp(now.fixed_offset()));
+    let budgets: serde_json::Map<String, Value> = input
+        .budgets
+        .iter()
+        .map(|view| {
+            let fields = serde_json::json!({
+                "used": view.used,
+                "limit": view.limit,
+                "remaining": view.remaining(),
+                "amount": view.amount,
+                "currency": view.currency,
+                "window": view.window.as_str(),
+            });
+            (view.budget.clone(), fields)
+        })
+        .collect();
+    let budgets = cel::to_value(AsCel(&Value::Object(budgets)))
+        .map_err(|error| format!("the budgets: {error}"))?;
+    context.add_variable_from_value("budgets", budgets);
     Ok(context)
 }
 
@@ -399,6 +427,7 @@ mod tests {
             tenant: None,
             submitter: None,
             now: Timestamp::from_millis(0),
+            budgets: &[],
         }
     }
 

@@ -131,6 +131,7 @@ fn at<'a>(tool: &'a sluice_core::catalog::Tool, args: &'a serde_json::Value) -> 
         tenant: None,
         submitter: None,
         now: sluice_core::time::Timestamp::from_millis(0),
+        budgets: &[],
     }
 }
 

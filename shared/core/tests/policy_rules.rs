@@ -45,6 +45,7 @@ fn input<'a>(tool: &'a Tool, args: &'a Value, who: &Who) -> RuleInput<'a> {
         tenant: who.tenant,
         submitter: who.submitter,
         now: Timestamp::parse_rfc3339(who.at).expect("a time"),
+        budgets: &[],
     }
 }
 
@@ -423,5 +424,157 @@ fn arithmetic_on_arguments_means_what_it_says() {
     assert_eq!(
         decide(&catalog, &args(50, "EUR", "x"), &NOBODY, None),
         PolicyDecision::Allow
+    );
+}
+
+/// The wire, counted by a daily budget of 10,000.00 EUR per tenant.
+const DAILY: &str = r#"
+[tool.money.amount_minor]
+currency = "EUR"
+minor_units = 2
+
+[[tool.rule]]
+name = "most-of-the-day"
+when = "budgets.daily_wires.used + budgets.daily_wires.amount > budgets.daily_wires.limit * 8 / 10"
+then = "require_approval"
+reason = "past 80% of the day's wires"
+
+[budgets.daily_wires]
+tools = ["payments/wire"]
+scope = "tenant"
+window = "day"
+limits = { EUR = 1000000 }
+on_exceed = "deny"
+"#;
+
+fn view(used: i64, amount: i64) -> sluice_core::budget::BudgetView {
+    sluice_core::budget::BudgetView {
+        budget: "daily_wires".into(),
+        currency: "EUR".into(),
+        window: sluice_core::budget::Window::Day,
+        limit: 1_000_000,
+        used,
+        amount,
+    }
+}
+
+#[test]
+fn a_rule_reads_the_budgets_covering_the_command_as_they_stand() {
+    let catalog = catalog(DAILY).expect("valid");
+    let tool = wire(&catalog);
+    assert!(tool.rules_use_budgets());
+    let args = args(100_000, "EUR", "x");
+    let decide = |views: &[sluice_core::budget::BudgetView]| {
+        evaluate(
+            tool,
+            &input(tool, &args, &NOBODY).with_budgets(views),
+            None,
+            catalog.policy_version(),
+        )
+    };
+    // 7,000 + 1,000 of 10,000: 80%, not past it.
+    assert_eq!(decide(&[view(700_000, 100_000)]), PolicyDecision::Allow);
+    let past = decide(&[view(700_001, 100_000)]);
+    assert_eq!(
+        reason(&past),
+        "rule most-of-the-day: past 80% of the day's wires"
+    );
+    // Without the counters (an evaluator that did not read them), the restricting rule cannot
+    // be evaluated and counts as holding: fail closed, saying why.
+    let unread = decide(&[]);
+    assert!(
+        reason(&unread).contains("could not be evaluated"),
+        "{unread:?}"
+    );
+}
+
+#[test]
+fn every_budget_field_is_a_variable_and_remaining_is_what_the_limit_leaves() {
+    let catalog = catalog(&DAILY.replace(
+        "budgets.daily_wires.used + budgets.daily_wires.amount > budgets.daily_wires.limit * 8 / 10",
+        "budgets.daily_wires.remaining < budgets.daily_wires.amount && budgets.daily_wires.currency == 'EUR' && budgets.daily_wires.window == 'day'",
+    ))
+    .expect("valid");
+    let tool = wire(&catalog);
+    let args = args(100_000, "EUR", "x");
+    let explained = explain(
+        tool,
+        &input(tool, &args, &NOBODY).with_budgets(&[view(900_001, 100_000)]),
+        None,
+        "1",
+    );
+    assert_eq!(explained.decided_by.as_deref(), Some("most-of-the-day"));
+    assert_eq!(explained.rules[0].verdict, RuleVerdict::Holds);
+    let fits = explain(
+        tool,
+        &input(tool, &args, &NOBODY).with_budgets(&[view(900_000, 100_000)]),
+        None,
+        "1",
+    );
+    assert_eq!(fits.rules[0].verdict, RuleVerdict::DoesNotHold);
+}
+
+#[test]
+fn a_rule_naming_a_budget_that_does_not_cover_the_tool_is_a_load_error() {
+    let error = catalog(&DAILY.replace("budgets.daily_wires.used +", "budgets.weekly.used +"))
+        .expect_err("no budget weekly");
+    let shown = error.to_string();
+    assert!(
+        shown.contains("most-of-the-day")
+            && shown.contains("\"weekly\"")
+            && shown.contains("budgets covering this tool: daily_wires"),
+        "{shown}"
+    );
+    // A catalog-wide rule over a tool no budget covers says which; `has()` guards it.
+    let email = r#"
+[[tool]]
+name = "email/send"
+semantics = "IDEMPOTENT"
+schema = { type = "object", properties = { to = { type = "string" } } }
+[tool.dispatch]
+url = "http://mail/send"
+"#;
+    let unguarded = r#"
+[[rule]]
+name = "day-nearly-spent"
+when = "budgets.daily_wires.remaining < 100000"
+then = "require_approval"
+"#;
+    let with_budget = DAILY.replace(
+        "[[tool.rule]]\nname = \"most-of-the-day\"",
+        "[[tool.rule]]\nname = \"own\"",
+    );
+    let error = catalog(&format!("{with_budget}\n{email}\n{unguarded}"))
+        .expect_err("email/send has no budget");
+    let shown = error.to_string();
+    assert!(
+        shown.contains("email/send")
+            && shown.contains("day-nearly-spent")
+            && shown.contains("no budget covers this tool"),
+        "{shown}"
+    );
+    let guarded = unguarded.replace(
+        "budgets.daily_wires.remaining < 100000",
+        "has(budgets.daily_wires) && budgets.daily_wires.remaining < 100000",
+    );
+    let loaded = catalog(&format!("{with_budget}\n{email}\n{guarded}")).expect("guarded");
+    assert!(
+        loaded
+            .resolve("email/send")
+            .expect("declared")
+            .rules_use_budgets()
+    );
+}
+
+#[test]
+fn what_others_hold_leaves_out_the_commands_own_hold() {
+    use sluice_core::budget::{HoldState, used_by_others};
+    assert_eq!(used_by_others(500, []), 500);
+    assert_eq!(used_by_others(500, [(200, HoldState::Held)]), 300);
+    assert_eq!(used_by_others(500, [(200, HoldState::Deferred)]), 500);
+    assert_eq!(used_by_others(500, [(200, HoldState::Released)]), 500);
+    assert_eq!(
+        used_by_others(500, [(200, HoldState::Held), (100, HoldState::Held)]),
+        200
     );
 }

@@ -112,6 +112,16 @@ pub trait BudgetStore: Send + Sync + std::fmt::Debug + 'static {
         mode: HoldMode,
     ) -> Result<Budgeted, LedgerError>;
 
+    /// What other commands than the one at `run_id`/`command_key` hold in each of `counters`
+    /// (`sluice_core::budget::used_by_others`; 0 for a counter never written), in order: what a
+    /// policy rule reads as `budgets.<name>.used`.
+    async fn budget_used_by_others(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        counters: &[String],
+    ) -> Result<Vec<i64>, LedgerError>;
+
     /// The counters of `budget` in the window starting at `window_start`.
     async fn budget_counters(
         &self,

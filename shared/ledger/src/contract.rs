@@ -73,7 +73,8 @@ macro_rules! ledger_contract_tests {
             budget_holds_fit_up_to_the_limit_once_per_command,
             thirty_two_racing_holds_never_pass_the_limit,
             budget_holds_follow_the_command_status,
-            a_reservation_and_its_holds_are_one_step
+            a_reservation_and_its_holds_are_one_step,
+            what_others_hold_leaves_out_the_commands_own_holds
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
@@ -98,6 +99,7 @@ mod webhooks;
 pub use budgets::{
     a_reservation_and_its_holds_are_one_step, budget_holds_fit_up_to_the_limit_once_per_command,
     budget_holds_follow_the_command_status, thirty_two_racing_holds_never_pass_the_limit,
+    what_others_hold_leaves_out_the_commands_own_holds,
 };
 pub use closing::eight_rollbacks_at_once_close_a_run_once;
 pub use flow::{

@@ -119,7 +119,7 @@ pub(super) fn build_tool(
     let policy = build_policy(&at, raw.policy, raw.semantics, &schema)?;
     let money = super::money::build_money(&at, raw.money, &schema)?;
     let event_args = super::events::build_events(&at, raw.events, &schema)?;
-    let rules = super::rules::build_tool_rules(raw.rule, file, &name, &schema)?;
+    let rules = super::rules::build_tool_rules(raw.rule, file, &name)?;
     if policy.verify_after_refusal && raw.status_check.is_none() {
         return Err(CatalogError::MalformedTool {
             file: at.file(),

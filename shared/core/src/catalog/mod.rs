@@ -373,8 +373,6 @@ impl Catalog {
                 Joins::Named | Joins::ByDefault | Joins::Alone => {}
             }
             check_lease(&tool, file)?;
-            tool.rules =
-                rules::attach(&tool.rules, &catalog_rules, file, &tool.name, &tool.schema)?;
             if let Some(first) = index.insert(tool.name.clone(), position) {
                 return Err(CatalogError::DuplicateTool {
                     file: file.to_owned(),
@@ -386,6 +384,17 @@ impl Catalog {
             tools.push(tool);
         }
         let budgets = budgets::build_budgets(raw.budgets, file, &tools, !mcp_servers.is_empty())?;
+        // Rules are checked once the budgets are known: a condition may read them.
+        for tool in &mut tools {
+            tool.rules = rules::attach(
+                &tool.rules,
+                &catalog_rules,
+                file,
+                &tool.name,
+                &tool.schema,
+                &budgets,
+            )?;
+        }
         Ok(Self {
             source_name: file.to_owned(),
             default_namespace,
@@ -472,12 +481,14 @@ impl Catalog {
                     Joins::Named | Joins::ByDefault | Joins::Alone => {}
                 }
                 check_lease(&tool, &file)?;
+                budgets::cover_added(&mut self.budgets, &tool, &file)?;
                 tool.rules = rules::attach(
                     &tool.rules,
                     &self.catalog_rules,
                     &file,
                     &tool.name,
                     &tool.schema,
+                    &self.budgets,
                 )?;
                 let position = self.tools.len();
                 if let Some(first) = self.index.insert(tool.name.clone(), position) {
@@ -488,7 +499,6 @@ impl Catalog {
                         second: position + 1,
                     });
                 }
-                budgets::cover_added(&mut self.budgets, &tool, &file)?;
                 self.tools.push(tool);
             }
         }

@@ -26,6 +26,24 @@
 //! Variables: `args` (the arguments, as stored), `tool` (`"namespace/name"`), `tenant` and
 //! `submitter` (strings, or `null` when the command has none), `run` (the run id) and `now` (a
 //! CEL timestamp, UTC: the producer's clock at submission, the dispatcher's at dispatch).
+//! `budgets` maps the name of each spend budget covering the command (`[budgets.<name>]` whose
+//! tools include it and which sets a limit in its money field's currency) to `used` (minor
+//! units other commands hold in the counter this command counts against, in the window of its
+//! admission), `limit`, `remaining` (`limit - used`), `amount` (this command's), `currency` and
+//! `window` — read from the ledger only for a tool one of whose rules names `budgets`:
+//!
+//! ```toml
+//! [[tool.rule]]
+//! name = "most-of-the-day"
+//! when = "budgets.daily_wires.used + budgets.daily_wires.amount > budgets.daily_wires.limit * 8 / 10"
+//! then = "require_approval"
+//! reason = "this wire takes the day's wires past 80% of their budget"
+//! ```
+//!
+//! Such a rule is a threshold read before the hold is taken, not a limit: two agents racing may
+//! both read the same `used`. The budget itself (`crate::budget`) is the limit no race passes.
+//! A rule naming a budget that does not cover a tool it applies to is a load error (use
+//! `has(budgets.name)` in a catalog-wide rule over tools some budgets do not cover).
 
 use std::fmt;
 use std::sync::Arc;
@@ -35,10 +53,19 @@ use serde_json::{Map, Number, Value};
 
 use super::error::CatalogError;
 use super::raw::describe;
+use crate::budget::BudgetView;
 use crate::ids::ToolName;
 
 /// The variables a rule may name.
-pub const RULE_VARIABLES: [&str; 6] = ["args", "tool", "tenant", "run", "submitter", "now"];
+pub const RULE_VARIABLES: [&str; 7] = [
+    "args",
+    "tool",
+    "tenant",
+    "run",
+    "submitter",
+    "now",
+    "budgets",
+];
 /// The longest condition accepted, in bytes: a policy, not a program.
 pub const MAX_RULE_SOURCE: usize = 4096;
 /// The CEL parser recurses deeply (over 300 KiB of stack for a short condition in a debug
@@ -84,6 +111,8 @@ pub struct Rule {
     /// `[[rule]] tools`; empty: every tool.
     tools: Vec<String>,
     program: cel::Program,
+    /// Whether the condition names `budgets`: its evaluation then needs the budgets' counters.
+    uses_budgets: bool,
 }
 
 impl fmt::Debug for Rule {
@@ -147,6 +176,12 @@ impl Rule {
         self.scope
     }
 
+    /// Whether the condition names `budgets` (the evaluating component then reads the
+    /// budgets' counters first).
+    pub fn uses_budgets(&self) -> bool {
+        self.uses_budgets
+    }
+
     pub(crate) fn program(&self) -> &cel::Program {
         &self.program
     }
@@ -191,12 +226,12 @@ impl Place<'_> {
     }
 }
 
-/// Compiles `[[tool.rule]]` entries of `tool`, checked against its schema.
+/// Compiles `[[tool.rule]]` entries of `tool` (checked against its schema and budgets by
+/// [`attach`], once the budgets are known).
 pub(super) fn build_tool_rules(
     entries: Vec<toml::Table>,
     file: &str,
     tool: &ToolName,
-    schema: &Value,
 ) -> Result<Vec<Arc<Rule>>, CatalogError> {
     let shown = tool.to_string();
     let place = Place {
@@ -206,7 +241,6 @@ pub(super) fn build_tool_rules(
     let mut rules: Vec<Arc<Rule>> = Vec::with_capacity(entries.len());
     for (position, entry) in entries.into_iter().enumerate() {
         let rule = build_rule(entry, position, &place, RuleScope::Tool)?;
-        check_against(&rule, &place, tool, schema)?;
         if rules.iter().any(|earlier| earlier.name == rule.name) {
             return Err(place.error(&rule.name, "the name is used by another rule of this tool"));
         }
@@ -232,19 +266,25 @@ pub(super) fn build_catalog_rules(
     Ok(rules)
 }
 
-/// The catalog-wide rules that cover `tool`, checked against its schema, after its own.
+/// `tool`'s own rules and, after them, the catalog-wide rules that cover it, each checked
+/// against its schema and the budgets covering it.
 pub(super) fn attach(
     own: &[Arc<Rule>],
     catalog: &[Arc<Rule>],
     file: &str,
     tool: &ToolName,
     schema: &Value,
+    budgets: &[crate::budget::Budget],
 ) -> Result<Arc<[Arc<Rule>]>, CatalogError> {
     let shown = tool.to_string();
     let place = Place {
         file,
         tool: Some(&shown),
     };
+    let examples = [false, true].map(|full| BudgetView::examples(budgets, tool, full));
+    for rule in own {
+        check_against(rule, &place, tool, schema, &examples)?;
+    }
     let mut all = own.to_vec();
     for rule in catalog.iter().filter(|rule| rule.covers(tool)) {
         if own.iter().any(|mine| mine.name == rule.name) {
@@ -253,7 +293,7 @@ pub(super) fn attach(
                 "a [[tool.rule]] of this tool has the name of a [[rule]] that covers it",
             ));
         }
-        check_against(rule, &place, tool, schema)?;
+        check_against(rule, &place, tool, schema, &examples)?;
         all.push(Arc::clone(rule));
     }
     Ok(all.into())
@@ -328,7 +368,9 @@ fn build_rule(
             ),
         ));
     }
+    let uses_budgets = references.variables().contains(&"budgets");
     Ok(Rule {
+        uses_budgets,
         name,
         when: raw.when,
         effect: raw.then,
@@ -372,15 +414,17 @@ fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// Evaluates `rule` against example arguments built from `schema`, low and high, so what
-/// can be known before any command arrives is known at load.
+/// Evaluates `rule` against example arguments built from `schema`, low and high, and the
+/// budgets covering the tool with none and all of their limits used (`budgets`), so what can
+/// be known before any command arrives is known at load.
 fn check_against(
     rule: &Rule,
     place: &Place<'_>,
     tool: &ToolName,
     schema: &Value,
+    budgets: &[Vec<BudgetView>; 2],
 ) -> Result<(), CatalogError> {
-    for extreme in [Extreme::Low, Extreme::High] {
+    for (extreme, budgets) in [Extreme::Low, Extreme::High].into_iter().zip(budgets) {
         // A schema with a part whose type cannot be told gives no example: the rule's
         // references are checked, its types are left to evaluation.
         let Some(args) = example(schema, extreme) else {
@@ -393,13 +437,26 @@ fn check_against(
             tenant: Some("tenant-example"),
             submitter: Some("agent-example"),
             now: crate::time::Timestamp::from_millis(1_767_225_600_000),
+            budgets,
         };
         match crate::policy::context_of(&input)
             .and_then(|context| crate::policy::holds(rule, &context))
         {
             Ok(_) => {}
             Err(why) => {
-                return Err(place.error(&rule.name, format!("with arguments like {args}: {why}")));
+                let covering = if !rule.uses_budgets() {
+                    String::new()
+                } else if budgets.is_empty() {
+                    " (no budget covers this tool)".to_owned()
+                } else {
+                    let names: Vec<&str> =
+                        budgets.iter().map(|view| view.budget.as_str()).collect();
+                    format!(" (the budgets covering this tool: {})", names.join(", "))
+                };
+                return Err(place.error(
+                    &rule.name,
+                    format!("with arguments like {args}: {why}{covering}"),
+                ));
             }
         }
     }
@@ -527,6 +584,7 @@ mod tests {
             scope: RuleScope::Catalog,
             tools: tools.iter().map(|tool| (*tool).to_owned()).collect(),
             program: compile("true").expect("compiles"),
+            uses_budgets: false,
         };
         let wire = ToolName::parse("payments/wire").expect("valid");
         assert!(rule(&[]).covers(&wire));

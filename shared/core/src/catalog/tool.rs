@@ -159,6 +159,12 @@ impl Tool {
         &self.rules
     }
 
+    /// Whether one of the tool's rules reads `budgets`: its evaluation then needs the counters
+    /// of the budgets covering the command (`sluice_core::budget::BudgetView`).
+    pub fn rules_use_budgets(&self) -> bool {
+        self.rules.iter().any(|rule| rule.uses_budgets())
+    }
+
     pub fn business_key_template(&self) -> Option<&Template> {
         self.business_key.as_ref()
     }

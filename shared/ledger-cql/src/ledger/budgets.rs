@@ -16,7 +16,9 @@ use std::collections::BTreeMap;
 use uuid::Uuid;
 
 use sluice_core::audit::AuditDraft;
-use sluice_core::budget::{BudgetCounter, BudgetLine, HoldChange, HoldState, apply_change, fits};
+use sluice_core::budget::{
+    BudgetCounter, BudgetLine, HoldChange, HoldState, apply_change, fits, used_by_others,
+};
 use sluice_core::command::Command;
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_ledger::{Budgeted, Held, HoldMode, LedgerError};
@@ -343,6 +345,38 @@ impl CqlLedger {
         Ok(())
     }
 
+    /// [`sluice_ledger::BudgetStore::budget_used_by_others`].
+    pub(super) async fn read_used_by_others(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        counters: &[String],
+    ) -> Result<Vec<i64>, LedgerError> {
+        self.inner.stats.call(Op::Budget);
+        let prefix = command_prefix(run_id.as_str(), command_key.as_str());
+        let mut out = Vec::with_capacity(counters.len());
+        for counter in counters {
+            let rows = self
+                .paged(
+                    Op::Budget,
+                    "read budget counter",
+                    &self.inner.st.read_budget_counter,
+                    (counter.as_str(),),
+                    Kind::Plain,
+                )
+                .await?;
+            out.push(rows.first().map_or(0, |row| {
+                let holds = holds_of(row);
+                let own = holds
+                    .iter()
+                    .filter(|(holder, _)| holder.starts_with(&prefix))
+                    .map(|(_, hold)| *hold);
+                used_by_others(row.bigint("used").unwrap_or(0), own)
+            }));
+        }
+        Ok(out)
+    }
+
     /// [`sluice_ledger::BudgetStore::budget_counters`].
     pub(super) async fn read_budget_counters(
         &self,
@@ -418,6 +452,16 @@ impl sluice_ledger::BudgetStore for CqlLedger {
         window_start: i64,
     ) -> Result<Vec<sluice_core::budget::BudgetCounter>, LedgerError> {
         self.read_budget_counters(budget, window_start).await
+    }
+
+    async fn budget_used_by_others(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        counters: &[String],
+    ) -> Result<Vec<i64>, LedgerError> {
+        self.read_used_by_others(run_id, command_key, counters)
+            .await
     }
 
     async fn reserve_held(

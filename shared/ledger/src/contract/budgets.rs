@@ -334,3 +334,47 @@ pub async fn a_reservation_and_its_holds_are_one_step(ledger: Arc<dyn Ledger>) {
     );
     assert_eq!(used(&*ledger, &budget).await, (700, 1));
 }
+
+pub async fn what_others_hold_leaves_out_the_commands_own_holds(ledger: Arc<dyn Ledger>) {
+    let budget = fresh_budget("budget-others");
+    let run = fresh_run("budget-others");
+    let counter = line(&budget, 0, 1000).counter;
+    let others = |i: u32| {
+        let ledger = Arc::clone(&ledger);
+        let (run, counter) = (run.clone(), counter.clone());
+        async move {
+            ledger
+                .budget_used_by_others(&run, &key(i), std::slice::from_ref(&counter))
+                .await
+                .expect("read")
+        }
+    };
+    // A counter never written: nothing held.
+    assert_eq!(others(1).await, vec![0]);
+    assert_eq!(
+        hold(&*ledger, &run, 1, &line(&budget, 300, 1000)).await,
+        Held::Fresh
+    );
+    assert_eq!(
+        hold(&*ledger, &run, 2, &line(&budget, 200, 1000)).await,
+        Held::Fresh
+    );
+    // Each command sees what the other holds, never its own hold; a third sees both.
+    assert_eq!(others(1).await, vec![200]);
+    assert_eq!(others(2).await, vec![300]);
+    assert_eq!(others(3).await, vec![500]);
+    // A deferred hold counts nothing, for others as for itself.
+    let deferred = ledger
+        .budget_hold(
+            &run,
+            &key(4),
+            TAG,
+            &[line(&budget, 900, 1000)],
+            HoldMode::Defer,
+        )
+        .await
+        .expect("defer");
+    assert_eq!(deferred, Held::Fresh);
+    assert_eq!(others(4).await, vec![500]);
+    assert_eq!(others(1).await, vec![200]);
+}

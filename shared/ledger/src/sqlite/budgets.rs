@@ -2,10 +2,10 @@
 //! (`writer/budgets.rs`), in its write transaction; counters read on a pooled connection.
 
 use async_trait::async_trait;
-use rusqlite::params;
+use rusqlite::{OptionalExtension, params};
 
 use sluice_core::audit::AuditDraft;
-use sluice_core::budget::{BudgetCounter, BudgetLine};
+use sluice_core::budget::{BudgetCounter, BudgetLine, HoldState, used_by_others};
 use sluice_core::command::Command;
 use sluice_core::ids::{CommandKey, RunId};
 
@@ -90,6 +90,53 @@ impl BudgetStore for SqliteLedger {
             Err(Held::Exceeded { line, used }) => Ok(Budgeted::Exceeded { line, used }),
             Err(_) => Err(LedgerError::Closed),
         }
+    }
+
+    async fn budget_used_by_others(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        counters: &[String],
+    ) -> Result<Vec<i64>, LedgerError> {
+        let (path, config) = (self.inner.path.clone(), self.inner.config.clone());
+        let (run_id, command_key) = (run_id.to_string(), command_key.to_string());
+        let counters = counters.to_vec();
+        self.read("budget_used_by_others", move |conn| {
+            let failed = |e| map_err(e, "budget_used_by_others", &path, &config);
+            let mut used = conn
+                .prepare_cached("SELECT used FROM budget_counters WHERE counter = ?1")
+                .map_err(failed)?;
+            let mut own = conn
+                .prepare_cached(
+                    "SELECT amount, state FROM budget_holds \
+                     WHERE run_id = ?1 AND command_key = ?2 AND counter = ?3",
+                )
+                .map_err(failed)?;
+            counters
+                .iter()
+                .map(|counter| {
+                    let total: i64 = used
+                        .query_row(params![counter], |row| row.get(0))
+                        .optional()
+                        .map_err(failed)?
+                        .unwrap_or(0);
+                    let holds = own
+                        .query_map(params![run_id, command_key, counter], |row| {
+                            Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+                        })
+                        .map_err(failed)?
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(failed)?;
+                    Ok(used_by_others(
+                        total,
+                        holds.into_iter().filter_map(|(amount, state)| {
+                            HoldState::parse(&state).map(|state| (amount, state))
+                        }),
+                    ))
+                })
+                .collect()
+        })
+        .await
     }
 
     async fn budget_counters(

@@ -201,7 +201,7 @@ pub(in crate::catalog) fn build_mcp_tool(
         raw.policy.verify_after_ms = Some(landing);
     }
     let policy = build_policy(&at, raw.policy, semantics, &schema)?;
-    let rules = crate::catalog::rules::build_tool_rules(raw.rule, file, &name, &schema)?;
+    let rules = crate::catalog::rules::build_tool_rules(raw.rule, file, &name)?;
     let money = crate::catalog::money::build_money(&at, raw.money, &schema)?;
     let event_args = crate::catalog::events::build_events(&at, raw.events, &schema)?;
     for (flag, key) in [
