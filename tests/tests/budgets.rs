@@ -276,3 +276,80 @@ on_exceed = "require_approval"
     assert_eq!(counter(&h, "per_run", run).await, (600_000, 2));
     h.stop().await;
 }
+
+/// A rule over budget state: "a wire that takes the day's wires past 80% of their budget needs
+/// a person". The second wire proves the dispatcher's evaluation leaves out the wire's own
+/// hold (with it, 2,700,000 of 3,000,000 would block it there); the third is blocked at
+/// submission with the rule's reason, and an approval sends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_over_the_days_spend_blocks_the_wire_that_takes_it_past_eighty_percent() {
+    let h = Harness::start(Faults::none(), |c| {
+        c.budget(
+            "daily_wires",
+            r#"
+tools = ["payments/*"]
+scope = "tenant"
+window = "day"
+limits = { EUR = 3000000 }
+on_exceed = "deny"
+"#,
+        )
+        .rule(
+            Some("payments/wire"),
+            r#"
+name = "most-of-the-day"
+when = "budgets.daily_wires.used + budgets.daily_wires.amount > budgets.daily_wires.limit * 8 / 10"
+then = "require_approval"
+reason = "takes the day's wires past 80% of their budget"
+"#,
+        )
+    })
+    .await;
+    let run = "r-budget-rule";
+    for decision in [1, 2] {
+        let wire = h
+            .agent
+            .submit_created(&wire(run, decision, &format!("acc-{decision}"), 900_000))
+            .await;
+        let settled = h
+            .agent
+            .wait_settled(run, &wire.command_key.to_string())
+            .await;
+        assert_eq!(settled.status(), Confirmed, "wire {decision}: {settled:?}");
+    }
+    assert_eq!(
+        counter(&h, "daily_wires", "anonymous").await,
+        (1_800_000, 2)
+    );
+
+    let third = h
+        .agent
+        .submit_created(&wire(run, 3, "acc-3", 900_000))
+        .await;
+    let key = third.command_key.to_string();
+    assert_eq!(h.agent.wait_settled(run, &key).await.status(), Blocked);
+    let trail = h.audit(run).await;
+    let reason = &trail.of(&key).last().expect("audited").record.reason;
+    assert!(
+        reason.contains("rule most-of-the-day: takes the day's wires past 80% of their budget"),
+        "{reason}"
+    );
+    // Held all the same (it fits the budget): the rule asks for a person, it is not the limit.
+    assert_eq!(
+        counter(&h, "daily_wires", "anonymous").await,
+        (2_700_000, 3)
+    );
+    let approved = h
+        .agent
+        .act(
+            run,
+            &key,
+            "approve",
+            &json!({"reason": "month-end payroll"}),
+        )
+        .await;
+    assert_eq!(approved.status, StatusCode::OK, "{:?}", approved.body);
+    assert_eq!(h.agent.wait_settled(run, &key).await.status(), Confirmed);
+    assert_eq!(h.upstream.stats().wires, 3);
+    h.stop().await;
+}

@@ -12,13 +12,13 @@
 use std::time::Instant;
 
 use sluice_bus::{BusError, Delivery, Group, Topic};
-use sluice_core::catalog::{Catalog, Tool};
+use sluice_core::budget::BudgetView;
+use sluice_core::catalog::Catalog;
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::flow::Held;
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{self, DispatchOutcome, DispatchPlan, Event, Refusal};
-use sluice_core::policy::{self, PolicyDecision};
-use sluice_core::time::Timestamp;
+use sluice_core::policy;
 use sluice_runtime::config::DispatcherConfig;
 use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
 use sluice_runtime::flow::{Admission, Permit};
@@ -112,12 +112,24 @@ pub async fn dispatch_from(
         None => (None, None),
     };
     let held = held.as_ref();
+    // What the tool's rules read of the budgets covering the command, if they read any.
+    let standing = match &current.command {
+        Some(command) => match catalog.get(&command.tool) {
+            Some(tool) => ctx.budget_views(tool, command).await?,
+            None => Vec::new(),
+        },
+        None => Vec::new(),
+    };
+    let read = Read {
+        held,
+        budgets: &standing,
+    };
     // Decided once on this read (policy evaluated once); the lease's write re-decides only on a
     // copy that moved meanwhile.
     let first = current
         .command
         .as_ref()
-        .map(|command| (version(command), plan(ctx, &catalog, command, held, &owner)));
+        .map(|command| (version(command), plan(ctx, &catalog, command, read, &owner)));
     sluice_faults::point!("dispatcher.lease.pre");
     let leased = match (current, first) {
         (
@@ -128,7 +140,7 @@ pub async fn dispatch_from(
             Some((_, DispatchPlan::Call)),
         ) => command,
         (current, first) => {
-            match lease(ctx, &owner, run_id, command_key, current, first, held).await? {
+            match lease(ctx, &owner, run_id, command_key, current, first, read).await? {
                 Ok(command) => command,
                 Err(settled) => return Ok(settled),
             }
@@ -240,14 +252,15 @@ async fn lease(
     command_key: &CommandKey,
     current: Current,
     first: Option<(Version, DispatchPlan)>,
-    held: Option<&Held>,
+    read: Read<'_>,
 ) -> Result<Result<Command, Option<Command>>, PipelineError> {
+    let held = read.held;
     let catalog = ctx.catalog.clone();
     let leased = ctx
         .drive_current(run_id, command_key, ACTOR, current, |command| {
             let planned = match &first {
                 Some((seen, planned)) if *seen == version(command) => planned.clone(),
-                Some(_) | None => plan(ctx, &catalog, command, held, owner),
+                Some(_) | None => plan(ctx, &catalog, command, read, owner),
             };
             match planned {
                 DispatchPlan::Apply(event) => Some(event),
@@ -323,35 +336,38 @@ async fn admit(
     })
 }
 
+/// What a dispatch plan reads beside the command: flow control's answer and the budgets
+/// covering the command, for rules that read them.
+#[derive(Clone, Copy)]
+struct Read<'a> {
+    held: Option<&'a Held>,
+    budgets: &'a [BudgetView],
+}
+
 /// The core's plan for `command`, with today's policy for its stored arguments.
 fn plan(
     ctx: &Context,
     catalog: &Catalog,
     command: &Command,
-    held: Option<&Held>,
+    read: Read<'_>,
     owner: &std::sync::Arc<str>,
 ) -> DispatchPlan {
     let now = ctx.clock.now();
-    let policy = catalog
-        .get(&command.tool)
-        .map(|tool| policy_of(catalog, tool, command, now));
+    let policy = catalog.get(&command.tool).map(|tool| {
+        policy::evaluate(
+            tool,
+            &policy::RuleInput::of(command, now).with_budgets(read.budgets),
+            command.state.approval.as_deref(),
+            catalog.policy_version(),
+        )
+    });
     machine::plan_dispatch(
         command,
         &ctx.rules_of(command),
         policy.as_ref(),
-        held,
+        read.held,
         owner,
         now,
-    )
-}
-
-/// `tool`'s policy for `command` as it is stored, at `now`.
-fn policy_of(catalog: &Catalog, tool: &Tool, command: &Command, now: Timestamp) -> PolicyDecision {
-    policy::evaluate(
-        tool,
-        &policy::RuleInput::of(command, now),
-        command.state.approval.as_deref(),
-        catalog.policy_version(),
     )
 }
 

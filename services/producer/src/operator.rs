@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use sluice_core::command::{Command, CommandStatus, EffectSemantics};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{Event, EventKind, Operator, Refusal, Resolution, Step};
-use sluice_core::replay::{self, ReplayProblem, RunReplays};
+use sluice_core::replay::{self, ReplayPolicy, ReplayProblem, RunReplays};
 use sluice_runtime::Driven;
 use sluice_runtime::messages::Cause;
 
@@ -509,6 +509,14 @@ async fn replay(
         evidence: evidence.clone(),
     };
     let tool = catalog.get(&command.tool);
+    let standing = match tool {
+        Some(tool) => api
+            .ctx
+            .budget_views(tool, &command)
+            .await
+            .map_err(|e| ApiError::unavailable(&e))?,
+        None => Vec::new(),
+    };
     let check = replay::check(
         &command,
         tool,
@@ -517,7 +525,10 @@ async fn replay(
             replays: run_replays,
             limit: run_limit,
         },
-        catalog.policy_version(),
+        ReplayPolicy {
+            version: catalog.policy_version(),
+            budgets: &standing,
+        },
         &event,
         api.ctx.clock.now(),
     );

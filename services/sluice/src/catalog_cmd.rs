@@ -9,6 +9,7 @@ use clap::{Args, Subcommand};
 use serde_json::Value;
 use sluice_connector::credentials::Secrets;
 use sluice_connector::{McpConnector, preview};
+use sluice_core::budget::BudgetView;
 use sluice_core::catalog::Catalog;
 use sluice_core::command::{Command, Intent};
 use sluice_core::ids::{CommandKey, RunId};
@@ -78,6 +79,11 @@ pub enum CatalogCommand {
         /// The time to evaluate at (RFC 3339); now by default.
         #[arg(long)]
         at: Option<String>,
+        /// What other commands hold in a budget covering the tool, as NAME=MINOR_UNITS
+        /// (repeatable; a budget not given has nothing held): what rules read as
+        /// `budgets.<name>.used`.
+        #[arg(long = "budget-used", value_name = "NAME=MINOR_UNITS")]
+        budget_used: Vec<String>,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -116,6 +122,7 @@ pub async fn run(args: CatalogArgs) -> Result<String, String> {
             tenant,
             submitter,
             at,
+            budget_used,
             json,
         } => {
             explain(
@@ -127,6 +134,7 @@ pub async fn run(args: CatalogArgs) -> Result<String, String> {
                     tenant: tenant.as_deref(),
                     submitter: submitter.as_deref(),
                     at: at.as_deref(),
+                    budget_used: &budget_used,
                 },
                 json,
             )
@@ -143,6 +151,8 @@ struct Who<'a> {
     tenant: Option<&'a str>,
     submitter: Option<&'a str>,
     at: Option<&'a str>,
+    /// `--budget-used NAME=MINOR_UNITS`.
+    budget_used: &'a [String],
 }
 
 async fn explain(path: &std::path::Path, who: &Who<'_>, json: bool) -> Result<String, String> {
@@ -157,6 +167,7 @@ async fn explain(path: &std::path::Path, who: &Who<'_>, json: bool) -> Result<St
         Some(at) => Timestamp::parse_rfc3339(at).map_err(|e| format!("--at: {e}"))?,
         None => SystemClock.now(),
     };
+    let budgets = budget_views(&catalog, tool, &args, who.budget_used)?;
     let input = RuleInput {
         args: &args,
         tool: tool.name(),
@@ -164,6 +175,7 @@ async fn explain(path: &std::path::Path, who: &Who<'_>, json: bool) -> Result<St
         tenant: who.tenant,
         submitter: who.submitter,
         now,
+        budgets: &budgets,
     };
     let explained = policy::explain(tool, &input, None, catalog.policy_version());
     if json {
@@ -199,6 +211,53 @@ async fn explain(path: &std::path::Path, who: &Who<'_>, json: bool) -> Result<St
     };
     out.push_str(&format!("decided by {decided}: {decision}"));
     Ok(out)
+}
+
+/// The budgets covering `tool` as its rules would read them for `args`, with what
+/// `--budget-used` says others hold (nothing for a budget not named).
+fn budget_views(
+    catalog: &Catalog,
+    tool: &sluice_core::catalog::Tool,
+    args: &Value,
+    used: &[String],
+) -> Result<Vec<BudgetView>, String> {
+    let mut views = BudgetView::examples(catalog.budgets(), tool.name(), false);
+    for given in used {
+        let (name, minor) = given
+            .split_once('=')
+            .ok_or_else(|| format!("--budget-used {given:?}: write NAME=MINOR_UNITS"))?;
+        let minor: i64 = minor
+            .trim()
+            .parse()
+            .map_err(|e| format!("--budget-used {given:?}: {e}"))?;
+        let Some(view) = views.iter().position(|view| view.budget == name.trim()) else {
+            let covering: Vec<&str> = views.iter().map(|v| v.budget.as_str()).collect();
+            return Err(format!(
+                "--budget-used {given:?}: no budget {name:?} covers {} (covering: {})",
+                tool.name(),
+                if covering.is_empty() {
+                    "none".to_owned()
+                } else {
+                    covering.join(", ")
+                }
+            ));
+        };
+        views[view].used = minor;
+    }
+    let tool_name = tool.name().to_string();
+    for view in &mut views {
+        let field = catalog
+            .budgets()
+            .iter()
+            .find(|budget| budget.name == view.budget)
+            .and_then(|budget| budget.fields.get(&tool_name))
+            .map(|(field, _)| field.as_str());
+        view.amount = field
+            .and_then(|field| args.get(field))
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+    }
+    Ok(views)
 }
 
 /// Loads the catalog and, when it declares MCP servers, connects to each, lists its tools and
@@ -410,6 +469,7 @@ method = "DELETE"
             tenant,
             submitter: None,
             at: Some("2026-12-07T10:00:00Z"),
+            budget_used: &[],
         };
         let out = explain(&path, &who(r#"{"title": "URGENT: disk"}"#, None), false)
             .await
@@ -453,6 +513,76 @@ method = "DELETE"
             err.starts_with("--args do not fit tool tickets/create"),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn explain_reads_budgets_as_given_and_names_the_covering_ones() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("catalog.toml");
+        let text = r#"
+[[tool]]
+name = "payments/wire"
+semantics = "IDEMPOTENT"
+schema = { type = "object", required = ["amount_minor"], properties = { amount_minor = { type = "integer", minimum = 0 } } }
+[tool.dispatch]
+url = "https://bank.test/wires"
+[tool.money.amount_minor]
+currency = "EUR"
+minor_units = 2
+[[tool.rule]]
+name = "most-of-the-day"
+when = "budgets.daily.used + budgets.daily.amount > budgets.daily.limit * 8 / 10"
+then = "require_approval"
+
+[budgets.daily]
+tools = ["payments/wire"]
+scope = "tenant"
+window = "day"
+limits = { EUR = 1000 }
+on_exceed = "deny"
+"#;
+        std::fs::write(&path, text).expect("written");
+        let explain_with = |used: Vec<String>| {
+            let path = path.clone();
+            async move {
+                explain(
+                    &path,
+                    &Who {
+                        tool: "payments/wire",
+                        args: r#"{"amount_minor": 300}"#,
+                        run_id: "r-1",
+                        tenant: None,
+                        submitter: None,
+                        at: Some("2026-12-07T10:00:00Z"),
+                        budget_used: &used,
+                    },
+                    false,
+                )
+                .await
+            }
+        };
+        let nothing_held = explain_with(Vec::new()).await.expect("explained");
+        assert!(nothing_held.ends_with(": allow"), "{nothing_held}");
+        let most_held = explain_with(vec!["daily=501".into()])
+            .await
+            .expect("explained");
+        assert!(
+            most_held.ends_with(
+                "decided by rule most-of-the-day: require approval: rule most-of-the-day"
+            ),
+            "{most_held}"
+        );
+        let unknown = explain_with(vec!["weekly=1".into()])
+            .await
+            .expect_err("no such budget");
+        assert!(
+            unknown.contains("no budget \"weekly\" covers payments/wire (covering: daily)"),
+            "{unknown}"
+        );
+        let malformed = explain_with(vec!["daily".into()])
+            .await
+            .expect_err("no amount");
+        assert!(malformed.contains("write NAME=MINOR_UNITS"), "{malformed}");
     }
 
     #[tokio::test]

@@ -90,6 +90,16 @@ pub struct RunReplays {
     pub limit: u32,
 }
 
+/// Today's policy, as a replay is checked against it.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplayPolicy<'a> {
+    /// The catalog's policy version now.
+    pub version: &'a str,
+    /// The budgets covering the command as its rules read them (`BudgetView`; empty unless
+    /// one of the tool's rules reads budgets).
+    pub budgets: &'a [crate::budget::BudgetView],
+}
+
 /// Checks a replay of `command` (of `tool`, which may be gone, with its arguments as stored)
 /// under `event` (an `Event::Replay`).
 pub fn check(
@@ -97,7 +107,7 @@ pub fn check(
     tool: Option<&Tool>,
     rules: &Rules,
     run: RunReplays,
-    policy_version: &str,
+    policy: ReplayPolicy<'_>,
     event: &Event,
     now: Timestamp,
 ) -> ReplayCheck {
@@ -125,9 +135,9 @@ pub fn check(
             }
             let decision = policy::evaluate(
                 tool,
-                &policy::RuleInput::of(command, now),
+                &policy::RuleInput::of(command, now).with_budgets(policy.budgets),
                 state.approval.as_deref(),
-                policy_version,
+                policy.version,
             );
             if let PolicyDecision::Deny { reason } = &decision {
                 problems.push(ReplayProblem::PolicyDenied {

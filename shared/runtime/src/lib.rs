@@ -5,6 +5,7 @@
 
 /// The build's version and revision (`--version`, `sluice_build_info`).
 pub use sluice_build_info as build_info;
+mod budget_views;
 pub mod cli;
 pub use sluice_config as config;
 pub mod consumer;

@@ -303,9 +303,15 @@ impl Api {
         let budgets = self.budgets_of(&command, now)?;
         // A tool that may be called twice with one key is leased in its reservation's own
         // write: its dispatch then costs no lease write (machine::lease_at_reservation).
+        // What the tool's rules read of the budgets covering it, if they read any.
+        let standing = self
+            .ctx
+            .budget_views(tool, &command)
+            .await
+            .map_err(|e| ApiError::unavailable(&e))?;
         let policy = policy::evaluate(
             tool,
-            &policy::RuleInput::of(&command, now),
+            &policy::RuleInput::of(&command, now).with_budgets(&standing),
             None,
             catalog.policy_version(),
         );
