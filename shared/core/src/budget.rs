@@ -299,6 +299,24 @@ pub fn used_by_others(used: i64, own: impl IntoIterator<Item = (i64, HoldState)>
     used.saturating_sub(mine).max(0)
 }
 
+/// The latest window start whose window has surely ended at `now`, whatever the budget's
+/// window: the longest window that ends is a day. A purge removes the holds of purged runs
+/// from such counters only (nothing can change them any more), and never from a `total`
+/// counter (start 0), where what was spent counts for ever.
+pub fn ended_windows_start_by(now: Timestamp) -> i64 {
+    now.as_millis().saturating_sub(86_400_000)
+}
+
+/// Whether the counter `counter` (a [`counter_key`]) is of a window that has surely ended at
+/// `now` ([`ended_windows_start_by`]); `false` for a `total` counter or a key that is not one.
+pub fn counter_window_ended(counter: &str, now: Timestamp) -> bool {
+    counter
+        .split('\u{1f}')
+        .nth(2)
+        .and_then(|start| start.parse::<i64>().ok())
+        .is_some_and(|start| start > 0 && start <= ended_windows_start_by(now))
+}
+
 /// Whether `amount` fits a counter that has `used` of `limit` spent.
 pub fn fits(used: i64, amount: i64, limit: i64) -> bool {
     used.checked_add(amount).is_some_and(|total| total <= limit)

@@ -94,6 +94,7 @@ pub(crate) struct Statements {
     pub read_budget_window: PreparedStatement,
     pub read_budget_counter: PreparedStatement,
     pub read_budget_command: PreparedStatement,
+    pub delete_budget_command: PreparedStatement,
     // Webhook deliveries (`ledger/webhooks.rs`).
     pub enqueue_webhook: PreparedStatement,
     pub update_webhook: PreparedStatement,
@@ -587,6 +588,14 @@ impl Statements {
                      WHERE run_id = ? AND command_key = ?"
                 ),
                 Read,
+            )
+            .await?,
+            delete_budget_command: prepare(
+                format!(
+                    "DELETE FROM {ks}.budget_command_holds \
+                     WHERE run_id = ? AND command_key = ? AND counter = ?"
+                ),
+                Write,
             )
             .await?,
             due_webhooks: prepare(

@@ -74,7 +74,8 @@ macro_rules! ledger_contract_tests {
             thirty_two_racing_holds_never_pass_the_limit,
             budget_holds_follow_the_command_status,
             a_reservation_and_its_holds_are_one_step,
-            what_others_hold_leaves_out_the_commands_own_holds
+            what_others_hold_leaves_out_the_commands_own_holds,
+            a_purge_removes_holds_of_ended_windows_and_keeps_total_ones
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
@@ -97,6 +98,7 @@ mod shards;
 mod takeover;
 mod webhooks;
 pub use budgets::{
+    a_purge_removes_holds_of_ended_windows_and_keeps_total_ones,
     a_reservation_and_its_holds_are_one_step, budget_holds_fit_up_to_the_limit_once_per_command,
     budget_holds_follow_the_command_status, thirty_two_racing_holds_never_pass_the_limit,
     what_others_hold_leaves_out_the_commands_own_holds,

@@ -239,6 +239,10 @@ pub struct PurgeReport {
     pub commands: u64,
     pub audit_records: u64,
     pub business_keys: u64,
+    /// Spend budgets' holds of the purged commands removed from counters whose window has
+    /// ended (`sluice_core::budget::ended_windows_start_by`); those of `total` budgets stay.
+    #[serde(default)]
+    pub budget_holds: u64,
     pub checkpoints: Vec<Checkpoint>,
     /// Runs whose commands are all terminal and unchanged since the cutoff, kept because one
     /// of them still owes work (`sluice_core::retention`): every such run the purge looked at.

@@ -2045,6 +2045,8 @@ export interface operations {
                             commands: number;
                             audit_records: number;
                             business_keys: number;
+                            /** @description Spend budgets' holds of the purged commands removed from counters whose window has ended (at least a day ago); what they counted stays in the window's spend, and a `total` budget's holds stay */
+                            budget_holds: number;
                             checkpoints: components["schemas"]["Checkpoint"][];
                             /** @description Runs left whole although every command is terminal and unchanged since the cutoff, because one still owes work */
                             kept_runs: number;

@@ -380,7 +380,7 @@ const PURGED_LISTED: usize = 50;
 pub(super) fn render_purge(report: &Value) -> String {
     let dry_run = report["dry_run"] == json!(true);
     let mut out = format!(
-        "{} {} run(s): {} command(s), {} audit record(s), {} business key(s); {}",
+        "{} {} run(s): {} command(s), {} audit record(s), {} business key(s), {} budget hold(s) of ended windows; {}",
         if dry_run {
             "dry run, nothing removed: would purge"
         } else {
@@ -390,6 +390,7 @@ pub(super) fn render_purge(report: &Value) -> String {
         text(&report["commands"]),
         text(&report["audit_records"]),
         text(&report["business_keys"]),
+        report["budget_holds"].as_u64().unwrap_or(0),
         if dry_run {
             "each would keep its audit checkpoint"
         } else {

@@ -17,7 +17,8 @@ use uuid::Uuid;
 
 use sluice_core::audit::AuditDraft;
 use sluice_core::budget::{
-    BudgetCounter, BudgetLine, HoldChange, HoldState, apply_change, fits, used_by_others,
+    BudgetCounter, BudgetLine, HoldChange, HoldState, apply_change, counter_window_ended, fits,
+    used_by_others,
 };
 use sluice_core::command::Command;
 use sluice_core::ids::{CommandKey, RunId};
@@ -173,6 +174,63 @@ impl CqlLedger {
             .iter()
             .filter_map(|row| row.text("counter").map(str::to_owned))
             .collect())
+    }
+
+    /// Removes a purged command's holds from the counters whose window has ended
+    /// (`sluice_core::budget::counter_window_ended`), leaving what they counted in `used` (the
+    /// window's spend stays as it was) and the holds of `total` budgets as they are; how many.
+    /// `dry_run`: only counted.
+    pub(super) async fn purge_budget_holds(
+        &self,
+        run: &str,
+        key: &str,
+        now: sluice_core::time::Timestamp,
+        dry_run: bool,
+    ) -> Result<u64, LedgerError> {
+        let prefix = command_prefix(run, key);
+        let mut removed = 0u64;
+        for counter in self.budget_counters_of(run, key).await? {
+            if !counter_window_ended(&counter, now) {
+                continue;
+            }
+            removed += if dry_run {
+                let rows = self
+                    .paged(
+                        Op::Budget,
+                        "read budget counter",
+                        &self.inner.st.read_budget_counter,
+                        (counter.as_str(),),
+                        Kind::Plain,
+                    )
+                    .await?;
+                rows.first().map_or(0, |row| {
+                    holds_of(row)
+                        .keys()
+                        .filter(|holder| holder.starts_with(&prefix))
+                        .count() as u64
+                })
+            } else {
+                let gone = self
+                    .budget_update(&counter, None, |used, holds| {
+                        let before = holds.len();
+                        holds.retain(|holder, _| !holder.starts_with(&prefix));
+                        match before - holds.len() {
+                            0 => Decision::Leave(0),
+                            gone => Decision::Write(used, gone as u64),
+                        }
+                    })
+                    .await?;
+                self.plain(
+                    Op::Budget,
+                    "purge command budget hold",
+                    &self.inner.st.delete_budget_command,
+                    (run, key, counter.as_str()),
+                )
+                .await?;
+                gone
+            };
+        }
+        Ok(removed)
     }
 
     /// Removes the holder's hold on `counter`, giving back what it counted.

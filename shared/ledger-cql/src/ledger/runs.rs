@@ -313,6 +313,10 @@ impl CqlLedger {
                 .iter()
                 .filter(|c| c.command().business_key.is_some())
                 .count() as u64;
+            for command in &commands {
+                let key = command.identity.command_key().to_string();
+                report.budget_holds += self.purge_budget_holds(run, &key, now, true).await?;
+            }
             report.checkpoints.push(Checkpoint {
                 run_id,
                 last_hash: hash,
@@ -416,6 +420,8 @@ impl CqlLedger {
             ),
         )?;
         for command in &commands {
+            let key = command.identity.command_key().to_string();
+            report.budget_holds += self.purge_budget_holds(run, &key, now, false).await?;
             let command = command.command();
             if let Some(bk) = &command.business_key {
                 let released = self

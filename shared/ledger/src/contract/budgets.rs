@@ -378,3 +378,89 @@ pub async fn what_others_hold_leaves_out_the_commands_own_holds(ledger: Arc<dyn 
     assert_eq!(others(4).await, vec![500]);
     assert_eq!(others(1).await, vec![200]);
 }
+
+pub async fn a_purge_removes_holds_of_ended_windows_and_keeps_total_ones(ledger: Arc<dyn Ledger>) {
+    use sluice_core::budget::ended_windows_start_by;
+
+    let budget = fresh_budget("budget-purge");
+    let run = fresh_run("budget-purge");
+    let spent = reserve_new(
+        &*ledger,
+        command(&run, 1, "payments/wire", 0, json!({"amount_minor": 100})),
+    )
+    .await;
+    // The day before yesterday's window (ended), and the budget's `total` counter.
+    let day = 86_400_000;
+    let ended_start = (ended_windows_start_by(super::now()) - day).div_euclid(day) * day;
+    let ended = BudgetLine {
+        counter: counter_key(&budget, "acme", ended_start, "EUR"),
+        window: Window::Day,
+        window_start: ended_start,
+        ..line(&budget, 100, 1000)
+    };
+    let total = line(&budget, 100, 1000);
+    let held = ledger
+        .budget_hold(
+            &run,
+            &spent.command_key,
+            TAG,
+            &[ended.clone(), total.clone()],
+            HoldMode::Enforce,
+        )
+        .await
+        .expect("hold");
+    assert_eq!(held, Held::Fresh);
+    let leased = super::lease(&*ledger, &spent, "d")
+        .await
+        .applied()
+        .cloned()
+        .expect("lease");
+    ledger
+        .finalize(step(&leased, super::committed(leased.epoch(), json!({}))))
+        .await
+        .expect("confirmed");
+    let counter_at = |start: i64| {
+        let ledger = Arc::clone(&ledger);
+        let budget = budget.clone();
+        async move {
+            let counters = ledger
+                .budget_counters(&budget, start)
+                .await
+                .expect("counters");
+            counters
+                .first()
+                .map(|counter| (counter.used, counter.holds))
+        }
+    };
+    assert_eq!(counter_at(ended_start).await, Some((100, 1)));
+    assert_eq!(counter_at(0).await, Some((100, 1)));
+
+    let cutoff = super::now().plus_millis(1_000);
+    let mut removed = None;
+    // Other tests' finished runs may be purged too; loop until ours is gone.
+    for _ in 0..100 {
+        let preview = ledger
+            .purge(cutoff, 10_000, "retention", super::now(), true)
+            .await
+            .expect("dry run");
+        let batch = ledger
+            .purge(cutoff, 10_000, "retention", super::now(), false)
+            .await
+            .expect("purge");
+        if batch.checkpoints.iter().any(|c| c.run_id == run) {
+            assert!(
+                preview.budget_holds >= 1,
+                "the dry run counts the holds a purge would remove: {preview:?}"
+            );
+            removed = Some(batch.budget_holds);
+            break;
+        }
+        assert!(batch.runs > 0, "our finished run was not purged");
+    }
+    let removed = removed.expect("our run purged");
+    assert!(removed >= 1, "the ended window's hold removed: {removed}");
+    // The ended window's spend stays what it was, with no hold left behind it; the `total`
+    // budget's hold stays, counted.
+    assert_eq!(counter_at(ended_start).await, Some((100, 0)));
+    assert_eq!(counter_at(0).await, Some((100, 1)));
+}

@@ -6,6 +6,7 @@
 use rusqlite::{OptionalExtension, params};
 
 use sluice_core::audit::{AuditDraft, ChainHead, Checkpoint, PreparedRecord, SealedLink};
+use sluice_core::budget::ended_windows_start_by;
 use sluice_core::command::{Command, CommandState};
 use sluice_core::ids::{BusinessKey, CommandKey, RunId, ToolName};
 use sluice_core::retention::{PurgeVerdict, purge_verdict};
@@ -719,6 +720,25 @@ impl Writer {
             .conn
             .prepare_cached("DELETE FROM audit WHERE run_seq = ?1")?
             .execute([head.run_seq])? as u64;
+        // Its spend stays in the counters; the holds that made it up go once their window has
+        // ended (nothing can release or move them any more). A `total` budget's stay.
+        let ended = ended_windows_start_by(now);
+        self.conn
+            .prepare_cached(
+                "UPDATE budget_counters SET holds = holds - \
+                 (SELECT COUNT(*) FROM budget_holds h WHERE h.run_id = ?1 \
+                  AND h.counter = budget_counters.counter AND h.state = 'held') \
+                 WHERE window_start > 0 AND window_start <= ?2 \
+                 AND counter IN (SELECT counter FROM budget_holds WHERE run_id = ?1)",
+            )?
+            .execute(params![run, ended])?;
+        report.budget_holds += self
+            .conn
+            .prepare_cached(
+                "DELETE FROM budget_holds WHERE run_id = ?1 AND counter IN \
+                 (SELECT counter FROM budget_counters WHERE window_start > 0 AND window_start <= ?2)",
+            )?
+            .execute(params![run, ended])? as u64;
         self.conn
             .prepare_cached("DELETE FROM runs WHERE run_seq = ?1")?
             .execute([head.run_seq])?;
