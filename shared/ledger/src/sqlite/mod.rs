@@ -25,6 +25,7 @@ mod flow;
 mod schema;
 mod sweep;
 mod waiting;
+mod evidence;
 mod webhooks;
 mod writer;
 
