@@ -5,7 +5,9 @@
 //! looked at again after the settle interval, a commit of a rolled-back run is undone.
 //!
 //! Besides UNKNOWN (and a last look owed), a CONFIRMED command that an event says did *not*
-//! commit is escalated to a person, kept CONFIRMED (the agent was told so; a person decides);
+//! commit is escalated to a person, kept CONFIRMED (the agent was told so; a person decides),
+//! whether or not a last look is owed (a lookup may lag; an upstream's own event that the
+//! effect failed does not);
 //! every other status refuses, and the service keeps the event with the command unapplied.
 
 use super::*;
@@ -37,9 +39,12 @@ pub(super) fn on_evidence(
     };
     match state.status {
         S::Unknown => as_a_look(a),
-        S::Confirmed | S::Failed | S::Cancelled | S::Compensated if state.verify_pending => {
+        // A CONFIRMED command's last look takes a `present` as its answer; an event that says
+        // the commit is not there is no lagging lookup to look past: a person decides.
+        S::Confirmed if state.verify_pending && observation == Observation::Present => {
             as_a_look(a)
         }
+        S::Failed | S::Cancelled | S::Compensated if state.verify_pending => as_a_look(a),
         S::Confirmed if observation == Observation::Absent && !state.escalated => {
             let mut next = a.next();
             next.escalated = true;

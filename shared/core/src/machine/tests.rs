@@ -2039,6 +2039,12 @@ fn a_failed_event_for_a_confirmed_command_goes_to_a_person_once() {
         escalated.actions.as_slice(),
         [Action::Escalate { reason }] if reason.contains("did not commit")
     ));
+    // So too while its last look is owed: the event is no lagging lookup.
+    let mut owing = confirmed.clone();
+    owing.verify_pending = true;
+    let escalated_owing = step(&owing, &rules, evidence(EvidenceOutcome::Failed));
+    assert_eq!(escalated_owing.to(), S::Confirmed);
+    assert!(escalated_owing.state.escalated);
     // Escalated already: a second contradicting event changes nothing.
     assert!(
         apply(

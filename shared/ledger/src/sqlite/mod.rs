@@ -21,11 +21,11 @@
 //! commit waits for a checkpoint (see `Checkpointer`).
 
 mod budgets;
+mod evidence;
 mod flow;
 mod schema;
 mod sweep;
 mod waiting;
-mod evidence;
 mod webhooks;
 mod writer;
 

@@ -48,7 +48,10 @@ impl Writer {
         Ok(None)
     }
 
-    pub(super) fn evidence_settle(&mut self, record: &EvidenceRecord) -> Result<(), rusqlite::Error> {
+    pub(super) fn evidence_settle(
+        &mut self,
+        record: &EvidenceRecord,
+    ) -> Result<(), rusqlite::Error> {
         self.conn
             .prepare_cached(
                 "UPDATE evidence_events SET record = ?3 WHERE source = ?1 AND event_id = ?2",
