@@ -279,3 +279,85 @@ async fn a_signed_webhook_settles_an_unknown_wire_once_and_forgeries_change_noth
     }
     h.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_that_comes_before_the_dispatch_answer_settles_the_wire_once_it_is_unknown() {
+    let secrets = tempfile::tempdir().expect("a temporary directory");
+    let key_file = secrets.path().join("bank.key");
+    std::fs::write(&key_file, KEY).expect("the key file is written");
+    // The bank commits and holds its answer past the call's timeout (1.5 s): the wire is
+    // LEASED meanwhile. Its lookup answers 503 throughout.
+    let faults = Faults::none()
+        .with_rates(
+            Family::Bank,
+            FaultRates::only(FaultKind::CommitThenTimeout, 1.0),
+        )
+        .with_timeout_sleep(Duration::from_secs(4))
+        .with_status_inconclusive(1.0);
+    let h = Harness::start(faults, |c| {
+        with_evidence(c, &key_file)
+            .dispatch("payments/wire", "timeout_ms", 1_500)
+            .policy("payments/wire", "lease_ttl_ms", 4_000)
+    })
+    .await;
+    let base = h.pipeline.url();
+    let run = "r-evidence-early";
+    let key = "d-1/payments/wire/0";
+    h.agent
+        .submit_created(&effect(
+            run,
+            1,
+            "payments/wire",
+            0,
+            wire_args("acc-ev-2", 5_000),
+        ))
+        .await;
+    h.agent
+        .wait_until(run, key, "LEASED", |c| c.status() == Leased)
+        .await;
+    let event = booked(&format!("{run}/{key}"), "w-early-1");
+    let early = send(&base, "bank", "msg_early", &event, Some(KEY), unix_now()).await;
+    assert_eq!(early.status, StatusCode::OK, "{:?}", early.body);
+    assert_eq!(early.body["result"], "recorded", "{:?}", early.body);
+    assert!(
+        early.body["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("LEASED")),
+        "{:?}",
+        early.body
+    );
+    // The call times out: UNKNOWN, and the look applies the event kept for it.
+    let wire = h
+        .agent
+        .wait_until(run, key, "CONFIRMED", |c| c.status() == Confirmed)
+        .await;
+    assert_eq!(wire.state.external_ref.as_deref(), Some("w-early-1"));
+    assert_eq!(wire.state.attempts, 1);
+    let trail = h.audit(run).await;
+    let settled: Vec<_> = trail
+        .of(key)
+        .into_iter()
+        .filter(|e| e.record.to == Some(Confirmed))
+        .collect();
+    assert_eq!(settled.len(), 1, "{trail:?}");
+    assert_eq!(settled[0].record.from, Some(Unknown));
+    assert!(
+        settled[0]
+            .record
+            .reason
+            .starts_with("evidence bank/msg_early (present)"),
+        "{}",
+        settled[0].record.reason
+    );
+    assert_eq!(settled[0].record.evidence["event"], event);
+    // Applied now, and a repeat of it is a replay.
+    let listed = h.agent.call("GET", "/v1/evidence?source=bank", None).await;
+    assert_eq!(
+        listed.body["evidence"][0]["disposition"], "applied",
+        "{:?}",
+        listed.body
+    );
+    let again = send(&base, "bank", "msg_early", &event, Some(KEY), unix_now()).await;
+    assert_eq!(again.body["result"], "replay");
+    h.stop().await;
+}

@@ -591,6 +591,13 @@ impl sluice_ledger::EvidenceStore for Unreachable {
         self.0.evidence_settle(record).await
     }
 
+    async fn evidence_held(
+        &self,
+        idempotency_key: &str,
+    ) -> Result<Vec<sluice_core::evidence::EvidenceRecord>, LedgerError> {
+        self.0.evidence_held(idempotency_key).await
+    }
+
     async fn evidence_list(
         &self,
         source: &str,

@@ -783,12 +783,33 @@ async fn the_server_answers_as_the_openapi_document_says() {
     )
     .await;
     const EVIDENCE: &str = "/v1/evidence";
-    spec.call(&nobody, "GET", EVIDENCE, "/v1/evidence?source=stripe", None, 401)
-        .await;
-    spec.call(&agent, "GET", EVIDENCE, "/v1/evidence?source=stripe", None, 403)
-        .await;
-    spec.call(&admin, "GET", EVIDENCE, "/v1/evidence?source=stripe", None, 404)
-        .await;
+    spec.call(
+        &nobody,
+        "GET",
+        EVIDENCE,
+        "/v1/evidence?source=stripe",
+        None,
+        401,
+    )
+    .await;
+    spec.call(
+        &agent,
+        "GET",
+        EVIDENCE,
+        "/v1/evidence?source=stripe",
+        None,
+        403,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "GET",
+        EVIDENCE,
+        "/v1/evidence?source=stripe",
+        None,
+        404,
+    )
+    .await;
     // Spend budgets: an operator's (the counters name tenants), not an agent's.
     const BUDGETS: &str = "/v1/budgets";
     let budgets = spec

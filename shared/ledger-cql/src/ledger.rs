@@ -703,6 +703,13 @@ impl sluice_ledger::EvidenceStore for CqlLedger {
         self.settle_evidence(record).await
     }
 
+    async fn evidence_held(
+        &self,
+        idempotency_key: &str,
+    ) -> Result<Vec<sluice_core::evidence::EvidenceRecord>, LedgerError> {
+        self.read_evidence_held(idempotency_key).await
+    }
+
     async fn evidence_list(
         &self,
         source: &str,

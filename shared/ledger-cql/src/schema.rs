@@ -660,7 +660,8 @@ mod tests {
                 "budget_counters",
                 "budget_windows",
                 "budget_command_holds",
-                "evidence_events"
+                "evidence_events",
+                "evidence_held"
             ]
         );
         assert!(

@@ -105,6 +105,9 @@ pub(crate) struct Statements {
     pub settle_evidence: PreparedStatement,
     pub read_evidence_serial: PreparedStatement,
     pub list_evidence: PreparedStatement,
+    pub hold_evidence: PreparedStatement,
+    pub unhold_evidence: PreparedStatement,
+    pub read_evidence_held: PreparedStatement,
 }
 
 impl Statements {
@@ -637,6 +640,30 @@ impl Statements {
             list_evidence: prepare(
                 format!(
                     "SELECT record, received_at FROM {ks}.evidence_events WHERE source = ?"
+                ),
+                Read,
+            )
+            .await?,
+            hold_evidence: prepare(
+                format!(
+                    "INSERT INTO {ks}.evidence_held \
+                     (idempotency_key, source, event_id, received_at, record) \
+                     VALUES (?, ?, ?, ?, ?) USING TTL ?"
+                ),
+                Write,
+            )
+            .await?,
+            unhold_evidence: prepare(
+                format!(
+                    "DELETE FROM {ks}.evidence_held \
+                     WHERE idempotency_key = ? AND source = ? AND event_id = ?"
+                ),
+                Write,
+            )
+            .await?,
+            read_evidence_held: prepare(
+                format!(
+                    "SELECT record, received_at FROM {ks}.evidence_held WHERE idempotency_key = ?"
                 ),
                 Read,
             )

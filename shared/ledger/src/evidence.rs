@@ -29,6 +29,16 @@ pub trait EvidenceStore: Send + Sync + std::fmt::Debug + 'static {
     /// command.
     async fn evidence_settle(&self, record: &EvidenceRecord) -> Result<(), LedgerError>;
 
+    /// The records of events that named the command `idempotency_key` and were kept, not
+    /// applied ([`Disposition::Recorded`]: it was still PENDING or LEASED when they came), oldest
+    /// first: the reconciler applies the latest when the command goes UNKNOWN.
+    ///
+    /// [`Disposition::Recorded`]: sluice_core::evidence::Disposition::Recorded
+    async fn evidence_held(
+        &self,
+        idempotency_key: &str,
+    ) -> Result<Vec<EvidenceRecord>, LedgerError>;
+
     /// `source`'s records still kept, newest first, at most `limit`.
     async fn evidence_list(
         &self,

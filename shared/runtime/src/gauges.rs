@@ -660,6 +660,13 @@ impl sluice_ledger::EvidenceStore for GaugedLedger {
         self.inner.evidence_settle(record).await
     }
 
+    async fn evidence_held(
+        &self,
+        idempotency_key: &str,
+    ) -> Result<Vec<sluice_core::evidence::EvidenceRecord>, LedgerError> {
+        self.inner.evidence_held(idempotency_key).await
+    }
+
     async fn evidence_list(
         &self,
         source: &str,

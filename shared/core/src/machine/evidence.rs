@@ -41,9 +41,7 @@ pub(super) fn on_evidence(
         S::Unknown => as_a_look(a),
         // A CONFIRMED command's last look takes a `present` as its answer; an event that says
         // the commit is not there is no lagging lookup to look past: a person decides.
-        S::Confirmed if state.verify_pending && observation == Observation::Present => {
-            as_a_look(a)
-        }
+        S::Confirmed if state.verify_pending && observation == Observation::Present => as_a_look(a),
         S::Failed | S::Cancelled | S::Compensated if state.verify_pending => as_a_look(a),
         S::Confirmed if observation == Observation::Absent && !state.escalated => {
             let mut next = a.next();

@@ -5,7 +5,7 @@
 
 use uuid::Uuid;
 
-use sluice_core::evidence::EvidenceRecord;
+use sluice_core::evidence::{Disposition, EvidenceRecord};
 use sluice_ledger::{EVIDENCE_RETENTION_MS, LedgerError};
 
 use super::{CqlLedger, Lwt};
@@ -95,7 +95,60 @@ impl CqlLedger {
             ),
         )
         .await?;
+        // The index of what is held for a command: written while the record is kept
+        // unapplied, removed once it is applied (plain writes: the record above is the truth,
+        // the index only says where to look).
+        if let Some(key) = record.idempotency_key.as_deref() {
+            if record.disposition == Disposition::Recorded {
+                self.plain(
+                    op,
+                    "hold evidence",
+                    &self.inner.st.hold_evidence,
+                    (
+                        key,
+                        record.source.as_str(),
+                        record.event_id.as_str(),
+                        record.received_at.as_millis(),
+                        serde_json::to_string(record).unwrap_or_default(),
+                        ttl_s(),
+                    ),
+                )
+                .await?;
+            } else {
+                self.plain(
+                    op,
+                    "unhold evidence",
+                    &self.inner.st.unhold_evidence,
+                    (key, record.source.as_str(), record.event_id.as_str()),
+                )
+                .await?;
+            }
+        }
         Ok(())
+    }
+
+    pub(super) async fn read_evidence_held(
+        &self,
+        idempotency_key: &str,
+    ) -> Result<Vec<EvidenceRecord>, LedgerError> {
+        let op = Op::Evidence;
+        self.inner.stats.call(op);
+        let rows = self
+            .paged(
+                op,
+                "read held evidence",
+                &self.inner.st.read_evidence_held,
+                (idempotency_key,),
+                Kind::Plain,
+            )
+            .await?;
+        let mut held: Vec<EvidenceRecord> = rows
+            .iter()
+            .filter_map(|r| decoded(idempotency_key, r))
+            .filter(|r| r.disposition == Disposition::Recorded)
+            .collect();
+        held.sort_by_key(|r| r.received_at);
+        Ok(held)
     }
 
     pub(super) async fn read_evidence_list(

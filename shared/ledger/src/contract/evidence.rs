@@ -97,3 +97,50 @@ pub async fn sixteen_racing_puts_of_one_event_store_it_once(ledger: Arc<dyn Ledg
         "every other put reads the one stored"
     );
 }
+
+pub async fn evidence_kept_for_a_command_is_found_by_its_key_until_applied(
+    ledger: Arc<dyn Ledger>,
+) {
+    let source = fresh_run("ev-held").to_string();
+    let key = format!("{}/d-1/payments/charge/0", fresh_run("ev-held-cmd"));
+    let at = now();
+    assert_eq!(ledger.evidence_held(&key).await.expect("held"), vec![]);
+    let mut early = record(&source, "evt_early", at, Disposition::Received);
+    assert_eq!(ledger.evidence_put(&early).await.expect("put"), None);
+    early.disposition = Disposition::Recorded;
+    early.idempotency_key = Some(key.clone());
+    early.outcome = Some(EvidenceOutcome::Present);
+    ledger.evidence_settle(&early).await.expect("settle");
+    let mut later = record(
+        &source,
+        "evt_later",
+        at.plus_millis(5),
+        Disposition::Received,
+    );
+    assert_eq!(ledger.evidence_put(&later).await.expect("put"), None);
+    later.disposition = Disposition::Recorded;
+    later.idempotency_key = Some(key.clone());
+    later.outcome = Some(EvidenceOutcome::Failed);
+    ledger.evidence_settle(&later).await.expect("settle");
+    // An unmatched one names no command; another command's is its own.
+    let other = format!("{}/d-1/payments/charge/0", fresh_run("ev-held-other"));
+    let mut elsewhere = record(&source, "evt_other", at, Disposition::Received);
+    assert_eq!(ledger.evidence_put(&elsewhere).await.expect("put"), None);
+    elsewhere.disposition = Disposition::Recorded;
+    elsewhere.idempotency_key = Some(other.clone());
+    ledger.evidence_settle(&elsewhere).await.expect("settle");
+
+    assert_eq!(
+        ledger.evidence_held(&key).await.expect("held"),
+        vec![early.clone(), later.clone()],
+        "oldest first, only this command's"
+    );
+    // Applied: no longer held.
+    later.disposition = Disposition::Applied;
+    ledger.evidence_settle(&later).await.expect("settle");
+    assert_eq!(ledger.evidence_held(&key).await.expect("held"), vec![early]);
+    assert_eq!(
+        ledger.evidence_held(&other).await.expect("held"),
+        vec![elsewhere]
+    );
+}

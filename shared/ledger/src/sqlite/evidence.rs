@@ -48,6 +48,32 @@ impl EvidenceStore for SqliteLedger {
         }
     }
 
+    async fn evidence_held(
+        &self,
+        idempotency_key: &str,
+    ) -> Result<Vec<EvidenceRecord>, LedgerError> {
+        const HELD: &str = "SELECT source, record FROM evidence_events \
+             WHERE held_for = ?1 ORDER BY received_at";
+        let (path, config) = (self.inner.path.clone(), self.inner.config.clone());
+        let key = idempotency_key.to_owned();
+        self.read("evidence_held", move |conn| {
+            let failed = |e| map_err(e, "evidence_held", &path, &config);
+            let mut stmt = conn.prepare_cached(HELD).map_err(failed)?;
+            let rows = stmt
+                .query_map(params![key], |row| {
+                    Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+                })
+                .map_err(failed)?
+                .collect::<Result<Vec<(String, String)>, _>>()
+                .map_err(failed)?;
+            Ok(rows
+                .iter()
+                .filter_map(|(source, record)| decoded(source, record))
+                .collect())
+        })
+        .await
+    }
+
     async fn evidence_list(
         &self,
         source: &str,

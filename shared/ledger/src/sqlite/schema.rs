@@ -95,14 +95,17 @@ CREATE INDEX IF NOT EXISTS webhook_deliveries_due
 /// webhook tables. `record` is the record as JSON.
 const EVIDENCE_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS evidence_events (
-    source      TEXT    NOT NULL,
-    event_id    TEXT    NOT NULL,
-    received_at INTEGER NOT NULL,
-    record      TEXT    NOT NULL,
+    source          TEXT    NOT NULL,
+    event_id        TEXT    NOT NULL,
+    received_at     INTEGER NOT NULL,
+    held_for        TEXT,
+    record          TEXT    NOT NULL,
     PRIMARY KEY (source, event_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS evidence_events_received
     ON evidence_events (source, received_at);
+CREATE INDEX IF NOT EXISTS evidence_events_held
+    ON evidence_events (held_for) WHERE held_for IS NOT NULL;
 ";
 
 // Layout notes. Run ids are random, so every index keyed by run id puts each write on a

@@ -4,13 +4,21 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use sluice_core::evidence::EvidenceRecord;
+use sluice_core::evidence::{Disposition, EvidenceRecord};
 
 use super::Writer;
 use crate::evidence::EVIDENCE_RETENTION_MS;
 
 fn text(record: &EvidenceRecord) -> String {
     serde_json::to_string(record).unwrap_or_default()
+}
+
+/// The command a record is held for: set while it is kept unapplied, so the index holds only
+/// those.
+fn held_for(record: &EvidenceRecord) -> Option<&str> {
+    (record.disposition == Disposition::Recorded)
+        .then_some(record.idempotency_key.as_deref())
+        .flatten()
 }
 
 impl Writer {
@@ -54,9 +62,15 @@ impl Writer {
     ) -> Result<(), rusqlite::Error> {
         self.conn
             .prepare_cached(
-                "UPDATE evidence_events SET record = ?3 WHERE source = ?1 AND event_id = ?2",
+                "UPDATE evidence_events SET record = ?3, held_for = ?4 \
+                 WHERE source = ?1 AND event_id = ?2",
             )?
-            .execute(params![record.source, record.event_id, text(record)])?;
+            .execute(params![
+                record.source,
+                record.event_id,
+                text(record),
+                held_for(record),
+            ])?;
         Ok(())
     }
 }
