@@ -361,3 +361,166 @@ async fn a_webhook_that_comes_before_the_dispatch_answer_settles_the_wire_once_i
     assert_eq!(again.body["result"], "replay");
     h.stop().await;
 }
+
+/// localstripe's own webhooks, signed by its own code (`Stripe-Signature: t=…,v1=…`), settle a
+/// wire waiting UNKNOWN: the payment intent carries the wire's idempotency key in its
+/// `metadata`, as a Stripe tool's request puts it there. (localstripe sends
+/// `payment_intent.*`, `customer.*` and `invoice.*` events, not `charge.*`; it sends each once,
+/// a second after the change, and does not retry.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn localstripes_signed_payment_intent_webhook_settles_an_unknown_wire() {
+    if std::env::var("SLUICE_SKIP_EMULATORS").is_ok_and(|v| v == "1") {
+        eprintln!("SLUICE_SKIP_EMULATORS=1: localstripe's webhooks not tested");
+        return;
+    }
+    let stripe = std::env::var("SLUICE_EMU_LOCALSTRIPE_URL").unwrap_or_else(|_| {
+        panic!(
+            "SLUICE_EMU_LOCALSTRIPE_URL is not set: start the emulators with \
+             `eval \"$(scripts/emulators/start.sh)\"` (scripts/test.sh does), or set \
+             SLUICE_SKIP_EMULATORS=1 to skip this test"
+        )
+    });
+    let secret = format!("whsec_localstripe_{}", uuid::Uuid::new_v4().simple());
+    let secrets = tempfile::tempdir().expect("a temporary directory");
+    let key_file = secrets.path().join("stripe.key");
+    std::fs::write(&key_file, &secret).expect("the key file is written");
+    let faults = Faults::none()
+        .with_rates(
+            Family::Bank,
+            FaultRates::only(FaultKind::CommitThenTimeout, 1.0),
+        )
+        .with_timeout_sleep(Duration::from_secs(2))
+        .with_status_inconclusive(1.0);
+    let h = Harness::start(faults, |c| {
+        let source: toml::Table = toml::from_str(&format!(
+            "[stripe]\nscheme = \"stripe\"\nsecret = {{ file = \"{}\" }}\n",
+            key_file.display()
+        ))
+        .expect("the source's TOML parses");
+        let declared: toml::Table = toml::from_str(
+            r#"
+source = "stripe"
+key_pointer = "/data/object/metadata/sluice_key"
+reference_pointer = "/data/object/id"
+outcome_pointer = "/type"
+present = ["payment_intent.succeeded"]
+failed = ["payment_intent.payment_failed"]
+"#,
+        )
+        .expect("the evidence TOML parses");
+        c.top("evidence_sources", source)
+            .tool_key("payments/wire", "evidence", declared)
+            .dispatch("payments/wire", "timeout_ms", 400)
+            .policy("payments/wire", "lease_ttl_ms", 2_000)
+            .policy("payments/wire", "late_commit_ms", 100)
+            .policy("payments/wire", "max_checks", 1_000)
+    })
+    .await;
+    let tag = uuid::Uuid::new_v4().simple().to_string()[..10].to_owned();
+    let client = reqwest::Client::new();
+    let form = |path: &str, pairs: Vec<(String, String)>| {
+        let body = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(pairs)
+            .finish();
+        client
+            .post(format!("{stripe}{path}"))
+            .bearer_auth("sk_test_sluice")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body)
+    };
+    let pairs = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    // localstripe posts its payment intents' events to this producer, signed with `secret`.
+    let hook = form(
+        &format!("/_config/webhooks/sluice-evidence-{tag}"),
+        pairs(&[
+            ("url", &format!("{}/v1/evidence/stripe", h.pipeline.url())),
+            ("secret", &secret),
+            ("events[0]", "payment_intent.succeeded"),
+            ("events[1]", "payment_intent.payment_failed"),
+        ]),
+    )
+    .send()
+    .await
+    .expect("localstripe answers");
+    assert!(hook.status().is_success(), "{:?}", hook.text().await);
+
+    let run = format!("r-localstripe-{tag}");
+    let key = "d-1/payments/wire/0";
+    h.agent
+        .submit_created(&effect(
+            &run,
+            1,
+            "payments/wire",
+            0,
+            wire_args(&format!("acc-ls-{tag}"), 5_000),
+        ))
+        .await;
+    h.agent
+        .wait_until(&run, key, "UNKNOWN", |c| c.status() == Unknown)
+        .await;
+
+    let method: Value = form(
+        "/v1/payment_methods",
+        pairs(&[
+            ("type", "card"),
+            ("card[number]", "4242424242424242"),
+            ("card[exp_month]", "12"),
+            ("card[exp_year]", "2034"),
+            ("card[cvc]", "123"),
+        ]),
+    )
+    .send()
+    .await
+    .expect("localstripe answers")
+    .json()
+    .await
+    .expect("a payment method");
+    let method = method["id"]
+        .as_str()
+        .expect("a payment method id")
+        .to_owned();
+    let intent: Value = form(
+        "/v1/payment_intents",
+        pairs(&[
+            ("amount", "5000"),
+            ("currency", "eur"),
+            ("payment_method", &method),
+            ("confirm", "true"),
+            ("metadata[sluice_key]", &format!("{run}/{key}")),
+        ]),
+    )
+    .send()
+    .await
+    .expect("localstripe answers")
+    .json()
+    .await
+    .expect("a payment intent");
+    let intent_id = intent["id"].as_str().expect("an intent id").to_owned();
+    assert_eq!(intent["status"], "succeeded", "{intent}");
+
+    let wire = h
+        .agent
+        .wait_until(&run, key, "CONFIRMED", |c| c.status() == Confirmed)
+        .await;
+    assert_eq!(wire.state.external_ref.as_deref(), Some(intent_id.as_str()));
+    let trail = h.audit(&run).await;
+    let by_webhook: Vec<_> = trail
+        .of(key)
+        .into_iter()
+        .filter(|e| e.record.actor == "evidence:stripe")
+        .collect();
+    assert_eq!(by_webhook.len(), 1, "{trail:?}");
+    assert_eq!(
+        by_webhook[0].record.evidence["event"]["type"],
+        "payment_intent.succeeded"
+    );
+    assert_eq!(
+        by_webhook[0].record.evidence["event"]["data"]["object"]["id"],
+        intent_id.as_str()
+    );
+    h.stop().await;
+}
