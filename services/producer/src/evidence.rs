@@ -14,8 +14,8 @@
 //!
 //! Answers: 200 with `result` = `applied` | `recorded` | `unmatched` | `replay`; 401 bad
 //! signature; 404 unknown source; 413 body over `MAX_EVIDENCE_BYTES`; 422 a body that is not a
-//! JSON event with an id; 503 the ledger or the source's secret unavailable (the sender
-//! retries).
+//! JSON event with an id; 503 the ledger or the source's secret unavailable, or another copy
+//! of the event being carried out (the sender retries).
 
 use std::collections::BTreeMap;
 
@@ -39,9 +39,10 @@ use sluice_runtime::messages::Cause;
 use crate::auth::{Caller, Need};
 use crate::{Api, ApiError, Q};
 
-/// How long a record left `received` (its carrier crashed, or is still at it) is taken for
-/// one in progress: a repeat within it is answered `replay`; after it, carried out again (the
-/// state machine refuses what is settled already).
+/// How long a record left `received` (its carrier crashed or failed, or is still at it) is
+/// taken for one in progress: a repeat within it is answered 503 `in_progress` (never 200, so
+/// the sender keeps it and retries); after it, carried out again (the state machine refuses
+/// what is settled already).
 const IN_PROGRESS_MS: i64 = 30_000;
 
 /// The most records `GET /v1/evidence` lists.
@@ -174,11 +175,19 @@ pub(crate) async fn receive(
         .await
         .map_err(ApiError::unavailable)?
     {
-        let in_progress = stored.disposition == Disposition::Received
-            && now.millis_since(stored.received_at) < IN_PROGRESS_MS;
-        if stored.disposition != Disposition::Received || in_progress {
+        if stored.disposition != Disposition::Received {
             count("replay");
             return Ok(answered("replay", &stored));
+        }
+        if now.millis_since(stored.received_at) < IN_PROGRESS_MS {
+            // Another copy is being carried out (or its carrier failed moments ago): not a
+            // 200, so the sender keeps the event and sends it again.
+            count("in_progress");
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "in_progress",
+                format!("event {event_id} of {name} is being carried out; send it again later"),
+            ));
         }
         // Left `received` by a carrier that stopped: carried out now.
         record.received_at = stored.received_at;

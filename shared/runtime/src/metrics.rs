@@ -160,8 +160,8 @@ pub struct Metrics {
     /// that delivered, will be retried, or gave up (`enqueued`, `delivered`, `retry`, `failed`).
     pub webhook_deliveries: IntCounterVec,
     /// `sluice_evidence_received_total{source, result}`: requests to `POST /v1/evidence/…` by
-    /// what became of them (`applied`, `recorded`, `unmatched`, `replay`, `bad_signature`,
-    /// `bad_body`) — a forged request leaves nothing else behind.
+    /// what became of them (`applied`, `recorded`, `unmatched`, `replay`, `in_progress`,
+    /// `bad_signature`, `bad_body`) — a forged request leaves nothing else behind.
     pub evidence_received: IntCounterVec,
     /// `sluice_webhook_pending{webhook}`: deliveries not yet answered 2xx nor given up, as the
     /// deliverer last read them (at most 1000).
