@@ -67,7 +67,8 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo build --bins (the distributed test starts the service binaries)"
 cargo build --workspace --bins --locked
 
-# The examples' tests (tests/tests/examples.rs) call four API emulators nobody here wrote —
+# The examples' tests (tests/tests/examples.rs, and localstripe's webhooks in
+# tests/tests/evidence.rs) call four API emulators nobody here wrote —
 # localstripe, Mailpit, json-server and moto — installed from PyPI, the Go module proxy and npm
 # into ~/.cache/sluice/emulators and started on loopback for the cargo tests only
 # (scripts/emulators; their addresses are exported as SLUICE_EMU_*_URL), and run the Stripe

@@ -576,6 +576,38 @@ impl sluice_ledger::WebhookStore for Unreachable {
 }
 
 #[async_trait]
+impl sluice_ledger::EvidenceStore for Unreachable {
+    async fn evidence_put(
+        &self,
+        record: &sluice_core::evidence::EvidenceRecord,
+    ) -> Result<Option<sluice_core::evidence::EvidenceRecord>, LedgerError> {
+        self.0.evidence_put(record).await
+    }
+
+    async fn evidence_settle(
+        &self,
+        record: &sluice_core::evidence::EvidenceRecord,
+    ) -> Result<(), LedgerError> {
+        self.0.evidence_settle(record).await
+    }
+
+    async fn evidence_held(
+        &self,
+        idempotency_key: &str,
+    ) -> Result<Vec<sluice_core::evidence::EvidenceRecord>, LedgerError> {
+        self.0.evidence_held(idempotency_key).await
+    }
+
+    async fn evidence_list(
+        &self,
+        source: &str,
+        limit: usize,
+    ) -> Result<Vec<sluice_core::evidence::EvidenceRecord>, LedgerError> {
+        self.0.evidence_list(source, limit).await
+    }
+}
+
+#[async_trait]
 impl sluice_ledger::BudgetStore for Unreachable {
     async fn budget_hold(
         &self,

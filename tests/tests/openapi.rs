@@ -39,6 +39,8 @@ const SERVED: &[(&str, &str)] = &[
     ("GET", "/v1/overview"),
     ("GET", "/v1/flow"),
     ("GET", "/v1/budgets"),
+    ("POST", "/v1/evidence/{source}"),
+    ("GET", "/v1/evidence"),
     ("POST", "/v1/flow/{name}:pause"),
     ("POST", "/v1/flow/{name}:resume"),
     ("GET", "/ui"),
@@ -770,6 +772,44 @@ async fn the_server_answers_as_the_openapi_document_says() {
     );
     spec.call(&agent, "GET", OVERVIEW, OVERVIEW, None, 403)
         .await;
+    // Evidence by webhook: signed by its source, never a token; this catalog declares none.
+    spec.call(
+        &nobody,
+        "POST",
+        "/v1/evidence/{source}",
+        "/v1/evidence/stripe",
+        Some(json!({"id": "evt_1", "type": "charge.succeeded"})),
+        404,
+    )
+    .await;
+    const EVIDENCE: &str = "/v1/evidence";
+    spec.call(
+        &nobody,
+        "GET",
+        EVIDENCE,
+        "/v1/evidence?source=stripe",
+        None,
+        401,
+    )
+    .await;
+    spec.call(
+        &agent,
+        "GET",
+        EVIDENCE,
+        "/v1/evidence?source=stripe",
+        None,
+        403,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "GET",
+        EVIDENCE,
+        "/v1/evidence?source=stripe",
+        None,
+        404,
+    )
+    .await;
     // Spend budgets: an operator's (the counters name tenants), not an agent's.
     const BUDGETS: &str = "/v1/budgets";
     let budgets = spec

@@ -29,6 +29,7 @@ pub mod audit;
 pub mod auth;
 pub mod budgets;
 pub mod events;
+pub mod evidence;
 pub mod flow;
 mod guard;
 pub mod http;
@@ -224,6 +225,8 @@ pub fn router(api: Api) -> Router {
         .route("/v1/overview", get(overview::overview))
         .route("/v1/flow", get(flow::list))
         .route("/v1/budgets", get(budgets::list))
+        .route("/v1/evidence", get(evidence::list))
+        .route("/v1/evidence/{source}", post(evidence::receive))
         .route("/v1/flow/{*action}", post(flow::act))
         .merge(ui::routes(api.config.console_enabled(false)))
         .route("/healthz", get(|| async { "ok" }))

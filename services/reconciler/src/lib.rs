@@ -18,6 +18,7 @@
 //! Retention (`retention`): finished runs past `reconciler.retention_days` (30 by default) are
 //! purged on a schedule, by one replica at a time.
 
+mod held;
 pub mod retention;
 pub mod shards;
 pub mod webhooks;
@@ -150,15 +151,22 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
     // How to look is the core's decision, from the command's rules (its stored semantics
     // kept where stricter than the catalog's now).
     let rules = ctx.rules_of(&command);
-    let event = match (
-        machine::look_for(&command.state, &rules, tool.is_some(), ctx.clock.now()),
-        tool,
-    ) {
-        (Look::StatusCheck, Some(tool)) => ctx.connector.status_check(tool, &command).await.into(),
-        (Look::RetrySameKey, _) => Event::RetrySameKey,
-        (Look::GiveUp(reason), _) => Event::GiveUp { reason },
-        (Look::StatusCheck, None) => Event::GiveUp {
-            reason: format!("tool {} is no longer in the catalog", command.tool),
+    // Evidence that came while the command was still in flight answers first.
+    let held = held::evidence_for(ctx, &command, tool).await?;
+    let event = match (&held, tool) {
+        (Some((event, _)), _) => event.clone(),
+        (None, tool) => match (
+            machine::look_for(&command.state, &rules, tool.is_some(), ctx.clock.now()),
+            tool,
+        ) {
+            (Look::StatusCheck, Some(tool)) => {
+                ctx.connector.status_check(tool, &command).await.into()
+            }
+            (Look::RetrySameKey, _) => Event::RetrySameKey,
+            (Look::GiveUp(reason), _) => Event::GiveUp { reason },
+            (Look::StatusCheck, None) => Event::GiveUp {
+                reason: format!("tool {} is no longer in the catalog", command.tool),
+            },
         },
     };
     sluice_faults::point!("reconciler.check.post");
@@ -173,6 +181,10 @@ async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, Pip
     sluice_faults::point!("reconciler.write.post");
     Ok(match driven {
         Driven::Applied(command, step) => {
+            if let Some((_, record)) = held {
+                let note = format!("{} -> {}: {}", step.from, step.to(), step.reason);
+                held::applied(ctx, record, note).await?;
+            }
             ctx.carry_out(ACTOR, &command, &step, Cause::Redispatch)
                 .await?;
             Some(command)

@@ -27,6 +27,7 @@ pub mod catalog;
 pub mod command;
 pub mod error;
 pub mod events;
+pub mod evidence;
 pub mod flow;
 pub mod ids;
 pub mod journal;

@@ -91,6 +91,13 @@ pub fn apply(
                 record.as_ref(),
             ),
         },
+        Event::Evidence {
+            source,
+            event_id,
+            outcome,
+            external_ref,
+            evidence: kept,
+        } => evidence::on_evidence(&a, source, event_id, *outcome, external_ref, kept),
         Event::RetrySameKey => outcomes::retry_same_key(&a),
         Event::GiveUp { reason } => outcomes::give_up(&a, reason),
         Event::Approve {
@@ -167,6 +174,7 @@ impl Apply<'_> {
     }
 }
 
+mod evidence;
 mod lifecycle;
 mod outcomes;
 mod people;

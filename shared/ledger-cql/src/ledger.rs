@@ -38,6 +38,7 @@
 
 mod budgets;
 mod claims;
+mod evidence;
 mod flow;
 mod known;
 mod links;
@@ -683,6 +684,38 @@ impl sluice_ledger::FlowStore for CqlLedger {
         next: sluice_core::flow::FlowControl,
     ) -> Result<sluice_ledger::FlowCas, LedgerError> {
         self.put_flow_control(guard, next).await
+    }
+}
+
+#[async_trait]
+impl sluice_ledger::EvidenceStore for CqlLedger {
+    async fn evidence_put(
+        &self,
+        record: &sluice_core::evidence::EvidenceRecord,
+    ) -> Result<Option<sluice_core::evidence::EvidenceRecord>, LedgerError> {
+        self.put_evidence(record).await
+    }
+
+    async fn evidence_settle(
+        &self,
+        record: &sluice_core::evidence::EvidenceRecord,
+    ) -> Result<(), LedgerError> {
+        self.settle_evidence(record).await
+    }
+
+    async fn evidence_held(
+        &self,
+        idempotency_key: &str,
+    ) -> Result<Vec<sluice_core::evidence::EvidenceRecord>, LedgerError> {
+        self.read_evidence_held(idempotency_key).await
+    }
+
+    async fn evidence_list(
+        &self,
+        source: &str,
+        limit: usize,
+    ) -> Result<Vec<sluice_core::evidence::EvidenceRecord>, LedgerError> {
+        self.read_evidence_list(source, limit).await
     }
 }
 

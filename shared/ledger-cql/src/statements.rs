@@ -101,6 +101,14 @@ pub(crate) struct Statements {
     pub read_webhook_serial: PreparedStatement,
     pub due_webhooks: PreparedStatement,
     pub list_webhooks: PreparedStatement,
+    // Evidence received by webhook (`ledger/evidence.rs`).
+    pub put_evidence: PreparedStatement,
+    pub settle_evidence: PreparedStatement,
+    pub read_evidence_serial: PreparedStatement,
+    pub list_evidence: PreparedStatement,
+    pub hold_evidence: PreparedStatement,
+    pub unhold_evidence: PreparedStatement,
+    pub read_evidence_held: PreparedStatement,
 }
 
 impl Statements {
@@ -609,6 +617,62 @@ impl Statements {
             list_webhooks: prepare(
                 format!(
                     "SELECT record, created_at FROM {ks}.webhook_deliveries WHERE webhook = ?"
+                ),
+                Read,
+            )
+            .await?,
+            put_evidence: prepare(
+                format!(
+                    "INSERT INTO {ks}.evidence_events \
+                     (source, event_id, received_at, record, write_id) VALUES (?, ?, ?, ?, ?) \
+                     IF NOT EXISTS USING TTL ?"
+                ),
+                Lwt,
+            )
+            .await?,
+            settle_evidence: prepare(
+                format!(
+                    "UPDATE {ks}.evidence_events USING TTL ? SET record = ? \
+                     WHERE source = ? AND event_id = ? IF EXISTS"
+                ),
+                Lwt,
+            )
+            .await?,
+            read_evidence_serial: prepare(
+                format!(
+                    "SELECT record, write_id FROM {ks}.evidence_events \
+                     WHERE source = ? AND event_id = ?"
+                ),
+                SerialRead,
+            )
+            .await?,
+            list_evidence: prepare(
+                format!(
+                    "SELECT record, received_at FROM {ks}.evidence_events WHERE source = ?"
+                ),
+                Read,
+            )
+            .await?,
+            hold_evidence: prepare(
+                format!(
+                    "INSERT INTO {ks}.evidence_held \
+                     (idempotency_key, source, event_id, received_at, record) \
+                     VALUES (?, ?, ?, ?, ?) USING TTL ?"
+                ),
+                Write,
+            )
+            .await?,
+            unhold_evidence: prepare(
+                format!(
+                    "DELETE FROM {ks}.evidence_held \
+                     WHERE idempotency_key = ? AND source = ? AND event_id = ?"
+                ),
+                Write,
+            )
+            .await?,
+            read_evidence_held: prepare(
+                format!(
+                    "SELECT record, received_at FROM {ks}.evidence_held WHERE idempotency_key = ?"
                 ),
                 Read,
             )

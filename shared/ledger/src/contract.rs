@@ -70,6 +70,9 @@ macro_rules! ledger_contract_tests {
             sixteen_racing_breaker_writers_have_one_winner,
             webhook_deliveries_are_stored_once_and_come_back_when_due,
             sixteen_racing_webhook_claims_have_one_winner,
+            evidence_is_stored_once_per_source_and_event_and_listed_newest_first,
+            sixteen_racing_puts_of_one_event_store_it_once,
+            evidence_kept_for_a_command_is_found_by_its_key_until_applied,
             budget_holds_fit_up_to_the_limit_once_per_command,
             thirty_two_racing_holds_never_pass_the_limit,
             budget_holds_follow_the_command_status,
@@ -91,6 +94,7 @@ macro_rules! ledger_contract_tests {
 
 mod budgets;
 mod closing;
+mod evidence;
 mod flow;
 mod newer;
 mod purge_preview;
@@ -104,6 +108,11 @@ pub use budgets::{
     what_others_hold_leaves_out_the_commands_own_holds,
 };
 pub use closing::eight_rollbacks_at_once_close_a_run_once;
+pub use evidence::{
+    evidence_is_stored_once_per_source_and_event_and_listed_newest_first,
+    evidence_kept_for_a_command_is_found_by_its_key_until_applied,
+    sixteen_racing_puts_of_one_event_store_it_once,
+};
 pub use flow::{
     flow_controls_are_written_under_their_version_and_read_back_whole,
     sixteen_racing_breaker_writers_have_one_winner,

@@ -10,6 +10,7 @@
 //! * [`budget`] — spend budgets' holds, checked and written atomically, released with the
 //!   command's status.
 //! * [`WebhookStore`] — webhook deliveries waiting for, or answered by, their receivers.
+//! * [`EvidenceStore`] — evidence received by webhook, once per source and event id.
 //!
 //! # The contract
 //!
@@ -39,6 +40,7 @@ use sluice_core::webhook::Delivery;
 pub mod budget;
 pub mod contract;
 mod error;
+pub mod evidence;
 pub mod flow;
 pub mod identity;
 pub mod latency;
@@ -49,6 +51,7 @@ pub mod stored;
 
 pub use budget::{BudgetStore, Budgeted, Held, HoldMode, submission_tag};
 pub use error::LedgerError;
+pub use evidence::{EVIDENCE_RETENTION_MS, EvidenceStore};
 pub use flow::{FlowCas, FlowStore};
 pub use shards::{Member, ShardCas, ShardLease, SweepView};
 
@@ -598,7 +601,7 @@ pub const WEBHOOK_RETENTION_MS: i64 = 7 * 24 * 3_600_000;
 /// A service holds an `Arc<dyn Ledger>`; code that needs only one store takes it by its trait
 /// (`&dyn AuditStore`, …), so what each part of the pipeline may touch is in its signature.
 pub trait Ledger:
-    CommandStore + AuditStore + ShardStore + FlowStore + WebhookStore + BudgetStore
+    CommandStore + AuditStore + ShardStore + FlowStore + WebhookStore + BudgetStore + EvidenceStore
 {
     /// Round trips to the store so far, by operation and kind, for the
     /// `sluice_ledger_round_trips_total` metric. Empty for a ledger that does not count them

@@ -645,6 +645,38 @@ impl sluice_ledger::WebhookStore for GaugedLedger {
 }
 
 #[async_trait]
+impl sluice_ledger::EvidenceStore for GaugedLedger {
+    async fn evidence_put(
+        &self,
+        record: &sluice_core::evidence::EvidenceRecord,
+    ) -> Result<Option<sluice_core::evidence::EvidenceRecord>, LedgerError> {
+        self.inner.evidence_put(record).await
+    }
+
+    async fn evidence_settle(
+        &self,
+        record: &sluice_core::evidence::EvidenceRecord,
+    ) -> Result<(), LedgerError> {
+        self.inner.evidence_settle(record).await
+    }
+
+    async fn evidence_held(
+        &self,
+        idempotency_key: &str,
+    ) -> Result<Vec<sluice_core::evidence::EvidenceRecord>, LedgerError> {
+        self.inner.evidence_held(idempotency_key).await
+    }
+
+    async fn evidence_list(
+        &self,
+        source: &str,
+        limit: usize,
+    ) -> Result<Vec<sluice_core::evidence::EvidenceRecord>, LedgerError> {
+        self.inner.evidence_list(source, limit).await
+    }
+}
+
+#[async_trait]
 impl sluice_ledger::BudgetStore for GaugedLedger {
     async fn budget_hold(
         &self,

@@ -159,6 +159,10 @@ pub struct Metrics {
     /// `sluice_webhook_deliveries_total{webhook, outcome}`: deliveries enqueued, and attempts
     /// that delivered, will be retried, or gave up (`enqueued`, `delivered`, `retry`, `failed`).
     pub webhook_deliveries: IntCounterVec,
+    /// `sluice_evidence_received_total{source, result}`: requests to `POST /v1/evidence/…` by
+    /// what became of them (`applied`, `recorded`, `unmatched`, `replay`, `in_progress`,
+    /// `bad_signature`, `bad_body`) — a forged request leaves nothing else behind.
+    pub evidence_received: IntCounterVec,
     /// `sluice_webhook_pending{webhook}`: deliveries not yet answered 2xx nor given up, as the
     /// deliverer last read them (at most 1000).
     pub webhook_pending: IntGaugeVec,
@@ -321,6 +325,11 @@ impl Metrics {
             "Webhook deliveries enqueued, and attempts by outcome (delivered, retry, failed)",
             &["webhook", "outcome"],
         );
+        let evidence_received = counter(
+            "evidence_received_total",
+            "Evidence requests by source and result (applied, recorded, unmatched, replay, bad_signature, bad_body)",
+            &["source", "result"],
+        );
         let webhook_pending = IntGaugeVec::new(
             Opts::new(
                 "webhook_pending",
@@ -420,6 +429,7 @@ impl Metrics {
             dispatch_queued,
             commands: CommandGauges::default(),
             webhook_deliveries,
+            evidence_received,
             webhook_pending,
             webhook_oldest_pending,
             consumer_lag,

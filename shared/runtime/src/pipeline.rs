@@ -145,6 +145,7 @@ fn write_span(
         EventKind::Due => "due",
         EventKind::LeaseExpired => "lease_expired",
         EventKind::Observed => "observed",
+        EventKind::Evidence => "evidence",
         EventKind::RetrySameKey => "retry_same_key",
         EventKind::GiveUp => "give_up",
         EventKind::Compensated => "compensated",

@@ -517,6 +517,49 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/evidence/{source}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * An upstream's signed event saying what became of an effect (no bearer token)
+         * @description Authenticated by the signature of the `[evidence_sources.<source>]` it is sent to
+         *     (Stripe's `Stripe-Signature`, Standard Webhooks' `webhook-id` / `webhook-timestamp` /
+         *     `webhook-signature`, or an HMAC header), never by a token. A signed event is recorded
+         *     once per (source, event id) before it is carried out: matched to its command by the
+         *     idempotency key it echoes and applied as a status check's answer would be. The same
+         *     event again is answered 200 `replay` and never applied twice. README, "Evidence by
+         *     webhook".
+         */
+        post: operations["receiveEvidence"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/evidence": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A source's received events, newest first, unmatched ones included (admin) */
+        get: operations["listEvidence"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/flow/{name}:pause": {
         parameters: {
             query?: never;
@@ -674,6 +717,31 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        EvidenceAnswer: {
+            /** @enum {unknown} */
+            result: "applied" | "recorded" | "unmatched" | "replay";
+            source: string;
+            event_id: string;
+            disposition: components["schemas"]["EvidenceDisposition"];
+            idempotency_key?: string | null;
+            /** @enum {unknown} */
+            outcome?: "present" | "absent" | "failed" | null;
+            note: string;
+        };
+        /** @enum {unknown} */
+        EvidenceDisposition: "received" | "applied" | "recorded" | "unmatched";
+        EvidenceRecord: {
+            source: string;
+            event_id: string;
+            received_at: number;
+            disposition: components["schemas"]["EvidenceDisposition"];
+            idempotency_key?: string;
+            /** @enum {unknown} */
+            outcome?: "present" | "absent" | "failed";
+            note: string;
+            /** @description The event as received */
+            event: unknown;
+        };
         FlowPause: {
             actor: string;
             reason: string;
@@ -2208,6 +2276,74 @@ export interface operations {
             };
             401: components["responses"]["Unauthenticated"];
             403: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    receiveEvidence: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                source: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": unknown;
+            };
+        };
+        responses: {
+            /** @description What became of the event */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EvidenceAnswer"];
+                };
+            };
+            401: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            415: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    listEvidence: {
+        parameters: {
+            query: {
+                source: string;
+                limit?: number;
+            };
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The source's records still kept (30 days) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        source: string;
+                        evidence: components["schemas"]["EvidenceRecord"][];
+                    };
+                };
+            };
+            401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
             422: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };

@@ -120,6 +120,15 @@ pub(super) fn build_tool(
     let money = super::money::build_money(&at, raw.money, &schema)?;
     let event_args = super::events::build_events(&at, raw.events, &schema)?;
     let rules = super::rules::build_tool_rules(raw.rule, file, &name)?;
+    let evidence = raw
+        .evidence
+        .map(super::evidence::build_tool_evidence)
+        .transpose()
+        .map_err(|detail| CatalogError::MalformedTool {
+            file: at.file(),
+            tool: at.tool(),
+            detail,
+        })?;
     if policy.verify_after_refusal && raw.status_check.is_none() {
         return Err(CatalogError::MalformedTool {
             file: at.file(),
@@ -362,6 +371,7 @@ pub(super) fn build_tool(
         event_args: Arc::from(event_args),
         mcp: None,
         rules: Arc::from(rules),
+        evidence: evidence.map(Arc::new),
     })
 }
 

@@ -320,7 +320,11 @@ impl Fields<'_> {
 
 /// `{ env = "NAME" }` or `{ file = "path" }`. A string is refused without being shown: it is a
 /// secret written into the catalog.
-fn secret_ref(key: &str, value: toml::Value, dir: Option<&Path>) -> Result<SecretRef, String> {
+pub(super) fn secret_ref(
+    key: &str,
+    value: toml::Value,
+    dir: Option<&Path>,
+) -> Result<SecretRef, String> {
     let table = match value {
         toml::Value::Table(table) => table,
         toml::Value::String(_) => {

@@ -53,6 +53,14 @@ pub enum CatalogError {
         key: String,
         detail: String,
     },
+    /// An `[evidence_sources.<name>]` entry: `key` names the key at fault.
+    #[error("{file}: evidence_sources.{source_name}: {key}: {detail}")]
+    BadEvidenceSource {
+        file: String,
+        source_name: String,
+        key: String,
+        detail: String,
+    },
     #[error("{file}: policy_version must not be empty")]
     EmptyPolicyVersion { file: String },
     #[error("{file}: tool {tool}: name {tool:?} is invalid: {why}")]

@@ -161,6 +161,7 @@ mod credential;
 mod endpoint;
 mod error;
 mod events;
+mod evidence;
 pub mod mcp;
 mod money;
 mod raw;
@@ -259,6 +260,8 @@ pub struct Catalog {
     catalog_rules: Vec<Arc<Rule>>,
     /// `[budgets.<name>]`, by name.
     budgets: Vec<crate::budget::Budget>,
+    /// `[evidence_sources.<name>]`, by name.
+    evidence_sources: BTreeMap<String, crate::evidence::EvidenceSource>,
 }
 
 /// Operator replays allowed over all of a run's commands unless the catalog says otherwise.
@@ -340,6 +343,7 @@ impl Catalog {
         let upstreams = upstream::build_upstreams(raw.upstream, file)?;
         let mcp_servers = mcp::build_servers(raw.mcp_servers, file, dir, &credentials, &variables)?;
         let catalog_rules = rules::build_catalog_rules(raw.rule, file)?;
+        let evidence_sources = evidence::build_sources(raw.evidence_sources, file, dir)?;
         let mut implicit = BTreeMap::new();
         let mut tools = Vec::with_capacity(raw.tool.len());
         let mut index = HashMap::with_capacity_and_hasher(raw.tool.len(), Default::default());
@@ -373,6 +377,15 @@ impl Catalog {
                 Joins::Named | Joins::ByDefault | Joins::Alone => {}
             }
             check_lease(&tool, file)?;
+            if let Some(declared) = &tool.evidence {
+                evidence::check_source(declared, &evidence_sources).map_err(|detail| {
+                    CatalogError::MalformedTool {
+                        file: file.to_owned(),
+                        tool: tool.name.to_string(),
+                        detail,
+                    }
+                })?;
+            }
             if let Some(first) = index.insert(tool.name.clone(), position) {
                 return Err(CatalogError::DuplicateTool {
                     file: file.to_owned(),
@@ -412,7 +425,23 @@ impl Catalog {
             clock_skew_ms,
             catalog_rules,
             budgets,
+            evidence_sources,
         })
+    }
+
+    /// `[evidence_sources.<name>]` by name.
+    pub fn evidence_source(&self, name: &str) -> Option<&crate::evidence::EvidenceSource> {
+        self.evidence_sources.get(name)
+    }
+
+    /// The tools whose `[tool.evidence]` names `source`, in catalog order.
+    pub fn tools_with_evidence_from<'a>(
+        &'a self,
+        source: &'a str,
+    ) -> impl Iterator<Item = &'a Tool> + 'a {
+        self.tools
+            .iter()
+            .filter(move |tool| tool.evidence().is_some_and(|e| e.source == source))
     }
 
     /// The declared upstream MCP servers (`[mcp_servers.<name>]`).

@@ -36,6 +36,10 @@ pub(super) struct RawCatalog {
     /// `[budgets.<name>]`: spend budgets, each read on its own so its errors name it.
     #[serde(default)]
     pub(super) budgets: BTreeMap<String, toml::Table>,
+    /// `[evidence_sources.<name>]`: signed webhooks' sources, each read on its own so its
+    /// errors name it.
+    #[serde(default)]
+    pub(super) evidence_sources: BTreeMap<String, toml::Table>,
 }
 
 #[derive(Deserialize)]
@@ -69,6 +73,8 @@ pub(super) struct RawTool {
     /// `[[tool.rule]]`: the tool's own policy rules.
     #[serde(default)]
     pub(super) rule: Vec<toml::Table>,
+    /// `[tool.evidence]`: the signed webhooks that say what became of its effects.
+    pub(super) evidence: Option<super::evidence::RawToolEvidence>,
 }
 
 #[derive(Default, Deserialize)]

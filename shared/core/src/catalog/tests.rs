@@ -663,3 +663,69 @@ fn event_arguments_are_opted_in_per_tool_and_checked_at_load() {
         .to_string();
     assert!(unknown.contains("include"), "{unknown}");
 }
+
+const CHARGE_WITH_EVIDENCE: &str = r#"
+    [evidence_sources.stripe]
+    scheme = "stripe"
+    secret = { env = "STRIPE_WEBHOOK_SECRET" }
+    [[tool]]
+    name = "payments/charge"
+    semantics = "IDEMPOTENT"
+    schema = { type = "object" }
+    [tool.dispatch]
+    url = "http://stripe/v1/charges"
+    [tool.evidence]
+    source = "stripe"
+    key_pointer = "/data/object/metadata/sluice_key"
+    reference_pointer = "/data/object/id"
+    outcome_pointer = "/type"
+    present = ["charge.succeeded"]
+    failed = ["charge.failed"]
+"#;
+
+#[test]
+fn evidence_sources_are_declared_once_and_tools_name_them() {
+    let catalog = Catalog::from_toml_str(CHARGE_WITH_EVIDENCE, "pay.toml").expect("valid");
+    let source = catalog.evidence_source("stripe").expect("declared");
+    assert_eq!(source.scheme, crate::evidence::Scheme::Stripe);
+    assert_eq!(source.tolerance_s, crate::evidence::DEFAULT_TOLERANCE_S);
+    let tools: Vec<_> = catalog.tools_with_evidence_from("stripe").collect();
+    assert_eq!(tools.len(), 1);
+    let declared = tools[0].evidence().expect("declared");
+    assert_eq!(declared.failed, vec!["charge.failed".to_owned()]);
+    assert_eq!(catalog.tools_with_evidence_from("other").count(), 0);
+}
+
+#[test]
+fn evidence_declarations_are_checked_at_load_naming_file_source_or_tool_and_key() {
+    let refused = |text: &str| {
+        Catalog::from_toml_str(text, "pay.toml")
+            .expect_err("refused")
+            .to_string()
+    };
+    let undeclared = CHARGE_WITH_EVIDENCE.replace("source = \"stripe\"", "source = \"adyen\"");
+    let why = refused(&undeclared);
+    assert!(
+        why.contains("pay.toml") && why.contains("payments/charge") && why.contains("adyen"),
+        "{why}"
+    );
+    let inline = CHARGE_WITH_EVIDENCE.replace(
+        "secret = { env = \"STRIPE_WEBHOOK_SECRET\" }",
+        "secret = \"whsec_abc\"",
+    );
+    let why = refused(&inline);
+    assert!(
+        why.contains("evidence_sources.stripe: secret") && why.contains("never in the catalog"),
+        "{why}"
+    );
+    let scheme = CHARGE_WITH_EVIDENCE.replace("scheme = \"stripe\"", "scheme = \"md5\"");
+    assert!(refused(&scheme).contains("evidence_sources.stripe: scheme"));
+    let hmac = CHARGE_WITH_EVIDENCE.replace("scheme = \"stripe\"", "scheme = \"hmac\"");
+    assert!(refused(&hmac).contains("evidence_sources.stripe: header"));
+    let pointer = CHARGE_WITH_EVIDENCE.replace("\"/type\"", "\"type\"");
+    assert!(refused(&pointer).contains("evidence.outcome_pointer \"type\" is not a JSON pointer"));
+    let overlap = CHARGE_WITH_EVIDENCE.replace("[\"charge.failed\"]", "[\"charge.succeeded\"]");
+    assert!(refused(&overlap).contains("listed twice"));
+    let nothing_present = CHARGE_WITH_EVIDENCE.replace("present = [\"charge.succeeded\"]", "");
+    assert!(refused(&nothing_present).contains("evidence.present lists no value"));
+}

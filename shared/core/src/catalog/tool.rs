@@ -86,6 +86,8 @@ pub struct Tool {
     pub(super) mcp: Option<Arc<super::mcp::McpBinding>>,
     /// Its policy rules: its own `[[tool.rule]]`s, then the `[[rule]]`s that cover it.
     pub(super) rules: Arc<[Arc<super::rules::Rule>]>,
+    /// `[tool.evidence]`: how a source's signed events settle its effects.
+    pub(super) evidence: Option<Arc<crate::evidence::ToolEvidence>>,
 }
 
 /// How a tool came to its upstream.
@@ -192,6 +194,11 @@ impl Tool {
 
     pub fn dispatch(&self) -> &DispatchConnector {
         &self.dispatch
+    }
+
+    /// `[tool.evidence]`, if the tool declares one.
+    pub fn evidence(&self) -> Option<&crate::evidence::ToolEvidence> {
+        self.evidence.as_deref()
     }
 
     pub fn status_check(&self) -> Option<&HttpEndpoint> {

@@ -242,6 +242,18 @@ pub enum Event {
         resolution: Resolution,
         evidence: Value,
     },
+    /// A signed event from an evidence source (`crate::evidence`) said what became of the
+    /// effect: read as a status check's answer (`machine::evidence`).
+    Evidence {
+        source: String,
+        event_id: String,
+        outcome: crate::evidence::EvidenceOutcome,
+        /// The upstream's reference of the commit, when the event names it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        external_ref: Option<String>,
+        /// The event as kept (`crate::evidence::kept`).
+        evidence: Value,
+    },
     Replay {
         operator: Operator,
         evidence: Option<Value>,
@@ -300,6 +312,7 @@ pub enum EventKind {
     DuplicateSettled,
     Resolve,
     Replay,
+    Evidence,
 }
 
 impl Event {
@@ -329,6 +342,7 @@ impl Event {
             Self::DuplicateSettled { .. } => EventKind::DuplicateSettled,
             Self::Resolve { .. } => EventKind::Resolve,
             Self::Replay { .. } => EventKind::Replay,
+            Self::Evidence { .. } => EventKind::Evidence,
         }
     }
 
@@ -354,6 +368,7 @@ impl Event {
             | Self::Dispatched { .. }
             | Self::LeaseExpired
             | Self::Observed { .. }
+            | Self::Evidence { .. }
             | Self::RetrySameKey
             | Self::GiveUp { .. }
             | Self::ApprovalExpired

@@ -7,6 +7,7 @@ use serde_json::json;
 
 use super::*;
 use crate::command::{CommandState, CommandStatus as S, EffectSemantics as E, Observation as O};
+use crate::evidence::EvidenceOutcome;
 
 const NOW: i64 = 1_000_000;
 
@@ -258,27 +259,40 @@ fn samples() -> Vec<(&'static str, Event)> {
                 evidence: Some(json!({"ticket": "BANK-77"})),
             },
         ),
+        ("EvP", evidence(EvidenceOutcome::Present)),
+        ("EvF", evidence(EvidenceOutcome::Failed)),
     ]
+}
+
+/// A signed event from an evidence source saying `outcome`.
+fn evidence(outcome: EvidenceOutcome) -> Event {
+    Event::Evidence {
+        source: "stripe".into(),
+        event_id: "evt_1".into(),
+        outcome,
+        external_ref: Some("w-1".into()),
+        evidence: json!({"type": "charge.succeeded"}),
+    }
 }
 
 /// Expected outcome of every (state, event) pair, for a NON_IDEMPOTENT tool with a status
 /// check and a compensate: the next status, `-` for "does not apply", `!` for another refusal.
 const TABLE: &str = "
-                     Due Lse Ext CLk CCm CDu Rpb Rel Blk Dny Cmt Ref Amb NoS RtL Exp Pre Abs Dup Inc IRa Rty Giv Apv Rej AEx Can Rbk Mrk Cmp Dst Res Rpl
-SCHEDULED            PEN -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
-PENDING              -   LSD -   -   -   -   PEN -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
-BLOCKED              -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   APR CAN CAN CAN -   -   -   -   -   -
-APPROVED             -   LSD -   -   -   -   APR -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
-LEASED               -   -   LSD -   -   -   -   PEN BLK FLD CNF FLD UNK PEN UNK UNK -   -   -   -   -   -   -   -   -   -   -   -   LSD -   -   -   -
-CONFIRMED            -   -   -   !   -   CNF CNF -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMG -   -   CNF -   -
-FAILED               -   -   -   !   -   -   !   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   FLD -   -   -   PEN
-UNKNOWN              -   -   -   UNK -   -   UNK -   -   -   -   -   -   -   -   -   CNF UNK CNF UNK UNK !   STK -   -   -   -   -   UNK -   -   -   -
-STUCK                -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   STK -   -   CNF PEN
-CANCELLED            -   -   -   !   -   -   !   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -
-COMPENSATING         -   -   -   -   CMG -   CMG -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMD -   -   -
-COMPENSATED          -   -   -   !   -   -   !   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
-COMPENSATION_FAILED  -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
-NO_COMPENSATION      -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+                     Due Lse Ext CLk CCm CDu Rpb Rel Blk Dny Cmt Ref Amb NoS RtL Exp Pre Abs Dup Inc IRa Rty Giv Apv Rej AEx Can Rbk Mrk Cmp Dst Res Rpl EvP EvF
+SCHEDULED            PEN -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -   -   -
+PENDING              -   LSD -   -   -   -   PEN -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -   -   -
+BLOCKED              -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   APR CAN CAN CAN -   -   -   -   -   -   -   -
+APPROVED             -   LSD -   -   -   -   APR -   BLK FLD -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -   -   -
+LEASED               -   -   LSD -   -   -   -   PEN BLK FLD CNF FLD UNK PEN UNK UNK -   -   -   -   -   -   -   -   -   -   -   -   LSD -   -   -   -   -   -
+CONFIRMED            -   -   -   !   -   CNF CNF -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMG -   -   CNF -   -   -   CNF
+FAILED               -   -   -   !   -   -   !   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   FLD -   -   -   PEN   -   -
+UNKNOWN              -   -   -   UNK -   -   UNK -   -   -   -   -   -   -   -   -   CNF UNK CNF UNK UNK !   STK -   -   -   -   -   UNK -   -   -   -   CNF UNK
+STUCK                -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   STK -   -   CNF PEN   -   -
+CANCELLED            -   -   -   !   -   -   !   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CAN -   -   -   -   -   -
+COMPENSATING         -   -   -   -   CMG -   CMG -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   CMD -   -   -   -   -
+COMPENSATED          -   -   -   !   -   -   !   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+COMPENSATION_FAILED  -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+NO_COMPENSATION      -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -   -
 ";
 
 fn abbreviation(status: CommandStatus) -> &'static str {
@@ -1926,4 +1940,119 @@ fn a_looks_claim_outlasts_two_of_its_checks() {
     assert_eq!(look_hold_ms(Some(100)), 1_000);
     assert_eq!(look_hold_ms(None), 5_000);
     assert_eq!(look_hold_ms(Some(u64::MAX)), i64::MAX);
+}
+
+#[test]
+fn evidence_settles_an_unknown_command_as_a_lookups_answer_would() {
+    let rules = wire_rules();
+    // present: CONFIRMED with the event's reference and the event as evidence.
+    let present = step(
+        &state_in(S::Unknown),
+        &rules,
+        evidence(EvidenceOutcome::Present),
+    );
+    assert_eq!(present.to(), S::Confirmed);
+    assert_eq!(present.state.external_ref.as_deref(), Some("w-1"));
+    assert_eq!(present.evidence, json!({"type": "charge.succeeded"}));
+    assert!(
+        present
+            .reason
+            .starts_with("evidence stripe/evt_1 (present): present"),
+        "{}",
+        present.reason
+    );
+    // A NON_IDEMPOTENT command went through UNKNOWN: a last look is owed, as after a lookup.
+    assert!(present.state.verify_pending);
+
+    // failed (and absent) are an absence: for a NON_IDEMPOTENT tool it must hold over the
+    // settle interval, exactly as a status check's `absent` — never a redispatch at once.
+    let failed = step(
+        &state_in(S::Unknown),
+        &rules,
+        evidence(EvidenceOutcome::Failed),
+    );
+    assert_eq!(failed.to(), S::Unknown);
+    assert_eq!(failed.state.first_absent_at, Some(now()));
+    let by_lookup = step(&state_in(S::Unknown), &rules, absent());
+    assert_eq!(failed.state.due_at, by_lookup.state.due_at);
+
+    // Before the last attempt can no longer land, an absence proves nothing.
+    let mut landing = state_in(S::Unknown);
+    landing.lands_by = Some(now().plus_millis(5_000));
+    let early = step(&landing, &rules, evidence(EvidenceOutcome::Absent));
+    assert_eq!(early.to(), S::Unknown);
+    assert_eq!(early.state.due_at, Some(now().plus_millis(5_000)));
+
+    // An IDEMPOTENT tool redispatches on it with the same key at once.
+    let idem = Rules::defaults(E::Idempotent);
+    let retried = step(
+        &state_in(S::Unknown),
+        &idem,
+        evidence(EvidenceOutcome::Failed),
+    );
+    assert_eq!(retried.to(), S::Pending);
+    assert_eq!(retried.actions, vec![Action::Dispatch]);
+}
+
+#[test]
+fn evidence_is_applied_once_and_not_to_a_command_still_in_flight() {
+    let rules = wire_rules();
+    // Applied once: the same event again finds the command CONFIRMED and is refused.
+    let confirmed = step(
+        &state_in(S::Unknown),
+        &rules,
+        evidence(EvidenceOutcome::Present),
+    );
+    let mut settled = confirmed.state.clone();
+    settled.verify_pending = false;
+    assert!(matches!(
+        apply(&settled, &rules, &evidence(EvidenceOutcome::Present), now()),
+        Err(Refusal::NotAllowed {
+            event: EventKind::Evidence,
+            ..
+        })
+    ));
+    // Evidence before the dispatch's answer: refused, kept by the service unapplied.
+    for status in [S::Pending, S::Leased, S::Approved, S::Blocked] {
+        assert!(
+            apply(
+                &state_in(status),
+                &rules,
+                &evidence(EvidenceOutcome::Present),
+                now()
+            )
+            .is_err(),
+            "{status}"
+        );
+    }
+}
+
+#[test]
+fn a_failed_event_for_a_confirmed_command_goes_to_a_person_once() {
+    let rules = wire_rules();
+    let mut confirmed = state_in(S::Confirmed);
+    confirmed.owed_duplicates.clear();
+    let escalated = step(&confirmed, &rules, evidence(EvidenceOutcome::Failed));
+    assert_eq!(escalated.to(), S::Confirmed);
+    assert!(escalated.state.escalated);
+    assert!(matches!(
+        escalated.actions.as_slice(),
+        [Action::Escalate { reason }] if reason.contains("did not commit")
+    ));
+    // So too while its last look is owed: the event is no lagging lookup.
+    let mut owing = confirmed.clone();
+    owing.verify_pending = true;
+    let escalated_owing = step(&owing, &rules, evidence(EvidenceOutcome::Failed));
+    assert_eq!(escalated_owing.to(), S::Confirmed);
+    assert!(escalated_owing.state.escalated);
+    // Escalated already: a second contradicting event changes nothing.
+    assert!(
+        apply(
+            &escalated.state,
+            &rules,
+            &evidence(EvidenceOutcome::Failed),
+            now()
+        )
+        .is_err()
+    );
 }

@@ -21,6 +21,7 @@
 //! commit waits for a checkpoint (see `Checkpointer`).
 
 mod budgets;
+mod evidence;
 mod flow;
 mod schema;
 mod sweep;

@@ -91,6 +91,23 @@ CREATE INDEX IF NOT EXISTS webhook_deliveries_due
     ON webhook_deliveries (webhook, status, next_at);
 ";
 
+/// Evidence received by webhook (`crate::EvidenceStore`), created on every open like the
+/// webhook tables. `record` is the record as JSON.
+const EVIDENCE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS evidence_events (
+    source          TEXT    NOT NULL,
+    event_id        TEXT    NOT NULL,
+    received_at     INTEGER NOT NULL,
+    held_for        TEXT,
+    record          TEXT    NOT NULL,
+    PRIMARY KEY (source, event_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS evidence_events_received
+    ON evidence_events (source, received_at);
+CREATE INDEX IF NOT EXISTS evidence_events_held
+    ON evidence_events (held_for) WHERE held_for IS NOT NULL;
+";
+
 // Layout notes. Run ids are random, so every index keyed by run id puts each write on a
 // random page, and a group commit then rewrites pages all over the file. Instead each run gets
 // a `run_seq` (the rowid of its `runs` row) when it is first seen: runs are created over time
@@ -245,6 +262,7 @@ pub(super) fn prepare_schema(conn: &Connection, path: &Path) -> Result<(), Ledge
     conn.execute_batch(SWEEP_SCHEMA).map_err(not_a_ledger)?;
     conn.execute_batch(FLOW_SCHEMA).map_err(not_a_ledger)?;
     conn.execute_batch(WEBHOOK_SCHEMA).map_err(not_a_ledger)?;
+    conn.execute_batch(EVIDENCE_SCHEMA).map_err(not_a_ledger)?;
     conn.execute_batch(BUDGET_SCHEMA).map_err(not_a_ledger)?;
     Ok(())
 }

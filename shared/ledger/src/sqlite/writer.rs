@@ -4,6 +4,7 @@
 //! back and its requests retried one by one, so none is half-applied.
 
 mod budgets;
+mod evidence;
 mod flow;
 mod ops;
 mod shards;
@@ -110,6 +111,10 @@ pub(super) enum Op {
         next: Box<sluice_core::webhook::Delivery>,
         expected: u64,
     },
+    /// An evidence record stored unless one with its key is (`EvidenceStore::evidence_put`).
+    EvidencePut(Box<sluice_core::evidence::EvidenceRecord>),
+    /// An evidence record rewritten (`EvidenceStore::evidence_settle`).
+    EvidenceSettle(Box<sluice_core::evidence::EvidenceRecord>),
     /// A command's budget holds (`BudgetStore::budget_hold`).
     BudgetHold {
         run_id: String,
@@ -158,6 +163,8 @@ pub(super) enum Reply {
     Flow(crate::FlowCas),
     /// Whether a webhook write applied.
     Webhook(bool),
+    /// The evidence record stored before, as JSON (`None`: stored now, or a rewrite).
+    Evidence(Option<String>),
     /// What a budget hold did (`None`: an unhold).
     Budget(Option<crate::Held>),
 }

@@ -452,6 +452,8 @@ pub(in crate::catalog) fn build_mcp_tool(
         money,
         event_args: Arc::from(event_args),
         rules: Arc::from(rules),
+        // An MCP server's tool answers in its own result: no webhook evidence.
+        evidence: None,
         mcp: Some(Arc::new(McpBinding {
             server: server.name.clone(),
             tool: tool.name.clone(),

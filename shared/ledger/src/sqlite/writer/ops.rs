@@ -136,6 +136,11 @@ impl Writer {
             Op::FlowControl { guard, next } => {
                 Ok(Reply::Flow(self.write_flow_control(*guard, next)?))
             }
+            Op::EvidencePut(record) => Ok(Reply::Evidence(self.evidence_put(record)?)),
+            Op::EvidenceSettle(record) => {
+                self.evidence_settle(record)?;
+                Ok(Reply::Evidence(None))
+            }
             Op::WebhookEnqueue(delivery) => Ok(Reply::Webhook(self.webhook_enqueue(delivery)?)),
             Op::WebhookUpdate { next, expected } => {
                 Ok(Reply::Webhook(self.webhook_update(next, *expected)?))

@@ -1,0 +1,323 @@
+//! Evidence by webhook (`sluice_core::evidence`, README "Evidence by webhook"):
+//! `POST /v1/evidence/{source}` and `GET /v1/evidence?source=…`.
+//!
+//! A request is authenticated by its signature alone (an upstream holds no Sluice token): one
+//! not signed by the source's secret is a 401 that leaves nothing behind but a count in
+//! `sluice_evidence_received_total{result="bad_signature"}`. A signed one is recorded once per
+//! (source, event id) in the ledger *before* it is carried to its command, so the same event
+//! sent again is answered 200 `replay` and never applied twice; then it is matched to its
+//! command by the idempotency key the event echoes, and applied through the state machine
+//! (`Event::Evidence`) exactly as a status check's answer would be, the event (size-capped) as
+//! the evidence of the audit record. An event that names no command Sluice knows, or an
+//! outcome its tool does not list, is recorded `unmatched`; one whose command is not waiting
+//! for it (PENDING, LEASED, settled already) is recorded `recorded`, unapplied.
+//!
+//! Answers: 200 with `result` = `applied` | `recorded` | `unmatched` | `replay`; 401 bad
+//! signature; 404 unknown source; 413 body over `MAX_EVIDENCE_BYTES`; 422 a body that is not a
+//! JSON event with an id; 503 the ledger or the source's secret unavailable, or another copy
+//! of the event being carried out (the sender retries).
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use sluice_core::catalog::SecretRef;
+use sluice_core::evidence::{
+    self, Disposition, EvidenceRecord, EvidenceSource, MAX_EVIDENCE_BYTES, Signed,
+};
+use sluice_core::ids::IdempotencyKey;
+use sluice_core::machine::Event;
+use sluice_runtime::Driven;
+use sluice_runtime::messages::Cause;
+
+use crate::auth::{Caller, Need};
+use crate::{Api, ApiError, Q};
+
+/// How long a record left `received` (its carrier crashed or failed, or is still at it) is
+/// taken for one in progress: a repeat within it is answered 503 `in_progress` (never 200, so
+/// the sender keeps it and retries); after it, carried out again (the state machine refuses
+/// what is settled already).
+const IN_PROGRESS_MS: i64 = 30_000;
+
+/// The most records `GET /v1/evidence` lists.
+const MAX_LISTED: usize = 500;
+
+/// The source's secret as text, read on every request (a rotated file is picked up without a
+/// restart). The error names the reference, never a value.
+fn read_secret(source: &EvidenceSource) -> Result<String, ApiError> {
+    let text = match &source.secret {
+        SecretRef::Env(name) => std::env::var(name).ok(),
+        SecretRef::File(path) => std::fs::read_to_string(path).ok(),
+    }
+    .map(|text| text.trim().to_owned())
+    .filter(|text| !text.is_empty());
+    text.ok_or_else(|| {
+        tracing::error!(source = %source.name, secret = %source.secret, "evidence source's secret cannot be read");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "secret_unavailable",
+            format!(
+                "evidence source {}: its secret ({}) is not set or cannot be read",
+                source.name, source.secret
+            ),
+        )
+    })
+}
+
+fn lower_headers(headers: &HeaderMap) -> BTreeMap<String, String> {
+    headers
+        .iter()
+        .filter_map(|(name, value)| {
+            Some((
+                name.as_str().to_ascii_lowercase(),
+                value.to_str().ok()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+fn answered(result: &str, record: &EvidenceRecord) -> Response {
+    Json(json!({
+        "result": result,
+        "source": record.source,
+        "event_id": record.event_id,
+        "disposition": record.disposition,
+        "idempotency_key": record.idempotency_key,
+        "outcome": record.outcome,
+        "note": record.note,
+    }))
+    .into_response()
+}
+
+/// `POST /v1/evidence/{source}`.
+pub(crate) async fn receive(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let count = |result: &str| {
+        api.ctx
+            .metrics
+            .evidence_received
+            .with_label_values(&[name.as_str(), result])
+            .inc();
+    };
+    let catalog = api.ctx.catalog.clone();
+    let Some(source) = catalog.evidence_source(&name) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_source",
+            format!("no evidence source {name:?} is declared ([evidence_sources.<name>])"),
+        ));
+    };
+    if body.len() > MAX_EVIDENCE_BYTES {
+        count("bad_body");
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!(
+                "an evidence body holds at most {MAX_EVIDENCE_BYTES} bytes, this one {}",
+                body.len()
+            ),
+        ));
+    }
+    let secret = read_secret(source)?;
+    let lowered = lower_headers(&headers);
+    let now = api.ctx.clock.now();
+    let signed = Signed {
+        headers: &lowered,
+        body: &body,
+    };
+    let header_id = match evidence::verify(source, &secret, &signed, now) {
+        Ok(id) => id,
+        Err(why) => {
+            count("bad_signature");
+            tracing::warn!(source = %name, why = %why, "evidence refused: bad signature");
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "bad_signature",
+                format!("evidence source {name}: {why}"),
+            ));
+        }
+    };
+    let bad_body = |message: String| {
+        count("bad_body");
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "bad_event", message)
+    };
+    let event: Value = serde_json::from_slice(&body)
+        .map_err(|e| bad_body(format!("the event is not JSON: {e}")))?;
+    let event_id = evidence::event_id(source, header_id, &event, &body)
+        .filter(|id| !id.is_empty() && id.len() <= 256)
+        .ok_or_else(|| bad_body("the event has no id where the source's scheme says".into()))?;
+
+    // Recorded before anything is applied: a repeat finds it.
+    let mut record = EvidenceRecord {
+        source: name.clone(),
+        event_id: event_id.clone(),
+        received_at: now,
+        disposition: Disposition::Received,
+        idempotency_key: None,
+        outcome: None,
+        note: "received".into(),
+        event: evidence::kept(&event, &body),
+    };
+    if let Some(stored) = api
+        .ctx
+        .ledger
+        .evidence_put(&record)
+        .await
+        .map_err(ApiError::unavailable)?
+    {
+        if stored.disposition != Disposition::Received {
+            count("replay");
+            return Ok(answered("replay", &stored));
+        }
+        if now.millis_since(stored.received_at) < IN_PROGRESS_MS {
+            // Another copy is being carried out (or its carrier failed moments ago): not a
+            // 200, so the sender keeps the event and sends it again.
+            count("in_progress");
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "in_progress",
+                format!("event {event_id} of {name} is being carried out; send it again later"),
+            ));
+        }
+        // Left `received` by a carrier that stopped: carried out now.
+        record.received_at = stored.received_at;
+    }
+
+    carry(&api, &mut record, &event).await?;
+    api.ctx
+        .ledger
+        .evidence_settle(&record)
+        .await
+        .map_err(ApiError::unavailable)?;
+    let result = record.disposition.as_str();
+    count(result);
+    Ok(answered(result, &record))
+}
+
+/// Matches the event to its command and applies it; fills in the record's disposition.
+async fn carry(api: &Api, record: &mut EvidenceRecord, event: &Value) -> Result<(), ApiError> {
+    let catalog = api.ctx.catalog.clone();
+    let mut found = None;
+    for tool in catalog.tools_with_evidence_from(&record.source) {
+        let Some(declared) = tool.evidence() else {
+            continue;
+        };
+        let Some(reading) = declared.read(event) else {
+            continue;
+        };
+        let Ok(key) = IdempotencyKey::parse(&reading.key) else {
+            continue;
+        };
+        let command = api
+            .ctx
+            .ledger
+            .get(key.run_id(), key.command_key())
+            .await
+            .map_err(ApiError::unavailable)?;
+        if command.is_some_and(|c| &c.tool == tool.name()) {
+            found = Some((key, reading));
+            break;
+        }
+    }
+    let Some((key, reading)) = found else {
+        record.disposition = Disposition::Unmatched;
+        record.note = "names no command of a tool taking evidence from this source".into();
+        return Ok(());
+    };
+    record.idempotency_key = Some(key.to_string());
+    let Some(outcome) = reading.outcome else {
+        record.disposition = Disposition::Unmatched;
+        record.note = format!(
+            "outcome value {:?} is none the tool lists as present, absent or failed",
+            reading.outcome_value
+        );
+        return Ok(());
+    };
+    record.outcome = Some(outcome);
+    let applied = Event::Evidence {
+        source: record.source.clone(),
+        event_id: record.event_id.clone(),
+        outcome,
+        external_ref: reading.external_ref,
+        evidence: json!({
+            "source": record.source,
+            "event_id": record.event_id,
+            "event": record.event,
+        }),
+    };
+    let actor = format!("evidence:{}", record.source);
+    let driven = api
+        .ctx
+        .drive(key.run_id(), key.command_key(), &actor, |_| {
+            Some(applied.clone())
+        })
+        .await
+        .map_err(ApiError::unavailable)?;
+    match driven {
+        Driven::Applied(command, step) => {
+            if let Err(e) = api
+                .ctx
+                .carry_out(crate::ACTOR, &command, &step, Cause::Redispatch)
+                .await
+            {
+                // Stored all the same: the sweeps pick up what was not published.
+                tracing::warn!(idempotency_key = %key, error = %e, "follow-up of evidence not published");
+            }
+            record.disposition = Disposition::Applied;
+            record.note = format!("{} -> {}: {}", step.from, step.to(), step.reason);
+        }
+        Driven::Refused(command, _) | Driven::Skipped(command) => {
+            record.disposition = Disposition::Recorded;
+            record.note = format!("the command is {}: kept, not applied", command.status());
+        }
+        Driven::Missing => {
+            record.disposition = Disposition::Unmatched;
+            record.note = "the command it names is gone".into();
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListQuery {
+    source: String,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/evidence?source=…[&limit=…]`: the source's records, newest first (admins).
+pub(crate) async fn list(
+    State(api): State<Api>,
+    Caller(principal): Caller,
+    Q(query): Q<ListQuery>,
+) -> Result<Response, ApiError> {
+    principal.require(Need::Admin)?;
+    if api.ctx.catalog.evidence_source(&query.source).is_none() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_source",
+            format!(
+                "no evidence source {:?} is declared ([evidence_sources.<name>])",
+                query.source
+            ),
+        ));
+    }
+    let limit = query.limit.unwrap_or(100).clamp(1, MAX_LISTED);
+    let records = api
+        .ctx
+        .ledger
+        .evidence_list(&query.source, limit)
+        .await
+        .map_err(ApiError::unavailable)?;
+    Ok(Json(json!({ "source": query.source, "evidence": records })).into_response())
+}

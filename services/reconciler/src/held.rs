@@ -1,0 +1,70 @@
+//! Evidence that came before it was awaited (`sluice_core::evidence`): an upstream's signed
+//! event that named a command still PENDING or LEASED was recorded by the producer, not applied
+//! (`Disposition::Recorded`). When the command goes UNKNOWN, the look applies the latest such
+//! event instead of calling the status check — as `Event::Evidence`, the same event the
+//! producer would have applied — and marks its record applied; a tool with no status check is
+//! then settled by its webhook instead of going to a person.
+
+use serde_json::json;
+
+use sluice_core::catalog::Tool;
+use sluice_core::command::{Command, CommandStatus};
+use sluice_core::evidence::{Disposition, EvidenceRecord};
+use sluice_core::machine::Event;
+use sluice_runtime::{Context, PipelineError};
+
+/// The event to apply for `command` from the evidence kept for it, and its record; `None`
+/// when it is not UNKNOWN, its tool takes no evidence, or none was kept.
+pub(crate) async fn evidence_for(
+    ctx: &Context,
+    command: &Command,
+    tool: Option<&Tool>,
+) -> Result<Option<(Event, EvidenceRecord)>, PipelineError> {
+    let Some(declared) = tool.and_then(Tool::evidence) else {
+        return Ok(None);
+    };
+    if command.status() != CommandStatus::Unknown {
+        return Ok(None);
+    }
+    let key = command.idempotency_key.to_string();
+    let held = ctx.ledger.evidence_held(&key).await?;
+    // The latest the upstream said, of this tool's source.
+    let Some(record) = held
+        .into_iter()
+        .rev()
+        .find(|r| r.source == declared.source && r.outcome.is_some())
+    else {
+        return Ok(None);
+    };
+    let Some(outcome) = record.outcome else {
+        return Ok(None);
+    };
+    let external_ref = declared
+        .read(&record.event)
+        .and_then(|reading| reading.external_ref);
+    let event = Event::Evidence {
+        source: record.source.clone(),
+        event_id: record.event_id.clone(),
+        outcome,
+        external_ref,
+        evidence: json!({
+            "source": record.source,
+            "event_id": record.event_id,
+            "event": record.event,
+            "held_since": record.received_at,
+        }),
+    };
+    Ok(Some((event, record)))
+}
+
+/// Marks a held record applied once its event was stored: it is no longer held.
+pub(crate) async fn applied(
+    ctx: &Context,
+    mut record: EvidenceRecord,
+    note: String,
+) -> Result<(), PipelineError> {
+    record.disposition = Disposition::Applied;
+    record.note = note;
+    ctx.ledger.evidence_settle(&record).await?;
+    Ok(())
+}
