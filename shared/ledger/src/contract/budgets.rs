@@ -247,6 +247,7 @@ pub async fn budget_holds_follow_the_command_status(ledger: Arc<dyn Ledger>) {
             Event::Approve {
                 operator: operator(),
                 policy_version: "1".into(),
+                revision: None,
             },
         ))
         .await
