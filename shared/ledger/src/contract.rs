@@ -73,7 +73,8 @@ macro_rules! ledger_contract_tests {
             budget_holds_fit_up_to_the_limit_once_per_command,
             thirty_two_racing_holds_never_pass_the_limit,
             budget_holds_follow_the_command_status,
-            a_reservation_and_its_holds_are_one_step
+            a_reservation_and_its_holds_are_one_step,
+            an_edit_moves_the_commands_hold_to_the_edited_amount
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
@@ -89,6 +90,7 @@ macro_rules! ledger_contract_tests {
 
 mod budgets;
 mod closing;
+mod edits;
 mod flow;
 mod newer;
 mod purge_preview;
@@ -100,6 +102,7 @@ pub use budgets::{
     budget_holds_follow_the_command_status, thirty_two_racing_holds_never_pass_the_limit,
 };
 pub use closing::eight_rollbacks_at_once_close_a_run_once;
+pub use edits::an_edit_moves_the_commands_hold_to_the_edited_amount;
 pub use flow::{
     flow_controls_are_written_under_their_version_and_read_back_whole,
     sixteen_racing_breaker_writers_have_one_winner,
