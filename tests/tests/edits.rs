@@ -145,19 +145,20 @@ tools = ["payments/wire"]
     assert!(unchanged.state.revisions.is_empty());
     assert_eq!(counter(&h, "daily_wires", tenant).await, (1_500_000, 1));
 
-    // The edit: 900,000 to b-7. Approved, the hold moved, sent once with the edit.
+    // The edit: 1,600,000 to b-7 (above the approval threshold: this approval covers it).
+    // Approved, the hold moved, sent once with the edit.
     let approved = h
         .agent
         .act(
             run,
             &key,
             "approve",
-            &json!({"reason": "the invoice says 9,000.00 to b-7", "args": edited_args(900_000, "b-7")}),
+            &json!({"reason": "the invoice says 16,000.00 to b-7", "args": edited_args(1_600_000, "b-7")}),
         )
         .await;
     assert_eq!(approved.status, StatusCode::OK, "{:?}", approved.body);
     assert_eq!(approved.body["to"], "APPROVED");
-    assert_eq!(counter(&h, "daily_wires", tenant).await, (900_000, 1));
+    assert_eq!(counter(&h, "daily_wires", tenant).await, (1_600_000, 1));
     let done = h.agent.wait_settled(run, &key).await;
     assert_eq!(done.status(), Confirmed, "{done:?}");
     assert_eq!(h.upstream.stats().wires, 1);
@@ -173,7 +174,7 @@ tools = ["payments/wire"]
     .expect("a wire");
     assert_eq!(
         (&booked["amount_minor"], &booked["beneficiary"]),
-        (&json!(900_000), &json!("b-7")),
+        (&json!(1_600_000), &json!("b-7")),
         "the bank got the edited wire: {booked:?}"
     );
     assert_eq!(
@@ -193,9 +194,9 @@ tools = ["payments/wire"]
     assert_eq!(shown.status, StatusCode::OK);
     let revision = &shown.body["revisions"][0];
     assert_eq!(revision["number"], 1, "{:?}", shown.body);
-    assert_eq!(revision["reason"], "the invoice says 9,000.00 to b-7");
+    assert_eq!(revision["reason"], "the invoice says 16,000.00 to b-7");
     assert_eq!(revision["previous_hash"], shown.body["args_hash"]);
-    assert_eq!(revision["args"]["amount_minor"], 900_000);
+    assert_eq!(revision["args"]["amount_minor"], 1_600_000);
     let changes: Vec<(&str, &Value, &Value)> = revision["changes"]
         .as_array()
         .expect("changes")
@@ -211,7 +212,7 @@ tools = ["payments/wire"]
     assert_eq!(
         changes,
         [
-            ("/amount_minor", &json!(1_500_000), &json!(900_000)),
+            ("/amount_minor", &json!(1_500_000), &json!(1_600_000)),
             ("/beneficiary", &json!("b-9"), &json!("b-7")),
         ]
     );
@@ -220,11 +221,13 @@ tools = ["payments/wire"]
         "as submitted"
     );
 
-    // The agent re-driving: with what it submitted, or with the edit, gets the edited command;
-    // anything else is drift. Nothing more is held or sent.
+    // The agent re-driving: with what it submitted, or with the edit, gets the edited command
+    // (the edit's amount held afresh would pass the budget: 1.6M + 1.6M; it is the command's
+    // own, so it is answered, not refused); anything else is drift. Nothing more is held or
+    // sent.
     for again in [
         submitted.clone(),
-        effect(run, 1, "payments/wire", 0, edited_args(900_000, "b-7")),
+        effect(run, 1, "payments/wire", 0, edited_args(1_600_000, "b-7")),
     ] {
         let answer = h.agent.submit(&again).await;
         assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
@@ -243,7 +246,7 @@ tools = ["payments/wire"]
         .await;
     assert_eq!(drift.status, StatusCode::CONFLICT, "{:?}", drift.body);
     assert_eq!(drift.error_code(), "argument_drift");
-    assert_eq!(counter(&h, "daily_wires", tenant).await, (900_000, 1));
+    assert_eq!(counter(&h, "daily_wires", tenant).await, (1_600_000, 1));
     assert_eq!(h.upstream.stats().wires, 1);
 
     // The audit chain: the approval with the revision's hashes and pointers, and its reason.
