@@ -344,6 +344,7 @@ async fn an_approval_under_an_older_policy_version_is_blocked_again_at_lease_tim
                 reason: "approved under the old rules".into(),
             },
             policy_version: "0".into(),
+            revision: None,
         },
         h.ctx().clock.now(),
     )

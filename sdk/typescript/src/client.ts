@@ -19,6 +19,7 @@ import {
   ApiError,
   type ApiErrorInit,
   ArgumentDriftError,
+  BudgetExceededError,
   ConflictError,
   EffectTimeoutError,
   ForbiddenError,
@@ -246,6 +247,29 @@ export class SluiceClient {
     return answer.body;
   }
 
+  /**
+   * Approves a BLOCKED command (a token that may approve: an admin's); with `args`, approves it
+   * edited to those arguments, whole: a revision of the same command, checked against the
+   * tool's schema, policy and budgets. Returns the command as stored (APPROVED).
+   *
+   * @throws {BudgetExceededError} the edited amount would pass a budget; nothing changed
+   * @throws {InvalidRequestError} the edited arguments do not match the tool's schema
+   * @throws {ConflictError} not BLOCKED, or policy denies the edit (`policy_denied`)
+   */
+  async approve(
+    runId: string,
+    commandKey: string,
+    reason: string,
+    args?: Record<string, unknown>,
+  ): Promise<Command> {
+    const answer = await this.#request<{ command: Command }>({
+      method: "POST",
+      path: `${effectPath(runId, commandKey)}:approve`,
+      body: args === undefined ? { reason } : { reason, args },
+    });
+    return answer.body.command;
+  }
+
   /** Where the run's rollback stands, per command, in compensation order. */
   async rollbackProgress(runId: string): Promise<RollbackProgress> {
     const path = `/v1/runs/${checkRunId(runId)}/rollback`;
@@ -378,7 +402,9 @@ function apiError(init: ApiErrorInit): ApiError {
     case 404:
       return new NotFoundError(init);
     case 409:
-      return new ConflictError(init);
+      return init.body?.code === "budget_exceeded"
+        ? new BudgetExceededError(init)
+        : new ConflictError(init);
     case 422:
       return new InvalidRequestError(init);
     case 429:

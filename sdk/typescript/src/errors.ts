@@ -127,6 +127,34 @@ export class OverQuotaError extends ApiError {
   }
 }
 
+/**
+ * 409 `budget_exceeded`: the effect's amount would pass a spend budget whose `on_exceed` is
+ * `deny`; nothing was recorded (for an approver's edit: nothing changed). The budget, its limit,
+ * what its counter had spent and this amount, in the currency's minor units.
+ */
+export class BudgetExceededError extends ConflictError {
+  override name = "BudgetExceededError";
+  readonly budget: string | undefined;
+  readonly currency: string | undefined;
+  readonly limit: number | undefined;
+  /** What the budget's counter held already (`used`). */
+  readonly spent: number | undefined;
+  /** This effect's amount. */
+  readonly amount: number | undefined;
+
+  constructor(init: ApiErrorInit) {
+    super(init);
+    const details = isRecord(init.body?.details) ? init.body.details : {};
+    const text = (v: unknown) => (typeof v === "string" ? v : undefined);
+    const num = (v: unknown) => (typeof v === "number" ? v : undefined);
+    this.budget = text(details["budget"]);
+    this.currency = text(details["currency"]);
+    this.limit = num(details["limit"]);
+    this.spent = num(details["used"]);
+    this.amount = num(details["amount"]);
+  }
+}
+
 /** 503 (`ledger_unavailable`, `dispatch_backlog_full`) still answered after every retry. */
 export class UnavailableError extends ApiError {
   override name = "UnavailableError";

@@ -45,6 +45,7 @@ export type {
   EffectRequest,
   ErrorBody,
   Principal,
+  Revision,
   RollbackProgress,
   RollbackStarted,
   RunEffects,

@@ -157,6 +157,19 @@ export class Run {
     return this.#context.client.rollback(this.id, reason);
   }
 
+  /**
+   * Approves one of the run's BLOCKED effects (a token that may approve: an admin's); with
+   * `args`, approves it edited to those arguments, whole — a revision of the same effect (same
+   * key), checked against the tool's schema, policy and budgets. Returns it APPROVED.
+   */
+  async approve(
+    commandKey: string,
+    reason: string,
+    args?: Record<string, unknown>,
+  ): Promise<Command> {
+    return this.#context.client.approve(this.id, commandKey, reason, args);
+  }
+
   /** Where the run's rollback stands, per command, in compensation order. */
   async rollbackProgress(): Promise<RollbackProgress> {
     return this.#context.client.rollbackProgress(this.id);

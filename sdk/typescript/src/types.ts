@@ -10,6 +10,8 @@ type Schemas = components["schemas"];
 
 /** A command: the durable record of one intended effect. */
 export type Command = Schemas["Command"];
+/** An approver's edit of a command's arguments, made as they approved it. */
+export type Revision = Schemas["Revision"];
 /** A command's status. */
 export type Status = Schemas["Status"];
 /** What re-calling a tool does to the world. */

@@ -39,7 +39,8 @@ pub(crate) struct Budgets {
     pub tag: String,
 }
 
-fn exceeded(line: &BudgetLine, used: i64) -> Value {
+/// The details of a 409 `budget_exceeded`: the budget, its limit, what is held and the amount.
+pub(crate) fn exceeded(line: &BudgetLine, used: i64) -> Value {
     json!({
         "budget": line.budget,
         "scope": line.scope.as_str(),

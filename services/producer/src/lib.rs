@@ -28,6 +28,7 @@ mod admission;
 pub mod audit;
 pub mod auth;
 pub mod budgets;
+mod edit;
 pub mod events;
 pub mod evidence;
 pub mod flow;

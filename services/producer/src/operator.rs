@@ -85,7 +85,7 @@ fn parse_key(raw: &str) -> Result<CommandKey, ApiError> {
     CommandKey::parse(raw).map_err(|e| ApiError::invalid(e.to_string()))
 }
 
-fn not_found(run_id: &RunId, key: &CommandKey) -> ApiError {
+pub(crate) fn not_found(run_id: &RunId, key: &CommandKey) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "unknown_command",
@@ -110,7 +110,7 @@ fn explain(refusal: &Refusal, status: CommandStatus) -> String {
     }
 }
 
-fn refused(command: &Command, refusal: &Refusal) -> ApiError {
+pub(crate) fn refused(command: &Command, refusal: &Refusal) -> ApiError {
     let code = match refusal {
         Refusal::NotAllowed { .. } => "not_allowed",
         Refusal::ReplayLimit { .. } => "replay_limit",
@@ -119,6 +119,7 @@ fn refused(command: &Command, refusal: &Refusal) -> ApiError {
         Refusal::ReasonRequired => "reason_required",
         Refusal::OutcomeUnknown => "outcome_unknown",
         Refusal::RunRolledBack => "run_rolled_back",
+        Refusal::StaleRevision { .. } => "stale_revision",
         Refusal::StaleEpoch { .. }
         | Refusal::NotYetDue { .. }
         | Refusal::LeaseStillValid { .. }
@@ -169,7 +170,7 @@ fn action_span_name(event: &Event) -> &'static str {
         outcome = tracing::field::Empty,
     )
 )]
-async fn operate(
+pub(crate) async fn operate(
     api: &Api,
     run_id: &RunId,
     key: &CommandKey,
@@ -223,6 +224,15 @@ fn applied(action: &str, command: &Command, step: &Step) -> Response {
 #[serde(deny_unknown_fields)]
 struct ReasonBody {
     reason: String,
+}
+
+/// `:approve`'s body: the reason, and for an edit the command's new arguments, whole.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApproveBody {
+    reason: String,
+    #[serde(default)]
+    args: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -303,14 +313,23 @@ async fn act(
     let actor = principal.name.clone();
     match action {
         "approve" => {
-            let body: ReasonBody = parse_body(&body, "{\"reason\": \"...\"}")?;
+            let body: ApproveBody = parse_body(
+                &body,
+                "{\"reason\": \"...\", \"args\": {...} (optional: the edited arguments, whole)}",
+            )?;
             let reason = check_reason(&body.reason)?;
+            if let Some(args) = body.args {
+                let (command, step) =
+                    crate::edit::approve_edited(&api, &run_id, &key, &actor, reason, args).await?;
+                return Ok(applied("approve", &command, &step));
+            }
             let event = Event::Approve {
                 operator: Operator {
                     actor: actor.clone(),
                     reason: reason.to_owned(),
                 },
                 policy_version: api.ctx.catalog.policy_version().to_owned(),
+                revision: None,
             };
             let (command, step) =
                 operate(&api, &run_id, &key, &actor, event, Cause::Approved).await?;

@@ -13,6 +13,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use sluice_core::time::{Clock, SystemClock, Timestamp};
 
+mod edit;
 mod render;
 
 use render::{render, text};
@@ -126,12 +127,20 @@ pub enum ConsoleCommand {
     },
     /// One command in full.
     Show { run: String, command_key: String },
-    /// Approve a BLOCKED command: it is dispatched under the current policy version.
+    /// Approve a BLOCKED command: it is dispatched under the current policy version. With
+    /// `--args` or `--set`, approve it with edited arguments (a revision of the same command).
     Approve {
         run: String,
         command_key: String,
         #[arg(long)]
         reason: String,
+        /// The edited arguments, whole: JSON text, or a file holding it.
+        #[arg(long, value_name = "FILE|JSON")]
+        args: Option<String>,
+        /// Change one field of the current arguments (or of `--args`): the value is JSON when
+        /// it parses, else text. Repeatable.
+        #[arg(long = "set", value_name = "/POINTER=VALUE")]
+        set: Vec<String>,
     },
     /// Reject a BLOCKED command: it is cancelled.
     Reject {
@@ -415,11 +424,16 @@ pub async fn run(args: ConsoleArgs, command: ConsoleCommand) -> Result<String, F
             run,
             command_key,
             reason,
-        } => (
-            Method::POST,
-            format!("{}:approve", key_path(run, command_key)),
-            Some(json!({ "reason": reason })),
-        ),
+            args,
+            set,
+        } => {
+            let path = key_path(run, command_key);
+            let mut body = json!({ "reason": reason });
+            if let Some(edited) = edit::edited_args(&client, &path, args.as_deref(), set).await? {
+                body["args"] = edited;
+            }
+            (Method::POST, format!("{path}:approve"), Some(body))
+        }
         ConsoleCommand::Reject {
             run,
             command_key,

@@ -191,7 +191,7 @@ pub fn dispatch(tool: &Tool, command: &Command) -> Result<Call, CallError> {
         command,
         None,
         &command.idempotency_key.to_string(),
-        || Arc::clone(&command.args),
+        || Arc::clone(command.current_args()),
     )
 }
 
@@ -209,7 +209,7 @@ pub fn status_check(
         command,
         None,
         &command.idempotency_key.to_string(),
-        || Arc::clone(&command.args),
+        || Arc::clone(command.current_args()),
     )
 }
 
@@ -228,7 +228,7 @@ pub fn match_filter(tool: &Tool, command: &Command) -> Result<Vec<(String, Strin
     filter
         .iter()
         .map(|(pointer, template)| {
-            render_text(template, &command.args, &keys)
+            render_text(template, command.current_args(), &keys)
                 .map(|text| (pointer.clone(), text))
                 .map_err(|source| CallError::Part {
                     operation: Operation::StatusCheck,
@@ -261,7 +261,7 @@ pub fn compensate(
         command,
         external_ref,
         &compensation_key(command, external_ref),
-        || Arc::new(json!({ "args": command.args, "external_ref": external_ref })),
+        || Arc::new(json!({ "args": command.current_args(), "external_ref": external_ref })),
     )?;
     let dispatch = HeaderValue::from_str(&command.idempotency_key.to_string()).map_err(|_| {
         CallError::HeaderValue {
@@ -309,12 +309,13 @@ fn build(
         // The compensation's own key (the idempotency header's value) for its templates.
         compensation_key: (operation == Operation::Compensate).then_some(idempotency_key),
     };
-    let rendered =
-        render_url(&endpoint.url, &command.args, &keys).map_err(|source| CallError::Render {
+    let rendered = render_url(&endpoint.url, command.current_args(), &keys).map_err(|source| {
+        CallError::Render {
             operation,
             tool: tool.name().clone(),
             source,
-        })?;
+        }
+    })?;
     let mut url = parse_url(&rendered).map_err(|error| CallError::InvalidUrl {
         operation,
         tool: tool.name().clone(),
@@ -332,7 +333,7 @@ fn build(
         let mut pairs = url.query_pairs_mut();
         for (name, template) in &shape.query {
             if let Some(value) =
-                render_value(template, &command.args, &keys).map_err(|e| part(name, e))?
+                render_value(template, command.current_args(), &keys).map_err(|e| part(name, e))?
             {
                 pairs.append_pair(name, &value);
             }
@@ -340,7 +341,7 @@ fn build(
     }
     let body = match &shape.body {
         Some(template) => template
-            .render(&command.args, &keys)
+            .render(command.current_args(), &keys)
             .map_err(|source| CallError::Body {
                 operation,
                 tool: tool.name().clone(),
@@ -361,7 +362,8 @@ fn build(
     });
     let mut headers = headers(command, shape, idempotency_key, body.is_some())?;
     for (name, template) in &shape.headers {
-        let Some(text) = render_value(template, &command.args, &keys).map_err(|e| part(name, e))?
+        let Some(text) =
+            render_value(template, command.current_args(), &keys).map_err(|e| part(name, e))?
         else {
             continue;
         };

@@ -200,7 +200,7 @@ pub fn lines(
         let Some(&limit) = budget.limits.get(currency) else {
             continue;
         };
-        let amount = match command.args.get(field) {
+        let amount = match command.current_args().get(field) {
             Some(Value::Number(number)) => number.as_i64().filter(|amount| *amount >= 0),
             // A nullable field left null spends nothing.
             Some(Value::Null) | None => Some(0),
@@ -332,6 +332,11 @@ pub enum HoldState {
     Deferred,
     /// No longer counted: the command ended without spending.
     Released,
+    /// No longer counted, for good: an approver's edit moved the command's spend to the
+    /// edited amount (`crate::revision`), held under the revision's own tag. No status change
+    /// brings it back, and a re-submission of the arguments it was taken for finds it (so
+    /// holds nothing afresh).
+    Moved,
 }
 
 impl HoldState {
@@ -340,6 +345,7 @@ impl HoldState {
             Self::Held => "held",
             Self::Deferred => "deferred",
             Self::Released => "released",
+            Self::Moved => "moved",
         }
     }
 
@@ -348,6 +354,7 @@ impl HoldState {
             "held" => Some(Self::Held),
             "deferred" => Some(Self::Deferred),
             "released" => Some(Self::Released),
+            "moved" => Some(Self::Moved),
             _ => None,
         }
     }
@@ -398,6 +405,13 @@ pub fn apply_change(state: HoldState, amount: i64, change: HoldChange) -> (HoldS
         (HoldChange::Reclaim, HoldState::Released) => (HoldState::Held, amount),
         (_, state) => (state, 0),
     }
+}
+
+/// The tag of the holds an edit takes (`crate::revision`): the revision's number and
+/// arguments' hash. Never a submission's tag, so a re-submission's own holds, given back when
+/// the ledger refuses it, are never the edit's.
+pub fn revision_tag(number: u32, args_hash: &str) -> String {
+    format!("revision-{number}:{args_hash}")
 }
 
 /// One counter as the API and the CLI show it.

@@ -292,6 +292,10 @@ pub struct CommandState {
     pub rejection: Option<Box<Rejection>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compensation: Option<Box<CompensationInfo>>,
+    /// The approvers' edits of the arguments, oldest first (`crate::revision`): the command
+    /// is dispatched with the last one's. Empty for a command never edited.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub revisions: Vec<crate::revision::Revision>,
     /// Extra commits of this command that a status check found and that are still to be
     /// compensated. Kept in the ledger (with a due time) so the clean-up survives a crash.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -382,6 +386,7 @@ impl CommandState {
             approval: None,
             rejection: None,
             compensation: None,
+            revisions: Vec::new(),
             owed_duplicates: Vec::new(),
             verify_pending: false,
             lands_by: None,
@@ -406,9 +411,12 @@ pub struct Command {
     pub idempotency_key: IdempotencyKey,
     pub tool: ToolName,
     pub semantics: EffectSemantics,
-    /// Shared, not copied, by the command's clones: the arguments never change after
-    /// reservation, and a command is cloned at every hop of the pipeline.
+    /// The arguments as submitted: part of the identity, never changed. Shared, not copied,
+    /// by the command's clones (a command is cloned at every hop of the pipeline). An
+    /// approver's edit is a revision in the state: read [`Command::current_args`] for what is
+    /// dispatched.
     pub args: Arc<Value>,
+    /// The submitted arguments' canonical hash (the identity a re-submission is matched on).
     pub args_hash: ArgsHash,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub business_key: Option<BusinessKey>,
@@ -554,6 +562,36 @@ impl Command {
 
     pub fn status(&self) -> CommandStatus {
         self.state.status
+    }
+
+    /// The arguments the command is dispatched with: the latest revision's, or the submitted
+    /// ones (`crate::revision`).
+    pub fn current_args(&self) -> &Arc<Value> {
+        self.state
+            .revisions
+            .last()
+            .map_or(&self.args, |revision| &revision.args)
+    }
+
+    /// The hash of [`Command::current_args`]: what an approval link is bound to, and what an
+    /// edit replaces.
+    pub fn current_args_hash(&self) -> &ArgsHash {
+        self.state
+            .revisions
+            .last()
+            .map_or(&self.args_hash, |revision| &revision.args_hash)
+    }
+
+    /// Whether a submission with arguments hashing to `hash` is this command's: the submitted
+    /// arguments, or those of any of its revisions (an agent re-driving after an edit gets the
+    /// edited command's answer, not a conflict).
+    pub fn answers_to(&self, hash: &str) -> bool {
+        self.args_hash.as_str() == hash
+            || self
+                .state
+                .revisions
+                .iter()
+                .any(|revision| revision.args_hash.as_str() == hash)
     }
 
     /// Waiting for a dispatcher: PENDING, APPROVED, or leased by its reservation and not yet

@@ -335,7 +335,7 @@ impl<'a> EffectEvent<'a> {
             }
             _ => None,
         };
-        let args = match command.args.as_object() {
+        let args = match command.current_args().as_object() {
             Some(given) if !include_args.is_empty() => Some(
                 include_args
                     .iter()

@@ -36,6 +36,7 @@ pub mod machine;
 pub mod policy;
 pub mod replay;
 pub mod retention;
+pub mod revision;
 pub mod secret;
 pub mod sweep;
 pub mod tenant;

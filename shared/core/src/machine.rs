@@ -103,7 +103,8 @@ pub fn apply(
         Event::Approve {
             operator,
             policy_version,
-        } => people::approve(&a, operator, policy_version),
+            revision,
+        } => people::approve(&a, operator, policy_version, revision.as_deref()),
         Event::Reject { operator } => people::reject(&a, operator),
         Event::ApprovalExpired => people::approval_expired(&a),
         Event::MarkRollback { operator } => undoing::mark_rollback(&a, operator),

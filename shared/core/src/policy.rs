@@ -48,7 +48,7 @@ impl<'a> RuleInput<'a> {
     /// The input of a recorded command, evaluated at `now`.
     pub fn of(command: &'a Command, now: Timestamp) -> Self {
         Self {
-            args: &command.args,
+            args: command.current_args(),
             tool: &command.tool,
             run: command.run_id.as_str(),
             tenant: command.tenant.as_deref(),

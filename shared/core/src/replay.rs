@@ -111,7 +111,7 @@ pub fn check(
     event: &Event,
     now: Timestamp,
 ) -> ReplayCheck {
-    let (state, args) = (&command.state, &*command.args);
+    let (state, args) = (&command.state, &**command.current_args());
     let mut problems = Vec::new();
     if run.replays >= run.limit {
         problems.push(ReplayProblem::RunLimit {

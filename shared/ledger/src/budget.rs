@@ -86,6 +86,32 @@ pub trait BudgetStore: Send + Sync + std::fmt::Debug + 'static {
         mode: HoldMode,
     ) -> Result<Held, LedgerError>;
 
+    /// Holds `lines` under `tag` for an approver's edit of the command
+    /// (`sluice_core::revision`, tagged `sluice_core::budget::revision_tag`), as
+    /// [`BudgetStore::budget_hold`] does, except that whether a line fits leaves out what the
+    /// command's other counted holds hold on its counter: the edit moves the command's spend,
+    /// it does not add to it. The old holds still count until [`BudgetStore::budget_supersede`]
+    /// (after the edit is written) or [`BudgetStore::budget_unhold`] of `tag` (the edit was
+    /// refused) — a crash in between counts more, never less.
+    async fn budget_rehold(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        tag: &str,
+        lines: &[BudgetLine],
+        mode: HoldMode,
+    ) -> Result<Held, LedgerError>;
+
+    /// Marks every hold of the command but those of `keep` moved
+    /// (`sluice_core::budget::HoldState::Moved`): they count no more, and no status change
+    /// brings them back. Idempotent.
+    async fn budget_supersede(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        keep: &str,
+    ) -> Result<(), LedgerError>;
+
     /// Removes the holds of the submission `tag` of the command as if never written, giving
     /// back what they counted: for an admission whose command was not recorded (refused by
     /// the ledger after its hold). Another submission's holds under the same key stay.

@@ -78,7 +78,8 @@ macro_rules! ledger_contract_tests {
             budget_holds_follow_the_command_status,
             a_reservation_and_its_holds_are_one_step,
             what_others_hold_leaves_out_the_commands_own_holds,
-            a_purge_removes_holds_of_ended_windows_and_keeps_total_ones
+            a_purge_removes_holds_of_ended_windows_and_keeps_total_ones,
+            an_edit_moves_the_commands_hold_to_the_edited_amount
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
@@ -95,6 +96,7 @@ macro_rules! ledger_contract_tests {
 mod budgets;
 mod closing;
 mod evidence;
+mod edits;
 mod flow;
 mod newer;
 mod purge_preview;
@@ -113,6 +115,7 @@ pub use evidence::{
     evidence_kept_for_a_command_is_found_by_its_key_until_applied,
     sixteen_racing_puts_of_one_event_store_it_once,
 };
+pub use edits::an_edit_moves_the_commands_hold_to_the_edited_amount;
 pub use flow::{
     flow_controls_are_written_under_their_version_and_read_back_whole,
     sixteen_racing_breaker_writers_have_one_winner,

@@ -691,6 +691,28 @@ impl sluice_ledger::BudgetStore for GaugedLedger {
             .await
     }
 
+    async fn budget_rehold(
+        &self,
+        run_id: &RunId,
+        command_key: &sluice_core::ids::CommandKey,
+        tag: &str,
+        lines: &[sluice_core::budget::BudgetLine],
+        mode: sluice_ledger::HoldMode,
+    ) -> Result<sluice_ledger::Held, LedgerError> {
+        self.inner
+            .budget_rehold(run_id, command_key, tag, lines, mode)
+            .await
+    }
+
+    async fn budget_supersede(
+        &self,
+        run_id: &RunId,
+        command_key: &sluice_core::ids::CommandKey,
+        keep: &str,
+    ) -> Result<(), LedgerError> {
+        self.inner.budget_supersede(run_id, command_key, keep).await
+    }
+
     async fn budget_unhold(
         &self,
         run_id: &RunId,

@@ -363,6 +363,7 @@ fn every_published_lifecycle_event_matches_its_schema() {
         Event::Approve {
             operator: operator.clone(),
             policy_version: "1".into(),
+            revision: None,
         },
     );
     lease(&mut wire, &mut apply);

@@ -26,6 +26,7 @@ from .errors import (
     ApiError,
     ArgumentDrift,
     AwaitingApproval,
+    BudgetExceeded,
     BusinessKeyHeld,
     Conflict,
     DeclarationError,
@@ -45,7 +46,7 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .models import Effect, Rejection, RollbackProgress, RollbackStep
+from .models import Effect, Rejection, Revision, RollbackProgress, RollbackStep
 
 __all__ = [
     "IDEMPOTENT",
@@ -56,6 +57,7 @@ __all__ = [
     "AsyncClient",
     "AsyncRun",
     "AwaitingApproval",
+    "BudgetExceeded",
     "BusinessKeyHeld",
     "Catalog",
     "Client",
@@ -78,6 +80,7 @@ __all__ = [
     "NotFound",
     "OverQuota",
     "Rejection",
+    "Revision",
     "Retries",
     "RollbackProgress",
     "RollbackStep",

@@ -176,6 +176,22 @@ class RunCore:
         body = proto.expect(answer, 200, context=context)
         return Effect.from_json(body["command"])
 
+    def approve(
+        self, command_key: str, reason: str, args: Mapping[str, Any] | None
+    ) -> proto.Conversation[Effect]:
+        body: dict[str, Any] = {"reason": reason}
+        if args is not None:
+            body["args"] = dict(args)
+        answer = yield from proto.call(
+            "POST",
+            proto.effect_path(self.run_id, str(command_key)) + ":approve",
+            self.config.retries,
+            json=body,
+            safe_to_repeat=False,
+            context=(self.run_id, str(command_key)),
+        )
+        return Effect.from_json(answer["command"])
+
     def rollback(self, reason: str) -> proto.Conversation[RollbackProgress]:
         body = yield from proto.call(
             "POST",

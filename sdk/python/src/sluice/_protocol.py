@@ -22,6 +22,7 @@ from ._ids import CommandKey, path_segment
 from .errors import (
     ApiError,
     ArgumentDrift,
+    BudgetExceeded,
     AwaitingApproval,
     BusinessKeyHeld,
     Conflict,
@@ -362,6 +363,13 @@ def error_from(
         elif code == "run_rolled_back":
             kind = RunRolledBack
             hint = f"start a new run; `sluice rollback {run_id}` shows what was undone."
+        elif code == "budget_exceeded":
+            kind = BudgetExceeded
+            hint = (
+                "the amount would pass a spend budget (the error's details say which, its limit "
+                "and what is spent); nothing was recorded. Spend less, or wait for the budget's "
+                "window to turn over."
+            )
         elif code == "business_key_held":
             kind = BusinessKeyHeld
             hint = "another agent's command already holds this effect; do not submit it again."

@@ -219,6 +219,17 @@ class AsyncRun:
         )
         return proto.outcome(await self.client.drive(conversation))
 
+    async def approve(
+        self,
+        command_key: str | Effect,
+        reason: str,
+        *,
+        args: Mapping[str, Any] | None = None,
+    ) -> Effect:
+        """See :meth:`sluice.Run.approve`."""
+        key = command_key.command_key if isinstance(command_key, Effect) else command_key
+        return await self.client.drive(self._core.approve(key, reason, args))
+
     async def rollback(self, reason: str) -> RollbackProgress:
         """See :meth:`sluice.Run.rollback`."""
         return await self.client.drive(self._core.rollback(reason))

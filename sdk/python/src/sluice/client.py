@@ -228,6 +228,21 @@ class Run:
         )
         return proto.outcome(self.client.drive(conversation))
 
+    def approve(
+        self,
+        command_key: str | Effect,
+        reason: str,
+        *,
+        args: Mapping[str, Any] | None = None,
+    ) -> Effect:
+        """Approves a BLOCKED effect (a token that may approve: an admin's); with ``args``,
+        approves it edited to those arguments, whole — a revision of the same effect, checked
+        against the tool's schema, policy and budgets. Returns it APPROVED. Raises
+        :class:`~sluice.errors.InvalidRequest` (schema), :class:`~sluice.errors.BudgetExceeded`
+        or :class:`~sluice.errors.Conflict` (``policy_denied``, not BLOCKED), changing nothing."""
+        key = command_key.command_key if isinstance(command_key, Effect) else command_key
+        return self.client.drive(self._core.approve(key, reason, args))
+
     def rollback(self, reason: str) -> RollbackProgress:
         """Rolls the run back: cancels what has not started, compensates what committed (last in
         the journal first), undoes what is in flight once its outcome is known. The run then

@@ -181,6 +181,43 @@ class BusinessKeyHeld(Conflict):
     """409 ``business_key_held``: another agent's command holds this effect's business key."""
 
 
+class BudgetExceeded(Conflict):
+    """409 ``budget_exceeded``: the effect's amount would pass a spend budget (``[budgets.*]``)
+    whose ``on_exceed`` is ``deny``; nothing was recorded (or, for an approver's edit, nothing
+    changed). :attr:`budget`, :attr:`limit`, :attr:`spent` and :attr:`amount` say by how much,
+    in the currency's minor units."""
+
+    def _detail(self, name: str) -> Any:
+        return self.details.get(name) if isinstance(self.details, dict) else None
+
+    @property
+    def budget(self) -> str | None:
+        found = self._detail("budget")
+        return str(found) if found is not None else None
+
+    @property
+    def currency(self) -> str | None:
+        found = self._detail("currency")
+        return str(found) if found is not None else None
+
+    @property
+    def limit(self) -> int | None:
+        found = self._detail("limit")
+        return int(found) if found is not None else None
+
+    @property
+    def spent(self) -> int | None:
+        """What the budget's counter held already (``used``)."""
+        found = self._detail("used")
+        return int(found) if found is not None else None
+
+    @property
+    def amount(self) -> int | None:
+        """This effect's amount."""
+        found = self._detail("amount")
+        return int(found) if found is not None else None
+
+
 class OverQuota(ApiError):
     """429 ``tenant_over_quota``: the run's tenant already holds its whole quota of effects in
     flight (recorded, not yet in a final status). Nothing was recorded: submit the same effect

@@ -29,6 +29,36 @@ class Rejection:
 
 
 @dataclass(frozen=True)
+class Revision:
+    """An approver's edit of an effect's arguments, made as they approved it. The effect keeps
+    its key (one effect, corrected) and ran with the last revision's ``args``. ``changes`` lists
+    each changed field by JSON pointer with its ``old`` and ``new`` values (a field the schema
+    marks secret by pointer only)."""
+
+    number: int
+    args: dict[str, Any]
+    args_hash: str
+    previous_hash: str
+    changes: list[dict[str, Any]]
+    by: str
+    reason: str
+    at: str
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Revision:
+        return cls(
+            number=int(body["number"]),
+            args=body.get("args") or {},
+            args_hash=body["args_hash"],
+            previous_hash=body["previous_hash"],
+            changes=list(body.get("changes") or []),
+            by=body["by"],
+            reason=body["reason"],
+            at=body["at"],
+        )
+
+
+@dataclass(frozen=True)
 class Effect:
     """One command as the ledger holds it (``Command`` in schemas/openapi.yaml).
 
@@ -59,6 +89,8 @@ class Effect:
     tenant: str | None = None
     #: Set when a person rejected the effect while it waited for approval.
     rejection: Rejection | None = None
+    #: Approvers' edits of the arguments, oldest first: it runs with the last one's ``args``.
+    revisions: tuple[Revision, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -78,8 +110,14 @@ class Effect:
             existing=body.get("existing"),
             tenant=body.get("tenant"),
             rejection=Rejection.from_json(body["rejection"]) if body.get("rejection") else None,
+            revisions=tuple(Revision.from_json(r) for r in body.get("revisions") or ()),
             raw=body,
         )
+
+    @property
+    def current_args(self) -> dict[str, Any]:
+        """The arguments it runs (or ran) with: the last revision's, else ``args`` as submitted."""
+        return self.revisions[-1].args if self.revisions else self.args
 
     @property
     def found_by_business_key(self) -> bool:

@@ -234,7 +234,10 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Approve a BLOCKED command; it is dispatched under the current policy version */
+        /**
+         * Approve a BLOCKED command (optionally edited); it is dispatched under the current policy version
+         * @description With `args`, edit and approve: the command's new arguments, whole, recorded as its next revision under the same run, key and idempotency key (never a second effect); the dispatcher sends them. They are validated against the tool's schema (422 `invalid_arguments`, each pointer named) and policy is evaluated again on them: a rule that denies refuses the edit (409 `policy_denied`), one that requires approval is covered by this approval. The spend budgets covering the tool are counted on the edited amount, the command's own hold left out: past a `deny` budget the edit is refused (409 `budget_exceeded`, with the budget's figures); otherwise the hold moves. A refused edit changes nothing. Also 409 `stale_revision` (another edit came first), `too_many_revisions`, `tool_removed`; 422 `unchanged_arguments`.
+         */
         post: operations["approve"];
         delete?: never;
         options?: never;
@@ -882,6 +885,32 @@ export interface components {
         Existing: "command_key" | "business_key";
         /** @enum {unknown} */
         Status: "SCHEDULED" | "PENDING" | "BLOCKED" | "APPROVED" | "LEASED" | "CONFIRMED" | "FAILED" | "UNKNOWN" | "STUCK" | "CANCELLED" | "COMPENSATING" | "COMPENSATED" | "COMPENSATION_FAILED" | "NO_COMPENSATION";
+        /** @description One edit of a command's arguments, made by a person as they approved it */
+        Revision: {
+            number: number;
+            /** @description The arguments the command is dispatched with */
+            args: Record<string, unknown>;
+            /** @description Their canonical hash */
+            args_hash: string;
+            /** @description The hash of the arguments they replaced */
+            previous_hash: string;
+            changes: {
+                /** @description JSON pointer into the arguments */
+                pointer: string;
+                /** @enum {unknown} */
+                kind: "added" | "removed" | "changed";
+                /** @description The value before (absent when added */
+                old?: unknown;
+                /** @description The value after (absent when removed */
+                new?: unknown;
+                /** @description The schema marks the field secret; its values are not kept */
+                secret?: boolean;
+            }[];
+            /** @description Who edited (their token's name) */
+            by: string;
+            reason: string;
+            at: components["schemas"]["Timestamp"];
+        };
         /** @description Why, for the audit chain; not blank, at most 1000 characters, no control characters but newlines */
         Reason: string;
         /** @description An upstream reference; not blank, at most 256 characters, no control characters but newlines */
@@ -964,6 +993,8 @@ export interface components {
                 reason: string;
                 at: components["schemas"]["Timestamp"];
             };
+            /** @description Approvers' edits of the arguments, oldest first; the command is dispatched with the last one's `args` (`args` and `args_hash` stay as submitted: the command's identity). */
+            revisions?: components["schemas"]["Revision"][];
             compensation?: components["schemas"]["Compensation"];
             owed_duplicates?: string[];
             /** @description The command is to be looked up once more when due (a duplicate, or a commit of a command decided FAILED or CANCELLED on absence). */
@@ -1623,7 +1654,15 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody: components["requestBodies"]["Reason"];
+        requestBody: {
+            content: {
+                "application/json": {
+                    reason: components["schemas"]["Reason"];
+                    /** @description The edited arguments, whole (not a patch); absent to approve the arguments as they are */
+                    args?: Record<string, unknown>;
+                };
+            };
+        };
         responses: {
             /** @description Applied; the audited transition and the command as stored */
             200: {

@@ -341,15 +341,32 @@ impl Api {
         let confined = self.must_confine(principal, &command.run_id);
         let run_id = command.run_id.clone();
         sluice_faults::point!("producer.reserve.pre");
-        let (reserved, blocked_by_budget) = self
+        let (command_key, args_hash) = (command.command_key.clone(), command.args_hash.clone());
+        let submitted = self
             .reserve_submission(command, audit, confined, &budgets, &rules, now)
             .instrument(span.clone())
-            .await
-            .inspect_err(|e| {
-                if e.code() == "budget_exceeded" {
-                    self.count(&tool_label, "over_budget");
+            .await;
+        // Arguments an approver edited the command to are its own (`crate::edit`): a
+        // re-submission of them is answered with the command, not refused as drift or as over
+        // a budget its own hold already counts.
+        let (reserved, blocked_by_budget) = match submitted {
+            Err(e) if e.code() == "budget_exceeded" => {
+                match self.edited(&run_id, &command_key, &args_hash).await? {
+                    Some(command) => (Ok(Reserved::Existing(command)), None),
+                    None => {
+                        self.count(&tool_label, "over_budget");
+                        return Err(e);
+                    }
                 }
-            })?;
+            }
+            Err(e) => return Err(e),
+            Ok((Err(LedgerError::ArgumentDrift { .. }), _))
+                if let Some(command) = self.edited(&run_id, &command_key, &args_hash).await? =>
+            {
+                (Ok(Reserved::Existing(command)), None)
+            }
+            Ok(answer) => answer,
+        };
         sluice_faults::point!("producer.reserve.post");
         drop(quota);
         span.record(
@@ -489,6 +506,25 @@ impl Api {
                 })
             }
         }
+    }
+
+    /// The command `run_id`/`command_key` if an approver edited it to arguments hashing to
+    /// `args_hash` (one of its revisions').
+    async fn edited(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        args_hash: &sluice_core::ids::ArgsHash,
+    ) -> Result<Option<Command>, ApiError> {
+        let command = self
+            .ctx
+            .ledger
+            .get(run_id, command_key)
+            .await
+            .map_err(|e| ApiError::unavailable(&e))?;
+        Ok(command.filter(|command| {
+            command.args_hash != *args_hash && command.answers_to(args_hash.as_str())
+        }))
     }
 
     fn count(&self, tool: &str, outcome: &str) {

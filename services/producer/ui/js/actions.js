@@ -131,8 +131,52 @@ function simple(action, title, intro) {
   });
 }
 
-const approveAction = simple('approve', 'Approve',
-  'The command is dispatched under the current policy version.');
+/** The arguments the command is dispatched with: its last revision's, else as submitted. */
+function currentArgs(command) {
+  const revisions = command.revisions || [];
+  return revisions.length ? revisions[revisions.length - 1].args : command.args;
+}
+
+/**
+ * The approve dialog: a reason, and the arguments as JSON — left as they are, the command is
+ * approved as it is; changed, it is approved edited to them (a revision of the same command,
+ * checked by the server against the schema, policy and budgets).
+ */
+function approveAction(command, onDone, details) {
+  const shown = JSON.stringify(currentArgs(command), null, 2);
+  openAction({
+    title: `Approve ${command.command_key}`,
+    intro: 'The command is dispatched under the current policy version. Edit its arguments below to correct them as you approve: the edit is recorded as a revision of the same command, under the same key.',
+    details,
+    fields: [
+      { name: 'reason', label: 'Reason', required: true, hint: 'Recorded in the audit chain with your token\'s name.' },
+      { name: 'args', label: 'Arguments (JSON)', required: false, hint: 'Left as they are: approved as submitted. Changed: approved with your edit, whole.' },
+    ],
+    buttons: [{
+      label: 'Approve',
+      kind: 'primary',
+      run: async (v) => {
+        const body = { reason: v.reason };
+        if ((v.args || '').trim() !== shown.trim()) {
+          try {
+            body.args = JSON.parse(v.args);
+          } catch (e) {
+            throw Object.assign(new Error(`the arguments are not JSON: ${e.message}`), { code: 'invalid_json' });
+          }
+        }
+        return audited(command.run_id, command.command_key,
+          await api(paths.action(command.run_id, command.command_key, 'approve'), { method: 'POST', body }));
+      },
+    }],
+    onDone,
+  });
+  const args = document.getElementById('f-args');
+  if (args) {
+    args.value = shown;
+    args.dataset.edit = 'args';
+    args.rows = Math.min(16, shown.split('\n').length + 1);
+  }
+}
 
 /**
  * Approve, showing what is approved: the run, the tool, the arguments (amounts formatted) and
@@ -145,7 +189,7 @@ export function approve(command, onDone) {
     h('dt', {}, 'Tool'), h('dd', { 'data-fact': 'tool' }, h('span', { class: 'mono' }, command.tool), ` (${command.semantics})`),
     h('dt', {}, 'Submitted by'), h('dd', {}, command.submitted_by || '—', ' at ', time(command.created_at)),
     h('dt', {}, 'Why it waits'), why,
-    h('dt', {}, 'Arguments'), h('dd', { 'data-fact': 'args' }, argsView(command.tool, command.args))));
+    h('dt', {}, 'Arguments'), h('dd', { 'data-fact': 'args' }, argsView(command.tool, currentArgs(command)))));
   api(paths.audit(command.run_id)).then((trail) => {
     const blocked = trail.entries.filter((e) => e.command_key === command.command_key && e.to === 'BLOCKED').pop();
     why.dataset.policyReason = blocked ? 'found' : 'none';

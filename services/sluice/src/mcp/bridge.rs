@@ -486,12 +486,61 @@ pub(super) fn settled(run: &RunId, key: &CommandKey, command: &Value) -> Outcome
             ),
         ),
     };
+    let (message, details) = with_edits(command, message, details);
     Outcome {
         is_error,
         message,
         details,
         retry_same: false,
     }
+}
+
+/// The outcome told with the approvers' edits of the command's arguments, if any: who changed
+/// which fields (old → new, a secret one by name only) and why, in the message and the details.
+fn with_edits(command: &Value, message: String, mut details: Value) -> (String, Value) {
+    let Some(revisions) = command["revisions"].as_array().filter(|r| !r.is_empty()) else {
+        return (message, details);
+    };
+    let told: Vec<String> = revisions
+        .iter()
+        .map(|revision| {
+            let changes: Vec<String> = revision["changes"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .map(|change| {
+                    let pointer = change["pointer"].as_str().unwrap_or("?");
+                    match (change.get("old"), change.get("new")) {
+                        (_, _) if change["secret"] == json!(true) => format!("{pointer} (secret)"),
+                        (Some(old), Some(new)) => format!("{pointer} from {old} to {new}"),
+                        (None, Some(new)) => format!("{pointer} set to {new}"),
+                        (Some(_), None) => format!("{pointer} removed"),
+                        (None, None) => pointer.to_owned(),
+                    }
+                })
+                .collect();
+            format!(
+                "{} changed {} ({})",
+                revision["by"].as_str().unwrap_or("an approver"),
+                changes.join(", "),
+                revision["reason"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    details["revisions"] = json!(
+        revisions
+            .iter()
+            .map(|r| json!({"number": r["number"], "by": r["by"], "reason": r["reason"], "changes": r["changes"]}))
+            .collect::<Vec<_>>()
+    );
+    (
+        format!(
+            "{message}. An approver edited its arguments before it ran, so it ran with theirs, not yours: {}. Do not call it again with your arguments",
+            told.join("; ")
+        ),
+        details,
+    )
 }
 
 /// How the model is told to ask after a call Sluice did not answer.
@@ -624,6 +673,31 @@ mod tests {
         for status in ["FAILED", "CANCELLED", "COMPENSATED"] {
             assert!(settled(&run, &key, &json!({"status": status})).is_error);
         }
+    }
+
+    #[test]
+    fn an_edit_tells_the_model_who_changed_which_arguments_and_why() {
+        let run = RunId::parse("r-1").expect("run");
+        let key = CommandKey::parse("d-1/payments/wire/0").expect("key");
+        let outcome = settled(
+            &run,
+            &key,
+            &json!({"status": "CONFIRMED", "revisions": [{"number": 1, "by": "alice", "reason": "invoice says 900", "changes": [
+                {"pointer": "/amount_minor", "kind": "changed", "old": 1500, "new": 900},
+                {"pointer": "/pin", "kind": "changed", "secret": true}
+            ]}]}),
+        );
+        assert!(!outcome.is_error);
+        assert!(
+            outcome.message.contains(
+                "alice changed /amount_minor from 1500 to 900, /pin (secret) (invoice says 900)"
+            ),
+            "{}",
+            outcome.message
+        );
+        assert_eq!(outcome.details["revisions"][0]["by"], "alice");
+        let plain = settled(&run, &key, &json!({"status": "CONFIRMED"}));
+        assert!(!plain.message.contains("edited"), "{}", plain.message);
     }
 
     #[test]

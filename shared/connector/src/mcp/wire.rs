@@ -54,14 +54,14 @@ pub fn dispatch_arguments(
     binding: &McpBinding,
     command: &Command,
 ) -> Result<Map<String, Value>, String> {
-    let mut arguments = match command.args.as_ref() {
+    let mut arguments = match command.current_args().as_ref() {
         Value::Object(members) => Value::Object(members.clone()),
         _ => Value::Object(Map::new()),
     };
     let keys = keys(command, None, None);
     for (name, template) in &binding.set_arguments {
         let value = template
-            .render(&command.args, &keys)
+            .render(command.current_args(), &keys)
             .map_err(|e| format!("set_arguments {name}: {e}"))?;
         place(&mut arguments, name, value).map_err(|e| format!("set_arguments {name}: {e}"))?;
     }
@@ -139,7 +139,7 @@ pub fn call_arguments(
     compensation_key: Option<&str>,
 ) -> Result<Map<String, Value>, RenderError> {
     let keys = keys(command, external_ref, compensation_key);
-    match call.arguments.render(&command.args, &keys)? {
+    match call.arguments.render(command.current_args(), &keys)? {
         Some(Value::Object(members)) => Ok(members),
         Some(_) | None => Ok(Map::new()),
     }
@@ -431,7 +431,7 @@ pub fn needle(
     contains: &sluice_core::catalog::Template,
     command: &Command,
 ) -> Result<String, RenderError> {
-    render_text(contains, &command.args, &keys(command, None, None))
+    render_text(contains, command.current_args(), &keys(command, None, None))
 }
 
 /// A template that renders to an object, for tests and previews.
@@ -439,7 +439,7 @@ pub fn render_object(
     template: &BodyTemplate,
     command: &Command,
 ) -> Result<Option<Value>, RenderError> {
-    template.render(&command.args, &keys(command, None, None))
+    template.render(command.current_args(), &keys(command, None, None))
 }
 
 #[cfg(test)]

@@ -207,6 +207,10 @@ pub enum Event {
     Approve {
         operator: Operator,
         policy_version: String,
+        /// The approver's edit of the arguments (`crate::revision`), recorded as the command's
+        /// next revision with the approval; `None` approves the arguments as they are.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        revision: Option<Box<crate::revision::Revision>>,
     },
     Reject {
         operator: Operator,
@@ -480,4 +484,8 @@ pub enum Refusal {
     JobClaimed { until: Timestamp },
     #[error("the lease already runs until {expires_at}")]
     LeaseNotExtended { expires_at: Timestamp },
+    #[error(
+        "the edit was made as revision {given}, but the command is at revision {current}: another edit came first"
+    )]
+    StaleRevision { current: u32, given: u32 },
 }

@@ -3,12 +3,14 @@
 
 use super::*;
 use crate::command::Rejection;
+use crate::revision::Revision;
 
 /// `Event::Approve`.
 pub(super) fn approve(
     a: &Apply<'_>,
     operator: &Operator,
     policy_version: &str,
+    revision: Option<&Revision>,
 ) -> Result<Step, Refusal> {
     use CommandStatus as S;
     let Apply { rules, now, .. } = *a;
@@ -26,11 +28,35 @@ pub(super) fn approve(
                 policy_version: policy_version.to_owned(),
             }));
             next.due_at = Some(now.plus_millis(rules.pending_stale_ms));
+            let Some(revision) = revision else {
+                return Ok(step(
+                    next,
+                    vec![Action::Dispatch],
+                    operator.reason.clone(),
+                    Value::Null,
+                ));
+            };
+            // An edit made against the revision the approver saw: one made meanwhile wins, and
+            // this one is refused rather than silently stacked on it.
+            let current = u32::try_from(a.state.revisions.len()).unwrap_or(u32::MAX);
+            if revision.number != current.saturating_add(1) {
+                return Err(Refusal::StaleRevision {
+                    current,
+                    given: revision.number,
+                });
+            }
+            next.revisions.push(revision.clone());
+            let reason = format!(
+                "approved with edited arguments (revision {}: {}): {}",
+                revision.number,
+                revision.pointers(),
+                operator.reason
+            );
             Ok(step(
                 next,
                 vec![Action::Dispatch],
-                operator.reason.clone(),
-                Value::Null,
+                reason,
+                revision.summary(),
             ))
         }
         S::Scheduled

@@ -197,6 +197,7 @@ fn samples() -> Vec<(&'static str, Event)> {
             Event::Approve {
                 operator: op("checked the beneficiary"),
                 policy_version: "1".into(),
+                revision: None,
             },
         ),
         (
@@ -895,6 +896,7 @@ fn operator_actions_need_a_reason() {
         Event::Approve {
             operator: op(""),
             policy_version: "1".into(),
+            revision: None,
         },
     ] {
         assert_eq!(
@@ -967,6 +969,7 @@ fn approval_records_who_and_under_which_policy() {
         Event::Approve {
             operator: op("called the customer"),
             policy_version: "2026-11".into(),
+            revision: None,
         },
     );
     let approval = approved.state.approval.clone().expect("recorded");
@@ -1224,7 +1227,8 @@ fn arb_event() -> impl Strategy<Value = Event> {
         }),
         arb_operator().prop_map(|operator| Event::Approve {
             operator,
-            policy_version: "1".into()
+            policy_version: "1".into(),
+            revision: None,
         }),
         arb_operator().prop_map(|operator| Event::Reject { operator }),
         arb_operator().prop_map(|operator| Event::Cancel { operator }),

@@ -243,7 +243,9 @@ impl CqlLedger {
         .await
     }
 
-    /// [`sluice_ledger::BudgetStore::budget_hold`].
+    /// [`sluice_ledger::BudgetStore::budget_hold`], and with `net`
+    /// [`sluice_ledger::BudgetStore::budget_rehold`]: the command's other counted holds on a
+    /// counter are left out of whether a line fits, in the same LWT that checks it.
     pub(super) async fn hold_budget(
         &self,
         run_id: &RunId,
@@ -251,10 +253,12 @@ impl CqlLedger {
         tag: &str,
         lines: &[BudgetLine],
         mode: HoldMode,
+        net: bool,
     ) -> Result<Held, LedgerError> {
         self.inner.stats.call(Op::Budget);
         let (run, key) = (run_id.as_str(), command_key.as_str());
         let who = holder(run, key, tag);
+        let prefix = command_prefix(run, key);
         let mut taken: Vec<&str> = Vec::new();
         for line in lines {
             // Indexed first, so whatever the LWT does is found by the command's status changes.
@@ -289,8 +293,20 @@ impl CqlLedger {
                         holds.insert(who.clone(), (line.amount, state));
                         return Decision::Write(used, Some(Ok(())));
                     }
-                    if !fits(used, line.amount, line.limit) {
-                        return Decision::Leave(Some(Err(used)));
+                    let elsewhere: i64 = if net {
+                        holds
+                            .range(prefix.clone()..)
+                            .take_while(|(other, _)| other.starts_with(&prefix))
+                            .filter(|(other, (_, state))| {
+                                **other != who && *state == HoldState::Held
+                            })
+                            .map(|(_, (amount, _))| amount)
+                            .sum()
+                    } else {
+                        0
+                    };
+                    if !fits(used - elsewhere, line.amount, line.limit) {
+                        return Decision::Leave(Some(Err(used - elsewhere)));
                     }
                     holds.insert(who.clone(), (line.amount, state));
                     Decision::Write(used + line.amount, Some(Ok(())))
@@ -331,7 +347,7 @@ impl CqlLedger {
     ) -> Result<Budgeted, LedgerError> {
         let (run_id, command_key) = (command.run_id.clone(), command.command_key.clone());
         let held = self
-            .hold_budget(&run_id, &command_key, tag, lines, mode)
+            .hold_budget(&run_id, &command_key, tag, lines, mode, false)
             .await?;
         if let Held::Exceeded { line, used } = held {
             return Ok(Budgeted::Exceeded { line, used });
@@ -362,6 +378,45 @@ impl CqlLedger {
         let who = holder(run, key, tag);
         for counter in self.budget_counters_of(run, key).await? {
             self.budget_remove(&counter, &who).await?;
+        }
+        Ok(())
+    }
+
+    /// [`sluice_ledger::BudgetStore::budget_supersede`]: one LWT per counter the command holds.
+    pub(super) async fn supersede_budget(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        keep: &str,
+    ) -> Result<(), LedgerError> {
+        self.inner.stats.call(Op::Budget);
+        let (run, key) = (run_id.as_str(), command_key.as_str());
+        let prefix = command_prefix(run, key);
+        let kept = holder(run, key, keep);
+        for counter in self.budget_counters_of(run, key).await? {
+            self.budget_update(&counter, None, |used, holds| {
+                let mut used = used;
+                let mut moved = false;
+                for (who, (amount, state)) in holds
+                    .range_mut(prefix.clone()..)
+                    .take_while(|(who, _)| who.starts_with(&prefix))
+                {
+                    if *who == kept || *state == HoldState::Moved {
+                        continue;
+                    }
+                    if *state == HoldState::Held {
+                        used -= *amount;
+                    }
+                    *state = HoldState::Moved;
+                    moved = true;
+                }
+                if moved {
+                    Decision::Write(used, ())
+                } else {
+                    Decision::Leave(())
+                }
+            })
+            .await?;
         }
         Ok(())
     }
@@ -491,8 +546,29 @@ impl sluice_ledger::BudgetStore for CqlLedger {
         lines: &[sluice_core::budget::BudgetLine],
         mode: sluice_ledger::HoldMode,
     ) -> Result<sluice_ledger::Held, LedgerError> {
-        self.hold_budget(run_id, command_key, tag, lines, mode)
+        self.hold_budget(run_id, command_key, tag, lines, mode, false)
             .await
+    }
+
+    async fn budget_rehold(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        tag: &str,
+        lines: &[sluice_core::budget::BudgetLine],
+        mode: sluice_ledger::HoldMode,
+    ) -> Result<sluice_ledger::Held, LedgerError> {
+        self.hold_budget(run_id, command_key, tag, lines, mode, true)
+            .await
+    }
+
+    async fn budget_supersede(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        keep: &str,
+    ) -> Result<(), LedgerError> {
+        self.supersede_budget(run_id, command_key, keep).await
     }
 
     async fn budget_unhold(

@@ -15,11 +15,11 @@ use super::{command, fresh_run, reserve_new, step};
 use crate::{Held, HoldMode, Ledger};
 
 /// A budget name (and so a counter) no other check or concurrent test process uses.
-fn fresh_budget(label: &str) -> String {
+pub(super) fn fresh_budget(label: &str) -> String {
     fresh_run(label).to_string().to_ascii_lowercase()
 }
 
-fn line(budget: &str, amount: i64, limit: i64) -> BudgetLine {
+pub(super) fn line(budget: &str, amount: i64, limit: i64) -> BudgetLine {
     BudgetLine {
         budget: budget.to_owned(),
         counter: counter_key(budget, "acme", 0, "EUR"),
@@ -34,7 +34,7 @@ fn line(budget: &str, amount: i64, limit: i64) -> BudgetLine {
     }
 }
 
-async fn used(ledger: &dyn Ledger, budget: &str) -> (i64, u64) {
+pub(super) async fn used(ledger: &dyn Ledger, budget: &str) -> (i64, u64) {
     let counters = ledger.budget_counters(budget, 0).await.expect("counters");
     assert!(counters.len() <= 1, "one scope and currency: {counters:?}");
     counters
@@ -44,11 +44,11 @@ async fn used(ledger: &dyn Ledger, budget: &str) -> (i64, u64) {
 
 const TAG: &str = "hash:agent";
 
-fn key(i: u32) -> CommandKey {
+pub(super) fn key(i: u32) -> CommandKey {
     CommandKey::new(i, "payments/wire".parse().expect("a tool"), 0)
 }
 
-async fn hold(ledger: &dyn Ledger, run: &RunId, i: u32, line: &BudgetLine) -> Held {
+pub(super) async fn hold(ledger: &dyn Ledger, run: &RunId, i: u32, line: &BudgetLine) -> Held {
     ledger
         .budget_hold(
             run,
@@ -247,6 +247,7 @@ pub async fn budget_holds_follow_the_command_status(ledger: Arc<dyn Ledger>) {
             Event::Approve {
                 operator: operator(),
                 policy_version: "1".into(),
+                revision: None,
             },
         ))
         .await

@@ -14,6 +14,31 @@ use super::schema::map_err;
 use super::writer::{BudgetHoldOp, Op, Reply};
 use crate::{BudgetStore, Budgeted, Held, HoldMode, LedgerError, Reserved};
 
+impl SqliteLedger {
+    async fn hold_op(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        tag: &str,
+        lines: &[BudgetLine],
+        mode: HoldMode,
+        net: bool,
+    ) -> Result<Held, LedgerError> {
+        let op = Op::BudgetHold {
+            run_id: run_id.to_string(),
+            command_key: command_key.to_string(),
+            tag: tag.to_owned(),
+            lines: lines.to_vec(),
+            mode,
+            net,
+        };
+        match self.submit(op).await?.result? {
+            Reply::Budget(Some(held)) => Ok(held),
+            _ => Err(LedgerError::Closed),
+        }
+    }
+}
+
 #[async_trait]
 impl BudgetStore for SqliteLedger {
     async fn budget_hold(
@@ -27,15 +52,38 @@ impl BudgetStore for SqliteLedger {
         if lines.is_empty() {
             return Ok(Held::Already);
         }
-        let op = Op::BudgetHold {
+        self.hold_op(run_id, command_key, tag, lines, mode, false)
+            .await
+    }
+
+    async fn budget_rehold(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        tag: &str,
+        lines: &[BudgetLine],
+        mode: HoldMode,
+    ) -> Result<Held, LedgerError> {
+        if lines.is_empty() {
+            return Ok(Held::Already);
+        }
+        self.hold_op(run_id, command_key, tag, lines, mode, true)
+            .await
+    }
+
+    async fn budget_supersede(
+        &self,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        keep: &str,
+    ) -> Result<(), LedgerError> {
+        let op = Op::BudgetSupersede {
             run_id: run_id.to_string(),
             command_key: command_key.to_string(),
-            tag: tag.to_owned(),
-            lines: lines.to_vec(),
-            mode,
+            keep: keep.to_owned(),
         };
         match self.submit(op).await?.result? {
-            Reply::Budget(Some(held)) => Ok(held),
+            Reply::Budget(None) => Ok(()),
             _ => Err(LedgerError::Closed),
         }
     }

@@ -122,6 +122,15 @@ pub(super) enum Op {
         tag: String,
         lines: Vec<sluice_core::budget::BudgetLine>,
         mode: crate::HoldMode,
+        /// An edit's hold (`BudgetStore::budget_rehold`): the command's other counted holds on
+        /// a counter are left out of whether a line fits.
+        net: bool,
+    },
+    /// A command's holds but `keep`'s marked moved (`BudgetStore::budget_supersede`).
+    BudgetSupersede {
+        run_id: String,
+        command_key: String,
+        keep: String,
     },
     /// A command's budget holds removed (`BudgetStore::budget_unhold`).
     BudgetUnhold {

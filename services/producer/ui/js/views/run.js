@@ -78,10 +78,14 @@ function effectCard(c, entries, open, reload) {
     fact('Last look pending', c.verify_pending),
     fact('Marked by a rollback', c.rollback_pending !== undefined ? `epoch ${c.rollback_pending}` : null),
     fact('Approval', c.approval ? [`${c.approval.approver}: “${c.approval.reason}” at `, time(c.approval.at)] : null),
+    fact('Edited', c.revisions && c.revisions.length ? h('ol', { 'data-revisions': String(c.revisions.length) }, c.revisions.map((r) => h('li', {},
+      `${r.by}: “${r.reason}” at `, time(r.at), ' — ',
+      r.changes.map((x) => (x.secret ? `${x.pointer} (secret)` : `${x.pointer} ${JSON.stringify(x.old)} → ${JSON.stringify(x.new)}`)).join(', ')))) : null),
     fact('Compensation', c.compensation ? [`${c.compensation.attempts} attempts`, c.compensation.reference ? `, ref ${c.compensation.reference}` : '', c.compensation.detail ? `, ${c.compensation.detail}` : ''] : null),
     fact('Owed duplicates', c.owed_duplicates && c.owed_duplicates.length ? c.owed_duplicates.join(', ') : null)),
   h('div', { class: 'cols' },
-    h('div', {}, h('h3', {}, 'Arguments'), argsView(c.tool, c.args)),
+    h('div', {}, h('h3', {}, c.revisions && c.revisions.length ? 'Arguments (as edited)' : 'Arguments'),
+      argsView(c.tool, c.revisions && c.revisions.length ? c.revisions[c.revisions.length - 1].args : c.args)),
     h('div', {}, h('h3', {}, 'Result'), c.result === undefined ? h('p', { class: 'muted' }, 'No result yet.') : json(c.result))),
   h('h3', {}, 'Timeline'), timeline(entries));
   details.addEventListener('toggle', () => {

@@ -17,6 +17,7 @@ impl Writer {
         tag: &str,
         lines: &[BudgetLine],
         mode: HoldMode,
+        net: bool,
     ) -> Result<Held, rusqlite::Error> {
         let mut fresh = Vec::with_capacity(lines.len());
         for line in lines {
@@ -39,7 +40,13 @@ impl Writer {
         }
         if mode == HoldMode::Enforce {
             for line in &fresh {
-                let used = self.budget_used(&line.counter)?;
+                let mut used = self.budget_used(&line.counter)?;
+                if net {
+                    // An edit moves the command's hold: what its other holds count on this
+                    // counter is given back when the edit is written (`budget_supersede`).
+                    used -=
+                        self.budget_counted_elsewhere(run_id, command_key, tag, &line.counter)?;
+                }
                 if !fits(used, line.amount, line.limit) {
                     return Ok(Held::Exceeded {
                         line: Box::new((*line).clone()),
@@ -107,6 +114,55 @@ impl Writer {
                 Ok((row.get(0)?, row.get(1)?, row.get(2)?))
             })?
             .collect()
+    }
+
+    /// What the command's counted holds under tags other than `tag` hold on `counter`.
+    fn budget_counted_elsewhere(
+        &self,
+        run_id: &str,
+        command_key: &str,
+        tag: &str,
+        counter: &str,
+    ) -> Result<i64, rusqlite::Error> {
+        self.conn
+            .prepare_cached(
+                "SELECT COALESCE(SUM(amount), 0) FROM budget_holds \
+                 WHERE run_id = ?1 AND command_key = ?2 AND tag <> ?3 AND counter = ?4 \
+                 AND state = 'held'",
+            )?
+            .query_row(params![run_id, command_key, tag, counter], |row| row.get(0))
+    }
+
+    /// Marks the command's holds under tags other than `keep` moved, giving back what they
+    /// counted (`BudgetStore::budget_supersede`).
+    pub(super) fn budget_supersede(
+        &mut self,
+        run_id: &str,
+        command_key: &str,
+        keep: &str,
+    ) -> Result<(), rusqlite::Error> {
+        for (tag, counter, amount, state) in self.budget_holds(run_id, command_key)? {
+            let state = HoldState::parse(&state);
+            if tag == keep || state == Some(HoldState::Moved) {
+                continue;
+            }
+            if state == Some(HoldState::Held) {
+                self.budget_count(&counter, -amount, -1)?;
+            }
+            self.conn
+                .prepare_cached(
+                    "UPDATE budget_holds SET state = ?5 \
+                     WHERE run_id = ?1 AND command_key = ?2 AND tag = ?3 AND counter = ?4",
+                )?
+                .execute(params![
+                    run_id,
+                    command_key,
+                    tag,
+                    counter,
+                    HoldState::Moved.as_str()
+                ])?;
+        }
+        Ok(())
     }
 
     fn budget_used(&self, counter: &str) -> Result<i64, rusqlite::Error> {

@@ -40,6 +40,7 @@ impl Writer {
                         &budget.tag,
                         &budget.lines,
                         budget.mode,
+                        false,
                     )?),
                     None => None,
                 };
@@ -151,13 +152,23 @@ impl Writer {
                 tag,
                 lines,
                 mode,
+                net,
             } => Ok(Reply::Budget(Some(self.budget_hold(
                 run_id,
                 command_key,
                 tag,
                 lines,
                 *mode,
+                *net,
             )?))),
+            Op::BudgetSupersede {
+                run_id,
+                command_key,
+                keep,
+            } => {
+                self.budget_supersede(run_id, command_key, keep)?;
+                Ok(Reply::Budget(None))
+            }
             Op::BudgetUnhold {
                 run_id,
                 command_key,
