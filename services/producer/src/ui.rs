@@ -103,7 +103,7 @@ fn serve(path: &str) -> Response {
 }
 
 /// Adds the console's security headers to `response`.
-fn secured(mut response: Response) -> Response {
+pub(crate) fn secured(mut response: Response) -> Response {
     let headers = response.headers_mut();
     for (name, value) in [
         (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),

@@ -263,7 +263,9 @@ mod tests {
         let key = LinkKey::new(SECRET).expect("key");
         let token = key.sign(&claims(1_000, 60));
         assert!(token.starts_with("v1."), "{token}");
-        let opened = key.open(&token, Timestamp::from_millis(60_999)).expect("open");
+        let opened = key
+            .open(&token, Timestamp::from_millis(60_999))
+            .expect("open");
         assert_eq!(opened, claims(1_000, 60));
         assert_eq!(opened.check(&binding()), Ok(()));
         assert_eq!(
@@ -286,8 +288,18 @@ mod tests {
         let (_, body_and_tag) = forged_body.split_once('.').expect("dot");
         let (body, _) = body_and_tag.split_once('.').expect("dot");
         let (_, tag) = token.rsplit_once('.').expect("dot");
-        assert_eq!(key.open(&format!("v1.{body}.{tag}"), now), Err(Gone::Forged));
-        for bad in ["", "v1", "v1..", "v2.a.b", "v1.a.b.c", &token[..token.len() - 2]] {
+        assert_eq!(
+            key.open(&format!("v1.{body}.{tag}"), now),
+            Err(Gone::Forged)
+        );
+        for bad in [
+            "",
+            "v1",
+            "v1..",
+            "v2.a.b",
+            "v1.a.b.c",
+            &token[..token.len() - 2],
+        ] {
             assert_eq!(key.open(bad, now), Err(Gone::Forged), "{bad:?}");
         }
         // An expired forgery is forged, not expired: nothing unverified is read.

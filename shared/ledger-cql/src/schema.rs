@@ -41,7 +41,7 @@ const APPLIED_BY: &str = concat!("sluice ", env!("CARGO_PKG_VERSION"));
 const RECORD_TABLE: &str = "schema_migrations";
 
 /// Schema files in order; each is applied whole, every statement idempotent.
-const SCHEMA_FILES: [(&str, &str); 9] = [
+const SCHEMA_FILES: [(&str, &str); 10] = [
     (
         "001_schema.cql",
         include_str!("../../../schemas/cql/001_schema.cql"),
@@ -77,6 +77,10 @@ const SCHEMA_FILES: [(&str, &str); 9] = [
     (
         "009_budgets.cql",
         include_str!("../../../schemas/cql/009_budgets.cql"),
+    ),
+    (
+        "010_approval_links.cql",
+        include_str!("../../../schemas/cql/010_approval_links.cql"),
     ),
 ];
 

@@ -40,10 +40,12 @@ pub enum Op {
     Webhook,
     /// Spend budgets' counters and holds.
     Budget,
+    /// Approval links' uses.
+    Link,
 }
 
 impl Op {
-    pub const ALL: [Self; 17] = [
+    pub const ALL: [Self; 18] = [
         Self::Reserve,
         Self::ClaimBusinessKey,
         Self::Lease,
@@ -61,6 +63,7 @@ impl Op {
         Self::Flow,
         Self::Webhook,
         Self::Budget,
+        Self::Link,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -82,6 +85,7 @@ impl Op {
             Self::Flow => "flow_controls",
             Self::Webhook => "webhooks",
             Self::Budget => "budgets",
+            Self::Link => "approval_links",
         }
     }
 

@@ -73,7 +73,9 @@ macro_rules! ledger_contract_tests {
             budget_holds_fit_up_to_the_limit_once_per_command,
             thirty_two_racing_holds_never_pass_the_limit,
             budget_holds_follow_the_command_status,
-            a_reservation_and_its_holds_are_one_step
+            a_reservation_and_its_holds_are_one_step,
+            an_approval_link_is_used_once,
+            sixteen_racing_uses_of_one_link_have_one_winner
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
@@ -90,6 +92,7 @@ macro_rules! ledger_contract_tests {
 mod budgets;
 mod closing;
 mod flow;
+mod links;
 mod newer;
 mod purge_preview;
 mod shards;
@@ -104,6 +107,7 @@ pub use flow::{
     flow_controls_are_written_under_their_version_and_read_back_whole,
     sixteen_racing_breaker_writers_have_one_winner,
 };
+pub use links::{an_approval_link_is_used_once, sixteen_racing_uses_of_one_link_have_one_winner};
 pub use newer::{NewerWriter, a_command_of_a_newer_status_is_left_to_a_newer_build};
 pub use purge_preview::a_dry_run_purge_reports_what_a_purge_would_remove_and_removes_nothing;
 pub use shards::{
