@@ -27,6 +27,7 @@ const SERVED: &[(&str, &str)] = &[
     ("DELETE", "/v1/runs/{run_id}/effects/{command_key}"),
     ("POST", "/v1/runs/{run_id}/effects/{command_key}:approve"),
     ("POST", "/v1/runs/{run_id}/effects/{command_key}:reject"),
+    ("POST", "/v1/runs/{run_id}/effects/{command_key}:approval-link"),
     ("POST", "/v1/runs/{run_id}/effects/{command_key}:cancel"),
     ("POST", "/v1/runs/{run_id}/effects/{command_key}:replay"),
     ("POST", "/v1/runs/{run_id}/effects/{command_key}:resolve"),
@@ -44,6 +45,9 @@ const SERVED: &[(&str, &str)] = &[
     ("GET", "/ui"),
     ("GET", "/ui/"),
     ("GET", "/ui/{path}"),
+    ("GET", "/approve/{token}"),
+    ("POST", "/approve/{token}"),
+    ("GET", "/approve/assets/{name}"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
@@ -204,6 +208,7 @@ async fn the_server_answers_as_the_openapi_document_says() {
         |config| {
             tokens::install(config);
             config.producer.console = Some(true);
+            config.approval_links.secret = Some("an approval-link key of 32 bytes or more".into());
         },
     )
     .await;
@@ -514,6 +519,55 @@ async fn the_server_answers_as_the_openapi_document_says() {
     const RESOLVE: &str = "/v1/runs/{run_id}/effects/{command_key}:resolve";
     let act = |key: &str, action: &str| format!("{}:{action}", key_path(key));
     let wire = "d-4/payments/wire/0";
+    const LINK: &str = "/v1/runs/{run_id}/effects/{command_key}:approval-link";
+    const LINK_PAGE: &str = "/approve/{token}";
+    spec.call(
+        &operator,
+        "POST",
+        LINK,
+        &act(wire, "approval-link"),
+        Some(json!({})),
+        403,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        LINK,
+        &act(wire, "approval-link"),
+        Some(json!({"expires_in_s": 1})),
+        422,
+    )
+    .await;
+    let issued = spec
+        .call(
+            &admin,
+            "POST",
+            LINK,
+            &act(wire, "approval-link"),
+            Some(json!({"expires_in_s": 3600, "for": "oncall@example.com"})),
+            201,
+        )
+        .await;
+    let url = issued.body["url"].as_str().expect("a url");
+    let page = &url[url.find("/approve/").expect("an /approve/ path")..];
+    spec.call(&nobody, "GET", LINK_PAGE, page, None, 200).await;
+    spec.call(
+        &nobody,
+        "POST",
+        LINK_PAGE,
+        page,
+        Some(json!({"decision": "maybe", "reason": "x"})),
+        422,
+    )
+    .await;
+    for (path, expect) in [
+        ("/approve/assets/approve.js", 200),
+        ("/approve/assets/nothing.js", 404),
+    ] {
+        spec.call(&nobody, "GET", "/approve/assets/{name}", path, None, expect)
+            .await;
+    }
     spec.call(
         &admin,
         "POST",
@@ -538,6 +592,26 @@ async fn the_server_answers_as_the_openapi_document_says() {
         APPROVE,
         &act(wire, "approve"),
         Some(json!({"reason": "again"})),
+        409,
+    )
+    .await;
+    // Approved another way: the link decides nothing now, and no new one is given.
+    spec.call(&nobody, "GET", LINK_PAGE, page, None, 410).await;
+    spec.call(
+        &nobody,
+        "POST",
+        LINK_PAGE,
+        page,
+        Some(json!({"decision": "approve", "reason": "late"})),
+        410,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        LINK,
+        &act(wire, "approval-link"),
+        Some(json!({})),
         409,
     )
     .await;

@@ -64,6 +64,7 @@ const ASSETS: &[Asset] = &[
     asset!("js/views/audit.js", JS),
     asset!("js/views/overview.js", JS),
     asset!("js/views/flow.js", JS),
+    asset!("js/views/budgets.js", JS),
 ];
 
 /// The console's routes, or none when it is not enabled (`/ui` is then no route, 404).

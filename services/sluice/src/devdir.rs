@@ -1,7 +1,8 @@
 //! What `sluice dev` keeps in its data directory besides the ledger: a lock, so a second
 //! process on the same directory is refused (naming the holder's pid) instead of running a
 //! second writer beside the first; and the generated admin token, so a restart keeps the token
-//! the console and scripts were given.
+//! the console and scripts were given; and the generated approval-link key, so links given out
+//! before a restart still open.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -12,6 +13,9 @@ use std::path::{Path, PathBuf};
 pub const LOCK_FILE: &str = "sluice-dev.lock";
 /// The generated admin token's file in the data directory (readable by its owner only).
 pub const TOKEN_FILE: &str = "admin-token";
+/// The generated approval-link key's file in the data directory (readable by its owner only):
+/// links issued before a restart still open after it.
+pub const LINK_KEY_FILE: &str = "approval-link.key";
 
 /// Why the data directory cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +77,17 @@ pub fn admin_token(
     dir: &Path,
     generate: impl FnOnce() -> String,
 ) -> Result<(String, bool), DevDirError> {
-    let path = dir.join(TOKEN_FILE);
+    kept_secret(dir, TOKEN_FILE, generate)
+}
+
+/// The secret kept in `file` of the data directory, or `generate()`'s, written there (mode
+/// 0600) for the next start. Returns the secret and whether it was generated now.
+pub fn kept_secret(
+    dir: &Path,
+    file: &str,
+    generate: impl FnOnce() -> String,
+) -> Result<(String, bool), DevDirError> {
+    let path = dir.join(file);
     let io = |source| DevDirError::Io {
         path: path.clone(),
         source,

@@ -45,13 +45,14 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .models import Effect, Rejection, RollbackProgress, RollbackStep
+from .models import ApprovalLink, Effect, Rejection, RollbackProgress, RollbackStep
 
 __all__ = [
     "IDEMPOTENT",
     "NON_IDEMPOTENT",
     "OBSERVE_ONLY",
     "ApiError",
+    "ApprovalLink",
     "ArgumentDrift",
     "AsyncClient",
     "AsyncRun",
