@@ -775,8 +775,26 @@ def an_expired_or_edited_link_answers_410_and_changes_nothing(browser):
 @test
 def a_rejection_through_a_link_reaches_the_agent_with_its_reason(browser):
     key = blocked_wire("r-link-reject", "acc-reject")
-    link = approval_link("r-link-reject", key)
-    page = browser.new_page()
+    # The link made from the console, as an admin would.
+    console = browser.new_page()
+    sign_in(console, "admin")
+    console.goto(ARGS.base + "/ui/#/run/r-link-reject")
+    card = console.locator(f"details[data-key='{key}']")
+    expect(card).to_have_attribute("data-status", "BLOCKED")
+    if card.get_attribute("open") is None:
+        card.locator(":scope > summary").click()
+    card.locator("[data-action=link]").click()
+    dialog = console.locator("#action")
+    dialog.locator("input[name=for]").fill("bob@example.com")
+    dialog.locator("button", has_text="Create link").click()
+    url_field = dialog.locator("#link-url")
+    expect(url_field).to_be_visible()
+    url = url_field.input_value()
+    assert url.startswith(ARGS.base + "/approve/v1."), url
+    shot(console, "approval-link-created")
+    link = {"url": url, "link_id": dialog.locator("[data-result=link] label").inner_text().split()[1].rstrip(",")}
+    console.close()
+    page = browser.new_page()  # another tab: no token in its session storage
     page.goto(link["url"])
     expect(page.locator("#command")).to_be_visible()
     # No reason: refused on the page, nothing sent.
