@@ -275,7 +275,7 @@ async fn only_a_blocked_command_gets_a_link_and_bad_input_is_named() {
             answer.body
         );
         assert_eq!(
-            answer.body["details"]["pointer"], pointer,
+            answer.body["error"]["details"]["pointer"], pointer,
             "{:?}",
             answer.body
         );

@@ -238,12 +238,18 @@ async fn still_good(
     if command.status() != CommandStatus::Blocked {
         return Err(Failure::Gone(Gone::Decided));
     }
-    Ok(of_command()
-        .filter(|e| e.record.to == Some(CommandStatus::Blocked))
-        .last()
+    Ok(trail
+        .entries
+        .iter()
+        .rev()
+        .find(|e| {
+            e.record.command_key.as_ref() == Some(&command.command_key)
+                && e.record.to == Some(CommandStatus::Blocked)
+        })
         .map(|e| e.record.reason.clone()))
 }
 
+#[derive(Debug)]
 enum Failure {
     Gone(Gone),
     Api(ApiError),

@@ -655,10 +655,7 @@ export interface paths {
         parameters: {
             query?: never;
             header?: never;
-            path: {
-                /** @description An approval link's token (`POST …:approval-link`); it is the credential */
-                token: string;
-            };
+            path?: never;
             cookie?: never;
         };
         /**
