@@ -104,9 +104,7 @@ def test_an_approval_link_approves_the_blocked_effect_once(
         refund("o-link", 2600)
     key = blocked.value.command_key
     with sluice.Client(server.url, server.admin_token) as admin:
-        link = admin.run(run_id).approval_link(
-            key, expires_in=600, recipient="finance@example.com"
-        )
+        link = admin.run(run_id).approval_link(key, expires_in=600, recipient="finance@example.com")
     assert link.url.startswith(f"{server.url}/approve/v1."), link
     assert link.recipient == "finance@example.com"
     assert link.url not in repr(link)  # the token stays out of logs

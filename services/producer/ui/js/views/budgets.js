@@ -21,7 +21,7 @@ function counters(budget) {
     return h('p', { class: 'muted', 'data-empty': '1' }, 'Nothing held in this window.');
   }
   return h('table', { 'aria-label': `Counters of ${budget.name}` },
-    h('thead', {}, h('tr', {}, [budget.scope, 'Currency', 'Held', 'Limit', 'Remaining', 'Commands holding']
+    h('thead', {}, h('tr', {}, [budget.scope.charAt(0).toUpperCase() + budget.scope.slice(1), 'Currency', 'Held', 'Limit', 'Remaining', 'Commands holding']
       .map((c) => h('th', { scope: 'col' }, c)))),
     h('tbody', {}, budget.counters.map((c) => h('tr', {
       'data-scope-value': c.scope_value, 'data-currency': c.currency, 'data-held': String(c.used),
