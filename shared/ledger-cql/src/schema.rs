@@ -659,7 +659,8 @@ mod tests {
                 "ALTER TABLE sluice_test.audit WITH compaction = {'class': 'SizeTieredCompactionStrategy', 'tombstone_threshold': '0.2', 'unchecked_tombstone_compaction': 'true'} AND gc_grace_seconds = 864000",
                 "budget_counters",
                 "budget_windows",
-                "budget_command_holds"
+                "budget_command_holds",
+                "approval_link_uses"
             ]
         );
         assert!(
