@@ -144,4 +144,22 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o077, 0, "only its owner may read it: {mode:o}");
     }
+
+    #[test]
+    fn the_approval_link_key_is_kept_beside_the_token_and_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (first, generated) =
+            kept_secret(dir.path(), LINK_KEY_FILE, || "k".repeat(64)).expect("kept");
+        assert!(generated);
+        let (second, generated) =
+            kept_secret(dir.path(), LINK_KEY_FILE, || "other".into()).expect("read back");
+        assert_eq!((second.as_str(), generated), (first.as_str(), false));
+        assert!(!dir.path().join(TOKEN_FILE).exists(), "a file of its own");
+        let mode = std::fs::metadata(dir.path().join(LINK_KEY_FILE))
+            .expect("exists")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "only its owner may read it: {mode:o}");
+    }
 }
