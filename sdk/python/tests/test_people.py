@@ -120,3 +120,21 @@ def test_an_approval_link_approves_the_blocked_effect_once(
     with client.run(run_id):
         result = refund("o-link", 2600)
     assert result["order"] == "o-link"
+
+
+def test_sluice_approval_link_prints_a_link_that_rejects_once(
+    server: SluiceDev, client: sluice.Client, run_id: str
+) -> None:
+    with client.run(run_id), pytest.raises(sluice.AwaitingApproval) as blocked:
+        refund("o-cli-link", 2700)
+    key = blocked.value.command_key
+    made = server.console("approval-link", run_id, key, "--for", "bob", "--expires-in", "300")
+    assert made.returncode == 0, made.stderr
+    url, details = made.stdout.strip().splitlines()
+    assert url.startswith(f"{server.url}/approve/v1."), made.stdout
+    assert details.startswith("link ") and details.endswith(", for bob"), details
+    decided = httpx.post(url, json={"decision": "reject", "reason": "not this order"})
+    assert decided.status_code == 200, decided.text
+    with client.run(run_id), pytest.raises(sluice.EffectCancelled) as cancelled:
+        refund("o-cli-link", 2700)
+    assert "not this order" in str(cancelled.value)
