@@ -66,6 +66,17 @@ sed -e "s/127\.0\.0\.1:8787/127.0.0.1:$upstream_port/g" \
     -e 's/^late_commit_ms = 10000$/late_commit_ms = 500/' \
     -e 's/^verify_after_ms = 30000$/verify_after_ms = 4000/' \
     "$repo/deploy/catalog.toml" >"$work/catalog.toml"
+# A spend budget for the Budgets view: high enough that it never refuses a wire, so every wire
+# is held against it and the view has amounts to show.
+cat >>"$work/catalog.toml" <<'TOML'
+
+[budgets.console_wires]
+tools = ["payments/wire"]
+scope = "tenant"
+window = "day"
+limits = { EUR = 100000000000 }
+on_exceed = "require_approval"
+TOML
 
 cat >"$work/sluice.toml" <<TOML
 [ledger]

@@ -541,6 +541,19 @@ impl sluice_ledger::FlowStore for Unreachable {
 }
 
 #[async_trait]
+impl sluice_ledger::LinkStore for Unreachable {
+    async fn link_consume(
+        &self,
+        link_id: &str,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        at: Timestamp,
+    ) -> Result<bool, LedgerError> {
+        self.0.link_consume(link_id, run_id, command_key, at).await
+    }
+}
+
+#[async_trait]
 impl sluice_ledger::WebhookStore for Unreachable {
     async fn webhook_enqueue(
         &self,

@@ -27,6 +27,10 @@ const SERVED: &[(&str, &str)] = &[
     ("DELETE", "/v1/runs/{run_id}/effects/{command_key}"),
     ("POST", "/v1/runs/{run_id}/effects/{command_key}:approve"),
     ("POST", "/v1/runs/{run_id}/effects/{command_key}:reject"),
+    (
+        "POST",
+        "/v1/runs/{run_id}/effects/{command_key}:approval-link",
+    ),
     ("POST", "/v1/runs/{run_id}/effects/{command_key}:cancel"),
     ("POST", "/v1/runs/{run_id}/effects/{command_key}:replay"),
     ("POST", "/v1/runs/{run_id}/effects/{command_key}:resolve"),
@@ -46,6 +50,9 @@ const SERVED: &[(&str, &str)] = &[
     ("GET", "/ui"),
     ("GET", "/ui/"),
     ("GET", "/ui/{path}"),
+    ("GET", "/approve/{token}"),
+    ("POST", "/approve/{token}"),
+    ("GET", "/approve/assets/{name}"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
@@ -146,7 +153,17 @@ impl Spec {
             response = self.doc["components"]["responses"][name].clone();
         }
         let content = &response["content"];
-        if let Some(schema) = content.get("application/json").map(|c| &c["schema"]) {
+        // An answer documented as JSON or a page (`/approve/{token}`) is checked as what it is.
+        let is_json = answer
+            .headers
+            .get("content-type")
+            .and_then(|t| t.to_str().ok())
+            .is_none_or(|t| t.starts_with("application/json"));
+        if let Some(schema) = content
+            .get("application/json")
+            .filter(|_| is_json)
+            .map(|c| &c["schema"])
+        {
             self.check(
                 schema,
                 &answer.body,
@@ -206,6 +223,7 @@ async fn the_server_answers_as_the_openapi_document_says() {
         |config| {
             tokens::install(config);
             config.producer.console = Some(true);
+            config.approval_links.secret = Some("an approval-link key of 32 bytes or more".into());
         },
     )
     .await;
@@ -516,6 +534,55 @@ async fn the_server_answers_as_the_openapi_document_says() {
     const RESOLVE: &str = "/v1/runs/{run_id}/effects/{command_key}:resolve";
     let act = |key: &str, action: &str| format!("{}:{action}", key_path(key));
     let wire = "d-4/payments/wire/0";
+    const LINK: &str = "/v1/runs/{run_id}/effects/{command_key}:approval-link";
+    const LINK_PAGE: &str = "/approve/{token}";
+    spec.call(
+        &operator,
+        "POST",
+        LINK,
+        &act(wire, "approval-link"),
+        Some(json!({})),
+        403,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        LINK,
+        &act(wire, "approval-link"),
+        Some(json!({"expires_in_s": 1})),
+        422,
+    )
+    .await;
+    let issued = spec
+        .call(
+            &admin,
+            "POST",
+            LINK,
+            &act(wire, "approval-link"),
+            Some(json!({"expires_in_s": 3600, "for": "oncall@example.com"})),
+            201,
+        )
+        .await;
+    let url = issued.body["url"].as_str().expect("a url");
+    let page = &url[url.find("/approve/").expect("an /approve/ path")..];
+    spec.call(&nobody, "GET", LINK_PAGE, page, None, 200).await;
+    spec.call(
+        &nobody,
+        "POST",
+        LINK_PAGE,
+        page,
+        Some(json!({"decision": "maybe", "reason": "x"})),
+        422,
+    )
+    .await;
+    for (path, expect) in [
+        ("/approve/assets/approve.js", 200),
+        ("/approve/assets/nothing.js", 404),
+    ] {
+        spec.call(&nobody, "GET", "/approve/assets/{name}", path, None, expect)
+            .await;
+    }
     spec.call(
         &admin,
         "POST",
@@ -540,6 +607,26 @@ async fn the_server_answers_as_the_openapi_document_says() {
         APPROVE,
         &act(wire, "approve"),
         Some(json!({"reason": "again"})),
+        409,
+    )
+    .await;
+    // Approved another way: the link decides nothing now, and no new one is given.
+    spec.call(&nobody, "GET", LINK_PAGE, page, None, 410).await;
+    spec.call(
+        &nobody,
+        "POST",
+        LINK_PAGE,
+        page,
+        Some(json!({"decision": "approve", "reason": "late"})),
+        410,
+    )
+    .await;
+    spec.call(
+        &admin,
+        "POST",
+        LINK,
+        &act(wire, "approval-link"),
+        Some(json!({})),
         409,
     )
     .await;

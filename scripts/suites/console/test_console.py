@@ -8,7 +8,10 @@ with one line `N passed, N failed, N skipped`; screenshots of every view go to -
 """
 
 import argparse
+import base64
 import glob
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -662,6 +665,7 @@ def an_agent_sees_only_its_own_runs(browser):
     shot(page, "agent-forbidden")
     # The overview counts every run: no link for an agent, and the server refuses it.
     expect(page.locator("nav [data-view=overview]")).to_be_hidden()
+    expect(page.locator("nav [data-view=budgets]")).to_be_hidden()
     page.goto(ARGS.base + "/ui/#/overview")
     expect(page.locator("main [role=alert]")).to_contain_text("may not see")
     for path in ("/v1/runs/r-rollback/audit", "/v1/events/stream?run_id=r-rollback", "/v1/runs", "/v1/overview"):
@@ -705,6 +709,165 @@ def works_from_the_keyboard(browser):
     assert page.evaluate("document.activeElement.name") == "reason"
     page.keyboard.press("Escape")
     expect(page.locator("#action")).not_to_be_visible()
+    page.close()
+
+
+# --- Approval links ----------------------------------------------------------------------
+
+
+def approval_link(run, key, **body):
+    status, answer, _ = call("POST", key_path(run, key) + ":approval-link", TOKENS["admin"], body)
+    assert status == 201, f"approval link for {run}/{key}: {status} {answer}"
+    assert answer["url"].startswith(ARGS.base + "/approve/v1."), answer
+    return answer
+
+
+def blocked_wire(run, account, amount=2_500_000):
+    answer = submit("agent-a", run, 1, WIRE, wire(account, amount))
+    assert answer["status"] == "BLOCKED", answer
+    return answer["command_key"]
+
+
+def signed_token(claims):
+    """A link token made here with `sluice dev`'s key from its data directory, the format of
+    sluice_core::approval_link: v1.<claims>.<HMAC-SHA256 over the domain and the claims>."""
+    with open(os.path.join(ARGS.ledger, "approval-link.key"), encoding="utf-8") as f:
+        key = f.read().strip().encode()
+    b64 = lambda raw: base64.urlsafe_b64encode(raw).rstrip(b"=").decode()  # noqa: E731
+    body = b64(json.dumps(claims, separators=(",", ":")).encode())
+    mac = hmac.new(key, b"sluice-approval-link-v1\n" + body.encode(), hashlib.sha256).digest()
+    return f"v1.{body}.{b64(mac)}"
+
+
+@test
+def approves_a_blocked_wire_through_an_approval_link_once(browser):
+    key = blocked_wire("r-link", "acc-link")
+    link = approval_link("r-link", key, expires_in_s=600, **{"for": "alice@example.com"})
+    page = browser.new_page()  # no sign-in: the link is the credential
+    response = page.goto(link["url"])
+    assert response.status == 200, response.status
+    expect(page.locator("#command")).to_be_visible()
+    expect(page.locator("#tool")).to_have_text(WIRE)
+    expect(page.locator("#run")).to_have_text("r-link")
+    expect(page.locator("#submitter")).to_have_text("agent-a")
+    expect(page.locator("#args")).to_contain_text("acc-link")
+    expect(page.locator("#args")).to_contain_text("2500000")
+    expect(page.locator("#why")).to_contain_text("approval threshold")
+    expect(page.locator("#link")).to_contain_text("for alice@example.com")
+    shot(page, "approval-link")
+    # The page holds no inline script and runs under the console's policy.
+    csp = response.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp, csp
+    page.fill("#reason", "beneficiary checked by phone")
+    page.click("#approve")
+    expect(page.locator("#done")).to_contain_text("Approved")
+    shot(page, "approval-link-approved")
+    found = wait_for("r-link", key, {"CONFIRMED"})
+    assert found["approval"]["approver"] == f"link:{link['link_id']} (for alice@example.com, issued by console-admin)", found["approval"]
+    assert found["approval"]["reason"] == "beneficiary checked by phone", found["approval"]
+    status, trail, _ = call("GET", "/v1/runs/r-link/audit", TOKENS["admin"])
+    assert status == 200, trail
+    actors = [e["actor"] for e in trail["entries"] if e.get("to") == "APPROVED"]
+    assert actors == [found["approval"]["approver"]], trail
+    token = link["url"].rsplit("/", 1)[1]
+    assert token not in json.dumps(trail), "the token reached the audit chain"
+    # Used: reopened, it answers 410 and says so; nothing changes.
+    again = page.goto(link["url"])
+    assert again.status == 410, again.status
+    expect(page.locator("#gone")).to_contain_text("already used")
+    shot(page, "approval-link-used")
+    assert command("r-link", key)["status"] == "CONFIRMED"
+    page.close()
+
+
+@test
+def an_expired_or_edited_link_answers_410_and_changes_nothing(browser):
+    key = blocked_wire("r-link-expired", "acc-expired")
+    found = command("r-link-expired", key)
+    now = int(time.time() * 1000)
+    claims = {
+        "id": "expired-link-1", "run_id": "r-link-expired", "command_key": key,
+        "args_hash": found["args_hash"], "policy_version": found["policy_version"],
+        "issued_at": now - 120_000, "expires_at": now - 60_000, "issuer": "console-admin",
+    }
+    page = browser.new_page()
+    response = page.goto(f"{ARGS.base}/approve/{signed_token(claims)}")
+    assert response.status == 410, response.status
+    expect(page.locator("#gone")).to_contain_text("expired")
+    shot(page, "approval-link-expired")
+    # Signed with the right key but for other arguments: "edited".
+    edited = {**claims, "id": "edited-link-1", "expires_at": now + 600_000, "args_hash": "0" * 64}
+    response = page.goto(f"{ARGS.base}/approve/{signed_token(edited)}")
+    assert response.status == 410, response.status
+    expect(page.locator("#gone")).to_contain_text("arguments changed")
+    # The same claims, unaltered and unexpired, do open: only the differences were refused.
+    good = {**claims, "id": "good-link-1", "expires_at": now + 600_000}
+    response = page.goto(f"{ARGS.base}/approve/{signed_token(good)}")
+    assert response.status == 200, response.status
+    expect(page.locator("#command")).to_be_visible()
+    assert command("r-link-expired", key)["status"] == "BLOCKED"
+    page.close()
+
+
+@test
+def a_rejection_through_a_link_reaches_the_agent_with_its_reason(browser):
+    key = blocked_wire("r-link-reject", "acc-reject")
+    # The link made from the console, as an admin would.
+    console = browser.new_page()
+    sign_in(console, "admin")
+    console.goto(ARGS.base + "/ui/#/run/r-link-reject")
+    card = console.locator(f"details[data-key='{key}']")
+    expect(card).to_have_attribute("data-status", "BLOCKED")
+    if card.get_attribute("open") is None:
+        card.locator(":scope > summary").click()
+    card.locator("[data-action=link]").click()
+    dialog = console.locator("#action")
+    dialog.locator("input[name=for]").fill("bob@example.com")
+    dialog.locator("button", has_text="Create link").click()
+    url_field = dialog.locator("#link-url")
+    expect(url_field).to_be_visible()
+    url = url_field.input_value()
+    assert url.startswith(ARGS.base + "/approve/v1."), url
+    shot(console, "approval-link-created")
+    link = {"url": url, "link_id": dialog.locator("[data-result=link] label").inner_text().split()[1].rstrip(",")}
+    console.close()
+    page = browser.new_page()  # another tab: no token in its session storage
+    page.goto(link["url"])
+    expect(page.locator("#command")).to_be_visible()
+    # No reason: refused on the page, nothing sent.
+    page.click("#reject")
+    expect(page.locator("#done")).to_contain_text("reason is required")
+    page.fill("#reason", "wrong beneficiary")
+    page.click("#reject")
+    expect(page.locator("#done")).to_contain_text("Rejected")
+    # The agent's own read: CANCELLED, with who and why.
+    status, seen, _ = call("GET", key_path("r-link-reject", key), TOKENS["agent-a"])
+    assert status == 200, seen
+    assert seen["status"] == "CANCELLED", seen
+    assert seen["rejection"]["reason"] == "wrong beneficiary", seen
+    assert seen["rejection"]["by"].startswith(f"link:{link['link_id']}"), seen
+    page.close()
+
+
+@test
+def shows_budgets_and_what_they_hold(browser):
+    status, answer, _ = call("GET", "/v1/budgets", TOKENS["operator"])
+    assert status == 200, answer
+    budget = next(b for b in answer["budgets"] if b["name"] == "console_wires")
+    counter = next(c for c in budget["counters"] if c["scope_value"] == "agent-a")
+    assert counter["used"] > 0, counter
+    page = browser.new_page()
+    sign_in(page, "operator")
+    page.goto(ARGS.base + "/ui/#/budgets")
+    card = page.locator("section[data-budget=console_wires]")
+    expect(card).to_be_visible()
+    expect(card).to_contain_text("per tenant")
+    row = card.locator("tr[data-scope-value=agent-a][data-currency=EUR]")
+    expect(row).to_be_visible()
+    held = int(row.get_attribute("data-held"))
+    assert held >= counter["used"], (held, counter)
+    expect(row.locator("td").nth(1)).to_have_text(f"{held:,}")
+    shot(page, "budgets")
     page.close()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+import httpx
 import pytest
 
 import sluice
@@ -94,3 +95,46 @@ def test_a_stuck_effect_surfaces_with_the_resolve_command(
         effect = run.call("bank/flaky", {"ref": "f-1"})
     assert (effect.status, effect.external_ref) == ("CONFIRMED", "w-from-statement")
     assert world.calls["bank/flaky"] == before + 1
+
+
+def test_an_approval_link_approves_the_blocked_effect_once(
+    server: SluiceDev, client: sluice.Client, run_id: str, world: World
+) -> None:
+    with client.run(run_id), pytest.raises(sluice.AwaitingApproval) as blocked:
+        refund("o-link", 2600)
+    key = blocked.value.command_key
+    with sluice.Client(server.url, server.admin_token) as admin:
+        link = admin.run(run_id).approval_link(key, expires_in=600, recipient="finance@example.com")
+    assert link.url.startswith(f"{server.url}/approve/v1."), link
+    assert link.recipient == "finance@example.com"
+    assert link.url not in repr(link)  # the token stays out of logs
+    # An agent may not make one.
+    with pytest.raises(sluice.ApiError) as refused:
+        client.run(run_id).approval_link(key)
+    assert refused.value.status_code == 403
+    # The link needs no token: approve through it, then it is spent.
+    decided = httpx.post(link.url, json={"decision": "approve", "reason": "refund checked"})
+    assert decided.status_code == 200, decided.text
+    again = httpx.post(link.url, json={"decision": "approve", "reason": "twice"})
+    assert again.status_code == 410 and again.json()["error"]["code"] == "link_used", again.text
+    with client.run(run_id):
+        result = refund("o-link", 2600)
+    assert result["order"] == "o-link"
+
+
+def test_sluice_approval_link_prints_a_link_that_rejects_once(
+    server: SluiceDev, client: sluice.Client, run_id: str
+) -> None:
+    with client.run(run_id), pytest.raises(sluice.AwaitingApproval) as blocked:
+        refund("o-cli-link", 2700)
+    key = blocked.value.command_key
+    made = server.console("approval-link", run_id, key, "--for", "bob", "--expires-in", "300")
+    assert made.returncode == 0, made.stderr
+    url, details = made.stdout.strip().splitlines()
+    assert url.startswith(f"{server.url}/approve/v1."), made.stdout
+    assert details.startswith("link ") and details.endswith(", for bob"), details
+    decided = httpx.post(url, json={"decision": "reject", "reason": "not this order"})
+    assert decided.status_code == 200, decided.text
+    with client.run(run_id), pytest.raises(sluice.EffectCancelled) as cancelled:
+        refund("o-cli-link", 2700)
+    assert "not this order" in str(cancelled.value)

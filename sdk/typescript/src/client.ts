@@ -32,6 +32,8 @@ import {
 } from "./errors.js";
 import { checkRunId, commandKey as formatCommandKey, commandKeyPathSegment } from "./keys.js";
 import {
+  type ApprovalLink,
+  type ApprovalLinkOptions,
   type Command,
   type EffectRequest,
   type ErrorBody,
@@ -268,6 +270,28 @@ export class SluiceClient {
       body: args === undefined ? { reason } : { reason, args },
     });
     return answer.body.command;
+  }
+
+  /**
+   * A signed, expiring, single-use link for a person to approve or reject a BLOCKED command
+   * without a login (needs an admin token). The URL is the credential: send it only to its
+   * approver.
+   */
+  async approvalLink(
+    runId: string,
+    commandKey: string,
+    options: ApprovalLinkOptions = {},
+  ): Promise<ApprovalLink> {
+    const body: { expires_in_s?: number; for?: string } = {};
+    if (options.expiresInS !== undefined) body.expires_in_s = options.expiresInS;
+    if (options.for !== undefined) body.for = options.for;
+    const answer = await this.#request<ApprovalLink>({
+      method: "POST",
+      path: `${effectPath(runId, commandKey)}:approval-link`,
+      body,
+      accept: [201],
+    });
+    return answer.body;
   }
 
   /** Where the run's rollback stands, per command, in compensation order. */

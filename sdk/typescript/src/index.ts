@@ -41,6 +41,8 @@ export type {
 } from "./sluice.js";
 export { isSettled, TERMINAL_STATUSES } from "./types.js";
 export type {
+  ApprovalLink,
+  ApprovalLinkOptions,
   Command,
   EffectRequest,
   ErrorBody,

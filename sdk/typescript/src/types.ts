@@ -35,6 +35,14 @@ export type ToolCatalog =
 export type RollbackStarted =
   | operations["rollback"]["responses"]["202"]["content"]["application/json"]
   | operations["rollback"]["responses"]["200"]["content"]["application/json"];
+/** The answer of `POST …/effects/{command_key}:approval-link`: the URL is the credential. */
+export type ApprovalLink =
+  operations["createApprovalLink"]["responses"]["201"]["content"]["application/json"];
+/** What an approval link is made with: seconds it lives (60..604800), and whom it is for. */
+export interface ApprovalLinkOptions {
+  expiresInS?: number;
+  for?: string;
+}
 /** A run's effects (`GET /v1/runs/{run_id}/effects` and `…/scheduled`). */
 export type RunEffects =
   operations["listRunEffects"]["responses"]["200"]["content"]["application/json"];

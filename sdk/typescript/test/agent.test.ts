@@ -154,6 +154,26 @@ describe("outcomes", () => {
     assert.match(cancelled.message, /rejected it: not this vendor/);
   });
 
+  test("an approval link made with approvalLink approves the BLOCKED effect once, without a token", async () => {
+    const wire = () => sluice.run("link-1").call("bank/wire", { account: "acc-link", amount_minor: 260_000 });
+    const blocked = await wire().catch((e: unknown) => e);
+    assert.ok(blocked instanceof ApprovalRequiredError, String(blocked));
+    const admin = new SluiceClient({ url: server.url, token: TOKENS.admin });
+    const link = await admin.approvalLink("link-1", blocked.commandKey, { expiresInS: 600, for: "carol@example.com" });
+    assert.ok(link.url.startsWith(`${server.url}/approve/v1.`), link.url);
+    assert.equal(link.for, "carol@example.com");
+    // An agent may not make one.
+    const agent = new SluiceClient({ url: server.url, token: TOKENS.agentA });
+    const refused = await agent.approvalLink("link-1", blocked.commandKey).catch((e: unknown) => e);
+    assert.ok(refused instanceof ForbiddenError, String(refused));
+    const decide = (reason: string) =>
+      fetch(link.url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ decision: "approve", reason }) });
+    assert.equal((await decide("invoice checked")).status, 200);
+    assert.equal((await decide("twice")).status, 410);
+    const result = (await wire()) as { id: string };
+    assert.equal(result.id, world.wires.find((w) => w.account === "acc-link")?.id);
+  });
+
   test("a read runs through a guard that says it has no side effect", async () => {
     const search = sluice.guard<{ query: string }, { results: string[] }>("search/query", { sideEffect: false });
     const found = await sluice.agent("read-1", () => search({ query: "refunds" }));

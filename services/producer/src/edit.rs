@@ -168,7 +168,7 @@ pub(crate) async fn approve_edited(
         policy_version: catalog.policy_version().to_owned(),
         revision: Some(Box::new(revision)),
     };
-    let driven = operate(api, run_id, key, actor, event, Cause::Approved).await;
+    let driven = operate(api, run_id, key, actor, event, Cause::Approved, |_| true).await;
     let moved = match &driven {
         Ok(_) => ledger.budget_supersede(run_id, key, &tag).await,
         Err(_) if held == Held::Fresh => ledger.budget_unhold(run_id, key, &tag).await,

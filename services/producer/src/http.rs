@@ -239,7 +239,14 @@ pub(crate) async fn no_method(method: axum::http::Method, uri: axum::http::Uri) 
 }
 
 /// The command actions, as they follow a command key after a colon.
-pub(crate) const ACTIONS: [&str; 5] = ["approve", "reject", "cancel", "replay", "resolve"];
+pub(crate) const ACTIONS: [&str; 6] = [
+    "approve",
+    "reject",
+    "cancel",
+    "replay",
+    "resolve",
+    "approval-link",
+];
 
 /// Whether the rest of an effect path (`{key}` or `{key}:{action}`) names an action.
 pub(crate) fn is_action_path(rest: &str) -> bool {

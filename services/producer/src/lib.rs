@@ -34,6 +34,7 @@ pub mod evidence;
 pub mod flow;
 mod guard;
 pub mod http;
+pub mod links;
 pub mod listing;
 pub mod operator;
 pub mod overview;
@@ -102,6 +103,8 @@ pub struct Api {
     pulse: Arc<overview::Pulse>,
     /// Tenants' quotas of effects in flight, and the admissions under way (`[tenants]`).
     quotas: Arc<quota::Quotas>,
+    /// Approval links' key and address; `None` without `[approval_links] secret`.
+    links: Option<Arc<links::Links>>,
 }
 
 /// Stripes of [`Api::run_turns`]: runs sharing one wait for each other's turns, briefly.
@@ -126,6 +129,7 @@ impl Api {
             dispatch_queue: Arc::default(),
             tenant_turns: Arc::default(),
             quotas: Arc::new(quota::Quotas::new(config.tenants.clone())),
+            links: links::Links::from_config(&config.approval_links),
             run_turns: (0..RUN_STRIPES)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
@@ -230,6 +234,8 @@ pub fn router(api: Api) -> Router {
         .route("/v1/evidence/{source}", post(evidence::receive))
         .route("/v1/flow/{*action}", post(flow::act))
         .merge(ui::routes(api.config.console_enabled(false)))
+        .route("/approve/{token}", get(links::page).post(links::decide))
+        .route("/approve/assets/{name}", get(links::asset))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))

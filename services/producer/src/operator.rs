@@ -160,7 +160,7 @@ fn action_span_name(event: &Event) -> &'static str {
 /// to this one (`sluice_trace::adopt`).
 #[tracing::instrument(
     name = "operator",
-    skip(api, event, cause),
+    skip(api, event, cause, still),
     fields(
         otel.name = action_span_name(&event),
         run_id = %run_id,
@@ -177,10 +177,11 @@ pub(crate) async fn operate(
     actor: &str,
     event: Event,
     cause: Cause,
+    still: impl Fn(&Command) -> bool + Send + Sync,
 ) -> Result<(Command, Step), ApiError> {
     let driven = api
         .ctx
-        .drive(run_id, key, actor, |_| Some(event.clone()))
+        .drive(run_id, key, actor, |now| still(now).then(|| event.clone()))
         .await
         .map_err(ApiError::unavailable)?;
     match driven {
@@ -268,6 +269,7 @@ pub(crate) async fn command_action(
     State(api): State<Api>,
     caller: Caller,
     Path((run_id, rest)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
     RawBody(body): RawBody,
 ) -> Response {
     let action = rest
@@ -279,9 +281,10 @@ pub(crate) async fn command_action(
             "reject" => "command_reject",
             "cancel" => "command_cancel",
             "replay" => "command_replay",
+            "approval-link" => "command_approval_link",
             _ => "command_resolve",
         });
-    let answer = match act(&api, caller, run_id, rest, body).await {
+    let answer = match act(&api, caller, run_id, rest, body, &headers).await {
         Ok(response) => response,
         Err(e) => e.into_response(),
     };
@@ -299,12 +302,13 @@ async fn act(
     run_id: String,
     rest: String,
     body: Bytes,
+    headers: &axum::http::HeaderMap,
 ) -> Result<Response, ApiError> {
     let api = api.clone();
     let Some((raw_key, action)) = rest.rsplit_once(':') else {
         return Err(ApiError::method_not_allowed(
             "GET, HEAD, DELETE",
-            "POST a command action: …/effects/{command_key}:approve, :reject, :cancel, :replay or :resolve",
+            "POST a command action: …/effects/{command_key}:approve, :reject, :cancel, :replay, :resolve or :approval-link",
         ));
     };
     principal.require(Need::Admin)?;
@@ -312,6 +316,9 @@ async fn act(
     let key = parse_key(raw_key)?;
     let actor = principal.name.clone();
     match action {
+        "approval-link" => {
+            crate::links::create(&api, &principal, &run_id, &key, &body, headers).await
+        }
         "approve" => {
             let body: ApproveBody = parse_body(
                 &body,
@@ -332,7 +339,10 @@ async fn act(
                 revision: None,
             };
             let (command, step) =
-                operate(&api, &run_id, &key, &actor, event, Cause::Approved).await?;
+                operate(&api, &run_id, &key, &actor, event, Cause::Approved, |_| {
+                    true
+                })
+                .await?;
             Ok(applied("approve", &command, &step))
         }
         "reject" => {
@@ -347,7 +357,10 @@ async fn act(
                 },
             };
             let (command, step) =
-                operate(&api, &run_id, &key, &actor, event, Cause::Reserved).await?;
+                operate(&api, &run_id, &key, &actor, event, Cause::Reserved, |_| {
+                    true
+                })
+                .await?;
             Ok(applied("reject", &command, &step))
         }
         "cancel" => {
@@ -417,14 +430,17 @@ async fn act(
                 evidence: body.evidence,
             };
             let (command, step) =
-                operate(&api, &run_id, &key, &actor, event, Cause::Reserved).await?;
+                operate(&api, &run_id, &key, &actor, event, Cause::Reserved, |_| {
+                    true
+                })
+                .await?;
             Ok(applied("resolve", &command, &step))
         }
         other => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_action",
             format!(
-                "no command action {:?}: use approve, reject, cancel, replay or resolve",
+                "no command action {:?}: use approve, reject, cancel, replay, resolve or approval-link",
                 other.chars().take(32).collect::<String>()
             ),
         )),
@@ -444,7 +460,7 @@ async fn cancel(
             reason: format!("cancelled: {reason}"),
         },
     };
-    operate(api, run_id, key, actor, event, Cause::Reserved).await
+    operate(api, run_id, key, actor, event, Cause::Reserved, |_| true).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -653,7 +669,8 @@ async fn replay(
         )
         .with_details(report));
     }
-    let (command, step) = operate(api, run_id, key, actor, event, Cause::Replayed).await?;
+    let (command, step) =
+        operate(api, run_id, key, actor, event, Cause::Replayed, |_| true).await?;
     Ok(applied("replay", &command, &step))
 }
 

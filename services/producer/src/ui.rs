@@ -64,6 +64,7 @@ const ASSETS: &[Asset] = &[
     asset!("js/views/audit.js", JS),
     asset!("js/views/overview.js", JS),
     asset!("js/views/flow.js", JS),
+    asset!("js/views/budgets.js", JS),
 ];
 
 /// The console's routes, or none when it is not enabled (`/ui` is then no route, 404).
@@ -103,7 +104,7 @@ fn serve(path: &str) -> Response {
 }
 
 /// Adds the console's security headers to `response`.
-fn secured(mut response: Response) -> Response {
+pub(crate) fn secured(mut response: Response) -> Response {
     let headers = response.headers_mut();
     for (name, value) in [
         (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),

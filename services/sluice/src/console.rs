@@ -1,4 +1,4 @@
-//! The operator console: `sluice runs`, `effects`, `show`, `approve`, `reject`, `cancel`,
+//! The operator console: `sluice runs`, `effects`, `show`, `approve`, `approval-link`, `reject`, `cancel`,
 //! `replay`, `resolve`, `rollback`, `audit`, `purge` — the producer's HTTP API for people.
 //!
 //! Output is a readable table, or with `--json` the server's answer as it came, for scripts.
@@ -141,6 +141,20 @@ pub enum ConsoleCommand {
         /// it parses, else text. Repeatable.
         #[arg(long = "set", value_name = "/POINTER=VALUE")]
         set: Vec<String>,
+    },
+    /// A signed, single-use approval link for a BLOCKED command: a URL a person opens without
+    /// a token (from Slack, an email, a ticket) to see the command and approve or reject it.
+    /// Prints the URL; treat it as a secret until it is used or expires.
+    #[command(name = "approval-link")]
+    ApprovalLink {
+        run: String,
+        command_key: String,
+        /// How long the link lives, in seconds: 60 to 604800 (7 days); 86400 by default.
+        #[arg(long, value_name = "SECONDS")]
+        expires_in: Option<u64>,
+        /// Whom the link is for (recorded in the audit chain with the decision).
+        #[arg(long = "for", value_name = "WHO")]
+        recipient: Option<String>,
     },
     /// Reject a BLOCKED command: it is cancelled.
     Reject {
@@ -433,6 +447,25 @@ pub async fn run(args: ConsoleArgs, command: ConsoleCommand) -> Result<String, F
                 body["args"] = edited;
             }
             (Method::POST, format!("{path}:approve"), Some(body))
+        }
+        ConsoleCommand::ApprovalLink {
+            run,
+            command_key,
+            expires_in,
+            recipient,
+        } => {
+            let mut body = json!({});
+            if let Some(seconds) = expires_in {
+                body["expires_in_s"] = json!(seconds);
+            }
+            if let Some(recipient) = recipient {
+                body["for"] = json!(recipient);
+            }
+            (
+                Method::POST,
+                format!("{}:approval-link", key_path(run, command_key)),
+                Some(body),
+            )
         }
         ConsoleCommand::Reject {
             run,

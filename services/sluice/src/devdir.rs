@@ -1,7 +1,8 @@
 //! What `sluice dev` keeps in its data directory besides the ledger: a lock, so a second
 //! process on the same directory is refused (naming the holder's pid) instead of running a
 //! second writer beside the first; and the generated admin token, so a restart keeps the token
-//! the console and scripts were given.
+//! the console and scripts were given; and the generated approval-link key, so links given out
+//! before a restart still open.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -12,6 +13,9 @@ use std::path::{Path, PathBuf};
 pub const LOCK_FILE: &str = "sluice-dev.lock";
 /// The generated admin token's file in the data directory (readable by its owner only).
 pub const TOKEN_FILE: &str = "admin-token";
+/// The generated approval-link key's file in the data directory (readable by its owner only):
+/// links issued before a restart still open after it.
+pub const LINK_KEY_FILE: &str = "approval-link.key";
 
 /// Why the data directory cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +77,17 @@ pub fn admin_token(
     dir: &Path,
     generate: impl FnOnce() -> String,
 ) -> Result<(String, bool), DevDirError> {
-    let path = dir.join(TOKEN_FILE);
+    kept_secret(dir, TOKEN_FILE, generate)
+}
+
+/// The secret kept in `file` of the data directory, or `generate()`'s, written there (mode
+/// 0600) for the next start. Returns the secret and whether it was generated now.
+pub fn kept_secret(
+    dir: &Path,
+    file: &str,
+    generate: impl FnOnce() -> String,
+) -> Result<(String, bool), DevDirError> {
+    let path = dir.join(file);
     let io = |source| DevDirError::Io {
         path: path.clone(),
         source,
@@ -125,6 +139,24 @@ mod tests {
             admin_token(dir.path(), || "sluice-other".into()).expect("read back");
         assert_eq!((second.as_str(), generated), (first.as_str(), false));
         let mode = std::fs::metadata(dir.path().join(TOKEN_FILE))
+            .expect("exists")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "only its owner may read it: {mode:o}");
+    }
+
+    #[test]
+    fn the_approval_link_key_is_kept_beside_the_token_and_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (first, generated) =
+            kept_secret(dir.path(), LINK_KEY_FILE, || "k".repeat(64)).expect("kept");
+        assert!(generated);
+        let (second, generated) =
+            kept_secret(dir.path(), LINK_KEY_FILE, || "other".into()).expect("read back");
+        assert_eq!((second.as_str(), generated), (first.as_str(), false));
+        assert!(!dir.path().join(TOKEN_FILE).exists(), "a file of its own");
+        let mode = std::fs::metadata(dir.path().join(LINK_KEY_FILE))
             .expect("exists")
             .permissions()
             .mode();

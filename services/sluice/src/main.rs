@@ -104,6 +104,7 @@ async fn run() -> anyhow::Result<ExitCode> {
             // One process per data directory; held until this process ends.
             let _lock = sluice::devdir::lock(&config.ledger.data_dir)?;
             let generated = ensure_admin_token(&mut config)?;
+            ensure_link_key(&mut config)?;
             // The web console is on in dev unless the configuration turns it off.
             let console = *config.producer.console.get_or_insert(true);
             sluice_runtime::telemetry::init(&config.telemetry);
@@ -272,6 +273,29 @@ fn exit_code(outcome: Result<(), impl std::error::Error>) -> ExitCode {
     }
     eprintln!("{message}");
     ExitCode::FAILURE
+}
+
+/// `sluice dev` without a configured approval-link key: the one kept in the data directory
+/// (`devdir::LINK_KEY_FILE`) from an earlier start, else a fresh one kept there, so links
+/// given out before a restart still open after it.
+fn ensure_link_key(config: &mut sluice_runtime::Config) -> anyhow::Result<()> {
+    if config.approval_links.secret.is_some() {
+        return Ok(());
+    }
+    // Two v4 UUIDs, as the admin token: 244 bits from the operating system's random source.
+    let (key, _generated) = sluice::devdir::kept_secret(
+        &config.ledger.data_dir,
+        sluice::devdir::LINK_KEY_FILE,
+        || {
+            format!(
+                "{}{}",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            )
+        },
+    )?;
+    config.approval_links.secret = Some(key.into());
+    Ok(())
 }
 
 /// Adds an admin token when the configuration names none (and does not ask for an open API

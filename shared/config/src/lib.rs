@@ -17,12 +17,14 @@ use thiserror::Error;
 
 mod api;
 mod copies;
+mod links;
 mod secrets;
 mod tenants;
 pub use api::{AuthConfig, MIN_TOKEN_CHARS, ProducerConfig, Role, ServerTls, TokenConfig};
 pub use tenants::{DEFAULT_QUOTA_RETRY_AFTER_MS, TenantsConfig};
 mod webhooks;
 pub use copies::{CopyKey, MAX_COPY_KEYS, MIN_COPY_KEY_BYTES};
+pub use links::ApprovalLinksConfig;
 pub use webhooks::WebhookConfig;
 
 /// The environment prefix of configuration overrides.
@@ -45,6 +47,8 @@ pub struct Config {
     pub tenants: TenantsConfig,
     /// Webhook subscriptions (`[[webhooks]]`, `webhooks.rs`).
     pub webhooks: Vec<WebhookConfig>,
+    /// Approval links' key and address (`[approval_links]`, `links.rs`).
+    pub approval_links: ApprovalLinksConfig,
 }
 
 /// The state gauges (`sluice_commands`, `sluice_oldest_command_age_seconds`): kept in memory
@@ -554,6 +558,7 @@ impl Config {
             })
         };
         webhooks::validate(&self.webhooks)?;
+        self.approval_links.validate()?;
         copies::validate(&self.bus.copy_keys)?;
         if self.bus.partitions == 0 || self.bus.partitions > 4_096 {
             return invalid("bus.partitions", "must be between 1 and 4096");

@@ -19,6 +19,7 @@
 //! * [`secret`] — [`Secret`], a configuration value that is never shown.
 //! * [`webhook`] — which events a webhook subscription takes, and each delivery's retries.
 
+pub mod approval_link;
 pub mod audit;
 pub mod browser;
 pub mod budget;

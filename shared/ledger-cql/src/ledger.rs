@@ -720,6 +720,20 @@ impl sluice_ledger::EvidenceStore for CqlLedger {
 }
 
 #[async_trait]
+impl sluice_ledger::LinkStore for CqlLedger {
+    async fn link_consume(
+        &self,
+        link_id: &str,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        at: Timestamp,
+    ) -> Result<bool, LedgerError> {
+        self.put_link_use(link_id, run_id.as_str(), command_key.as_str(), at)
+            .await
+    }
+}
+
+#[async_trait]
 impl sluice_ledger::WebhookStore for CqlLedger {
     async fn webhook_enqueue(
         &self,

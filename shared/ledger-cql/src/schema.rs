@@ -41,7 +41,7 @@ const APPLIED_BY: &str = concat!("sluice ", env!("CARGO_PKG_VERSION"));
 const RECORD_TABLE: &str = "schema_migrations";
 
 /// Schema files in order; each is applied whole, every statement idempotent.
-const SCHEMA_FILES: [(&str, &str); 10] = [
+const SCHEMA_FILES: [(&str, &str); 11] = [
     (
         "001_schema.cql",
         include_str!("../../../schemas/cql/001_schema.cql"),
@@ -81,6 +81,10 @@ const SCHEMA_FILES: [(&str, &str); 10] = [
     (
         "010_evidence.cql",
         include_str!("../../../schemas/cql/010_evidence.cql"),
+    ),
+    (
+        "011_approval_links.cql",
+        include_str!("../../../schemas/cql/011_approval_links.cql"),
     ),
 ];
 
@@ -661,7 +665,8 @@ mod tests {
                 "budget_windows",
                 "budget_command_holds",
                 "evidence_events",
-                "evidence_held"
+                "evidence_held",
+                "approval_link_uses"
             ]
         );
         assert!(

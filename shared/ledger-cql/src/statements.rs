@@ -27,6 +27,9 @@ const LINKS_END: &str = "a.";
 const COMMANDS_START: &str = "d-";
 const COMMANDS_END: &str = "d.";
 
+/// How long a link's use is kept, in seconds: a day past the longest a link lives.
+const LINK_USE_TTL_S: u64 = sluice_core::approval_link::MAX_EXPIRES_S + 24 * 3_600;
+
 /// Rows per page of a partition read.
 const PAGE_SIZE: i32 = 1_000;
 
@@ -99,6 +102,9 @@ pub(crate) struct Statements {
     pub enqueue_webhook: PreparedStatement,
     pub update_webhook: PreparedStatement,
     pub read_webhook_serial: PreparedStatement,
+    // Approval links' uses (`ledger/webhooks.rs`).
+    pub consume_link: PreparedStatement,
+    pub read_link_use_serial: PreparedStatement,
     pub due_webhooks: PreparedStatement,
     pub list_webhooks: PreparedStatement,
     // Evidence received by webhook (`ledger/evidence.rs`).
@@ -508,6 +514,20 @@ impl Statements {
                      WHERE webhook = ? AND event_id = ? IF version = ?"
                 ),
                 Lwt,
+            )
+            .await?,
+            consume_link: prepare(
+                format!(
+                    "INSERT INTO {ks}.approval_link_uses \
+                     (link_id, run_id, command_key, used_at, write_id) VALUES (?, ?, ?, ?, ?) \
+                     IF NOT EXISTS USING TTL {LINK_USE_TTL_S}"
+                ),
+                Lwt,
+            )
+            .await?,
+            read_link_use_serial: prepare(
+                format!("SELECT write_id FROM {ks}.approval_link_uses WHERE link_id = ?"),
+                SerialRead,
             )
             .await?,
             read_webhook_serial: prepare(

@@ -42,10 +42,12 @@ pub enum Op {
     Budget,
     /// Evidence received by webhook.
     Evidence,
+    /// Approval links' uses.
+    Link,
 }
 
 impl Op {
-    pub const ALL: [Self; 18] = [
+    pub const ALL: [Self; 19] = [
         Self::Reserve,
         Self::ClaimBusinessKey,
         Self::Lease,
@@ -64,6 +66,7 @@ impl Op {
         Self::Webhook,
         Self::Budget,
         Self::Evidence,
+        Self::Link,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -86,6 +89,7 @@ impl Op {
             Self::Webhook => "webhooks",
             Self::Budget => "budgets",
             Self::Evidence => "evidence",
+            Self::Link => "approval_links",
         }
     }
 

@@ -79,7 +79,9 @@ macro_rules! ledger_contract_tests {
             a_reservation_and_its_holds_are_one_step,
             what_others_hold_leaves_out_the_commands_own_holds,
             a_purge_removes_holds_of_ended_windows_and_keeps_total_ones,
-            an_edit_moves_the_commands_hold_to_the_edited_amount
+            an_edit_moves_the_commands_hold_to_the_edited_amount,
+            an_approval_link_is_used_once,
+            sixteen_racing_uses_of_one_link_have_one_winner
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
@@ -95,9 +97,10 @@ macro_rules! ledger_contract_tests {
 
 mod budgets;
 mod closing;
-mod evidence;
 mod edits;
+mod evidence;
 mod flow;
+mod links;
 mod newer;
 mod purge_preview;
 mod shards;
@@ -110,16 +113,17 @@ pub use budgets::{
     what_others_hold_leaves_out_the_commands_own_holds,
 };
 pub use closing::eight_rollbacks_at_once_close_a_run_once;
+pub use edits::an_edit_moves_the_commands_hold_to_the_edited_amount;
 pub use evidence::{
     evidence_is_stored_once_per_source_and_event_and_listed_newest_first,
     evidence_kept_for_a_command_is_found_by_its_key_until_applied,
     sixteen_racing_puts_of_one_event_store_it_once,
 };
-pub use edits::an_edit_moves_the_commands_hold_to_the_edited_amount;
 pub use flow::{
     flow_controls_are_written_under_their_version_and_read_back_whole,
     sixteen_racing_breaker_writers_have_one_winner,
 };
+pub use links::{an_approval_link_is_used_once, sixteen_racing_uses_of_one_link_have_one_winner};
 pub use newer::{NewerWriter, a_command_of_a_newer_status_is_left_to_a_newer_build};
 pub use purge_preview::a_dry_run_purge_reports_what_a_purge_would_remove_and_removes_nothing;
 pub use shards::{

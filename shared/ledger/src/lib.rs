@@ -592,6 +592,23 @@ pub trait WebhookStore: Send + Sync + std::fmt::Debug + 'static {
     -> Result<Vec<Delivery>, LedgerError>;
 }
 
+/// Approval links' uses (`sluice_core::approval_link`): one row per link id, written by the
+/// link's first decision. The token itself is never stored: only its id, the command it was
+/// for and when it was used.
+#[async_trait]
+pub trait LinkStore: Send + Sync + std::fmt::Debug + 'static {
+    /// Records the use of link `link_id` on `run_id`/`command_key` at `at` unless it was used
+    /// before; whether this call recorded it. Atomic across every producer sharing the ledger:
+    /// of two uses racing, exactly one gets `true`.
+    async fn link_consume(
+        &self,
+        link_id: &str,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        at: Timestamp,
+    ) -> Result<bool, LedgerError>;
+}
+
 /// How long a delivered or failed delivery is kept, for `sluice webhooks list` and for an event
 /// read again off the bus to be recognised: 7 days. A PENDING one is kept as long as it waits.
 pub const WEBHOOK_RETENTION_MS: i64 = 7 * 24 * 3_600_000;
@@ -601,7 +618,14 @@ pub const WEBHOOK_RETENTION_MS: i64 = 7 * 24 * 3_600_000;
 /// A service holds an `Arc<dyn Ledger>`; code that needs only one store takes it by its trait
 /// (`&dyn AuditStore`, …), so what each part of the pipeline may touch is in its signature.
 pub trait Ledger:
-    CommandStore + AuditStore + ShardStore + FlowStore + WebhookStore + BudgetStore + EvidenceStore
+    CommandStore
+    + AuditStore
+    + ShardStore
+    + FlowStore
+    + WebhookStore
+    + BudgetStore
+    + EvidenceStore
+    + LinkStore
 {
     /// Round trips to the store so far, by operation and kind, for the
     /// `sluice_ledger_round_trips_total` metric. Empty for a ledger that does not count them

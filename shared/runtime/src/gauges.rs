@@ -610,6 +610,21 @@ impl sluice_ledger::FlowStore for GaugedLedger {
 }
 
 #[async_trait]
+impl sluice_ledger::LinkStore for GaugedLedger {
+    async fn link_consume(
+        &self,
+        link_id: &str,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        at: Timestamp,
+    ) -> Result<bool, LedgerError> {
+        self.inner
+            .link_consume(link_id, run_id, command_key, at)
+            .await
+    }
+}
+
+#[async_trait]
 impl sluice_ledger::WebhookStore for GaugedLedger {
     async fn webhook_enqueue(
         &self,

@@ -46,13 +46,14 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .models import Effect, Rejection, Revision, RollbackProgress, RollbackStep
+from .models import ApprovalLink, Effect, Rejection, Revision, RollbackProgress, RollbackStep
 
 __all__ = [
     "IDEMPOTENT",
     "NON_IDEMPOTENT",
     "OBSERVE_ONLY",
     "ApiError",
+    "ApprovalLink",
     "ArgumentDrift",
     "AsyncClient",
     "AsyncRun",

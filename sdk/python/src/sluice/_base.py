@@ -14,7 +14,7 @@ from . import _protocol as proto
 from ._ids import CommandKey, Journal, check_run_id, path_segment
 from .catalog import Catalog, ToolDescription, check_declaration
 from .effects import Declaration
-from .models import Effect, RollbackProgress
+from .models import ApprovalLink, Effect, RollbackProgress
 
 DEFAULT_URL = "http://127.0.0.1:8700"
 #: How long a call waits for its effect to settle, unless told otherwise.
@@ -191,6 +191,24 @@ class RunCore:
             context=(self.run_id, str(command_key)),
         )
         return Effect.from_json(answer["command"])
+
+    def approval_link(
+        self, command_key: str, expires_in: int | None, recipient: str | None
+    ) -> proto.Conversation[ApprovalLink]:
+        payload: dict[str, Any] = {}
+        if expires_in is not None:
+            payload["expires_in_s"] = expires_in
+        if recipient is not None:
+            payload["for"] = recipient
+        body = yield from proto.call(
+            "POST",
+            proto.effect_path(self.run_id, str(command_key)) + ":approval-link",
+            self.config.retries,
+            ok=(201,),
+            json=payload,
+            context=(self.run_id, str(command_key)),
+        )
+        return ApprovalLink.from_json(body)
 
     def rollback(self, reason: str) -> proto.Conversation[RollbackProgress]:
         body = yield from proto.call(

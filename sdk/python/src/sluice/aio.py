@@ -23,7 +23,7 @@ from ._context import current_run
 from .catalog import Catalog, ToolDescription
 from .client import Client
 from .effects import Declaration
-from .models import Effect, RollbackProgress
+from .models import ApprovalLink, Effect, RollbackProgress
 
 T = TypeVar("T")
 
@@ -229,6 +229,17 @@ class AsyncRun:
         """See :meth:`sluice.Run.approve`."""
         key = command_key.command_key if isinstance(command_key, Effect) else command_key
         return await self.client.drive(self._core.approve(key, reason, args))
+
+    async def approval_link(
+        self,
+        command_key: str | Effect,
+        *,
+        expires_in: int | None = None,
+        recipient: str | None = None,
+    ) -> ApprovalLink:
+        """See :meth:`sluice.Run.approval_link`."""
+        key = command_key.command_key if isinstance(command_key, Effect) else command_key
+        return await self.client.drive(self._core.approval_link(key, expires_in, recipient))
 
     async def rollback(self, reason: str) -> RollbackProgress:
         """See :meth:`sluice.Run.rollback`."""

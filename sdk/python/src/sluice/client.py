@@ -22,7 +22,7 @@ from ._base import DEFAULT_WAIT, ClientConfig, RunCore, schedule, tools_conversa
 from ._context import current_run
 from .catalog import Catalog, ToolDescription
 from .effects import Declaration
-from .models import Effect, RollbackProgress
+from .models import ApprovalLink, Effect, RollbackProgress
 
 T = TypeVar("T")
 
@@ -242,6 +242,20 @@ class Run:
         or :class:`~sluice.errors.Conflict` (``policy_denied``, not BLOCKED), changing nothing."""
         key = command_key.command_key if isinstance(command_key, Effect) else command_key
         return self.client.drive(self._core.approve(key, reason, args))
+
+    def approval_link(
+        self,
+        command_key: str | Effect,
+        *,
+        expires_in: int | None = None,
+        recipient: str | None = None,
+    ) -> ApprovalLink:
+        """A signed, expiring, single-use link for a person to approve or reject the BLOCKED
+        effect ``command_key`` without a login (an admin token is needed to make one).
+        ``expires_in``: seconds, 60 to 604800 (default 86400); ``recipient``: whom it is for,
+        recorded in the audit chain. The URL is the credential: send it only to its approver."""
+        key = command_key.command_key if isinstance(command_key, Effect) else command_key
+        return self.client.drive(self._core.approval_link(key, expires_in, recipient))
 
     def rollback(self, reason: str) -> RollbackProgress:
         """Rolls the run back: cancels what has not started, compensates what committed (last in

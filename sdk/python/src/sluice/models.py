@@ -173,3 +173,30 @@ class RollbackProgress:
     def escalated(self) -> list[RollbackStep]:
         """Commands a person must look at (nothing could undo them, or undoing failed)."""
         return [step for step in self.commands if step.escalated]
+
+
+@dataclass(frozen=True)
+class ApprovalLink:
+    """A signed, expiring, single-use link that approves or rejects one BLOCKED effect without a
+    login (``POST …:approval-link``). ``url`` is the credential: hand it only to its approver."""
+
+    url: str
+    link_id: str
+    expires_at: str
+    recipient: str | None = None
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> ApprovalLink:
+        return cls(
+            url=body["url"],
+            link_id=body["link_id"],
+            expires_at=body["expires_at"],
+            recipient=body.get("for"),
+        )
+
+    def __repr__(self) -> str:
+        # The URL carries the token: kept out of logs that print the object.
+        return (
+            f"ApprovalLink(link_id={self.link_id!r}, expires_at={self.expires_at!r}, "
+            f"recipient={self.recipient!r})"
+        )

@@ -262,6 +262,35 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/runs/{run_id}/effects/{command_key}:approval-link": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * A signed, expiring, single-use link that approves or rejects a BLOCKED command without a login
+         * @description The URL opens a read-only page of the command (tool, arguments, run, submitter, why it
+         *     waits) with approve and reject buttons and a reason (`GET /approve/{token}`); no bearer
+         *     token is needed: the link is the credential, so treat it as a secret until it is used or
+         *     expires. Its token is signed (HMAC-SHA256 under `[approval_links] secret`, the same on
+         *     every producer) and bound to the run, the command key, the arguments' hash and the
+         *     catalog's policy version: a link whose command was edited or whose policy changed since
+         *     it was issued answers 410, as does a used or expired one. The audit chain records the
+         *     link's issue (its id and `for`, never the token) and the decision made with it (actor
+         *     `link:<id> (for …, issued by …)`). 409 `not_blocked` for a command that is not BLOCKED;
+         *     503 `approval_links_off` without a configured key. docs/security.md, "Approval links".
+         */
+        post: operations["createApprovalLink"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/runs/{run_id}/effects/{command_key}:cancel": {
         parameters: {
             query?: never;
@@ -660,6 +689,55 @@ export interface paths {
         };
         /** One of the console's files (`style.css`, `js/main.js`, …) */
         get: operations["consoleAsset"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/approve/{token}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * An approval link's page, or (with `Accept application/json`) the command it decides
+         * @description The page is a static shell under the console's Content-Security-Policy; its script
+         *     reads the command from this same address as JSON. A used, expired, forged, edited or
+         *     re-policied link answers 410 with a page (or JSON error) that says which
+         *     (`link_used`, `link_expired`, `link_invalid`, `link_edited`, `link_repolicied`,
+         *     `link_decided`), and changes nothing.
+         */
+        get: operations["approvalPage"];
+        put?: never;
+        /**
+         * Approve or reject the link's command, once
+         * @description The link's id is consumed in the ledger (once, across every producer), then the same
+         *     approval or rejection as `:approve` / `:reject` is applied and audited with the link as
+         *     the actor and the reason given; a rejected agent receives the reason. Not
+         *     cookie-authenticated (the token is the credential); a browser request from another
+         *     origin is refused with 403 like every route.
+         */
+        post: operations["approvalDecide"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/approve/assets/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The approval page's script and styles (`approve.js`, `style.css`) */
+        get: operations["approvalAsset"];
         put?: never;
         post?: never;
         delete?: never;
@@ -1740,6 +1818,72 @@ export interface operations {
             503: components["responses"]["Error"];
         };
     };
+    createApprovalLink: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description W3C Trace Context: the caller's span. The request's span becomes its child, and an effect submitted with it is stored with the trace context, which every later step of the effect (bus messages, the upstream's requests) carries on. One that is not a valid `traceparent` is ignored, with its `tracestate` (the request is served all the same) */
+                traceparent?: components["parameters"]["Traceparent"];
+                /** @description W3C Trace Context vendor data, passed on with the `traceparent`; ignored when malformed or without a valid `traceparent` */
+                tracestate?: components["parameters"]["Tracestate"];
+            };
+            path: {
+                /** @example r-example */
+                run_id: components["parameters"]["RunId"];
+                /**
+                 * @description Percent-encoded as one segment
+                 * @example d-1/email/send/0
+                 */
+                command_key: components["parameters"]["CommandKey"];
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": {
+                    /** @description How long the link lives, in seconds (default 86400) */
+                    expires_in_s?: number;
+                    /** @description Whom the link is meant for; recorded with its issue and its decision */
+                    for?: string;
+                };
+            };
+        };
+        responses: {
+            /** @description The link */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @description `<base>/approve/<token>` */
+                        url: string;
+                        /** @description The link's id */
+                        link_id: string;
+                        /** Format: date-time */
+                        expires_at: string;
+                        for?: string | null;
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            /** @description The command is not BLOCKED (`not_blocked`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            415: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
     cancel: {
         parameters: {
             query?: never;
@@ -2534,6 +2678,135 @@ export interface operations {
                     "text/javascript": string;
                     "text/css": string;
                     "image/svg+xml": string;
+                };
+            };
+            403: components["responses"]["Error"];
+            /** @description No such file */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+        };
+    };
+    approvalPage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description An approval link's token (`POST …:approval-link`); it is the credential */
+                token: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The page, or the command as JSON */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                    "application/json": {
+                        run_id: string;
+                        command_key: string;
+                        tool: string;
+                        args: unknown;
+                        status: components["schemas"]["Status"];
+                        submitted_by?: string | null;
+                        tenant?: string;
+                        /** Format: date-time */
+                        created_at?: string;
+                        blocked_because?: string | null;
+                        link: {
+                            id: string;
+                            for?: string | null;
+                            issued_by: string;
+                            /** Format: date-time */
+                            expires_at: string;
+                        };
+                    };
+                };
+            };
+            403: components["responses"]["Error"];
+            /** @description The link decides nothing any more; the page says why */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            503: components["responses"]["Error"];
+        };
+    };
+    approvalDecide: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description An approval link's token (`POST …:approval-link`); it is the credential */
+                token: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** @enum {unknown} */
+                    decision: "approve" | "reject";
+                    reason: string;
+                };
+            };
+        };
+        responses: {
+            /** @description Decided */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @enum {unknown} */
+                        action: "approve" | "reject";
+                        from: components["schemas"]["Status"];
+                        to: components["schemas"]["Status"];
+                        status: components["schemas"]["Status"];
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            410: components["responses"]["Error"];
+            415: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    approvalAsset: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The file */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/javascript": string;
+                    "text/css": string;
                 };
             };
             403: components["responses"]["Error"];

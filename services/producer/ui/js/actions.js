@@ -310,3 +310,32 @@ export function rollback(run, onDone) {
     onDone,
   });
 }
+
+const LINK_LIVES = { '1 hour': 3600, '24 hours': 86400, '7 days': 604800 };
+
+/**
+ * An approval link for a BLOCKED command: a signed, single-use URL a person opens without a
+ * token to approve or reject it (POST …:approval-link). The URL is shown once, to copy.
+ */
+export function approvalLink(command, onDone) {
+  openAction({
+    title: `Approval link for ${command.command_key}`,
+    intro: 'Anyone holding the link can approve or reject this command once, without signing in, until it expires. Send it only to its approver. It stops working if the arguments or the policy change.',
+    fields: [
+      { name: 'for', label: 'For', kind: 'text', hint: 'Who the link is for (recorded in the audit chain).' },
+      { name: 'life', label: 'Expires in', kind: 'select', options: Object.keys(LINK_LIVES) },
+    ],
+    buttons: [{
+      label: 'Create link',
+      run: async (v) => {
+        const body = { expires_in_s: LINK_LIVES[v.life] || 86400 };
+        if ((v.for || '').trim()) body.for = v.for.trim();
+        const answer = await api(`${paths.action(command.run_id, command.command_key, 'approval-link')}`, { method: 'POST', body });
+        return h('div', { class: 'banner ok', 'data-result': 'link' },
+          h('label', { for: 'link-url' }, `Link ${answer.link_id}, expires `, time(answer.expires_at)),
+          h('input', { id: 'link-url', type: 'text', readonly: true, value: answer.url, class: 'mono' }));
+      },
+    }],
+    onDone,
+  });
+}

@@ -1,5 +1,5 @@
 // The console's entry: sign-in with a bearer token (kept in sessionStorage), the hash router
-// (#/overview, #/flow, #/runs, #/run/<id>, #/queues, #/scheduled, #/audit[/<id>]) and the navigation.
+// (#/overview, #/flow, #/runs, #/run/<id>, #/queues, #/scheduled, #/audit[/<id>], #/budgets) and the navigation.
 
 import { api, paths, token, setToken, clearToken, ApiError } from './api.js';
 import { h, replace, session, errorState } from './dom.js';
@@ -10,8 +10,9 @@ import * as scheduled from './views/scheduled.js';
 import * as audit from './views/audit.js';
 import * as overview from './views/overview.js';
 import * as flow from './views/flow.js';
+import * as budgets from './views/budgets.js';
 
-const VIEWS = { runs, run, queues, scheduled, audit, overview, flow };
+const VIEWS = { runs, run, queues, scheduled, audit, overview, flow, budgets };
 const view = document.getElementById('view');
 let cleanup = null;
 
@@ -84,6 +85,8 @@ async function signIn(value) {
   document.getElementById('nav').hidden = false;
   // The overview counts every run: an operator's or an admin's, not an agent's.
   document.querySelector('#nav [data-view=overview]').hidden = session.role === 'agent';
+  // Budgets' counters name runs and tenants: an operator's or an admin's too.
+  document.querySelector('#nav [data-view=budgets]').hidden = session.role === 'agent';
   document.querySelector('#nav [data-view=flow]').hidden = session.role === 'agent';
   const who = document.getElementById('who');
   who.hidden = false;

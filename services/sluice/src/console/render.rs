@@ -177,6 +177,16 @@ pub(super) fn render(command: &ConsoleCommand, body: &Value) -> String {
             effects_table(&list("effects"))
         }
         ConsoleCommand::Show { .. } => command_view(body),
+        ConsoleCommand::ApprovalLink { .. } => format!(
+            "{}\nlink {}, expires at {}{}",
+            text(&body["url"]),
+            text(&body["link_id"]),
+            text(&body["expires_at"]),
+            body["for"]
+                .as_str()
+                .map(|r| format!(", for {r}"))
+                .unwrap_or_default()
+        ),
         ConsoleCommand::Approve { .. }
         | ConsoleCommand::Reject { .. }
         | ConsoleCommand::Cancel { .. }

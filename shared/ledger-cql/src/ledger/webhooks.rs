@@ -1,4 +1,5 @@
-//! Webhook deliveries on CQL (`sluice_ledger::WebhookStore`): one partition per webhook, every
+//! Webhook deliveries on CQL (`sluice_ledger::WebhookStore`), and approval links' uses
+//! (`sluice_ledger::LinkStore`, one LWT `IF NOT EXISTS` per use): one partition per webhook, every
 //! write an LWT (`IF version = null` for the first, `IF version = ?` after), an unknown outcome
 //! settled by a SERIAL read of the LWT's `write_id`; a delivered or failed row rewritten whole
 //! with a TTL (docs/cql.md, "Webhook deliveries").
@@ -170,5 +171,47 @@ impl CqlLedger {
         listed.sort_by_key(|d| std::cmp::Reverse(d.created_at));
         listed.truncate(limit);
         Ok(listed)
+    }
+}
+
+impl CqlLedger {
+    /// An approval link's use, by an LWT `IF NOT EXISTS` (`sluice_ledger::LinkStore`); an
+    /// unknown outcome is settled by a SERIAL read of the row's `write_id`.
+    pub(super) async fn put_link_use(
+        &self,
+        link_id: &str,
+        run_id: &str,
+        command_key: &str,
+        at: Timestamp,
+    ) -> Result<bool, LedgerError> {
+        let op = Op::Link;
+        self.inner.stats.call(op);
+        let write_id = Uuid::new_v4();
+        let answer = self
+            .lwt(
+                op,
+                "consume approval link",
+                &self.inner.st.consume_link,
+                (link_id, run_id, command_key, at.as_millis(), write_id),
+            )
+            .await?;
+        match answer {
+            Lwt::Applied => Ok(true),
+            Lwt::NotApplied(_) => Ok(false),
+            Lwt::Unknown => {
+                let rows = self
+                    .paged(
+                        op,
+                        "read approval link use",
+                        &self.inner.st.read_link_use_serial,
+                        (link_id,),
+                        Kind::Serial,
+                    )
+                    .await?;
+                Ok(rows
+                    .first()
+                    .is_some_and(|row| row.uuid("write_id") == Some(write_id)))
+            }
+        }
     }
 }

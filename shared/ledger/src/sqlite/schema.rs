@@ -108,6 +108,16 @@ CREATE INDEX IF NOT EXISTS evidence_events_held
     ON evidence_events (held_for) WHERE held_for IS NOT NULL;
 ";
 
+/// Approval links' uses (`crate::LinkStore`), created on every open like the sweep tables.
+const LINK_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS approval_link_uses (
+    link_id     TEXT    NOT NULL PRIMARY KEY,
+    run_id      TEXT    NOT NULL,
+    command_key TEXT    NOT NULL,
+    used_at     INTEGER NOT NULL
+) WITHOUT ROWID;
+";
+
 // Layout notes. Run ids are random, so every index keyed by run id puts each write on a
 // random page, and a group commit then rewrites pages all over the file. Instead each run gets
 // a `run_seq` (the rowid of its `runs` row) when it is first seen: runs are created over time
@@ -260,6 +270,7 @@ pub(super) fn prepare_schema(conn: &Connection, path: &Path) -> Result<(), Ledge
         })?;
     }
     conn.execute_batch(SWEEP_SCHEMA).map_err(not_a_ledger)?;
+    conn.execute_batch(LINK_SCHEMA).map_err(not_a_ledger)?;
     conn.execute_batch(FLOW_SCHEMA).map_err(not_a_ledger)?;
     conn.execute_batch(WEBHOOK_SCHEMA).map_err(not_a_ledger)?;
     conn.execute_batch(EVIDENCE_SCHEMA).map_err(not_a_ledger)?;

@@ -1,4 +1,5 @@
-//! The embedded ledger's webhook deliveries (`crate::WebhookStore`): reads on a pooled read
+//! The embedded ledger's webhook deliveries (`crate::WebhookStore`) and approval links' uses
+//! (`crate::LinkStore`, one insert-if-absent through the writer): reads on a pooled read
 //! connection, writes through the writer (`writer/webhooks.rs`). A row that cannot be decoded
 //! is skipped with a warning rather than stopping its webhook's other deliveries.
 
@@ -58,6 +59,25 @@ impl SqliteLedger {
             Reply::Webhook(applied) => Ok(applied),
             _ => Err(LedgerError::Closed),
         }
+    }
+}
+
+#[async_trait]
+impl crate::LinkStore for SqliteLedger {
+    async fn link_consume(
+        &self,
+        link_id: &str,
+        run_id: &sluice_core::ids::RunId,
+        command_key: &sluice_core::ids::CommandKey,
+        at: Timestamp,
+    ) -> Result<bool, LedgerError> {
+        self.webhook_write(Op::LinkConsume {
+            link_id: link_id.to_owned(),
+            run_id: run_id.to_string(),
+            command_key: command_key.to_string(),
+            at: at.as_millis(),
+        })
+        .await
     }
 }
 

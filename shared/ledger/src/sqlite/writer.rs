@@ -104,6 +104,13 @@ pub(super) enum Op {
         guard: u64,
         next: sluice_core::flow::FlowControl,
     },
+    /// An approval link's use recorded unless it was (`LinkStore::link_consume`).
+    LinkConsume {
+        link_id: String,
+        run_id: String,
+        command_key: String,
+        at: i64,
+    },
     /// A webhook delivery stored unless one with its key is (`WebhookStore::webhook_enqueue`).
     WebhookEnqueue(Box<sluice_core::webhook::Delivery>),
     /// A webhook delivery's compare-and-set on its version.

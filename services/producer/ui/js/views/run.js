@@ -18,7 +18,10 @@ const ATTENTION = new Set(['BLOCKED', 'STUCK', 'UNKNOWN', 'COMPENSATION_FAILED',
 /** The actions that apply to a command as it is. */
 function applicable(c) {
   const list = [];
-  if (c.status === 'BLOCKED') list.push(['Approve', actions.approve, 'primary'], ['Reject', actions.reject, 'danger']);
+  if (c.status === 'BLOCKED') {
+    list.push(['Approve', actions.approve, 'primary'], ['Reject', actions.reject, 'danger'],
+      ['Link', actions.approvalLink, '']);
+  }
   if (['SCHEDULED', 'BLOCKED', 'APPROVED'].includes(c.status) || (c.status === 'PENDING' && !c.outcome_unknown)) {
     list.push(['Cancel', actions.cancel, 'danger']);
   }

@@ -142,6 +142,20 @@ impl Writer {
                 self.evidence_settle(record)?;
                 Ok(Reply::Evidence(None))
             }
+            Op::LinkConsume {
+                link_id,
+                run_id,
+                command_key,
+                at,
+            } => Ok(Reply::Webhook(
+                self.conn
+                    .prepare_cached(
+                        "INSERT INTO approval_link_uses (link_id, run_id, command_key, used_at) \
+                         VALUES (?1, ?2, ?3, ?4) ON CONFLICT (link_id) DO NOTHING",
+                    )?
+                    .execute(rusqlite::params![link_id, run_id, command_key, at])?
+                    == 1,
+            )),
             Op::WebhookEnqueue(delivery) => Ok(Reply::Webhook(self.webhook_enqueue(delivery)?)),
             Op::WebhookUpdate { next, expected } => {
                 Ok(Reply::Webhook(self.webhook_update(next, *expected)?))
