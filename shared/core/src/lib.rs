@@ -22,6 +22,7 @@
 pub mod audit;
 pub mod browser;
 pub mod budget;
+pub mod callback;
 pub mod canonical;
 pub mod catalog;
 pub mod command;
