@@ -524,3 +524,154 @@ failed = ["payment_intent.payment_failed"]
     );
     h.stop().await;
 }
+
+/// A payment provider that accepts every wire with `202 Accepted` and tells the outcome
+/// later: a real HTTP server on a free port, counting the calls it takes.
+async fn accepting_upstream() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let app = axum::Router::new().route(
+        "/{*path}",
+        axum::routing::any(move || {
+            let counted = Arc::clone(&counted);
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                (
+                    axum::http::StatusCode::ACCEPTED,
+                    axum::Json(json!({"job": "j-1", "status": "processing"})),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free port");
+    let address = listener.local_addr().expect("its address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{address}/wires"), calls)
+}
+
+/// `[tool.async]` for the wire: 202 means accepted, the outcome comes within `deadline_ms`.
+fn accepted_by(c: CatalogEdit, url: &str, deadline_ms: i64, then: &str) -> CatalogEdit {
+    let declared: toml::Table = toml::from_str(&format!(
+        "accepted_status = [202]\ndeadline_ms = {deadline_ms}\nthen = \"{then}\""
+    ))
+    .expect("the async TOML parses");
+    c.tool_key("payments/wire", "async", declared)
+        .dispatch("payments/wire", "url", url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_accepted_wire_waits_for_its_webhook_and_is_not_looked_up_before_the_deadline() {
+    let secrets = tempfile::tempdir().expect("a temporary directory");
+    let key_file = secrets.path().join("bank.key");
+    std::fs::write(&key_file, format!("{KEY}\n")).expect("the key file is written");
+    let (url, calls) = accepting_upstream().await;
+    // The bank's lookup would find nothing (no wire was booked there): a look before the
+    // deadline would be seen as checks on the command.
+    let h = Harness::start(Faults::none(), |c| {
+        accepted_by(with_evidence(c, &key_file), &url, 60_000, "look")
+    })
+    .await;
+    let base = h.pipeline.url();
+    let run = "r-async-1";
+    let key = "d-1/payments/wire/0";
+    let idempotency_key = format!("{run}/{key}");
+    h.agent
+        .submit_created(&effect(
+            run,
+            1,
+            "payments/wire",
+            0,
+            wire_args("acc-as-1", 5_000),
+        ))
+        .await;
+    let waiting = h
+        .agent
+        .wait_until(run, key, "UNKNOWN", |c| c.status() == Unknown)
+        .await;
+    assert!(
+        waiting.state.awaiting_callback.is_some(),
+        "waiting for the outcome: {waiting:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let still = h.agent.get(run, key).await;
+    assert_eq!(still.status(), Unknown);
+    assert_eq!(
+        still.state.checks, 0,
+        "not looked up before the deadline: {still:?}"
+    );
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "sent once"
+    );
+
+    let event = booked(&idempotency_key, "w-async-1");
+    let applied = send(&base, "bank", "msg_async_1", &event, Some(KEY), unix_now()).await;
+    assert_eq!(applied.body["result"], "applied", "{:?}", applied.body);
+    let wire = h.agent.get(run, key).await;
+    assert_eq!(wire.status(), Confirmed, "{wire:?}");
+    assert_eq!(wire.state.external_ref.as_deref(), Some("w-async-1"));
+    assert!(wire.state.awaiting_callback.is_none());
+    let again = send(&base, "bank", "msg_async_1", &event, Some(KEY), unix_now()).await;
+    assert_eq!(again.body["result"], "replay", "{:?}", again.body);
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "never sent again"
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_accepted_wire_whose_outcome_never_comes_goes_to_a_person_at_the_deadline() {
+    let secrets = tempfile::tempdir().expect("a temporary directory");
+    let key_file = secrets.path().join("bank.key");
+    std::fs::write(&key_file, format!("{KEY}\n")).expect("the key file is written");
+    let (url, calls) = accepting_upstream().await;
+    let h = Harness::start(Faults::none(), |c| {
+        accepted_by(with_evidence(c, &key_file), &url, 1_500, "escalate")
+    })
+    .await;
+    let run = "r-async-2";
+    let key = "d-1/payments/wire/0";
+    h.agent
+        .submit_created(&effect(
+            run,
+            1,
+            "payments/wire",
+            0,
+            wire_args("acc-as-2", 5_000),
+        ))
+        .await;
+    h.agent
+        .wait_until(run, key, "UNKNOWN", |c| c.status() == Unknown)
+        .await;
+    let stuck = h
+        .agent
+        .wait_until(run, key, "STUCK", |c| c.status() == Stuck)
+        .await;
+    assert!(stuck.state.escalated);
+    assert_eq!(stuck.state.checks, 0, "a person, not a lookup: {stuck:?}");
+    let trail = h.audit(run).await;
+    let escalation = trail
+        .of(key)
+        .into_iter()
+        .find(|e| e.record.to == Some(Stuck))
+        .expect("the escalation is in the audit chain");
+    assert_eq!(escalation.record.from, Some(Unknown));
+    assert!(
+        escalation.record.reason.contains("by the deadline"),
+        "{}",
+        escalation.record.reason
+    );
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "never sent again"
+    );
+    h.stop().await;
+}

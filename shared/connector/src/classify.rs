@@ -183,6 +183,21 @@ pub fn dispatch(
     }
 }
 
+/// An asynchronous tool's answer (`[tool.async]`): a status its `accepted_status` lists
+/// means "accepted, the outcome comes later" — unless it also asks for a later call
+/// (`Retry-After`), which `dispatch` reads first. `None`: read it with `dispatch`.
+pub fn accepted(
+    answer: &Answer,
+    accepted_status: &[u16],
+    excerpt_bytes: usize,
+) -> Option<DispatchOutcome> {
+    (accepted_status.contains(&answer.status.as_u16()) && answer.later().is_none()).then(|| {
+        DispatchOutcome::Accepted {
+            reason: answer.summary(excerpt_bytes),
+        }
+    })
+}
+
 /// A dispatch that got no answer.
 pub fn dispatch_without_answer(no_answer: NoAnswer) -> DispatchOutcome {
     match no_answer {
@@ -635,6 +650,21 @@ mod tests {
                 result: None,
             }
         );
+    }
+
+    #[test]
+    fn an_asynchronous_tools_accepted_status_is_accepted_and_nothing_else_is() {
+        let DispatchOutcome::Accepted { reason } =
+            accepted(&answer(202, r#"{"job": "j-1"}"#), &[202], 512).expect("202 is accepted")
+        else {
+            panic!("expected accepted");
+        };
+        assert!(reason.starts_with("HTTP 202"), "{reason}");
+        // Other statuses are read as any tool's: a 200 commits, a 5xx is ambiguous.
+        assert_eq!(accepted(&answer(200, "{}"), &[202], 512), None);
+        assert_eq!(accepted(&answer(503, ""), &[202], 512), None);
+        // A tool that lists no such status (no [tool.async]) never gets one.
+        assert_eq!(accepted(&answer(202, "{}"), &[], 512), None);
     }
 
     #[test]

@@ -454,7 +454,12 @@ impl HttpConnector {
             let outcome = match self.read(sent).await {
                 Ok(answer) => {
                     answered(&Span::current(), answer.status);
-                    classify::dispatch(&answer, tool.dispatch(), self.options.excerpt_bytes)
+                    let excerpt = self.options.excerpt_bytes;
+                    tool.asynchronous()
+                        .and_then(|declared| {
+                            classify::accepted(&answer, &declared.accepted_status, excerpt)
+                        })
+                        .unwrap_or_else(|| classify::dispatch(&answer, tool.dispatch(), excerpt))
                 }
                 Err(no_answer) => classify::dispatch_without_answer(no_answer),
             };
@@ -476,6 +481,9 @@ impl HttpConnector {
             }
             DispatchOutcome::NotSent { reason } => {
                 warn!(outcome = "not_sent", %reason, "dispatch not sent");
+            }
+            DispatchOutcome::Accepted { reason } => {
+                info!(outcome = "accepted", %reason, "dispatch accepted; the outcome comes later");
             }
             DispatchOutcome::RateLimited {
                 reason,

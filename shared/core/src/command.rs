@@ -336,6 +336,11 @@ pub struct CommandState {
     /// job's claim, cleared when its result is written; a job that died lets it lapse.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claimed_until: Option<Timestamp>,
+    /// UNKNOWN because an asynchronous tool accepted the call (`DispatchOutcome::Accepted`):
+    /// its callback or webhook is awaited until this deadline, when it is looked up or
+    /// escalated as the tool declares (`machine::look_for`). Cleared when it leaves UNKNOWN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub awaiting_callback: Option<Timestamp>,
     /// How long the command has waited in this cycle on answers that asked for a later call
     /// (`Retry-After` on a 429 or 503, or a 403): the tool's `max_rate_limited_ms` bounds it,
     /// across attempts and looks, and past it such answers count as they did without the
@@ -395,6 +400,7 @@ impl CommandState {
             ambiguous_before: false,
             key_sent_at: None,
             claimed_until: None,
+            awaiting_callback: None,
             rate_limited_ms: 0,
             rate_limited_until: None,
             flow_slot: None,

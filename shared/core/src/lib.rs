@@ -23,6 +23,7 @@ pub mod approval_link;
 pub mod audit;
 pub mod browser;
 pub mod budget;
+pub mod callback;
 pub mod canonical;
 pub mod catalog;
 pub mod command;

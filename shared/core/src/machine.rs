@@ -51,7 +51,7 @@ pub fn apply(
         event,
         now,
     };
-    match event {
+    let mut step = match event {
         Event::Due => lifecycle::due(&a),
         Event::Lease { owner } => lifecycle::lease(&a, owner),
         Event::ExtendLease { epoch, to } => lifecycle::extend_lease(&a, epoch, *to),
@@ -120,7 +120,12 @@ pub fn apply(
             evidence,
         } => people::resolve(&a, operator, resolution, evidence),
         Event::Replay { operator, evidence } => people::replay(&a, operator, evidence),
+    }?;
+    // An accepted call's wait ends with the UNKNOWN it waited in.
+    if step.state.status != CommandStatus::Unknown {
+        step.state.awaiting_callback = None;
     }
+    Ok(step)
 }
 
 /// What every event's function reads: the command's state, its tool's rules, the event and
@@ -175,6 +180,7 @@ impl Apply<'_> {
     }
 }
 
+mod accepted;
 mod evidence;
 mod lifecycle;
 mod outcomes;
@@ -191,6 +197,8 @@ use settle::{
 use undo::{compensated, undo_commit};
 use verify::verified;
 
+#[cfg(test)]
+mod async_paths;
 #[cfg(test)]
 mod fault_paths;
 #[cfg(test)]

@@ -1087,6 +1087,8 @@ export interface components {
             key_sent_at?: components["schemas"]["Timestamp"];
             /** @description A compensation job holds the command until then; no other job starts its calls meanwhile. */
             claimed_until?: components["schemas"]["Timestamp"];
+            /** @description UNKNOWN because an asynchronous tool ([tool.async]) accepted the call (a 202); its webhook is awaited until this deadline, when the command is looked up or goes to a person as the tool declares. */
+            awaiting_callback?: components["schemas"]["Timestamp"];
             /** @description How long the command has waited in this cycle on answers asking for a later call (Retry-After on a 429 or 503, or a 403), without spending attempts or checks; bounded by the tool's max_rate_limited_ms. */
             rate_limited_ms?: number;
             /** @description PENDING after such an answer; not dispatched before this time. */

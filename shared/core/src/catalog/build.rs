@@ -129,6 +129,21 @@ pub(super) fn build_tool(
             tool: at.tool(),
             detail,
         })?;
+    let asynchronous = raw
+        .asynchronous
+        .map(|raw_async| {
+            super::asynchronous::build_tool_async(
+                raw_async,
+                raw.status_check.is_some(),
+                evidence.is_some(),
+            )
+        })
+        .transpose()
+        .map_err(|detail| CatalogError::MalformedTool {
+            file: at.file(),
+            tool: at.tool(),
+            detail,
+        })?;
     if policy.verify_after_refusal && raw.status_check.is_none() {
         return Err(CatalogError::MalformedTool {
             file: at.file(),
@@ -372,6 +387,7 @@ pub(super) fn build_tool(
         mcp: None,
         rules: Arc::from(rules),
         evidence: evidence.map(Arc::new),
+        asynchronous: asynchronous.map(Arc::new),
     })
 }
 

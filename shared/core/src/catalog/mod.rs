@@ -155,6 +155,7 @@
 //!   tools.
 
 mod args;
+mod asynchronous;
 mod budgets;
 mod build;
 mod credential;
@@ -185,6 +186,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 pub use self::args::{ArgsError, Violation};
+pub use self::asynchronous::{AtDeadline, CallbackOutcome, MAX_DEADLINE_MS, ToolAsync};
 use self::build::{build_tool, check_lease};
 use self::credential::build_credentials;
 pub use self::credential::{Credential, CredentialKind, SecretRef, TextOrSecret};

@@ -75,6 +75,9 @@ pub(super) struct RawTool {
     pub(super) rule: Vec<toml::Table>,
     /// `[tool.evidence]`: the signed webhooks that say what became of its effects.
     pub(super) evidence: Option<super::evidence::RawToolEvidence>,
+    /// `[tool.async]`: an upstream that accepts now and tells the outcome later.
+    #[serde(rename = "async")]
+    pub(super) asynchronous: Option<super::asynchronous::RawAsync>,
 }
 
 #[derive(Default, Deserialize)]

@@ -729,3 +729,96 @@ fn evidence_declarations_are_checked_at_load_naming_file_source_or_tool_and_key(
     let nothing_present = CHARGE_WITH_EVIDENCE.replace("present = [\"charge.succeeded\"]", "");
     assert!(refused(&nothing_present).contains("evidence.present lists no value"));
 }
+
+const PAYOUT_ASYNC: &str = r#"
+    [[tool]]
+    name = "payouts/send"
+    semantics = "NON_IDEMPOTENT"
+    schema = { type = "object" }
+    [tool.dispatch]
+    url = "http://psp/payouts"
+    [tool.status_check]
+    url = "http://psp/payouts/by-key/{idempotency_key}"
+    [tool.async]
+    accepted_status = [202]
+    deadline_ms = 600000
+    then = "look"
+    outcome_pointer = "/status"
+    present = ["succeeded"]
+    failed = ["failed"]
+"#;
+
+#[test]
+fn an_asynchronous_tool_declares_its_accepted_statuses_deadline_and_callback_reading() {
+    let catalog = Catalog::from_toml_str(PAYOUT_ASYNC, "psp.toml").expect("valid");
+    let tool = &catalog.tools()[0];
+    let declared = tool.asynchronous().expect("declared");
+    assert_eq!(declared.accepted_status, vec![202]);
+    assert_eq!(declared.then, AtDeadline::Look);
+    let outcome = declared.outcome.as_ref().expect("its own reading");
+    assert_eq!(outcome.outcome_pointer, "/status");
+    let rules = tool.rules();
+    assert_eq!(rules.async_deadline_ms, Some(600_000));
+    assert!(!rules.async_escalate);
+    let escalate = Catalog::from_toml_str(
+        &PAYOUT_ASYNC.replace("then = \"look\"", "then = \"escalate\""),
+        "psp.toml",
+    )
+    .expect("valid");
+    assert!(escalate.tools()[0].rules().async_escalate);
+    // A tool without [tool.async] never waits for a callback.
+    assert_eq!(wire().rules().async_deadline_ms, None);
+}
+
+#[test]
+fn async_declarations_are_checked_at_load_naming_file_tool_and_key() {
+    let refused = |text: &str| {
+        Catalog::from_toml_str(text, "psp.toml")
+            .expect_err("refused")
+            .to_string()
+    };
+    let no_check = PAYOUT_ASYNC.replace(
+        "[tool.status_check]\n    url = \"http://psp/payouts/by-key/{idempotency_key}\"",
+        "",
+    );
+    let why = refused(&no_check);
+    assert!(
+        why.contains("psp.toml")
+            && why.contains("payouts/send")
+            && why.contains("async.then = \"look\" needs a status check"),
+        "{why}"
+    );
+    // Without a status check, a person decides at the deadline: valid (for a tool safe
+    // without a status check).
+    Catalog::from_toml_str(
+        &no_check
+            .replace("then = \"look\"", "then = \"escalate\"")
+            .replace("NON_IDEMPOTENT", "IDEMPOTENT"),
+        "psp.toml",
+    )
+    .expect("escalate needs no status check");
+    let ok_status = PAYOUT_ASYNC.replace("[202]", "[200]");
+    assert!(
+        refused(&ok_status)
+            .contains("async.accepted_status 200 is not a 2xx status other than 200 and 201")
+    );
+    let twice = PAYOUT_ASYNC.replace("[202]", "[202, 202]");
+    assert!(refused(&twice).contains("lists 202 twice"));
+    let none = PAYOUT_ASYNC.replace("[202]", "[]");
+    assert!(refused(&none).contains("async.accepted_status lists no status"));
+    let zero = PAYOUT_ASYNC.replace("600000", "0");
+    assert!(refused(&zero).contains("async.deadline_ms 0 is not between"));
+    let then = PAYOUT_ASYNC.replace("then = \"look\"", "then = \"wait\"");
+    assert!(refused(&then).contains("wait"), "{}", refused(&then));
+    let pointer = PAYOUT_ASYNC.replace("\"/status\"", "\"status\"");
+    assert!(refused(&pointer).contains("async.outcome_pointer \"status\" is not a JSON pointer"));
+    let unreadable = PAYOUT_ASYNC.replace(
+        "outcome_pointer = \"/status\"\n    present = [\"succeeded\"]\n    failed = [\"failed\"]",
+        "",
+    );
+    assert!(refused(&unreadable).contains("the callback's outcome cannot be read"));
+    let values_only = PAYOUT_ASYNC.replace("outcome_pointer = \"/status\"", "");
+    assert!(refused(&values_only).contains("no outcome_pointer"));
+    let overlap = PAYOUT_ASYNC.replace("[\"failed\"]", "[\"succeeded\"]");
+    assert!(refused(&overlap).contains("listed twice"));
+}

@@ -88,6 +88,8 @@ pub struct Tool {
     pub(super) rules: Arc<[Arc<super::rules::Rule>]>,
     /// `[tool.evidence]`: how a source's signed events settle its effects.
     pub(super) evidence: Option<Arc<crate::evidence::ToolEvidence>>,
+    /// `[tool.async]`: accepted now, the outcome by callback or webhook later.
+    pub(super) asynchronous: Option<Arc<super::asynchronous::ToolAsync>>,
 }
 
 /// How a tool came to its upstream.
@@ -201,6 +203,11 @@ impl Tool {
         self.evidence.as_deref()
     }
 
+    /// `[tool.async]`, if the tool declares one.
+    pub fn asynchronous(&self) -> Option<&super::asynchronous::ToolAsync> {
+        self.asynchronous.as_deref()
+    }
+
     pub fn status_check(&self) -> Option<&HttpEndpoint> {
         self.status_check.as_ref()
     }
@@ -276,6 +283,14 @@ impl Tool {
             idempotency_key_ttl_ms: self.policy.idempotency_key_ttl_ms.map(millis),
             max_rate_limited_ms: millis(self.policy.max_rate_limited_ms),
             rate_limited_commits_nothing: self.policy.rate_limited_commits_nothing,
+            async_deadline_ms: self
+                .asynchronous
+                .as_ref()
+                .map(|declared| millis(declared.deadline_ms)),
+            async_escalate: self
+                .asynchronous
+                .as_ref()
+                .is_some_and(|declared| declared.then == super::asynchronous::AtDeadline::Escalate),
             ..defaults
         }
     }

@@ -36,7 +36,9 @@ pub enum Verdict {
 
 pub fn verdict(outcome: &DispatchOutcome) -> Verdict {
     match outcome {
-        DispatchOutcome::Committed { .. } | DispatchOutcome::Refused { .. } => Verdict::Up,
+        DispatchOutcome::Committed { .. }
+        | DispatchOutcome::Refused { .. }
+        | DispatchOutcome::Accepted { .. } => Verdict::Up,
         DispatchOutcome::Ambiguous { .. } | DispatchOutcome::NotSent { .. } => Verdict::Failing,
         DispatchOutcome::RateLimited { .. } => Verdict::Neither,
     }

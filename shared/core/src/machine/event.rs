@@ -26,6 +26,12 @@ pub enum DispatchOutcome {
     Ambiguous { reason: String },
     /// Failed before anything left the process (connection refused, DNS): it did not happen.
     NotSent { reason: String },
+    /// An asynchronous tool's "accepted, the outcome comes later" (a status its
+    /// `[tool.async] accepted_status` lists, such as 202): the command waits in UNKNOWN for
+    /// its callback or webhook until the tool's deadline, then is looked up or escalated.
+    /// Only a tool that declares `[tool.async]` is ever answered so; for any other tool the
+    /// machine reads it as `Ambiguous`.
+    Accepted { reason: String },
     /// The upstream asked to be called again later: a 429 or 503 with `Retry-After`, or a 403
     /// with it (GitHub's secondary rate limit). `retry_after_ms` is the header's delay, never
     /// negative (a header that is not one is no header: the answer is `Ambiguous` or
@@ -42,7 +48,7 @@ pub enum DispatchOutcome {
 
 impl DispatchOutcome {
     /// Its name, for metrics' labels and spans: `committed`, `refused`, `ambiguous`,
-    /// `not_sent` or `rate_limited`.
+    /// `not_sent`, `rate_limited` or `accepted`.
     pub fn label(&self) -> &'static str {
         match self {
             Self::Committed { .. } => "committed",
@@ -50,6 +56,7 @@ impl DispatchOutcome {
             Self::Ambiguous { .. } => "ambiguous",
             Self::NotSent { .. } => "not_sent",
             Self::RateLimited { .. } => "rate_limited",
+            Self::Accepted { .. } => "accepted",
         }
     }
 
@@ -74,7 +81,8 @@ impl DispatchOutcome {
             Self::Committed { .. }
             | Self::Refused { .. }
             | Self::Ambiguous { .. }
-            | Self::NotSent { .. } => self.clone(),
+            | Self::NotSent { .. }
+            | Self::Accepted { .. } => self.clone(),
         }
     }
 }

@@ -38,6 +38,21 @@ pub(super) fn on_evidence(
         Ok(step)
     };
     match state.status {
+        // The upstream's own word that the job it accepted failed: nothing committed, and no
+        // call is left to land (the accepted call ended with its answer).
+        S::Unknown
+            if state.awaiting_callback.is_some()
+                && outcome == EvidenceOutcome::Failed
+                && state.rollback_pending.is_none() =>
+        {
+            let mut step = settle::failed(
+                a.next(),
+                S::Unknown,
+                format!("{said}: the accepted job failed"),
+            );
+            step.evidence = evidence.clone();
+            Ok(step)
+        }
         S::Unknown => as_a_look(a),
         // A CONFIRMED command's last look takes a `present` as its answer; an event that says
         // the commit is not there is no lagging lookup to look past: a person decides.

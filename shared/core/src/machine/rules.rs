@@ -83,6 +83,15 @@ pub struct Rules {
     /// command is sent again after the wait, even a NON_IDEMPOTENT one, without a look first.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rate_limited_commits_nothing: bool,
+    /// `[tool.async]`: an accepted dispatch (`DispatchOutcome::Accepted`) waits this long for
+    /// its callback or webhook before the command is looked up or escalated. `None`: the tool
+    /// is not asynchronous, and an `Accepted` answer is read as `Ambiguous`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub async_deadline_ms: Option<i64>,
+    /// `[tool.async] then = "escalate"`: at the deadline a person decides (STUCK), even where
+    /// the tool has a status check; otherwise (`"look"`) the status check is asked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub async_escalate: bool,
 }
 
 /// The default of `policy.max_rate_limited_ms`: five minutes of waiting on `Retry-After` per
@@ -145,6 +154,8 @@ impl Rules {
             idempotency_key_ttl_ms: None,
             max_rate_limited_ms: DEFAULT_MAX_RATE_LIMITED_MS,
             rate_limited_commits_nothing: false,
+            async_deadline_ms: None,
+            async_escalate: false,
         }
     }
 
@@ -346,6 +357,14 @@ pub fn look_for(state: &CommandState, rules: &Rules, tool_present: bool, now: Ti
             "the tool is no longer in the catalog; a person must find out whether the effect happened"
                 .into(),
         );
+    }
+    if let Some(deadline) = state.awaiting_callback
+        && rules.async_escalate
+        && state.status == CommandStatus::Unknown
+    {
+        return Look::GiveUp(format!(
+            "the upstream accepted the call but neither its callback nor its webhook came by the deadline ({deadline}); the tool declares that a person decides then"
+        ));
     }
     if rules.has_status_check {
         return Look::StatusCheck;

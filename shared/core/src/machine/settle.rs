@@ -372,6 +372,24 @@ pub(super) fn dispatched(
                 quiet: false,
             }
         }
+        DispatchOutcome::Accepted { reason } => match rules.async_deadline_ms {
+            Some(deadline_ms) => {
+                super::accepted::accepted(next, rules, reason, deadline_ms, now, from)
+            }
+            // A tool that declares no `[tool.async]` cannot wait for a callback: the answer
+            // proves nothing either way.
+            None => dispatched(
+                next,
+                state,
+                rules,
+                &DispatchOutcome::Ambiguous {
+                    reason: reason.clone(),
+                },
+                sent_at,
+                now,
+                from,
+            ),
+        },
         DispatchOutcome::RateLimited {
             reason,
             retry_after_ms,

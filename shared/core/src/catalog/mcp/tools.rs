@@ -454,6 +454,7 @@ pub(in crate::catalog) fn build_mcp_tool(
         rules: Arc::from(rules),
         // An MCP server's tool answers in its own result: no webhook evidence.
         evidence: None,
+        asynchronous: None,
         mcp: Some(Arc::new(McpBinding {
             server: server.name.clone(),
             tool: tool.name.clone(),
