@@ -167,6 +167,7 @@ pub mod mcp;
 mod money;
 mod raw;
 mod rules;
+mod schema;
 mod shape;
 mod template;
 mod tool;
