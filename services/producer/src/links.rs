@@ -67,7 +67,8 @@ impl Links {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateBody {
-    #[serde(default)]
+    /// JSON's `3600.0` is the whole number it says (the document's `integer`), as elsewhere.
+    #[serde(default, deserialize_with = "crate::http::optional_whole_number")]
     expires_in_s: Option<u64>,
     #[serde(default, rename = "for")]
     recipient: Option<String>,
