@@ -1845,7 +1845,7 @@ export interface operations {
                 "application/json": {
                     /** @description How long the link lives, in seconds (default 86400) */
                     expires_in_s?: number;
-                    /** @description Whom the link is meant for; recorded with its issue and its decision (no control characters) */
+                    /** @description Whom the link is meant for; recorded with its issue and its decision (not blank, no control characters) */
                     for?: string;
                 };
             };
