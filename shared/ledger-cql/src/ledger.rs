@@ -688,52 +688,6 @@ impl sluice_ledger::FlowStore for CqlLedger {
 }
 
 #[async_trait]
-impl sluice_ledger::EvidenceStore for CqlLedger {
-    async fn evidence_put(
-        &self,
-        record: &sluice_core::evidence::EvidenceRecord,
-    ) -> Result<Option<sluice_core::evidence::EvidenceRecord>, LedgerError> {
-        self.put_evidence(record).await
-    }
-
-    async fn evidence_settle(
-        &self,
-        record: &sluice_core::evidence::EvidenceRecord,
-    ) -> Result<(), LedgerError> {
-        self.settle_evidence(record).await
-    }
-
-    async fn evidence_held(
-        &self,
-        idempotency_key: &str,
-    ) -> Result<Vec<sluice_core::evidence::EvidenceRecord>, LedgerError> {
-        self.read_evidence_held(idempotency_key).await
-    }
-
-    async fn evidence_list(
-        &self,
-        source: &str,
-        limit: usize,
-    ) -> Result<Vec<sluice_core::evidence::EvidenceRecord>, LedgerError> {
-        self.read_evidence_list(source, limit).await
-    }
-}
-
-#[async_trait]
-impl sluice_ledger::LinkStore for CqlLedger {
-    async fn link_consume(
-        &self,
-        link_id: &str,
-        run_id: &RunId,
-        command_key: &CommandKey,
-        at: Timestamp,
-    ) -> Result<bool, LedgerError> {
-        self.put_link_use(link_id, run_id.as_str(), command_key.as_str(), at)
-            .await
-    }
-}
-
-#[async_trait]
 impl sluice_ledger::WebhookStore for CqlLedger {
     async fn webhook_enqueue(
         &self,

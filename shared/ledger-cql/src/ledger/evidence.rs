@@ -174,3 +174,32 @@ impl CqlLedger {
         Ok(listed)
     }
 }
+
+#[async_trait::async_trait]
+impl sluice_ledger::EvidenceStore for CqlLedger {
+    async fn evidence_put(
+        &self,
+        record: &EvidenceRecord,
+    ) -> Result<Option<EvidenceRecord>, LedgerError> {
+        self.put_evidence(record).await
+    }
+
+    async fn evidence_settle(&self, record: &EvidenceRecord) -> Result<(), LedgerError> {
+        self.settle_evidence(record).await
+    }
+
+    async fn evidence_held(
+        &self,
+        idempotency_key: &str,
+    ) -> Result<Vec<EvidenceRecord>, LedgerError> {
+        self.read_evidence_held(idempotency_key).await
+    }
+
+    async fn evidence_list(
+        &self,
+        source: &str,
+        limit: usize,
+    ) -> Result<Vec<EvidenceRecord>, LedgerError> {
+        self.read_evidence_list(source, limit).await
+    }
+}

@@ -135,3 +135,17 @@ impl CqlLedger {
         ))
     }
 }
+
+#[async_trait::async_trait]
+impl sluice_ledger::LinkStore for CqlLedger {
+    async fn link_consume(
+        &self,
+        link_id: &str,
+        run_id: &RunId,
+        command_key: &CommandKey,
+        at: Timestamp,
+    ) -> Result<bool, LedgerError> {
+        self.put_link_use(link_id, run_id.as_str(), command_key.as_str(), at)
+            .await
+    }
+}
