@@ -16,6 +16,7 @@ use sluice_ledger_cql::CqlConfig;
 use thiserror::Error;
 
 mod api;
+mod callbacks;
 mod copies;
 mod links;
 mod secrets;
@@ -23,6 +24,7 @@ mod tenants;
 pub use api::{AuthConfig, MIN_TOKEN_CHARS, ProducerConfig, Role, ServerTls, TokenConfig};
 pub use tenants::{DEFAULT_QUOTA_RETRY_AFTER_MS, TenantsConfig};
 mod webhooks;
+pub use callbacks::CallbacksConfig;
 pub use copies::{CopyKey, MAX_COPY_KEYS, MIN_COPY_KEY_BYTES};
 pub use links::ApprovalLinksConfig;
 pub use webhooks::WebhookConfig;
@@ -49,6 +51,9 @@ pub struct Config {
     pub webhooks: Vec<WebhookConfig>,
     /// Approval links' key and address (`[approval_links]`, `links.rs`).
     pub approval_links: ApprovalLinksConfig,
+    /// Asynchronous tools' callback URLs: their key and address (`[callbacks]`,
+    /// `callbacks.rs`).
+    pub callbacks: CallbacksConfig,
 }
 
 /// The state gauges (`sluice_commands`, `sluice_oldest_command_age_seconds`): kept in memory
@@ -559,6 +564,7 @@ impl Config {
         };
         webhooks::validate(&self.webhooks)?;
         self.approval_links.validate()?;
+        self.callbacks.validate()?;
         copies::validate(&self.bus.copy_keys)?;
         if self.bus.partitions == 0 || self.bus.partitions > 4_096 {
             return invalid("bus.partitions", "must be between 1 and 4096");
