@@ -30,6 +30,7 @@ use sluice_core::command::Command;
 use sluice_core::machine::{CompensationOutcome, DispatchOutcome};
 use tracing::{Instrument, Span, debug, field, info, warn};
 
+use crate::callback::{self, CallbackSigner, CallbackUrl};
 use crate::classify::{self, Answer, DEFAULT_EXCERPT_BYTES, NoAnswer};
 use crate::credentials::{self, Mode, Outgoing, Secrets};
 use crate::error::ConnectorError;
@@ -76,6 +77,9 @@ pub struct HttpConnector {
     options: HttpOptions,
     /// Shared by clones, so a file secret is cached once per process.
     secrets: Arc<Secrets>,
+    /// Signs the callback URLs of asynchronous tools that name `{callback_url}`
+    /// (`[callbacks]`); `None` where none is configured.
+    callbacks: Option<Arc<CallbackSigner>>,
 }
 
 impl HttpConnector {
@@ -100,7 +104,16 @@ impl HttpConnector {
             client,
             options,
             secrets: Arc::new(Secrets::new()),
+            callbacks: None,
         })
+    }
+
+    /// The connector, signing the callback URLs of the tools that name `{callback_url}` with
+    /// `signer` (`crate::callback`).
+    #[must_use]
+    pub fn with_callbacks(mut self, signer: CallbackSigner) -> Self {
+        self.callbacks = Some(Arc::new(signer));
+        self
     }
 
     pub fn options(&self) -> &HttpOptions {
@@ -424,6 +437,14 @@ fn traced(mut call: Call, command: &Command) -> Call {
     call
 }
 
+/// `outcome` without the attempt's callback token, if it was given one.
+fn without_token(outcome: DispatchOutcome, callback: Option<&CallbackUrl>) -> DispatchOutcome {
+    match callback {
+        Some(given) => callback::redact(outcome, &given.token),
+        None => outcome,
+    }
+}
+
 fn compensation_kind(outcome: &CompensationOutcome) -> &'static str {
     match outcome {
         CompensationOutcome::Done { .. } => "done",
@@ -436,15 +457,31 @@ impl HttpConnector {
     async fn dispatch_in(&self, tool: &Tool, command: &Command) -> DispatchOutcome {
         // The request's own span, the child of the tool call's.
         let http = http_span!("connector.dispatch", "dispatch", tool, command);
-        let call = match request::dispatch(tool, command) {
+        // Signed only for a tool that names it (known at load): no cost for any other.
+        let callback = self
+            .callbacks
+            .as_ref()
+            .and_then(|signer| signer.for_attempt(tool, command));
+        let call = match request::dispatch(
+            tool,
+            command,
+            callback.as_ref().map(|given| given.url.as_str()),
+        ) {
             Ok(call) => {
                 describe(&http, &call);
                 http.in_scope(|| traced(call, command))
             }
             Err(error) => {
-                let reason = format!("not sent: {}", chain(&error));
-                warn!(outcome = "not_sent", %reason, "dispatch could not be sent");
-                return DispatchOutcome::NotSent { reason };
+                let outcome = without_token(
+                    DispatchOutcome::NotSent {
+                        reason: format!("not sent: {}", chain(&error)),
+                    },
+                    callback.as_ref(),
+                );
+                if let DispatchOutcome::NotSent { reason } = &outcome {
+                    warn!(outcome = "not_sent", %reason, "dispatch could not be sent");
+                }
+                return outcome;
             }
         };
         let outcome = async {
@@ -468,6 +505,8 @@ impl HttpConnector {
         }
         .instrument(http)
         .await;
+        // Before anything logs or keeps it: an upstream may echo the URL it was given.
+        let outcome = without_token(outcome, callback.as_ref());
         Span::current().record("outcome", outcome.label());
         match &outcome {
             DispatchOutcome::Committed { external_ref, .. } => {

@@ -7,6 +7,8 @@
 //!
 //! * [`port`] — the [`Connector`] trait, the [`StatusReport`] and the [`CompensationTarget`].
 //! * [`request`] — pure: the HTTP call of each operation (URL, headers, body) for a command.
+//! * [`callback`] — the signed callback URL an asynchronous tool's dispatch gives its upstream,
+//!   and the redaction of its token from what the dispatch leaves behind.
 //! * [`classify`] — pure: what an upstream's answer means (the classification table of the wire
 //!   contract, docs/architecture.md), from a status code, headers and a size-capped body.
 //! * [`retry_after`] — pure: the delay a `Retry-After` header asks for, on the answers that
@@ -24,6 +26,7 @@
 //! [`CompensationOutcome`]: sluice_core::machine::CompensationOutcome
 //! [`Observation`]: sluice_core::Observation
 
+pub mod callback;
 pub mod classify;
 pub mod credentials;
 pub mod error;
@@ -34,6 +37,7 @@ pub mod preview;
 pub mod request;
 pub mod retry_after;
 
+pub use callback::CallbackSigner;
 pub use error::ConnectorError;
 pub use http::{HttpConnector, HttpOptions};
 pub use mcp::{McpConnector, Routed};

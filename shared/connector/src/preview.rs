@@ -11,6 +11,10 @@ use sluice_core::command::Command;
 use crate::credentials::{self, Mode, Outgoing, Secrets};
 use crate::request::{self, Call, CallBody, Operation};
 
+/// What `{callback_url}` shows in a dry run: the real one is signed for each attempt by the
+/// dispatcher (`crate::callback`) and is a credential.
+pub const PREVIEW_CALLBACK_URL: &str = "<public_url>/v1/callbacks/<token>";
+
 /// One request as it would go out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Preview {
@@ -46,9 +50,13 @@ pub fn requests(
 ) -> Vec<(Operation, Result<Preview, String>)> {
     let mut out = vec![(
         Operation::Dispatch,
-        request::dispatch(tool, command)
-            .map_err(|e| e.to_string())
-            .and_then(masked),
+        request::dispatch(
+            tool,
+            command,
+            tool.uses_callback_url().then_some(PREVIEW_CALLBACK_URL),
+        )
+        .map_err(|e| e.to_string())
+        .and_then(masked),
     )];
     if let Some(endpoint) = tool.status_check() {
         out.push((

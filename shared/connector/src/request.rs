@@ -180,8 +180,13 @@ pub enum CallError {
 }
 
 /// The dispatch call: the tool's dispatch endpoint; its body is the endpoint's template, else the
-/// arguments.
-pub fn dispatch(tool: &Tool, command: &Command) -> Result<Call, CallError> {
+/// arguments. `callback_url` is what `{callback_url}` renders to (`crate::callback`): the
+/// attempt's signed URL, for a tool that names it.
+pub fn dispatch(
+    tool: &Tool,
+    command: &Command,
+    callback_url: Option<&str>,
+) -> Result<Call, CallError> {
     check_tool(tool, command)?;
     let endpoint = &tool.dispatch().endpoint;
     build(
@@ -189,10 +194,22 @@ pub fn dispatch(tool: &Tool, command: &Command) -> Result<Call, CallError> {
         tool,
         endpoint,
         command,
-        None,
+        Parts {
+            external_ref: None,
+            callback_url,
+        },
         &command.idempotency_key.to_string(),
         || Arc::clone(command.current_args()),
     )
+}
+
+/// What a call's templates may name besides the command's own keys.
+#[derive(Clone, Copy, Default)]
+struct Parts<'a> {
+    /// The commit a compensation undoes.
+    external_ref: Option<&'a str>,
+    /// An asynchronous tool's dispatch: its signed callback URL.
+    callback_url: Option<&'a str>,
 }
 
 /// The status check call: the given endpoint (the tool's `status_check`).
@@ -207,7 +224,7 @@ pub fn status_check(
         tool,
         endpoint,
         command,
-        None,
+        Parts::default(),
         &command.idempotency_key.to_string(),
         || Arc::clone(command.current_args()),
     )
@@ -224,6 +241,7 @@ pub fn match_filter(tool: &Tool, command: &Command) -> Result<Vec<(String, Strin
         business_key: command.business_key.as_ref(),
         external_ref: None,
         compensation_key: None,
+        callback_url: None,
     };
     filter
         .iter()
@@ -259,7 +277,10 @@ pub fn compensate(
         tool,
         endpoint,
         command,
-        external_ref,
+        Parts {
+            external_ref,
+            callback_url: None,
+        },
         &compensation_key(command, external_ref),
         || Arc::new(json!({ "args": command.current_args(), "external_ref": external_ref })),
     )?;
@@ -298,16 +319,17 @@ fn build(
     tool: &Tool,
     endpoint: &HttpEndpoint,
     command: &Command,
-    external_ref: Option<&str>,
+    parts: Parts<'_>,
     idempotency_key: &str,
     default_body: impl FnOnce() -> Arc<Value>,
 ) -> Result<Call, CallError> {
     let keys = UrlKeys {
         idempotency_key: &command.idempotency_key,
         business_key: command.business_key.as_ref(),
-        external_ref,
+        external_ref: parts.external_ref,
         // The compensation's own key (the idempotency header's value) for its templates.
         compensation_key: (operation == Operation::Compensate).then_some(idempotency_key),
+        callback_url: parts.callback_url,
     };
     let rendered = render_url(&endpoint.url, command.current_args(), &keys).map_err(|source| {
         CallError::Render {
@@ -506,6 +528,10 @@ mod tests {
         method = "DELETE"
     "#;
 
+    fn dispatch_plain(tool: &Tool, command: &Command) -> Result<Call, CallError> {
+        dispatch(tool, command, None)
+    }
+
     fn tool() -> Tool {
         let catalog = Catalog::from_toml_str(CATALOG, "test.toml").expect("the catalog is valid");
         catalog.tools()[0].clone()
@@ -551,7 +577,7 @@ mod tests {
 
     #[test]
     fn the_url_telemetry_shows_leaves_out_arguments_query_values_and_credentials() {
-        let mut call = dispatch(&tool(), &command("acc 1:5")).expect("renders");
+        let mut call = dispatch_plain(&tool(), &command("acc 1:5")).expect("renders");
         assert_eq!(call.url.as_str(), "http://bank.test/accounts/acc%201/wires");
         assert_eq!(
             call.shown_url(),
@@ -569,7 +595,7 @@ mod tests {
 
     #[test]
     fn dispatch_posts_the_args_with_the_contract_headers_and_the_tool_timeout() {
-        let call = dispatch(&tool(), &command("acc 1:5")).expect("renders");
+        let call = dispatch_plain(&tool(), &command("acc 1:5")).expect("renders");
         assert_eq!(call.method, Method::POST);
         assert_eq!(call.url.as_str(), "http://bank.test/accounts/acc%201/wires");
         assert_eq!(
@@ -613,7 +639,7 @@ mod tests {
 
     #[test]
     fn a_business_key_that_is_not_a_header_value_is_refused_before_sending() {
-        let err = dispatch(&tool(), &command("a\nb")).expect_err("newline in a header");
+        let err = dispatch_plain(&tool(), &command("a\nb")).expect_err("newline in a header");
         assert_eq!(
             err,
             CallError::HeaderValue {
@@ -621,7 +647,7 @@ mod tests {
             }
         );
         // UTF-8 is passed through as it is.
-        let call = dispatch(&tool(), &command("café")).expect("utf-8 is obs-text");
+        let call = dispatch_plain(&tool(), &command("café")).expect("utf-8 is obs-text");
         assert_eq!(
             call.headers.get(BUSINESS_KEY).map(HeaderValue::as_bytes),
             Some("café".as_bytes())
@@ -657,7 +683,7 @@ mod tests {
     fn a_command_is_only_sent_with_its_own_tool() {
         let other = CATALOG.replace("payments/wire", "payments/refund");
         let catalog = Catalog::from_toml_str(&other, "other.toml").expect("valid");
-        let err = dispatch(&catalog.tools()[0], &command("k")).expect_err("wrong tool");
+        let err = dispatch(&catalog.tools()[0], &command("k"), None).expect_err("wrong tool");
         assert_eq!(
             err.to_string(),
             "command d-2/payments/wire/0 is for tool payments/wire, not payments/refund"

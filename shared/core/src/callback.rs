@@ -16,12 +16,33 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::catalog::Tool;
+use crate::command::Command;
+use crate::evidence::{EvidenceOutcome, Reading, text_at};
 use crate::time::Timestamp;
 
 /// The shortest signing key accepted, in bytes.
 pub const MIN_KEY_BYTES: usize = 32;
+
+/// The path under the producer's public URL that callbacks are POSTed to, before the token.
+pub const PATH: &str = "/v1/callbacks/";
+
+/// How long past the tool's deadline a token still verifies: a day. A callback that comes
+/// after the deadline is still the upstream's word on the effect (it settles a command the
+/// look left UNKNOWN, or confirms what the look found), and an upstream retries a callback it
+/// could not deliver for hours; a day covers the retries without keeping tokens alive for long.
+pub const EXPIRY_MARGIN_MS: i64 = 86_400_000;
+
+/// The longest a token lives: 30 days, no longer than the ledger keeps a received callback's
+/// record (`sluice_ledger::EVIDENCE_RETENTION_MS`), so a token used again is always either
+/// found as a replay or refused as expired — never applied a second time.
+pub const MAX_LIFETIME_MS: i64 = 30 * 86_400_000;
+
+/// What stands for a token where a callback URL is shown (a dispatch's evidence, a dry run).
+pub const REDACTED_TOKEN: &str = "<redacted>";
 
 /// The longest token accepted (checked before anything is decoded).
 pub const MAX_TOKEN_CHARS: usize = 2_048;
@@ -96,6 +117,76 @@ pub fn verify(key: &[u8], token: &str, now: Timestamp) -> Result<Claims, TokenEr
     Ok(claims)
 }
 
+/// The claims of the callback URL given to `command`'s dispatch attempt at `now`, for a tool
+/// whose deadline is `deadline_ms`: the run, the command key, the attempt's lease epoch, and
+/// an expiry [`EXPIRY_MARGIN_MS`] past the deadline (at most [`MAX_LIFETIME_MS`] from now).
+pub fn claims_for(command: &Command, deadline_ms: u64, now: Timestamp) -> Claims {
+    let deadline_ms = i64::try_from(deadline_ms).unwrap_or(i64::MAX);
+    let lifetime = deadline_ms
+        .saturating_add(EXPIRY_MARGIN_MS)
+        .min(MAX_LIFETIME_MS);
+    Claims {
+        r: command.run_id.to_string(),
+        k: command.command_key.to_string(),
+        e: command.epoch().get(),
+        x: now.as_millis().saturating_add(lifetime),
+    }
+}
+
+/// The callback URL of `token` under the producer's public URL `base` (no trailing slash).
+pub fn url(base: &str, token: &str) -> String {
+    format!("{base}{PATH}{token}")
+}
+
+/// What a callback's body says, read by the tool's `[tool.async]` (its own pointers and
+/// values, else its `[tool.evidence]`'s); `key` is the command's idempotency key, which the
+/// token named. `None` for a tool that is not asynchronous.
+pub fn read(tool: &Tool, key: String, body: &Value) -> Option<Reading> {
+    let declared = tool.asynchronous()?;
+    let evidence = tool.evidence();
+    let (pointer, present, absent, failed, borrowed_reference) = match &declared.outcome {
+        Some(own) => (
+            own.outcome_pointer.as_str(),
+            &own.present,
+            &own.absent,
+            &own.failed,
+            None,
+        ),
+        None => {
+            // Checked at load: a tool without its own reading declares [tool.evidence].
+            let evidence = evidence?;
+            (
+                evidence.outcome_pointer.as_str(),
+                &evidence.present,
+                &evidence.absent,
+                &evidence.failed,
+                evidence.reference_pointer.as_deref(),
+            )
+        }
+    };
+    let outcome_value = text_at(body, pointer).unwrap_or_default();
+    let outcome = if present.contains(&outcome_value) {
+        Some(EvidenceOutcome::Present)
+    } else if failed.contains(&outcome_value) {
+        Some(EvidenceOutcome::Failed)
+    } else if absent.contains(&outcome_value) {
+        Some(EvidenceOutcome::Absent)
+    } else {
+        None
+    };
+    let external_ref = declared
+        .reference_pointer
+        .as_deref()
+        .or(borrowed_reference)
+        .and_then(|pointer| text_at(body, pointer));
+    Some(Reading {
+        key,
+        outcome,
+        outcome_value,
+        external_ref,
+    })
+}
+
 /// The id a callback is recorded under as evidence: a digest of the token, so the same token
 /// used twice is the same event (a replay), and the token itself is never stored.
 pub fn token_id(token: &str) -> String {
@@ -168,6 +259,46 @@ mod tests {
                 "{malformed:.20}"
             );
         }
+    }
+
+    #[test]
+    fn an_attempts_claims_name_its_command_and_epoch_and_outlive_the_deadline_by_a_day() {
+        use crate::command::{EffectSemantics, Intent};
+        use crate::ids::{CommandKey, LeaseEpoch, RunId};
+        let mut command = Command::from_intent(
+            Intent {
+                run_id: RunId::parse("r-1").expect("valid"),
+                command_key: CommandKey::parse("d-1/payouts/send/0").expect("valid"),
+                semantics: EffectSemantics::Idempotent,
+                args: serde_json::json!({}),
+                business_key: None,
+                policy_version: "1".into(),
+                max_attempts: 3,
+                not_before: None,
+            },
+            Timestamp::from_millis(0),
+            10_000,
+        );
+        command.state.lease.epoch = LeaseEpoch::new(4);
+        let now = Timestamp::from_millis(1_000);
+        let claims = claims_for(&command, 600_000, now);
+        assert_eq!(
+            claims,
+            Claims {
+                r: "r-1".into(),
+                k: "d-1/payouts/send/0".into(),
+                e: 4,
+                x: 1_000 + 600_000 + EXPIRY_MARGIN_MS,
+            }
+        );
+        // Never longer than the records that catch a replay are kept.
+        let long = claims_for(&command, u64::MAX, now);
+        assert_eq!(long.x, 1_000 + MAX_LIFETIME_MS);
+        let token = sign(KEY, &claims);
+        assert_eq!(
+            url("https://sluice.example.com", &token),
+            format!("https://sluice.example.com/v1/callbacks/{token}")
+        );
     }
 
     #[test]

@@ -132,7 +132,7 @@ pub struct Reading {
 }
 
 /// A pointer's value as text: a string as it is, a number or a boolean written out.
-fn text_at(event: &Value, pointer: &str) -> Option<String> {
+pub(crate) fn text_at(event: &Value, pointer: &str) -> Option<String> {
     match event.pointer(pointer)? {
         Value::String(text) => Some(text.clone()),
         Value::Number(n) => Some(n.to_string()),

@@ -108,6 +108,7 @@ fn deploy_wire_is_non_idempotent_with_every_resolution_strategy() {
         business_key: business.as_ref(),
         external_ref: Some("w-123"),
         compensation_key: None,
+        callback_url: None,
     };
     let status = wire.status_check().expect("declared");
     assert_eq!(status.method, HttpMethod::Get);
@@ -212,6 +213,7 @@ fn deploy_tickets_are_compensated_by_closing() {
         business_key: None,
         external_ref: Some("T 42"),
         compensation_key: None,
+        callback_url: None,
     };
     assert_eq!(
         render_url(&compensate.url, &json!({"title": "x"}), &keys).expect("renders"),

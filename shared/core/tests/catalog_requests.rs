@@ -208,6 +208,7 @@ fn a_body_renders_nested_arguments_with_their_types_and_leaves_out_missing_ones(
         business_key: None,
         external_ref: None,
         compensation_key: None,
+        callback_url: None,
     };
     let args = json!({"amount": 1999, "order": {"id": "o-7"}});
     let rendered = body.render(&args, &keys).expect("renders").expect("a body");
@@ -264,6 +265,7 @@ fn a_query_value_that_is_one_missing_argument_is_left_out() {
         business_key: Some(&business),
         external_ref: None,
         compensation_key: None,
+        callback_url: None,
     };
     let whole = Template::parse("{args.cursor}").expect("valid");
     assert_eq!(render_value(&whole, &json!({}), &keys), Ok(None));
@@ -519,6 +521,7 @@ body = { key = "{compensation_key}", of = "{external_ref}" }
         business_key: None,
         external_ref: None,
         compensation_key: None,
+        callback_url: None,
     };
     let body = tool
         .dispatch()

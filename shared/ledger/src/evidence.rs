@@ -14,6 +14,10 @@ use crate::LedgerError;
 /// its command again, whose state machine refuses what is settled already.
 pub const EVIDENCE_RETENTION_MS: i64 = 30 * 24 * 3_600_000;
 
+// A callback token lives no longer than its record is kept, so its second use is always a
+// replay or expired (`sluice_core::callback::MAX_LIFETIME_MS`).
+const _: () = assert!(EVIDENCE_RETENTION_MS >= sluice_core::callback::MAX_LIFETIME_MS);
+
 /// The evidence records of one ledger.
 #[async_trait]
 pub trait EvidenceStore: Send + Sync + std::fmt::Debug + 'static {

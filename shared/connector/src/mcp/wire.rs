@@ -43,6 +43,7 @@ fn keys<'a>(
         business_key: command.business_key.as_ref(),
         external_ref,
         compensation_key,
+        callback_url: None,
     }
 }
 

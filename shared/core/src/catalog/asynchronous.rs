@@ -13,13 +13,21 @@
 //! present = ["succeeded"]
 //! failed = ["failed"]
 //! absent = []
+//! reference_pointer = "/id"   # the upstream's reference of the effect in the callback's body,
+//! #                           # kept as external_ref on present; default: [tool.evidence]'s
+//! #                           # when its pointers are borrowed, else none
 //! ```
+//!
+//! The dispatch request gives the upstream where to report the outcome by naming
+//! `{callback_url}` (in its body, a header, the query or the URL): a signed, single-use URL
+//! `<public_url>/v1/callbacks/<token>` (`crate::callback`), which only such a tool may name.
 //!
 //! Checked at load, each error naming the file, the tool and the key: the statuses are 2xx
 //! (anything else already means committed, refused or ambiguous), not 200 or 201, listed once;
 //! the deadline is positive and at most 30 days; `then = "look"` needs a status check; the
 //! callback's outcome is readable — its own `outcome_pointer` with at least one `present`
-//! value, or the tool's `[tool.evidence]` to borrow them from.
+//! value, or the tool's `[tool.evidence]` to borrow them from; `reference_pointer` is a JSON
+//! pointer.
 
 use std::collections::BTreeSet;
 
@@ -52,6 +60,7 @@ pub(super) struct RawAsync {
     absent: Vec<String>,
     #[serde(default)]
     failed: Vec<String>,
+    reference_pointer: Option<String>,
 }
 
 /// How the callback's body tells the outcome.
@@ -71,6 +80,9 @@ pub struct ToolAsync {
     pub then: AtDeadline,
     /// The callback's own reading; `None`: the tool's `[tool.evidence]` pointers and values.
     pub outcome: Option<CallbackOutcome>,
+    /// Where the callback's body holds the upstream's reference of the effect; `None`: the
+    /// `[tool.evidence]`'s when its reading is borrowed, else none.
+    pub reference_pointer: Option<String>,
 }
 
 /// Validates `[tool.async]`. `has_status_check` and `has_evidence`: what else the tool
@@ -108,6 +120,13 @@ pub(super) fn build_tool_async(
             "async.then = \"look\" needs a status check: declare [tool.status_check], or then = \"escalate\" for a person to decide at the deadline"
                 .into(),
         );
+    }
+    if let Some(pointer) = &raw.reference_pointer
+        && !pointer.starts_with('/')
+    {
+        return Err(format!(
+            "async.reference_pointer {pointer:?} is not a JSON pointer (RFC 6901): it starts with \"/\", such as \"/id\""
+        ));
     }
     let outcome = match raw.outcome_pointer {
         Some(pointer) => {
@@ -156,5 +175,6 @@ pub(super) fn build_tool_async(
         deadline_ms: raw.deadline_ms,
         then: raw.then,
         outcome,
+        reference_pointer: raw.reference_pointer,
     })
 }

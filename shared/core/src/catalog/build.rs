@@ -176,6 +176,7 @@ pub(super) fn build_tool(
         has_business_key: business_key.is_some(),
         credentials,
         tool_credential: &tool_credential,
+        is_async: asynchronous.is_some(),
     };
     let mut status_check = raw.status_check;
     let mut compensate = raw.compensate;
@@ -308,23 +309,11 @@ pub(super) fn build_tool(
         .transpose()?;
     // A compensation that names the commit's reference can only be sent for a commit whose
     // reference is known: such a tool requires one unless it says otherwise.
-    let compensate_needs_reference = compensate.as_ref().is_some_and(|endpoint| {
-        endpoint
-            .url
-            .placeholders()
-            .any(|name| name == "external_ref")
-            || endpoint.shape.body.as_ref().is_some_and(|body| {
-                body.placeholders()
-                    .iter()
-                    .any(|(name, _)| *name == "external_ref")
-            })
-            || endpoint
-                .shape
-                .headers
-                .iter()
-                .chain(&endpoint.shape.query)
-                .any(|(_, value)| value.placeholders().any(|name| name == "external_ref"))
-    });
+    let compensate_needs_reference = compensate
+        .as_ref()
+        .is_some_and(|endpoint| endpoint.names("external_ref"));
+    // Known once, so a dispatch of any other tool costs no signature (`crate::callback`).
+    let uses_callback_url = dispatch_endpoint.names("callback_url");
     let dispatch = DispatchConnector {
         endpoint: dispatch_endpoint,
         reference,
@@ -389,6 +378,7 @@ pub(super) fn build_tool(
         rules: Arc::from(rules),
         evidence: evidence.map(Arc::new),
         asynchronous: asynchronous.map(Arc::new),
+        uses_callback_url,
     })
 }
 

@@ -59,6 +59,25 @@ pub struct HttpEndpoint {
     pub shape: RequestShape,
 }
 
+impl HttpEndpoint {
+    /// Whether a template of the endpoint (its URL, body, headers or query) names the
+    /// placeholder `name`.
+    pub fn names(&self, name: &str) -> bool {
+        self.url.placeholders().any(|named| named == name)
+            || self
+                .shape
+                .body
+                .as_ref()
+                .is_some_and(|body| body.placeholders().iter().any(|(named, _)| *named == name))
+            || self
+                .shape
+                .headers
+                .iter()
+                .chain(&self.shape.query)
+                .any(|(_, value)| value.placeholders().any(|named| named == name))
+    }
+}
+
 /// How a status check's answer is read. Only what is declared counts: any other answer (a 401,
 /// the 404 of a route the upstream lacks, a 2xx of another shape) is inconclusive.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -183,6 +202,8 @@ pub(super) struct EndpointContext<'a> {
     pub(super) credentials: &'a BTreeMap<String, Arc<Credential>>,
     /// The tool's own `credential`, used by an endpoint that names none.
     pub(super) tool_credential: &'a [String],
+    /// The tool declares `[tool.async]`: its dispatch may name `{callback_url}`.
+    pub(super) is_async: bool,
 }
 
 /// Headers a catalog may not set by name: the transport's own, and `authorization`, which only
@@ -289,6 +310,14 @@ pub(super) fn check_placeholder(
         Slot::Key("compensation_key") if section != Section::Compensate => Err(unavailable(
             "compensation_key",
             "only a compensation has a key of its own; only compensate may use it",
+        )),
+        Slot::Key("callback_url") if section != Section::Dispatch => Err(unavailable(
+            "callback_url",
+            "only the dispatch request gives the upstream its callback URL; only dispatch may use it",
+        )),
+        Slot::Key("callback_url") if !context.is_async => Err(unavailable(
+            "callback_url",
+            "the tool declares no [tool.async]: only an asynchronous tool is given a callback URL",
         )),
         Slot::Key(_) => Ok(()),
         Slot::Arg(path) => {

@@ -121,7 +121,9 @@
 //! `properties`, listed in its `required`, and not typed as an object or array, so a command
 //! that passed [`Tool::validate_args`] always renders. `{business_key}` needs a `business_key`
 //! template; `{external_ref}` is only known after a dispatch and `{compensation_key}` is the
-//! compensation's own key, so only `compensate` may use them.
+//! compensation's own key, so only `compensate` may use them; `{callback_url}` is the signed URL
+//! an asynchronous tool's upstream reports the outcome to, so only the `dispatch` request of a
+//! tool declaring `[tool.async]` may use it.
 //!
 //! The rules beyond shape: names are unique after bare-name resolution; the schema compiles
 //! (with `format` assertions on) and is `type = "object"` at the top level; a NON_IDEMPOTENT
@@ -175,6 +177,8 @@ pub mod upstream;
 mod variables;
 
 #[cfg(test)]
+mod callback_tests;
+#[cfg(test)]
 mod mcp_tests;
 #[cfg(test)]
 mod tests;
@@ -224,8 +228,10 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_REFERENCE_POINTER: &str = "/id";
 /// The keys a template may name besides argument fields. `idempotency_key_sha256` is the
 /// key's SHA-256 in hex (64 characters), for an API that limits its deduplication id (SQS: 128
-/// characters); `compensation_key` is a compensation's own idempotency key.
-pub const URL_KEYS: [&str; 7] = [
+/// characters); `compensation_key` is a compensation's own idempotency key; `callback_url` is
+/// the signed, single-use URL an asynchronous tool's upstream POSTs the outcome to
+/// (`crate::callback`).
+pub const URL_KEYS: [&str; 8] = [
     "run_id",
     "command_key",
     "idempotency_key",
@@ -233,6 +239,7 @@ pub const URL_KEYS: [&str; 7] = [
     "business_key",
     "external_ref",
     "compensation_key",
+    "callback_url",
 ];
 /// Longest violation message kept in an [`ArgsError`]; schema messages quote the instance.
 const MAX_MESSAGE_LEN: usize = 300;

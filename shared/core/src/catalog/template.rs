@@ -155,6 +155,9 @@ pub struct UrlKeys<'a> {
     pub external_ref: Option<&'a str>,
     /// A compensation's own idempotency key; `None` outside a compensation.
     pub compensation_key: Option<&'a str>,
+    /// The signed callback URL of an asynchronous tool's dispatch (`crate::callback`); `None`
+    /// elsewhere, and for a tool that does not name it.
+    pub callback_url: Option<&'a str>,
 }
 
 /// What a placeholder names: one of the command's keys, or an argument by its path
@@ -197,6 +200,12 @@ pub fn slot_value(
             .compensation_key
             .ok_or(RenderError::MissingKey {
                 key: "compensation_key",
+            })?
+            .to_owned(),
+        Slot::Key("callback_url") => keys
+            .callback_url
+            .ok_or(RenderError::MissingKey {
+                key: "callback_url",
             })?
             .to_owned(),
         Slot::Key("business_key") => keys
@@ -285,11 +294,17 @@ pub const REDACTED: &str = "REDACTED";
 /// A connector URL as telemetry may show it (a span's `url.full`): rendered as
 /// [`render_url`] does, but each argument placeholder becomes [`REDACTED`] — a path may carry
 /// an argument, and arguments are often personal data — and so does the business key, which
-/// is made of arguments. The other keys (run id, command key, idempotency key and its digest,
-/// compensation key, external reference) are rendered: they are the effect's identity, in its
-/// spans already. `None` when the template names neither: the rendered URL can be shown.
+/// is made of arguments, and the callback URL, which is a credential. The other keys (run id,
+/// command key, idempotency key and its digest, compensation key, external reference) are
+/// rendered: they are the effect's identity, in its spans already. `None` when the template
+/// names none of those: the rendered URL can be shown.
 pub fn render_url_redacted(template: &Template, keys: &UrlKeys<'_>) -> Option<String> {
-    let hidden = |name: &str| matches!(Slot::of(name), Slot::Arg(_) | Slot::Key("business_key"));
+    let hidden = |name: &str| {
+        matches!(
+            Slot::of(name),
+            Slot::Arg(_) | Slot::Key("business_key" | "callback_url")
+        )
+    };
     if !template.placeholders().any(hidden) {
         return None;
     }

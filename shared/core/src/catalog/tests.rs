@@ -245,6 +245,7 @@ fn render_url_fills_keys_and_fields_and_encodes_each_as_a_path_segment() {
         business_key: Some(&business),
         external_ref: Some("w/1?x"),
         compensation_key: None,
+        callback_url: None,
     };
     let args = json!({"q": "a&b=c", "n": 12, "flag": true, "obj": {}});
     let render = |text: &str| render_url(&Template::parse(text).expect("valid"), &args, &keys);
@@ -278,6 +279,7 @@ fn render_url_fills_keys_and_fields_and_encodes_each_as_a_path_segment() {
         business_key: None,
         external_ref: None,
         compensation_key: None,
+        callback_url: None,
     };
     let template = Template::parse("http://h/{external_ref}").expect("valid");
     assert_eq!(
@@ -298,6 +300,7 @@ fn render_url_refuses_values_that_would_change_the_path() {
             business_key: None,
             external_ref: Some(value),
             compensation_key: None,
+            callback_url: None,
         };
         assert!(
             matches!(

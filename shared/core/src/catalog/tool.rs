@@ -90,6 +90,8 @@ pub struct Tool {
     pub(super) evidence: Option<Arc<crate::evidence::ToolEvidence>>,
     /// `[tool.async]`: accepted now, the outcome by callback or webhook later.
     pub(super) asynchronous: Option<Arc<super::asynchronous::ToolAsync>>,
+    /// Its dispatch request names `{callback_url}` (only an asynchronous tool's may).
+    pub(super) uses_callback_url: bool,
 }
 
 /// How a tool came to its upstream.
@@ -206,6 +208,12 @@ impl Tool {
     /// `[tool.async]`, if the tool declares one.
     pub fn asynchronous(&self) -> Option<&super::asynchronous::ToolAsync> {
         self.asynchronous.as_deref()
+    }
+
+    /// Whether its dispatch request names `{callback_url}`: known at load, so only such a
+    /// tool's dispatch is given a signed callback URL (`crate::callback`).
+    pub fn uses_callback_url(&self) -> bool {
+        self.uses_callback_url
     }
 
     pub fn status_check(&self) -> Option<&HttpEndpoint> {

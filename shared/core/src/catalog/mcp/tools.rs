@@ -222,6 +222,8 @@ pub(in crate::catalog) fn build_mcp_tool(
         has_business_key: business_key.is_some(),
         credentials: &BTreeMap::new(),
         tool_credential: &[],
+        // An MCP tool's call is the server's to answer; it is never given a callback URL.
+        is_async: false,
     };
 
     let mut set_arguments = Vec::with_capacity(raw.set_arguments.len());
@@ -455,6 +457,7 @@ pub(in crate::catalog) fn build_mcp_tool(
         // An MCP server's tool answers in its own result: no webhook evidence.
         evidence: None,
         asynchronous: None,
+        uses_callback_url: false,
         mcp: Some(Arc::new(McpBinding {
             server: server.name.clone(),
             tool: tool.name.clone(),
