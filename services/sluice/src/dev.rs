@@ -1,6 +1,7 @@
 //! The single-process pipeline: all four services on one ledger and one embedded bus.
 //!
 //! This is what `sluice dev`, `sluice demo`, `sluice bench` and the end-to-end tests start.
+//! Asynchronous tools' callback URLs point at it without configuration ([`with_callbacks`]).
 //! Stopping it cancels the shared shutdown token: the producer stops accepting, every consume
 //! loop stops taking messages and waits for the handlers in flight; anything left unfinished is
 //! in the ledger with a due time, and the next start's sweeps pick it up.
@@ -35,12 +36,7 @@ pub async fn start(
     shutdown: Shutdown,
 ) -> Result<Pipeline, StartError> {
     let skew = sluice_faults::clock_skew()?;
-    let ctx = assemble(config, catalog).await?;
-    // Each service's own view of the shared context: only the clock differs.
-    let ctx_of = |service: &str| Context {
-        clock: skew.clock_of(service, Arc::clone(&ctx.clock)),
-        ..ctx.clone()
-    };
+    // Bound first: the callback URLs' address is the one listened on.
     let listener = tokio::net::TcpListener::bind(config.producer.listen)
         .await
         .map_err(|source| StartError::Listen {
@@ -51,6 +47,13 @@ pub async fn start(
         addr: config.producer.listen,
         source,
     })?;
+    let config = &with_callbacks(config, addr);
+    let ctx = assemble(config, catalog).await?;
+    // Each service's own view of the shared context: only the clock differs.
+    let ctx_of = |service: &str| Context {
+        clock: skew.clock_of(service, Arc::clone(&ctx.clock)),
+        ..ctx.clone()
+    };
     // In the events topic's groups before anything publishes: the embedded bus drops an
     // event once every group then subscribed has taken it.
     let deliverer =
@@ -129,6 +132,44 @@ pub async fn start(
         shutdown,
         tasks,
     })
+}
+
+/// A fresh signing key: two v4 UUIDs, 244 bits from the operating system's random source, as
+/// the admin token.
+pub fn random_key() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// `config` with `[callbacks]` filled where it is not configured, as a single process can:
+/// the key, a fresh one (`sluice dev` keeps one in its data directory and sets it before); the
+/// public URL, the address the producer listens on (loopback for an unspecified address),
+/// over HTTPS with `[producer.tls]`. A configured value is kept; only both together are used.
+pub fn with_callbacks(config: &Config, addr: SocketAddr) -> Config {
+    let mut config = config.clone();
+    let callbacks = &mut config.callbacks;
+    if callbacks.secret.is_none() {
+        callbacks.secret = Some(random_key().into());
+    }
+    if callbacks.public_url.is_none() {
+        let scheme = if config.producer.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut reached = addr;
+        if reached.ip().is_unspecified() {
+            reached.set_ip(match reached {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        callbacks.public_url = Some(format!("{scheme}://{reached}"));
+    }
+    config
 }
 
 impl Pipeline {

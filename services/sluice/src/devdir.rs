@@ -1,8 +1,8 @@
 //! What `sluice dev` keeps in its data directory besides the ledger: a lock, so a second
 //! process on the same directory is refused (naming the holder's pid) instead of running a
 //! second writer beside the first; and the generated admin token, so a restart keeps the token
-//! the console and scripts were given; and the generated approval-link key, so links given out
-//! before a restart still open.
+//! the console and scripts were given; and the generated approval-link and callback keys, so
+//! links and callback URLs given out before a restart still open and verify.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -16,6 +16,9 @@ pub const TOKEN_FILE: &str = "admin-token";
 /// The generated approval-link key's file in the data directory (readable by its owner only):
 /// links issued before a restart still open after it.
 pub const LINK_KEY_FILE: &str = "approval-link.key";
+/// The generated callback-signing key's file in the data directory (readable by its owner
+/// only): callback URLs given to upstreams before a restart still verify after it.
+pub const CALLBACK_KEY_FILE: &str = "callback.key";
 
 /// Why the data directory cannot be used.
 #[derive(Debug, thiserror::Error)]

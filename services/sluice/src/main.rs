@@ -105,6 +105,7 @@ async fn run() -> anyhow::Result<ExitCode> {
             let _lock = sluice::devdir::lock(&config.ledger.data_dir)?;
             let generated = ensure_admin_token(&mut config)?;
             ensure_link_key(&mut config)?;
+            ensure_callback_key(&mut config)?;
             // The web console is on in dev unless the configuration turns it off.
             let console = *config.producer.console.get_or_insert(true);
             sluice_runtime::telemetry::init(&config.telemetry);
@@ -282,19 +283,29 @@ fn ensure_link_key(config: &mut sluice_runtime::Config) -> anyhow::Result<()> {
     if config.approval_links.secret.is_some() {
         return Ok(());
     }
-    // Two v4 UUIDs, as the admin token: 244 bits from the operating system's random source.
     let (key, _generated) = sluice::devdir::kept_secret(
         &config.ledger.data_dir,
         sluice::devdir::LINK_KEY_FILE,
-        || {
-            format!(
-                "{}{}",
-                uuid::Uuid::new_v4().simple(),
-                uuid::Uuid::new_v4().simple()
-            )
-        },
+        sluice::dev::random_key,
     )?;
     config.approval_links.secret = Some(key.into());
+    Ok(())
+}
+
+/// `sluice dev` without a configured callback key: the one kept in the data directory
+/// (`devdir::CALLBACK_KEY_FILE`) from an earlier start, else a fresh one kept there, so callback
+/// URLs given to upstreams before a restart still verify after it. The public URL, when not
+/// configured, is the address `sluice::dev::start` listens on.
+fn ensure_callback_key(config: &mut sluice_runtime::Config) -> anyhow::Result<()> {
+    if config.callbacks.secret.is_some() {
+        return Ok(());
+    }
+    let (key, _generated) = sluice::devdir::kept_secret(
+        &config.ledger.data_dir,
+        sluice::devdir::CALLBACK_KEY_FILE,
+        sluice::dev::random_key,
+    )?;
+    config.callbacks.secret = Some(key.into());
     Ok(())
 }
 

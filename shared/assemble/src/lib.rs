@@ -12,7 +12,9 @@ use std::sync::Arc;
 use sluice_bus::{Bus, BusError, EmbeddedBus, EmbeddedConfig};
 #[cfg(feature = "kafka")]
 use sluice_bus_kafka::KafkaBus;
-use sluice_connector::{Connector, ConnectorError, HttpConnector, McpConnector, Routed};
+use sluice_connector::{
+    CallbackSigner, Connector, ConnectorError, HttpConnector, McpConnector, Routed,
+};
 use sluice_core::catalog::{Catalog, CatalogError};
 use sluice_core::time::{Clock, SystemClock};
 use sluice_ledger::LedgerError;
@@ -55,6 +57,14 @@ pub enum AssembleError {
     Credentials {
         problems: Vec<sluice_connector::credentials::CredentialError>,
     },
+    /// A tool names `{callback_url}` and the configuration has no `[callbacks]` to sign it with.
+    #[error(
+        "{catalog}: tool {} names {{callback_url}} in its dispatch, but [callbacks] is not configured: set callbacks.secret (at least 32 bytes) and callbacks.public_url (the address upstreams reach the producer's API at), the same on every producer and dispatcher",
+        tools.join(", tool ")
+    )]
+    CallbacksOff { catalog: String, tools: Vec<String> },
+    #[error("[callbacks]: {0}")]
+    Callbacks(String),
 }
 
 /// An engine the configuration names that this binary was built without.
@@ -103,11 +113,16 @@ pub fn load_catalog(config: &CatalogConfig) -> Result<Catalog, CatalogError> {
 /// The connector for `catalog`'s tools, and the catalog with the allowed tools of its MCP
 /// servers added: each declared server is connected and its tools listed (bounded retries,
 /// then an error naming the server and why), and the connections stay open for the calls.
-/// Every secret the catalog references is checked first.
+/// Every secret the catalog references is checked first. `callbacks` signs the callback URLs
+/// of the tools that name `{callback_url}`.
 pub async fn connect_tools(
     catalog: Catalog,
+    callbacks: Option<CallbackSigner>,
 ) -> Result<(Catalog, Arc<dyn Connector>), AssembleError> {
-    let http = HttpConnector::new()?;
+    let mut http = HttpConnector::new()?;
+    if let Some(signer) = callbacks {
+        http = http.with_callbacks(signer);
+    }
     http.secrets()
         .check(&catalog)
         .map_err(|problems| AssembleError::Credentials { problems })?;
@@ -229,6 +244,36 @@ pub fn check_sweep_budgets(config: &Config, catalog: &Catalog) -> Result<(), Ass
     }
 }
 
+/// Refuses a catalog with a tool that names `{callback_url}` when `[callbacks]` is not
+/// configured (every one is named), and gives the signer of callback URLs when it is.
+pub fn callback_signer(
+    config: &Config,
+    catalog: &Catalog,
+    clock: &Arc<dyn Clock>,
+) -> Result<Option<CallbackSigner>, AssembleError> {
+    match (&config.callbacks.secret, config.callbacks.base()) {
+        (Some(secret), Some(base)) => CallbackSigner::new(secret.clone(), base, Arc::clone(clock))
+            .map(Some)
+            .map_err(AssembleError::Callbacks),
+        _ => {
+            let tools: Vec<String> = catalog
+                .tools()
+                .iter()
+                .filter(|tool| tool.uses_callback_url())
+                .map(|tool| tool.name().to_string())
+                .collect();
+            if tools.is_empty() {
+                Ok(None)
+            } else {
+                Err(AssembleError::CallbacksOff {
+                    catalog: catalog.source_name().to_owned(),
+                    tools,
+                })
+            }
+        }
+    }
+}
+
 /// [`assemble`] for one service in a process of its own: the whole process, its ledger handle
 /// included, runs on the clock `SLUICE_FAULT_CLOCK_SKEW_MS` gives `service` in a fault run
 /// (the system clock otherwise; see `sluice_faults::clock_for`).
@@ -251,7 +296,8 @@ pub async fn assemble_with_clock(
     clock: Arc<dyn Clock>,
 ) -> Result<Context, AssembleError> {
     check_built(config)?;
-    let (catalog, connector) = connect_tools(catalog).await?;
+    let callbacks = callback_signer(config, &catalog, &clock)?;
+    let (catalog, connector) = connect_tools(catalog, callbacks).await?;
     if !catalog.mcp_servers().is_empty() {
         // The servers' lookups are known only now.
         check_sweep_budgets(config, &catalog)?;
@@ -330,6 +376,53 @@ mod tests {
     fn a_build_without_kafka_names_the_feature() {
         let refused = check_built(&distributed()).expect_err("no Kafka in this build");
         assert!(refused.to_string().contains("bus.kind = \"kafka\""));
+    }
+
+    /// A catalog whose tool names `{callback_url}` needs `[callbacks]`; with it, a signer.
+    #[test]
+    fn a_tool_naming_its_callback_url_needs_callbacks_configured() {
+        let text = r#"
+            [[tool]]
+            name = "payouts/send"
+            semantics = "IDEMPOTENT"
+            schema = { type = "object" }
+            [tool.dispatch]
+            url = "http://psp/payouts"
+            body = { notify = "{callback_url}" }
+            [tool.async]
+            accepted_status = [202]
+            deadline_ms = 60000
+            then = "escalate"
+            outcome_pointer = "/status"
+            present = ["succeeded"]
+        "#;
+        let catalog = Catalog::from_toml_str(text, "psp.toml").expect("valid");
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let refused = callback_signer(&Config::default(), &catalog, &clock)
+            .expect_err("no [callbacks]")
+            .to_string();
+        assert!(
+            refused.contains("psp.toml")
+                && refused.contains("payouts/send")
+                && refused.contains("[callbacks]")
+                && refused.contains("callbacks.public_url"),
+            "{refused}"
+        );
+        let mut config = Config::default();
+        config.callbacks.secret = Some("k".repeat(32).into());
+        config.callbacks.public_url = Some("https://sluice.example.com".into());
+        assert!(
+            callback_signer(&config, &catalog, &clock)
+                .expect("configured")
+                .is_some()
+        );
+        // A catalog that names it nowhere needs nothing.
+        let plain = Catalog::from_toml_str(EXAMPLE_CATALOG, "deploy/catalog.toml").expect("valid");
+        assert!(
+            callback_signer(&Config::default(), &plain, &clock)
+                .expect("nothing to sign")
+                .is_none()
+        );
     }
 
     #[cfg(all(feature = "cql", feature = "kafka"))]
