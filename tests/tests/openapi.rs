@@ -45,6 +45,7 @@ const SERVED: &[(&str, &str)] = &[
     ("GET", "/v1/budgets"),
     ("POST", "/v1/evidence/{source}"),
     ("GET", "/v1/evidence"),
+    ("POST", "/v1/callbacks/{token}"),
     ("POST", "/v1/flow/{name}:pause"),
     ("POST", "/v1/flow/{name}:resume"),
     ("GET", "/ui"),
@@ -867,6 +868,16 @@ async fn the_server_answers_as_the_openapi_document_says() {
         "/v1/evidence/stripe",
         Some(json!({"id": "evt_1", "type": "charge.succeeded"})),
         404,
+    )
+    .await;
+    // An asynchronous tool's callback: its token is the credential, never a bearer token.
+    spec.call(
+        &nobody,
+        "POST",
+        "/v1/callbacks/{token}",
+        "/v1/callbacks/eyJyIjoiciJ9.AAAA",
+        Some(json!({"status": "succeeded"})),
+        401,
     )
     .await;
     const EVIDENCE: &str = "/v1/evidence";

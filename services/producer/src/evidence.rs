@@ -1,5 +1,6 @@
 //! Evidence by webhook (`sluice_core::evidence`, README "Evidence by webhook"):
-//! `POST /v1/evidence/{source}` and `GET /v1/evidence?source=…`.
+//! `POST /v1/evidence/{source}` and `GET /v1/evidence?source=…`; an asynchronous tool's
+//! callbacks (`crate::callbacks`) are recorded and carried out by the same [`record_once`].
 //!
 //! A request is authenticated by its signature alone (an upstream holds no Sluice token): one
 //! not signed by the source's secret is a 401 that leaves nothing behind but a count in
@@ -29,7 +30,7 @@ use serde_json::{Value, json};
 
 use sluice_core::catalog::SecretRef;
 use sluice_core::evidence::{
-    self, Disposition, EvidenceRecord, EvidenceSource, MAX_EVIDENCE_BYTES, Signed,
+    self, Disposition, EvidenceRecord, EvidenceSource, MAX_EVIDENCE_BYTES, Reading, Signed,
 };
 use sluice_core::ids::IdempotencyKey;
 use sluice_core::machine::Event;
@@ -82,7 +83,7 @@ fn lower_headers(headers: &HeaderMap) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn answered(result: &str, record: &EvidenceRecord) -> Response {
+pub(crate) fn answered(result: &str, record: &EvidenceRecord) -> Response {
     Json(json!({
         "result": result,
         "source": record.source,
@@ -157,10 +158,9 @@ pub(crate) async fn receive(
         .filter(|id| !id.is_empty() && id.len() <= 256)
         .ok_or_else(|| bad_body("the event has no id where the source's scheme says".into()))?;
 
-    // Recorded before anything is applied: a repeat finds it.
-    let mut record = EvidenceRecord {
+    let record = EvidenceRecord {
         source: name.clone(),
-        event_id: event_id.clone(),
+        event_id,
         received_at: now,
         disposition: Disposition::Received,
         idempotency_key: None,
@@ -168,6 +168,31 @@ pub(crate) async fn receive(
         note: "received".into(),
         event: evidence::kept(&event, &body),
     };
+    let (result, record) = record_once(&api, record, Carried::Webhook(&event), &count).await?;
+    Ok(answered(result, &record))
+}
+
+/// How a recorded event finds its command.
+pub(crate) enum Carried<'a> {
+    /// A webhook's event: matched by the declarations of the tools taking its source.
+    Webhook(&'a Value),
+    /// A callback (`crate::callbacks`): its command named by the token, its body read.
+    Callback {
+        key: IdempotencyKey,
+        reading: Reading,
+    },
+}
+
+/// Records `record` once per (source, event id) *before* anything is applied — so a repeat
+/// finds it and is a replay, never applied twice — then carries it to its command and settles
+/// the record with what became of it; counts each result with `count`. Answers the result
+/// (`applied`, `recorded`, `unmatched` or `replay`) and the record as stored.
+pub(crate) async fn record_once(
+    api: &Api,
+    mut record: EvidenceRecord,
+    carried: Carried<'_>,
+    count: &(dyn Fn(&str) + Sync),
+) -> Result<(&'static str, EvidenceRecord), ApiError> {
     if let Some(stored) = api
         .ctx
         .ledger
@@ -177,23 +202,29 @@ pub(crate) async fn receive(
     {
         if stored.disposition != Disposition::Received {
             count("replay");
-            return Ok(answered("replay", &stored));
+            return Ok(("replay", stored));
         }
-        if now.millis_since(stored.received_at) < IN_PROGRESS_MS {
+        if record.received_at.millis_since(stored.received_at) < IN_PROGRESS_MS {
             // Another copy is being carried out (or its carrier failed moments ago): not a
             // 200, so the sender keeps the event and sends it again.
             count("in_progress");
             return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "in_progress",
-                format!("event {event_id} of {name} is being carried out; send it again later"),
+                format!(
+                    "event {} of {} is being carried out; send it again later",
+                    record.event_id, record.source
+                ),
             ));
         }
         // Left `received` by a carrier that stopped: carried out now.
         record.received_at = stored.received_at;
     }
 
-    carry(&api, &mut record, &event).await?;
+    match carried {
+        Carried::Webhook(event) => carry(api, &mut record, event).await?,
+        Carried::Callback { key, reading } => apply(api, &mut record, key, reading).await?,
+    }
     api.ctx
         .ledger
         .evidence_settle(&record)
@@ -201,7 +232,7 @@ pub(crate) async fn receive(
         .map_err(ApiError::unavailable)?;
     let result = record.disposition.as_str();
     count(result);
-    Ok(answered(result, &record))
+    Ok((result, record))
 }
 
 /// Matches the event to its command and applies it; fills in the record's disposition.
@@ -234,6 +265,17 @@ async fn carry(api: &Api, record: &mut EvidenceRecord, event: &Value) -> Result<
         record.note = "names no command of a tool taking evidence from this source".into();
         return Ok(());
     };
+    apply(api, record, key, reading).await
+}
+
+/// Applies what `reading` says to the command `key` names, as a status check's answer would
+/// be; fills in the record's disposition.
+async fn apply(
+    api: &Api,
+    record: &mut EvidenceRecord,
+    key: IdempotencyKey,
+    reading: Reading,
+) -> Result<(), ApiError> {
     record.idempotency_key = Some(key.to_string());
     let Some(outcome) = reading.outcome else {
         record.disposition = Disposition::Unmatched;
@@ -302,12 +344,14 @@ pub(crate) async fn list(
     Q(query): Q<ListQuery>,
 ) -> Result<Response, ApiError> {
     principal.require(Need::Admin)?;
-    if api.ctx.catalog.evidence_source(&query.source).is_none() {
+    if api.ctx.catalog.evidence_source(&query.source).is_none()
+        && crate::callbacks::tool_of_source(&api.ctx.catalog, &query.source).is_none()
+    {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_source",
             format!(
-                "no evidence source {:?} is declared ([evidence_sources.<name>])",
+                "no evidence source {:?} is declared ([evidence_sources.<name>], or callback:<tool> of a [tool.async] tool)",
                 query.source
             ),
         ));

@@ -28,6 +28,7 @@ mod admission;
 pub mod audit;
 pub mod auth;
 pub mod budgets;
+pub mod callbacks;
 mod edit;
 pub mod events;
 pub mod evidence;
@@ -105,6 +106,9 @@ pub struct Api {
     quotas: Arc<quota::Quotas>,
     /// Approval links' key and address; `None` without `[approval_links] secret`.
     links: Option<Arc<links::Links>>,
+    /// The key that verifies asynchronous tools' callback tokens; `None` without
+    /// `[callbacks] secret`.
+    callback_key: Option<Arc<sluice_core::Secret>>,
 }
 
 /// Stripes of [`Api::run_turns`]: runs sharing one wait for each other's turns, briefly.
@@ -130,6 +134,7 @@ impl Api {
             tenant_turns: Arc::default(),
             quotas: Arc::new(quota::Quotas::new(config.tenants.clone())),
             links: links::Links::from_config(&config.approval_links),
+            callback_key: callbacks::key_of(config),
             run_turns: (0..RUN_STRIPES)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
@@ -232,6 +237,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/budgets", get(budgets::list))
         .route("/v1/evidence", get(evidence::list))
         .route("/v1/evidence/{source}", post(evidence::receive))
+        .route("/v1/callbacks/{token}", post(callbacks::receive))
         .route("/v1/flow/{*action}", post(flow::act))
         .merge(ui::routes(api.config.console_enabled(false)))
         .route("/approve/{token}", get(links::page).post(links::decide))
@@ -531,6 +537,10 @@ pub async fn serve(
             return Err(std::io::Error::other(format!("configuration key {e}")));
         }
     };
+    if let Err(refused) = callbacks::check_reachable(&api, config) {
+        shutdown.cancel();
+        return Err(std::io::Error::other(refused));
+    }
     // The commands this process's own pipeline settles come to the waiters whole (in one
     // process with the dispatcher: no ledger read to answer a wait).
     let waiters = Arc::clone(&api.waiters);

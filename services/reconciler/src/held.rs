@@ -3,10 +3,12 @@
 //! (`Disposition::Recorded`). When the command goes UNKNOWN, the look applies the latest such
 //! event instead of calling the status check — as `Event::Evidence`, the same event the
 //! producer would have applied — and marks its record applied; a tool with no status check is
-//! then settled by its webhook instead of going to a person.
+//! then settled by its webhook instead of going to a person. An asynchronous tool's callback
+//! that found its command not waiting yet is kept and applied the same way.
 
 use serde_json::json;
 
+use sluice_core::callback;
 use sluice_core::catalog::Tool;
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::evidence::{Disposition, EvidenceRecord};
@@ -14,34 +16,46 @@ use sluice_core::machine::Event;
 use sluice_runtime::{Context, PipelineError};
 
 /// The event to apply for `command` from the evidence kept for it, and its record; `None`
-/// when it is not UNKNOWN, its tool takes no evidence, or none was kept.
+/// when it is not UNKNOWN, its tool takes neither evidence nor callbacks, or none was kept.
+/// An asynchronous tool's callback (source `callback:<tool>`, kept as `{epoch, body}`) counts
+/// as its webhook's events do.
 pub(crate) async fn evidence_for(
     ctx: &Context,
     command: &Command,
     tool: Option<&Tool>,
 ) -> Result<Option<(Event, EvidenceRecord)>, PipelineError> {
-    let Some(declared) = tool.and_then(Tool::evidence) else {
+    let Some(tool) = tool else {
         return Ok(None);
     };
+    let declared = tool.evidence();
+    let callbacks = tool
+        .asynchronous()
+        .map(|_| callback::source_of(&tool.name().to_string()));
+    if declared.is_none() && callbacks.is_none() {
+        return Ok(None);
+    }
     if command.status() != CommandStatus::Unknown {
         return Ok(None);
     }
     let key = command.idempotency_key.to_string();
     let held = ctx.ledger.evidence_held(&key).await?;
-    // The latest the upstream said, of this tool's source.
-    let Some(record) = held
-        .into_iter()
-        .rev()
-        .find(|r| r.source == declared.source && r.outcome.is_some())
-    else {
+    // The latest the upstream said, of this tool's source or its callbacks.
+    let Some(record) = held.into_iter().rev().find(|r| {
+        r.outcome.is_some()
+            && (declared.is_some_and(|d| r.source == d.source)
+                || callbacks.as_ref() == Some(&r.source))
+    }) else {
         return Ok(None);
     };
     let Some(outcome) = record.outcome else {
         return Ok(None);
     };
-    let external_ref = declared
-        .read(&record.event)
-        .and_then(|reading| reading.external_ref);
+    let external_ref = if callbacks.as_ref() == Some(&record.source) {
+        callback::read(tool, key, &record.event["body"])
+    } else {
+        declared.and_then(|declared| declared.read(&record.event))
+    }
+    .and_then(|reading| reading.external_ref);
     let event = Event::Evidence {
         source: record.source.clone(),
         event_id: record.event_id.clone(),

@@ -575,6 +575,42 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/callbacks/{token}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * An asynchronous tool's upstream reports the outcome of the job it accepted (no bearer token)
+         * @description The URL a `[tool.async]` tool's dispatch request gave its upstream with `{callback_url}`
+         *     (`<callbacks.public_url>/v1/callbacks/<token>`). The token is the credential, signed
+         *     under `[callbacks] secret` for one dispatch attempt (the run, the command key, the
+         *     attempt's lease epoch) and expiring a day after the tool's deadline. The body is read
+         *     with the tool's callback reading (`[tool.async]` `outcome_pointer`, `present`, `absent`,
+         *     `failed`, `reference_pointer`, else its `[tool.evidence]`'s): an outcome value the tool
+         *     does not list (a progress report) is answered 200 `ignored`, not recorded, and the URL
+         *     stays usable. Otherwise the callback is recorded once as evidence (source
+         *     `callback:<tool>`, event id `cb_<digest of the token>`) before it is applied to its
+         *     command as a status check's answer would be; the token used again is answered 200
+         *     `replay` and changes nothing. 401 `bad_token` for a token Sluice did not sign (or signed
+         *     with a key since rotated), 410 `callback_expired` for an expired one — neither quotes
+         *     the token nor changes anything; 404 `unmatched` for a command the ledger no longer holds
+         *     (recorded); 422 a body that is not JSON (`bad_event`) or a tool no longer asynchronous
+         *     (`not_async`); 503 without `[callbacks] secret` (`callbacks_off`), with the ledger
+         *     unavailable, or while another copy is carried out (`in_progress`: send it again). README,
+         *     "Asynchronous tools".
+         */
+        post: operations["receiveCallback"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/evidence": {
         parameters: {
             query?: never;
@@ -808,6 +844,19 @@ export interface components {
             /** @enum {unknown} */
             outcome?: "present" | "absent" | "failed" | null;
             note: string;
+        };
+        CallbackAnswer: {
+            /** @enum {unknown} */
+            result: "applied" | "recorded" | "replay" | "ignored";
+            /** @description `callback:<tool>` */
+            source: string;
+            /** @description `cb_<digest of the token>` */
+            event_id: string;
+            disposition?: components["schemas"]["EvidenceDisposition"];
+            idempotency_key?: string | null;
+            /** @enum {unknown} */
+            outcome?: "present" | "absent" | "failed" | null;
+            note?: string;
         };
         /** @enum {unknown} */
         EvidenceDisposition: "received" | "applied" | "recorded" | "unmatched";
@@ -2497,9 +2546,44 @@ export interface operations {
             503: components["responses"]["Error"];
         };
     };
+    receiveCallback: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The callback token; it is the credential */
+                token: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": unknown;
+            };
+        };
+        responses: {
+            /** @description What became of the callback */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CallbackAnswer"];
+                };
+            };
+            401: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            410: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            415: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
     listEvidence: {
         parameters: {
             query: {
+                /** @description An `[evidence_sources.<name>]`, or `callback:<tool>` for an asynchronous tool's callbacks */
                 source: string;
                 limit?: number;
             };
