@@ -3,7 +3,9 @@
 //! the outcome to the callback URL the wire's request gave it. The wire is settled by that
 //! callback — CONFIRMED with the provider's reference, or FAILED — before its deadline and
 //! without a look; the same callback again is a replay that changes nothing; a forged, expired
-//! or progress-only callback changes nothing either. The test signs its own tokens with the
+//! or progress-only callback changes nothing either. A callback that comes before the wire's
+//! own 202 is recorded waits for it; one that finds the wire not waiting yet is kept and
+//! settles it at the deadline's look. The test signs its own tokens with the
 //! `hmac` crate, independent of the verifier under test, under the key it configures.
 
 use std::sync::{Arc, Mutex};
@@ -36,7 +38,7 @@ struct Given {
 type Log = Arc<Mutex<Vec<Given>>>;
 
 /// The provider: answers every wire 202 and, 300 ms later (at once, before its 202, for an
-/// account ending in `-now`), POSTs to its callback URL what the account asks for — `acc-ok…` succeeded (with
+/// account ending in `-now` or `-slow`), POSTs to its callback URL what the account asks for — `acc-ok…` succeeded (with
 /// the provider's id), `acc-fail…` failed — and for any other account never calls back.
 async fn provider() -> (String, Log) {
     let log = Log::default();
@@ -70,9 +72,16 @@ async fn provider() -> (String, Log) {
                         None
                     };
                     // `…-now` calls back at once and holds its 202 a moment: the callback
-                    // comes while the attempt's answer is not recorded yet.
-                    let now = account.ends_with("-now");
-                    let delay = if now { 0 } else { 300 };
+                    // comes while the attempt's answer is not recorded yet; `…-slow` holds it
+                    // past the callback's wait for it.
+                    let hold = if account.ends_with("-now") {
+                        300
+                    } else if account.ends_with("-slow") {
+                        4_000
+                    } else {
+                        0
+                    };
+                    let delay = if hold > 0 { 0 } else { 300 };
                     if let Some(outcome) = outcome {
                         tokio::spawn(async move {
                             tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -80,9 +89,7 @@ async fn provider() -> (String, Log) {
                             log.lock().expect("unpoisoned")[index].answered = Some(answer);
                         });
                     }
-                    if now {
-                        tokio::time::sleep(Duration::from_millis(300)).await;
-                    }
+                    tokio::time::sleep(Duration::from_millis(hold)).await;
                     (
                         axum::http::StatusCode::ACCEPTED,
                         axum::Json(json!({"job": format!("j-{index}"), "status": "processing"})),
@@ -124,13 +131,14 @@ fn signed(key: &str, claims: &Value) -> String {
     )
 }
 
-/// The wire as an asynchronous tool at the provider: its request carries `{callback_url}` in
-/// a header, the callback's `/status` says the outcome and `/id` the reference.
-fn asynchronous(c: CatalogEdit, url: &str) -> CatalogEdit {
+/// The wire as an asynchronous tool at the provider, awaited `deadline_ms`: its request
+/// carries `{callback_url}` in a header, the callback's `/status` says the outcome and `/id`
+/// the reference.
+fn asynchronous(c: CatalogEdit, url: &str, deadline_ms: i64) -> CatalogEdit {
     let declared: toml::Table = toml::from_str(&format!(
         r#"
 accepted_status = [202]
-deadline_ms = {DEADLINE_MS}
+deadline_ms = {deadline_ms}
 then = "look"
 outcome_pointer = "/status"
 present = ["succeeded"]
@@ -148,9 +156,13 @@ reference_pointer = "/id"
 }
 
 async fn start(url: &str) -> Harness {
+    start_within(url, DEADLINE_MS).await
+}
+
+async fn start_within(url: &str, deadline_ms: i64) -> Harness {
     Harness::start_with(
         Faults::none(),
-        |c| asynchronous(c, url),
+        |c| asynchronous(c, url, deadline_ms),
         |config| config.callbacks.secret = Some(KEY.into()),
     )
     .await
@@ -449,4 +461,72 @@ async fn a_failed_callback_fails_the_wire_and_an_expired_or_progress_one_changes
 
 fn token_for(claims: &Value) -> String {
     signed(KEY, claims)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callback_that_finds_its_wire_not_waiting_yet_is_kept_and_settles_it_at_the_deadline() {
+    let (url, given) = provider().await;
+    let h = start_within(&url, 1_000).await;
+    let run = "r-cb-slow";
+    let key = "d-1/payments/wire/0";
+    h.agent
+        .submit_created(&effect(
+            run,
+            1,
+            "payments/wire",
+            0,
+            wire_args("acc-ok-slow", 5_000),
+        ))
+        .await;
+    // The provider calls back at once and answers the wire 4 s later: the callback waits for
+    // that answer 3 s, then is kept for the wire.
+    let answered = eventually(
+        "the provider's callback is answered",
+        Duration::from_secs(10),
+        || {
+            let given = Arc::clone(&given);
+            async move {
+                given
+                    .lock()
+                    .expect("unpoisoned")
+                    .first()
+                    .and_then(|g| g.answered.clone())
+            }
+        },
+    )
+    .await;
+    assert_eq!(answered.0, 200, "{answered:?}");
+    assert_eq!(answered.1["result"], "recorded", "{answered:?}");
+    assert!(
+        answered.1["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("LEASED")),
+        "{answered:?}"
+    );
+    // Accepted, then at its deadline the kept callback answers the look.
+    let wire = h
+        .agent
+        .wait_until(run, key, "CONFIRMED", |c| c.status() == Confirmed)
+        .await;
+    assert_eq!(wire.state.external_ref.as_deref(), Some("po_1"));
+    let trail = h.audit(run).await;
+    let settled = trail.find(key, Unknown, Confirmed);
+    assert!(
+        settled
+            .record
+            .reason
+            .starts_with("evidence callback:payments/wire/cb_"),
+        "{}",
+        settled.record.reason
+    );
+    let listed = h
+        .agent
+        .call("GET", "/v1/evidence?source=callback:payments/wire", None)
+        .await;
+    assert_eq!(
+        listed.body["evidence"][0]["disposition"], "applied",
+        "{:?}",
+        listed.body
+    );
+    h.stop().await;
 }
