@@ -26,7 +26,7 @@
 #   * Prometheus: every Sluice service is scraped; the alert rules cover the required cases;
 #     Grafana provisioning points at the dashboard folder and the Prometheus service;
 #   * SLUICE_ overrides and TOML keys name configuration keys that exist in
-#     shared/config/src/lib.rs (and api.rs) or shared/ledger-cql/src/config.rs (a warning, not a failure:
+#     shared/config/src/*.rs or shared/ledger-cql/src/config.rs (a warning, not a failure:
 #     a key may be added by a change not merged yet).
 # When the tools are installed (they are optional; nothing is downloaded for them):
 #   * promtool: `check config`, `check rules`, `test rules` (deploy/prometheus/alerts.test.yml),
@@ -520,7 +520,9 @@ def parse_structs(src):
 
 
 structs = {}
-for src in ("shared/config/src/lib.rs", "shared/config/src/api.rs",
+# Every file of the config crate: its sections live beside lib.rs ([approval_links] in links.rs,
+# [callbacks] in callbacks.rs, …).
+for src in (*sorted(glob.glob("shared/config/src/*.rs")),
             "shared/ledger-cql/src/config.rs", "shared/ledger-cql/src/tls.rs",
             "shared/bus-kafka/src/security.rs"):
     if os.path.exists(src):

@@ -161,7 +161,9 @@ pub struct Metrics {
     pub webhook_deliveries: IntCounterVec,
     /// `sluice_evidence_received_total{source, result}`: requests to `POST /v1/evidence/…` by
     /// what became of them (`applied`, `recorded`, `unmatched`, `replay`, `in_progress`,
-    /// `bad_signature`, `bad_body`) — a forged request leaves nothing else behind.
+    /// `bad_signature`, `bad_body`) — a forged request leaves nothing else behind; and to
+    /// `POST /v1/callbacks/…` under `callback:<tool>` (with `ignored`: a progress report, not
+    /// recorded), or `callback` for a refused token (`bad_signature`, `expired`).
     pub evidence_received: IntCounterVec,
     /// `sluice_webhook_pending{webhook}`: deliveries not yet answered 2xx nor given up, as the
     /// deliverer last read them (at most 1000).
@@ -327,7 +329,7 @@ impl Metrics {
         );
         let evidence_received = counter(
             "evidence_received_total",
-            "Evidence requests by source and result (applied, recorded, unmatched, replay, bad_signature, bad_body)",
+            "Evidence and callback requests by source and result (applied, recorded, unmatched, replay, ignored, in_progress, bad_signature, expired, bad_body)",
             &["source", "result"],
         );
         let webhook_pending = IntGaugeVec::new(
