@@ -542,7 +542,9 @@ for what, args, expect in (
         ("engine keys without a Secret", ["--set", "engines.cql.passwordKey=p"], "engines.existingSecret"),
         ("an ExternalSecret without existingSecret", ["--set", "externalSecret.enabled=true", "--set", "externalSecret.secretStoreRef.name=v"], "set existingSecret"),
         ("HTTPS without a certificate", ["--set", "producer.tls.enabled=true"], "producer.tls.secretName"),
-        ("an image digest that is not one", ["--set", "image.digest=latest"], "/image/digest")):
+        ("an image digest that is not one", ["--set", "image.digest=latest"], "/image/digest"),
+        ("the callback key in values (a ConfigMap)", ["--set", "config.callbacks.secret=k"], "'secret' not allowed"),
+        ("a callback address that is not http(s)", ["--set", "config.callbacks.public_url=ftp://x"], "/config/callbacks/public_url")):
     text, err = render(*args)
     result(text is None and expect in (err or ""), f"refused: {what} (naming {expect!r})", err or "rendered")
 
