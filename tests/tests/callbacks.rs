@@ -431,6 +431,13 @@ async fn a_failed_callback_fails_the_wire_and_an_expired_or_progress_one_changes
     .await;
     assert_eq!(status, 410, "{gone}");
     assert_eq!(gone["error"]["code"], "callback_expired");
+    // Too large a body: refused before anything is read.
+    let (status, large) = post(
+        &url,
+        &json!({"status": "succeeded", "pad": "x".repeat(300_000)}),
+    )
+    .await;
+    assert_eq!(status, 413, "{large}");
     // A progress report: not recorded, the URL stays usable.
     let (status, progress) = post(&url, &json!({"status": "processing"})).await;
     assert_eq!(status, 200, "{progress}");

@@ -64,16 +64,21 @@ pub(crate) fn key_of(config: &sluice_runtime::Config) -> Option<Arc<Secret>> {
 /// Refuses a `callbacks.public_url` whose host this producer would refuse (421
 /// `host_not_allowed`): every callback sent there would be.
 pub(crate) fn check_reachable(api: &Api, config: &sluice_runtime::Config) -> Result<(), String> {
-    let (Some(_), Some(base)) = (&api.callback_key, config.callbacks.base()) else {
-        return Ok(());
-    };
+    match (&api.callback_key, config.callbacks.base()) {
+        (Some(_), Some(base)) => reachable(&api.browser, base),
+        _ => Ok(()),
+    }
+}
+
+/// Whether a request to `base` would pass the producer's host check (`browser`).
+fn reachable(browser: &sluice_core::browser::Allowed, base: &str) -> Result<(), String> {
     let authority = base
         .split_once("://")
         .map_or(base, |(_, rest)| rest)
         .split('/')
         .next()
         .unwrap_or_default();
-    if api.browser.host_allowed(authority) {
+    if browser.host_allowed(authority) {
         return Ok(());
     }
     Err(format!(
@@ -252,5 +257,31 @@ async fn wait_for_the_answer(api: &Api, key: &IdempotencyKey, epoch: u64) -> Res
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(200));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_public_url_the_producer_would_refuse_is_named_at_start() {
+        let hosts = vec!["sluice.example.com".to_owned()];
+        let browser = sluice_core::browser::Allowed::new(&hosts, &[]).expect("valid");
+        for fine in [
+            "https://sluice.example.com",
+            "https://sluice.example.com/api",
+            "http://127.0.0.1:8700",
+            "http://localhost:8700",
+        ] {
+            assert!(reachable(&browser, fine).is_ok(), "{fine}");
+        }
+        let refused = reachable(&browser, "https://callbacks.example.org/x").expect_err("refused");
+        assert!(
+            refused.contains("callbacks.public_url")
+                && refused.contains("callbacks.example.org")
+                && refused.contains("producer.allowed_hosts"),
+            "{refused}"
+        );
     }
 }
