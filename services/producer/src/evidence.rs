@@ -256,7 +256,9 @@ async fn find_command(api: &Api, source: &str, event: &Value) -> Result<Found, A
             if command.is_some_and(|c| &c.tool == name) {
                 return Ok(Found::Command(key, reading));
             }
-            tried.push(format!("key {key} of {name}: no such command"));
+            tried.push(format!(
+                "key {key} of {name}: no command of the tool has it"
+            ));
             continue;
         }
         let Some(reference) = reading.external_ref.clone() else {
