@@ -130,6 +130,13 @@ for suite in scripts/suites/*.sh; do
 done
 rm -f "$suites.one"
 
+# The agent's call (one agent per connection, `Prefer: wait`, C = 1, 16, 64, 256), a short row
+# each on the build just made, printed beside the figures last recorded for that build in
+# docs/agent-bench-ci.json: so a slower agent's call shows in the next CI log. Figures, never a
+# pass or a fail (the VM drifts by a fifth); docs/performance-history.md says how to measure one.
+echo "== the agent's call (scripts/bench-agents-ci.py)"
+scripts/bench-agents-ci.py --bin "$SLUICE_BIN" || echo "the agent bench did not finish: no figures this time (not a test)"
+
 # The cluster test: 2 replicas of each service on a 3-node Cassandra and a 3-broker Kafka, nodes
 # and replicas killed mid-flight. Six more JVMs do not fit beside the single-node engines on two
 # cores, so those (this script's own) stop first; the clusters stop when the test is done.

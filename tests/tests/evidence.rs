@@ -528,6 +528,13 @@ failed = ["payment_intent.payment_failed"]
 /// A payment provider that accepts every wire with `202 Accepted` and tells the outcome
 /// later: a real HTTP server on a free port, counting the calls it takes.
 async fn accepting_upstream() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    accepting_upstream_answering(json!({"job": "j-1", "status": "processing"})).await
+}
+
+/// The same, answering every call `202` with `body`.
+async fn accepting_upstream_answering(
+    body: Value,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     let calls = Arc::new(AtomicUsize::new(0));
@@ -536,12 +543,10 @@ async fn accepting_upstream() -> (String, std::sync::Arc<std::sync::atomic::Atom
         "/{*path}",
         axum::routing::any(move || {
             let counted = Arc::clone(&counted);
+            let body = body.clone();
             async move {
                 counted.fetch_add(1, Ordering::SeqCst);
-                (
-                    axum::http::StatusCode::ACCEPTED,
-                    axum::Json(json!({"job": "j-1", "status": "processing"})),
-                )
+                (axum::http::StatusCode::ACCEPTED, axum::Json(body))
             }
         }),
     );
@@ -673,5 +678,220 @@ async fn an_accepted_wire_whose_outcome_never_comes_goes_to_a_person_at_the_dead
         1,
         "never sent again"
     );
+    h.stop().await;
+}
+
+/// `[tool.evidence]` for a provider whose events name the job by its own id and never echo
+/// the idempotency key: matched by reference only.
+fn with_evidence_by_reference(c: CatalogEdit, key_file: &std::path::Path) -> CatalogEdit {
+    let source: toml::Table = toml::from_str(&format!(
+        "[psp]\nscheme = \"standard_webhooks\"\nsecret = {{ file = \"{}\" }}\ntolerance_s = 60\n",
+        key_file.display()
+    ))
+    .expect("the source's TOML parses");
+    let declared: toml::Table = toml::from_str(
+        r#"
+source = "psp"
+reference_pointer = "/data/object/id"
+outcome_pointer = "/type"
+present = ["job.succeeded"]
+failed = ["job.failed"]
+"#,
+    )
+    .expect("the evidence TOML parses");
+    c.top("evidence_sources", source)
+        .tool_key("payments/wire", "evidence", declared)
+}
+
+fn job_event(id: &str, job: &str) -> Value {
+    json!({"id": id, "type": "job.succeeded", "data": {"object": {"id": job}}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_naming_the_job_by_its_id_settles_the_accepted_wire_without_the_key() {
+    let secrets = tempfile::tempdir().expect("a temporary directory");
+    let key_file = secrets.path().join("psp.key");
+    std::fs::write(&key_file, format!("{KEY}\n")).expect("the key file is written");
+    let (url, calls) =
+        accepting_upstream_answering(json!({"id": "job_7", "status": "pending"})).await;
+    let h = Harness::start(Faults::none(), |c| {
+        accepted_by(
+            with_evidence_by_reference(c, &key_file),
+            &url,
+            60_000,
+            "look",
+        )
+    })
+    .await;
+    let base = h.pipeline.url();
+    let run = "r-by-ref-1";
+    let key = "d-1/payments/wire/0";
+    h.agent
+        .submit_created(&effect(
+            run,
+            1,
+            "payments/wire",
+            0,
+            wire_args("acc-ref-1", 5_000),
+        ))
+        .await;
+    let waiting = h
+        .agent
+        .wait_until(run, key, "UNKNOWN", |c| c.status() == Unknown)
+        .await;
+    assert!(waiting.state.awaiting_callback.is_some(), "{waiting:?}");
+    assert_eq!(
+        waiting.state.external_ref.as_deref(),
+        Some("job_7"),
+        "the 202's job id is kept: {waiting:?}"
+    );
+
+    // No key anywhere in the event: the job's id names the wire.
+    let event = job_event("evt_1", "job_7");
+    assert!(!event.to_string().contains(run), "the event carries no key");
+    let applied = send(&base, "psp", "evt_1", &event, Some(KEY), unix_now()).await;
+    assert_eq!(applied.status, StatusCode::OK, "{:?}", applied.body);
+    assert_eq!(applied.body["result"], "applied", "{:?}", applied.body);
+    assert_eq!(
+        applied.body["idempotency_key"],
+        format!("{run}/{key}").as_str()
+    );
+    let wire = h.agent.get(run, key).await;
+    assert_eq!(wire.status(), Confirmed, "{wire:?}");
+    assert_eq!(wire.state.external_ref.as_deref(), Some("job_7"));
+    assert_eq!(
+        wire.state.checks, 0,
+        "settled before the deadline, unlooked-up"
+    );
+    assert!(wire.state.awaiting_callback.is_none());
+    let trail = h.audit(run).await;
+    let by_webhook: Vec<_> = trail
+        .of(key)
+        .into_iter()
+        .filter(|e| e.record.actor == "evidence:psp")
+        .collect();
+    assert_eq!(by_webhook.len(), 1, "{trail:?}");
+    assert_eq!(
+        (by_webhook[0].record.from, by_webhook[0].record.to),
+        (Some(Unknown), Some(Confirmed))
+    );
+    assert_eq!(by_webhook[0].record.evidence["event"], event);
+
+    // A second copy: a replay, never applied twice.
+    let again = send(&base, "psp", "evt_1", &event, Some(KEY), unix_now()).await;
+    assert_eq!(again.body["result"], "replay", "{:?}", again.body);
+
+    // A job no command stored: unmatched, and the note says what was tried.
+    let stray = send(
+        &base,
+        "psp",
+        "evt_2",
+        &job_event("evt_2", "job_9"),
+        Some(KEY),
+        unix_now(),
+    )
+    .await;
+    assert_eq!(stray.status, StatusCode::OK);
+    assert_eq!(stray.body["result"], "unmatched", "{:?}", stray.body);
+    let note = stray.body["note"].as_str().expect("a note");
+    assert!(
+        note.contains("reference \"job_9\" of payments/wire") && note.contains("no command"),
+        "{note}"
+    );
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "sent once"
+    );
+    h.stop().await;
+}
+
+/// The index is written wherever a command comes to store a new reference — here a person's
+/// resolution — and an entry is only a hint: an event naming a reference the command no
+/// longer stores is not applied to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_naming_a_reference_its_command_no_longer_stores_is_unmatched() {
+    let secrets = tempfile::tempdir().expect("a temporary directory");
+    let key_file = secrets.path().join("psp.key");
+    std::fs::write(&key_file, format!("{KEY}\n")).expect("the key file is written");
+    let (url, _calls) =
+        accepting_upstream_answering(json!({"id": "job_7", "status": "pending"})).await;
+    let h = Harness::start(Faults::none(), |c| {
+        accepted_by(
+            with_evidence_by_reference(c, &key_file),
+            &url,
+            1_500,
+            "escalate",
+        )
+    })
+    .await;
+    let base = h.pipeline.url();
+    let run = "r-by-ref-2";
+    let key = "d-1/payments/wire/0";
+    h.agent
+        .submit_created(&effect(
+            run,
+            1,
+            "payments/wire",
+            0,
+            wire_args("acc-ref-2", 5_000),
+        ))
+        .await;
+    let stuck = h
+        .agent
+        .wait_until(run, key, "STUCK", |c| c.status() == Stuck)
+        .await;
+    assert_eq!(stuck.state.external_ref.as_deref(), Some("job_7"));
+    // A person finds the wire booked under another reference.
+    let resolved = h
+        .agent
+        .act(
+            run,
+            key,
+            "resolve",
+            &json!({"outcome": "CONFIRMED", "external_ref": "w-manual",
+                    "evidence": {"bank_statement": "line 9"}, "reason": "on the statement"}),
+        )
+        .await;
+    assert_eq!(resolved.status, StatusCode::OK, "{}", resolved.text);
+    let wire = h.agent.get(run, key).await;
+    assert_eq!(wire.state.external_ref.as_deref(), Some("w-manual"));
+
+    // The job's id still points at the wire in the index, but the wire's own reference
+    // disagrees: unmatched, and said so.
+    let stale = send(
+        &base,
+        "psp",
+        "evt_old",
+        &job_event("evt_old", "job_7"),
+        Some(KEY),
+        unix_now(),
+    )
+    .await;
+    assert_eq!(stale.body["result"], "unmatched", "{:?}", stale.body);
+    let note = stale.body["note"].as_str().expect("a note");
+    assert!(
+        note.contains(&format!("indexed to {run}/{key}"))
+            && note.contains("disagrees")
+            && note.contains("w-manual"),
+        "{note}"
+    );
+    // The person's reference was indexed on its way into the command: an event naming it
+    // finds the wire (CONFIRMED already, so kept, not applied).
+    let named = send(
+        &base,
+        "psp",
+        "evt_new",
+        &job_event("evt_new", "w-manual"),
+        Some(KEY),
+        unix_now(),
+    )
+    .await;
+    assert_eq!(named.body["result"], "recorded", "{:?}", named.body);
+    assert_eq!(
+        named.body["idempotency_key"],
+        format!("{run}/{key}").as_str()
+    );
+    assert_eq!(h.agent.get(run, key).await.status(), Confirmed);
     h.stop().await;
 }

@@ -618,6 +618,23 @@ impl sluice_ledger::EvidenceStore for Unreachable {
     ) -> Result<Vec<sluice_core::evidence::EvidenceRecord>, LedgerError> {
         self.0.evidence_list(source, limit).await
     }
+
+    async fn reference_put(
+        &self,
+        tool: &sluice_core::ids::ToolName,
+        reference: &str,
+        key: &sluice_core::ids::IdempotencyKey,
+    ) -> Result<sluice_core::ids::IdempotencyKey, LedgerError> {
+        self.0.reference_put(tool, reference, key).await
+    }
+
+    async fn reference_get(
+        &self,
+        tool: &sluice_core::ids::ToolName,
+        reference: &str,
+    ) -> Result<Option<sluice_core::ids::IdempotencyKey>, LedgerError> {
+        self.0.reference_get(tool, reference).await
+    }
 }
 
 #[async_trait]

@@ -7,11 +7,13 @@
 //! `sluice_evidence_received_total{result="bad_signature"}`. A signed one is recorded once per
 //! (source, event id) in the ledger *before* it is carried to its command, so the same event
 //! sent again is answered 200 `replay` and never applied twice; then it is matched to its
-//! command by the idempotency key the event echoes, and applied through the state machine
-//! (`Event::Evidence`) exactly as a status check's answer would be, the event (size-capped) as
-//! the evidence of the audit record. An event that names no command Sluice knows, or an
-//! outcome its tool does not list, is recorded `unmatched`; one whose command is not waiting
-//! for it (PENDING, LEASED, settled already) is recorded `recorded`, unapplied.
+//! command ([`find_command`]: by the idempotency key the event echoes, else by the upstream's
+//! reference of the effect through the ledger's reference index), and applied through the state
+//! machine (`Event::Evidence`) exactly as a status check's answer would be, the event
+//! (size-capped) as the evidence of the audit record. An event that names no command Sluice
+//! knows, or an outcome its tool does not list, is recorded `unmatched` with what was tried;
+//! one whose command is not waiting for it (PENDING, LEASED, settled already) is recorded
+//! `recorded`, unapplied.
 //!
 //! Answers: 200 with `result` = `applied` | `recorded` | `unmatched` | `replay`; 401 bad
 //! signature; 404 unknown source; 413 body over `MAX_EVIDENCE_BYTES`; 422 a body that is not a
@@ -30,7 +32,8 @@ use serde_json::{Value, json};
 
 use sluice_core::catalog::SecretRef;
 use sluice_core::evidence::{
-    self, Disposition, EvidenceRecord, EvidenceSource, MAX_EVIDENCE_BYTES, Reading, Signed,
+    self, Disposition, EvidenceRecord, EvidenceSource, MAX_EVIDENCE_BYTES, MAX_REFERENCE_BYTES,
+    Reading, Signed,
 };
 use sluice_core::ids::IdempotencyKey;
 use sluice_core::machine::Event;
@@ -235,35 +238,122 @@ pub(crate) async fn record_once(
     Ok((result, record))
 }
 
-/// Matches the event to its command and applies it; fills in the record's disposition.
-async fn carry(api: &Api, record: &mut EvidenceRecord, event: &Value) -> Result<(), ApiError> {
+/// How an event was matched to its command.
+enum Found {
+    /// The command it names, and what it says.
+    Command(IdempotencyKey, Reading),
+    /// None: what was tried, in words.
+    Nothing(String),
+}
+
+/// A value from an event as a note quotes it: at most 128 characters.
+fn quoted(text: &str) -> String {
+    match text.char_indices().nth(128) {
+        Some((end, _)) => format!("{:?}…", &text[..end]),
+        None => format!("{text:?}"),
+    }
+}
+
+/// Finds the command an event names, tool by tool of those taking evidence from `source`, in
+/// catalog order: by the idempotency key when the event carries one where the tool looks
+/// (`key_pointer`); else by the upstream's reference (`reference_pointer`) through the ledger's
+/// reference index, taken only if the command it points to is of that tool and stores that
+/// very reference (an entry is a hint: a stale one, or one a command of the same tool took
+/// first for a reused id, must not settle another effect).
+async fn find_command(api: &Api, source: &str, event: &Value) -> Result<Found, ApiError> {
     let catalog = api.ctx.catalog.clone();
-    let mut found = None;
-    for tool in catalog.tools_with_evidence_from(&record.source) {
+    let ledger = &api.ctx.ledger;
+    let mut tried = Vec::new();
+    for tool in catalog.tools_with_evidence_from(source) {
         let Some(declared) = tool.evidence() else {
             continue;
         };
         let Some(reading) = declared.read(event) else {
             continue;
         };
-        let Ok(key) = IdempotencyKey::parse(&reading.key) else {
+        let name = tool.name();
+        if let Some(text) = &reading.key {
+            let Ok(key) = IdempotencyKey::parse(text) else {
+                tried.push(format!(
+                    "key {} of {name}: not an idempotency key",
+                    quoted(text)
+                ));
+                continue;
+            };
+            let command = ledger
+                .get(key.run_id(), key.command_key())
+                .await
+                .map_err(ApiError::unavailable)?;
+            if command.is_some_and(|c| &c.tool == name) {
+                return Ok(Found::Command(key, reading));
+            }
+            tried.push(format!(
+                "key {key} of {name}: no command of the tool has it"
+            ));
+            continue;
+        }
+        let Some(reference) = reading.external_ref.clone() else {
             continue;
         };
-        let command = api
-            .ctx
-            .ledger
+        if reference.len() > MAX_REFERENCE_BYTES {
+            tried.push(format!(
+                "reference of {name}: longer than {MAX_REFERENCE_BYTES} bytes, never indexed"
+            ));
+            continue;
+        }
+        let Some(key) = ledger
+            .reference_get(name, &reference)
+            .await
+            .map_err(ApiError::unavailable)?
+        else {
+            tried.push(format!(
+                "reference {} of {name}: no command stored it",
+                quoted(&reference)
+            ));
+            continue;
+        };
+        let command = ledger
             .get(key.run_id(), key.command_key())
             .await
             .map_err(ApiError::unavailable)?;
-        if command.is_some_and(|c| &c.tool == tool.name()) {
-            found = Some((key, reading));
-            break;
+        match command {
+            Some(c) if &c.tool == name && c.state.external_ref.as_deref() == Some(&reference) => {
+                return Ok(Found::Command(key, reading));
+            }
+            Some(c) => tried.push(format!(
+                "reference {} of {name}: indexed to {key}, whose state disagrees (tool {}, reference {}), so it is not applied",
+                quoted(&reference),
+                c.tool,
+                c.state
+                    .external_ref
+                    .as_deref()
+                    .map_or_else(|| "none".to_owned(), quoted)
+            )),
+            None => tried.push(format!(
+                "reference {} of {name}: indexed to {key}, which is gone",
+                quoted(&reference)
+            )),
         }
     }
-    let Some((key, reading)) = found else {
-        record.disposition = Disposition::Unmatched;
-        record.note = "names no command of a tool taking evidence from this source".into();
-        return Ok(());
+    Ok(Found::Nothing(if tried.is_empty() {
+        "names no command of a tool taking evidence from this source: no key or reference where such a tool looks".into()
+    } else {
+        format!(
+            "names no command of a tool taking evidence from this source: {}",
+            tried.join("; ")
+        )
+    }))
+}
+
+/// Matches the event to its command and applies it; fills in the record's disposition.
+async fn carry(api: &Api, record: &mut EvidenceRecord, event: &Value) -> Result<(), ApiError> {
+    let (key, reading) = match find_command(api, &record.source, event).await? {
+        Found::Command(key, reading) => (key, reading),
+        Found::Nothing(note) => {
+            record.disposition = Disposition::Unmatched;
+            record.note = note;
+            return Ok(());
+        }
     };
     apply(api, record, key, reading).await
 }

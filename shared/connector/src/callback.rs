@@ -113,8 +113,12 @@ pub fn redact(outcome: DispatchOutcome, token: &str) -> DispatchOutcome {
         DispatchOutcome::NotSent { reason } => DispatchOutcome::NotSent {
             reason: text(reason),
         },
-        DispatchOutcome::Accepted { reason } => DispatchOutcome::Accepted {
+        DispatchOutcome::Accepted {
+            reason,
+            external_ref,
+        } => DispatchOutcome::Accepted {
             reason: text(reason),
+            external_ref: external_ref.map(text),
         },
         DispatchOutcome::RateLimited {
             reason,
@@ -154,13 +158,15 @@ mod tests {
         let accepted = redact(
             DispatchOutcome::Accepted {
                 reason: format!("HTTP 202: {{\"callback\":\"https://s/v1/callbacks/{token}\"}}"),
+                external_ref: Some("job_1".into()),
             },
             token,
         );
         assert_eq!(
             accepted,
             DispatchOutcome::Accepted {
-                reason: "HTTP 202: {\"callback\":\"https://s/v1/callbacks/<redacted>\"}".into()
+                reason: "HTTP 202: {\"callback\":\"https://s/v1/callbacks/<redacted>\"}".into(),
+                external_ref: Some("job_1".into()),
             }
         );
         let committed = redact(

@@ -185,15 +185,27 @@ pub fn dispatch(
 
 /// An asynchronous tool's answer (`[tool.async]`): a status its `accepted_status` lists
 /// means "accepted, the outcome comes later" — unless it also asks for a later call
-/// (`Retry-After`), which `dispatch` reads first. `None`: read it with `dispatch`.
+/// (`Retry-After`), which `dispatch` reads first. `None`: read it with `dispatch`. The
+/// upstream's reference of the accepted work (a job id) is read where the tool's dispatch
+/// reads a commit's (`connector.reference`); a body cut off part-way gives none.
 pub fn accepted(
     answer: &Answer,
     accepted_status: &[u16],
+    connector: &DispatchConnector,
     excerpt_bytes: usize,
 ) -> Option<DispatchOutcome> {
     (accepted_status.contains(&answer.status.as_u16()) && answer.later().is_none()).then(|| {
+        let external_ref = match &answer.body_error {
+            None => read_reference(
+                &connector.reference,
+                &answer.headers,
+                answer.json().as_ref(),
+            ),
+            Some(_) => None,
+        };
         DispatchOutcome::Accepted {
             reason: answer.summary(excerpt_bytes),
+            external_ref,
         }
     })
 }
@@ -654,17 +666,41 @@ mod tests {
 
     #[test]
     fn an_asynchronous_tools_accepted_status_is_accepted_and_nothing_else_is() {
-        let DispatchOutcome::Accepted { reason } =
-            accepted(&answer(202, r#"{"job": "j-1"}"#), &[202], 512).expect("202 is accepted")
+        let by_id = connector(&[]);
+        let DispatchOutcome::Accepted {
+            reason,
+            external_ref,
+        } = accepted(&answer(202, r#"{"id": "job_7"}"#), &[202], &by_id, 512)
+            .expect("202 is accepted")
         else {
             panic!("expected accepted");
         };
         assert!(reason.starts_with("HTTP 202"), "{reason}");
+        assert_eq!(
+            external_ref.as_deref(),
+            Some("job_7"),
+            "the job's id, read where a commit's reference is"
+        );
+        // No reference where the tool reads it, or a body cut off: accepted, without one.
+        let Some(DispatchOutcome::Accepted { external_ref, .. }) =
+            accepted(&answer(202, r#"{"job": "j-1"}"#), &[202], &by_id, 512)
+        else {
+            panic!("expected accepted");
+        };
+        assert_eq!(external_ref, None);
+        let mut cut = answer(202, r#"{"id": "job_7"}"#);
+        cut.body_error = Some("reset".into());
+        let Some(DispatchOutcome::Accepted { external_ref, .. }) =
+            accepted(&cut, &[202], &by_id, 512)
+        else {
+            panic!("expected accepted");
+        };
+        assert_eq!(external_ref, None);
         // Other statuses are read as any tool's: a 200 commits, a 5xx is ambiguous.
-        assert_eq!(accepted(&answer(200, "{}"), &[202], 512), None);
-        assert_eq!(accepted(&answer(503, ""), &[202], 512), None);
+        assert_eq!(accepted(&answer(200, "{}"), &[202], &by_id, 512), None);
+        assert_eq!(accepted(&answer(503, ""), &[202], &by_id, 512), None);
         // A tool that lists no such status (no [tool.async]) never gets one.
-        assert_eq!(accepted(&answer(202, "{}"), &[], 512), None);
+        assert_eq!(accepted(&answer(202, "{}"), &[], &by_id, 512), None);
     }
 
     #[test]

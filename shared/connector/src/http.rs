@@ -494,7 +494,12 @@ impl HttpConnector {
                     let excerpt = self.options.excerpt_bytes;
                     tool.asynchronous()
                         .and_then(|declared| {
-                            classify::accepted(&answer, &declared.accepted_status, excerpt)
+                            classify::accepted(
+                                &answer,
+                                &declared.accepted_status,
+                                tool.dispatch(),
+                                excerpt,
+                            )
                         })
                         .unwrap_or_else(|| classify::dispatch(&answer, tool.dispatch(), excerpt))
                 }
@@ -521,8 +526,11 @@ impl HttpConnector {
             DispatchOutcome::NotSent { reason } => {
                 warn!(outcome = "not_sent", %reason, "dispatch not sent");
             }
-            DispatchOutcome::Accepted { reason } => {
-                info!(outcome = "accepted", %reason, "dispatch accepted; the outcome comes later");
+            DispatchOutcome::Accepted {
+                reason,
+                external_ref,
+            } => {
+                info!(outcome = "accepted", %reason, external_ref = ?external_ref, "dispatch accepted; the outcome comes later");
             }
             DispatchOutcome::RateLimited {
                 reason,

@@ -166,7 +166,7 @@ async fn the_dispatch_carries_a_callback_url_whose_token_verifies_to_the_attempt
         .is_err()
     );
     // The answer echoed the URL: what the dispatch keeps does not hold the token.
-    let DispatchOutcome::Accepted { reason } = outcome else {
+    let DispatchOutcome::Accepted { reason, .. } = outcome else {
         panic!("202 is accepted: {outcome:?}");
     };
     assert!(reason.contains("<redacted>"), "{reason}");

@@ -180,7 +180,7 @@ pub fn read(tool: &Tool, key: String, body: &Value) -> Option<Reading> {
         .or(borrowed_reference)
         .and_then(|pointer| text_at(body, pointer));
     Some(Reading {
-        key,
+        key: Some(key),
         outcome,
         outcome_value,
         external_ref,

@@ -36,6 +36,11 @@ pub const MAX_EVIDENCE_BYTES: usize = 256 * 1024;
 /// JSON; a larger one is replaced by a marker with its size and digest.
 pub const MAX_KEPT_BYTES: usize = 16 * 1024;
 
+/// Longest upstream reference matched by the ledger's reference index, in bytes: a longer
+/// one is neither indexed nor looked up (ids are tens of bytes; the cap keeps an upstream's
+/// odd answer out of the index's keys).
+pub const MAX_REFERENCE_BYTES: usize = 512;
+
 /// How far a signed timestamp may be from now unless the source says otherwise: Stripe's
 /// default of five minutes.
 pub const DEFAULT_TOLERANCE_S: u64 = 300;
@@ -103,15 +108,30 @@ impl EvidenceOutcome {
 }
 
 /// `[tool.evidence]`: how a source's events name the tool's effects and their outcome.
+///
+/// An event names its command in one of two ways, tried in this order:
+/// * **by key**: the command's idempotency key, where the tool's request put it for the
+///   upstream to echo (Stripe's `metadata`) — `key_pointer`;
+/// * **by reference**: the upstream's own id of the effect (Stripe's `po_…`, the job id a 202
+///   answered with) — `reference_pointer`, looked up in the ledger's reference index, which
+///   holds `(tool, reference) → idempotency key` for every reference a command of such a tool
+///   stored ([`ToolEvidence::by_reference`]), and checked against the command's own
+///   `external_ref`.
+///
+/// An event that carries a key where the tool looks is matched by that key alone; one that
+/// carries none is matched by its reference. A tool declares at least one of the two
+/// pointers (checked at load).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolEvidence {
     /// An `[evidence_sources.<name>]`.
     pub source: String,
     /// JSON pointer to the command's idempotency key (`<run_id>/<command_key>`), which the
-    /// tool's request puts where the upstream echoes it (Stripe: `metadata`).
-    pub key_pointer: String,
-    /// JSON pointer to the upstream's reference of the effect, kept as the command's
-    /// `external_ref` when the event says present.
+    /// tool's request puts where the upstream echoes it (Stripe: `metadata`). `None`: the
+    /// upstream echoes no key, and events are matched by reference only.
+    pub key_pointer: Option<String>,
+    /// JSON pointer to the upstream's reference of the effect: how an event without a key is
+    /// matched to its command, and kept as the command's `external_ref` when the event says
+    /// present.
     pub reference_pointer: Option<String>,
     /// JSON pointer to the value that says the outcome (Stripe: `/type`).
     pub outcome_pointer: String,
@@ -123,11 +143,13 @@ pub struct ToolEvidence {
 /// What one event says, read by a tool's declaration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reading {
-    /// The idempotency key as the event wrote it.
-    pub key: String,
+    /// The idempotency key as the event wrote it; `None`: it carries none where the tool
+    /// looks (or the tool declares no `key_pointer`), and is matched by `external_ref`.
+    pub key: Option<String>,
     /// `None`: the outcome value is none the tool lists (a `charge.updated`): nothing to apply.
     pub outcome: Option<EvidenceOutcome>,
     pub outcome_value: String,
+    /// The upstream's reference of the effect, where `reference_pointer` says.
     pub external_ref: Option<String>,
 }
 
@@ -142,10 +164,30 @@ pub(crate) fn text_at(event: &Value, pointer: &str) -> Option<String> {
 }
 
 impl ToolEvidence {
-    /// What `event` says by this declaration; `None` when it names no key where the tool
-    /// looks (an event of another tool, or of something Sluice did not send).
+    /// Whether events may name the tool's effects by the upstream's reference: it declares
+    /// `reference_pointer`. Only such a tool's commands are written to the ledger's reference
+    /// index when they store a reference; every other tool's writes cost nothing more.
+    pub fn by_reference(&self) -> bool {
+        self.reference_pointer.is_some()
+    }
+
+    /// What `event` says by this declaration; `None` when it names neither a key nor a
+    /// reference where the tool looks (an event of another tool, or of something Sluice did
+    /// not send). An empty key or reference is none.
     pub fn read(&self, event: &Value) -> Option<Reading> {
-        let key = text_at(event, &self.key_pointer)?;
+        let key = self
+            .key_pointer
+            .as_deref()
+            .and_then(|pointer| text_at(event, pointer))
+            .filter(|key| !key.is_empty());
+        let external_ref = self
+            .reference_pointer
+            .as_deref()
+            .and_then(|pointer| text_at(event, pointer))
+            .filter(|reference| !reference.is_empty());
+        if key.is_none() && external_ref.is_none() {
+            return None;
+        }
         let outcome_value = text_at(event, &self.outcome_pointer).unwrap_or_default();
         let listed = |values: &[String]| values.contains(&outcome_value);
         let outcome = if listed(&self.present) {
@@ -157,10 +199,6 @@ impl ToolEvidence {
         } else {
             None
         };
-        let external_ref = self
-            .reference_pointer
-            .as_deref()
-            .and_then(|pointer| text_at(event, pointer));
         Some(Reading {
             key,
             outcome,

@@ -41,7 +41,7 @@ const APPLIED_BY: &str = concat!("sluice ", env!("CARGO_PKG_VERSION"));
 const RECORD_TABLE: &str = "schema_migrations";
 
 /// Schema files in order; each is applied whole, every statement idempotent.
-const SCHEMA_FILES: [(&str, &str); 11] = [
+const SCHEMA_FILES: [(&str, &str); 12] = [
     (
         "001_schema.cql",
         include_str!("../../../schemas/cql/001_schema.cql"),
@@ -85,6 +85,10 @@ const SCHEMA_FILES: [(&str, &str); 11] = [
     (
         "011_approval_links.cql",
         include_str!("../../../schemas/cql/011_approval_links.cql"),
+    ),
+    (
+        "012_references.cql",
+        include_str!("../../../schemas/cql/012_references.cql"),
     ),
 ];
 
@@ -666,7 +670,8 @@ mod tests {
                 "budget_command_holds",
                 "evidence_events",
                 "evidence_held",
-                "approval_link_uses"
+                "approval_link_uses",
+                "evidence_references"
             ]
         );
         assert!(

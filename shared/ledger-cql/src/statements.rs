@@ -115,6 +115,10 @@ pub(crate) struct Statements {
     pub hold_evidence: PreparedStatement,
     pub unhold_evidence: PreparedStatement,
     pub read_evidence_held: PreparedStatement,
+    // The reference index (`ledger/evidence.rs`).
+    pub put_reference: PreparedStatement,
+    pub read_reference: PreparedStatement,
+    pub read_reference_serial: PreparedStatement,
 }
 
 impl Statements {
@@ -695,6 +699,30 @@ impl Statements {
                     "SELECT record, received_at FROM {ks}.evidence_held WHERE idempotency_key = ?"
                 ),
                 Read,
+            )
+            .await?,
+            put_reference: prepare(
+                format!(
+                    "INSERT INTO {ks}.evidence_references (tool, reference, idempotency_key) \
+                     VALUES (?, ?, ?) IF NOT EXISTS USING TTL ?"
+                ),
+                Lwt,
+            )
+            .await?,
+            read_reference: prepare(
+                format!(
+                    "SELECT idempotency_key FROM {ks}.evidence_references \
+                     WHERE tool = ? AND reference = ?"
+                ),
+                Read,
+            )
+            .await?,
+            read_reference_serial: prepare(
+                format!(
+                    "SELECT idempotency_key FROM {ks}.evidence_references \
+                     WHERE tool = ? AND reference = ?"
+                ),
+                SerialRead,
             )
             .await?,
         })

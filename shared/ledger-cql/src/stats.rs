@@ -44,10 +44,12 @@ pub enum Op {
     Evidence,
     /// Approval links' uses.
     Link,
+    /// The reference index of evidence matched by the upstream's reference.
+    Reference,
 }
 
 impl Op {
-    pub const ALL: [Self; 19] = [
+    pub const ALL: [Self; 20] = [
         Self::Reserve,
         Self::ClaimBusinessKey,
         Self::Lease,
@@ -67,6 +69,7 @@ impl Op {
         Self::Budget,
         Self::Evidence,
         Self::Link,
+        Self::Reference,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -90,6 +93,7 @@ impl Op {
             Self::Budget => "budgets",
             Self::Evidence => "evidence",
             Self::Link => "approval_links",
+            Self::Reference => "evidence_references",
         }
     }
 

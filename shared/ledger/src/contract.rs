@@ -73,6 +73,8 @@ macro_rules! ledger_contract_tests {
             evidence_is_stored_once_per_source_and_event_and_listed_newest_first,
             sixteen_racing_puts_of_one_event_store_it_once,
             evidence_kept_for_a_command_is_found_by_its_key_until_applied,
+            a_reference_is_indexed_to_its_first_command_and_read_back,
+            sixteen_racing_puts_of_one_reference_index_one_command,
             budget_holds_fit_up_to_the_limit_once_per_command,
             thirty_two_racing_holds_never_pass_the_limit,
             budget_holds_follow_the_command_status,
@@ -115,9 +117,11 @@ pub use budgets::{
 pub use closing::eight_rollbacks_at_once_close_a_run_once;
 pub use edits::an_edit_moves_the_commands_hold_to_the_edited_amount;
 pub use evidence::{
+    a_reference_is_indexed_to_its_first_command_and_read_back,
     evidence_is_stored_once_per_source_and_event_and_listed_newest_first,
     evidence_kept_for_a_command_is_found_by_its_key_until_applied,
     sixteen_racing_puts_of_one_event_store_it_once,
+    sixteen_racing_puts_of_one_reference_index_one_command,
 };
 pub use flow::{
     flow_controls_are_written_under_their_version_and_read_back_whole,

@@ -2,10 +2,19 @@
 //! stored insert-if-absent before the event is carried to its command, so the same event sent
 //! twice (a sender's retry, a replayed capture) is recognised and never applied twice; and
 //! listable per source, unmatched ones included, for an admin to read.
+//!
+//! Beside the records, the **reference index**: `(tool, reference) → idempotency key`, for the
+//! events that name an effect by the upstream's own id (Stripe's `po_…`, the job id a 202
+//! answered with) rather than by the key Sluice sent. It is written only for tools whose
+//! `[tool.evidence]` declares a `reference_pointer`, before the transition that stores the
+//! reference in the command (`sluice_runtime`'s `Context::drive`), so a stored reference is
+//! never missing from it; first writer wins. An entry is a hint, never the truth: the reader
+//! takes the command only if its tool and its own `external_ref` agree with the event.
 
 use async_trait::async_trait;
 
 use sluice_core::evidence::EvidenceRecord;
+use sluice_core::ids::{IdempotencyKey, ToolName};
 
 use crate::LedgerError;
 
@@ -49,4 +58,25 @@ pub trait EvidenceStore: Send + Sync + std::fmt::Debug + 'static {
         source: &str,
         limit: usize,
     ) -> Result<Vec<EvidenceRecord>, LedgerError>;
+
+    /// Indexes `tool`'s effect `reference` to the command `key`, unless the pair is indexed
+    /// already: the first writer wins (of any number of racing puts, one stores), and every
+    /// put answers the key the index holds now — `key`, or the first writer's when another
+    /// command of the tool took the same reference first (an upstream that reused an id).
+    /// Idempotent for the holder. Entries are removed with their run (a purge), or on CQL by a
+    /// TTL of the run retention and a day, like business keys.
+    async fn reference_put(
+        &self,
+        tool: &ToolName,
+        reference: &str,
+        key: &IdempotencyKey,
+    ) -> Result<IdempotencyKey, LedgerError>;
+
+    /// The command `tool`'s effect `reference` is indexed to, if any. A hint: the caller reads
+    /// the command and checks that it is of `tool` and stores this reference.
+    async fn reference_get(
+        &self,
+        tool: &ToolName,
+        reference: &str,
+    ) -> Result<Option<IdempotencyKey>, LedgerError>;
 }

@@ -408,6 +408,88 @@ async fn a_version_1_ledger_is_upgraded_in_place_and_keeps_its_runs() {
     assert_eq!(version, 2);
 }
 
+/// The reference index is created on every open (a file written before it existed gets it),
+/// and a purge takes a run's entries with the run, leaving other runs' alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purged_run_takes_its_reference_index_entries_with_it() {
+    use sluice_core::ids::{IdempotencyKey, ToolName};
+    use sluice_core::time::{Clock, SystemClock};
+    use sluice_ledger::EvidenceStore;
+    let dir = tempfile::tempdir().expect("temp dir");
+    {
+        SqliteLedger::open(SqliteConfig::in_dir(dir.path())).expect("open");
+        let conn = rusqlite::Connection::open(SqliteConfig::in_dir(dir.path()).path())
+            .expect("open the file");
+        conn.execute_batch("DROP TABLE evidence_references")
+            .expect("a file from before the index");
+    }
+    let ledger = SqliteLedger::open(SqliteConfig::in_dir(dir.path())).expect("reopen");
+    let tool = ToolName::parse("email/send").expect("a tool");
+    let (done, open) = (fresh_run("ref-purged"), fresh_run("ref-open"));
+    let mut keys = Vec::new();
+    for run in [&done, &open] {
+        let c = command(run, 0, "email/send", 0, json!({}));
+        let audit = c.reservation_audit("test");
+        ledger.reserve(c.clone(), audit).await.expect("reserve");
+        let key = IdempotencyKey::new(run.clone(), c.command_key.clone());
+        ledger
+            .reference_put(&tool, &format!("ref-{run}"), &key)
+            .await
+            .expect("indexed");
+        keys.push((c, key));
+    }
+    // The first run ends (cancelled) and is purged; the second stays open.
+    let (finished, _) = &keys[0];
+    let mut next = finished.state.clone();
+    next.status = CommandStatus::Cancelled;
+    next.due_at = None;
+    let cancel = Transition {
+        run_id: finished.run_id.clone(),
+        command_key: finished.command_key.clone(),
+        guard: Guard::of(finished),
+        audit: Some(AuditDraft::transition(
+            &finished.command_key,
+            Some(finished.status()),
+            next.status,
+            "test",
+            "cancelled",
+        )),
+        next,
+    };
+    assert!(
+        ledger
+            .transition(cancel)
+            .await
+            .expect("cancel")
+            .is_applied()
+    );
+    let now = SystemClock.now();
+    let report = ledger
+        .purge(now.plus_millis(1_000), 100, "retention", now, false)
+        .await
+        .expect("purge");
+    assert!(
+        report.checkpoints.iter().any(|c| c.run_id == done),
+        "{report:?}"
+    );
+    assert_eq!(
+        ledger
+            .reference_get(&tool, &format!("ref-{done}"))
+            .await
+            .expect("get"),
+        None,
+        "the purged run's entry went with it"
+    );
+    assert_eq!(
+        ledger
+            .reference_get(&tool, &format!("ref-{open}"))
+            .await
+            .expect("get"),
+        Some(keys[1].1.clone()),
+        "the open run's entry stays"
+    );
+}
+
 /// Nice values of this process's threads named `name` (as `/proc` shortens it).
 fn nice_of_threads(name: &str) -> Vec<i64> {
     let mut found = Vec::new();

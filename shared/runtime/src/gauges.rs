@@ -689,6 +689,23 @@ impl sluice_ledger::EvidenceStore for GaugedLedger {
     ) -> Result<Vec<sluice_core::evidence::EvidenceRecord>, LedgerError> {
         self.inner.evidence_list(source, limit).await
     }
+
+    async fn reference_put(
+        &self,
+        tool: &sluice_core::ids::ToolName,
+        reference: &str,
+        key: &sluice_core::ids::IdempotencyKey,
+    ) -> Result<sluice_core::ids::IdempotencyKey, LedgerError> {
+        self.inner.reference_put(tool, reference, key).await
+    }
+
+    async fn reference_get(
+        &self,
+        tool: &sluice_core::ids::ToolName,
+        reference: &str,
+    ) -> Result<Option<sluice_core::ids::IdempotencyKey>, LedgerError> {
+        self.inner.reference_get(tool, reference).await
+    }
 }
 
 #[async_trait]

@@ -19,6 +19,7 @@ pub mod messages;
 pub mod metrics;
 pub mod ops;
 pub mod pipeline;
+mod references;
 pub mod spans;
 pub mod telemetry;
 

@@ -345,6 +345,11 @@ impl Context {
                 Some((_, Err(refusal))) => return Ok(Driven::Refused(command, refusal)),
             };
             round += 1;
+            // Before the write that stores it: a stored reference is never missing from the
+            // index (`crate::references`).
+            if let Some(reference) = crate::references::to_index(&self.catalog, &command, &step) {
+                crate::references::index(&*self.ledger, &command, reference).await?;
+            }
             let write = Transition::from_step(&command, &step, actor);
             let span = write_span(&*self.ledger, &command, &event, step.to());
             let cas = async {

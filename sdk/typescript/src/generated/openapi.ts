@@ -564,9 +564,10 @@ export interface paths {
          *     (Stripe's `Stripe-Signature`, Standard Webhooks' `webhook-id` / `webhook-timestamp` /
          *     `webhook-signature`, or an HMAC header), never by a token. A signed event is recorded
          *     once per (source, event id) before it is carried out: matched to its command by the
-         *     idempotency key it echoes and applied as a status check's answer would be. The same
-         *     event again is answered 200 `replay` and never applied twice. README, "Evidence by
-         *     webhook".
+         *     idempotency key it echoes or, without one, by the upstream's reference of the effect
+         *     (checked against the command's own), and applied as a status check's answer would be.
+         *     The same event again is answered 200 `replay` and never applied twice; an unmatched
+         *     one's `note` says what was tried. README, "Evidence by webhook".
          */
         post: operations["receiveEvidence"];
         delete?: never;

@@ -168,7 +168,7 @@ fn a_callbacks_body_is_read_by_the_tools_own_pointers_or_its_evidences() {
     let key = "r-1/d-1/payouts/send/0".to_owned();
     let read = |body| crate::callback::read(&tool, key.clone(), &body).expect("asynchronous");
     let done = read(json!({"status": "succeeded", "id": "po_1"}));
-    assert_eq!(done.key, key);
+    assert_eq!(done.key.as_deref(), Some(key.as_str()));
     assert_eq!(done.outcome, Some(EvidenceOutcome::Present));
     assert_eq!(done.external_ref.as_deref(), Some("po_1"));
     assert_eq!(

@@ -15,17 +15,24 @@
 //! [tool.evidence]
 //! source = "stripe"
 //! key_pointer = "/data/object/metadata/sluice_key"   # where the event echoes the key
-//! reference_pointer = "/data/object/id"              # kept as the external reference
+//! reference_pointer = "/data/object/id"              # the upstream's id of the effect
 //! outcome_pointer = "/type"
 //! present = ["charge.succeeded"]
 //! failed = ["charge.failed"]
 //! absent = []
 //! ```
 //!
+//! An event is matched to its command by the idempotency key it echoes (`key_pointer`) when
+//! it carries one, else by the upstream's reference (`reference_pointer`) through the ledger's
+//! reference index (`crate::evidence::ToolEvidence`). An upstream that echoes no key (Stripe's
+//! `payout.paid`, a job's completion naming the job id its 202 answered with) needs only
+//! `reference_pointer`; a tool declares at least one of the two.
+//!
 //! Sources are declared once (one endpoint, one secret, many tools); a tool names one. Checked
 //! at load, each error naming the file and the source or tool and the key: the source's name
 //! is snake_case, its secret a reference, never text; pointers are JSON pointers; a tool's
-//! source is declared, and it lists at least one `present` value and no value twice.
+//! source is declared, it names a key or a reference pointer (or both), and it lists at least
+//! one `present` value and no value twice.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -52,7 +59,7 @@ struct RawSource {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawToolEvidence {
     source: String,
-    key_pointer: String,
+    key_pointer: Option<String>,
     reference_pointer: Option<String>,
     outcome_pointer: String,
     #[serde(default)]
@@ -172,7 +179,15 @@ pub(super) fn build_sources(
 /// Validates a tool's `[tool.evidence]` (its source is checked against the declared ones by
 /// [`check_source`], once every source is read).
 pub(super) fn build_tool_evidence(raw: RawToolEvidence) -> Result<ToolEvidence, String> {
-    check_pointer("evidence.key_pointer", &raw.key_pointer)?;
+    if raw.key_pointer.is_none() && raw.reference_pointer.is_none() {
+        return Err(
+            "evidence names neither key_pointer nor reference_pointer: an event is matched to its command by the idempotency key it echoes (key_pointer = \"/data/object/metadata/sluice_key\") or by the upstream's reference of the effect (reference_pointer = \"/data/object/id\"); declare at least one"
+                .into(),
+        );
+    }
+    if let Some(pointer) = &raw.key_pointer {
+        check_pointer("evidence.key_pointer", pointer)?;
+    }
     check_pointer("evidence.outcome_pointer", &raw.outcome_pointer)?;
     if let Some(pointer) = &raw.reference_pointer {
         check_pointer("evidence.reference_pointer", pointer)?;

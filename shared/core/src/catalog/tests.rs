@@ -731,6 +731,47 @@ fn evidence_declarations_are_checked_at_load_naming_file_source_or_tool_and_key(
     assert!(refused(&overlap).contains("listed twice"));
     let nothing_present = CHARGE_WITH_EVIDENCE.replace("present = [\"charge.succeeded\"]", "");
     assert!(refused(&nothing_present).contains("evidence.present lists no value"));
+    let neither = CHARGE_WITH_EVIDENCE
+        .replace("key_pointer = \"/data/object/metadata/sluice_key\"", "")
+        .replace("reference_pointer = \"/data/object/id\"", "");
+    let why = refused(&neither);
+    assert!(
+        why.contains("pay.toml")
+            && why.contains("payments/charge")
+            && why.contains("key_pointer")
+            && why.contains("reference_pointer"),
+        "{why}"
+    );
+    let bad_key = CHARGE_WITH_EVIDENCE.replace(
+        "\"/data/object/metadata/sluice_key\"",
+        "\"data/object/metadata/sluice_key\"",
+    );
+    assert!(refused(&bad_key).contains("evidence.key_pointer"));
+}
+
+#[test]
+fn a_tool_whose_upstream_echoes_no_key_matches_its_evidence_by_reference() {
+    let by_reference =
+        CHARGE_WITH_EVIDENCE.replace("key_pointer = \"/data/object/metadata/sluice_key\"", "");
+    let catalog = Catalog::from_toml_str(&by_reference, "pay.toml").expect("valid");
+    let tool = &catalog.tools()[0];
+    let declared = tool.evidence().expect("declared");
+    assert_eq!(declared.key_pointer, None);
+    assert_eq!(
+        declared.reference_pointer.as_deref(),
+        Some("/data/object/id")
+    );
+    assert!(tool.evidence_by_reference());
+    // Declaring both matches by key first, and by reference too: indexed.
+    let both = Catalog::from_toml_str(CHARGE_WITH_EVIDENCE, "pay.toml").expect("valid");
+    assert!(both.tools()[0].evidence_by_reference());
+    // By key only: never indexed, so its writes cost nothing more.
+    let by_key = CHARGE_WITH_EVIDENCE.replace("reference_pointer = \"/data/object/id\"", "");
+    let by_key = Catalog::from_toml_str(&by_key, "pay.toml").expect("valid");
+    assert!(!by_key.tools()[0].evidence_by_reference());
+    // No evidence at all: never indexed.
+    let none = Catalog::from_toml_str(PAYOUT_ASYNC, "psp.toml").expect("valid");
+    assert!(!none.tools()[0].evidence_by_reference());
 }
 
 const PAYOUT_ASYNC: &str = r#"

@@ -205,6 +205,16 @@ impl Tool {
         self.evidence.as_deref()
     }
 
+    /// Whether its evidence may name its effects by the upstream's reference
+    /// (`[tool.evidence] reference_pointer`): then every reference one of its commands stores
+    /// is written to the ledger's reference index first. Known at load, so no other tool's
+    /// write pays for the index.
+    pub fn evidence_by_reference(&self) -> bool {
+        self.evidence
+            .as_ref()
+            .is_some_and(|declared| declared.by_reference())
+    }
+
     /// `[tool.async]`, if the tool declares one.
     pub fn asynchronous(&self) -> Option<&super::asynchronous::ToolAsync> {
         self.asynchronous.as_deref()

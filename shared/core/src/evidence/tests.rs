@@ -167,7 +167,7 @@ fn hmac_reads_its_named_header_in_hex_or_with_a_sha256_prefix() {
 fn stripe_charge() -> ToolEvidence {
     ToolEvidence {
         source: "stripe".into(),
-        key_pointer: "/data/object/metadata/sluice_key".into(),
+        key_pointer: Some("/data/object/metadata/sluice_key".into()),
         reference_pointer: Some("/data/object/id".into()),
         outcome_pointer: "/type".into(),
         present: vec!["charge.succeeded".into()],
@@ -184,7 +184,7 @@ fn an_event_is_read_for_its_key_outcome_and_reference() {
             "id": "ch_1", "metadata": {"sluice_key": "r-1/d-0/payments/charge/0"}}}})
     };
     let read = declared.read(&event("charge.succeeded")).expect("a key");
-    assert_eq!(read.key, "r-1/d-0/payments/charge/0");
+    assert_eq!(read.key.as_deref(), Some("r-1/d-0/payments/charge/0"));
     assert_eq!(read.outcome, Some(EvidenceOutcome::Present));
     assert_eq!(read.external_ref.as_deref(), Some("ch_1"));
     assert_eq!(
@@ -196,8 +196,52 @@ fn an_event_is_read_for_its_key_outcome_and_reference() {
         declared.read(&event("charge.updated")).map(|r| r.outcome),
         Some(None)
     );
-    // No key where the tool looks: not this tool's event.
+    // Neither a key nor a reference where the tool looks: not this tool's event.
     assert_eq!(declared.read(&json!({"type": "charge.succeeded"})), None);
+}
+
+#[test]
+fn an_event_without_a_key_is_read_for_its_reference() {
+    // Stripe's `payout.paid`: the payout's id, no metadata of ours.
+    let declared = ToolEvidence {
+        source: "stripe".into(),
+        key_pointer: None,
+        reference_pointer: Some("/data/object/id".into()),
+        outcome_pointer: "/type".into(),
+        present: vec!["payout.paid".into()],
+        absent: vec![],
+        failed: vec!["payout.failed".into()],
+    };
+    assert!(declared.by_reference());
+    let read = declared
+        .read(&json!({"id": "evt_1", "type": "payout.paid", "data": {"object": {"id": "po_1"}}}))
+        .expect("a reference");
+    assert_eq!(read.key, None);
+    assert_eq!(read.external_ref.as_deref(), Some("po_1"));
+    assert_eq!(read.outcome, Some(EvidenceOutcome::Present));
+    // An empty reference is none.
+    assert_eq!(
+        declared.read(&json!({"type": "payout.paid", "data": {"object": {"id": ""}}})),
+        None
+    );
+    // A tool that declares both reads the key when the event carries one, and the reference
+    // beside it; without the key, the reference alone.
+    let both = stripe_charge();
+    let keyless = both
+        .read(&json!({"type": "charge.succeeded", "data": {"object": {"id": "ch_2"}}}))
+        .expect("a reference");
+    assert_eq!(keyless.key, None);
+    assert_eq!(keyless.external_ref.as_deref(), Some("ch_2"));
+    // A tool matched by key only never uses the index.
+    let by_key = ToolEvidence {
+        reference_pointer: None,
+        ..stripe_charge()
+    };
+    assert!(!by_key.by_reference());
+    assert_eq!(
+        by_key.read(&json!({"type": "charge.succeeded", "data": {"object": {"id": "ch_2"}}})),
+        None
+    );
 }
 
 #[test]

@@ -11,6 +11,11 @@
 //! a NON_IDEMPOTENT effect is never sent again on it); an absence after it is read as any
 //! look's. An upstream's own word that the accepted job *failed* ends it FAILED at once
 //! (`evidence::on_evidence`).
+//!
+//! The answer's reference of the accepted work (the job id, read as a commit's is) is kept as
+//! the command's `external_ref`, so a webhook that names the job by that id, and not by the
+//! idempotency key, finds its command (`[tool.evidence] reference_pointer`). An answer without
+//! one leaves a reference stored before as it was.
 
 use super::*;
 
@@ -18,11 +23,15 @@ pub(super) fn accepted(
     mut next: CommandState,
     rules: &Rules,
     reason: &str,
+    external_ref: Option<String>,
     deadline_ms: i64,
     now: Timestamp,
     from: CommandStatus,
 ) -> Step {
     settle::enter_unknown(&mut next, rules, now, now);
+    if external_ref.is_some() {
+        next.external_ref = external_ref;
+    }
     let deadline = now.plus_millis(deadline_ms.max(0));
     next.lands_by = Some(deadline);
     next.due_at = Some(deadline);

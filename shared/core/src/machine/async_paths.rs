@@ -39,6 +39,7 @@ fn escalating_rules() -> Rules {
 fn accepted() -> DispatchOutcome {
     DispatchOutcome::Accepted {
         reason: "HTTP 202".into(),
+        external_ref: None,
     }
 }
 
@@ -99,6 +100,54 @@ fn an_accepted_dispatch_waits_in_unknown_until_the_deadline() {
     );
     // Before the deadline, the sweep's look is not due.
     assert!(state.due_at.is_some_and(|due| due > at(DEADLINE)));
+}
+
+#[test]
+fn an_accepted_answer_keeps_the_upstreams_reference_of_the_job() {
+    let rules = payout_rules();
+    let step = answered(
+        &rules,
+        DispatchOutcome::Accepted {
+            reason: "HTTP 202".into(),
+            external_ref: Some("job_7".into()),
+        },
+    );
+    assert_eq!(step.state.status, S::Unknown);
+    assert_eq!(
+        step.state.external_ref.as_deref(),
+        Some("job_7"),
+        "the job's id is kept for its webhook to name"
+    );
+    assert!(step.state.awaiting_callback.is_some());
+    // Its webhook, naming the job, confirms it with the same reference.
+    let confirmed = go(
+        &step.state,
+        &rules,
+        Event::Evidence {
+            source: "psp".into(),
+            event_id: "evt_1".into(),
+            outcome: EvidenceOutcome::Present,
+            external_ref: Some("job_7".into()),
+            evidence: json!({"type": "job.succeeded"}),
+        },
+        at(5_000),
+    );
+    assert_eq!(confirmed.state.status, S::Confirmed);
+    assert_eq!(confirmed.state.external_ref.as_deref(), Some("job_7"));
+    // Without a reference in the answer, none is made up.
+    assert_eq!(answered(&rules, accepted()).state.external_ref, None);
+}
+
+#[test]
+fn an_accepted_outcome_stored_before_it_named_a_reference_still_reads() {
+    let older = json!({"outcome": "accepted", "reason": "HTTP 202"});
+    let read: DispatchOutcome = serde_json::from_value(older).expect("decodes");
+    assert_eq!(read, accepted());
+    // And one without a reference is written as before.
+    assert_eq!(
+        serde_json::to_value(accepted()).expect("encodes"),
+        json!({"outcome": "accepted", "reason": "HTTP 202"})
+    );
 }
 
 #[test]

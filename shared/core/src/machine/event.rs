@@ -30,8 +30,15 @@ pub enum DispatchOutcome {
     /// `[tool.async] accepted_status` lists, such as 202): the command waits in UNKNOWN for
     /// its callback or webhook until the tool's deadline, then is looked up or escalated.
     /// Only a tool that declares `[tool.async]` is ever answered so; for any other tool the
-    /// machine reads it as `Ambiguous`.
-    Accepted { reason: String },
+    /// machine reads it as `Ambiguous`. `external_ref`: the upstream's reference of the
+    /// accepted work (the job id), read from the answer as a commit's is, kept in the
+    /// command's state so its webhook can name it by that reference (absent from events
+    /// stored before it existed).
+    Accepted {
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        external_ref: Option<String>,
+    },
     /// The upstream asked to be called again later: a 429 or 503 with `Retry-After`, or a 403
     /// with it (GitHub's secondary rate limit). `retry_after_ms` is the header's delay, never
     /// negative (a header that is not one is no header: the answer is `Ambiguous` or

@@ -372,10 +372,19 @@ pub(super) fn dispatched(
                 quiet: false,
             }
         }
-        DispatchOutcome::Accepted { reason } => match rules.async_deadline_ms {
-            Some(deadline_ms) => {
-                super::accepted::accepted(next, rules, reason, deadline_ms, now, from)
-            }
+        DispatchOutcome::Accepted {
+            reason,
+            external_ref,
+        } => match rules.async_deadline_ms {
+            Some(deadline_ms) => super::accepted::accepted(
+                next,
+                rules,
+                reason,
+                external_ref.clone(),
+                deadline_ms,
+                now,
+                from,
+            ),
             // A tool that declares no `[tool.async]` cannot wait for a callback: the answer
             // proves nothing either way.
             None => dispatched(

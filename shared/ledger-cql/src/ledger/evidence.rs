@@ -2,10 +2,15 @@
 //! first write an LWT `IF NOT EXISTS` whose unknown outcome, or refusal, is settled by a
 //! SERIAL read of the row (its `write_id` says whose write is stored); the rewrite once carried
 //! out an LWT `IF EXISTS`; every write with the retention as TTL (docs/cql.md, "Evidence").
+//!
+//! The reference index: one partition per (tool, reference), written by an LWT `IF NOT
+//! EXISTS` whose refusal carries the holder's key, and whose unknown outcome is settled by a
+//! SERIAL read (whoever's key is stored is the answer); read by a plain read.
 
 use uuid::Uuid;
 
 use sluice_core::evidence::{Disposition, EvidenceRecord};
+use sluice_core::ids::{IdempotencyKey, ToolName};
 use sluice_ledger::{EVIDENCE_RETENTION_MS, LedgerError};
 
 use super::{CqlLedger, Lwt};
@@ -175,6 +180,91 @@ impl CqlLedger {
     }
 }
 
+/// The key an index row holds; a row without one is damage, said so.
+fn indexed(tool: &ToolName, reference: &str, row: &Fields) -> Result<IdempotencyKey, LedgerError> {
+    let text = row.text("idempotency_key").unwrap_or_default();
+    IdempotencyKey::parse(text).map_err(|e| LedgerError::Storage {
+        op: "reference",
+        source: format!(
+            "the reference index's entry for {reference:?} of tool {tool} holds no idempotency key ({e})"
+        )
+        .into(),
+    })
+}
+
+impl CqlLedger {
+    pub(super) async fn put_reference(
+        &self,
+        tool: &ToolName,
+        reference: &str,
+        key: &IdempotencyKey,
+    ) -> Result<IdempotencyKey, LedgerError> {
+        let op = Op::Reference;
+        self.inner.stats.call(op);
+        let tool_text = tool.to_string();
+        let answer = self
+            .lwt(
+                op,
+                "index reference",
+                &self.inner.st.put_reference,
+                (
+                    tool_text.as_str(),
+                    reference,
+                    key.to_string(),
+                    self.inner.config.business_key_ttl(),
+                ),
+            )
+            .await?;
+        match answer {
+            Lwt::Applied => Ok(key.clone()),
+            // The row as stored: the holder's key.
+            Lwt::NotApplied(row) => indexed(tool, reference, &row),
+            Lwt::Unknown => {
+                let rows = self
+                    .paged(
+                        op,
+                        "read reference",
+                        &self.inner.st.read_reference_serial,
+                        (tool_text.as_str(), reference),
+                        Kind::Serial,
+                    )
+                    .await?;
+                match rows.first() {
+                    Some(row) => indexed(tool, reference, row),
+                    None => Err(LedgerError::Storage {
+                        op: "reference_put",
+                        source: format!(
+                            "reference {reference:?} of tool {tool}: the write's outcome is unknown and no row is stored"
+                        )
+                        .into(),
+                    }),
+                }
+            }
+        }
+    }
+
+    pub(super) async fn get_reference(
+        &self,
+        tool: &ToolName,
+        reference: &str,
+    ) -> Result<Option<IdempotencyKey>, LedgerError> {
+        let op = Op::Reference;
+        self.inner.stats.call(op);
+        let tool_text = tool.to_string();
+        let rows = self
+            .plain(
+                op,
+                "read reference",
+                &self.inner.st.read_reference,
+                (tool_text.as_str(), reference),
+            )
+            .await?;
+        rows.first()
+            .map(|row| indexed(tool, reference, row))
+            .transpose()
+    }
+}
+
 #[async_trait::async_trait]
 impl sluice_ledger::EvidenceStore for CqlLedger {
     async fn evidence_put(
@@ -201,5 +291,22 @@ impl sluice_ledger::EvidenceStore for CqlLedger {
         limit: usize,
     ) -> Result<Vec<EvidenceRecord>, LedgerError> {
         self.read_evidence_list(source, limit).await
+    }
+
+    async fn reference_put(
+        &self,
+        tool: &ToolName,
+        reference: &str,
+        key: &IdempotencyKey,
+    ) -> Result<IdempotencyKey, LedgerError> {
+        self.put_reference(tool, reference, key).await
+    }
+
+    async fn reference_get(
+        &self,
+        tool: &ToolName,
+        reference: &str,
+    ) -> Result<Option<IdempotencyKey>, LedgerError> {
+        self.get_reference(tool, reference).await
     }
 }

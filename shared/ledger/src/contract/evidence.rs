@@ -1,13 +1,15 @@
 //! The contract of evidence records: an event is stored once per (source, event id) however
 //! often, or however many at once, it is put — the put that stored it is told so and every
 //! other gets the stored record back — unmatched events are kept like any other, and a source's
-//! records are listed newest first.
+//! records are listed newest first. The reference index holds the first command to index a
+//! (tool, reference), whoever else puts it, and tells every later put whose it is.
 
 use std::sync::Arc;
 
 use serde_json::json;
 
 use sluice_core::evidence::{Disposition, EvidenceOutcome, EvidenceRecord};
+use sluice_core::ids::{CommandKey, IdempotencyKey, ToolName};
 use sluice_core::time::Timestamp;
 
 use super::{fresh_run, now};
@@ -142,5 +144,111 @@ pub async fn evidence_kept_for_a_command_is_found_by_its_key_until_applied(
     assert_eq!(
         ledger.evidence_held(&other).await.expect("held"),
         vec![elsewhere]
+    );
+}
+
+fn indexed_key(run: &sluice_core::ids::RunId) -> IdempotencyKey {
+    IdempotencyKey::new(
+        run.clone(),
+        CommandKey::parse("d-1/payouts/send/0").expect("a command key"),
+    )
+}
+
+pub async fn a_reference_is_indexed_to_its_first_command_and_read_back(ledger: Arc<dyn Ledger>) {
+    let tool = ToolName::parse("payouts/send").expect("a tool");
+    let other_tool = ToolName::parse("payouts/cancel").expect("a tool");
+    let reference = format!("job_{}", fresh_run("ref"));
+    let first = indexed_key(&fresh_run("ref-first"));
+    let second = indexed_key(&fresh_run("ref-second"));
+    assert_eq!(
+        ledger.reference_get(&tool, &reference).await.expect("get"),
+        None,
+        "nothing indexed yet"
+    );
+    assert_eq!(
+        ledger
+            .reference_put(&tool, &reference, &first)
+            .await
+            .expect("put"),
+        first
+    );
+    assert_eq!(
+        ledger
+            .reference_put(&tool, &reference, &first)
+            .await
+            .expect("put again"),
+        first,
+        "idempotent for the holder"
+    );
+    // Another command of the same tool naming the same reference (an upstream that reused an
+    // id): the first writer keeps it, and the second is told whose it is.
+    assert_eq!(
+        ledger
+            .reference_put(&tool, &reference, &second)
+            .await
+            .expect("a second command's put"),
+        first,
+        "the first writer wins"
+    );
+    assert_eq!(
+        ledger.reference_get(&tool, &reference).await.expect("get"),
+        Some(first.clone())
+    );
+    // The same reference of another tool is another entry.
+    assert_eq!(
+        ledger
+            .reference_put(&other_tool, &reference, &second)
+            .await
+            .expect("another tool"),
+        second
+    );
+    assert_eq!(
+        ledger
+            .reference_get(&other_tool, &reference)
+            .await
+            .expect("get"),
+        Some(second)
+    );
+    assert_eq!(
+        ledger
+            .reference_get(&tool, &format!("{reference}-other"))
+            .await
+            .expect("get"),
+        None
+    );
+}
+
+pub async fn sixteen_racing_puts_of_one_reference_index_one_command(ledger: Arc<dyn Ledger>) {
+    let tool = ToolName::parse("payouts/send").expect("a tool");
+    let reference = format!("job_{}", fresh_run("ref-race"));
+    let mut racers = Vec::new();
+    for i in 0..16 {
+        let (ledger, tool, reference) = (ledger.clone(), tool.clone(), reference.clone());
+        let mine = indexed_key(&fresh_run(&format!("ref-racer-{i}")));
+        racers.push(tokio::spawn(async move {
+            let held = ledger
+                .reference_put(&tool, &reference, &mine)
+                .await
+                .expect("put");
+            (held, mine)
+        }));
+    }
+    let mut answers = Vec::new();
+    let mut winners = 0;
+    for racer in racers {
+        let (held, mine) = racer.await.expect("racer");
+        if held == mine {
+            winners += 1;
+        }
+        answers.push(held);
+    }
+    assert_eq!(winners, 1, "exactly one put indexes the reference");
+    assert!(
+        answers.iter().all(|held| *held == answers[0]),
+        "every put is told the one indexed: {answers:?}"
+    );
+    assert_eq!(
+        ledger.reference_get(&tool, &reference).await.expect("get"),
+        Some(answers[0].clone())
     );
 }

@@ -2,13 +2,14 @@
 //! connection, writes through the writer (`writer/evidence.rs`).
 
 use async_trait::async_trait;
-use rusqlite::params;
+use rusqlite::{OptionalExtension, params};
 
 use sluice_core::evidence::EvidenceRecord;
+use sluice_core::ids::{CommandKey, IdempotencyKey, RunId, ToolName};
 
 use super::SqliteLedger;
 use super::schema::map_err;
-use super::writer::{Op, Reply};
+use super::writer::{Op, ReferenceEntry, Reply};
 use crate::{EvidenceStore, LedgerError};
 
 pub(super) fn decoded(source: &str, record: &str) -> Option<EvidenceRecord> {
@@ -99,4 +100,60 @@ impl EvidenceStore for SqliteLedger {
         })
         .await
     }
+
+    async fn reference_put(
+        &self,
+        tool: &ToolName,
+        reference: &str,
+        key: &IdempotencyKey,
+    ) -> Result<IdempotencyKey, LedgerError> {
+        let op = Op::ReferencePut(ReferenceEntry {
+            tool: tool.to_string(),
+            reference: reference.to_owned(),
+            run_id: key.run_id().to_string(),
+            command_key: key.command_key().to_string(),
+        });
+        match self.submit(op).await?.result? {
+            Reply::Reference(run_id, command_key) => indexed(&run_id, &command_key),
+            _ => Err(LedgerError::Closed),
+        }
+    }
+
+    async fn reference_get(
+        &self,
+        tool: &ToolName,
+        reference: &str,
+    ) -> Result<Option<IdempotencyKey>, LedgerError> {
+        const GET: &str = "SELECT run_id, command_key FROM evidence_references \
+             WHERE tool = ?1 AND reference = ?2";
+        let (path, config) = (self.inner.path.clone(), self.inner.config.clone());
+        let (tool, reference) = (tool.to_string(), reference.to_owned());
+        self.read("reference_get", move |conn| {
+            let failed = |e| map_err(e, "reference_get", &path, &config);
+            let row: Option<(String, String)> = conn
+                .prepare_cached(GET)
+                .map_err(failed)?
+                .query_row(params![tool, reference], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })
+                .optional()
+                .map_err(failed)?;
+            row.map(|(run_id, command_key)| indexed(&run_id, &command_key))
+                .transpose()
+        })
+        .await
+    }
+}
+
+/// The key an index row names; a row that does not hold one is damage, said so.
+fn indexed(run_id: &str, command_key: &str) -> Result<IdempotencyKey, LedgerError> {
+    let bad = |why: String| LedgerError::Decode {
+        what: "evidence reference",
+        run_id: run_id.to_owned(),
+        why,
+    };
+    Ok(IdempotencyKey::new(
+        RunId::parse(run_id).map_err(|e| bad(e.to_string()))?,
+        CommandKey::parse(command_key).map_err(|e| bad(e.to_string()))?,
+    ))
 }

@@ -108,6 +108,20 @@ CREATE INDEX IF NOT EXISTS evidence_events_held
     ON evidence_events (held_for) WHERE held_for IS NOT NULL;
 ";
 
+/// The reference index of evidence matched by the upstream's reference
+/// (`crate::EvidenceStore::reference_put`), created on every open like the sweep tables: the
+/// first command to index a (tool, reference) holds it; its rows go with their run's purge.
+const REFERENCE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS evidence_references (
+    tool        TEXT    NOT NULL,
+    reference   TEXT    NOT NULL,
+    run_id      TEXT    NOT NULL,
+    command_key TEXT    NOT NULL,
+    PRIMARY KEY (tool, reference)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS evidence_references_run ON evidence_references (run_id);
+";
+
 /// Approval links' uses (`crate::LinkStore`), created on every open like the sweep tables.
 const LINK_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS approval_link_uses (
@@ -274,6 +288,7 @@ pub(super) fn prepare_schema(conn: &Connection, path: &Path) -> Result<(), Ledge
     conn.execute_batch(FLOW_SCHEMA).map_err(not_a_ledger)?;
     conn.execute_batch(WEBHOOK_SCHEMA).map_err(not_a_ledger)?;
     conn.execute_batch(EVIDENCE_SCHEMA).map_err(not_a_ledger)?;
+    conn.execute_batch(REFERENCE_SCHEMA).map_err(not_a_ledger)?;
     conn.execute_batch(BUDGET_SCHEMA).map_err(not_a_ledger)?;
     Ok(())
 }

@@ -122,6 +122,8 @@ pub(super) enum Op {
     EvidencePut(Box<sluice_core::evidence::EvidenceRecord>),
     /// An evidence record rewritten (`EvidenceStore::evidence_settle`).
     EvidenceSettle(Box<sluice_core::evidence::EvidenceRecord>),
+    /// A reference indexed to its command unless it is (`EvidenceStore::reference_put`).
+    ReferencePut(ReferenceEntry),
     /// A command's budget holds (`BudgetStore::budget_hold`).
     BudgetHold {
         run_id: String,
@@ -145,6 +147,14 @@ pub(super) enum Op {
         command_key: String,
         tag: String,
     },
+}
+
+/// An entry of the reference index: a tool's reference and the command it names.
+pub(super) struct ReferenceEntry {
+    pub(super) tool: String,
+    pub(super) reference: String,
+    pub(super) run_id: String,
+    pub(super) command_key: String,
 }
 
 /// The holds a reservation takes with it.
@@ -181,6 +191,8 @@ pub(super) enum Reply {
     Webhook(bool),
     /// The evidence record stored before, as JSON (`None`: stored now, or a rewrite).
     Evidence(Option<String>),
+    /// The command a reference is indexed to now: its run id and command key.
+    Reference(String, String),
     /// What a budget hold did (`None`: an unhold).
     Budget(Option<crate::Held>),
 }

@@ -1,12 +1,14 @@
 //! The writer's evidence operations: an insert if absent on (source, event id) that hands back
 //! the stored record when there is one, and the rewrite of a record once carried out. Records
-//! past the retention are deleted by the next insert for their source.
+//! past the retention are deleted by the next insert for their source. Also the reference
+//! index: an insert if absent on (tool, reference) that hands back the command it holds, and
+//! the removal of a purged run's entries.
 
 use rusqlite::{OptionalExtension, params};
 
 use sluice_core::evidence::{Disposition, EvidenceRecord};
 
-use super::Writer;
+use super::{ReferenceEntry, Reply, Writer};
 use crate::evidence::EVIDENCE_RETENTION_MS;
 
 fn text(record: &EvidenceRecord) -> String {
@@ -71,6 +73,46 @@ impl Writer {
                 text(record),
                 held_for(record),
             ])?;
+        Ok(())
+    }
+}
+
+impl Writer {
+    /// Indexes the entry's reference to its command unless the reference is indexed; the
+    /// run id and command key it is indexed to now (the first writer's).
+    pub(super) fn reference_put(
+        &mut self,
+        entry: &ReferenceEntry,
+    ) -> Result<Reply, rusqlite::Error> {
+        let ReferenceEntry {
+            tool,
+            reference,
+            run_id,
+            command_key,
+        } = entry;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO evidence_references (tool, reference, run_id, command_key) \
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT (tool, reference) DO NOTHING",
+            )?
+            .execute(params![tool, reference, run_id, command_key])?;
+        let (run, key) = self
+            .conn
+            .prepare_cached(
+                "SELECT run_id, command_key FROM evidence_references \
+                 WHERE tool = ?1 AND reference = ?2",
+            )?
+            .query_row(params![tool, reference], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })?;
+        Ok(Reply::Reference(run, key))
+    }
+
+    /// Removes the entries that name commands of `run_id`, which is being purged.
+    pub(super) fn purge_references(&mut self, run_id: &str) -> Result<(), rusqlite::Error> {
+        self.conn
+            .prepare_cached("DELETE FROM evidence_references WHERE run_id = ?1")?
+            .execute([run_id])?;
         Ok(())
     }
 }

@@ -142,20 +142,18 @@ impl Writer {
                 self.evidence_settle(record)?;
                 Ok(Reply::Evidence(None))
             }
+            Op::ReferencePut(entry) => Ok(self.reference_put(entry)?),
             Op::LinkConsume {
                 link_id,
                 run_id,
                 command_key,
                 at,
-            } => Ok(Reply::Webhook(
-                self.conn
-                    .prepare_cached(
-                        "INSERT INTO approval_link_uses (link_id, run_id, command_key, used_at) \
-                         VALUES (?1, ?2, ?3, ?4) ON CONFLICT (link_id) DO NOTHING",
-                    )?
-                    .execute(rusqlite::params![link_id, run_id, command_key, at])?
-                    == 1,
-            )),
+            } => Ok(Reply::Webhook(self.link_consume(
+                link_id,
+                run_id,
+                command_key,
+                *at,
+            )?)),
             Op::WebhookEnqueue(delivery) => Ok(Reply::Webhook(self.webhook_enqueue(delivery)?)),
             Op::WebhookUpdate { next, expected } => {
                 Ok(Reply::Webhook(self.webhook_update(next, *expected)?))
@@ -746,6 +744,7 @@ impl Writer {
             .conn
             .prepare_cached("DELETE FROM business_keys WHERE run_id = ?1")?
             .execute([&run])? as u64;
+        self.purge_references(&run)?;
         report.audit_records += self
             .conn
             .prepare_cached("DELETE FROM audit WHERE run_seq = ?1")?

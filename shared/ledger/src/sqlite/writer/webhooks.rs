@@ -1,6 +1,6 @@
 //! The writer's webhook-delivery operations: an insert if absent, and a compare-and-set on the
 //! delivery's version. Delivered and failed deliveries past the retention are deleted by the
-//! next insert for their webhook.
+//! next insert for their webhook. Also an approval link's use, an insert if absent.
 
 use rusqlite::params;
 
@@ -18,6 +18,24 @@ fn record(delivery: &Delivery) -> String {
 }
 
 impl Writer {
+    /// Records an approval link's use unless it was; whether this call recorded it.
+    pub(super) fn link_consume(
+        &mut self,
+        link_id: &str,
+        run_id: &str,
+        command_key: &str,
+        at: i64,
+    ) -> Result<bool, rusqlite::Error> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "INSERT INTO approval_link_uses (link_id, run_id, command_key, used_at) \
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT (link_id) DO NOTHING",
+            )?
+            .execute(params![link_id, run_id, command_key, at])?
+            == 1)
+    }
+
     pub(super) fn webhook_enqueue(&mut self, delivery: &Delivery) -> Result<bool, rusqlite::Error> {
         let inserted = self
             .conn
