@@ -168,9 +168,13 @@ async fn scheduled_effects_are_listed_removed_and_fire_within_a_sweep_of_their_t
             .not_before
             .expect("scheduled commands keep their time");
         let late = due.record.at.millis_since(not_before);
+        // Never before its time: that is the promise. How soon after is the sweep's interval
+        // (100 ms here) plus however long a loaded two-core machine takes to run it — 938 ms
+        // was seen in a CI run beside a build — so the bound only tells a sweep's firing from
+        // none: five seconds, far below any other path that could move it.
         assert!(
-            (0..=i64::try_from(SWEEP_INTERVAL_MS).expect("small") + 400).contains(&late),
-            "{key} became due {late} ms after its time"
+            (0..=5_000).contains(&late),
+            "{key} became due {late} ms after its time (sweeps every {SWEEP_INTERVAL_MS} ms)"
         );
     }
     assert_eq!(
