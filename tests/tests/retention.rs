@@ -63,7 +63,11 @@ async fn the_reconciler_purges_a_finished_run_on_its_schedule_and_keeps_its_chec
     let checkpoint = trail.checkpoint.clone().expect("its checkpoint is kept");
     assert_eq!(checkpoint.last_hash, head);
     verify(&run_id, trail.checkpoint.as_ref(), &trail.entries).expect("verifies after purge");
-    assert!(h.ctx().metrics.purge.runs.get() >= 1);
+    // Counted once the purge has reported, a moment after its rows are gone.
+    eventually("the purge counted", RECOVERY, || async {
+        (h.ctx().metrics.purge.runs.get() >= 1).then_some(())
+    })
+    .await;
     let text = h.ctx().metrics.render();
     assert!(text.contains("sluice_purged_runs_total"), "{text}");
     h.stop().await;
