@@ -46,23 +46,7 @@ impl CallbacksConfig {
             );
         }
         if let Some(public) = &self.public_url {
-            let parsed = url::Url::parse(public);
-            let ok = parsed.as_ref().is_ok_and(|url| {
-                matches!(url.scheme(), "http" | "https")
-                    && url.host().is_some()
-                    && url.username().is_empty()
-                    && url.password().is_none()
-                    && url.query().is_none()
-                    && url.fragment().is_none()
-            });
-            if !ok {
-                return invalid(
-                    "callbacks.public_url",
-                    format!(
-                        "{public:?} is not an absolute http(s) address without user information, a query or a fragment"
-                    ),
-                );
-            }
+            crate::links::check_base_url("callbacks.public_url", public)?;
         }
         Ok(())
     }

@@ -27,6 +27,29 @@ pub struct ApprovalLinksConfig {
     pub base_url: Option<String>,
 }
 
+/// Checks an address Sluice gives out for others to call back (an approval link's, a callback
+/// URL's): absolute http(s), with a host and no user information, query or fragment, since
+/// what Sluice appends is a path.
+pub(crate) fn check_base_url(key: &str, value: &str) -> Result<(), ConfigError> {
+    let ok = url::Url::parse(value).is_ok_and(|url| {
+        matches!(url.scheme(), "http" | "https")
+            && url.host().is_some()
+            && url.username().is_empty()
+            && url.password().is_none()
+            && url.query().is_none()
+            && url.fragment().is_none()
+    });
+    if ok {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid {
+        key: key.to_owned(),
+        message: format!(
+            "{value:?} is not an absolute http(s) address without user information, a query or a fragment"
+        ),
+    })
+}
+
 impl ApprovalLinksConfig {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key: &str, message: String| {
@@ -46,19 +69,7 @@ impl ApprovalLinksConfig {
             );
         }
         if let Some(base) = &self.base_url {
-            let parsed = url::Url::parse(base);
-            let ok = parsed.as_ref().is_ok_and(|url| {
-                matches!(url.scheme(), "http" | "https")
-                    && url.host().is_some()
-                    && url.query().is_none()
-                    && url.fragment().is_none()
-            });
-            if !ok {
-                return invalid(
-                    "approval_links.base_url",
-                    format!("{base:?} is not an http(s) address without a query or fragment"),
-                );
-            }
+            check_base_url("approval_links.base_url", base)?;
         }
         Ok(())
     }
