@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The docs as a book, checked: docs/ built with mdBook (docs/book.toml, docs/SUMMARY.md), every
-# page in SUMMARY.md, every link resolving.
+# page in SUMMARY.md, every link resolving, no issue numbers.
 #
 #   scripts/suites/docs.sh            the checks; one line "N passed, N failed, N skipped" last
 #   scripts/suites/docs.sh --open     the same, then the built book's path to open
@@ -27,6 +27,8 @@
 #      shows them;
 #   4. the links of the built book resolve between its pages, anchors included, as mdBook
 #      writes them (links out of the book, to the repository's files, are check 3's);
+#   5. no issue numbers in that Markdown ("issue 42", "#42"; "failure mode 42" is the
+#      project's own numbering of failure modes, and so is any other numbered list).
 # About 5 s once the tools are there.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -118,6 +120,17 @@ else
   failed=$((failed + 1))
   echo "FAIL links between the built book's pages resolve: no book was built"
 fi
+
+no_issue_numbers() {
+  # "issue 42", "issues 15 and 31", "#42"; not "PKCS#12" (a word before the #).
+  if markdown | xargs -0 grep -nE '[Ii]ssues? #?[0-9]|(^|[^A-Za-z0-9&])#[0-9]+\b'; then
+    echo "issue numbers in the Markdown above: say what changed, not which issue asked for it"
+    return 1
+  fi
+  echo "no issue numbers in $(markdown | tr -cd '\0' | wc -c) Markdown files"
+}
+
+check "no issue numbers in the Markdown files" no_issue_numbers
 
 echo "docs suite: $((SECONDS - began)) s"
 [ "$open" = 1 ] && echo "the book: $out/book/docs/index.html"
