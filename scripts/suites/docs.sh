@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The docs as a book, checked: docs/ built with mdBook (docs/book.toml, docs/SUMMARY.md), every
-# page in SUMMARY.md, every link resolving, no issue numbers.
+# page in SUMMARY.md, every link resolving, no issue numbers, and every name
+# docs/architecture.md puts in backticks existing in the code (tests/docs/check_names.py).
 #
 #   scripts/suites/docs.sh            the checks; one line "N passed, N failed, N skipped" last
 #   scripts/suites/docs.sh --open     the same, then the built book's path to open
@@ -28,7 +29,8 @@
 #   4. the links of the built book resolve between its pages, anchors included, as mdBook
 #      writes them (links out of the book, to the repository's files, are check 3's);
 #   5. no issue numbers in that Markdown ("issue 42", "#42"; "failure mode 42" is the
-#      project's own numbering of failure modes, and so is any other numbered list).
+#      project's own numbering of failure modes, and so is any other numbered list);
+#   6. docs/architecture.md names only what exists (tests/docs/check_names.py says the rules).
 # About 5 s once the tools are there.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -131,6 +133,8 @@ no_issue_numbers() {
 }
 
 check "no issue numbers in the Markdown files" no_issue_numbers
+check "docs/architecture.md names what exists (tests/docs/check_names.py)" \
+  python3 tests/docs/check_names.py docs/architecture.md
 
 echo "docs suite: $((SECONDS - began)) s"
 [ "$open" = 1 ] && echo "the book: $out/book/docs/index.html"
