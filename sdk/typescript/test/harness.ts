@@ -65,7 +65,7 @@ policy_version = "sdk-test-1"
 max_clock_skew_ms = 100
 `;
 
-/** Configuration sections and keys (README, "Configuration") over the tests' defaults. */
+/** Configuration sections and keys (docs/configuration.md) over the tests' defaults. */
 export type Settings = Record<string, Record<string, string | number | boolean>>;
 
 /**

@@ -1,6 +1,6 @@
 //! `POST /v1/callbacks/{token}`: an asynchronous tool's upstream reports the outcome of the job
-//! it accepted to the URL its dispatch request gave it (`sluice_core::callback`, README
-//! "Asynchronous tools").
+//! it accepted to the URL its dispatch request gave it (`sluice_core::callback`;
+//! docs/catalog.md, "Asynchronous tools").
 //!
 //! No bearer token: the URL's token is the credential, signed under `[callbacks] secret` for
 //! one dispatch attempt — its run, command key and lease epoch — and expiring a day after the

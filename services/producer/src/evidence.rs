@@ -1,4 +1,4 @@
-//! Evidence by webhook (`sluice_core::evidence`, README "Evidence by webhook"):
+//! Evidence by webhook (`sluice_core::evidence`, docs/catalog.md):
 //! `POST /v1/evidence/{source}` and `GET /v1/evidence?source=…`; an asynchronous tool's
 //! callbacks (`crate::callbacks`) are recorded and carried out by the same [`record_once`].
 //!

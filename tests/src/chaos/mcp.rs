@@ -14,7 +14,7 @@
 //! 2. A *new* session re-drives the whole conversation: the same calls in the same order, the
 //!    same run named in `_meta`.
 //!
-//! The rule under test (README, "MCP agents"): the same call at the same position gets the same
+//! The rule under test (docs/mcp.md): the same call at the same position gets the same
 //! command key, so a retry and a re-drive get the stored result and the upstream sees each
 //! effect once. [`McpCall`] keeps what each call was answered; the invariants compare the keys
 //! with the plan and read the upstream's record for any effect that reached it under two keys.

@@ -567,7 +567,7 @@ export interface paths {
          *     idempotency key it echoes or, without one, by the upstream's reference of the effect
          *     (checked against the command's own), and applied as a status check's answer would be.
          *     The same event again is answered 200 `replay` and never applied twice; an unmatched
-         *     one's `note` says what was tried. README, "Evidence by webhook".
+         *     one's `note` says what was tried. docs/catalog.md, "Evidence by webhook".
          */
         post: operations["receiveEvidence"];
         delete?: never;
@@ -602,7 +602,7 @@ export interface paths {
          *     the token nor changes anything; 404 `unmatched` for a command the ledger no longer holds
          *     (recorded); 422 a body that is not JSON (`bad_event`) or a tool no longer asynchronous
          *     (`not_async`); 503 without `[callbacks] secret` (`callbacks_off`), with the ledger
-         *     unavailable, or while another copy is carried out (`in_progress`: send it again). README,
+         *     unavailable, or while another copy is carried out (`in_progress`: send it again). docs/catalog.md,
          *     "Asynchronous tools".
          */
         post: operations["receiveCallback"];

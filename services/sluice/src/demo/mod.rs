@@ -6,7 +6,8 @@
 //! until it settles, rolls every K-th run back, and shows the idempotency contract (the same
 //! key and arguments answer the stored command; other arguments answer 409).
 //!
-//! It ends with a table of what happened and checks the guarantees Sluice makes (README.md):
+//! It ends with a table of what happened and checks the guarantees Sluice makes
+//! (docs/guarantees.md):
 //! no business key has two standing wires (a duplicate commit left uncompensated), nothing
 //! accepted is lost (every submitted command is in the ledger and settled by the deadline),
 //! and every run's audit chain verifies. A broken guarantee makes the command fail.
