@@ -62,6 +62,8 @@ scripts/check-deploy.sh >"$log" 2>&1 || { cat "$log"; exit 1; }
 tail -n 1 "$log"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+echo "== the services' job shape (scripts/check-job-shape.sh)"
+scripts/check-job-shape.sh
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo build --bins (the distributed test starts the service binaries)"

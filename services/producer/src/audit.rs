@@ -126,12 +126,8 @@ pub(crate) async fn purge(
             .with_details(json!({"pointer": "/older_than"}))
     })?;
     let now = api.ctx.clock.now();
-    if older_than > now {
-        return Err(
-            ApiError::invalid("older_than is in the future: a cutoff must be in the past")
-                .with_details(json!({"pointer": "/older_than"})),
-        );
-    }
+    sluice_core::retention::check_cutoff(older_than, now)
+        .map_err(|why| ApiError::invalid(why).with_details(json!({"pointer": "/older_than"})))?;
     let max_runs = parse_limit(body.max_runs.or(Some(MAX_LIST_LIMIT)))?;
     let system = RunId::parse(sluice_ledger::SYSTEM_RUN)
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;

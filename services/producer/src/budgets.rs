@@ -20,7 +20,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use sluice_core::budget::{BudgetLine, OnExceed, lines};
-use sluice_core::command::{Command, CommandStatus};
+use sluice_core::command::Command;
 use sluice_core::machine::{self, Event};
 use sluice_core::time::Timestamp;
 use sluice_ledger::{Budgeted, Held, HoldMode, LedgerError, Reserved, submission_tag};
@@ -183,7 +183,7 @@ impl Api {
         let unleased = budgets
             .unleased
             .as_ref()
-            .filter(|state| state.status == CommandStatus::Pending);
+            .filter(|state| machine::may_block_past_budget(state));
         let (OnExceed::RequireApproval, Some(unleased)) = (line.on_exceed, unleased) else {
             self.count_budget(&line.budget, "denied");
             return Err(over(format!("{reason}; nothing was recorded")));

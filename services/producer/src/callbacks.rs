@@ -41,7 +41,6 @@ use serde_json::{Value, json};
 use sluice_core::Secret;
 use sluice_core::callback::{self, TokenError};
 use sluice_core::catalog::{Catalog, Tool};
-use sluice_core::command::CommandStatus;
 use sluice_core::evidence::{self, Disposition, EvidenceRecord, MAX_EVIDENCE_BYTES};
 use sluice_core::ids::{CommandKey, IdempotencyKey, RunId};
 
@@ -249,9 +248,8 @@ async fn wait_for_the_answer(api: &Api, key: &IdempotencyKey, epoch: u64) -> Res
             .get(key.run_id(), key.command_key())
             .await
             .map_err(ApiError::unavailable)?;
-        let in_flight = command.is_some_and(|command| {
-            command.status() == CommandStatus::Leased && command.epoch().get() == epoch
-        });
+        let in_flight = command
+            .is_some_and(|command| sluice_core::machine::attempt_in_flight(&command.state, epoch));
         if !in_flight || started.elapsed() >= Duration::from_millis(ANSWER_WAIT_MS) {
             return Ok(());
         }

@@ -20,9 +20,9 @@
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 use sluice_core::budget::{OnExceed, lines, revision_tag};
-use sluice_core::command::{Approval, Command, CommandStatus};
+use sluice_core::command::{Approval, Command};
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::{Event, EventKind, Operator, Refusal, Step};
+use sluice_core::machine::{self, Event, EventKind, Operator, Refusal, Step};
 use sluice_core::revision::{self, EditRefusal};
 use sluice_ledger::{Held, HoldMode};
 use sluice_runtime::messages::Cause;
@@ -55,7 +55,7 @@ pub(crate) async fn approve_edited(
         .await
         .map_err(|e| ApiError::unavailable(&e))?
         .ok_or_else(|| not_found(run_id, key))?;
-    if command.status() != CommandStatus::Blocked {
+    if !machine::awaits_approval(&command.state) {
         return Err(refused(
             &command,
             &Refusal::NotAllowed {

@@ -43,12 +43,6 @@ use sluice_runtime::messages::Cause;
 use crate::auth::{Caller, Need};
 use crate::{Api, ApiError, Q};
 
-/// How long a record left `received` (its carrier crashed or failed, or is still at it) is
-/// taken for one in progress: a repeat within it is answered 503 `in_progress` (never 200, so
-/// the sender keeps it and retries); after it, carried out again (the state machine refuses
-/// what is settled already).
-const IN_PROGRESS_MS: i64 = 30_000;
-
 /// The most records `GET /v1/evidence` lists.
 const MAX_LISTED: usize = 500;
 
@@ -207,7 +201,7 @@ pub(crate) async fn record_once(
             count("replay");
             return Ok(("replay", stored));
         }
-        if record.received_at.millis_since(stored.received_at) < IN_PROGRESS_MS {
+        if sluice_core::evidence::still_in_progress(stored.received_at, record.received_at) {
             // Another copy is being carried out (or its carrier failed moments ago): not a
             // 200, so the sender keeps the event and sends it again.
             count("in_progress");

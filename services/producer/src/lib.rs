@@ -65,13 +65,11 @@ use auth::{Authenticator, Caller, Need, Principal};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
-use sluice_bus::Topic;
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{RunId, ToolName};
 use sluice_core::time::Timestamp;
 use sluice_runtime::Config;
 use sluice_runtime::config::ProducerConfig;
-use sluice_runtime::messages::{CompensateJob, run_compensate_request};
 use sluice_runtime::{Context, Shutdown};
 use tracing::Instrument;
 
@@ -305,13 +303,11 @@ async fn list_effects(
     let run_id = parse_run(&run_id)?;
     let status = parse_status_filter(query.status.as_deref())?;
     let tool = parse_tool_filter(&api, query.tool.as_deref())?;
-    let effects: Vec<Command> = api
-        .run_for(&principal, &run_id)
-        .await?
-        .into_iter()
-        .filter(|c| status.is_none_or(|s| c.status() == s))
-        .filter(|c| tool.as_ref().is_none_or(|t| &c.tool == t))
-        .collect();
+    let effects = filtered(
+        api.run_for(&principal, &run_id).await?,
+        status,
+        tool.as_ref(),
+    );
     Ok(Json(json!({ "run_id": run_id, "effects": effects })).into_response())
 }
 
@@ -332,15 +328,27 @@ async fn list_scheduled(
     principal.require(Need::ReadRun)?;
     let run_id = parse_run(&run_id)?;
     let tool = parse_tool_filter(&api, query.tool.as_deref())?;
-    let mut effects: Vec<Command> = api
-        .run_for(&principal, &run_id)
-        .await?
-        .into_iter()
-        .filter(|c| c.status() == CommandStatus::Scheduled)
-        .filter(|c| tool.as_ref().is_none_or(|t| &c.tool == t))
-        .collect();
+    // The listing `?status=SCHEDULED` gives, earliest first.
+    let mut effects = filtered(
+        api.run_for(&principal, &run_id).await?,
+        Some(CommandStatus::Scheduled),
+        tool.as_ref(),
+    );
     effects.sort_by_key(|c| c.state.due_at);
     Ok(Json(json!({ "run_id": run_id, "effects": effects })).into_response())
+}
+
+/// A run's commands as a listing's filters (`?status=`, `?tool=`) narrow them.
+fn filtered(
+    commands: Vec<Command>,
+    status: Option<CommandStatus>,
+    tool: Option<&ToolName>,
+) -> Vec<Command> {
+    commands
+        .into_iter()
+        .filter(|c| status.is_none_or(|s| c.status() == s))
+        .filter(|c| tool.is_none_or(|t| &c.tool == t))
+        .collect()
 }
 
 #[derive(Debug, Deserialize)]
@@ -406,27 +414,14 @@ async fn rollback(
         .instrument(span.clone())
         .await
         .map_err(ApiError::unavailable)?;
-    if begun.already && !begun.moved_any() {
+    let Some(job) = begun.job.clone() else {
         // Rolled back before, and nothing left to take: nothing was written, nothing is sent.
         span.record("outcome", "already");
         return already_rolled_back(&api, &run_id, begun).await;
-    }
+    };
     span.record("outcome", "begun");
     sluice_faults::point!("producer.rollback.post");
-    let job = run_compensate_request(
-        &run_id,
-        CompensateJob::Rollback {
-            actor,
-            reason: reason.to_owned(),
-        },
-    );
-    if let Err(e) = api
-        .ctx
-        .bus
-        .publish(Topic::Compensate, run_id.as_str(), job.payload, job.headers)
-        .instrument(span)
-        .await
-    {
+    if let Err(e) = api.ctx.carry_out_run(&run_id, &job).instrument(span).await {
         // Begun all the same: the sweep compensates each COMPENSATING command when due.
         tracing::warn!(run_id = %run_id, error = %e, "rollback job not published; the sweep will finish it");
     }

@@ -32,7 +32,7 @@ use sluice_core::approval_link::{
     Claims, DEFAULT_EXPIRES_S, Gone, LinkKey, MAX_EXPIRES_S, MIN_EXPIRES_S, link_binding,
 };
 use sluice_core::audit::AuditDraft;
-use sluice_core::command::{Command, CommandStatus};
+use sluice_core::command::Command;
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{Event, Operator};
 use sluice_core::time::Timestamp;
@@ -136,7 +136,7 @@ pub(crate) async fn create(
     let links = api.links.as_ref().ok_or_else(off)?;
     let base = base_of(links, headers, api.config.tls.is_some())?;
     let command = read(api, run_id, key).await?;
-    if command.status() != CommandStatus::Blocked {
+    if !sluice_core::machine::awaits_approval(&command.state) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "not_blocked",
@@ -236,18 +236,14 @@ async fn still_good(
     if of_command().any(|e| e.record.actor.starts_with(&mine) && e.record.to.is_some()) {
         return Err(Failure::Gone(Gone::Used));
     }
-    if command.status() != CommandStatus::Blocked {
+    if !sluice_core::machine::awaits_approval(&command.state) {
         return Err(Failure::Gone(Gone::Decided));
     }
-    Ok(trail
-        .entries
-        .iter()
-        .rev()
-        .find(|e| {
-            e.record.command_key.as_ref() == Some(&command.command_key)
-                && e.record.to == Some(CommandStatus::Blocked)
-        })
-        .map(|e| e.record.reason.clone()))
+    Ok(sluice_core::machine::blocked_reason(
+        trail.entries.iter().map(|e| &e.record),
+        &command.command_key,
+    )
+    .map(str::to_owned))
 }
 
 #[derive(Debug)]

@@ -15,10 +15,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sluice_core::command::{Command, CommandStatus, EffectSemantics};
+use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::{Event, EventKind, Operator, Refusal, Resolution, Step};
-use sluice_core::replay::{self, ReplayPolicy, ReplayProblem, RunReplays};
+use sluice_core::machine::{self, Event, EventKind, Operator, Refusal, Resolution, Step};
+use sluice_core::replay::{self, ReplayNext, ReplayPolicy, ReplayProblem, RunReplays};
 use sluice_runtime::Driven;
 use sluice_runtime::messages::Cause;
 
@@ -604,26 +604,29 @@ async fn replay(
         .decision
         .as_ref()
         .map_or(Value::Null, |decision| json!(decision));
-    let would_block = check.would_block();
-    let outcome_unknown = command.status() == CommandStatus::Stuck;
-    let next = if !problems.is_empty() {
-        "nothing: the replay is refused".to_owned()
-    } else if would_block {
-        format!(
-            "the command goes PENDING, and the dispatcher blocks it for approval under policy version {}",
+    // What the replay does is the machine's step as the check took it: shown here, and the
+    // same step is carried out below.
+    let next = match check.next() {
+        ReplayNext::Refused => "nothing: the replay is refused".to_owned(),
+        ReplayNext::BlockedForApproval { to } => format!(
+            "the command goes {to}, and the dispatcher blocks it for approval under policy version {}",
             catalog.policy_version()
-        )
-    } else {
-        format!(
-            "the command goes PENDING and is dispatched again with idempotency key {} (attempt 1 of {}){}",
+        ),
+        ReplayNext::Dispatched {
+            to,
+            attempt,
+            max_attempts,
+            evidence_recorded,
+        } => format!(
+            "the command goes {to} and is dispatched again with idempotency key {} (attempt {attempt} of {max_attempts}){}",
             command.idempotency_key,
-            rules.max_attempts,
-            if outcome_unknown && command.semantics == EffectSemantics::NonIdempotent {
+            if evidence_recorded {
                 "; the earlier outcome was unknown, and the evidence given is recorded as why a second commit is not feared"
             } else {
                 ""
             }
-        )
+        ),
+        ReplayNext::Moves { to } => format!("the command goes {to}"),
     };
     let report = json!({
         "dry_run": dry_run,
@@ -631,9 +634,9 @@ async fn replay(
         "run_id": run_id,
         "command_key": key,
         "from": command.status(),
-        "to": if problems.is_empty() { json!(CommandStatus::Pending) } else { Value::Null },
+        "to": check.to(),
         "semantics": command.semantics,
-        "outcome_unknown": outcome_unknown,
+        "outcome_unknown": check.outcome_unknown,
         "arguments": arguments,
         "policy": policy_decision,
         "policy_version": catalog.policy_version(),
@@ -680,14 +683,7 @@ pub fn rollback_progress(effects: &[Command]) -> Value {
     let mut commands = Vec::new();
     for command in effects.iter().rev() {
         let status = command.status();
-        let involved = matches!(
-            status,
-            CommandStatus::Compensating
-                | CommandStatus::Compensated
-                | CommandStatus::CompensationFailed
-                | CommandStatus::NoCompensation
-        ) || command.state.compensation.is_some();
-        if !involved {
+        if !machine::in_rollback(&command.state) {
             continue;
         }
         let entry = counts.entry(status.as_str().to_owned()).or_insert(json!(0));
@@ -700,9 +696,7 @@ pub fn rollback_progress(effects: &[Command]) -> Value {
             "compensation": command.state.compensation,
         }));
     }
-    let done = effects
-        .iter()
-        .all(|c| c.status() != CommandStatus::Compensating);
+    let done = machine::rollback_done(effects.iter().map(|c| &c.state));
     json!({ "done": done, "counts": counts, "commands": commands })
 }
 

@@ -177,15 +177,20 @@ pub fn totals(metrics: &Metrics) -> Totals {
 
 /// The held counts now, and whether this process keeps them (its gauges are seeded).
 pub fn levels(metrics: &Metrics, now: Timestamp) -> (Levels, bool) {
-    let mut levels = Levels::default();
-    for figure in metrics.commands.figures(now) {
-        match figure.status {
-            CommandStatus::Unknown => levels.unknown += figure.count,
-            CommandStatus::Stuck => levels.stuck += figure.count,
-            CommandStatus::Blocked => levels.blocked += figure.count,
-            _ => {}
-        }
-    }
+    let figures = metrics.commands.figures(now);
+    // The gauges' figures shown for three statuses: a projection, like a `?status=` filter.
+    let held = |shown: CommandStatus| -> u64 {
+        figures
+            .iter()
+            .filter(|figure| figure.status == shown)
+            .map(|figure| figure.count)
+            .sum()
+    };
+    let levels = Levels {
+        unknown: held(CommandStatus::Unknown),
+        stuck: held(CommandStatus::Stuck),
+        blocked: held(CommandStatus::Blocked),
+    };
     (levels, metrics.commands.is_seeded())
 }
 

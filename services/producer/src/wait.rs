@@ -28,7 +28,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use sluice_bus::Topic;
-use sluice_core::command::{Command, CommandStatus};
+use sluice_core::command::Command;
 use sluice_core::events::{EFFECT_PREFIX, EventState, status_of_type};
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::time::Timestamp;
@@ -241,8 +241,9 @@ impl Waiters {
             // taken it yet, and the event alone would make it read the ledger.
             watched.latest.send_if_modified(|seen| {
                 if let Some(Seen::Command(held)) = seen
-                    && decode::<EventState>("lifecycle event", payload)
-                        .is_ok_and(|event| event.updated_at <= held.state.updated_at)
+                    && decode::<EventState>("lifecycle event", payload).is_ok_and(|event| {
+                        sluice_core::machine::news_adds_nothing(event.updated_at, &held.state)
+                    })
                 {
                     return false;
                 }
@@ -298,16 +299,13 @@ impl Drop for Watch {
 
 /// Whether a waiter answers now with `command` as it is (`now` the ledger's clock).
 fn done_waiting(command: &Command, deadline: Instant, now: Timestamp) -> bool {
-    let status = command.status();
     let left = deadline.saturating_duration_since(Instant::now());
-    if status.is_settled() || left.is_zero() {
-        return true;
-    }
-    // Not due before the wait ends: nothing will happen meanwhile.
-    status == CommandStatus::Scheduled
-        && command.state.due_at.is_some_and(|due| {
-            due.millis_since(now) > i64::try_from(left.as_millis()).unwrap_or(i64::MAX)
-        })
+    left.is_zero()
+        || sluice_core::machine::wait_ends(
+            &command.state,
+            now,
+            i64::try_from(left.as_millis()).unwrap_or(i64::MAX),
+        )
 }
 
 /// The waiters' name for a command.
@@ -379,13 +377,17 @@ pub(crate) async fn until_settled(
             Some(Latest::Command(stored))
                 if stored.created_at == command.created_at
                     && stored.submitted_by == command.submitted_by
-                    && stored.state.updated_at >= command.state.updated_at =>
+                    && sluice_core::machine::news_is_current(
+                        stored.state.updated_at,
+                        &command.state,
+                    ) =>
             {
                 command = Arc::unwrap_or_clone(stored);
             }
             Some(Latest::Command(_)) => command = read().await?,
             Some(Latest::Event(latest))
-                if latest.status.is_settled() && latest.updated_at >= command.state.updated_at =>
+                if latest.status.is_settled()
+                    && sluice_core::machine::news_is_current(latest.updated_at, &command.state) =>
             {
                 command = read().await?;
             }
@@ -535,6 +537,7 @@ const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(10);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_core::command::CommandStatus;
 
     /// Only a final status's event, with its time, lowers a tenant's count in flight.
     #[test]

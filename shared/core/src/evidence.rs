@@ -448,5 +448,18 @@ pub struct EvidenceRecord {
     pub event: Value,
 }
 
+/// How long a record left `received` (its carrier crashed or failed, or is still at it) is
+/// taken for one in progress: a repeat within it is answered 503 `in_progress` (never 200, so
+/// the sender keeps it and retries); after it, carried out again (the state machine refuses
+/// what is settled already).
+pub const IN_PROGRESS_MS: i64 = 30_000;
+
+/// Whether a repeat of an event received again at `received_at` finds its first copy (received
+/// at `first_received_at` and not yet carried out) still in progress: within
+/// [`IN_PROGRESS_MS`] of it.
+pub fn still_in_progress(first_received_at: Timestamp, received_at: Timestamp) -> bool {
+    received_at.millis_since(first_received_at) < IN_PROGRESS_MS
+}
+
 #[cfg(test)]
 mod tests;

@@ -21,12 +21,18 @@ use crate::time::Timestamp;
 
 mod event;
 mod lease;
+mod reservation;
 mod rules;
+mod run_rollback;
+mod waiting;
 
 pub use event::*;
 pub use lease::*;
 pub use rate_limit::{rate_limit_holds, rate_limited_wait_ms};
+pub use reservation::*;
 pub use rules::*;
+pub use run_rollback::*;
+pub use waiting::*;
 
 /// Computes the transition of `state` under `event` at `now`. Pure and total.
 ///

@@ -4,9 +4,9 @@
 //! reports them without reading its own JSON back.
 
 use crate::catalog::{ArgsError, Tool};
-use crate::command::Command;
+use crate::command::{Command, CommandStatus, EffectSemantics};
 use crate::ids::ToolName;
-use crate::machine::{self, Event, Refusal, Rules, Step};
+use crate::machine::{self, Action, Event, Refusal, Rules, Step};
 use crate::policy::{self, PolicyDecision};
 use crate::time::Timestamp;
 
@@ -70,6 +70,56 @@ pub struct ReplayCheck {
     pub decision: Option<PolicyDecision>,
     /// The machine's step, when it allows the replay.
     pub step: Option<Step>,
+    /// The command's last outcome is unknown ([`outcome_unknown`]).
+    pub outcome_unknown: bool,
+    /// A resend of it may commit twice (NON_IDEMPOTENT): with its outcome unknown, the
+    /// evidence given is recorded as why a second commit is not feared.
+    pub may_commit_twice: bool,
+    /// The attempts the replayed command has.
+    pub max_attempts: u32,
+}
+
+/// What a replay does, read off the machine's own step: the dry run shows it, the replay
+/// carries the same step out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplayNext {
+    /// Refused: nothing happens.
+    Refused,
+    /// The command goes `to`, and the dispatcher blocks it for approval under today's policy.
+    BlockedForApproval { to: CommandStatus },
+    /// The command goes `to` and is dispatched again with its idempotency key, as attempt
+    /// `attempt` of `max_attempts`; `evidence_recorded`: its earlier outcome was unknown and
+    /// a resend may commit twice, so the evidence given is recorded as why that is not feared.
+    Dispatched {
+        to: CommandStatus,
+        attempt: u32,
+        max_attempts: u32,
+        evidence_recorded: bool,
+    },
+    /// The command goes `to`, asking for nothing more.
+    Moves { to: CommandStatus },
+}
+
+/// Whether a command replayed from `status` had an unknown outcome (STUCK; a FAILED one is
+/// known to have committed nothing): the machine's replay then asks for evidence where a
+/// resend could commit twice.
+pub fn outcome_unknown(status: CommandStatus) -> bool {
+    match status {
+        CommandStatus::Stuck => true,
+        CommandStatus::Scheduled
+        | CommandStatus::Pending
+        | CommandStatus::Blocked
+        | CommandStatus::Approved
+        | CommandStatus::Leased
+        | CommandStatus::Confirmed
+        | CommandStatus::Failed
+        | CommandStatus::Unknown
+        | CommandStatus::Cancelled
+        | CommandStatus::Compensating
+        | CommandStatus::Compensated
+        | CommandStatus::CompensationFailed
+        | CommandStatus::NoCompensation => false,
+    }
 }
 
 impl ReplayCheck {
@@ -80,6 +130,30 @@ impl ReplayCheck {
     /// The replayed command would be blocked for approval by today's policy.
     pub fn would_block(&self) -> bool {
         matches!(self.decision, Some(PolicyDecision::RequireApproval { .. }))
+    }
+
+    /// The status the replay leaves the command in; `None` when it is refused.
+    pub fn to(&self) -> Option<CommandStatus> {
+        self.step.as_ref().filter(|_| self.allowed()).map(Step::to)
+    }
+
+    /// What the replay does.
+    pub fn next(&self) -> ReplayNext {
+        let Some(step) = self.step.as_ref().filter(|_| self.allowed()) else {
+            return ReplayNext::Refused;
+        };
+        if self.would_block() {
+            return ReplayNext::BlockedForApproval { to: step.to() };
+        }
+        if step.actions.contains(&Action::Dispatch) {
+            return ReplayNext::Dispatched {
+                to: step.to(),
+                attempt: step.state.attempts + 1,
+                max_attempts: self.max_attempts,
+                evidence_recorded: self.outcome_unknown && self.may_commit_twice,
+            };
+        }
+        ReplayNext::Moves { to: step.to() }
     }
 }
 
@@ -158,5 +232,135 @@ pub fn check(
         problems,
         decision,
         step,
+        outcome_unknown: outcome_unknown(state.status),
+        may_commit_twice: command.semantics == EffectSemantics::NonIdempotent,
+        max_attempts: rules.max_attempts,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::catalog::Catalog;
+    use crate::command::{EffectSemantics, Intent};
+    use crate::ids::{CommandKey, RunId};
+    use crate::machine::Operator;
+
+    const WIRE: &str = r#"
+        policy_version = "1"
+        [[tool]]
+        name = "payments/wire"
+        semantics = "NON_IDEMPOTENT"
+        schema = { type = "object", required = ["amount_minor"], properties = { amount_minor = { type = "integer" } } }
+        [tool.policy]
+        approve_above = { field = "amount_minor", value = 1000 }
+        [tool.dispatch]
+        url = "http://bank/wires"
+        [tool.status_check]
+        url = "http://bank/wires/{idempotency_key}"
+    "#;
+
+    fn stuck(amount_minor: u64) -> (Tool, Command) {
+        let tool = Catalog::from_toml_str(WIRE, "wire.toml")
+            .expect("the catalog is valid")
+            .tools()[0]
+            .clone();
+        let mut command = Command::from_intent(
+            Intent {
+                run_id: RunId::parse("r-1").expect("run"),
+                command_key: CommandKey::parse("d-1/payments/wire/0").expect("key"),
+                semantics: EffectSemantics::NonIdempotent,
+                args: json!({ "amount_minor": amount_minor }),
+                business_key: None,
+                policy_version: "1".into(),
+                max_attempts: 3,
+                not_before: None,
+            },
+            Timestamp::from_millis(1_000),
+            60_000,
+        );
+        command.state.status = CommandStatus::Stuck;
+        command.state.attempts = 2;
+        (tool, command)
+    }
+
+    fn checked(
+        tool: &Tool,
+        command: &Command,
+        evidence: Option<Value>,
+        replays: u32,
+    ) -> ReplayCheck {
+        let event = Event::Replay {
+            operator: Operator {
+                actor: "ops".into(),
+                reason: "replayed: upstream says nothing landed".into(),
+            },
+            evidence,
+        };
+        check(
+            command,
+            Some(tool),
+            &tool.rules(),
+            RunReplays { replays, limit: 5 },
+            ReplayPolicy {
+                version: "1",
+                budgets: &[],
+            },
+            &event,
+            Timestamp::from_millis(2_000),
+        )
+    }
+
+    #[test]
+    fn a_replay_s_preview_is_read_off_the_machine_s_own_step() {
+        let (tool, command) = stuck(10);
+        let check = checked(&tool, &command, Some(json!({"bank": "no such wire"})), 0);
+        let step = check.step.clone().expect("the machine allows the replay");
+        assert_eq!(check.to(), Some(step.to()));
+        assert_eq!(
+            check.next(),
+            ReplayNext::Dispatched {
+                to: CommandStatus::Pending,
+                attempt: step.state.attempts + 1,
+                max_attempts: 3,
+                evidence_recorded: true,
+            }
+        );
+        assert_eq!(step.state.attempts, 0, "a replay starts the attempts again");
+    }
+
+    #[test]
+    fn a_replay_over_a_threshold_is_blocked_and_one_without_evidence_refused() {
+        let (tool, command) = stuck(5_000);
+        let blocked = checked(&tool, &command, Some(json!({"bank": "no such wire"})), 0);
+        assert_eq!(
+            blocked.next(),
+            ReplayNext::BlockedForApproval {
+                to: CommandStatus::Pending
+            }
+        );
+        let refused = checked(&tool, &command, None, 0);
+        assert_eq!(refused.next(), ReplayNext::Refused);
+        assert_eq!(refused.to(), None);
+        assert_eq!(
+            refused.problems,
+            vec![ReplayProblem::Refused(Refusal::ReplayNeedsEvidence)]
+        );
+        let over = checked(&tool, &command, Some(json!({"bank": "none"})), 5);
+        assert!(over.step.is_some(), "the machine alone would allow it");
+        assert_eq!(
+            over.next(),
+            ReplayNext::Refused,
+            "the run's budget refuses it"
+        );
+    }
+
+    #[test]
+    fn only_a_stuck_command_is_replayed_from_an_unknown_outcome() {
+        for status in CommandStatus::ALL {
+            assert_eq!(outcome_unknown(status), status == CommandStatus::Stuck);
+        }
     }
 }

@@ -182,6 +182,15 @@ pub fn purge_verdict<'a>(
     verdict
 }
 
+/// Why an operator's purge cutoff (`older_than`) is refused at `now`, if it is: a cutoff in the
+/// future would take runs finished after the request.
+pub fn check_cutoff(older_than: Timestamp, now: Timestamp) -> Result<(), &'static str> {
+    if older_than > now {
+        return Err("older_than is in the future: a cutoff must be in the past");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,5 +334,12 @@ mod tests {
                 "{status}"
             );
         }
+    }
+
+    #[test]
+    fn a_purge_cutoff_may_be_now_or_before_but_not_later() {
+        assert_eq!(check_cutoff(at(1_000), at(1_000)), Ok(()));
+        assert_eq!(check_cutoff(at(999), at(1_000)), Ok(()));
+        assert!(check_cutoff(at(1_001), at(1_000)).is_err());
     }
 }

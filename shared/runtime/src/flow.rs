@@ -264,11 +264,7 @@ impl Flow {
         let now = ctx.clock.now();
         let skew = ctx.rules_of(command).clock_skew_ms;
         // Its slot was booked when it was held: it goes without booking another.
-        if command
-            .state
-            .flow_slot
-            .is_some_and(|slot| slot <= now.plus_millis(skew))
-        {
+        if flow::booked_slot_come(command.state.flow_slot, now, skew) {
             return Ok(Admission::Go(permit));
         }
         let slot = self.with_state(|state| {
@@ -279,21 +275,22 @@ impl Flow {
                 .bucket
                 .book(rate, share, burst, now)
         });
-        let wait = slot.millis_since(now);
-        if wait <= flow::WAIT_IN_PROCESS_MS {
-            if wait > 0 {
-                tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0))).await;
+        match flow::wait_for_slot(slot, now) {
+            flow::SlotWait::Go { wait_ms } => {
+                if wait_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+                }
+                Ok(Admission::Go(permit))
             }
-            return Ok(Admission::Go(permit));
+            flow::SlotWait::Hold => Ok(Admission::Hold(Held {
+                until: slot,
+                cause: HoldCause::Rate,
+                reason: format!(
+                    "upstream {}'s rate {rate} (burst {}): its slot is at {slot}",
+                    spec.name, spec.burst
+                ),
+            })),
         }
-        Ok(Admission::Hold(Held {
-            until: slot,
-            cause: HoldCause::Rate,
-            reason: format!(
-                "upstream {}'s rate {rate} (burst {}): its slot is at {slot}",
-                spec.name, spec.burst
-            ),
-        }))
     }
 
     /// A place under the cap in flight, waiting up to `WAIT_IN_PROCESS_MS` for one.

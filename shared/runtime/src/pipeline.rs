@@ -9,12 +9,12 @@
 
 use std::sync::Arc;
 
-use sluice_bus::{Bus, BusError, Topic};
+use sluice_bus::{Admission, Bus, BusError, Topic};
 use sluice_connector::Connector;
 use sluice_core::catalog::{Catalog, Tool};
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::{self, Action, Event, Refusal, Step};
+use sluice_core::machine::{self, Action, Event, Refusal, RunAction, Step};
 use sluice_core::time::Clock;
 use sluice_ledger::{Cas, Closing, Ledger, LedgerError, Transition};
 use thiserror::Error;
@@ -22,7 +22,7 @@ use tracing::Instrument;
 
 use crate::messages::{
     Cause, CompensateJob, EventOrigin, LifecycleEvent, Outgoing, compensate_request,
-    dispatch_request, reconcile_request,
+    dispatch_request, reconcile_request, run_compensate_request,
 };
 use crate::metrics::Metrics;
 
@@ -107,6 +107,10 @@ pub struct RollbackBegun {
     /// the first left undone (a rollback cut short by a crash) was taken now.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub already: bool,
+    /// The job the rollback asks of the compensator (`machine::plan_rollback_job`), for the
+    /// caller to carry out ([`Context::carry_out_run`]); `None`: nothing is sent.
+    #[serde(skip)]
+    pub job: Option<RunAction>,
 }
 
 impl RollbackBegun {
@@ -427,6 +431,21 @@ impl Context {
         step: &Step,
         cause: Cause,
     ) -> Result<(), BusError> {
+        self.carry_out_admitted(service, command, step, cause, None)
+            .await
+    }
+
+    /// [`Context::carry_out`] of new work entering the pipeline: the step's first request to
+    /// another service is published under `room`, the queue room a submission took for it
+    /// ([`Bus::admit`]), which it keeps until the request is handled.
+    pub async fn carry_out_admitted(
+        &self,
+        service: &str,
+        command: &Command,
+        step: &Step,
+        cause: Cause,
+        mut room: Option<Admission>,
+    ) -> Result<(), BusError> {
         for action in &step.actions {
             match action {
                 Action::Dispatch
@@ -437,7 +456,8 @@ impl Context {
                         .then(|| self.seal_copy(command))
                         .flatten();
                     if let Some((topic, message)) = request_for(action, command, cause, copy) {
-                        self.publish(topic, command, message).await?;
+                        self.publish(topic, command.run_id.as_str(), message, room.take())
+                            .await?;
                     }
                 }
                 Action::Publish { status } => {
@@ -455,7 +475,8 @@ impl Context {
                     // Before the bus delivers the event: a waiter here takes the command
                     // without reading the ledger.
                     self.local_events.published(command);
-                    self.publish(Topic::Events, command, event).await?;
+                    self.publish(Topic::Events, command.run_id.as_str(), event, None)
+                        .await?;
                 }
                 Action::Escalate { reason } => {
                     self.metrics.escalations.inc();
@@ -477,7 +498,8 @@ impl Context {
                         payload: event.payload,
                         headers: event.headers,
                     };
-                    self.publish(Topic::Events, command, event).await?;
+                    self.publish(Topic::Events, command.run_id.as_str(), event, None)
+                        .await?;
                 }
                 Action::CallUpstream => {}
             }
@@ -496,23 +518,37 @@ impl Context {
         }
     }
 
+    /// Publishes the request a run's plan names ([`run_request_for`]), under the current
+    /// span's trace context.
+    pub async fn carry_out_run(&self, run_id: &RunId, action: &RunAction) -> Result<(), BusError> {
+        let (topic, message) = run_request_for(action, run_id);
+        self.publish(topic, run_id.as_str(), message, None).await
+    }
+
+    /// The one publish path: `message` keyed by its run, in a send span; under `room` when the
+    /// message is new work a submission took queue room for.
     async fn publish(
         &self,
         topic: Topic,
-        command: &Command,
+        run_id: &str,
         message: Outgoing,
+        room: Option<Admission>,
     ) -> Result<(), BusError> {
-        let span = crate::spans::send(&*self.bus, topic, command.run_id.as_str());
-        let published = self
-            .bus
-            .publish(
-                topic,
-                command.run_id.as_str(),
-                message.payload,
-                message.headers,
-            )
-            .instrument(span.clone())
-            .await?;
+        let span = crate::spans::send(&*self.bus, topic, run_id);
+        let published = match room {
+            Some(room) => {
+                self.bus
+                    .publish_admitted(room, topic, run_id, message.payload, message.headers)
+                    .instrument(span.clone())
+                    .await?
+            }
+            None => {
+                self.bus
+                    .publish(topic, run_id, message.payload, message.headers)
+                    .instrument(span.clone())
+                    .await?
+            }
+        };
         crate::spans::sent(&span, &published);
         Ok(())
     }
@@ -559,12 +595,7 @@ impl Context {
         let commands = self.ledger.list_run(run_id, None).await?;
         let in_flight: Vec<String> = commands
             .iter()
-            .filter(|c| {
-                matches!(
-                    c.status(),
-                    CommandStatus::Leased | CommandStatus::Unknown | CommandStatus::Stuck
-                ) || c.state.outcome_unknown
-            })
+            .filter(|c| machine::in_flight_at_rollback(&c.state))
             .map(|c| c.command_key.to_string())
             .collect();
         // Recorded and closed in one write: from here on the run takes no new effects. A run
@@ -636,6 +667,7 @@ impl Context {
                     .await?;
             }
         }
+        begun.job = machine::plan_rollback_job(already, begun.moved_any(), actor, reason);
         Ok(begun)
     }
 }
@@ -674,5 +706,47 @@ pub fn request_for(
             ),
         )),
         Action::Publish { .. } | Action::Escalate { .. } | Action::CallUpstream => None,
+    }
+}
+
+/// The table's rows for a request about a whole run ([`RunAction`], named by a run's plan:
+/// `machine::plan_rollback_job`), sent under the current span's trace context.
+pub fn run_request_for(action: &RunAction, run_id: &RunId) -> (Topic, Outgoing) {
+    match action {
+        RunAction::Rollback { actor, reason } => (
+            Topic::Compensate,
+            run_compensate_request(
+                run_id,
+                CompensateJob::Rollback {
+                    actor: actor.clone(),
+                    reason: reason.clone(),
+                },
+            ),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::{CompensateRequest, decode};
+
+    #[test]
+    fn a_run_s_rollback_job_goes_to_the_compensate_topic_as_the_compensator_reads_it() {
+        let run_id = RunId::parse("r-1").expect("valid");
+        let job = machine::plan_rollback_job(false, true, "ops-ana", "the agent looped")
+            .expect("a first rollback sends its job");
+        let (topic, message) = run_request_for(&job, &run_id);
+        assert_eq!(topic, Topic::Compensate);
+        assert_eq!(
+            decode::<CompensateRequest>("compensate request", &message.payload).expect("ok"),
+            CompensateRequest {
+                run_id,
+                job: CompensateJob::Rollback {
+                    actor: "ops-ana".into(),
+                    reason: "the agent looped".into(),
+                },
+            }
+        );
     }
 }

@@ -23,14 +23,15 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use sluice_bus::{Admission, Topic};
+use sluice_bus::Admission;
 use sluice_core::catalog::CatalogError;
-use sluice_core::command::{Command, CommandStatus, Intent};
+use sluice_core::command::{Command, Intent};
 use sluice_core::ids::{CommandKey, RunId, ToolName};
+use sluice_core::machine::{self, Schedule};
 use sluice_core::policy;
 use sluice_core::time::Timestamp;
 use sluice_ledger::{LedgerError, Reserved};
-use sluice_runtime::messages::{Cause, dispatch_request};
+use sluice_runtime::messages::Cause;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -72,13 +73,6 @@ pub struct EffectRequest {
 #[serde(deny_unknown_fields)]
 struct BatchRequest {
     effects: Vec<Value>,
-}
-
-/// When a submission asks to run: after a delay, or at a time.
-#[derive(Debug, Clone, Copy)]
-enum Schedule {
-    After(u64),
-    At(Timestamp),
 }
 
 /// A submission that is well formed (`Api::well_formed`), not yet checked against the catalog.
@@ -250,24 +244,8 @@ impl Api {
             .business_key(&request.args)
             .map_err(|e| invalid("args", e.to_string()))?;
         let now = self.ctx.clock.now();
-        let not_before = match request.not_before {
-            Some(Schedule::After(delay)) => Some(
-                now.plus_millis(
-                    i64::try_from(delay)
-                        .map_err(|_| invalid("delay_ms", "delay_ms is too large".into()))?,
-                ),
-            ),
-            Some(Schedule::At(at)) => {
-                if at.millis_since(now) > MAX_DELAY_MS as i64 {
-                    return Err(invalid(
-                        "not_before",
-                        "not_before may be at most one year ahead".into(),
-                    ));
-                }
-                Some(at)
-            }
-            None => None,
-        };
+        let not_before = machine::not_before(request.not_before, now, MAX_DELAY_MS)
+            .map_err(|refused| invalid(refused.field, refused.message.into()))?;
         let run_id = request.run_id;
         let rules = self.ctx.with_write_slack(tool.rules());
         let command = Command::from_intent(
@@ -331,10 +309,7 @@ impl Api {
         let audit = command.reservation_audit(ACTOR);
         // Room in the dispatch backlog, taken before the reservation: a burst waits here
         // instead of piling up behind the dispatcher (`bus.admission`).
-        let admission = if matches!(
-            command.status(),
-            CommandStatus::Pending | CommandStatus::Leased
-        ) {
+        let admission = if machine::reservation_requests_dispatch(&command.state) {
             Some(self.admit(command.tenant()).await?)
         } else {
             None
@@ -425,14 +400,11 @@ impl Api {
                 if let Some(block) = &blocked_by_budget {
                     self.announce_blocked(&command, block).await;
                 }
-                if matches!(
-                    command.status(),
-                    CommandStatus::Pending | CommandStatus::Leased
-                ) {
-                    // Built in the reservation's span: the dispatcher's span is its child.
-                    let copy = self.ctx.seal_copy(&command);
-                    let request =
-                        span.in_scope(|| dispatch_request(&command, Cause::Reserved, copy));
+                // What the command asks for as stored (a budget may have recorded it BLOCKED):
+                // its dispatch request, carried out in the reservation's span, so the
+                // dispatcher's span is its child.
+                let step = machine::plan_reservation(&command.state);
+                if !step.actions.is_empty() {
                     // The ticket counts this request in the dispatchers' queue until it is
                     // published (admission's estimate): dropped after the publish below.
                     let (room, _ticket) = match admission {
@@ -440,28 +412,11 @@ impl Api {
                         None => (Admission::unbounded(), None),
                     };
                     sluice_faults::point!("producer.publish.pre");
-                    let send = span.in_scope(|| {
-                        sluice_runtime::spans::send(
-                            &*self.ctx.bus,
-                            Topic::Requested,
-                            command.run_id.as_str(),
-                        )
-                    });
                     let published = self
                         .ctx
-                        .bus
-                        .publish_admitted(
-                            room,
-                            Topic::Requested,
-                            command.run_id.as_str(),
-                            request.payload,
-                            request.headers,
-                        )
-                        .instrument(send.clone())
+                        .carry_out_admitted(ACTOR, &command, &step, Cause::Reserved, Some(room))
+                        .instrument(span.clone())
                         .await;
-                    if let Ok(published) = &published {
-                        sluice_runtime::spans::sent(&send, published);
-                    }
                     if let Err(e) = published {
                         // Recorded all the same: the stale-PENDING sweep republishes it, or
                         // the lease-expiry sweep reconciles one leased at reservation.

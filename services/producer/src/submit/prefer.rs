@@ -2,6 +2,7 @@
 //! the answer `return=minimal` asks for.
 
 use super::*;
+use sluice_core::command::CommandStatus;
 
 pub(super) const PREFER: &str = "prefer";
 pub(super) const PREFERENCE_APPLIED: &str = "preference-applied";

@@ -253,3 +253,18 @@ fn a_large_event_is_kept_as_its_size_and_digest() {
     assert_eq!(marker["truncated"], json!(true));
     assert_eq!(marker["bytes"], json!(MAX_KEPT_BYTES + 1));
 }
+
+#[test]
+fn a_repeat_finds_its_first_copy_in_progress_only_within_the_window() {
+    let first = Timestamp::from_millis(1_000_000);
+    assert!(still_in_progress(first, first));
+    assert!(still_in_progress(
+        first,
+        first.plus_millis(IN_PROGRESS_MS - 1)
+    ));
+    assert!(!still_in_progress(first, first.plus_millis(IN_PROGRESS_MS)));
+    assert!(
+        still_in_progress(first, first.plus_millis(-5)),
+        "a repeat stamped before the first by another clock"
+    );
+}

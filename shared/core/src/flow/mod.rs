@@ -11,9 +11,11 @@
 
 mod breaker;
 mod rate;
+mod slot;
 
 pub use breaker::{BreakerSpec, Verdict, after_call, claim_probe, verdict};
 pub use rate::{Bucket, Rate};
+pub use slot::{SlotWait, booked_slot_come, wait_for_slot};
 
 use serde::{Deserialize, Serialize};
 

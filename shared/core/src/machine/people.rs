@@ -295,7 +295,7 @@ pub(super) fn replay(
                     max_replays: rules.max_replays,
                 });
             }
-            let outcome_unknown = from == S::Stuck;
+            let outcome_unknown = crate::replay::outcome_unknown(from);
             let evidence = evidence.clone().unwrap_or(Value::Null);
             // Without evidence, a command whose outcome is unknown is not sent again where a
             // resend could commit twice: a NON_IDEMPOTENT one, or an IDEMPOTENT one whose
