@@ -9,7 +9,9 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 failed=0
-if ! cargo clippy -p sluice -p sluice-assemble --all-targets --locked -- -D warnings; then
+# The `sluice` binary's crates: the command line and the three that carry its commands out.
+if ! cargo clippy -p sluice -p sluice-embedded -p sluice-cli -p sluice-mcp -p sluice-assemble \
+  --all-targets --locked -- -D warnings; then
   echo "clippy of the default build failed"
   failed=1
 fi

@@ -6,7 +6,7 @@
 //! * [`CatalogEdit`] — the example catalog pointed at that upstream, with per-test policy
 //!   overrides (short timeouts, settle intervals, leases) applied to its TOML before it is
 //!   parsed and validated like any catalog.
-//! * [`test_config`], [`Harness`] — the four services in one process (`sluice::dev::start`)
+//! * [`test_config`], [`Harness`] — the four services in one process (`sluice_embedded::dev::start`)
 //!   with a fast sweep, and [`Detached`]: a pipeline on a runtime of its own, so a test can
 //!   kill it mid-flight the way a crash would (nothing finishes, nothing is drained).
 //! * [`Agent`] — what an agent does over HTTP: submit, read, long-poll, roll back (`agent.rs`).
@@ -32,12 +32,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sluice::dev::Pipeline;
 use sluice_assemble::{EXAMPLE_CATALOG, EXAMPLE_UPSTREAM};
 use sluice_core::audit::{AuditEntry, verify};
 use sluice_core::catalog::Catalog;
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
+use sluice_embedded::dev::Pipeline;
 use sluice_ledger::Ledger;
 use sluice_ledger::sqlite::{SqliteConfig, SqliteLedger};
 use sluice_runtime::{Config, Context, Shutdown};
@@ -323,7 +323,7 @@ pub fn test_config(data_dir: &Path) -> Config {
 
 /// Starts the four services in this runtime.
 pub async fn start_pipeline(config: &Config, catalog: Catalog) -> Pipeline {
-    sluice::dev::start(config, catalog, Shutdown::new())
+    sluice_embedded::dev::start(config, catalog, Shutdown::new())
         .await
         .expect("the pipeline starts")
 }

@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use sluice::bench::{self, BenchArgs, Mode};
-use sluice::demo::Progress;
 use sluice_core::command::CommandStatus::{self, *};
+use sluice_embedded::bench::{self, BenchArgs, Mode};
+use sluice_embedded::demo::Progress;
 use sluice_ledger::Ledger;
 use sluice_ledger_cql::{CqlConfig, CqlLedger, connect_session};
 use sluice_runtime::{Config, Shutdown};

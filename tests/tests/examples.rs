@@ -186,7 +186,7 @@ fn secrets_in_files(
 
 /// The pipeline in this process on a fresh ledger, with tokens; an admin speaks to it.
 struct Sluice {
-    pipeline: sluice::dev::Pipeline,
+    pipeline: sluice_embedded::dev::Pipeline,
     admin: Agent,
     _data: tempfile::TempDir,
 }

@@ -475,7 +475,9 @@ async fn a_delivery_accepted_survives_a_crash_of_sluice() {
 async fn webhooks_test_sends_a_signed_event_and_prints_the_answer() {
     let receiver = Receiver::start().await;
     let hook = subscription("ops", receiver.url("test"), &["dev.sluice.effect.stuck"]);
-    let report = sluice::webhooks_cmd::test(&hook).await.expect("accepted");
+    let report = sluice_cli::webhooks_cmd::test(&hook)
+        .await
+        .expect("accepted");
     assert!(report.contains("answered HTTP 204"), "{report}");
     let got = receiver.got();
     assert_eq!(got.len(), 1);
@@ -485,7 +487,7 @@ async fn webhooks_test_sends_a_signed_event_and_prints_the_answer() {
 
     // A receiver that refuses: the answer is printed and the command fails.
     receiver.shared.answer.store(503, Ordering::SeqCst);
-    let refused = sluice::webhooks_cmd::test(&hook)
+    let refused = sluice_cli::webhooks_cmd::test(&hook)
         .await
         .expect_err("refused");
     assert!(refused.contains("HTTP 503"), "{refused}");
@@ -493,7 +495,7 @@ async fn webhooks_test_sends_a_signed_event_and_prints_the_answer() {
     let mut forged = hook.clone();
     forged.secret = format!("whsec_{}", BASE64.encode([9u8; 32])).into();
     receiver.shared.answer.store(204, Ordering::SeqCst);
-    let refused = sluice::webhooks_cmd::test(&forged)
+    let refused = sluice_cli::webhooks_cmd::test(&forged)
         .await
         .expect_err("forged");
     assert!(refused.contains("HTTP 401"), "{refused}");
@@ -501,7 +503,7 @@ async fn webhooks_test_sends_a_signed_event_and_prints_the_answer() {
     // Nobody listening: said so, without the URL's secrets (there are none here).
     let mut nowhere = hook.clone();
     nowhere.url = "http://127.0.0.1:9/none".into();
-    let refused = sluice::webhooks_cmd::test(&nowhere)
+    let refused = sluice_cli::webhooks_cmd::test(&nowhere)
         .await
         .expect_err("down");
     assert!(refused.contains("no answer"), "{refused}");
@@ -600,7 +602,7 @@ async fn a_delivery_given_up_is_listed_and_sent_again_by_retry() {
     })
     .await;
     assert_eq!(failed.attempts, 2);
-    let listed = sluice::webhooks_cmd::list(&h.config, "ops", 10)
+    let listed = sluice_cli::webhooks_cmd::list(&h.config, "ops", 10)
         .await
         .expect("listed");
     assert!(
@@ -615,7 +617,7 @@ async fn a_delivery_given_up_is_listed_and_sent_again_by_retry() {
         receiver.got().is_empty(),
         "a FAILED delivery waits for a person"
     );
-    let answer = sluice::webhooks_cmd::retry(&h.config, "ops", None)
+    let answer = sluice_cli::webhooks_cmd::retry(&h.config, "ops", None)
         .await
         .expect("retried");
     assert!(answer.contains("1 deliveries pending again"), "{answer}");
@@ -623,14 +625,14 @@ async fn a_delivery_given_up_is_listed_and_sent_again_by_retry() {
         (receiver.got().len() == 1).then_some(())
     })
     .await;
-    let listed = sluice::webhooks_cmd::list(&h.config, "ops", 10)
+    let listed = sluice_cli::webhooks_cmd::list(&h.config, "ops", 10)
         .await
         .expect("listed");
     assert!(
         listed.contains("0 pending, 1 delivered, 0 failed"),
         "{listed}"
     );
-    let unknown = sluice::webhooks_cmd::retry(&h.config, "ops", Some("no-such-event"))
+    let unknown = sluice_cli::webhooks_cmd::retry(&h.config, "ops", Some("no-such-event"))
         .await
         .expect_err("no such delivery");
     assert!(unknown.contains("no-such-event"), "{unknown}");

@@ -1,37 +1,23 @@
-//! The compensator binary: configuration and telemetry, then `sluice_compensator::run`.
+//! The compensator binary: the services' shared `main` (`sluice_assemble::service`) running
+//! `sluice_compensator::run`.
 
-use clap::Parser;
-use sluice_assemble::{assemble_service, load_catalog};
-use sluice_runtime::cli::{ServiceArgs, require_shared_bus};
+use sluice_assemble::service::Service;
 
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-#[derive(Debug, Parser)]
-#[command(
-    name = "sluice-compensator",
-    version = sluice_runtime::build_info::LONG_VERSION,
-    about = "The Sluice compensator service"
-)]
-struct Args {
-    #[command(flatten)]
-    service: ServiceArgs,
-}
+const SERVICE: Service = Service {
+    name: "compensator",
+    binary: "sluice-compensator",
+    about: "The Sluice compensator service",
+};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    sluice_faults::setup()?;
-    let args = Args::parse();
-    let config = args.service.load()?;
-    sluice_runtime::telemetry::init(&config.telemetry);
-    require_shared_bus(&config, "compensator")?;
-    let ctx = assemble_service(&config, load_catalog(&config.catalog)?, "compensator").await?;
-    let shutdown = sluice_runtime::shutdown_on_signals();
-    sluice_runtime::ops::spawn(&ctx, config.telemetry.listen, &shutdown);
-    let ran = sluice_compensator::run(ctx, config.compensator.clone(), shutdown).await;
-    // Spans still batched are exported before the process ends.
-    sluice_runtime::telemetry::shutdown();
-    ran?;
-    Ok(())
+    sluice_assemble::service::main(SERVICE, |ctx, config, shutdown| async move {
+        sluice_runtime::ops::spawn(&ctx, config.telemetry.listen, &shutdown);
+        Ok(sluice_compensator::run(ctx, config.compensator, shutdown).await?)
+    })
+    .await
 }

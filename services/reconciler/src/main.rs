@@ -1,46 +1,34 @@
-//! The reconciler binary: configuration and telemetry, then `sluice_reconciler::run`.
+//! The reconciler binary: the services' shared `main` (`sluice_assemble::service`) running
+//! `sluice_reconciler::run`.
 
-use clap::Parser;
-use sluice_assemble::{assemble_service, load_catalog};
-use sluice_runtime::cli::{ServiceArgs, require_shared_bus};
+use sluice_assemble::service::Service;
 
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-#[derive(Debug, Parser)]
-#[command(
-    name = "sluice-reconciler",
-    version = sluice_runtime::build_info::LONG_VERSION,
-    about = "The Sluice reconciler service"
-)]
-struct Args {
-    #[command(flatten)]
-    service: ServiceArgs,
-}
+const SERVICE: Service = Service {
+    name: "reconciler",
+    binary: "sluice-reconciler",
+    about: "The Sluice reconciler service",
+};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    sluice_faults::setup()?;
-    let args = Args::parse();
-    let config = args.service.load()?;
-    sluice_runtime::telemetry::init(&config.telemetry);
-    require_shared_bus(&config, "reconciler")?;
-    let ctx = assemble_service(&config, load_catalog(&config.catalog)?, "reconciler").await?;
-    let shutdown = sluice_runtime::shutdown_on_signals();
-    sluice_runtime::ops::spawn(&ctx, config.telemetry.listen, &shutdown);
-    // The webhook deliverer runs in every reconciler (docs/decisions.md, "Webhooks").
-    let webhooks = tokio::spawn(sluice_reconciler::webhooks::run(
-        ctx.clone(),
-        config.webhooks.clone(),
-        shutdown.clone(),
-    ));
-    let ran = sluice_reconciler::run(ctx, config.reconciler.clone(), shutdown.clone()).await;
-    shutdown.cancel();
-    let delivered = webhooks.await;
-    // Spans still batched are exported before the process ends.
-    sluice_runtime::telemetry::shutdown();
-    ran?;
-    delivered??;
-    Ok(())
+    sluice_assemble::service::main(SERVICE, |ctx, config, shutdown| async move {
+        sluice_runtime::ops::spawn(&ctx, config.telemetry.listen, &shutdown);
+        // The webhook deliverer runs in every reconciler (docs/decisions.md, "Webhooks").
+        let webhooks = tokio::spawn(sluice_reconciler::webhooks::run(
+            ctx.clone(),
+            config.webhooks.clone(),
+            shutdown.clone(),
+        ));
+        let ran = sluice_reconciler::run(ctx, config.reconciler, shutdown.clone()).await;
+        shutdown.cancel();
+        let delivered = webhooks.await;
+        ran?;
+        delivered??;
+        Ok(())
+    })
+    .await
 }

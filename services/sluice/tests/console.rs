@@ -81,7 +81,7 @@ async fn the_console_speaks_the_api_with_tables_json_and_meaningful_exit_codes()
     }
     config.validate().expect("valid");
     let catalog = sluice_assemble::example_catalog_at(&upstream.base_url()).expect("catalog");
-    let pipeline = sluice::dev::start(&config, catalog, sluice_runtime::Shutdown::new())
+    let pipeline = sluice_embedded::dev::start(&config, catalog, sluice_runtime::Shutdown::new())
         .await
         .expect("the pipeline starts");
     let url = pipeline.url();
@@ -281,7 +281,7 @@ async fn sluice_dev_prints_an_admin_token_that_works_and_never_logs_it() {
 struct Pipeline {
     url: String,
     data: tempfile::TempDir,
-    pipeline: sluice::dev::Pipeline,
+    pipeline: sluice_embedded::dev::Pipeline,
     upstream: sluice_upstream::Upstream,
 }
 
@@ -327,9 +327,10 @@ impl Pipeline {
             "deploy/catalog.toml (with the test's additions)",
         )
         .expect("catalog");
-        let pipeline = sluice::dev::start(&config, catalog, sluice_runtime::Shutdown::new())
-            .await
-            .expect("the pipeline starts");
+        let pipeline =
+            sluice_embedded::dev::start(&config, catalog, sluice_runtime::Shutdown::new())
+                .await
+                .expect("the pipeline starts");
         Self {
             url: pipeline.url(),
             data,

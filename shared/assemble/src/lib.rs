@@ -9,6 +9,8 @@
 
 use std::sync::Arc;
 
+pub mod service;
+
 use sluice_bus::{Bus, BusError, EmbeddedBus, EmbeddedConfig};
 #[cfg(feature = "kafka")]
 use sluice_bus_kafka::KafkaBus;

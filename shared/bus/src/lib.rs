@@ -5,7 +5,9 @@
 //! * [`partitioner`] — Kafka's default partitioner for keyed messages (murmur2), so Java, Go
 //!   and Rust producers put a run on the same partition.
 //! * [`embedded`] — the in-process implementation behind `sluice dev`.
-//! * [`contract`] — the one contract suite every implementation must pass.
+//! * `contract` — the one contract suite every implementation must pass; compiled for tests
+//!   only (the `contract` feature, which the implementations' tests turn on as a
+//!   dev-dependency).
 //!
 //! # The contract
 //!
@@ -32,6 +34,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+#[cfg(any(test, feature = "contract"))]
 pub mod contract;
 pub mod embedded;
 mod error;

@@ -2,7 +2,9 @@
 //!
 //! * [`Ledger`] — the port: compare-and-set operations that every service uses.
 //! * [`sqlite`] — the embedded implementation (WAL, one writer thread, group commit).
-//! * [`contract`] — the one contract suite every implementation must pass, races included.
+//! * `contract` — the one contract suite every implementation must pass, races included;
+//!   compiled for tests only (the `contract` feature, which the implementations' and the
+//!   workspace's tests turn on as a dev-dependency).
 //! * [`quarantine`] — commands that cannot be decoded, set aside so they stop nobody else.
 //! * [`stored`] — how a stored command is read back: what a newer build added is tolerated, a
 //!   status only a newer build knows is left to it.
@@ -38,6 +40,7 @@ use sluice_core::time::Timestamp;
 use sluice_core::webhook::Delivery;
 
 pub mod budget;
+#[cfg(any(test, feature = "contract"))]
 pub mod contract;
 mod error;
 pub mod evidence;

@@ -12,7 +12,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{SpanExporter, WithExportConfig};
+use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
+use opentelemetry_otlp::{SpanExporter, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing::Subscriber;
@@ -79,20 +80,22 @@ pub fn layer<S>(
 where
     S: Subscriber + for<'span> LookupSpan<'span> + Send + Sync,
 {
+    let failed = |reason: String| ExportError {
+        endpoint: match endpoint {
+            Endpoint::Url(url) => url.clone(),
+            Endpoint::FromEnvironment => "(from OTEL_EXPORTER_OTLP_*)".into(),
+        },
+        reason,
+    };
     let builder = SpanExporter::builder()
         .with_http()
+        .with_http_client(BlockingClient::new(EXPORT_TIMEOUT).map_err(failed)?)
         .with_timeout(EXPORT_TIMEOUT);
     let builder = match endpoint {
         Endpoint::Url(url) => builder.with_endpoint(url.clone()),
         Endpoint::FromEnvironment => builder,
     };
-    let exporter = builder.build().map_err(|e| ExportError {
-        endpoint: match endpoint {
-            Endpoint::Url(url) => url.clone(),
-            Endpoint::FromEnvironment => "(from OTEL_EXPORTER_OTLP_*)".into(),
-        },
-        reason: e.to_string(),
-    })?;
+    let exporter = builder.build().map_err(|e| failed(e.to_string()))?;
     let resource = if std::env::var_os("OTEL_SERVICE_NAME").is_some() {
         Resource::builder().build()
     } else {
@@ -132,6 +135,43 @@ pub fn shutdown() {
         if let Err(e) = provider.shutdown_with_timeout(EXPORT_TIMEOUT) {
             tracing::warn!(error = %e, "traces not all exported at shutdown");
         }
+    }
+}
+
+/// The exporter's HTTP client: the workspace's reqwest, blocking, for the SDK's batch thread,
+/// which waits on each export in turn (`futures_executor::block_on`, no async runtime there).
+/// `opentelemetry-otlp`'s own reqwest clients are left out (see the workspace `Cargo.toml`).
+#[derive(Debug)]
+struct BlockingClient(reqwest::blocking::Client);
+
+impl BlockingClient {
+    /// Built on a thread of its own: a blocking client starts (and on drop stops) a runtime,
+    /// which must not happen on a thread inside a Tokio runtime, as the caller may be.
+    fn new(timeout: Duration) -> Result<Self, String> {
+        let build = move || {
+            reqwest::blocking::Client::builder()
+                .timeout(timeout)
+                .build()
+                .map_err(|e| format!("the HTTP client: {e}"))
+        };
+        std::thread::spawn(build)
+            .join()
+            .map_err(|_| "the HTTP client's construction panicked".to_owned())?
+            .map(Self)
+    }
+}
+
+#[async_trait::async_trait]
+impl HttpClient for BlockingClient {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let request = reqwest::blocking::Request::try_from(request)?;
+        let mut response = self.0.execute(request)?.error_for_status()?;
+        let headers = std::mem::take(response.headers_mut());
+        let mut answer = Response::builder()
+            .status(response.status())
+            .body(response.bytes()?)?;
+        *answer.headers_mut() = headers;
+        Ok(answer)
     }
 }
 

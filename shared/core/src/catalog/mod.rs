@@ -210,7 +210,7 @@ pub use self::shape::{
     BodyTemplate, ContentType, DEFAULT_IDEMPOTENCY_HEADER, RequestShape, form_pairs, render_value,
 };
 pub use self::template::{
-    REDACTED, RenderError, Template, TemplateError, UrlKeys, render_text, render_url,
+    REDACTED, RenderError, Template, TemplateError, UrlKeys, path_segment, render_text, render_url,
     render_url_redacted, slot_value,
 };
 use self::tool::Joins;

@@ -332,6 +332,15 @@ pub(super) fn scalar_text(value: &Value) -> Result<String, &'static str> {
     }
 }
 
+/// `raw` percent-encoded as one URL path segment, as [`render_url`] encodes a value: what the
+/// API's clients (the console, the MCP server) put a run id or command key in a path with
+/// (command keys hold `/`).
+pub fn path_segment(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    push_path_segment(&mut out, raw);
+    out
+}
+
 pub(super) fn push_path_segment(out: &mut String, raw: &str) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for byte in raw.bytes() {

@@ -560,6 +560,22 @@ fn the_host_of_a_url_is_its_host_and_a_port_other_than_the_schemes() {
     assert_eq!(host_of("http://bank/{path}").as_deref(), Some("bank"));
 }
 
+#[test]
+fn an_international_domain_name_is_its_ascii_form() {
+    // UTS #46 mapping, whichever IDNA back end `url` is built with (`idna_adapter` is pinned
+    // to the lighter one): lowercased, then Punycode.
+    use upstream::host_of;
+    assert_eq!(
+        host_of("https://Bücher.example/api").as_deref(),
+        Some("xn--bcher-kva.example")
+    );
+    assert_eq!(
+        host_of("https://xn--bcher-kva.example:8443/api").as_deref(),
+        Some("xn--bcher-kva.example:8443")
+    );
+    assert_eq!(host_of("https://bü cher.example/api"), None);
+}
+
 /// Each mistake in an upstream is refused naming the upstream and the key.
 #[test]
 fn a_bad_upstream_is_refused_naming_it_and_the_key() {

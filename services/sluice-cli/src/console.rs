@@ -11,6 +11,8 @@ use clap::{Args, Subcommand, ValueEnum};
 use comfy_table::{ContentArrangement, Table, presets};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+// A run id or command key in a path (command keys hold `/`).
+use sluice_core::catalog::path_segment as segment;
 use sluice_core::time::{Clock, SystemClock, Timestamp};
 
 mod edit;
@@ -296,19 +298,6 @@ impl Client {
         let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
         Ok(Answer { status, body })
     }
-}
-
-/// Percent-encodes one path segment (command keys hold `/`).
-pub fn segment(raw: &str) -> String {
-    let mut out = String::with_capacity(raw.len());
-    for byte in raw.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
 }
 
 fn query(pairs: &[(&str, Option<String>)]) -> String {

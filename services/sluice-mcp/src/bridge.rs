@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use sluice_core::trace::TraceContext;
 use sluice_core::{CommandKey, RunId, ToolName};
 
-use crate::console::segment;
+use sluice_core::catalog::path_segment as segment;
 
 /// The longest a submission is held by the server per request (`Prefer: wait`).
 const WAIT_PER_REQUEST_S: u64 = 25;

@@ -1,8 +1,8 @@
 //! `sluice demo` and `sluice bench` end to end, on small workloads: the real demo upstream and
 //! the four services over HTTP on loopback, a real SQLite ledger in a temporary directory.
 
-use sluice::bench::{self, BenchArgs, DurabilityArg, Mode};
-use sluice::demo::{self, DemoArgs, Progress};
+use sluice_embedded::bench::{self, BenchArgs, DurabilityArg, Mode};
+use sluice_embedded::demo::{self, DemoArgs, Progress};
 use sluice_runtime::Shutdown;
 use sluice_upstream::FaultKind;
 
