@@ -18,13 +18,13 @@
 
 use sluice_bus::{BusError, Delivery, Group, Topic};
 use sluice_connector::CompensationTarget;
-use sluice_core::command::{Command, CommandStatus};
+use sluice_core::command::Command;
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::{self, CompensationOutcome, Event};
+use sluice_core::machine::{self, Event, Job, UndoTarget};
 use sluice_runtime::config::CompensatorConfig;
 use sluice_runtime::consumer::{ConsumerSpec, Handled, Skipped, consume};
-use sluice_runtime::messages::{Cause, CompensateJob, CompensateRequest, decode};
-use sluice_runtime::{Context, Driven, PipelineError, Shutdown};
+use sluice_runtime::messages::{CompensateJob, CompensateRequest, decode};
+use sluice_runtime::{Context, PipelineError, Shutdown, Sites};
 
 /// The actor named in the audit chain for compensation steps.
 pub const ACTOR: &str = "compensator";
@@ -100,7 +100,7 @@ pub async fn compensate_run(ctx: &Context, run_id: &RunId) -> Result<(), Pipelin
         // Not finished (a transient failure, or another compensator holds it): the sweep or
         // the holder carries on from here.
         let now = ctx.ledger.get(run_id, &key).await?;
-        if now.is_some_and(|command| command.status() == CommandStatus::Compensating) {
+        if now.is_some_and(|command| machine::awaits_compensation(&command.state)) {
             return Ok(());
         }
     }
@@ -121,7 +121,7 @@ pub async fn rollback(
 /// journal is still to be undone), then the run's next ones; otherwise leaves it for the
 /// compensation of the later command to reach.
 pub async fn compensate(ctx: &Context, command: Command) -> Result<(), PipelineError> {
-    if command.status() != CommandStatus::Compensating {
+    if !machine::awaits_compensation(&command.state) {
         return Ok(());
     }
     compensate_run(ctx, &command.run_id).await
@@ -130,94 +130,62 @@ pub async fn compensate(ctx: &Context, command: Command) -> Result<(), PipelineE
 /// Calls compensate for a COMPENSATING command and records what happened.
 #[tracing::instrument(skip(ctx, command), fields(run_id = %command.run_id, command_key = %command.command_key))]
 async fn compensate_one(ctx: &Context, command: Command) -> Result<(), PipelineError> {
-    if command.status() != CommandStatus::Compensating {
-        return Ok(());
-    }
     // Claimed first, for the whole job (every owed extra commit and the command's own, as
     // the core sizes it): one job at a time per command (a rollback job and a sweep may both
     // get here), and its start is when the calls start.
-    let hold = ctx
-        .rules_of(&command)
-        .compensation_hold_ms(command.state.owed_duplicates.len() + 1, 1);
+    let claim =
+        |current: &Command| machine::plan_compensate(&current.state, &ctx.rules_of(current));
+    if claim(&command).is_none() {
+        return Ok(());
+    }
     sluice_faults::point!("compensator.claim.pre");
     // Refused while another job holds it (`claimed_until`): that job's result, or its claim's
     // end, brings the command back.
-    let Some(command) = ctx
-        .claim(command, ACTOR, machine::ClaimJob::Compensate, hold)
-        .await?
-    else {
+    let claimed = ctx
+        .run_job(Job::Compensate, ACTOR, command, Sites::NONE, claim)
+        .await?;
+    let Some(command) = claimed.applied() else {
         return Ok(());
     };
     sluice_faults::point!("compensator.claim.post");
     sluice_faults::point!("compensator.call.pre");
-    let outcome = match ctx.catalog.get(&command.tool) {
-        Some(tool) => {
-            // Extra commits a status check found and not yet undone go first: undoing the
-            // effect means undoing every commit of it.
-            let mut failed_extra = None;
-            for extra in &command.state.owed_duplicates {
-                let target = CompensationTarget::ExtraCommit {
-                    external_ref: extra.clone(),
+    let outcome = match machine::compensation_calls(&command, ctx.catalog.get(&command.tool)) {
+        Ok((tool, targets)) => {
+            let mut answers = Vec::with_capacity(targets.len());
+            for target in targets {
+                let call = match &target {
+                    UndoTarget::ExtraCommit(extra) => CompensationTarget::ExtraCommit {
+                        external_ref: extra.clone(),
+                    },
+                    UndoTarget::OwnCommit => CompensationTarget::OwnCommit,
                 };
-                match ctx.connector.compensate(tool, &command, target).await {
-                    CompensationOutcome::Done { .. } => {}
-                    other => failed_extra = Some((extra.clone(), other)),
-                }
+                let answer = ctx.connector.compensate(tool, &command, call).await;
+                answers.push((target, answer));
             }
-            let own = ctx
-                .connector
-                .compensate(tool, &command, CompensationTarget::OwnCommit)
-                .await;
-            match (failed_extra, own) {
-                (None, own) => own,
-                (
-                    Some((
-                        extra,
-                        CompensationOutcome::Retry {
-                            reason,
-                            retry_after_ms,
-                        },
-                    )),
-                    _,
-                ) => CompensationOutcome::Retry {
-                    reason: format!("extra commit {extra}: {reason}"),
-                    retry_after_ms,
-                },
-                (Some((extra, CompensationOutcome::Impossible { reason })), _) => {
-                    CompensationOutcome::Impossible {
-                        reason: format!("extra commit {extra}: {reason}"),
-                    }
-                }
-                (Some((_, CompensationOutcome::Done { .. })), own) => own,
-            }
+            machine::fold_compensation(answers)
         }
-        None => CompensationOutcome::Impossible {
-            reason: format!("tool {} is no longer in the catalog", command.tool),
-        },
+        Err(outcome) => outcome,
     };
     sluice_faults::point!("compensator.call.post");
-    // `drive` takes "now" after the call returned: that is the compensation's end time. The
-    // core refuses the result if the claim's epoch is no longer current.
-    let event = Event::Compensated {
-        epoch: command.epoch(),
-        outcome,
-    };
+    // `run_job` takes "now" after the calls returned: that is the compensation's end time.
+    // The core refuses the result if the claim's epoch is no longer current.
+    let claimed_epoch = command.epoch();
     sluice_faults::point!("compensator.write.pre");
-    if let Driven::Applied(command, step) = ctx
-        .drive_from(command, ACTOR, |current| {
-            (current.status() == CommandStatus::Compensating).then(|| event.clone())
-        })
-        .await?
-    {
-        sluice_faults::point!("compensator.write.post");
-        ctx.carry_out(ACTOR, &command, &step, Cause::Reserved)
-            .await?;
-    }
+    let sites = Sites {
+        carrying: || sluice_faults::point!("compensator.write.post"),
+        ..Sites::NONE
+    };
+    ctx.run_job(Job::Compensate, ACTOR, command, sites, |current| {
+        machine::compensated_event(&current.state, claimed_epoch, &outcome)
+    })
+    .await?;
     Ok(())
 }
 
-/// Undoes the extra commits a `duplicate` observation found, retrying transient failures a few
-/// times, and records the result on the (CONFIRMED) command.
+/// Undoes the extra commits a `duplicate` observation found, one call each, and records the
+/// result on the (CONFIRMED) command. A transient failure is not retried here: the core
+/// stores it with the attempt and a due time, and the sweep sends the clean-up again then
+/// (past the tool's attempts it goes to a person).
 #[tracing::instrument(skip(ctx, requested), fields(run_id = %run_id, command_key = %command_key))]
 pub async fn settle_duplicate(
     ctx: &Context,
@@ -228,104 +196,54 @@ pub async fn settle_duplicate(
     let Some(command) = ctx.ledger.get(run_id, command_key).await? else {
         return Ok(());
     };
-    if command.status() != CommandStatus::Confirmed || command.state.owed_duplicates.is_empty() {
+    // One clean-up at a time, claimed for all of it: the request and a sweep may both get
+    // here.
+    let claim =
+        |current: &Command| machine::plan_settle_duplicate(&current.state, &ctx.rules_of(current));
+    if claim(&command).is_none() {
         return Ok(());
     }
-    let rules = ctx.rules_of(&command);
-    // One clean-up at a time, claimed for all of it (each extra commit, with its retries): the
-    // request and a sweep may both get here.
-    let hold = rules.compensation_hold_ms(command.state.owed_duplicates.len(), rules.max_attempts);
     sluice_faults::point!("compensator.claim.pre");
-    let Some(command) = ctx
-        .claim(command, ACTOR, machine::ClaimJob::UndoDuplicates, hold)
-        .await?
-    else {
+    let claimed = ctx
+        .run_job(Job::SettleDuplicate, ACTOR, command, Sites::NONE, claim)
+        .await?;
+    let Some(command) = claimed.applied() else {
         return Ok(());
     };
     sluice_faults::point!("compensator.claim.post");
     // The ledger's list is the one owed (the request may be older than a retried look).
-    let extra_refs = command.state.owed_duplicates.clone();
-    if requested != extra_refs.as_slice() {
-        tracing::debug!(?requested, owed = ?extra_refs, "clean-up request differs from the ledger");
+    if requested != command.state.owed_duplicates.as_slice() {
+        tracing::debug!(?requested, owed = ?command.state.owed_duplicates, "clean-up request differs from the ledger");
     }
     sluice_faults::point!("compensator.call.pre");
-    let outcome = match ctx.catalog.get(&command.tool) {
-        None => CompensationOutcome::Impossible {
-            reason: format!("tool {} is no longer in the catalog", command.tool),
-        },
-        Some(_) if extra_refs.is_empty() => CompensationOutcome::Impossible {
-            reason: "the status check named no extra commit to undo".into(),
-        },
-        Some(tool) => {
-            let mut undone = Vec::new();
-            let mut failure = None;
-            for reference in extra_refs {
-                let mut attempt = 0;
-                let outcome = loop {
-                    let outcome = ctx
-                        .connector
-                        .compensate(
-                            tool,
-                            &command,
-                            CompensationTarget::ExtraCommit {
-                                external_ref: reference.clone(),
-                            },
-                        )
-                        .await;
-                    match outcome {
-                        CompensationOutcome::Retry { .. } if attempt + 1 < rules.max_attempts => {
-                            tokio::time::sleep(std::time::Duration::from_millis(
-                                u64::try_from(rules.backoff_ms(attempt)).unwrap_or(1_000),
-                            ))
-                            .await;
-                            attempt += 1;
-                        }
-                        other => break other,
-                    }
+    let claimed_epoch = command.epoch();
+    let settled = match machine::duplicate_calls(&command, ctx.catalog.get(&command.tool)) {
+        Ok((tool, extras)) => {
+            let mut answers = Vec::with_capacity(extras.len());
+            for extra in extras {
+                let call = CompensationTarget::ExtraCommit {
+                    external_ref: extra.clone(),
                 };
-                match outcome {
-                    CompensationOutcome::Done { reference: undo } => {
-                        undone.push(format!("{reference} -> {}", undo.unwrap_or_default()));
-                    }
-                    other => failure = Some((reference.clone(), other)),
-                }
+                let answer = ctx.connector.compensate(tool, &command, call).await;
+                answers.push((extra, answer));
             }
-            match failure {
-                None => CompensationOutcome::Done {
-                    reference: Some(undone.join(", ")),
-                },
-                Some((reference, CompensationOutcome::Impossible { reason })) => {
-                    CompensationOutcome::Impossible {
-                        reason: format!("{reference}: {reason}"),
-                    }
-                }
-                Some((
-                    reference,
-                    CompensationOutcome::Retry {
-                        reason,
-                        retry_after_ms,
-                    },
-                )) => CompensationOutcome::Retry {
-                    reason: format!("{reference}: {reason}"),
-                    retry_after_ms,
-                },
-                Some((_, done @ CompensationOutcome::Done { .. })) => done,
-            }
+            machine::duplicates_settled(claimed_epoch, answers)
         }
+        Err(outcome) => Event::DuplicateSettled {
+            epoch: claimed_epoch,
+            outcome,
+            undone: Vec::new(),
+        },
     };
     sluice_faults::point!("compensator.call.post");
-    let event = Event::DuplicateSettled {
-        epoch: command.epoch(),
-        outcome,
-    };
     sluice_faults::point!("compensator.write.pre");
-    if let Driven::Applied(command, step) = ctx
-        .drive_from(command, ACTOR, |_| Some(event.clone()))
-        .await?
-    {
-        sluice_faults::point!("compensator.write.post");
-        ctx.carry_out(ACTOR, &command, &step, Cause::Reserved)
-            .await?;
-    }
+    let sites = Sites {
+        carrying: || sluice_faults::point!("compensator.write.post"),
+        ..Sites::NONE
+    };
+    ctx.run_job(Job::SettleDuplicate, ACTOR, command, sites, |_| {
+        Some(settled.clone())
+    })
+    .await?;
     Ok(())
 }

@@ -17,13 +17,13 @@ use sluice_core::catalog::Catalog;
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::flow::Held;
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::{self, DispatchOutcome, DispatchPlan, Event, Refusal};
+use sluice_core::machine::{self, CallPlan, DispatchOutcome, DispatchPlan, Event, Job};
 use sluice_core::policy;
 use sluice_runtime::config::DispatcherConfig;
 use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
 use sluice_runtime::flow::{Admission, Permit};
-use sluice_runtime::messages::{Cause, DispatchRequest, decode};
-use sluice_runtime::{Context, Current, Driven, PipelineError, Shutdown};
+use sluice_runtime::messages::{DispatchRequest, decode};
+use sluice_runtime::{Context, Current, PipelineError, Ran, Shutdown, Sites};
 
 /// The actor named in the audit chain for the dispatcher's transitions.
 pub const ACTOR: &str = "dispatcher";
@@ -139,37 +139,37 @@ pub async fn dispatch_from(
             },
             Some((_, DispatchPlan::Call)),
         ) => command,
-        (current, first) => {
-            match lease(ctx, &owner, run_id, command_key, current, first, read).await? {
-                Ok(command) => command,
-                Err(settled) => return Ok(settled),
+        (current, first) => match lease(ctx, &owner, current, first, read).await? {
+            Ran::Applied(command, _) => command,
+            Ran::Left(command) => return Ok(Some(command)),
+            Ran::Missing => {
+                tracing::warn!("dispatch request for a command the ledger does not have");
+                return Ok(None);
             }
-        }
+        },
     };
+    // The write held, blocked or denied it: nothing to call.
+    if machine::plan_call(&leased.state, &ctx.rules_of(&leased), ctx.clock.now()) == CallPlan::Leave
+    {
+        return Ok(Some(leased));
+    }
     sluice_faults::point!("dispatcher.lease.post");
 
-    // The lease write and its retries took time: call only if the whole call still fits in
-    // what is left of the lease, or the sweep could take it for expired while the call is in
-    // flight. Too little left: give it back unused (nothing was sent; the attempt does not
-    // count) and let the command be dispatched again under a fresh lease.
-    if !machine::lease_usable(&leased.state, &ctx.rules_of(&leased), ctx.clock.now()) {
-        let epoch = leased.epoch();
-        let released = ctx
-            .drive_from(leased, ACTOR, |_| {
-                Some(Event::Release {
-                    epoch,
-                    reason: "too little of the lease left for the whole call".into(),
+    // The lease write and its retries took time: the core decides, right before the call,
+    // whether the whole call still fits in what is left of the lease. Too little left: given
+    // back unused (nothing was sent; the attempt does not count), and the command is
+    // dispatched again under a fresh lease.
+    match machine::plan_call(&leased.state, &ctx.rules_of(&leased), ctx.clock.now()) {
+        CallPlan::Call => {}
+        CallPlan::Release(release) => {
+            return Ok(ctx
+                .run_job(Job::Dispatch, ACTOR, leased, Sites::NONE, |_| {
+                    Some(release.clone())
                 })
-            })
-            .await?;
-        return Ok(match released {
-            Driven::Applied(command, step) => {
-                ctx.carry_out(ACTOR, &command, &step, Cause::Retry).await?;
-                Some(command)
-            }
-            Driven::Refused(command, _) | Driven::Skipped(command) => Some(command),
-            Driven::Missing => None,
-        });
+                .await?
+                .command());
+        }
+        CallPlan::Leave => return Ok(Some(leased)),
     }
 
     // When the attempt leaves: an ambiguous answer may be worked on until its timeout after.
@@ -207,57 +207,40 @@ pub async fn dispatch_from(
     let epoch = leased.epoch();
     let leased = extend_before_finalize(ctx, leased).await?;
     sluice_faults::point!("dispatcher.finalize.pre");
-    let written = ctx
-        .drive_from(leased, ACTOR, |_| {
-            Some(Event::Dispatched {
-                epoch,
-                outcome: outcome.clone(),
-                sent_at,
-            })
+    let outcome = Event::Dispatched {
+        epoch,
+        outcome,
+        sent_at,
+    };
+    let sites = Sites {
+        written: || sluice_faults::point!("dispatcher.finalize.post"),
+        carrying: || sluice_faults::point!("dispatcher.carry_out.pre"),
+        carried: || sluice_faults::point!("dispatcher.carry_out.post"),
+    };
+    // A stale epoch's refusal is logged by `run_job`: the reconciler resolves that outcome
+    // from evidence.
+    Ok(ctx
+        .run_job(Job::Dispatch, ACTOR, leased, sites, |_| {
+            Some(outcome.clone())
         })
-        .await?;
-    sluice_faults::point!("dispatcher.finalize.post");
-    match written {
-        Driven::Applied(command, step) => {
-            sluice_faults::point!("dispatcher.carry_out.pre");
-            ctx.carry_out(ACTOR, &command, &step, Cause::Retry).await?;
-            sluice_faults::point!("dispatcher.carry_out.post");
-            Ok(Some(command))
-        }
-        Driven::Refused(command, refusal @ Refusal::StaleEpoch { .. }) => {
-            tracing::warn!(
-                %refusal,
-                outcome = outcome.label(),
-                "lease lost before the outcome was written; the reconciler resolves it from evidence"
-            );
-            Ok(Some(command))
-        }
-        Driven::Refused(command, refusal) => {
-            tracing::warn!(%refusal, "outcome refused");
-            Ok(Some(command))
-        }
-        Driven::Skipped(command) => Ok(Some(command)),
-        Driven::Missing => Ok(None),
-    }
+        .await?
+        .command())
 }
 
-/// Leases a command waiting for dispatch, or carries out what the core plans instead
-/// (`machine::plan_dispatch`). `Ok` is the leased command to call under; `Err` is the command as
-/// it stands when there is nothing to call (blocked, denied, not waiting, missing). `first`:
-/// the plan of the copy in `current`, reused while the write sees that copy.
+/// Leases a command waiting for dispatch, or writes what the core plans instead
+/// (`machine::plan_dispatch`: a hold, a block, a denial). `first`: the plan of the copy in
+/// `current`, reused while the write sees that copy; a copy that moved meanwhile is planned
+/// again, with policy evaluated again on it (an approval may have come).
 async fn lease(
     ctx: &Context,
     owner: &std::sync::Arc<str>,
-    run_id: &RunId,
-    command_key: &CommandKey,
     current: Current,
     first: Option<(Version, DispatchPlan)>,
     read: Read<'_>,
-) -> Result<Result<Command, Option<Command>>, PipelineError> {
-    let held = read.held;
+) -> Result<Ran, PipelineError> {
     let catalog = ctx.catalog.clone();
-    let leased = ctx
-        .drive_current(run_id, command_key, ACTOR, current, |command| {
+    let ran = ctx
+        .run_job(Job::Dispatch, ACTOR, current, Sites::NONE, |command| {
             let planned = match &first {
                 Some((seen, planned)) if *seen == version(command) => planned.clone(),
                 Some(_) | None => plan(ctx, &catalog, command, read, owner),
@@ -270,37 +253,24 @@ async fn lease(
             }
         })
         .await?;
-    Ok(match leased {
-        Driven::Applied(command, _) if command.status() == CommandStatus::Leased => Ok(command),
-        Driven::Applied(command, step) => {
-            if let Some(held) = held
-                && command.state.rate_limited_until.is_some()
-            {
-                ctx.metrics
-                    .flow
-                    .holds
-                    .with_label_values(&[
-                        ctx.catalog
-                            .get(&command.tool)
-                            .map_or("", |tool| tool.upstream()),
-                        held.cause.as_str(),
-                    ])
-                    .inc();
-            }
-            ctx.carry_out(ACTOR, &command, &step, Cause::Reserved)
-                .await?;
-            Err(Some(command))
-        }
-        Driven::Refused(command, refusal) => {
-            tracing::warn!(%refusal, status = %command.status(), "dispatch refused");
-            Err(Some(command))
-        }
-        Driven::Skipped(command) => Err(Some(command)),
-        Driven::Missing => {
-            tracing::warn!("dispatch request for a command the ledger does not have");
-            Err(None)
-        }
-    })
+    // Held by flow control: counted by upstream and cause.
+    if let (Ran::Applied(command, _), Some(held)) = (&ran, read.held)
+        && command.state.rate_limited_until.is_some()
+        && machine::plan_call(&command.state, &ctx.rules_of(command), ctx.clock.now())
+            == CallPlan::Leave
+    {
+        ctx.metrics
+            .flow
+            .holds
+            .with_label_values(&[
+                ctx.catalog
+                    .get(&command.tool)
+                    .map_or("", |tool| tool.upstream()),
+                held.cause.as_str(),
+            ])
+            .inc();
+    }
+    Ok(ran)
 }
 
 /// Which copy of a command a plan was made on: a write that sees another copy plans again.
@@ -325,9 +295,7 @@ async fn admit(
     let Some(tool) = catalog.get(&command.tool) else {
         return Ok((None, None));
     };
-    let waiting = command.awaits_dispatch()
-        && !machine::rate_limit_holds(&command.state, &ctx.rules_of(command), ctx.clock.now());
-    if !waiting {
+    if !machine::asks_flow_control(command, &ctx.rules_of(command), ctx.clock.now()) {
         return Ok((None, None));
     }
     Ok(match ctx.flow.admit(ctx, tool, command, owner).await? {
@@ -371,32 +339,29 @@ fn plan(
     )
 }
 
-/// Extends the lease first when the outcome's write, at the ledger's pace now, could outlive
-/// it (`load::extend_before_write`, the core's decision, then `Event::ExtendLease`, a quiet
-/// write fenced by the epoch): a lease that lapsed under its holder's write is taken for
-/// expired by the sweep and reconciled, which costs the ledger several more writes for an
-/// outcome that was known. An extension that is refused (the epoch moved on, the lease already
-/// runs long enough) changes nothing: the outcome's write is then decided on the command as
-/// it is.
+/// Extends the lease first when the core says the outcome's write, at the ledger's pace now,
+/// could outlive it (`machine::extend_before_finalize`, a quiet write fenced by the epoch). An
+/// extension that is refused (the epoch moved on, the lease already runs long enough) changes
+/// nothing: the outcome's write is then decided on the command as it is.
 async fn extend_before_finalize(ctx: &Context, leased: Command) -> Result<Command, PipelineError> {
     let write_ms = ctx.ledger.write_latency_ms();
     let epoch = leased.epoch();
     let extend = |current: &Command| {
-        sluice_core::load::extend_before_write(
+        machine::extend_before_finalize(
             &current.state,
             &ctx.rules_of(current),
-            ctx.clock.now(),
+            epoch,
             write_ms,
+            ctx.clock.now(),
         )
-        .map(|to| Event::ExtendLease { epoch, to })
     };
     if extend(&leased).is_none() {
         return Ok(leased);
     }
     tracing::debug!(write_ms, "extending the lease before writing the outcome");
-    Ok(match ctx.drive_from(leased.clone(), ACTOR, extend).await? {
-        // Under the same epoch: the core extends only for the holder.
-        Driven::Applied(extended, _) => extended,
-        Driven::Refused(..) | Driven::Skipped(_) | Driven::Missing => leased,
-    })
+    let ran = ctx
+        .run_job(Job::Dispatch, ACTOR, leased.clone(), Sites::NONE, extend)
+        .await?;
+    // Under the same epoch: the core extends only for the holder.
+    Ok(ran.applied().unwrap_or(leased))
 }

@@ -27,15 +27,15 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use sluice_bus::{BusError, Delivery, Group, Topic};
-use sluice_core::command::{Command, CommandStatus};
+use sluice_core::command::Command;
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::{self, Event, Look, SweepWork};
+use sluice_core::machine::{self, Job, LookPlan, LookStep, SweepPlan};
 use sluice_core::sweep::ShardTimes;
 use sluice_ledger::DueItem;
 use sluice_runtime::config::ReconcilerConfig;
 use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
-use sluice_runtime::messages::{Cause, ReconcileRequest, decode};
-use sluice_runtime::{Context, Driven, PipelineError, Shutdown};
+use sluice_runtime::messages::{ReconcileRequest, decode};
+use sluice_runtime::{Context, PipelineError, Ran, Shutdown, Sites};
 
 /// The actor named in the audit chain for the reconciler's transitions.
 pub const ACTOR: &str = "reconciler";
@@ -107,126 +107,100 @@ pub async fn reconcile(
     let Some(command) = ctx.ledger.get(run_id, command_key).await? else {
         return Ok(None);
     };
-    if !machine::awaits_look(&command.state) {
-        return Ok(Some(command));
-    }
-    if command.state.due_at.is_some_and(|at| at > ctx.clock.now()) {
-        // Backing off, waiting out the settle interval, or another reconciler is looking; the
-        // sweep brings it back when due.
-        return Ok(Some(command));
-    }
     resolve(ctx, command).await
 }
 
-/// Claims the command, looks for evidence of its outcome and stores what it shows. Only the
-/// claimer's result is written: a concurrent look (a sweep, another replica) loses its claim.
+/// Looks at a command as the core plans it (`machine::plan_look`): leaves it when it is not
+/// due for a look, holds the look while flow control keeps its upstream back, or claims it,
+/// looks for evidence of its outcome and stores what it shows. Only the claimer's result is
+/// written: a concurrent look (a sweep, another replica) loses its claim.
 async fn resolve(ctx: &Context, command: Command) -> Result<Option<Command>, PipelineError> {
     let tool = ctx.catalog.get(&command.tool);
+    let now = ctx.clock.now();
     // Flow control: a look at a paused upstream, or one whose breaker is open, waits.
-    if let Some(tool) = tool
-        && command.status() == CommandStatus::Unknown
-        && let Some(held) = ctx.flow.look_gate(ctx, tool)
-        && machine::look_for(
-            &command.state,
-            &ctx.rules_of(&command),
-            true,
-            ctx.clock.now(),
-        ) == Look::StatusCheck
-    {
-        return hold_look(ctx, command, held).await;
-    }
-    let hold = machine::look_hold_ms(
-        tool.and_then(|tool| tool.status_check())
+    let gate = tool.and_then(|tool| ctx.flow.look_gate(ctx, tool));
+    let read = machine::LookRead {
+        tool_present: tool.is_some(),
+        check_timeout_ms: tool
+            .and_then(|tool| tool.status_check())
             .map(|check| check.timeout_ms),
-    );
+        gate: gate.as_ref(),
+    };
+    let look = |current: &Command| machine::plan_look(current, &ctx.rules_of(current), read, now);
+    match look(&command) {
+        // Backing off, waiting out the settle interval, or another reconciler is looking; the
+        // sweep brings it back when due.
+        LookPlan::Leave => return Ok(Some(command)),
+        LookPlan::Hold(_) => {
+            let held = ctx
+                .run_job(
+                    Job::Look,
+                    ACTOR,
+                    command,
+                    Sites::NONE,
+                    |current| match look(current) {
+                        LookPlan::Hold(hold) => Some(hold),
+                        LookPlan::Claim(_) | LookPlan::Leave => None,
+                    },
+                )
+                .await?;
+            return Ok(held.command());
+        }
+        LookPlan::Claim(_) => {}
+    }
     sluice_faults::point!("reconciler.claim.pre");
-    let Some(command) = ctx
-        .claim(command, ACTOR, machine::ClaimJob::Look, hold)
-        .await?
-    else {
+    let claimed = ctx
+        .run_job(
+            Job::Look,
+            ACTOR,
+            command,
+            Sites::NONE,
+            |current| match look(current) {
+                LookPlan::Claim(claim) => Some(claim),
+                LookPlan::Hold(_) | LookPlan::Leave => None,
+            },
+        )
+        .await?;
+    let Some(command) = claimed.applied() else {
         return Ok(None);
     };
     sluice_faults::point!("reconciler.claim.post");
     sluice_faults::point!("reconciler.check.pre");
-    // How to look is the core's decision, from the command's rules (its stored semantics
-    // kept where stricter than the catalog's now).
-    let rules = ctx.rules_of(&command);
-    // Evidence that came while the command was still in flight answers first.
+    // Evidence that came while the command was still in flight answers first; else how to
+    // look is the core's decision, from the command's rules (its stored semantics kept where
+    // stricter than the catalog's now).
     let held = held::evidence_for(ctx, &command, tool).await?;
-    let event = match (&held, tool) {
-        (Some((event, _)), _) => event.clone(),
-        (None, tool) => match (
-            machine::look_for(&command.state, &rules, tool.is_some(), ctx.clock.now()),
+    let event = match &held {
+        Some((event, _)) => event.clone(),
+        None => match machine::plan_look_step(
+            &command.state,
+            &ctx.rules_of(&command),
             tool,
+            ctx.clock.now(),
         ) {
-            (Look::StatusCheck, Some(tool)) => {
-                ctx.connector.status_check(tool, &command).await.into()
-            }
-            (Look::RetrySameKey, _) => Event::RetrySameKey,
-            (Look::GiveUp(reason), _) => Event::GiveUp { reason },
-            (Look::StatusCheck, None) => Event::GiveUp {
-                reason: format!("tool {} is no longer in the catalog", command.tool),
-            },
+            LookStep::StatusCheck(tool) => ctx.connector.status_check(tool, &command).await.into(),
+            LookStep::Write(event) => event,
         },
     };
     sluice_faults::point!("reconciler.check.post");
     let claimed_epoch = command.epoch();
     sluice_faults::point!("reconciler.write.pre");
-    let driven = ctx
-        .drive_from(command, ACTOR, |current| {
-            (machine::awaits_look(&current.state) && current.epoch() == claimed_epoch)
-                .then(|| event.clone())
+    let sites = Sites {
+        written: || sluice_faults::point!("reconciler.write.post"),
+        ..Sites::NONE
+    };
+    // A fenced-out look (another claim, a rollback's mark) is refused or left: the sweep
+    // brings the command back when it is due.
+    let ran = ctx
+        .run_job(Job::Look, ACTOR, command, sites, |current| {
+            machine::look_result(&current.state, claimed_epoch, &event)
         })
         .await?;
-    sluice_faults::point!("reconciler.write.post");
-    Ok(match driven {
-        Driven::Applied(command, step) => {
-            if let Some((_, record)) = held {
-                let note = format!("{} -> {}: {}", step.from, step.to(), step.reason);
-                held::applied(ctx, record, note).await?;
-            }
-            ctx.carry_out(ACTOR, &command, &step, Cause::Redispatch)
-                .await?;
-            Some(command)
-        }
-        Driven::Refused(command, refusal) => {
-            // A fenced-out look (another claim, a rollback's mark) gets here: the core chose
-            // the look from the same rules. The sweep brings the command back when it is due.
-            tracing::warn!(%refusal, "resolution refused");
-            Some(command)
-        }
-        Driven::Skipped(command) => Some(command),
-        Driven::Missing => None,
-    })
-}
-
-/// Puts a look back until flow control lets it go (`Event::Hold`): no check is spent on an
-/// upstream that is paused or whose breaker is open.
-async fn hold_look(
-    ctx: &Context,
-    command: Command,
-    held: sluice_core::flow::Held,
-) -> Result<Option<Command>, PipelineError> {
-    let until = held.until.plus_millis(sluice_core::flow::jitter_ms(
-        command.command_key.as_str(),
-        held.until.millis_since(ctx.clock.now()),
-    ));
-    let driven = ctx
-        .drive_from(command, ACTOR, |current| {
-            machine::awaits_look(&current.state).then(|| Event::Hold {
-                epoch: None,
-                until,
-                cause: held.cause,
-                reason: held.reason.clone(),
-            })
-        })
-        .await?;
-    Ok(match driven {
-        Driven::Applied(command, _) | Driven::Refused(command, _) | Driven::Skipped(command) => {
-            Some(command)
-        }
-        Driven::Missing => None,
-    })
+    if let (Ran::Applied(_, step), Some((_, record))) = (&ran, held) {
+        let note = format!("{} -> {}: {}", step.from, step.to(), step.reason);
+        held::applied(ctx, record, note).await?;
+    }
+    Ok(ran.command())
 }
 
 /// The times of this reconciler's shard leases: `shard_lease_ms`, against the catalog's
@@ -321,10 +295,7 @@ pub async fn sweep_shards(
 ) -> Result<Vec<DueItem>, PipelineError> {
     let now = ctx.clock.now();
     let items = ctx.ledger.due_in(now, config.sweep_batch, shards).await?;
-    // A republished request gets this long to be handled before the next sweep repeats it.
-    let grace = i64::try_from(config.sweep_interval_ms.saturating_mul(5))
-        .unwrap_or(i64::MAX)
-        .max(5_000);
+    let grace = machine::republish_grace_ms(config.sweep_interval_ms);
     let item_timeout = Duration::from_millis(config.sweep_item_timeout_ms);
     let handled = items
         .into_iter()
@@ -364,45 +335,63 @@ async fn sweep_within(ctx: &Context, item: DueItem, grace: i64, item_timeout: Du
     item
 }
 
+/// Carries out what the core plans for one due item (`machine::plan_sweep`).
 async fn sweep_item(ctx: &Context, item: &DueItem, grace: i64) -> Result<(), PipelineError> {
     let (run_id, command_key) = (&item.run_id, &item.command_key);
     let Some(command) = ctx.ledger.get(run_id, command_key).await? else {
         return Ok(());
     };
-    if command.state.due_at.is_none_or(|at| at > ctx.clock.now()) {
-        return Ok(());
-    }
-    match machine::sweep_work(&command.state) {
-        SweepWork::Fire(event) => step_due(ctx, command, event).await,
-        SweepWork::Look => look(ctx, command).await,
-        SweepWork::Republish => republish(ctx, command, grace).await,
-        SweepWork::Leave => Ok(()),
-    }
-}
-
-/// Fires the event a due command's time brought (`SweepWork::Fire`), if it is still due.
-async fn step_due(ctx: &Context, command: Command, event: Event) -> Result<(), PipelineError> {
     let now = ctx.clock.now();
-    let cause = match event {
-        Event::Due | Event::ApprovalExpired => Cause::Due,
-        _ => Cause::Retry,
-    };
-    sluice_faults::point!("reconciler.sweep_due.pre");
-    let driven = ctx
-        .drive_from(command, SWEEP_ACTOR, |current| {
-            (current.state.due_at.is_some_and(|at| at <= now)
-                && machine::sweep_work(&current.state) == SweepWork::Fire(event.clone()))
-            .then(|| event.clone())
-        })
-        .await?;
-    sluice_faults::point!("reconciler.sweep_due.post");
-    if let Driven::Applied(command, step) = driven {
-        ctx.carry_out(SWEEP_ACTOR, &command, &step, cause).await?;
+    let sweep = move |current: &Command| machine::plan_sweep(&current.state, grace, now);
+    match sweep(&command) {
+        SweepPlan::Fire(_) => {
+            // A time the command waited for has come: the event it brings, if still due.
+            sluice_faults::point!("reconciler.sweep_due.pre");
+            let sites = Sites {
+                written: || sluice_faults::point!("reconciler.sweep_due.post"),
+                ..Sites::NONE
+            };
+            ctx.run_job(
+                Job::Sweep,
+                SWEEP_ACTOR,
+                command,
+                sites,
+                |current| match sweep(current) {
+                    SweepPlan::Fire(event) => Some(event),
+                    SweepPlan::Look | SweepPlan::Republish(_) | SweepPlan::Leave => None,
+                },
+            )
+            .await?;
+            Ok(())
+        }
+        SweepPlan::Look => look(ctx, command).await,
+        SweepPlan::Republish(_) => {
+            // The request it waits for, sent again (`Event::Republish`: a quiet write that
+            // moves its due time past the grace, so the next sweeps leave it alone meanwhile,
+            // and names the request).
+            sluice_faults::point!("reconciler.sweep_republish.pre");
+            let sites = Sites {
+                written: || sluice_faults::point!("reconciler.sweep_republish.post"),
+                ..Sites::NONE
+            };
+            ctx.run_job(
+                Job::Sweep,
+                SWEEP_ACTOR,
+                command,
+                sites,
+                |current| match sweep(current) {
+                    SweepPlan::Republish(event) => Some(event),
+                    SweepPlan::Fire(_) | SweepPlan::Look | SweepPlan::Leave => None,
+                },
+            )
+            .await?;
+            Ok(())
+        }
+        SweepPlan::Leave => Ok(()),
     }
-    Ok(())
 }
 
-/// Looks at a due command waiting for a look (`SweepWork::Look`). The look runs in a task of
+/// Looks at a due command waiting for a look (`SweepPlan::Look`). The look runs in a task of
 /// its own, so the sweep's budgets (an item's timeout, the shard leases' time left) stop the
 /// sweep waiting for it but never cut it off: the status check ends within its own timeout,
 /// and what it found — an inconclusive timeout included — is recorded and counted. Cut off
@@ -419,26 +408,4 @@ async fn look(ctx: &Context, command: Command) -> Result<(), PipelineError> {
             Ok(())
         }
     }
-}
-
-/// Republishes the request a due command waits for (`SweepWork::Republish`, then
-/// `Event::Republish`: a quiet write that moves its due time past `grace`, so the next sweeps
-/// leave it alone meanwhile, and names the request).
-async fn republish(ctx: &Context, command: Command, grace: i64) -> Result<(), PipelineError> {
-    sluice_faults::point!("reconciler.sweep_republish.pre");
-    let driven = ctx
-        .drive_from(command, SWEEP_ACTOR, |current| {
-            (machine::sweep_work(&current.state) == SweepWork::Republish)
-                .then_some(Event::Republish { grace_ms: grace })
-        })
-        .await?;
-    sluice_faults::point!("reconciler.sweep_republish.post");
-    if let Driven::Applied(moved, step) = driven {
-        let cause = match moved.status() {
-            CommandStatus::Pending | CommandStatus::Approved => Cause::Stale,
-            _ => Cause::Retry,
-        };
-        ctx.carry_out(SWEEP_ACTOR, &moved, &step, cause).await?;
-    }
-    Ok(())
 }

@@ -355,7 +355,16 @@ pub struct CommandState {
     /// booked then, so at or after it the command goes without booking another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flow_slot: Option<Timestamp>,
+    /// How many clean-ups of the extra commits owed (`owed_duplicates`) failed transiently so
+    /// far: the next is tried at the due time the last failure set, and past the tool's
+    /// `max_attempts` the clean-up goes to a person. Zero once it ended.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub duplicate_attempts: u32,
     pub updated_at: Timestamp,
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
 }
 
 fn is_zero(ms: &i64) -> bool {
@@ -404,6 +413,7 @@ impl CommandState {
             rate_limited_ms: 0,
             rate_limited_until: None,
             flow_slot: None,
+            duplicate_attempts: 0,
             updated_at: now,
         }
     }

@@ -20,6 +20,7 @@ use crate::policy::PolicyDecision;
 use crate::time::Timestamp;
 
 mod event;
+mod jobs;
 mod lease;
 mod reservation;
 mod rules;
@@ -27,6 +28,7 @@ mod run_rollback;
 mod waiting;
 
 pub use event::*;
+pub use jobs::*;
 pub use lease::*;
 pub use rate_limit::{rate_limit_holds, rate_limited_wait_ms};
 pub use reservation::*;
@@ -117,9 +119,11 @@ pub fn apply(
         Event::Cancel { operator } => people::cancel(&a, operator),
         Event::Rollback { operator } => undoing::rollback(&a, operator),
         Event::Compensated { epoch, outcome } => undoing::on_compensated(&a, epoch, outcome),
-        Event::DuplicateSettled { epoch, outcome } => {
-            undoing::duplicate_settled(&a, epoch, outcome)
-        }
+        Event::DuplicateSettled {
+            epoch,
+            outcome,
+            undone,
+        } => undoing::duplicate_settled(&a, epoch, outcome, undone),
         Event::Resolve {
             operator,
             resolution,
@@ -207,6 +211,8 @@ use verify::verified;
 mod async_paths;
 #[cfg(test)]
 mod fault_paths;
+#[cfg(test)]
+mod job_table;
 #[cfg(test)]
 mod key_window;
 #[cfg(test)]

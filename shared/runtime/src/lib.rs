@@ -12,6 +12,7 @@ pub mod consumer;
 pub mod copies;
 pub mod flow;
 pub mod gauges;
+pub mod job;
 pub mod lag;
 pub mod lanes;
 pub mod local_events;
@@ -24,6 +25,7 @@ pub mod spans;
 pub mod telemetry;
 
 pub use config::Config;
+pub use job::{Ran, Sites};
 pub use metrics::Metrics;
 pub use pipeline::{Context, Current, Driven, PipelineError};
 

@@ -76,22 +76,9 @@ fn format_header() -> (String, Vec<u8>) {
     )
 }
 
-/// Why a dispatch was requested (for logs and metrics; handlers do not depend on it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Cause {
-    Reserved,
-    Due,
-    Stale,
-    Redispatch,
-    Retry,
-    Approved,
-    Replayed,
-    /// A cause a newer build added: the request is handled like any other (the dispatcher
-    /// re-reads the command and acts on what the ledger holds), the cause only logged as this.
-    #[serde(other)]
-    Other,
-}
+/// Why a dispatch was requested: decided by the core with the step that leads to it
+/// (`machine::cause_of`), so it is defined there.
+pub use sluice_core::machine::Cause;
 
 /// `requested`: lease this command and call its tool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

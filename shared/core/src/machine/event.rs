@@ -252,9 +252,13 @@ pub enum Event {
     },
     /// Clean-up of an extra commit found by a `duplicate` observation finished, reported by
     /// the holder of the claim `epoch`.
+    /// `undone`: the extra commits this job undid, whatever its outcome (a retry owes only
+    /// the rest).
     DuplicateSettled {
         epoch: LeaseEpoch,
         outcome: CompensationOutcome,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        undone: Vec<String>,
     },
     Resolve {
         operator: Operator,

@@ -986,6 +986,7 @@ fn a_duplicate_found_by_a_look_still_owes_the_last_look_after_its_clean_up() {
         Event::DuplicateSettled {
             epoch: found.state.lease.epoch,
             outcome: CompensationOutcome::Done { reference: None },
+            undone: vec![],
         },
         at(2_600),
     );

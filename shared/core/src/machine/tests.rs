@@ -241,6 +241,7 @@ fn samples() -> Vec<(&'static str, Event)> {
                 outcome: CompensationOutcome::Done {
                     reference: Some("rev-2".into()),
                 },
+                undone: vec![],
             },
         ),
         (
@@ -726,6 +727,7 @@ fn a_duplicate_is_confirmed_and_its_extra_commit_compensated() {
             outcome: CompensationOutcome::Done {
                 reference: Some("rev-1".into()),
             },
+            undone: vec![],
         },
     );
     assert!(settled.state.owed_duplicates.is_empty());
@@ -1235,8 +1237,11 @@ fn arb_event() -> impl Strategy<Value = Event> {
         arb_operator().prop_map(|operator| Event::Rollback { operator }),
         (epoch.clone(), arb_compensation())
             .prop_map(|(epoch, outcome)| Event::Compensated { epoch, outcome }),
-        (epoch.clone(), arb_compensation())
-            .prop_map(|(epoch, outcome)| Event::DuplicateSettled { epoch, outcome }),
+        (epoch.clone(), arb_compensation()).prop_map(|(epoch, outcome)| Event::DuplicateSettled {
+            epoch,
+            outcome,
+            undone: vec![]
+        }),
         epoch.clone().prop_map(|epoch| Event::Release {
             epoch,
             reason: "short lease".into()

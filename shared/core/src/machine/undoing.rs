@@ -114,6 +114,7 @@ pub(super) fn duplicate_settled(
     a: &Apply<'_>,
     epoch: &LeaseEpoch,
     outcome: &CompensationOutcome,
+    undone: &[String],
 ) -> Result<Step, Refusal> {
     use CommandStatus as S;
     let Apply {
@@ -127,6 +128,29 @@ pub(super) fn duplicate_settled(
         S::Confirmed if !state.owed_duplicates.is_empty() => {
             check_epoch(state, *epoch)?;
             next.claimed_until = None;
+            // A transient failure with attempts left: kept in the ledger, not retried in
+            // memory — the attempt counted, the extra commits undone struck off, and a due
+            // time after the backoff, at which the sweep sends the clean-up again. A crash
+            // loses neither the count nor the wait.
+            if let CompensationOutcome::Retry { reason, .. } = outcome
+                && state.duplicate_attempts.saturating_add(1) < rules.max_attempts
+            {
+                next.owed_duplicates.retain(|extra| !undone.contains(extra));
+                next.duplicate_attempts = state.duplicate_attempts + 1;
+                let at = now.plus_millis(rules.backoff_ms(state.duplicate_attempts));
+                next.due_at = Some(at);
+                return Ok(step(
+                    next,
+                    vec![],
+                    format!(
+                        "extra commit clean-up failed (attempt {} of {}): {reason}; tried again at {at}",
+                        state.duplicate_attempts + 1,
+                        rules.max_attempts
+                    ),
+                    serde_json::to_value(outcome).unwrap_or(Value::Null),
+                ));
+            }
+            next.duplicate_attempts = 0;
             next.owed_duplicates.clear();
             // A verification still owed falls due after the clean-up.
             next.due_at = state.verify_pending.then(|| {
