@@ -10,9 +10,9 @@ use serde_json::json;
 
 use sluice_core::callback;
 use sluice_core::catalog::Tool;
-use sluice_core::command::{Command, CommandStatus};
+use sluice_core::command::Command;
 use sluice_core::evidence::{Disposition, EvidenceRecord};
-use sluice_core::machine::Event;
+use sluice_core::machine::{self, Event};
 use sluice_runtime::{Context, PipelineError};
 
 /// The event to apply for `command` from the evidence kept for it, and its record; `None`
@@ -34,7 +34,7 @@ pub(crate) async fn evidence_for(
     if declared.is_none() && callbacks.is_none() {
         return Ok(None);
     }
-    if command.status() != CommandStatus::Unknown {
+    if !machine::takes_held_evidence(&command.state) {
         return Ok(None);
     }
     let key = command.idempotency_key.to_string();

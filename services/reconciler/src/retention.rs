@@ -73,7 +73,7 @@ pub async fn purge_if_due(
     let metrics = &ctx.metrics.purge;
     let (mut runs, mut kept, mut calls, mut cut_off) = (0, 0, 0, false);
     loop {
-        if ctx.clock.now() >= stop_by {
+        if retention::pass_out_of_time(ctx.clock.now(), stop_by) {
             cut_off = true;
             break;
         }

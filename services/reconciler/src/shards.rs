@@ -51,7 +51,7 @@ impl ShardKeeper {
                 &self.group,
                 Member {
                     name: self.me.clone(),
-                    expires_at: now.plus_millis(self.times.ttl_ms),
+                    expires_at: self.times.member_expiry(now),
                 },
             )
             .await?;

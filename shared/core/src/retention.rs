@@ -182,6 +182,12 @@ pub fn purge_verdict<'a>(
     verdict
 }
 
+/// Whether a purge pass that must stop by `stop_by` (its [`PurgeStep::Purge`]) is out of time
+/// at `now`: it stops before its lease could lapse under it.
+pub fn pass_out_of_time(now: Timestamp, stop_by: Timestamp) -> bool {
+    now >= stop_by
+}
+
 /// Why an operator's purge cutoff (`older_than`) is refused at `now`, if it is: a cutoff in the
 /// future would take runs finished after the request.
 pub fn check_cutoff(older_than: Timestamp, now: Timestamp) -> Result<(), &'static str> {

@@ -72,6 +72,11 @@ impl ShardTimes {
         }
     }
 
+    /// When a member's announcement made at `now` lapses unless renewed.
+    pub fn member_expiry(&self, now: Timestamp) -> Timestamp {
+        now.plus_millis(self.ttl_ms)
+    }
+
     /// A held lease is swept under only while more than this is left.
     pub fn margin_ms(&self) -> i64 {
         self.skew_ms + self.min_sweep_ms

@@ -74,6 +74,41 @@ pub fn event_id(
     )
 }
 
+/// The horizon of a read of every pending delivery of a webhook, from `now`: far enough that
+/// every delivery not yet sent falls before it, whenever it is due.
+pub fn pending_horizon(now: Timestamp) -> Timestamp {
+    now.plus_millis(100 * 365 * 86_400_000)
+}
+
+/// How long the oldest pending delivery (created at `oldest`) has waited at `now`, in
+/// milliseconds; zero when none is pending (or its time is ahead of this clock).
+pub fn oldest_pending_age_ms(oldest: Option<Timestamp>, now: Timestamp) -> i64 {
+    oldest.map_or(0, |at| now.millis_since(at).max(0))
+}
+
+/// The statuses whose events a webhook deliverer's catch-up resends: commands waiting for a
+/// person with no due time, whose event nothing else republishes.
+pub const CATCH_UP_STATUSES: [crate::command::CommandStatus; 2] = [
+    crate::command::CommandStatus::Stuck,
+    crate::command::CommandStatus::Blocked,
+];
+
+/// From when a catch-up at `now` takes commands' events: `look_back_ms` before it.
+pub fn catch_up_since(now: Timestamp, look_back_ms: i64) -> Timestamp {
+    now.plus_millis(-look_back_ms)
+}
+
+/// Whether a catch-up from `since` resends the event of a command standing as `state`: it is
+/// in one of the `wanted` statuses (those waiting for a person that some hook takes) and got
+/// there since.
+pub fn catch_up_takes(
+    state: &crate::command::CommandState,
+    wanted: &[crate::command::CommandStatus],
+    since: Timestamp,
+) -> bool {
+    wanted.contains(&state.status) && state.updated_at >= since
+}
+
 /// Whether a subscription's `types` take the event type `kind`: a type matches itself, a type
 /// ending in `*` matches every type that starts with what precedes it (`dev.sluice.effect.*`),
 /// `*` alone matches everything, and a type named without a version
@@ -314,6 +349,34 @@ fn capped(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_catch_up_takes_a_wanted_status_reached_since_its_start_only() {
+        use crate::command::{CommandState, CommandStatus};
+        let now = Timestamp::from_millis(100_000);
+        let since = catch_up_since(now, 40_000);
+        assert_eq!(since, Timestamp::from_millis(60_000));
+        let mut state = CommandState::reserved(Timestamp::from_millis(70_000), None, 10_000);
+        state.status = CommandStatus::Stuck;
+        assert!(catch_up_takes(&state, &CATCH_UP_STATUSES, since));
+        // Reached before the look-back: its event is past the deliveries' retention.
+        state.updated_at = Timestamp::from_millis(59_999);
+        assert!(!catch_up_takes(&state, &CATCH_UP_STATUSES, since));
+        // A status no hook wants, or one with a due time of its own.
+        state.updated_at = Timestamp::from_millis(70_000);
+        assert!(!catch_up_takes(&state, &[CommandStatus::Blocked], since));
+        state.status = CommandStatus::Pending;
+        assert!(!catch_up_takes(&state, &CATCH_UP_STATUSES, since));
+    }
+
+    #[test]
+    fn the_oldest_pending_age_is_zero_without_one_and_never_negative() {
+        let now = Timestamp::from_millis(10_000);
+        assert_eq!(oldest_pending_age_ms(None, now), 0);
+        assert_eq!(oldest_pending_age_ms(Some(Timestamp::from_millis(4_000)), now), 6_000);
+        assert_eq!(oldest_pending_age_ms(Some(Timestamp::from_millis(12_000)), now), 0);
+        assert!(pending_horizon(now) > Timestamp::from_millis(10_000 + 50 * 365 * 86_400_000));
+    }
 
     fn event(id: &str) -> WebhookEvent {
         let mut attributes = BTreeMap::new();

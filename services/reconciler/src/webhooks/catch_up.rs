@@ -26,17 +26,13 @@ pub const LOOK_BACK_MS: i64 = WEBHOOK_RETENTION_MS - 24 * 3_600_000;
 /// Runs listed per page.
 const PAGE: usize = 500;
 
-/// The statuses whose commands wait for a person with no due time: nothing else republishes
-/// their event.
-const WAITING: [CommandStatus; 2] = [CommandStatus::Stuck, CommandStatus::Blocked];
-
 pub(super) async fn run(
     ctx: Context,
     hooks: Arc<Vec<Hook>>,
     wake: Arc<Notify>,
     shutdown: Shutdown,
 ) {
-    let wanted: Vec<CommandStatus> = WAITING
+    let wanted: Vec<CommandStatus> = sluice_core::webhook::CATCH_UP_STATUSES
         .into_iter()
         .filter(|status| {
             hooks
@@ -69,7 +65,7 @@ async fn catch_up(
     wanted: &[CommandStatus],
 ) -> Result<usize, LedgerError> {
     let now = ctx.clock.now();
-    let since = now.plus_millis(-LOOK_BACK_MS);
+    let since = sluice_core::webhook::catch_up_since(now, LOOK_BACK_MS);
     let mut cursor: Option<RunCursor> = None;
     let mut enqueued = 0;
     loop {
@@ -80,7 +76,7 @@ async fn catch_up(
         cursor = Some(last.cursor());
         for run in runs.iter().filter(|run| run.open_commands > 0) {
             for command in ctx.ledger.list_run(&run.run_id, None).await? {
-                if !wanted.contains(&command.status()) || command.state.updated_at < since {
+                if !sluice_core::webhook::catch_up_takes(&command.state, wanted, since) {
                     continue;
                 }
                 // Rebuilt without its transition (the status it left is not stored): a STUCK or

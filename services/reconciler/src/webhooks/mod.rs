@@ -269,7 +269,7 @@ async fn send_loop(
 async fn deliver_due(ctx: &Context, client: &Client, hook: &Hook, shutdown: &Shutdown) {
     let now = ctx.clock.now();
     // Every pending delivery, in the order they fall due: the gauges, and the due ones first.
-    let far = now.plus_millis(100 * 365 * 86_400_000);
+    let far = sluice_core::webhook::pending_horizon(now);
     let pending = match ctx.ledger.webhook_due(&hook.name, far, PENDING_READ).await {
         Ok(pending) => pending,
         Err(error) => {
@@ -296,7 +296,7 @@ fn observe_pending(ctx: &Context, hook: &Hook, pending: &[Delivery], now: Timest
         .with_label_values(&[&hook.name])
         .set(i64::try_from(pending.len()).unwrap_or(i64::MAX));
     let oldest = pending.iter().map(|d| d.created_at).min();
-    let age_ms = oldest.map_or(0, |at| now.millis_since(at).max(0));
+    let age_ms = sluice_core::webhook::oldest_pending_age_ms(oldest, now);
     metrics
         .webhook_oldest_pending
         .with_label_values(&[&hook.name])

@@ -170,6 +170,13 @@ pub enum LookPlan {
     Claim(Event),
 }
 
+/// Whether a look at a command standing as `state` first reads the evidence held for it (a
+/// signed webhook or callback that came while it was in flight): only an UNKNOWN outcome is
+/// settled from it; a settled command owing its last look asks the upstream itself.
+pub fn takes_held_evidence(state: &CommandState) -> bool {
+    state.status == CommandStatus::Unknown
+}
+
 /// Decides [`LookPlan`] for `command` at `now`.
 pub fn plan_look(command: &Command, rules: &Rules, read: LookRead<'_>, now: Timestamp) -> LookPlan {
     let state = &command.state;
