@@ -373,8 +373,14 @@ mod tests {
     fn the_oldest_pending_age_is_zero_without_one_and_never_negative() {
         let now = Timestamp::from_millis(10_000);
         assert_eq!(oldest_pending_age_ms(None, now), 0);
-        assert_eq!(oldest_pending_age_ms(Some(Timestamp::from_millis(4_000)), now), 6_000);
-        assert_eq!(oldest_pending_age_ms(Some(Timestamp::from_millis(12_000)), now), 0);
+        assert_eq!(
+            oldest_pending_age_ms(Some(Timestamp::from_millis(4_000)), now),
+            6_000
+        );
+        assert_eq!(
+            oldest_pending_age_ms(Some(Timestamp::from_millis(12_000)), now),
+            0
+        );
         assert!(pending_horizon(now) > Timestamp::from_millis(10_000 + 50 * 365 * 86_400_000));
     }
 
