@@ -69,7 +69,17 @@ pub async fn run(
                 &request.run_id,
                 &request.command_key,
             );
-            dispatch_from(&ctx, &owner, &request.run_id, &request.command_key, copy).await?;
+            // Boxed: the dispatch's state machine is ~12 kB, and unboxed it would be copied
+            // with this closure's future through each layer of the consumer (lanes, span,
+            // `catch_unwind`) — three memcpys of it per effect in the profile.
+            Box::pin(dispatch_from(
+                &ctx,
+                &owner,
+                &request.run_id,
+                &request.command_key,
+                copy,
+            ))
+            .await?;
             Ok(Handled::Done)
         }
     })

@@ -572,10 +572,11 @@ pub(crate) async fn submit_one(
                     // reservation returns needs no second read.
                     let registered = deadline.map(|_| api.waiters.watch(request.subject()));
                     sluice_faults::point!("producer.submit.pre");
-                    match api.submit_well_formed(&principal, request).await {
+                    // Boxed, as the settle below: their state machines are kilobytes, and the
+                    // handler's future is moved into a box by each layer of the router.
+                    match Box::pin(api.submit_well_formed(&principal, request)).await {
                         Ok(submitted) => {
-                            api.settle(&principal, submitted, registered, deadline)
-                                .await
+                            Box::pin(api.settle(&principal, submitted, registered, deadline)).await
                         }
                         Err(e) => Err(e),
                     }
