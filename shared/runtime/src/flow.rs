@@ -247,7 +247,7 @@ impl Flow {
             Some(permit) => permit,
             None => {
                 return Ok(Admission::Hold(Held {
-                    until: ctx.clock.now().plus_millis(flow::IN_FLIGHT_RECHECK_MS),
+                    until: flow::in_flight_recheck(ctx.clock.now()),
                     cause: HoldCause::InFlight,
                     reason: format!(
                         "upstream {} has its {} calls in flight (max_in_flight {} over every dispatcher)",
@@ -354,7 +354,7 @@ impl Flow {
                 Gate::Hold(held) => Some(held),
                 // Still waiting for a probe another took and lost meanwhile: look again soon.
                 Gate::Go | Gate::Probe => Some(Held {
-                    until: now.plus_millis(flow::IN_FLIGHT_RECHECK_MS),
+                    until: flow::in_flight_recheck(now),
                     cause: HoldCause::BreakerOpen,
                     reason: format!(
                         "upstream {}'s breaker is being probed by another dispatcher",

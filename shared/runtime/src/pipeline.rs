@@ -553,35 +553,6 @@ impl Context {
         Ok(())
     }
 
-    /// Takes exclusive charge of a command for `job` (`Event::Claim`, decided by the core: only
-    /// for the work the command waits for now, a look only when it is due, a compensation
-    /// job only when no other holds it). A quiet write that bumps the command's epoch, so
-    /// whoever else read the same state loses its later write, and holds it `hold_ms`, so the
-    /// sweep leaves it alone while the job runs (and takes it up again if this process dies).
-    /// `None`: someone else has it, or it no longer waits for the job.
-    pub async fn claim(
-        &self,
-        command: Command,
-        actor: &str,
-        job: machine::ClaimJob,
-        hold_ms: i64,
-    ) -> Result<Option<Command>, PipelineError> {
-        let event = Event::Claim { job, hold_ms };
-        Ok(
-            match self
-                .drive_from(command, actor, |_| Some(event.clone()))
-                .await?
-            {
-                Driven::Applied(claimed, _) => Some(claimed),
-                Driven::Refused(_, refusal) => {
-                    tracing::debug!(%refusal, ?job, "not claimed");
-                    None
-                }
-                Driven::Skipped(_) | Driven::Missing => None,
-            },
-        )
-    }
-
     /// Starts a run rollback durably: records it in the run's audit chain and closes the run to
     /// new commands (one write), cancels the commands that have not started, and moves every
     /// CONFIRMED command that can be undone to COMPENSATING (with a due time, so the sweep finishes the work if the process dies) or to

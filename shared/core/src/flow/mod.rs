@@ -33,6 +33,11 @@ pub const WAIT_IN_PROCESS_MS: i64 = 250;
 /// How long a call kept back by the cap on calls in flight is put back for.
 pub const IN_FLIGHT_RECHECK_MS: i64 = 1_000;
 
+/// When a call kept back at `now` by the cap on calls in flight is looked at again.
+pub fn in_flight_recheck(now: Timestamp) -> Timestamp {
+    now.plus_millis(IN_FLIGHT_RECHECK_MS)
+}
+
 /// An upstream's declared limits (`[upstream.<name>]` in the catalog), with defaults filled in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamSpec {
