@@ -355,8 +355,8 @@ async fn a_lease_left_by_a_crash_before_the_wire_reached_the_bank_is_redispatche
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dispatcher_does_not_call_for_a_command_another_process_cancelled() {
     use sluice_assemble::assemble;
-    use sluice_core::machine::{Event, Operator};
-    use sluice_runtime::Driven;
+    use sluice_core::machine::{Event, Job, Operator};
+    use sluice_runtime::{Actor, Ran, Sites};
 
     init_tracing();
     let upstream = start_upstream(Faults::none()).await;
@@ -387,11 +387,18 @@ async fn a_dispatcher_does_not_call_for_a_command_another_process_cancelled() {
             reason: "cancelled: not wanted".into(),
         },
     };
+    let current = other.current(&run, &key).await.expect("read");
     let cancelled = other
-        .drive(&run, &key, "operator", |_| Some(cancel.clone()))
+        .run_job(
+            Job::Operate,
+            Actor::on_behalf_of("producer", "operator"),
+            current,
+            Sites::NONE,
+            |_| Some(cancel.clone()),
+        )
         .await
         .expect("cancel");
-    assert!(matches!(cancelled, Driven::Applied(ref c, _) if c.status() == Cancelled));
+    assert!(matches!(cancelled, Ran::Applied(ref c, _) if c.status() == Cancelled));
 
     let after = sluice_dispatcher::dispatch(&this, "dispatcher-test", &run, &key)
         .await

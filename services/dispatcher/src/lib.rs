@@ -151,7 +151,7 @@ pub async fn dispatch_from(
         ) => command,
         (current, first) => match lease(ctx, &owner, current, first, read).await? {
             Ran::Applied(command, _) => command,
-            Ran::Left(command) => return Ok(Some(command)),
+            Ran::Left(command) | Ran::Refused(command, _) => return Ok(Some(command)),
             Ran::Missing => {
                 tracing::warn!("dispatch request for a command the ledger does not have");
                 return Ok(None);

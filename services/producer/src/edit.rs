@@ -25,7 +25,6 @@ use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{self, Event, EventKind, Operator, Refusal, Step};
 use sluice_core::revision::{self, EditRefusal};
 use sluice_ledger::{Held, HoldMode};
-use sluice_runtime::messages::Cause;
 
 use crate::operator::{not_found, operate, refused};
 use crate::{Api, ApiError};
@@ -168,7 +167,7 @@ pub(crate) async fn approve_edited(
         policy_version: catalog.policy_version().to_owned(),
         revision: Some(Box::new(revision)),
     };
-    let driven = operate(api, run_id, key, actor, event, Cause::Approved, |_| true).await;
+    let driven = operate(api, run_id, key, actor, event, |_| true).await;
     let moved = match &driven {
         Ok(_) => ledger.budget_supersede(run_id, key, &tag).await,
         Err(_) if held == Held::Fresh => ledger.budget_unhold(run_id, key, &tag).await,

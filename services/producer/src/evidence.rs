@@ -36,9 +36,8 @@ use sluice_core::evidence::{
     Reading, Signed,
 };
 use sluice_core::ids::IdempotencyKey;
-use sluice_core::machine::Event;
-use sluice_runtime::Driven;
-use sluice_runtime::messages::Cause;
+use sluice_core::machine::{Event, Job};
+use sluice_runtime::{Actor, Ran, Sites};
 
 use crate::auth::{Caller, Need};
 use crate::{Api, ApiError, Q};
@@ -382,31 +381,34 @@ async fn apply(
         }),
     };
     let actor = format!("evidence:{}", record.source);
-    let driven = api
+    let current = api
         .ctx
-        .drive(key.run_id(), key.command_key(), &actor, |_| {
-            Some(applied.clone())
-        })
+        .current(key.run_id(), key.command_key())
         .await
         .map_err(ApiError::unavailable)?;
-    match driven {
-        Driven::Applied(command, step) => {
-            if let Err(e) = api
-                .ctx
-                .carry_out(crate::ACTOR, &command, &step, Cause::Redispatch)
-                .await
-            {
-                // Stored all the same: the sweeps pick up what was not published.
-                tracing::warn!(idempotency_key = %key, error = %e, "follow-up of evidence not published");
-            }
+    // A follow-up that could not be published is logged by `run_job`, and the evidence is
+    // applied all the same: the sweeps pick up what was not published.
+    let ran = api
+        .ctx
+        .run_job(
+            Job::Evidence,
+            Actor::on_behalf_of(crate::ACTOR, &actor),
+            current,
+            Sites::NONE,
+            |_| Some(applied.clone()),
+        )
+        .await
+        .map_err(ApiError::unavailable)?;
+    match ran {
+        Ran::Applied(_, step) => {
             record.disposition = Disposition::Applied;
             record.note = format!("{} -> {}: {}", step.from, step.to(), step.reason);
         }
-        Driven::Refused(command, _) | Driven::Skipped(command) => {
+        Ran::Refused(command, _) | Ran::Left(command) => {
             record.disposition = Disposition::Recorded;
             record.note = format!("the command is {}: kept, not applied", command.status());
         }
-        Driven::Missing => {
+        Ran::Missing => {
             record.disposition = Disposition::Unmatched;
             record.note = "the command it names is gone".into();
         }

@@ -36,7 +36,6 @@ use sluice_core::command::Command;
 use sluice_core::ids::{CommandKey, RunId};
 use sluice_core::machine::{Event, Operator};
 use sluice_core::time::Timestamp;
-use sluice_runtime::messages::Cause;
 
 use crate::auth::Principal;
 use crate::operator::{check_reason, check_text, is_blank, operate};
@@ -400,23 +399,22 @@ async fn decide_inner(api: &Api, token: &str, body: &Bytes) -> Result<Response, 
         actor: actor.clone(),
         reason,
     };
-    let (event, cause, action) = match body.decision {
+    let (event, action) = match body.decision {
         Decision::Approve => (
             Event::Approve {
                 operator,
                 policy_version: claims.policy_version.clone(),
                 revision: None,
             },
-            Cause::Approved,
             "approve",
         ),
-        Decision::Reject => (Event::Reject { operator }, Cause::Reserved, "reject"),
+        Decision::Reject => (Event::Reject { operator }, "reject"),
     };
     // The binding is checked again on the command the write is decided on: an edit or a new
     // policy that lands between the read above and this write leaves the command as it is.
     let policy = api.ctx.catalog.policy_version().to_owned();
     let bound = claims.clone();
-    let (stored, step) = operate(api, &run_id, &key, &actor, event, cause, move |now| {
+    let (stored, step) = operate(api, &run_id, &key, &actor, event, move |now| {
         bound.check(&link_binding(now, &policy)).is_ok()
     })
     .await

@@ -2,8 +2,8 @@
 //! resolve and remove commands; list across runs; rollback progress. The audit routes are in
 //! `audit.rs`.
 //!
-//! Every change is an event of the pure state machine, applied through the same guarded ledger
-//! write as the services' own ([`Context::drive`]), so an operator action either is a recorded
+//! Every change is an event of the pure state machine, applied through the services' one job
+//! entry (`Context::run_job`, `Job::Operate`), so an operator action either is a recorded
 //! transition — with the caller's token name as the actor and the mandatory reason in the audit
 //! chain — or is refused with the state machine's reason and changes nothing. Bad input is
 //! refused before anything is read.
@@ -17,10 +17,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sluice_core::command::{Command, CommandStatus};
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::{self, Event, EventKind, Operator, Refusal, Resolution, Step};
+use sluice_core::machine::{self, Event, EventKind, Job, Operator, Refusal, Resolution, Step};
 use sluice_core::replay::{self, ReplayNext, ReplayPolicy, ReplayProblem, RunReplays};
-use sluice_runtime::Driven;
-use sluice_runtime::messages::Cause;
+use sluice_runtime::{Actor, Ran, Sites};
 
 use crate::auth::{Caller, Need};
 use crate::http::ACTIONS;
@@ -154,13 +153,16 @@ fn action_span_name(event: &Event) -> &'static str {
     }
 }
 
-/// Applies an operator event to a command and carries out what the step implies. Its span
+/// Applies an operator event to a command and carries out what the step implies, through the
+/// services' one job entry (`Job::Operate`: the cause of the requests it leads to is the
+/// core's). `still`: whether the operator's event is still meant for the command as it is now
+/// (asked again after a lost compare-and-set); a command it is not is answered 409. Its span
 /// (`operator.<action>`, in the operator's request trace) gets the command's key, tool and
 /// the status it was left in; the write itself is a span in the command's own trace, linked
 /// to this one (`sluice_trace::adopt`).
 #[tracing::instrument(
     name = "operator",
-    skip(api, event, cause, still),
+    skip(api, event, still),
     fields(
         otel.name = action_span_name(&event),
         run_id = %run_id,
@@ -176,16 +178,28 @@ pub(crate) async fn operate(
     key: &CommandKey,
     actor: &str,
     event: Event,
-    cause: Cause,
     still: impl Fn(&Command) -> bool + Send + Sync,
 ) -> Result<(Command, Step), ApiError> {
-    let driven = api
+    let current = api
         .ctx
-        .drive(run_id, key, actor, |now| still(now).then(|| event.clone()))
+        .current(run_id, key)
         .await
         .map_err(ApiError::unavailable)?;
-    match driven {
-        Driven::Applied(command, step) => {
+    // A follow-up that could not be published is logged by `run_job` and the action still
+    // answers what it stored: the sweep republishes the stored step.
+    let ran = api
+        .ctx
+        .run_job(
+            Job::Operate,
+            Actor::on_behalf_of(ACTOR, actor),
+            current,
+            Sites::NONE,
+            |now| still(now).then(|| event.clone()),
+        )
+        .await
+        .map_err(ApiError::unavailable)?;
+    match ran {
+        Ran::Applied(command, step) => {
             tracing::info!(
                 run_id = %run_id,
                 command_key = %key,
@@ -194,20 +208,15 @@ pub(crate) async fn operate(
                 to = %step.to(),
                 "operator action applied"
             );
-            if let Err(e) = api.ctx.carry_out(ACTOR, &command, &step, cause).await {
-                // Stored all the same: a PENDING or APPROVED command is republished by the
-                // stale sweep; only the lifecycle event may be missing.
-                tracing::warn!(run_id = %run_id, command_key = %key, error = %e, "follow-up not published");
-            }
             Ok((command, step))
         }
-        Driven::Refused(command, refusal) => Err(refused(&command, &refusal)),
-        Driven::Skipped(command) => Err(ApiError::new(
+        Ran::Refused(command, refusal) => Err(refused(&command, &refusal)),
+        Ran::Left(command) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "not_allowed",
             format!("command {run_id}/{key} is {}", command.status()),
         )),
-        Driven::Missing => Err(not_found(run_id, key)),
+        Ran::Missing => Err(not_found(run_id, key)),
     }
 }
 
@@ -338,11 +347,7 @@ async fn act(
                 policy_version: api.ctx.catalog.policy_version().to_owned(),
                 revision: None,
             };
-            let (command, step) =
-                operate(&api, &run_id, &key, &actor, event, Cause::Approved, |_| {
-                    true
-                })
-                .await?;
+            let (command, step) = operate(&api, &run_id, &key, &actor, event, |_| true).await?;
             Ok(applied("approve", &command, &step))
         }
         "reject" => {
@@ -356,11 +361,7 @@ async fn act(
                     reason: reason.to_owned(),
                 },
             };
-            let (command, step) =
-                operate(&api, &run_id, &key, &actor, event, Cause::Reserved, |_| {
-                    true
-                })
-                .await?;
+            let (command, step) = operate(&api, &run_id, &key, &actor, event, |_| true).await?;
             Ok(applied("reject", &command, &step))
         }
         "cancel" => {
@@ -429,11 +430,7 @@ async fn act(
                 resolution,
                 evidence: body.evidence,
             };
-            let (command, step) =
-                operate(&api, &run_id, &key, &actor, event, Cause::Reserved, |_| {
-                    true
-                })
-                .await?;
+            let (command, step) = operate(&api, &run_id, &key, &actor, event, |_| true).await?;
             Ok(applied("resolve", &command, &step))
         }
         other => Err(ApiError::new(
@@ -460,7 +457,7 @@ async fn cancel(
             reason: format!("cancelled: {reason}"),
         },
     };
-    operate(api, run_id, key, actor, event, Cause::Reserved, |_| true).await
+    operate(api, run_id, key, actor, event, |_| true).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -672,8 +669,7 @@ async fn replay(
         )
         .with_details(report));
     }
-    let (command, step) =
-        operate(api, run_id, key, actor, event, Cause::Replayed, |_| true).await?;
+    let (command, step) = operate(api, run_id, key, actor, event, |_| true).await?;
     Ok(applied("replay", &command, &step))
 }
 

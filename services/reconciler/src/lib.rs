@@ -29,7 +29,7 @@ use futures::StreamExt;
 use sluice_bus::{BusError, Delivery, Group, Topic};
 use sluice_core::command::Command;
 use sluice_core::ids::{CommandKey, RunId};
-use sluice_core::machine::{self, Job, LookPlan, LookStep, SweepPlan};
+use sluice_core::machine::{self, Event, Job, LookPlan, LookStep, SweepPlan};
 use sluice_core::sweep::ShardTimes;
 use sluice_ledger::DueItem;
 use sluice_runtime::config::ReconcilerConfig;
@@ -343,51 +343,47 @@ async fn sweep_item(ctx: &Context, item: &DueItem, grace: i64) -> Result<(), Pip
     };
     let now = ctx.clock.now();
     let sweep = move |current: &Command| machine::plan_sweep(&current.state, grace, now);
-    match sweep(&command) {
+    let first = sweep(&command);
+    let sites = match &first {
+        // A time the command waited for has come: the event it brings, if still due.
         SweepPlan::Fire(_) => {
-            // A time the command waited for has come: the event it brings, if still due.
             sluice_faults::point!("reconciler.sweep_due.pre");
-            let sites = Sites {
+            Sites {
                 written: || sluice_faults::point!("reconciler.sweep_due.post"),
                 ..Sites::NONE
-            };
-            ctx.run_job(
-                Job::Sweep,
-                SWEEP_ACTOR,
-                command,
-                sites,
-                |current| match sweep(current) {
-                    SweepPlan::Fire(event) => Some(event),
-                    SweepPlan::Look | SweepPlan::Republish(_) | SweepPlan::Leave => None,
-                },
-            )
-            .await?;
-            Ok(())
+            }
         }
-        SweepPlan::Look => look(ctx, command).await,
+        // The request it waits for, sent again (`Event::Republish`: a quiet write that moves
+        // its due time past the grace, so the next sweeps leave it alone meanwhile, and names
+        // the request).
         SweepPlan::Republish(_) => {
-            // The request it waits for, sent again (`Event::Republish`: a quiet write that
-            // moves its due time past the grace, so the next sweeps leave it alone meanwhile,
-            // and names the request).
             sluice_faults::point!("reconciler.sweep_republish.pre");
-            let sites = Sites {
+            Sites {
                 written: || sluice_faults::point!("reconciler.sweep_republish.post"),
                 ..Sites::NONE
-            };
-            ctx.run_job(
-                Job::Sweep,
-                SWEEP_ACTOR,
-                command,
-                sites,
-                |current| match sweep(current) {
-                    SweepPlan::Republish(event) => Some(event),
-                    SweepPlan::Fire(_) | SweepPlan::Look | SweepPlan::Leave => None,
-                },
-            )
-            .await?;
-            Ok(())
+            }
         }
-        SweepPlan::Leave => Ok(()),
+        SweepPlan::Look => return look(ctx, command).await,
+        SweepPlan::Leave => return Ok(()),
+    };
+    // Written only while the command still needs what the sweep found: one that moved on to
+    // other work meanwhile is left to it.
+    ctx.run_job(Job::Sweep, SWEEP_ACTOR, command, sites, |current| {
+        still_planned(&first, sweep(current))
+    })
+    .await?;
+    Ok(())
+}
+
+/// The event of `now`, the sweep's plan for the command as it is now, when it is the same work
+/// as `first`, the plan the sweep started on.
+fn still_planned(first: &SweepPlan, now: SweepPlan) -> Option<Event> {
+    match (first, now) {
+        (SweepPlan::Fire(_), SweepPlan::Fire(event))
+        | (SweepPlan::Republish(_), SweepPlan::Republish(event)) => Some(event),
+        (SweepPlan::Fire(_) | SweepPlan::Republish(_) | SweepPlan::Look | SweepPlan::Leave, _) => {
+            None
+        }
     }
 }
 

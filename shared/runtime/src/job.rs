@@ -6,11 +6,14 @@
 //! carries out the stored step's actions through the one action → topic table
 //! ([`crate::pipeline::request_for`]) with the cause the core names (`machine::cause_of`). Restate's
 //! leader carrying out the actions its handlers return is the model: the same way every time.
+//! The producer's operator actions and evidence events take the same entry, their event given
+//! by a person or a source instead of planned.
 
 use sluice_core::command::Command;
 use sluice_core::machine::{self, Event, Job, Refusal, Step};
 
-use crate::{Context, Current, Driven, PipelineError};
+use crate::pipeline::Driven;
+use crate::{Context, Current, PipelineError};
 
 /// What [`Context::run_job`] did.
 #[derive(Debug)]
@@ -19,9 +22,12 @@ pub enum Ran {
     /// The plan's event was stored (this is the command as stored, and the step), and the
     /// step's actions were carried out.
     Applied(Command, Step),
-    /// Nothing was written: the plan left the command as it is now, or the core refused the
-    /// event on it (logged). This is the command as it stands.
+    /// Nothing was written: the plan left the command as it is now. This is the command as it
+    /// stands.
     Left(Command),
+    /// Nothing was written: the core refused the plan's event on the command as it is now
+    /// (logged). This is the command as it stands, and why.
+    Refused(Command, Refusal),
     /// No such command.
     Missing,
 }
@@ -30,7 +36,9 @@ impl Ran {
     /// The command as it stands after the job; `None` when there is no such command.
     pub fn command(self) -> Option<Command> {
         match self {
-            Self::Applied(command, _) | Self::Left(command) => Some(command),
+            Self::Applied(command, _) | Self::Left(command) | Self::Refused(command, _) => {
+                Some(command)
+            }
             Self::Missing => None,
         }
     }
@@ -39,7 +47,34 @@ impl Ran {
     pub fn applied(self) -> Option<Command> {
         match self {
             Self::Applied(command, _) => Some(command),
-            Self::Left(_) | Self::Missing => None,
+            Self::Left(_) | Self::Refused(..) | Self::Missing => None,
+        }
+    }
+}
+
+/// Who runs a job: the service that carries out its step (the source of its lifecycle events)
+/// and the actor its write records in the audit chain. A service's own job is both (`From` a
+/// service's name); an operator's action is recorded as the operator, an evidence event as its
+/// source, and both are carried out by the producer.
+#[derive(Debug, Clone, Copy)]
+pub struct Actor<'a> {
+    pub service: &'a str,
+    pub recorded: &'a str,
+}
+
+impl<'a> Actor<'a> {
+    /// `service` carrying out a job it writes as `recorded`.
+    pub fn on_behalf_of(service: &'a str, recorded: &'a str) -> Self {
+        Actor { service, recorded }
+    }
+}
+
+impl<'a> From<&'a str> for Actor<'a> {
+    /// A service's own job.
+    fn from(service: &'a str) -> Self {
+        Actor {
+            service,
+            recorded: service,
         }
     }
 }
@@ -82,11 +117,12 @@ impl Context {
     /// it): `plan` gives the event to write on the command as it is (the core's plan for the
     /// job, or `None` to leave it), asked again on every re-read after a lost compare-and-set.
     /// An applied step's actions are carried out with the core's cause; a refusal is logged
-    /// here. Only a ledger or bus failure is an error.
-    pub async fn run_job<P>(
+    /// here. Only a ledger failure, or a bus failure in a job a caller does not wait on
+    /// (`answers_a_caller`), is an error.
+    pub async fn run_job<'a, P>(
         &self,
         job: Job,
-        actor: &str,
+        actor: impl Into<Actor<'a>>,
         start: impl Into<Current>,
         sites: Sites,
         mut plan: P,
@@ -94,6 +130,7 @@ impl Context {
     where
         P: FnMut(&Command) -> Option<Event> + Send,
     {
+        let actor = actor.into();
         let start = start.into();
         let Some(command) = &start.command else {
             return Ok(Ran::Missing);
@@ -102,7 +139,7 @@ impl Context {
         // The event of the last plan: the one applied, or refused.
         let mut planned: Option<Event> = None;
         let driven = self
-            .drive_current(&run_id, &command_key, actor, start, |current| {
+            .drive(&run_id, &command_key, actor.recorded, start, |current| {
                 let event = plan(current);
                 planned.clone_from(&event);
                 event
@@ -117,13 +154,28 @@ impl Context {
                     None => machine::Cause::Other,
                 };
                 (sites.carrying)();
-                self.carry_out(actor, &command, &step, cause).await?;
-                (sites.carried)();
+                match self.carry_out(actor.service, &command, &step, cause).await {
+                    Ok(()) => (sites.carried)(),
+                    // The step is stored all the same: its requests are republished by the
+                    // sweep (a PENDING or APPROVED command goes stale, an awaited request
+                    // falls due), so only its lifecycle event may be missing. A caller told
+                    // it failed would repeat an action that took, and be refused.
+                    Err(e) if answers_a_caller(job) => {
+                        tracing::warn!(
+                            run_id = %run_id,
+                            command_key = %command_key,
+                            ?job,
+                            error = %e,
+                            "follow-up not published"
+                        );
+                    }
+                    Err(e) => return Err(e.into()),
+                }
                 Ran::Applied(command, step)
             }
             Driven::Refused(command, refusal) => {
                 refused(job, planned.as_ref(), &command, &refusal);
-                Ran::Left(command)
+                Ran::Refused(command, refusal)
             }
             Driven::Skipped(command) => Ran::Left(command),
             Driven::Missing => Ran::Missing,
@@ -131,10 +183,23 @@ impl Context {
     }
 }
 
+/// Whether `job` answers a caller (an operator's request, an evidence source's delivery)
+/// rather than a bus message. A bus message's job fails when its step is stored but not
+/// published: the message is not acknowledged and comes back, and the job runs again. A
+/// caller's job has stored what it was asked, so it reports the step applied and the failure
+/// only in the log; the refusal of its event is the caller's answer, not a service's problem.
+fn answers_a_caller(job: Job) -> bool {
+    match job {
+        Job::Operate | Job::Evidence => true,
+        Job::Dispatch | Job::Look | Job::Sweep | Job::Compensate | Job::SettleDuplicate => false,
+    }
+}
+
 /// The log line of a refused plan. A job's result refused is worth a warning (the write was
 /// the point of the job; what it found is not lost: evidence, the sweep or the holder of the
 /// newer epoch settles the command); the bookkeeping around it (a claim another job holds, a
-/// due time moved meanwhile) is routine.
+/// due time moved meanwhile) is routine, and so is a caller's event refused (the caller is
+/// answered why).
 fn refused(job: Job, event: Option<&Event>, command: &Command, refusal: &Refusal) {
     let status = command.status();
     match (refusal, event) {
@@ -145,7 +210,7 @@ fn refused(job: Job, event: Option<&Event>, command: &Command, refusal: &Refusal
                 "lease lost before the outcome was written; the reconciler resolves it from evidence"
             );
         }
-        (_, Some(event)) if routine(event) => {
+        (_, Some(event)) if routine(event) || answers_a_caller(job) => {
             tracing::debug!(%refusal, ?job, %status, "not applied");
         }
         (_, _) => tracing::warn!(%refusal, ?job, %status, "refused"),

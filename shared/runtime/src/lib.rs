@@ -25,9 +25,9 @@ pub mod spans;
 pub mod telemetry;
 
 pub use config::Config;
-pub use job::{Ran, Sites};
+pub use job::{Actor, Ran, Sites};
 pub use metrics::Metrics;
-pub use pipeline::{Context, Current, Driven, PipelineError};
+pub use pipeline::{Context, Current, PipelineError};
 
 /// The root cancellation token: cancelled by SIGTERM or Ctrl-C, watched by every loop.
 pub use tokio_util::sync::CancellationToken as Shutdown;

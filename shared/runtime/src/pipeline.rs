@@ -67,7 +67,7 @@ pub enum PipelineError {
 /// What [`Context::drive`] did. Short-lived and moved once, so its size does not matter.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
-pub enum Driven {
+pub(crate) enum Driven {
     /// The step was stored; this is the command as stored and the step.
     Applied(Command, Step),
     /// The event does not apply to the command as it is now.
@@ -84,7 +84,7 @@ pub struct Current {
     /// `None`: the ledger has no such command.
     pub command: Option<Command>,
     /// Read from the ledger just now. A copy this process wrote last ([`CommandStore::cached`]) is
-    /// only trusted to start a compare-and-set from: [`Context::drive_current`] re-reads it
+    /// only trusted to start a compare-and-set from: [`Context::drive`] re-reads it
     /// before it skips or refuses on it.
     pub trusted: bool,
 }
@@ -193,23 +193,6 @@ pub fn tool_of<'c>(catalog: &'c Catalog, command: &Command) -> Option<&'c Tool> 
 }
 
 impl Context {
-    /// Reads the command, lets `decide` pick an event for it as it is now (or `None` to leave
-    /// it), applies the event and stores the step, retrying on a lost compare-and-set.
-    pub async fn drive<F>(
-        &self,
-        run_id: &RunId,
-        command_key: &CommandKey,
-        actor: &str,
-        decide: F,
-    ) -> Result<Driven, PipelineError>
-    where
-        F: FnMut(&Command) -> Option<Event> + Send,
-    {
-        let current = self.current(run_id, command_key).await?;
-        self.drive_current(run_id, command_key, actor, current, decide)
-            .await
-    }
-
     /// The command as a handler first sees it: the copy this process wrote last, which saves
     /// the read, or else the ledger's.
     pub async fn current(
@@ -274,8 +257,12 @@ impl Context {
         }
     }
 
-    /// [`Context::drive`] from a command the caller got from [`Context::current`].
-    pub async fn drive_current<F>(
+    /// Lets `decide` pick an event for the command in `current` (as [`Context::current`] found
+    /// it, or as the caller last read or wrote it) as it is now, or `None` to leave it; applies
+    /// the event and stores the step, re-reading and deciding again on a lost compare-and-set.
+    /// Services reach it through their one entry, [`Context::run_job`], which carries out the
+    /// stored step.
+    pub(crate) async fn drive<F>(
         &self,
         run_id: &RunId,
         command_key: &CommandKey,
@@ -299,7 +286,7 @@ impl Context {
 
     /// [`Context::drive`] starting from a command the caller just read or wrote, saving a
     /// ledger read; a stale copy only costs a lost compare-and-set and a re-read.
-    pub async fn drive_from<F>(
+    pub(crate) async fn drive_from<F>(
         &self,
         command: Command,
         actor: &str,

@@ -6,6 +6,7 @@ use serde_json::json;
 
 use super::*;
 use crate::command::{Command, CommandState, CommandStatus as S, EffectSemantics as E, Intent};
+use crate::evidence::EvidenceOutcome;
 use crate::flow::{Held, HoldCause};
 use crate::ids::{CommandKey, RunId, ToolName};
 
@@ -137,15 +138,93 @@ fn plan_of(job: Job, command: &Command) -> String {
         Job::SettleDuplicate => {
             plan_settle_duplicate(state, &rules).map_or("leave".into(), |e| name(&e))
         }
+        // The operator's event is the plan: each action the core lets through, or "none".
+        Job::Operate => {
+            let taken: Vec<String> = operator_events()
+                .iter()
+                .filter(|event| apply(state, &rules, event, now()).is_ok())
+                .map(name)
+                .collect();
+            if taken.is_empty() {
+                "none".to_owned()
+            } else {
+                taken.join(",")
+            }
+        }
+        // The source's event is the plan: what a commit seen, then one not seen, does.
+        Job::Evidence => {
+            let outcome = |outcome| {
+                let event = evidence_event(outcome);
+                match apply(state, &rules, &event, now()) {
+                    Ok(_) => name(&event),
+                    Err(_) => "kept".to_owned(),
+                }
+            };
+            format!(
+                "{}/{}",
+                outcome(EvidenceOutcome::Present),
+                outcome(EvidenceOutcome::Absent)
+            )
+        }
+    }
+}
+
+/// Every action an operator takes on one command, as the producer writes it.
+fn operator_events() -> [Event; 5] {
+    let operator = || Operator {
+        actor: "ops".into(),
+        reason: "checked".into(),
+    };
+    [
+        Event::Approve {
+            operator: operator(),
+            policy_version: "1".into(),
+            revision: None,
+        },
+        Event::Reject {
+            operator: operator(),
+        },
+        Event::Cancel {
+            operator: operator(),
+        },
+        Event::Replay {
+            operator: operator(),
+            evidence: Some(json!({"checked": "by hand"})),
+        },
+        Event::Resolve {
+            operator: operator(),
+            resolution: Resolution::Failed,
+            evidence: json!({"checked": "by hand"}),
+        },
+    ]
+}
+
+/// An evidence source's event saying what became of the effect.
+fn evidence_event(outcome: EvidenceOutcome) -> Event {
+    Event::Evidence {
+        source: "bank".into(),
+        event_id: "e-1".into(),
+        outcome,
+        external_ref: None,
+        evidence: json!({"source": "bank", "event_id": "e-1"}),
     }
 }
 
 /// Status → what each job (in `Job::ALL` order: dispatch/call, look (no gate)/(gate held),
-/// sweep, compensate, settle duplicate) plans.
+/// sweep, compensate, settle duplicate, the operator's actions that apply, evidence of a
+/// commit/of none) plans.
 const TABLE: &[(CommandStatus, [&str; Job::ALL.len()])] = &[
     (
         S::Scheduled,
-        ["nothing/leave", "leave/leave", "due:due", "leave", "leave"],
+        [
+            "nothing/leave",
+            "leave/leave",
+            "due:due",
+            "leave",
+            "leave",
+            "cancel",
+            "kept/kept",
+        ],
     ),
     (
         S::Pending,
@@ -155,6 +234,8 @@ const TABLE: &[(CommandStatus, [&str; Job::ALL.len()])] = &[
             "republish:stale",
             "leave",
             "leave",
+            "cancel",
+            "kept/kept",
         ],
     ),
     (
@@ -165,6 +246,8 @@ const TABLE: &[(CommandStatus, [&str; Job::ALL.len()])] = &[
             "approvalexpired",
             "leave",
             "leave",
+            "approve:approved,reject,cancel",
+            "kept/kept",
         ],
     ),
     (
@@ -175,6 +258,8 @@ const TABLE: &[(CommandStatus, [&str; Job::ALL.len()])] = &[
             "republish:stale",
             "leave",
             "leave",
+            "cancel",
+            "kept/kept",
         ],
     ),
     (
@@ -185,6 +270,8 @@ const TABLE: &[(CommandStatus, [&str; Job::ALL.len()])] = &[
             "leaseexpired:retry",
             "leave",
             "leave",
+            "none",
+            "kept/kept",
         ],
     ),
     (
@@ -195,23 +282,57 @@ const TABLE: &[(CommandStatus, [&str; Job::ALL.len()])] = &[
             "republish:retry",
             "leave",
             "claim",
+            "none",
+            "kept/evidence",
         ],
     ),
     (
         S::Failed,
-        ["nothing/leave", "leave/leave", "leave", "leave", "leave"],
+        [
+            "nothing/leave",
+            "leave/leave",
+            "leave",
+            "leave",
+            "leave",
+            "replay:replayed",
+            "kept/kept",
+        ],
     ),
     (
         S::Unknown,
-        ["nothing/leave", "claim/hold", "look", "leave", "leave"],
+        [
+            "nothing/leave",
+            "claim/hold",
+            "look",
+            "leave",
+            "leave",
+            "none",
+            "evidence/evidence",
+        ],
     ),
     (
         S::Stuck,
-        ["nothing/leave", "leave/leave", "leave", "leave", "leave"],
+        [
+            "nothing/leave",
+            "leave/leave",
+            "leave",
+            "leave",
+            "leave",
+            "replay:replayed,resolve",
+            "kept/kept",
+        ],
     ),
     (
         S::Cancelled,
-        ["nothing/leave", "leave/leave", "leave", "leave", "leave"],
+        [
+            "nothing/leave",
+            "leave/leave",
+            "leave",
+            "leave",
+            "leave",
+            "none",
+            "kept/kept",
+        ],
     ),
     (
         S::Compensating,
@@ -221,19 +342,45 @@ const TABLE: &[(CommandStatus, [&str; Job::ALL.len()])] = &[
             "republish:retry",
             "claim",
             "leave",
+            "none",
+            "kept/kept",
         ],
     ),
     (
         S::Compensated,
-        ["nothing/leave", "leave/leave", "leave", "leave", "leave"],
+        [
+            "nothing/leave",
+            "leave/leave",
+            "leave",
+            "leave",
+            "leave",
+            "none",
+            "kept/kept",
+        ],
     ),
     (
         S::CompensationFailed,
-        ["nothing/leave", "leave/leave", "leave", "leave", "leave"],
+        [
+            "nothing/leave",
+            "leave/leave",
+            "leave",
+            "leave",
+            "leave",
+            "none",
+            "kept/kept",
+        ],
     ),
     (
         S::NoCompensation,
-        ["nothing/leave", "leave/leave", "leave", "leave", "leave"],
+        [
+            "nothing/leave",
+            "leave/leave",
+            "leave",
+            "leave",
+            "leave",
+            "none",
+            "kept/kept",
+        ],
     ),
 ];
 
@@ -254,6 +401,36 @@ fn every_job_plans_for_every_status_what_the_table_says() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The producer's jobs name the causes its requests always had: an approval's dispatch is
+/// approved, a replay's replayed, any other operator action's reserved, and an evidence
+/// source's redispatch is a redispatch.
+#[test]
+fn the_producers_jobs_name_the_causes_of_their_requests() {
+    let stored = command_in(S::Pending).state;
+    let causes: Vec<Cause> = operator_events()
+        .iter()
+        .map(|event| cause_of(Job::Operate, event, &stored))
+        .collect();
+    assert_eq!(
+        causes,
+        [
+            Cause::Approved,
+            Cause::Reserved,
+            Cause::Reserved,
+            Cause::Replayed,
+            Cause::Reserved
+        ]
+    );
+    for outcome in [
+        EvidenceOutcome::Present,
+        EvidenceOutcome::Absent,
+        EvidenceOutcome::Failed,
+    ] {
+        let event = evidence_event(outcome);
+        assert_eq!(cause_of(Job::Evidence, &event, &stored), Cause::Redispatch);
+    }
 }
 
 /// A clean-up's transient failure is stored (attempt, due time, the extra commits undone struck

@@ -5,16 +5,18 @@
 //!
 //! Every plan is a pure function of the command as read (and of what the service read beside
 //! it: flow control's answer, a tool's presence), so the runtime can ask it again on the
-//! command as it is after a lost compare-and-set. [`cause_of`] names why a request a step
-//! leads to is published; [`Job`] names the job for it and for the table test of every job
-//! against every status.
+//! command as it is after a lost compare-and-set. The producer's jobs (an operator's action, an
+//! evidence source's event) write the event a person or a source gave, through the same entry.
+//! [`cause_of`] names why a request a step leads to is published; [`Job`] names the job for it
+//! and for the table test of every job against every status.
 
 use super::*;
 use crate::command::Command;
 use crate::flow::Held;
 
 /// Why a dispatch was requested (for logs and metrics; handlers do not depend on it). Decided
-/// by [`cause_of`] for the steps of the services' jobs; the producer names its own.
+/// by [`cause_of`] for the steps of the services' jobs; the producer names its own only for the
+/// steps a submission or a run's rollback stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Cause {
@@ -31,7 +33,7 @@ pub enum Cause {
     Other,
 }
 
-/// The jobs of the dispatcher, the reconciler and the compensator.
+/// The jobs of the dispatcher, the reconciler, the compensator and the producer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Job {
     /// Lease (or hold, block, deny) and call a command waiting for dispatch ([`plan_dispatch`],
@@ -45,16 +47,24 @@ pub enum Job {
     Compensate,
     /// Undo a CONFIRMED command's extra commits ([`plan_settle_duplicate`]).
     SettleDuplicate,
+    /// An operator's action on one command: approve (with an edit or by a link), reject,
+    /// cancel (or remove), replay, resolve. The plan is the operator's event.
+    Operate,
+    /// A signed event of an evidence source, applied as a status check's answer
+    /// (`Event::Evidence`).
+    Evidence,
 }
 
 impl Job {
     /// Every job, for tables that must name each.
-    pub const ALL: [Job; 5] = [
+    pub const ALL: [Job; 7] = [
         Job::Dispatch,
         Job::Look,
         Job::Sweep,
         Job::Compensate,
         Job::SettleDuplicate,
+        Job::Operate,
+        Job::Evidence,
     ];
 }
 
@@ -90,6 +100,20 @@ pub fn cause_of(job: Job, event: &Event, stored: &CommandState) -> Cause {
             }
         }
         Job::Compensate | Job::SettleDuplicate => Cause::Reserved,
+        // An approval, or a replay, sends the command to be dispatched for that reason; any
+        // other operator action (a rejection, a cancel, a resolution) hands on what the
+        // command was reserved for.
+        Job::Operate => {
+            if matches!(event, Event::Approve { .. }) {
+                Cause::Approved
+            } else if matches!(event, Event::Replay { .. }) {
+                Cause::Replayed
+            } else {
+                Cause::Reserved
+            }
+        }
+        // Evidence that the effect did not commit sends it again, as a look's answer does.
+        Job::Evidence => Cause::Redispatch,
     }
 }
 
