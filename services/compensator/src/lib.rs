@@ -16,6 +16,7 @@
 //! transiently leaves its command COMPENSATING with a due time; the sweep brings it back, and
 //! it still waits for every later command of the run to be undone first.
 
+use futures::future::BoxFuture;
 use sluice_bus::{BusError, Delivery, Group, Topic};
 use sluice_connector::CompensationTarget;
 use sluice_core::command::Command;
@@ -30,7 +31,15 @@ use sluice_runtime::{Context, PipelineError, Shutdown, Sites};
 pub const ACTOR: &str = "compensator";
 
 /// Consumes compensation requests until `shutdown`.
-pub async fn run(
+pub fn run(
+    ctx: Context,
+    config: CompensatorConfig,
+    shutdown: Shutdown,
+) -> BoxFuture<'static, Result<(), BusError>> {
+    Box::pin(run_body(ctx, config, shutdown))
+}
+
+async fn run_body(
     ctx: Context,
     config: CompensatorConfig,
     shutdown: Shutdown,

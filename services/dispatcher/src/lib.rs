@@ -11,6 +11,7 @@
 
 use std::time::Instant;
 
+use futures::future::BoxFuture;
 use sluice_bus::{BusError, Delivery, Group, Topic};
 use sluice_core::budget::BudgetView;
 use sluice_core::catalog::Catalog;
@@ -35,7 +36,15 @@ pub fn default_owner() -> String {
 }
 
 /// Consumes dispatch requests until `shutdown`; in-flight calls finish first.
-pub async fn run(
+pub fn run(
+    ctx: Context,
+    config: DispatcherConfig,
+    shutdown: Shutdown,
+) -> BoxFuture<'static, Result<(), BusError>> {
+    Box::pin(run_body(ctx, config, shutdown))
+}
+
+async fn run_body(
     ctx: Context,
     config: DispatcherConfig,
     shutdown: Shutdown,

@@ -60,6 +60,7 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use futures::future::BoxFuture;
 
 use auth::{Authenticator, Caller, Need, Principal};
 use axum::{Json, Router};
@@ -513,7 +514,16 @@ async fn metrics(State(api): State<Api>) -> Response {
 }
 
 /// Serves the API on `listener` until `shutdown`.
-pub async fn serve(
+pub fn serve(
+    ctx: Context,
+    config: &Config,
+    listener: tokio::net::TcpListener,
+    shutdown: Shutdown,
+) -> BoxFuture<'_, std::io::Result<()>> {
+    Box::pin(serve_body(ctx, config, listener, shutdown))
+}
+
+async fn serve_body(
     ctx: Context,
     config: &Config,
     listener: tokio::net::TcpListener,
@@ -594,7 +604,15 @@ enum Either {
 }
 
 /// Binds `config.producer.listen` and serves until `shutdown`.
-pub async fn run(ctx: Context, config: &Config, shutdown: Shutdown) -> std::io::Result<()> {
+pub fn run(
+    ctx: Context,
+    config: &Config,
+    shutdown: Shutdown,
+) -> BoxFuture<'_, std::io::Result<()>> {
+    Box::pin(run_body(ctx, config, shutdown))
+}
+
+async fn run_body(ctx: Context, config: &Config, shutdown: Shutdown) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.producer.listen).await?;
     let scheme = if config.producer.tls.is_some() {
         "https"

@@ -26,6 +26,7 @@ pub mod webhooks;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use sluice_bus::{BusError, Delivery, Group, Topic};
 use sluice_core::command::Command;
 use sluice_core::ids::{CommandKey, RunId};
@@ -43,7 +44,15 @@ pub const ACTOR: &str = "reconciler";
 pub const SWEEP_ACTOR: &str = "sweep";
 
 /// Consumes reconcile requests and sweeps until `shutdown`.
-pub async fn run(
+pub fn run(
+    ctx: Context,
+    config: ReconcilerConfig,
+    shutdown: Shutdown,
+) -> BoxFuture<'static, Result<(), BusError>> {
+    Box::pin(run_body(ctx, config, shutdown))
+}
+
+async fn run_body(
     ctx: Context,
     config: ReconcilerConfig,
     shutdown: Shutdown,

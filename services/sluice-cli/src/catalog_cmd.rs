@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
+use futures::future::BoxFuture;
 use serde_json::Value;
 use sluice_connector::credentials::Secrets;
 use sluice_connector::{McpConnector, preview};
@@ -91,7 +92,11 @@ pub enum CatalogCommand {
 }
 
 /// Runs the subcommand; the text to print, or what was wrong.
-pub async fn run(args: CatalogArgs) -> Result<String, String> {
+pub fn run(args: CatalogArgs) -> BoxFuture<'static, Result<String, String>> {
+    Box::pin(run_body(args))
+}
+
+async fn run_body(args: CatalogArgs) -> Result<String, String> {
     match args.command {
         CatalogCommand::Check { catalog } => check(&catalog).await,
         CatalogCommand::Requests {

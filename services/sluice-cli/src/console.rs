@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 use comfy_table::{ContentArrangement, Table, presets};
+use futures::future::BoxFuture;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 // A run id or command key in a path (command keys hold `/`).
@@ -345,7 +346,14 @@ pub fn parse_since(raw: &str, now: Timestamp) -> Result<String, Failure> {
 }
 
 /// Runs one console command; returns what to print and the exit code.
-pub async fn run(args: ConsoleArgs, command: ConsoleCommand) -> Result<String, Failure> {
+pub fn run(
+    args: ConsoleArgs,
+    command: ConsoleCommand,
+) -> BoxFuture<'static, Result<String, Failure>> {
+    Box::pin(run_body(args, command))
+}
+
+async fn run_body(args: ConsoleArgs, command: ConsoleCommand) -> Result<String, Failure> {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+
 /// The arguments of `sluice health`.
 #[derive(Debug, clap::Args)]
 pub struct HealthArgs {
@@ -18,7 +20,11 @@ pub struct HealthArgs {
 
 /// GETs the URL once. `Ok` with the status line when it answered 2xx; `Err` with what was
 /// wrong (a URL that is not http(s), no answer within the timeout, a status that is not 2xx).
-pub async fn check(args: &HealthArgs) -> Result<String, String> {
+pub fn check(args: &HealthArgs) -> BoxFuture<'_, Result<String, String>> {
+    Box::pin(check_body(args))
+}
+
+async fn check_body(args: &HealthArgs) -> Result<String, String> {
     let url =
         reqwest::Url::parse(&args.url).map_err(|e| format!("`{}` is not a URL: {e}", args.url))?;
     if !matches!(url.scheme(), "http" | "https") {

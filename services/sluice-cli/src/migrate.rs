@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use sluice_assemble::{AssembleError, open_bus, open_ledger};
 use sluice_bus::Topic;
 use sluice_core::time::SystemClock;
@@ -12,7 +13,11 @@ use sluice_runtime::Config;
 use sluice_runtime::config::{BusKind, CreateTopics, LedgerKind};
 
 /// What `migrate` did, one line per part.
-pub async fn run(mut config: Config) -> Result<Vec<String>, AssembleError> {
+pub fn run(config: Config) -> BoxFuture<'static, Result<Vec<String>, AssembleError>> {
+    Box::pin(run_body(config))
+}
+
+async fn run_body(mut config: Config) -> Result<Vec<String>, AssembleError> {
     let mut done = Vec::new();
     match config.ledger.kind {
         LedgerKind::Sqlite => {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use clap::{Args, Subcommand};
 use comfy_table::Table;
+use futures::future::BoxFuture;
 use sluice_core::time::{Clock, SystemClock};
 use sluice_core::webhook::{Delivery, DeliveryStatus};
 use sluice_reconciler::webhooks::{Hook, send};
@@ -48,7 +49,11 @@ pub enum WebhooksCommand {
 }
 
 /// Runs the command; its output, or an error message.
-pub async fn run(args: WebhooksArgs) -> Result<String, String> {
+pub fn run(args: WebhooksArgs) -> BoxFuture<'static, Result<String, String>> {
+    Box::pin(run_body(args))
+}
+
+async fn run_body(args: WebhooksArgs) -> Result<String, String> {
     let config = args.service.load().map_err(|e| format!("{e:#}"))?;
     match args.command {
         WebhooksCommand::Test { name } => test(find(&config, &name)?).await,

@@ -14,6 +14,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use sluice_assemble::{AssembleError, assemble};
 use sluice_core::catalog::Catalog;
 use sluice_runtime::{Config, Context, Shutdown};
@@ -30,7 +31,15 @@ pub struct Pipeline {
 }
 
 /// Starts the four services with `config` and `catalog`.
-pub async fn start(
+pub fn start(
+    config: &Config,
+    catalog: Catalog,
+    shutdown: Shutdown,
+) -> BoxFuture<'_, Result<Pipeline, StartError>> {
+    Box::pin(start_body(config, catalog, shutdown))
+}
+
+async fn start_body(
     config: &Config,
     catalog: Catalog,
     shutdown: Shutdown,
@@ -180,14 +189,22 @@ impl Pipeline {
 
     /// Waits until a service stops or `shutdown` is cancelled; a service that stops on its
     /// own stops the others.
-    pub async fn wait(self) -> Result<(), String> {
+    pub fn wait(self) -> BoxFuture<'static, Result<(), String>> {
+        Box::pin(self.wait_body())
+    }
+
+    async fn wait_body(self) -> Result<(), String> {
         let shutdown = self.shutdown.clone();
         shutdown.cancelled().await;
         self.stop().await
     }
 
     /// Stops every service and waits for them; returns the first failure.
-    pub async fn stop(self) -> Result<(), String> {
+    pub fn stop(self) -> BoxFuture<'static, Result<(), String>> {
+        Box::pin(self.stop_body())
+    }
+
+    async fn stop_body(self) -> Result<(), String> {
         self.shutdown.cancel();
         let mut first = Ok(());
         for (name, task) in self.tasks {

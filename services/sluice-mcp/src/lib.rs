@@ -49,6 +49,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use futures::future::BoxFuture;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, ServiceExt};
@@ -122,7 +123,16 @@ impl McpArgs {
 }
 
 /// Serves MCP until the client goes (stdio) or `shutdown` (HTTP).
-pub async fn run(
+pub fn run(
+    url: &str,
+    token: Option<String>,
+    args: McpArgs,
+    shutdown: CancellationToken,
+) -> BoxFuture<'_, anyhow::Result<()>> {
+    Box::pin(run_body(url, token, args, shutdown))
+}
+
+async fn run_body(
     url: &str,
     token: Option<String>,
     args: McpArgs,

@@ -7,6 +7,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use futures::future::LocalBoxFuture;
 use sluice_assemble::load_catalog;
 use sluice_cli::console::{ConsoleArgs, ConsoleCommand};
 use sluice_embedded::devdir;
@@ -85,7 +86,11 @@ enum Command {
 
 /// Runs the command of this process's arguments; the exit code says how it went (a failed
 /// demo or console command has its own), an error what kept it from running.
-pub async fn run() -> anyhow::Result<ExitCode> {
+pub fn run() -> LocalBoxFuture<'static, anyhow::Result<ExitCode>> {
+    Box::pin(run_body())
+}
+
+async fn run_body() -> anyhow::Result<ExitCode> {
     sluice_faults::setup()?;
     let cli = Cli::parse();
     match cli.command {

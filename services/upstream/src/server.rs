@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use futures::future::BoxFuture;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -58,7 +59,15 @@ impl Upstream {
     /// faults from a generator seeded with `seed`.
     ///
     /// Fails with `InvalidInput` when `faults` does not validate.
-    pub async fn start(listen: SocketAddr, faults: Faults, seed: u64) -> io::Result<Upstream> {
+    pub fn start(
+        listen: SocketAddr,
+        faults: Faults,
+        seed: u64,
+    ) -> BoxFuture<'static, io::Result<Upstream>> {
+        Box::pin(Self::start_body(listen, faults, seed))
+    }
+
+    async fn start_body(listen: SocketAddr, faults: Faults, seed: u64) -> io::Result<Upstream> {
         faults
             .validate()
             .map_err(|invalid| io::Error::new(io::ErrorKind::InvalidInput, invalid))?;
@@ -111,7 +120,11 @@ impl Upstream {
 
     /// Stops accepting, gives open connections [`SHUTDOWN_GRACE`] to finish, drops the rest and
     /// returns when the server task has ended.
-    pub async fn shutdown(mut self) {
+    pub fn shutdown(self) -> BoxFuture<'static, ()> {
+        Box::pin(self.shutdown_body())
+    }
+
+    async fn shutdown_body(mut self) {
         self.shutdown.cancel();
         if let Some(server) = self.server.take() {
             if let Err(failed) = server.await {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 pub mod service;
 
+use futures::future::BoxFuture;
 use sluice_bus::{Bus, BusError, EmbeddedBus, EmbeddedConfig};
 #[cfg(feature = "kafka")]
 use sluice_bus_kafka::KafkaBus;
@@ -112,12 +113,23 @@ pub fn load_catalog(config: &CatalogConfig) -> Result<Catalog, CatalogError> {
     }
 }
 
+/// What [`connect_tools`] gives: the catalog with its MCP servers' tools added, and the
+/// connector that calls them.
+pub type Connected = (Catalog, Arc<dyn Connector>);
+
 /// The connector for `catalog`'s tools, and the catalog with the allowed tools of its MCP
 /// servers added: each declared server is connected and its tools listed (bounded retries,
 /// then an error naming the server and why), and the connections stay open for the calls.
 /// Every secret the catalog references is checked first. `callbacks` signs the callback URLs
 /// of the tools that name `{callback_url}`.
-pub async fn connect_tools(
+pub fn connect_tools(
+    catalog: Catalog,
+    callbacks: Option<CallbackSigner>,
+) -> BoxFuture<'static, Result<Connected, AssembleError>> {
+    Box::pin(connect_tools_body(catalog, callbacks))
+}
+
+async fn connect_tools_body(
     catalog: Catalog,
     callbacks: Option<CallbackSigner>,
 ) -> Result<(Catalog, Arc<dyn Connector>), AssembleError> {
@@ -148,7 +160,14 @@ pub fn example_catalog_at(base_url: &str) -> Result<Catalog, CatalogError> {
 
 /// Opens the configured ledger: the SQLite file, or a session to the CQL cluster (applying
 /// the schema first when `ledger.cql.migrate_on_start` is set).
-pub async fn open_ledger(
+pub fn open_ledger(
+    config: &Config,
+    clock: Arc<dyn Clock>,
+) -> BoxFuture<'_, Result<Arc<dyn sluice_ledger::Ledger>, AssembleError>> {
+    Box::pin(open_ledger_body(config, clock))
+}
+
+async fn open_ledger_body(
     config: &Config,
     clock: Arc<dyn Clock>,
 ) -> Result<Arc<dyn sluice_ledger::Ledger>, AssembleError> {
@@ -178,7 +197,11 @@ pub async fn open_ledger(
 }
 
 /// Opens the configured bus: the in-process one, or Kafka (creating absent topics).
-pub async fn open_bus(config: &Config) -> Result<Arc<dyn Bus>, AssembleError> {
+pub fn open_bus(config: &Config) -> BoxFuture<'_, Result<Arc<dyn Bus>, AssembleError>> {
+    Box::pin(open_bus_body(config))
+}
+
+async fn open_bus_body(config: &Config) -> Result<Arc<dyn Bus>, AssembleError> {
     match config.bus.kind {
         BusKind::Embedded => Ok(Arc::new(EmbeddedBus::new(EmbeddedConfig {
             prefix: config.bus.topic_prefix.clone(),
@@ -229,7 +252,14 @@ pub async fn drop_keyspace(config: &Config) -> Result<(), AssembleError> {
 }
 
 /// Everything a service needs, from configuration, with `catalog` already loaded.
-pub async fn assemble(config: &Config, catalog: Catalog) -> Result<Context, AssembleError> {
+pub fn assemble(
+    config: &Config,
+    catalog: Catalog,
+) -> BoxFuture<'_, Result<Context, AssembleError>> {
+    Box::pin(assemble_body(config, catalog))
+}
+
+async fn assemble_body(config: &Config, catalog: Catalog) -> Result<Context, AssembleError> {
     check_sweep_budgets(config, &catalog)?;
     assemble_with_clock(config, catalog, Arc::new(SystemClock)).await
 }
@@ -279,7 +309,15 @@ pub fn callback_signer(
 /// [`assemble`] for one service in a process of its own: the whole process, its ledger handle
 /// included, runs on the clock `SLUICE_FAULT_CLOCK_SKEW_MS` gives `service` in a fault run
 /// (the system clock otherwise; see `sluice_faults::clock_for`).
-pub async fn assemble_service(
+pub fn assemble_service<'a>(
+    config: &'a Config,
+    catalog: Catalog,
+    service: &'a str,
+) -> BoxFuture<'a, Result<Context, AssembleError>> {
+    Box::pin(assemble_service_body(config, catalog, service))
+}
+
+async fn assemble_service_body(
     config: &Config,
     catalog: Catalog,
     service: &str,

@@ -17,6 +17,7 @@ pub mod send;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use reqwest::{Client, Url};
 use sluice_bus::{BusError, Delivery as BusDelivery, Group, Subscription, Topic};
 use sluice_core::time::Timestamp;
@@ -123,7 +124,14 @@ impl Deliverer {
     /// (on the embedded bus an event all the groups then in the topic acknowledged is gone):
     /// call it before the services that publish start. With no webhook configured it joins
     /// nothing.
-    pub async fn start(ctx: Context, webhooks: &[WebhookConfig]) -> Result<Self, BusError> {
+    pub fn start(
+        ctx: Context,
+        webhooks: &[WebhookConfig],
+    ) -> BoxFuture<'_, Result<Self, BusError>> {
+        Box::pin(Self::start_body(ctx, webhooks))
+    }
+
+    async fn start_body(ctx: Context, webhooks: &[WebhookConfig]) -> Result<Self, BusError> {
         let hooks: Vec<Hook> = webhooks
             .iter()
             .filter_map(|config| match Hook::new(config) {
@@ -157,7 +165,11 @@ impl Deliverer {
     }
 
     /// Runs the intake and the sender until `shutdown`.
-    pub async fn run(self, shutdown: Shutdown) -> Result<(), BusError> {
+    pub fn run(self, shutdown: Shutdown) -> BoxFuture<'static, Result<(), BusError>> {
+        Box::pin(self.run_body(shutdown))
+    }
+
+    async fn run_body(self, shutdown: Shutdown) -> Result<(), BusError> {
         let Some(subscription) = self.subscription else {
             shutdown.cancelled().await;
             return Ok(());

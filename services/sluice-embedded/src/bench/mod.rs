@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use indicatif::ProgressBar;
 use reqwest::StatusCode;
 use serde::Serialize;
@@ -396,7 +397,11 @@ fn stall_note(stalled: bool) -> String {
 }
 
 /// Runs `sluice bench` as the flags say and prints the results.
-pub async fn run(args: BenchArgs, shutdown: Shutdown) -> Result<(), BenchError> {
+pub fn run(args: BenchArgs, shutdown: Shutdown) -> BoxFuture<'static, Result<(), BenchError>> {
+    Box::pin(run_body(args, shutdown))
+}
+
+async fn run_body(args: BenchArgs, shutdown: Shutdown) -> Result<(), BenchError> {
     sluice_runtime::telemetry::init(&TelemetryConfig {
         log_level: args.log_level.clone(),
         ..TelemetryConfig::default()

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use futures::future::LocalBoxFuture;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -206,7 +207,11 @@ pub enum DemoError {
 
 /// Runs `sluice demo` as the flags say: prints the header, the progress and the summary, and
 /// fails when an invariant broke.
-pub async fn run(args: DemoArgs, shutdown: Shutdown) -> Result<(), DemoError> {
+pub fn run(args: DemoArgs, shutdown: Shutdown) -> LocalBoxFuture<'static, Result<(), DemoError>> {
+    Box::pin(run_body(args, shutdown))
+}
+
+async fn run_body(args: DemoArgs, shutdown: Shutdown) -> Result<(), DemoError> {
     sluice_runtime::telemetry::init(&TelemetryConfig {
         log_level: args.log_level.clone(),
         ..TelemetryConfig::default()
