@@ -16,7 +16,6 @@ use std::fmt;
 use std::sync::Arc;
 
 pub mod lanes;
-pub mod pace;
 
 /// The tenant of commands recorded without authentication (the open API's principal).
 pub const ANONYMOUS: &str = "anonymous";

@@ -6,11 +6,7 @@
 //! partition, and another tenant's effect waits behind all of them. Here a reader takes each
 //! delivery off the bus as soon as it is handed out, acknowledges it at once and queues it in
 //! its tenant's lane (the [`TENANT_HEADER`]); `concurrency` workers take from the lanes in
-//! turn and handle each with the plain loop's retries, dead letters and panic handling. While
-//! another tenant is active a tenant holds at most its share of the workers (its pace: the
-//! requests it has done a second times its fastest request's time, with headroom), so a flood
-//! does not keep everything the bus admits in flight at once, queued for the CPU in front of
-//! every other tenant's steps.
+//! turn and handle each with the plain loop's retries, dead letters and panic handling.
 //!
 //! **What acknowledging before handling costs.** A queued request is no longer the bus's: if
 //! the process dies, it is gone. Nothing accepted is lost with it — a request is a fast path,
@@ -67,8 +63,6 @@ impl lanes::Queued for Queued {
 /// The lanes, shared by the reader and the workers.
 struct Shared {
     lanes: Mutex<Lanes<Queued>>,
-    /// The lanes' clock: tenants' paces are timed from it (monotonic, in milliseconds).
-    began: Instant,
     capacity: usize,
     /// Woken when an item is queued or a run is done (a worker may find one it can take).
     ready: Notify,
@@ -93,14 +87,8 @@ impl Shared {
         self.ready.notify_one();
     }
 
-    /// Milliseconds since the lanes began.
-    fn now_ms(&self) -> i64 {
-        i64::try_from(self.began.elapsed().as_millis()).unwrap_or(i64::MAX)
-    }
-
     fn take(&self) -> Option<Queued> {
-        let now = self.now_ms();
-        let taken = self.lock().take(now);
+        let taken = self.lock().take();
         if let Some(queued) = &taken {
             self.metrics
                 .dispatch_queued
@@ -111,17 +99,14 @@ impl Shared {
         taken
     }
 
-    /// A worker is done with `queued`, taken at `taken_ms`.
-    fn done(&self, queued: &Queued, taken_ms: i64) {
-        let now = self.now_ms();
+    fn done(&self, run: &str) {
         let waiting = {
             let mut lanes = self.lock();
-            lanes.done(queued, now - taken_ms, now);
+            lanes.done(run);
             !lanes.is_empty()
         };
-        // A request of the same run, or of a tenant at its share, may have waited for this
-        // one: one idle worker looks. Never every worker, which with hundreds idle cost each
-        // request hundreds of wake-ups.
+        // A request of the same run may have waited for this one: one idle worker looks. Never
+        // every worker, which with hundreds idle cost each request hundreds of wake-ups.
         if waiting {
             self.ready.notify_one();
         }
@@ -151,7 +136,6 @@ where
 {
     let shared = Arc::new(Shared {
         lanes: Mutex::new(Lanes::default()),
-        began: Instant::now(),
         capacity: capacity.max(1),
         ready: Notify::new(),
         room: Notify::new(),
@@ -195,11 +179,11 @@ where
                     }
                 };
                 let Some(queued) = queued else { break };
-                let taken = shared.now_ms();
+                let run = queued.delivery.key().to_owned();
                 one.clone()
                     .handle_spanned(queued.delivery.clone(), handler.clone())
                     .await;
-                shared.done(&queued, taken);
+                shared.done(&run);
                 drop(queued);
             }
         });
