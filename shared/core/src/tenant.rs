@@ -15,6 +15,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+pub mod hold;
 pub mod lanes;
 
 /// The tenant of commands recorded without authentication (the open API's principal).

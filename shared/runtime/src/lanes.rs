@@ -6,7 +6,11 @@
 //! partition, and another tenant's effect waits behind all of them. Here a reader takes each
 //! delivery off the bus as soon as it is handed out, acknowledges it at once and queues it in
 //! its tenant's lane (the [`TENANT_HEADER`]); `concurrency` workers take from the lanes in
-//! turn and handle each with the plain loop's retries, dead letters and panic handling.
+//! turn and handle each with the plain loop's retries, dead letters and panic handling. While
+//! another tenant is active no tenant holds more workers than a cap set by how late this
+//! runtime runs its tasks (`sluice_core::tenant::hold`, timed here every
+//! [`hold::TICK_MS`]), so a flood does not keep everything the bus admits in flight at once,
+//! queued for the CPU in front of every other tenant's steps.
 //!
 //! **What acknowledging before handling costs.** A queued request is no longer the bus's: if
 //! the process dies, it is gone. Nothing accepted is lost with it — a request is a fast path,
@@ -28,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use sluice_bus::{Bus, BusError, Delivery, Room, Subscription};
 use sluice_core::tenant::ANONYMOUS;
+use sluice_core::tenant::hold;
 use sluice_core::tenant::lanes::{self, Lanes};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -63,6 +68,8 @@ impl lanes::Queued for Queued {
 /// The lanes, shared by the reader and the workers.
 struct Shared {
     lanes: Mutex<Lanes<Queued>>,
+    /// The lanes' clock: tenants' paces are timed from it (monotonic, in milliseconds).
+    began: Instant,
     capacity: usize,
     /// Woken when an item is queued or a run is done (a worker may find one it can take).
     ready: Notify,
@@ -87,8 +94,14 @@ impl Shared {
         self.ready.notify_one();
     }
 
+    /// Milliseconds since the lanes began.
+    fn now_ms(&self) -> i64 {
+        i64::try_from(self.began.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+
     fn take(&self) -> Option<Queued> {
-        let taken = self.lock().take();
+        let now = self.now_ms();
+        let taken = self.lock().take(now);
         if let Some(queued) = &taken {
             self.metrics
                 .dispatch_queued
@@ -99,14 +112,17 @@ impl Shared {
         taken
     }
 
-    fn done(&self, run: &str) {
+    /// A worker is done with `queued`.
+    fn done(&self, queued: &Queued) {
+        let now = self.now_ms();
         let waiting = {
             let mut lanes = self.lock();
-            lanes.done(run);
+            lanes.done(queued, now);
             !lanes.is_empty()
         };
-        // A request of the same run may have waited for this one: one idle worker looks. Never
-        // every worker, which with hundreds idle cost each request hundreds of wake-ups.
+        // A request of the same run, or of a tenant at its share, may have waited for this
+        // one: one idle worker looks. Never every worker, which with hundreds idle cost each
+        // request hundreds of wake-ups.
         if waiting {
             self.ready.notify_one();
         }
@@ -136,6 +152,7 @@ where
 {
     let shared = Arc::new(Shared {
         lanes: Mutex::new(Lanes::default()),
+        began: Instant::now(),
         capacity: capacity.max(1),
         ready: Notify::new(),
         room: Notify::new(),
@@ -179,15 +196,16 @@ where
                     }
                 };
                 let Some(queued) = queued else { break };
-                let run = queued.delivery.key().to_owned();
                 one.clone()
                     .handle_spanned(queued.delivery.clone(), handler.clone())
                     .await;
-                shared.done(&run);
+                shared.done(&queued);
                 drop(queued);
             }
         });
     }
+    // The runtime's lateness, timed on a sleep of its own: the cap's one input.
+    tokio::spawn(time_lateness(Arc::clone(&shared), stop.clone()));
     let read = read(&shared, subscription, &shutdown).await;
     reading_done.cancel();
     // Shut down (or the bus closed): the workers go on with what is queued for a while.
@@ -207,6 +225,8 @@ where
             }
         }
     }
+    // The workers are done: the lateness timer with them.
+    stop.cancel();
     let left = shared.lock().drain();
     if !left.is_empty() {
         for queued in &left {
@@ -221,6 +241,21 @@ where
         );
     }
     read
+}
+
+/// Sleeps [`hold::TICK_MS`] over and over until `stop`, and after each sets the lanes' cap from
+/// how late it woke.
+async fn time_lateness(shared: Arc<Shared>, stop: CancellationToken) {
+    let tick = Duration::from_millis(hold::TICK_MS);
+    loop {
+        let slept = Instant::now();
+        tokio::select! {
+            () = tokio::time::sleep(tick) => {}
+            () = stop.cancelled() => return,
+        }
+        let late_ms = slept.elapsed().saturating_sub(tick).as_secs_f64() * 1e3;
+        shared.lock().hold(late_ms);
+    }
 }
 
 /// Reads deliveries into the lanes while they have room, until shutdown or the bus closes.

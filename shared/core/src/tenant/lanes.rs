@@ -14,9 +14,19 @@
 //! runs is passed over this round. The structure is the decision only: the dispatcher's
 //! runtime (`sluice_runtime::lanes`) keeps it behind a lock, reads into it and runs the
 //! workers (docs/decisions.md, "Tenants").
+//!
+//! Turns alone do not keep a flood from filling every worker: when the other tenants have
+//! nothing queued, the flood's next request goes, until everything the bus admits is in
+//! flight. While another tenant is active (it has requests queued or in workers, or had one
+//! done within [`hold::ACTIVE_MS`]), no tenant holds more than the cap the runtime's lateness
+//! sets ([`hold::next_cap`], [`Lanes::hold`]). A lane at the cap is passed over; its requests
+//! wait in the lane (their bus room held, so admission still bounds memory) until one of its
+//! own is done.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+
+use super::hold;
 
 /// How many of a lane's first requests are looked at for one whose run is free.
 pub const SCAN: usize = 32;
@@ -28,7 +38,7 @@ pub trait Queued {
 }
 
 /// The lanes: each tenant's queued items in arrival order, the tenants with items in the order
-/// of their next turn, and the runs a worker holds.
+/// of their next turn, the runs a worker holds, each tenant's items in workers, and the cap.
 #[derive(Debug)]
 pub struct Lanes<T> {
     lanes: HashMap<Arc<str>, VecDeque<T>>,
@@ -36,6 +46,12 @@ pub struct Lanes<T> {
     turns: VecDeque<Arc<str>>,
     busy: HashSet<Arc<str>>,
     len: usize,
+    /// Items in workers, per tenant with any.
+    working: HashMap<Arc<str>, usize>,
+    /// When each tenant's last item was done, kept for [`hold::ACTIVE_MS`].
+    last_done: HashMap<Arc<str>, i64>,
+    /// The most items one tenant may have in workers while another is active.
+    cap: Option<usize>,
 }
 
 impl<T> Default for Lanes<T> {
@@ -45,6 +61,9 @@ impl<T> Default for Lanes<T> {
             turns: VecDeque::new(),
             busy: HashSet::new(),
             len: 0,
+            working: HashMap::new(),
+            last_done: HashMap::new(),
+            cap: None,
         }
     }
 }
@@ -81,12 +100,17 @@ impl<T: Queued> Lanes<T> {
         }
     }
 
-    /// The next item to work on, its run now held until [`Lanes::done`]: the first item whose
-    /// run is free in the lane whose turn it is; a lane with none in its first [`SCAN`] is
-    /// passed over. `None` when every queued item waits for a busy run, or none is queued.
-    pub fn take(&mut self) -> Option<T> {
+    /// The next item to work on at `now_ms`, its run now held until [`Lanes::done`]: the first
+    /// item whose run is free in the lane whose turn it is; a lane with none in its first
+    /// [`SCAN`], or whose tenant holds its share while another is active, is passed over.
+    /// `None` when every queued item waits for a busy run or a share, or none is queued.
+    pub fn take(&mut self, now_ms: i64) -> Option<T> {
         for _ in 0..self.turns.len() {
             let tenant = self.turns.pop_front()?;
+            if self.at_share(&tenant, now_ms) {
+                self.turns.push_back(tenant);
+                continue;
+            }
             let Some(lane) = self.lanes.get_mut(&tenant) else {
                 continue;
             };
@@ -104,6 +128,7 @@ impl<T: Queued> Lanes<T> {
                 continue;
             };
             self.len -= 1;
+            *self.working.entry(Arc::clone(&tenant)).or_default() += 1;
             if lane.is_empty() {
                 self.lanes.remove(&tenant);
             } else {
@@ -115,9 +140,55 @@ impl<T: Queued> Lanes<T> {
         None
     }
 
-    /// A worker is done with `run`'s item: the run's next one may go.
-    pub fn done(&mut self, run: &str) {
-        self.busy.remove(run);
+    /// A worker is done with `item` at `now_ms`: the run's next one may go.
+    pub fn done(&mut self, item: &T, now_ms: i64) {
+        self.busy.remove(item.run());
+        if let Some(working) = self.working.get_mut(item.tenant()) {
+            *working -= 1;
+            if *working == 0 {
+                self.working.remove(item.tenant());
+            }
+        }
+        match self.last_done.get_mut(item.tenant()) {
+            Some(last) => *last = now_ms,
+            None => {
+                self.last_done.insert(Arc::from(item.tenant()), now_ms);
+            }
+        }
+        // A tenant quiet for longer than counts is forgotten: the map stays as small as the
+        // tenants at work.
+        if self.last_done.len() > 1 {
+            self.last_done
+                .retain(|_, last| now_ms - *last < hold::ACTIVE_MS);
+        }
+    }
+
+    /// Sets the cap after a tick of the runtime that ran `late_ms` late ([`hold::next_cap`]).
+    pub fn hold(&mut self, late_ms: f64) {
+        let top = self.working.values().copied().max().unwrap_or(0);
+        self.cap = hold::next_cap(self.cap, late_ms, top);
+    }
+
+    /// The cap on one tenant's items in workers, if there is one.
+    pub fn cap(&self) -> Option<usize> {
+        self.cap
+    }
+
+    /// Whether `tenant` holds the cap while another tenant is active.
+    fn at_share(&self, tenant: &str, now_ms: i64) -> bool {
+        let Some(cap) = self.cap else {
+            return false;
+        };
+        if self.working.get(tenant).copied().unwrap_or(0) < cap {
+            return false;
+        }
+        let other = |name: &Arc<str>| &**name != tenant;
+        self.lanes.keys().any(other)
+            || self.working.keys().any(other)
+            || self
+                .last_done
+                .iter()
+                .any(|(name, last)| other(name) && now_ms - *last < hold::ACTIVE_MS)
     }
 
     /// Takes every queued item out (a stop that leaves them to the sweeps).
@@ -150,8 +221,8 @@ mod tests {
 
     fn take_all(lanes: &mut Lanes<Item>) -> Vec<(&'static str, u32)> {
         let mut taken = Vec::new();
-        while let Some(item) = lanes.take() {
-            lanes.done(&item.1);
+        while let Some(item) = lanes.take(0) {
+            lanes.done(&item, 0);
             taken.push((item.0, item.2));
         }
         taken
@@ -192,11 +263,11 @@ mod tests {
         lanes.push(item("a", "a-0", 0));
         lanes.push(item("b", "b-0", 0));
         lanes.push(item("a", "a-1", 1));
-        assert_eq!(lanes.take().map(|i| i.2), Some(0));
-        assert_eq!(lanes.take().map(|i| (i.0, i.2)), Some(("b", 0)));
+        assert_eq!(lanes.take(0).map(|i| i.2), Some(0));
+        assert_eq!(lanes.take(0).map(|i| (i.0, i.2)), Some(("b", 0)));
         lanes.push(item("c", "c-0", 0));
         lanes.push(item("b", "b-1", 1));
-        let order: Vec<_> = std::iter::from_fn(|| lanes.take().map(|i| i.0)).collect();
+        let order: Vec<_> = std::iter::from_fn(|| lanes.take(0).map(|i| i.0)).collect();
         assert_eq!(order, ["a", "c", "b"]);
     }
 
@@ -206,14 +277,14 @@ mod tests {
         lanes.push(item("a", "run-1", 0));
         lanes.push(item("a", "run-1", 1));
         lanes.push(item("a", "run-2", 2));
-        let first = lanes.take().expect("run-1's first");
+        let first = lanes.take(0).expect("run-1's first");
         assert_eq!(first.2, 0);
-        let second = lanes.take().expect("run-2's, past run-1's second");
+        let second = lanes.take(0).expect("run-2's, past run-1's second");
         assert_eq!(second.2, 2);
-        assert_eq!(lanes.take(), None, "run-1 is busy: its second waits");
-        lanes.done("run-1");
+        assert_eq!(lanes.take(0), None, "run-1 is busy: its second waits");
+        lanes.done(&first, 0);
         assert_eq!(
-            lanes.take().map(|i| i.2),
+            lanes.take(0).map(|i| i.2),
             Some(1),
             "in arrival order once free"
         );
@@ -227,12 +298,83 @@ mod tests {
         }
         lanes.push(item("a", "cold", 99));
         lanes.push(item("b", "b-0", 0));
-        assert_eq!(lanes.take().map(|i| i.2), Some(0), "hot's first");
+        let hot = lanes.take(0).expect("hot's first");
+        assert_eq!(hot.2, 0);
         // a's next free request is past the scan: b goes, and a waits for hot.
-        assert_eq!(lanes.take().map(|i| i.0), Some("b"));
-        assert_eq!(lanes.take(), None);
-        lanes.done("hot");
-        assert_eq!(lanes.take().map(|i| i.2), Some(1));
+        assert_eq!(lanes.take(0).map(|i| i.0), Some("b"));
+        assert_eq!(lanes.take(0), None);
+        lanes.done(&hot, 0);
+        assert_eq!(lanes.take(0).map(|i| i.2), Some(1));
+    }
+
+    /// Lanes whose cap is `cap` (a late runtime's, from `cap` held).
+    fn capped(cap: usize) -> Lanes<Item> {
+        let mut lanes = Lanes::default();
+        for n in 0..cap as u32 {
+            lanes.push(item("a", &format!("held-{n}"), n));
+        }
+        let held: Vec<_> = std::iter::from_fn(|| lanes.take(0)).collect();
+        lanes.hold(hold::LATE_MS + 1.0);
+        for item in &held {
+            lanes.done(item, 0);
+        }
+        lanes
+    }
+
+    #[test]
+    fn a_flood_holds_the_cap_while_another_tenant_is_active() {
+        let mut lanes = capped(40);
+        let cap = lanes.cap().expect("a late runtime sets a cap");
+        assert_eq!(cap, 36);
+        for n in 0..100 {
+            lanes.push(item("a", &format!("a-{n}"), n));
+        }
+        lanes.push(item("b", "b-0", 0));
+        let now = 10;
+        let mut a_taken = Vec::new();
+        while let Some(taken) = lanes.take(now) {
+            if taken.0 == "a" {
+                a_taken.push(taken);
+            }
+        }
+        assert_eq!(a_taken.len(), cap, "a stops at the cap while b is active");
+        lanes.done(&item("b", "b-0", 0), now + 1);
+        assert_eq!(
+            lanes.take(now + 2),
+            None,
+            "b was done just now: a still holds the cap"
+        );
+        let first = a_taken.remove(0);
+        lanes.done(&first, now + 3);
+        assert_eq!(lanes.take(now + 4).map(|i| i.0), Some("a"));
+        assert_eq!(lanes.take(now + 5), None);
+        // b quiet for ACTIVE_MS: a alone takes every worker again.
+        let later = now + 1 + hold::ACTIVE_MS;
+        assert_eq!(lanes.take(later).map(|i| i.0), Some("a"));
+        assert_eq!(lanes.take(later).map(|i| i.0), Some("a"));
+    }
+
+    #[test]
+    fn a_tenant_alone_is_never_held() {
+        let mut lanes = capped(40);
+        for n in 0..100 {
+            lanes.push(item("a", &format!("a-{n}"), n));
+        }
+        let taken = std::iter::from_fn(|| lanes.take(10)).count();
+        assert_eq!(taken, 100);
+    }
+
+    #[test]
+    fn an_idle_runtime_lifts_the_cap() {
+        let mut lanes = capped(40);
+        while lanes.cap().is_some() {
+            lanes.hold(0.0);
+        }
+        lanes.push(item("b", "b-0", 0));
+        for n in 0..100 {
+            lanes.push(item("a", &format!("a-{n}"), n));
+        }
+        assert_eq!(std::iter::from_fn(|| lanes.take(10)).count(), 101);
     }
 
     #[test]
@@ -242,6 +384,6 @@ mod tests {
         lanes.push(item("b", "b-0", 0));
         assert_eq!(lanes.drain().len(), 2);
         assert!(lanes.is_empty());
-        assert_eq!(lanes.take(), None);
+        assert_eq!(lanes.take(0), None);
     }
 }
