@@ -390,10 +390,12 @@ async fn the_console_reads_the_overview_money_fields_and_rolled_back_runs() {
         .await;
     agent.wait_settled("r-ov-1", "d-1/email/send/0").await;
     agent.wait_settled("r-ov-1", "d-2/tickets/create/0").await;
+    // Both counted, not only stored: a transition is counted after its write returns, so the
+    // overview may lag the ledger `wait_settled` reads by a moment.
     let blocked = eventually("the wire is BLOCKED", DEADLINE, || async {
         let now = operator.call("GET", "/v1/overview", None).await.body;
         let last = now["minutes"].as_array()?.last()?.clone();
-        (last["blocked"] == 1).then_some(now)
+        (last["blocked"] == 1 && settled(&now, "CONFIRMED") == 2).then_some(now)
     })
     .await;
     assert_eq!(blocked["gauges"], true, "{blocked}");
