@@ -572,14 +572,15 @@ pub(crate) async fn submit_one(
                     // reservation returns needs no second read.
                     let registered = deadline.map(|_| api.waiters.watch(request.subject()));
                     sluice_faults::point!("producer.submit.pre");
-                    // Boxed, as the settle below: their state machines are kilobytes, and the
-                    // handler's future is moved into a box by each layer of the router.
-                    match Box::pin(api.submit_well_formed(&principal, request)).await {
-                        Ok(submitted) => {
-                            Box::pin(api.settle(&principal, submitted, registered, deadline)).await
-                        }
-                        Err(e) => Err(e),
-                    }
+                    // Boxed: the submission's and the settle's state machines are kilobytes,
+                    // and the handler's future is moved into a box by each layer of the
+                    // router. Boxed together, they are copied into the heap once, not twice.
+                    Box::pin(async {
+                        let submitted = api.submit_well_formed(&principal, request).await?;
+                        api.settle(&principal, submitted, registered, deadline)
+                            .await
+                    })
+                    .await
                 }
                 Err(e) => Err(e),
             };
