@@ -574,7 +574,8 @@ pub(crate) async fn submit_one(
                     sluice_faults::point!("producer.submit.pre");
                     // Boxed: the submission's and the settle's state machines are kilobytes,
                     // and the handler's future is moved into a box by each layer of the
-                    // router. Boxed together, they are copied into the heap once, not twice.
+                    // router. One box for both: rustc lays the two side by side (~11 kB), so
+                    // this saves an allocation, not the bytes copied into it.
                     Box::pin(async {
                         let submitted = api.submit_well_formed(&principal, request).await?;
                         api.settle(&principal, submitted, registered, deadline)
