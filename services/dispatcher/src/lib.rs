@@ -25,6 +25,7 @@ use sluice_runtime::consumer::{ConsumerSpec, Handled, consume};
 use sluice_runtime::flow::{Admission, Permit};
 use sluice_runtime::messages::{DispatchRequest, decode};
 use sluice_runtime::{Context, Current, PipelineError, Ran, Shutdown, Sites};
+use tracing::Instrument;
 
 /// The actor named in the audit chain for the dispatcher's transitions.
 pub const ACTOR: &str = "dispatcher";
@@ -78,17 +79,8 @@ async fn run_body(
                 &request.run_id,
                 &request.command_key,
             );
-            // Boxed: the dispatch's state machine is ~12 kB, and unboxed it would be copied
-            // with this closure's future through each layer of the consumer (lanes, span,
-            // `catch_unwind`) — three memcpys of it per effect in the profile.
-            Box::pin(dispatch_from(
-                &ctx,
-                &owner,
-                &request.run_id,
-                &request.command_key,
-                copy,
-            ))
-            .await?;
+            // `dispatch_from`'s own future is small: its state machine is boxed inside it.
+            dispatch_from(&ctx, &owner, &request.run_id, &request.command_key, copy).await?;
             Ok(Handled::Done)
         }
     })
@@ -111,8 +103,24 @@ pub async fn dispatch(
 
 /// [`dispatch`] from `copy` when there is one (the request's signed copy, adopted:
 /// [`Context::adopt_copy`]), else from the ledger.
-#[tracing::instrument(skip(ctx, owner, copy), fields(run_id = %run_id, command_key = %command_key))]
 pub async fn dispatch_from(
+    ctx: &Context,
+    owner: &str,
+    run_id: &RunId,
+    command_key: &CommandKey,
+    copy: Option<Current>,
+) -> Result<Option<Command>, PipelineError> {
+    let span = tracing::info_span!("dispatch_from", run_id = %run_id, command_key = %command_key);
+    // Boxed, and boxed before it is wrapped in its span: the dispatch's state machine is ~12
+    // kB, and every move of a future copies all of it. `#[tracing::instrument]` would move it
+    // into its span's wrapper after making it, and a caller's box would move it again.
+    Box::pin(dispatch_traced(ctx, owner, run_id, command_key, copy))
+        .instrument(span)
+        .await
+}
+
+/// [`dispatch_from`]'s work, inside its span.
+async fn dispatch_traced(
     ctx: &Context,
     owner: &str,
     run_id: &RunId,

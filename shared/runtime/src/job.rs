@@ -119,67 +119,71 @@ impl Context {
     /// An applied step's actions are carried out with the core's cause; a refusal is logged
     /// here. Only a ledger failure, or a bus failure in a job a caller does not wait on
     /// (`answers_a_caller`), is an error.
-    pub async fn run_job<'a, P>(
+    pub fn run_job<'a, P>(
         &self,
         job: Job,
         actor: impl Into<Actor<'a>>,
         start: impl Into<Current>,
         sites: Sites,
         mut plan: P,
-    ) -> Result<Ran, PipelineError>
+    ) -> impl Future<Output = Result<Ran, PipelineError>>
     where
         P: FnMut(&Command) -> Option<Event> + Send,
     {
-        let actor = actor.into();
-        let start = start.into();
-        let Some(command) = &start.command else {
-            return Ok(Ran::Missing);
-        };
-        let (run_id, command_key) = (command.run_id.clone(), command.command_key.clone());
-        // The event of the last plan: the one applied, or refused.
-        let mut planned: Option<Event> = None;
-        let driven = self
-            .drive(&run_id, &command_key, actor.recorded, start, |current| {
-                let event = plan(current);
-                planned.clone_from(&event);
-                event
-            })
-            .await?;
-        (sites.written)();
-        Ok(match driven {
-            Driven::Applied(command, step) => {
-                let cause = match &planned {
-                    Some(event) => machine::cause_of(job, event, &command.state),
-                    // Applied means planned; the cause only labels the request.
-                    None => machine::Cause::Other,
-                };
-                (sites.carrying)();
-                match self.carry_out(actor.service, &command, &step, cause).await {
-                    Ok(()) => (sites.carried)(),
-                    // The step is stored all the same: its requests are republished by the
-                    // sweep (a PENDING or APPROVED command goes stale, an awaited request
-                    // falls due), so only its lifecycle event may be missing. A caller told
-                    // it failed would repeat an action that took, and be refused.
-                    Err(e) if answers_a_caller(job) => {
-                        tracing::warn!(
-                            run_id = %run_id,
-                            command_key = %command_key,
-                            ?job,
-                            error = %e,
-                            "follow-up not published"
-                        );
+        // Not an `async fn`: its arguments would be kept in the state machine beside what
+        // they are converted to (the command twice, ~700 bytes more in every job's future and
+        // in each service's future that awaits one). Converted first, only these are kept.
+        let (actor, start) = (actor.into(), start.into());
+        async move {
+            let Some(command) = &start.command else {
+                return Ok(Ran::Missing);
+            };
+            let (run_id, command_key) = (command.run_id.clone(), command.command_key.clone());
+            // The event of the last plan: the one applied, or refused.
+            let mut planned: Option<Event> = None;
+            let driven = self
+                .drive(&run_id, &command_key, actor.recorded, start, |current| {
+                    let event = plan(current);
+                    planned.clone_from(&event);
+                    event
+                })
+                .await?;
+            (sites.written)();
+            Ok(match driven {
+                Driven::Applied(command, step) => {
+                    let cause = match &planned {
+                        Some(event) => machine::cause_of(job, event, &command.state),
+                        // Applied means planned; the cause only labels the request.
+                        None => machine::Cause::Other,
+                    };
+                    (sites.carrying)();
+                    match self.carry_out(actor.service, &command, &step, cause).await {
+                        Ok(()) => (sites.carried)(),
+                        // The step is stored all the same: its requests are republished by the
+                        // sweep (a PENDING or APPROVED command goes stale, an awaited request
+                        // falls due), so only its lifecycle event may be missing. A caller told
+                        // it failed would repeat an action that took, and be refused.
+                        Err(e) if answers_a_caller(job) => {
+                            tracing::warn!(
+                                run_id = %run_id,
+                                command_key = %command_key,
+                                ?job,
+                                error = %e,
+                                "follow-up not published"
+                            );
+                        }
+                        Err(e) => return Err(e.into()),
                     }
-                    Err(e) => return Err(e.into()),
+                    Ran::Applied(command, step)
                 }
-                Ran::Applied(command, step)
-            }
-            Driven::Refused(command, refusal) => {
-                refused(job, planned.as_ref(), &command, &refusal);
-                Ran::Refused(command, refusal)
-            }
-            Driven::Skipped(command) => Ran::Left(command),
-            Driven::Missing => Ran::Missing,
-        })
+                Driven::Refused(command, refusal) => {
+                    refused(job, planned.as_ref(), &command, &refusal);
+                    Ran::Refused(command, refusal)
+                }
+                Driven::Skipped(command) => Ran::Left(command),
+                Driven::Missing => Ran::Missing,
+            })
+        }
     }
 }
 

@@ -262,14 +262,17 @@ impl Context {
     /// the event and stores the step, re-reading and deciding again on a lost compare-and-set.
     /// Services reach it through their one entry, [`Context::run_job`], which carries out the
     /// stored step.
-    pub(crate) async fn drive<F>(
+    ///
+    /// Not an `async fn`: a state machine of its own would keep `current` (~700 bytes) beside
+    /// the inner one it awaits.
+    pub(crate) fn drive<F>(
         &self,
         run_id: &RunId,
         command_key: &CommandKey,
         actor: &str,
         current: Current,
         decide: F,
-    ) -> Result<Driven, PipelineError>
+    ) -> impl Future<Output = Result<Driven, PipelineError>>
     where
         F: FnMut(&Command) -> Option<Event> + Send,
     {
@@ -281,7 +284,6 @@ impl Context {
             current.trusted,
             decide,
         )
-        .await
     }
 
     /// [`Context::drive`] starting from a command the caller just read or wrote, saving a
